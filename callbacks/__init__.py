@@ -1,0 +1,1 @@
+"""Lightning callbacks and the metrics they log (isotropy, IR effectiveness, TREC run files)."""

@@ -1,0 +1,67 @@
+"""Logs I(W) (isotropy paper Eq. 3) and avgcos (Eq. 4) of a ranker's representations at every validation and test.
+
+Measured on a fixed, seeded probe set (validation queries and candidate passages, `RankingDataModule.probe_texts`)
+so the curves over training compare like with like:
+- `iw`, `avgcos`: token vectors of queries and passages (padding excluded), the vectors ColBERT scores with;
+- `iw_sequence`, `avgcos_sequence`: one vector per text (the ranker's pooled vector; the mean of the token
+  vectors for ColBERT).
+Vectors are whatever the ranker scores with, so with an isotropy head attached these are the head's outputs.
+The metric states are torchmetrics states: under DDP each rank encodes its shard and `compute()` syncs.
+Cross-encoders have no separate query/passage representations and are skipped.
+"""
+from __future__ import annotations
+
+import torch
+from pytorch_lightning import Callback
+
+from callbacks.metrics.isotropy import AvgCos, IsotropyIW
+from lightning_modules.rankers.base import masked_mean
+
+
+class IsotropyCallback(Callback):
+    def __init__(self, batch_size: int = 32, max_vectors: int = 20000):
+        self.batch_size = batch_size
+        self.max_vectors = max_vectors
+
+    @torch.inference_mode()
+    def measure(self, trainer, module) -> dict[str, float]:
+        ranker = module.ranker
+        if ranker.kind != "bi":
+            return {}
+        metrics = {
+            "iw": IsotropyIW(max_vectors=self.max_vectors), "avgcos": AvgCos(),
+            "iw_sequence": IsotropyIW(max_vectors=self.max_vectors), "avgcos_sequence": AvgCos(),
+        }
+        for m in metrics.values():
+            m.to(module.device)
+        tok = module.pair_tokenizer
+        queries, docs = trainer.datamodule.probe_texts()
+        was_training = ranker.training
+        ranker.eval()
+        for texts, side in ((queries, tok.queries), (docs, tok.docs)):
+            for s in range(0, len(texts), self.batch_size):
+                batch = side(texts[s : s + self.batch_size])
+                ids, mask = (v.to(module.device) for v in batch.values())
+                with trainer.precision_plugin.forward_context():
+                    enc = ranker.encode(ids, mask)
+                tokens = enc.tokens[enc.mask].float()
+                seq = (enc.sequence if enc.sequence is not None else masked_mean(enc.tokens, enc.mask)).float()
+                metrics["iw"].update(tokens)
+                metrics["avgcos"].update(tokens)
+                metrics["iw_sequence"].update(seq)
+                metrics["avgcos_sequence"].update(seq)
+        ranker.train(was_training)
+        return {k: float(m.compute()) for k, m in metrics.items()}
+
+    def _log(self, trainer, module, split: str) -> None:
+        values = self.measure(trainer, module)
+        module.results.setdefault(split, {})["isotropy"] = values
+        for k, v in values.items():
+            module.log(f"{split}/{k}", v, sync_dist=False)
+
+    def on_validation_epoch_end(self, trainer, module) -> None:
+        if not trainer.sanity_checking:
+            self._log(trainer, module, "val")
+
+    def on_test_epoch_end(self, trainer, module) -> None:
+        self._log(trainer, module, "test")

@@ -1,0 +1,254 @@
+"""Isotropy of a set of representation vectors: I(W) (Mu et al.) and the average cosine similarity.
+
+Both follow section 3.2 of "Isotropic Representation Can Improve Dense Retrieval" (shared/papers/
+isotropic-representation-dense-retrieval.txt). W is an (n, d) matrix whose rows w_i are the vectors.
+
+I(W), Eq. 3 (Mu et al., "All-but-the-Top")::
+
+    I(W) = min_{a in E} Z(a) / max_{a in E} Z(a),    Z(a) = sum_i exp(w_i . a),
+
+with E the eigenvectors of W^T W. Conventions taken here:
+
+- **No centring.** W is used raw, as in the paper and in Mu et al. (centring is part of their
+  post-processing, not of the measure). A non-zero mean is a large part of what I(W) detects.
+- **Eigenvector signs.** An eigenvector is only defined up to sign and Z(a) != Z(-a) in general; the paper and
+  Mu et al. use the eigenvectors as their eigensolver returns them, which differs between LAPACK builds,
+  CPU and GPU. We take the eigenvectors of ``torch.linalg.eigh`` and fix each one's sign so that its
+  largest-magnitude component is positive (the ``svd_flip`` convention of scikit-learn). That is one of the
+  answers an eigensolver may return, so it is the paper's measure, but reproducible across devices.
+  ``both_signs=True`` is the sign-free alternative: min/max over the 2d directions {a, -a}; it is never
+  larger than the one-sign value.
+- With a repeated eigenvalue (e.g. exactly symmetric toy data) the eigenvectors inside that eigenspace are
+  arbitrary and so is I(W); real representation sets do not hit this.
+- **Numerics.** Everything runs in float64 and in log space: log Z(a) = logsumexp_i(w_i . a), and
+  I(W) = exp(min log Z - max log Z), so vectors with norms in the thousands neither overflow nor give NaN
+  (I(W) simply underflows to 0.0 when the ratio is below ~1e-308). Rows are processed in chunks, so the
+  float64 copy of W is never materialised in full.
+- **Finite samples.** The directions E come from the sample itself, so even i.i.d. standard Gaussian rows
+  give I(W) < 1: the extreme eigenvalues of W^T W / n are about (1 +- sqrt(d/n))^2, and I(W) is about
+  exp(-2 sqrt(d/n)) (0.94 for n=20000, d=16; about 0.3 for n=2000, d=768). Compare I(W) only between sets
+  of the same n and d.
+- Zero rows are kept (each adds exp(0) = 1 to every Z(a)); drop padding before calling, e.g. ``W[mask]``,
+  or pass ``mask`` to the metric's ``update``.
+
+avgcos, Eq. 4: the mean cosine similarity over the n(n-1) ordered pairs i != j (the diagonal excluded).
+The paper writes 2/(n(n-1)) * sum_{i != j}; read with the sum over unordered pairs i < j this is the same
+mean, and taken literally over ordered pairs it would not be an average (it reaches 2), so we compute the
+mean. It needs no n x n matrix: with u_i = w_i / ||w_i||,
+
+    sum_{i != j} cos(w_i, w_j) = ||sum_i u_i||^2 - n,    avgcos = (||sum_i u_i||^2 - n) / (n (n - 1)).
+
+Zero vectors have no direction, so their cosine is undefined: they are left out, and n counts only the
+non-zero rows. With fewer than two non-zero rows avgcos is NaN.
+
+The paper reports each metric averaged over the test batches; the metric classes here compute it once
+over all the vectors they accumulated. For the per-batch variant, call the functional versions per batch
+and average (e.g. with ``torchmetrics.MeanMetric``).
+
+Metric classes (``IsotropyIW``, ``AvgCos``) keep states that torchmetrics reduces across processes with no
+special code: under DDP ``compute()`` sees every rank's vectors. As with any torchmetrics state that
+starts empty, every rank must call ``update`` at least once before a synced ``compute`` (a
+DistributedSampler guarantees it: it gives each rank the same number of batches).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+__all__ = ["isotropy_iw", "avg_cos", "IsotropyIW", "AvgCos"]
+
+# Rows per float64 chunk: 16384 x 1024 x 8 bytes = 128 MiB at most.
+_CHUNK_ROWS = 16384
+
+
+def _as_matrix(W, name: str = "W") -> Tensor:
+    W = torch.as_tensor(W)
+    if W.ndim != 2:
+        raise ValueError(f"{name}: expected an (n, d) matrix of row vectors, got shape {tuple(W.shape)}")
+    if W.shape[0] == 0 or W.shape[1] == 0:
+        raise ValueError(f"{name}: needs at least one row and one column, got shape {tuple(W.shape)}")
+    if W.is_complex():
+        raise ValueError(f"{name}: expected real vectors, got dtype {W.dtype}")
+    return W
+
+
+def _chunks(W: Tensor):
+    for start in range(0, W.shape[0], _CHUNK_ROWS):
+        chunk = W[start : start + _CHUNK_ROWS].to(torch.float64)
+        if not bool(torch.isfinite(chunk).all()):
+            raise ValueError("W: contains NaN or infinite values")
+        yield chunk
+
+
+def _canonical_signs(E: Tensor) -> Tensor:
+    """Flip each column so that its largest-magnitude entry (the first one, on ties) is positive."""
+    rows = E.abs().argmax(dim=0)
+    signs = torch.sign(E[rows, torch.arange(E.shape[1], device=E.device)])
+    signs = torch.where(signs == 0, torch.ones_like(signs), signs)
+    return E * signs
+
+
+def eigen_directions(W, *, both_signs: bool = False) -> Tensor:
+    """The directions E of Eq. 3 as columns, float64: eigenvectors of W^T W with the sign convention above."""
+    W = _as_matrix(W)
+    d = W.shape[1]
+    gram = torch.zeros(d, d, dtype=torch.float64, device=W.device)
+    for chunk in _chunks(W):
+        gram += chunk.T @ chunk
+    _, E = torch.linalg.eigh(gram)
+    E = _canonical_signs(E)
+    return torch.cat([E, -E], dim=1) if both_signs else E
+
+
+def log_partition(W, *, both_signs: bool = False) -> Tensor:
+    """log Z(a) for every a in E (float64, one entry per direction), computed with logsumexp."""
+    W = _as_matrix(W)
+    E = eigen_directions(W, both_signs=both_signs)
+    log_z = None
+    for chunk in _chunks(W):
+        part = torch.logsumexp(chunk @ E, dim=0)
+        log_z = part if log_z is None else torch.logaddexp(log_z, part)
+    return log_z
+
+
+def isotropy_iw(W, *, both_signs: bool = False) -> float:
+    """I(W) of Eq. 3 for the rows of W (n, d), in [0, 1]; 1 is isotropic. See the module docstring."""
+    log_z = log_partition(W, both_signs=both_signs)
+    return float(torch.exp(log_z.min() - log_z.max()))
+
+
+def _unit_sum(W: Tensor) -> tuple[Tensor, int]:
+    """(sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows)."""
+    total = torch.zeros(W.shape[1], dtype=torch.float64, device=W.device)
+    count = 0
+    for chunk in _chunks(W):
+        norms = torch.linalg.vector_norm(chunk, dim=1)
+        nonzero = norms > 0
+        total += (chunk[nonzero] / norms[nonzero, None]).sum(dim=0)
+        count += int(nonzero.sum())
+    return total, count
+
+
+def _avg_cos_from_sum(unit_sum: Tensor, count: int) -> float:
+    if count < 2:
+        return math.nan
+    unit_sum = unit_sum.to(torch.float64)
+    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
+
+
+def avg_cos(W) -> float:
+    """avgcos of Eq. 4: mean cosine over all ordered pairs i != j of non-zero rows of W (n, d), float64."""
+    W = _as_matrix(W)
+    return _avg_cos_from_sum(*_unit_sum(W))
+
+
+def _rows(vectors: Tensor, mask: Tensor | None) -> Tensor:
+    """[..., d] vectors (and an optional [...] bool mask of the rows to keep) -> (k, d)."""
+    vectors = torch.as_tensor(vectors)
+    if vectors.ndim < 1:
+        raise ValueError("vectors: expected shape [..., d]")
+    if mask is not None:
+        mask = torch.as_tensor(mask, device=vectors.device)
+        if tuple(mask.shape) != tuple(vectors.shape[:-1]):
+            raise ValueError(f"mask: shape {tuple(mask.shape)} does not match vectors {tuple(vectors.shape)}[:-1]")
+        return vectors[mask.bool()]
+    return vectors.reshape(-1, vectors.shape[-1])
+
+
+class IsotropyIW(Metric):
+    """I(W) over every vector passed to ``update`` (across all processes under DDP).
+
+    I(W) needs every w_i (Z(a) sums over all of them), so the vectors themselves are the state
+    (``dist_reduce_fx="cat"``). ``max_vectors`` caps what each process keeps: the first ``max_vectors``
+    rows it sees after a ``reset()``; later rows are dropped with a warning. Under DDP ``compute`` then sees
+    at most world_size * max_vectors rows. Memory: max_vectors * d * 4 bytes per process for float32 input
+    (50,000 x 768 is 154 MB). ``None`` keeps everything. Half-precision inputs are stored as float32 (exactly),
+    float32 and float64 as they are; ``compute`` runs in float64 and equals ``isotropy_iw`` on the
+    concatenation of the kept rows.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, max_vectors: int | None = 50_000, both_signs: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if max_vectors is not None and max_vectors < 1:
+            raise ValueError(f"max_vectors: expected a positive int or None, got {max_vectors}")
+        self.max_vectors = max_vectors
+        self.both_signs = both_signs
+        self.add_state("vectors", default=[], dist_reduce_fx="cat")
+        self._kept = 0
+        self._warned = False
+
+    def update(self, vectors: Tensor, mask: Tensor | None = None) -> None:
+        """vectors: [..., d]; mask: optional [...] bool, True on the rows to keep (e.g. real tokens)."""
+        x = _rows(vectors, mask).detach()
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.to(torch.float32)
+        if self.vectors and x.shape[1] != self.vectors[0].shape[1]:
+            raise ValueError(f"vectors: dimension {x.shape[1]} differs from earlier updates ({self.vectors[0].shape[1]})")
+        if self.max_vectors is not None:
+            room = self.max_vectors - self._kept
+            if x.shape[0] > room:
+                if not self._warned:
+                    warnings.warn(
+                        f"IsotropyIW: max_vectors={self.max_vectors} reached; further vectors are ignored until reset()",
+                        stacklevel=2,
+                    )
+                    self._warned = True
+                x = x[: max(room, 0)]
+        if x.shape[0] == 0:
+            return
+        self.vectors.append(x)
+        self._kept += x.shape[0]
+
+    def compute(self) -> Tensor:
+        if isinstance(self.vectors, list) and not self.vectors:
+            return torch.tensor(math.nan, dtype=torch.float64, device=self.device)
+        W = dim_zero_cat(self.vectors)
+        return torch.tensor(isotropy_iw(W, both_signs=self.both_signs), dtype=torch.float64, device=self.device)
+
+    def reset(self) -> None:
+        super().reset()
+        self._kept = 0
+        self._warned = False
+
+
+class AvgCos(Metric):
+    """avgcos over every vector passed to ``update`` (across all processes under DDP), exactly.
+
+    States are sufficient statistics reduced with ``"sum"``: the float64 sum of the unit vectors of the
+    non-zero rows and their count, so memory is O(d) however many vectors are seen, and ``compute`` equals
+    ``avg_cos`` on the concatenation of all updates.
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # A scalar 0 that the first update broadcasts to shape (d,).
+        self.add_state("unit_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, vectors: Tensor, mask: Tensor | None = None) -> None:
+        """vectors: [..., d]; mask: optional [...] bool, True on the rows to keep (e.g. real tokens)."""
+        x = _rows(vectors, mask).detach()
+        if x.shape[0] == 0:
+            return
+        if self.unit_sum.ndim == 1 and x.shape[1] != self.unit_sum.shape[0]:
+            raise ValueError(f"vectors: dimension {x.shape[1]} differs from earlier updates ({self.unit_sum.shape[0]})")
+        total, count = _unit_sum(x)
+        self.unit_sum = self.unit_sum.to(torch.float64) + total.to(self.unit_sum.device)
+        self.count = self.count + count
+
+    def compute(self) -> Tensor:
+        value = _avg_cos_from_sum(self.unit_sum, int(self.count))
+        return torch.tensor(value, dtype=torch.float64, device=self.device)

@@ -1,0 +1,24 @@
+"""Keys shared by every data source (`configs/data/*.yaml`). Each source subclasses `DataConfig` with the
+keys of its own files, so an unknown or misspelt key is an error for that source."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"
+    batch_size: int = 16  # training triplets per optimiser step and rank
+    eval_batch_size: int = 64  # (query, passage) pairs per evaluation step
+    num_workers: int = 0
+    # When a split has no training triplets: negatives sampled from each query's BM25 candidates ("bm25") or
+    # uniformly from the collection ("random"); "given" demands triplets from the source.
+    negatives: str = "bm25"
+    # When a split has no candidate lists: re-rank the BM25 top-k (bm25s) of each query.
+    candidate_depth: int = 100
+    max_train_triples: int | None = None
+    max_eval_queries: int | None = None
+    # Rotation debiasing (position-bias paper Eq. 7), separately for training and evaluation passages.
+    rotate_train: bool = False
+    rotate_eval: bool = False
+    cache_dir: str = ".cache"

@@ -1,0 +1,203 @@
+"""The LightningDataModule: training triplets and evaluation candidates from any source, optionally
+rotation-debiased (position-bias paper Eq. 7), sharded over DDP ranks without padding or dropping.
+
+Every passage goes through `rotation.normalize` whether rotated or not, so rotated and original text differ
+only in word order, never in spacing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules import rotation
+from datamodules.corpus import IRDataset
+from datamodules.negatives import bm25_candidates, sample_triples
+from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader, shard_range
+from datamodules.sources import load_dataset
+from lightning_modules.rankers.tokenization import PairTokenizer
+from pipeline.errors import InputError
+
+
+def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> str:
+    words = rotation.normalize(text, [])[0]
+    if not rotate:
+        return words
+    r = rotation.rotation_index(seed, epoch, key, len(words.split(" ")))
+    return rotation.rotate(words, r, [])[0]
+
+
+class TripletDataset(Dataset):
+    def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int):
+        self.docs, self.triples, self.queries = ds.docs, triples, queries
+        self.rotate, self.seed = rotate, seed
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str]:
+        epoch, i = item
+        qid, pos, neg = self.triples[i]
+        # Positive and negative are rotated alike, each at its own cut (Eq. 7 applies to every passage).
+        return (
+            self.queries[qid],
+            passage_text(self.docs[pos], self.rotate, self.seed, epoch, f"{i}:{pos}"),
+            passage_text(self.docs[neg], self.rotate, self.seed, epoch, f"{i}:{neg}"),
+        )
+
+
+@dataclass
+class TripletCollate:
+    tokenizer: PairTokenizer
+
+    def __call__(self, items: list[tuple[str, str, str]]) -> dict[str, torch.Tensor]:
+        q, p, n = map(list, zip(*items))
+        return self.tokenizer.triplets(q, p, n)
+
+
+class PairDataset(Dataset):
+    """(query, candidate) pairs of one split, one rank's contiguous shard."""
+
+    def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str]):
+        self.pairs, self.qtexts, self.dtexts = pairs, qtexts, dtexts
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[int, int, str, str]:
+        qi, di = self.pairs[i]
+        return int(qi), int(di), self.qtexts[qi], self.dtexts[di]
+
+
+@dataclass
+class PairCollate:
+    tokenizer: PairTokenizer
+
+    def __call__(self, items) -> dict[str, torch.Tensor]:
+        qi, di, q, d = map(list, zip(*items))
+        batch = self.tokenizer.pairs(q, d)
+        batch["qidx"] = torch.tensor(qi)
+        batch["didx"] = torch.tensor(di)
+        return batch
+
+
+@dataclass
+class EvalSplit:
+    """Index space of one evaluation split: results are (qidx, didx, score) and map back through these lists."""
+
+    qids: list[str]
+    doc_ids: list[str]
+    pairs: np.ndarray  # [N, 2] (qidx, didx), queries in order, candidates in their given order
+    qrels: dict[str, dict[str, int]]
+    qtexts: list[str]
+    dtexts: list[str]
+
+
+class RankingDataModule(pl.LightningDataModule):
+    def __init__(self, cfg, tokenizer: PairTokenizer, seed: int, probe_queries: int = 32, probe_docs: int = 64):
+        super().__init__()
+        self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
+        self.probe_queries, self.probe_docs = probe_queries, probe_docs
+        self.dataset: IRDataset | None = None
+        self.triples: list[tuple[str, str, str]] = []
+        self.eval_splits: dict[str, EvalSplit] = {}
+
+    # ---- loading -------------------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        # Rank 0 only: fills the BM25 caches so the other ranks read instead of recompute.
+        self._load()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.dataset is None:
+            self._load()
+
+    def _candidates(self, ds: IRDataset, split_name: str) -> dict[str, list[str]]:
+        split = ds.split(split_name)
+        if split.candidates is not None:
+            return split.candidates
+        return bm25_candidates(ds.docs, split.queries, self.cfg.candidate_depth, self.cfg.cache_dir, f"{ds.name}-{split_name}")
+
+    def _load(self) -> None:
+        cfg = self.cfg
+        ds = load_dataset(cfg, self.seed)
+        train = ds.split("train")
+        triples = train.triples
+        if triples is None:
+            if cfg.negatives == "given":
+                raise InputError("data.negatives", f"'given' but source '{cfg.source}' has no training triples; use 'bm25' or 'random'")
+            cands = self._candidates(ds, "train") if cfg.negatives == "bm25" else None
+            triples = sample_triples(train, ds.docs, cands, cfg.negatives, self.seed)
+        if cfg.max_train_triples is not None and len(triples) > cfg.max_train_triples:
+            keep = np.sort(np.random.default_rng([self.seed, 1]).permutation(len(triples))[: cfg.max_train_triples])
+            triples = [triples[i] for i in keep]
+        self.triples = list(triples)
+        for name in ("val", "test"):
+            self.eval_splits[name] = self._eval_split(ds, name)
+        self.dataset = ds
+
+    def _eval_split(self, ds: IRDataset, name: str) -> EvalSplit:
+        split = ds.split(name)
+        cands = self._candidates(ds, name)
+        # Only judged queries can be scored; trec_eval ignores the others anyway.
+        qids = sorted(q for q in cands if split.qrels.get(q))
+        if self.cfg.max_eval_queries is not None and len(qids) > self.cfg.max_eval_queries:
+            pick = np.random.default_rng([self.seed, 2]).permutation(len(qids))[: self.cfg.max_eval_queries]
+            qids = sorted(qids[i] for i in pick)
+        doc_ids = sorted({d for q in qids for d in cands[q]})
+        didx = {d: i for i, d in enumerate(doc_ids)}
+        pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands[q]], dtype=np.int64).reshape(-1, 2)
+        dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, 0, d) for d in doc_ids]
+        return EvalSplit(qids, doc_ids, pairs, {q: split.qrels[q] for q in qids}, [split.queries[q] for q in qids], dtexts)
+
+    # ---- loaders -------------------------------------------------------------------------------------------
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _consumed(self) -> int:
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def _generator(self) -> torch.Generator:
+        # Each loader iterator draws a worker base seed; from its own generator it leaves the global RNG (dropout)
+        # untouched, which keeps a resumed run on the uninterrupted run's random stream.
+        return torch.Generator().manual_seed(self.seed)
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        ds = TripletDataset(self.dataset, self.triples, self.dataset.split("train").queries, self.cfg.rotate_train, self.seed)
+        sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
+        return ResumableLoader(
+            ds, batch_sampler=sampler, collate_fn=TripletCollate(self.tokenizer), num_workers=self.cfg.num_workers,
+            pin_memory=torch.cuda.is_available(), consumed=self._consumed, generator=self._generator(),
+        )
+
+    def eval_dataloader(self, name: str) -> DataLoader:
+        rank, world = self._rank_world()
+        split = self.eval_splits[name]
+        shard = shard_range(len(split.pairs), rank, world)
+        ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts)
+        return DataLoader(
+            ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer),
+            num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test")
+
+    # ---- isotropy probe ------------------------------------------------------------------------------------
+    def probe_texts(self) -> tuple[list[str], list[str]]:
+        """A fixed, seeded probe set (validation queries and candidate passages), this rank's shard: I(W) and
+        avgcos are measured on the same texts at every validation, and DDP ranks split it without overlap."""
+        split = self.eval_splits["val"]
+        rng = np.random.default_rng([self.seed, 3])
+        qi = np.sort(rng.permutation(len(split.qids))[: self.probe_queries])
+        di = np.sort(rng.permutation(len(split.doc_ids))[: self.probe_docs])
+        rank, world = self._rank_world()
+        qs, ds = shard_range(len(qi), rank, world), shard_range(len(di), rank, world)
+        return [split.qtexts[i] for i in qi[qs.start : qs.stop]], [split.dtexts[i] for i in di[ds.start : ds.stop]]

@@ -1,0 +1,99 @@
+"""Batch samplers that make every epoch reproducible across DDP ranks and across resume.
+
+Training: one permutation per (seed, epoch), identical on every rank; each global batch of
+`batch_size * world_size` examples is cut into `world_size` contiguous shards. Every example is seen exactly once
+per epoch across ranks: nothing is padded by repetition (as `DistributedSampler` does) and nothing is dropped.
+If the last global batch is too small to give every rank an example it is merged into the previous one, so all
+ranks run the same number of steps (DDP needs that) and no rank gets an empty batch.
+
+Resume: `ResumableLoader.state_dict()` records (epoch, batches consumed); on `load_state_dict` the sampler
+re-creates the same permutation and skips the consumed batches, so a resumed run sees the same data in the same
+order as an uninterrupted one. Lightning saves and restores loaders with this interface (`_Stateful`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+from torch.utils.data import DataLoader, Sampler
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class DistributedTrainBatchSampler(Sampler[list]):
+    """Yields lists of (epoch, example index); the dataset uses the epoch to seed per-example randomness
+    (rotation debiasing), which keeps that randomness a function of (seed, epoch, example)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
+        if n < world_size:
+            raise ValueError(f"{n} training examples cannot feed {world_size} ranks")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.epoch = 0
+        self._skip = 0
+
+    def _global_batches(self) -> list[np.ndarray]:
+        order = epoch_permutation(self.n, self.seed, self.epoch) if self.shuffle else np.arange(self.n)
+        step = self.batch_size * self.world_size
+        batches = [order[i : i + step] for i in range(0, self.n, step)]
+        if len(batches) > 1 and len(batches[-1]) < self.world_size:
+            last = batches.pop()
+            batches[-1] = np.concatenate([batches[-1], last])
+        return batches
+
+    def __len__(self) -> int:
+        step = self.batch_size * self.world_size
+        full, rest = divmod(self.n, step)
+        return full + (1 if rest >= self.world_size or full == 0 else 0)
+
+    @property
+    def sampler(self) -> "DistributedTrainBatchSampler":
+        # Lightning calls set_epoch on `loader.sampler` and `loader.batch_sampler.sampler`, never on the batch
+        # sampler itself; exposing ourselves as `.sampler` is how our set_epoch gets called.
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._skip = 0
+        self.epoch = epoch
+
+    def resume(self, epoch: int, consumed: int) -> None:
+        if consumed >= len(self):  # saved at the end of an epoch: the next epoch starts fresh
+            epoch, consumed = epoch + 1, 0
+        self.epoch, self._skip = epoch, consumed
+
+    def __iter__(self) -> Iterator[list]:
+        skip, self._skip = self._skip, 0
+        for i, global_batch in enumerate(self._global_batches()):
+            if i < skip:
+                continue
+            shard = np.array_split(global_batch, self.world_size)[self.rank]
+            yield [(self.epoch, int(j)) for j in shard]
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader whose position inside an epoch survives a checkpoint.
+
+    `consumed()` returns the batches of the current epoch that the training loop has processed, read from the
+    trainer at save time; the sampler's own count would be ahead of it by the batches that Lightning and the
+    workers prefetch. The epoch is the sampler's: `trainer.current_epoch` already counts an epoch that
+    `max_steps` cut short as finished.
+    """
+
+    def __init__(self, *args, consumed: Callable[[], int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self._consumed = consumed
+
+    def state_dict(self) -> dict:
+        return {"epoch": int(self.batch_sampler.epoch), "consumed": int(self._consumed())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.resume(state["epoch"], state["consumed"])
+
+
+def shard_range(n: int, rank: int, world_size: int) -> range:
+    """Contiguous, unpadded shard of n evaluation items for one rank (results are gathered before metrics)."""
+    bounds = np.linspace(0, n, world_size + 1).round().astype(int)
+    return range(int(bounds[rank]), int(bounds[rank + 1]))

@@ -1,0 +1,142 @@
+"""A BEIR dataset folder (`data.source: beir`), as unpacked from the BEIR downloads:
+
+    <path>/corpus.jsonl     {"_id", "title", "text", ...}   (or corpus.jsonl.gz)
+    <path>/queries.jsonl    {"_id", "text", ...}            (or queries.jsonl.gz)
+    <path>/qrels/{train,dev,test}.tsv   header `query-id<TAB>corpus-id<TAB>score`, then one judgement a line
+
+Passage text = "title text" when `use_title` and the title is non-empty (the BEIR convention), else text.
+Each split's queries are the queries judged in its qrels file (grades <= 0 are kept as judged non-relevant).
+
+Missing splits: most BEIR datasets ship only `test.tsv`. A missing `dev.tsv` is derived from `train.tsv` when
+that exists (a `val_fraction` of the train queries, chosen with `split_seed`, leaves train); otherwise, and for a
+missing train or test file, the split is empty (zero-shot evaluation needs only test). BEIR files carry no triples
+or candidate lists: negatives are sampled and candidates are the BM25 top-k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from datamodules.config import DataConfig
+from datamodules.corpus import IRDataset, Split
+from datamodules.sources import SOURCES
+from datamodules.sources.tsv import iter_lines, parse_int, read_jsonl, resolve_path
+from pipeline.errors import InputError
+
+
+@dataclass
+class BeirConfig(DataConfig):
+    source: str = "beir"
+    path: str | None = None  # the BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)
+    train_split: str = "train"  # qrels/<name>.tsv per split
+    val_split: str = "dev"
+    test_split: str = "test"
+    use_title: bool = True
+    val_fraction: float = 0.1  # of the train queries, when there is no dev qrels file
+    split_seed: int = 13
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).exists():
+            return folder / name
+    return None
+
+
+def _string_field(obj: dict, key: str, where: str, required: bool = True) -> str:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise InputError(where, f"missing field '{key}'; expected a JSON object with '{key}'")
+        return ""
+    if not isinstance(value, (str, int)):
+        raise InputError(where, f"field '{key}' is a {type(value).__name__}; expected a string")
+    return str(value)
+
+
+def read_corpus(path: Path, use_title: bool) -> dict[str, str]:
+    docs: dict[str, str] = {}
+    for lineno, obj in read_jsonl(path):
+        where = f"{path}:{lineno}"
+        did = _string_field(obj, "_id", where)
+        title = _string_field(obj, "title", where, required=False).strip()
+        text = _string_field(obj, "text", where, required=False).strip()
+        full = f"{title} {text}".strip() if use_title else text
+        if not full:
+            raise InputError(where, f"empty passage text for _id '{did}'; expected non-empty 'text' (or 'title')")
+        if did in docs:
+            raise InputError(where, f"duplicate corpus _id '{did}'; expected unique ids")
+        docs[did] = full
+    return docs
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for lineno, obj in read_jsonl(path):
+        where = f"{path}:{lineno}"
+        qid = _string_field(obj, "_id", where)
+        text = _string_field(obj, "text", where)
+        if not text.strip():
+            raise InputError(where, f"empty query text for _id '{qid}'; expected a non-empty query")
+        if qid in queries:
+            raise InputError(where, f"duplicate query _id '{qid}'; expected unique ids")
+        queries[qid] = text
+    return queries
+
+
+def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = {}
+    first = True
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 3:
+            raise InputError(f"{path}:{lineno}", f"expected 3 tab-separated columns (query-id, corpus-id, score), got {len(cols)}")
+        if first:
+            first = False
+            if cols[2].strip().lower() == "score" or cols[0].strip().lower() == "query-id":
+                continue  # the header
+        qid, did = cols[0].strip(), cols[1].strip()
+        grade = parse_int(cols[2].strip(), f"{path}:{lineno}", "relevance score")
+        judged = qrels.setdefault(qid, {})
+        judged[did] = max(grade, judged.get(did, grade))
+    return qrels
+
+
+@SOURCES.register("beir", schema=BeirConfig)
+def build(cfg: BeirConfig, seed: int) -> IRDataset:
+    folder = resolve_path(cfg.path, "path", "BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)", must_be_dir=True)
+    corpus = _find(folder, "corpus.jsonl")
+    if corpus is None:
+        raise InputError("data.path", f"'{folder}' has no corpus.jsonl; expected a BEIR dataset folder")
+    qfile = _find(folder, "queries.jsonl")
+    if qfile is None:
+        raise InputError("data.path", f"'{folder}' has no queries.jsonl; expected a BEIR dataset folder")
+    docs = read_corpus(corpus, cfg.use_title)
+    queries = read_queries(qfile)
+
+    qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {}
+    for split, key in (("train", "train_split"), ("val", "val_split"), ("test", "test_split")):
+        f = _find(folder / "qrels", f"{getattr(cfg, key)}.tsv")
+        qrels_by_split[split] = read_beir_qrels(f) if f is not None else None
+
+    if qrels_by_split["val"] is None and qrels_by_split["train"]:
+        train = qrels_by_split["train"]
+        qids = sorted(train)
+        frac = float(cfg.val_fraction)
+        n_val = int(round(frac * len(qids))) if frac < 1 else int(frac)
+        n_val = min(max(n_val, 1 if frac > 0 else 0), max(len(qids) - 1, 0))
+        chosen = set(np.asarray(qids)[np.random.default_rng(cfg.split_seed).permutation(len(qids))[:n_val]].tolist())
+        qrels_by_split["val"] = {q: train[q] for q in qids if q in chosen}
+        qrels_by_split["train"] = {q: train[q] for q in train if q not in chosen}
+
+    splits: dict[str, Split] = {}
+    for split, qrels in qrels_by_split.items():
+        qrels = qrels or {}
+        # queries judged in this split; a qrels id missing from queries.jsonl is reported by IRDataset.validate()
+        split_queries = {q: queries[q] for q in qrels if q in queries}
+        splits[split] = Split(queries=split_queries, qrels=qrels)
+    return IRDataset(name=f"beir:{folder.name}", docs=docs, splits=splits)

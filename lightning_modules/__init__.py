@@ -1,0 +1,1 @@
+"""Rankers (plain `nn.Module`s, in `rankers/`) and the one LightningModule family that trains them."""

@@ -1,0 +1,183 @@
+"""The one LightningModule family: trains any registered ranker and evaluates it with trec_eval semantics.
+
+Losses over (query, positive, negative) triplets:
+- `ce`: softmax cross-entropy over the positive and the negatives. For bi-encoders with `in_batch_negatives`
+  the negatives are every other passage of the global batch, gathered across DDP ranks with gradients.
+- `hinge`: pairwise margin loss max(0, margin - s(q, p+) + s(q, p-)) on each triplet's own negative.
+
+Evaluation scores each (query, candidate) pair of this rank's shard; the (qidx, didx, score) triples are
+gathered across ranks by a torchmetrics state before pytrec_eval runs once on the whole run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from pytorch_lightning.utilities.seed import _collect_rng_states, _set_rng_states
+from torch import Tensor
+
+from callbacks.metrics.ir import RetrievalRun, evaluate_run
+from lightning_modules.rankers import RANKERS, build_ranker
+from lightning_modules.rankers.base import Encoded
+from lightning_modules.rankers.tokenization import PairTokenizer
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 10
+    schedule: str = "linear"  # linear decay to 0 after warm-up | constant
+    loss: str = "ce"  # ce | hinge
+    margin: float = 1.0  # hinge only
+    in_batch_negatives: bool = True  # bi-encoders only
+
+
+DEFAULT_MEASURES = ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"]
+
+
+def ranker_config(model: dict):
+    """dict (from YAML or a checkpoint) -> the ranker's dataclass config, validated against its schema."""
+    schema = RANKERS.get(model["name"], "model.name").schema
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model))
+
+
+class RankingModule(pl.LightningModule):
+    def __init__(self, model: dict, optim: dict, measures: list[str] | None = None):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_cfg = ranker_config(model)
+        self.optim_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OptimConfig), optim))
+        self.measures = list(measures or DEFAULT_MEASURES)
+        self.ranker = build_ranker(self.model_cfg)
+        # from_pretrained returns modules in eval mode, and Lightning keeps the modes it finds: without this,
+        # dropout would be off during fine-tuning.
+        self.ranker.train()
+        self.runs = torch.nn.ModuleDict({"val": RetrievalRun(), "test": RetrievalRun()})
+        self.results: dict[str, dict] = {}
+
+    @property
+    def pair_tokenizer(self) -> PairTokenizer:
+        c = self.model_cfg
+        return PairTokenizer(self.ranker.tokenizer, self.ranker.kind, c.query_max_len, c.doc_max_len)
+
+    # ---- training ------------------------------------------------------------------------------------------
+    def _gather_docs(self, d: Encoded) -> tuple[Encoded, int, int]:
+        """All ranks' passages (with gradients), and where this rank's block starts and ends in them."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        n = d.tokens.shape[0]
+        if world == 1:
+            return d, 0, n
+        dev = d.tokens.device
+        sizes = self.all_gather(torch.tensor([n, d.tokens.shape[1]], device=dev)).reshape(world, 2)
+        n_max, l_max = int(sizes[:, 0].max()), int(sizes[:, 1].max())
+        start = int(sizes[: self.global_rank, 0].sum())
+        valid = torch.cat([torch.arange(int(s)) + i * n_max for i, s in enumerate(sizes[:, 0].tolist())]).to(dev)
+        if d.sequence is not None:  # single-vector rankers score with the pooled vector only
+            seq = F.pad(d.sequence, (0, 0, 0, n_max - n))
+            seq = self.all_gather(seq, sync_grads=True).reshape(world * n_max, -1)[valid]
+            return Encoded(tokens=seq[:, None], mask=torch.ones(len(seq), 1, dtype=torch.bool, device=dev), sequence=seq), start, start + n
+        tok = F.pad(d.tokens, (0, 0, 0, l_max - d.tokens.shape[1], 0, n_max - n))
+        mask = F.pad(d.mask, (0, l_max - d.mask.shape[1], 0, n_max - n))
+        tok = self.all_gather(tok, sync_grads=True).reshape(world * n_max, l_max, -1)[valid]
+        mask = self.all_gather(mask).reshape(world * n_max, l_max)[valid]
+        return Encoded(tokens=tok, mask=mask), start, start + n
+
+    def triplet_scores(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(score matrix [B, C], target column [B], s(q, p+) [B], s(q, own p-) [B])."""
+        r = self.ranker
+        if r.kind == "cross":
+            s = r.score(batch)
+            b = s.shape[0] // 2
+            pos, neg = s[:b], s[b:]
+            return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=s.device), pos, neg
+        q, d = r.encode_queries(batch), r.encode_docs(batch)
+        b = q.tokens.shape[0]
+        ar = torch.arange(b, device=q.tokens.device)
+        if self.optim_cfg.in_batch_negatives:
+            d_all, start, _ = self._gather_docs(d)
+            scores = r.score_all(q, d_all)  # positives of this rank sit at start + i, own negatives at start + b + i
+            return scores, start + ar, scores[ar, start + ar], scores[ar, start + b + ar]
+        d_pos = Encoded(d.tokens[:b], d.mask[:b], None if d.sequence is None else d.sequence[:b])
+        d_neg = Encoded(d.tokens[b:], d.mask[b:], None if d.sequence is None else d.sequence[b:])
+        pos, neg = r.score_pairs(q, d_pos), r.score_pairs(q, d_neg)
+        return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=pos.device), pos, neg
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        scores, target, pos, neg = self.triplet_scores(batch)
+        if self.optim_cfg.loss == "ce":
+            loss = F.cross_entropy(scores.float(), target)
+        else:
+            loss = F.relu(self.optim_cfg.margin - pos.float() + neg.float()).mean()
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/margin", (pos - neg).float().mean())
+        return loss
+
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 else decay).append(p)  # biases and LayerNorm weights are not decayed
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o.lr, fused=torch.cuda.is_available() or None,
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warm = max(0, o.warmup_steps)
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / (warm + 1)
+            if o.schedule == "constant":
+                return 1.0
+            return max(0.0, (total - step) / max(1, total - warm))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- evaluation ----------------------------------------------------------------------------------------
+    def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
+        scores = self.ranker.score(batch).float()
+        self.runs[split].update(batch["qidx"], batch["didx"], scores)
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def _eval_epoch_end(self, split: str) -> None:
+        es = self.trainer.datamodule.eval_splits[split]
+        run = self.runs[split].to_run(es.qids, es.doc_ids)  # gathered from every rank
+        self.runs[split].reset()
+        means, per_query = evaluate_run(run, es.qrels, self.measures)
+        # update, not replace: the isotropy callback stores its values here just before this hook
+        self.results.setdefault(split, {}).update(metrics=means, per_query=per_query, run=run)
+        # Identical on every rank (computed from the gathered run), so no further reduction is needed.
+        for k, v in means.items():
+            self.log(f"{split}/{k}", v, sync_dist=False, prog_bar=(k == "ndcg_cut_10"))
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    # ---- exact resume --------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Lightning restores weights, optimiser, schedule, loop and loader state; the RNG (dropout masks) is ours.
+        checkpoint["rng_states"] = _collect_rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Applied at the first training batch, not now: setting up the resumed run (loaders, sanity checks)
+        # draws random numbers that the uninterrupted run drew long before the checkpoint.
+        self._pending_rng = checkpoint.get("rng_states")
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if getattr(self, "_pending_rng", None) is not None:
+            _set_rng_states(self._pending_rng)
+            self._pending_rng = None

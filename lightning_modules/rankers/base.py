@@ -1,0 +1,125 @@
+"""The ranker contract shared by every model family.
+
+Rankers are plain `nn.Module`s with no Lightning inside, so the analyses (isotropy, vocabulary projections,
+white-box ColBERT) reuse them directly. Two kinds:
+
+- `BiEncoder`: queries and passages are encoded separately. `token_representations` is the hook where the
+  isotropy heads and analyses attach (per-token vectors, padding masked); `score_all` scores every query
+  against every passage, which in-batch negatives use.
+- `CrossEncoder`: `[CLS] q [SEP] p [SEP]` through the backbone, one score per pair.
+
+Both expose `score(batch) -> [B]` over tokenised (query, passage) pairs, the only call evaluation needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_modules.rankers.backbone import load_backbone
+
+
+@dataclass
+class RankerConfig:
+    """Keys shared by every ranker (`configs/model/*.yaml`)."""
+
+    name: str = "colbert"
+    backbone: str = "minilm"
+    query_max_len: int = 32
+    doc_max_len: int = 180
+
+
+@dataclass
+class Encoded:
+    """Output of a bi-encoder side: token vectors with their padding mask, and the pooled sequence vector."""
+
+    tokens: Tensor  # [B, L, D]
+    mask: Tensor  # [B, L] bool, True on real tokens
+    sequence: Tensor | None = None  # [B, D]
+
+
+def masked_mean(tokens: Tensor, mask: Tensor) -> Tensor:
+    m = mask.unsqueeze(-1).to(tokens.dtype)
+    return (tokens * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+class Ranker(nn.Module):
+    kind: ClassVar[str]  # "bi" or "cross"
+
+    def __init__(self, cfg: RankerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder, self.tokenizer = load_backbone(cfg.backbone)
+        self.hidden_size = self.encoder.config.hidden_size
+
+    def score(self, batch: dict[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+
+class BiEncoder(Ranker):
+    kind = "bi"
+
+    def __init__(self, cfg: RankerConfig):
+        super().__init__(cfg)
+        # Isotropy heads plug in here: a token-wise head maps every token vector before pooling and scoring, a
+        # sequence-wise head maps the pooled vector. None = the fine-tuned representations as they are. (Set on
+        # the instance: a class-level None would shadow modules that nn.Module keeps in _modules.)
+        self.token_head: nn.Module | None = None
+        self.sequence_head: nn.Module | None = None
+
+    def token_representations(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
+        """Contextual token vectors x_j (isotropy paper notation), before any isotropy head."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return Encoded(tokens=out, mask=attention_mask.bool())
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
+        enc = self.token_representations(input_ids, attention_mask)
+        if self.token_head is not None:
+            enc.tokens = self.token_head(enc.tokens)
+        enc = self.pool(enc)
+        if self.sequence_head is not None and enc.sequence is not None:
+            enc.sequence = self.sequence_head(enc.sequence)
+        return enc
+
+    def pool(self, enc: Encoded) -> Encoded:
+        """Fill `enc.sequence` (single-vector rankers); multi-vector rankers keep it None."""
+        return enc
+
+    def encode_queries(self, batch: dict[str, Tensor]) -> Encoded:
+        return self.encode(batch["q_input_ids"], batch["q_attention_mask"])
+
+    def encode_docs(self, batch: dict[str, Tensor]) -> Encoded:
+        return self.encode(batch["d_input_ids"], batch["d_attention_mask"])
+
+    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score query i against passage i: [B]."""
+        raise NotImplementedError
+
+    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score every query against every passage: [Bq, Bd]."""
+        raise NotImplementedError
+
+    def score(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.score_pairs(self.encode_queries(batch), self.encode_docs(batch))
+
+
+class CrossEncoder(Ranker):
+    kind = "cross"
+
+    def score(self, batch: dict[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+
+def cosine_normalize(x: Tensor) -> Tensor:
+    # eps keeps an all-zero (masked or collapsed) vector at cosine 0 instead of NaN
+    return F.normalize(x, p=2, dim=-1, eps=1e-12)
+
+
+def pad_mask_fill(scores: Tensor, mask: Tensor, value: float) -> Tensor:
+    return scores.masked_fill(~mask, value)
+
+
+__all__ = ["RankerConfig", "Encoded", "Ranker", "BiEncoder", "CrossEncoder", "masked_mean", "cosine_normalize", "torch"]

@@ -1,0 +1,53 @@
+"""ColBERT: late interaction over token vectors (isotropy paper Eq. 1).
+
+    score(q, d) = sum_{j in q} max_{k in d} cos(x_j^q, x_k^d)
+
+Padding tokens take part in neither the max nor the sum. The linear compression of the original ColBERT
+is optional and off by default, as in the isotropy paper, so heads act on the backbone's own vectors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lightning_modules.rankers import RANKERS
+from lightning_modules.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize
+
+
+@dataclass
+class ColBERTConfig(RankerConfig):
+    name: str = "colbert"
+    compress_dim: int | None = None  # e.g. 128 as in the original ColBERT; None keeps the backbone width
+
+
+class ColBERT(BiEncoder):
+    def __init__(self, cfg: ColBERTConfig):
+        super().__init__(cfg)
+        self.compress = nn.Linear(self.hidden_size, cfg.compress_dim, bias=False) if cfg.compress_dim else None
+
+    def token_representations(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
+        enc = super().token_representations(input_ids, attention_mask)
+        if self.compress is not None:
+            enc.tokens = self.compress(enc.tokens)
+        return enc
+
+    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        qn, dn = cosine_normalize(q.tokens), cosine_normalize(d.tokens)
+        sim = torch.einsum("bid,bjd->bij", qn, dn)  # [B, Lq, Ld]
+        sim = sim.masked_fill(~d.mask[:, None, :], float("-inf"))
+        best = sim.max(dim=-1).values  # [B, Lq]
+        return (best * q.mask.to(best.dtype)).sum(-1)
+
+    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        qn, dn = cosine_normalize(q.tokens), cosine_normalize(d.tokens)
+        sim = torch.einsum("qid,pjd->qpij", qn, dn)  # [Bq, Bd, Lq, Ld]
+        sim = sim.masked_fill(~d.mask[None, :, None, :], float("-inf"))
+        best = sim.max(dim=-1).values  # [Bq, Bd, Lq]
+        return (best * q.mask[:, None, :].to(best.dtype)).sum(-1)
+
+
+@RANKERS.register("colbert", schema=ColBERTConfig)
+def build(cfg: ColBERTConfig) -> ColBERT:
+    return ColBERT(cfg)

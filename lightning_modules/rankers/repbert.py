@@ -1,0 +1,37 @@
+"""RepBERT: cosine of mean-pooled token vectors (isotropy paper Eq. 2).
+
+    score(q, d) = cos( 1/|q| sum_j x_j^q , 1/|d| sum_j x_j^d )
+
+The mean runs over non-padding tokens only. A token-wise isotropy head acts before the mean, a
+sequence-wise head after it (isotropy paper section 4.1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from lightning_modules.rankers import RANKERS
+from lightning_modules.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize, masked_mean
+
+
+@dataclass
+class RepBERTConfig(RankerConfig):
+    name: str = "repbert"
+
+
+class RepBERT(BiEncoder):
+    def pool(self, enc: Encoded) -> Encoded:
+        enc.sequence = masked_mean(enc.tokens, enc.mask)
+        return enc
+
+    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        return (cosine_normalize(q.sequence) * cosine_normalize(d.sequence)).sum(-1)
+
+    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        return cosine_normalize(q.sequence) @ cosine_normalize(d.sequence).T
+
+
+@RANKERS.register("repbert", schema=RepBERTConfig)
+def build(cfg: RepBERTConfig) -> RepBERT:
+    return RepBERT(cfg)

@@ -1,0 +1,54 @@
+"""Text -> tensors for a ranker. Picklable, so DataLoader workers tokenise while the model computes.
+
+Padding is dynamic (to the longest sequence in the batch, never to the maximum length): on CPU and GPU alike
+the cost of a transformer grows with the padded length.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+
+class PairTokenizer:
+    def __init__(self, tokenizer, kind: str, query_max_len: int, doc_max_len: int):
+        if kind not in ("bi", "cross"):
+            raise ValueError(f"kind must be 'bi' or 'cross', got {kind!r}")
+        self.tokenizer = tokenizer
+        self.kind = kind
+        self.query_max_len = query_max_len
+        self.doc_max_len = doc_max_len
+
+    def _side(self, texts: list[str], max_len: int, prefix: str) -> dict[str, Tensor]:
+        t = self.tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt")
+        return {f"{prefix}input_ids": t["input_ids"], f"{prefix}attention_mask": t["attention_mask"]}
+
+    def _cross(self, queries: list[str], docs: list[str]) -> dict[str, Tensor]:
+        # Truncate the query to its own budget first, so a long query cannot eat the passage's tokens.
+        q_ids = self.tokenizer(queries, add_special_tokens=False, truncation=True, max_length=self.query_max_len)["input_ids"]
+        q_trunc = self.tokenizer.batch_decode(q_ids)
+        t = self.tokenizer(
+            q_trunc, docs, padding="longest", truncation="only_second",
+            max_length=self.query_max_len + self.doc_max_len + 3, return_tensors="pt",
+        )
+        out = {"input_ids": t["input_ids"], "attention_mask": t["attention_mask"]}
+        if "token_type_ids" in t:
+            out["token_type_ids"] = t["token_type_ids"]
+        return out
+
+    def queries(self, texts: list[str]) -> dict[str, Tensor]:
+        return self._side(texts, self.query_max_len, "q_")
+
+    def docs(self, texts: list[str]) -> dict[str, Tensor]:
+        return self._side(texts, self.doc_max_len, "d_")
+
+    def pairs(self, queries: list[str], docs: list[str]) -> dict[str, Tensor]:
+        """Query i with passage i (evaluation)."""
+        if self.kind == "cross":
+            return self._cross(queries, docs)
+        return {**self.queries(queries), **self.docs(docs)}
+
+    def triplets(self, queries: list[str], pos: list[str], neg: list[str]) -> dict[str, Tensor]:
+        """Training batch. Bi-encoders: B queries and 2B passages (positives, then negatives), so each query is
+        encoded once. Cross-encoders: 2B pairs, (q_i, pos_i) for i < B then (q_i, neg_i)."""
+        if self.kind == "cross":
+            return self._cross(queries + queries, pos + neg)
+        return {**self.queries(queries), **self.docs(pos + neg)}

@@ -1,0 +1,2 @@
+"""Shared plumbing: config composition, registries, atomic I/O, and the fit/evaluate orchestration
+that `train.py` and `evaluate.py` call. Nothing model- or data-specific lives here."""

@@ -1,0 +1,189 @@
+"""Config composition: `configs/config.yaml` + one YAML per group + an optional experiment + CLI overrides.
+
+    python train.py model=repbert data=squad trainer.max_steps=300 optim.lr=2e-5
+
+`group=option` picks `configs/<group>/<option>.yaml`; `a.b=value` overrides one key (YAML-typed). Precedence:
+config.yaml < group YAML < experiment < command line. Each group is validated against the dataclass schema of
+the entry it names (the ranker for `model`, the source for `data`), so an unknown key, group option or a
+wrong-typed value stops the run with one line naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pipeline.errors import InputError
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+GROUPS = ("model", "data", "trainer", "logger")
+
+
+@dataclass
+class TrainerConfig:
+    """Passed to `pytorch_lightning.Trainer` (same names)."""
+
+    accelerator: str = "auto"
+    devices: Any = 1  # int, "auto" or a list of device ids
+    strategy: str = "auto"  # e.g. ddp; DDP on CPU uses gloo
+    num_nodes: int = 1
+    precision: str = "32-true"  # "bf16-mixed" on AMX CPUs and recent GPUs
+    max_steps: int = -1
+    max_epochs: int | None = 1
+    val_check_interval: Any = None  # int steps or float fraction of an epoch
+    check_val_every_n_epoch: int | None = 1
+    limit_val_batches: Any = None
+    log_every_n_steps: int = 10
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = 1.0
+    num_sanity_val_steps: int = 0
+    enable_progress_bar: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | csv | none
+    project: str = "isorank"
+    entity: str | None = None
+    group: str | None = None
+    run_name: str | None = None
+    # auto: online when WANDB_API_KEY is set (or `wandb login` was run), offline otherwise
+    mode: str = "auto"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalConfig:
+    measures: list[str] = field(default_factory=lambda: ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"])
+    before_training: bool = True  # test once before fine-tuning too, for the before/after table
+    probe_queries: int = 32  # fixed probe set for I(W) and avgcos
+    probe_docs: int = 64
+
+
+def _group_schemas():
+    from datamodules.sources import SOURCES
+    from lightning_modules.module import OptimConfig
+    from lightning_modules.rankers import RANKERS
+
+    return RANKERS, SOURCES, OptimConfig
+
+
+@dataclass
+class RunConfig:
+    model: Any = None
+    data: Any = None
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    optim: Any = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 42
+    output_dir: str = "outputs/default"
+    ckpt_path: str | None = None  # train.py: resume this run (optimiser, schedule, step, data order)
+    ckpt: str | None = None  # evaluate.py: the checkpoint to evaluate
+    experiment: str | None = None
+
+
+def _load_yaml(path: Path, where: str) -> DictConfig:
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as e:  # yaml.YAMLError carries line/column in its message
+        raise InputError(str(path), f"is not valid YAML ({' '.join(str(e).split())})") from e
+    if not isinstance(cfg, DictConfig):
+        raise InputError(str(path), f"{where}: expected a mapping of keys")
+    return cfg
+
+
+def _option(group: str, option: str) -> DictConfig:
+    path = CONFIG_DIR / group / f"{option}.yaml"
+    if not path.exists():
+        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        raise InputError(f"config group '{group}'", f"no option '{option}'; expected one of {options}")
+    return _load_yaml(path, f"{group}={option}")
+
+
+def _translate(e: OmegaConfBaseException, prefix: str = "") -> InputError:
+    key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
+    key = f"{prefix}{key}" if prefix and not str(key).startswith(prefix) else key
+    msg = str(e).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not" in msg:
+        return InputError(f"config key '{key}'", "unknown key")
+    return InputError(f"config key '{key}'", msg)
+
+
+def _structured(schema: type, *layers: DictConfig, prefix: str) -> DictConfig:
+    node = OmegaConf.structured(schema)
+    for layer in layers:
+        try:
+            node = OmegaConf.merge(node, layer)
+        except OmegaConfBaseException as e:
+            known = sorted(OmegaConf.structured(schema).keys())
+            err = _translate(e, prefix)
+            if "unknown key" in err.problem:
+                err = InputError(err.where, f"unknown key; {prefix.rstrip('.')} '{getattr(schema, '__name__', schema)}' accepts {known}")
+            raise err from e
+    return node
+
+
+def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    choices, overrides = {}, []
+    for arg in argv:
+        if "=" not in arg:
+            raise InputError(f"argument '{arg}'", "expected key=value (e.g. model=repbert or trainer.max_steps=100)")
+        key, value = arg.split("=", 1)
+        if key in GROUPS or key == "experiment":
+            choices[key] = value
+        else:
+            overrides.append(arg)
+    return choices, overrides
+
+
+def compose(argv: list[str]) -> DictConfig:
+    rankers, sources, optim_schema = _group_schemas()
+    choices, overrides = parse_args(argv)
+    base = _load_yaml(CONFIG_DIR / "config.yaml", "config.yaml")
+    defaults = dict(base.pop("defaults", {}))
+    exp_name = choices.get("experiment")
+    exp = OmegaConf.create()
+    if exp_name:
+        exp = _option("experiment", exp_name)
+        defaults.update(dict(exp.pop("defaults", {})))
+    defaults.update({k: v for k, v in choices.items() if k != "experiment"})
+    try:
+        cli = OmegaConf.from_dotlist(overrides)
+    except Exception as e:
+        raise InputError("command line", f"cannot parse overrides {overrides}: {e}") from e
+
+    def layers(group: str) -> list[DictConfig]:
+        return [node.get(group, OmegaConf.create()) for node in (base, exp, cli)]
+
+    groups: dict[str, DictConfig] = {}
+    for group in GROUPS:
+        option = defaults.get(group)
+        if option is None:
+            raise InputError("configs/config.yaml", f"defaults has no option for group '{group}'")
+        picked = _option(group, str(option))
+        stack = [picked, *layers(group)]
+        raw = OmegaConf.merge(*[OmegaConf.create(OmegaConf.to_container(s)) for s in stack])
+        if group == "model":
+            schema = rankers.get(str(raw.get("name")), "model.name").schema
+        elif group == "data":
+            schema = sources.get(str(raw.get("source")), "data.source").schema
+        else:
+            schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
+        groups[group] = _structured(schema, *stack, prefix=f"{group}.")
+
+    rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
+    top = _structured(RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix="")
+    optim = _structured(optim_schema, *[n.get("optim", OmegaConf.create()) for n in rest], prefix="optim.")
+    with_flag = OmegaConf.to_container(top)
+    cfg = OmegaConf.create({**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)})
+    cfg.experiment = exp_name
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)

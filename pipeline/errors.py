@@ -1,0 +1,14 @@
+"""One exception type for every user-facing input error.
+
+Each message is one line that names where the problem is (file and line, or config key) and what was
+expected, so a researcher can fix the input without reading a traceback.
+"""
+
+
+class InputError(ValueError):
+    """Bad user input: a data file, a config key or a checkpoint. The message is the whole story."""
+
+    def __init__(self, where: str, problem: str):
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{where}: {problem}")

@@ -1,0 +1,192 @@
+"""What `train.py` and `evaluate.py` do, once: build the module, data and trainer from a composed config, run
+Lightning, and write `metrics.json`, `per_query.json`, `run.trec` and the resolved `config.yaml` into
+`output_dir` (every file written atomically, by global rank 0 only)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from callbacks.checkpoint import RankingCheckpoint
+from callbacks.isotropy import IsotropyCallback
+from callbacks.metrics.trec import write_trec_run
+from datamodules.datamodule import RankingDataModule
+from datamodules.sources import SOURCES
+from lightning_modules.module import RankingModule
+from pipeline.errors import InputError
+from pipeline.io import atomic_open, write_json
+
+MONITOR = "val/ndcg_cut_10"
+
+
+def data_config(cfg: DictConfig):
+    schema = SOURCES.get(cfg.data.source, "data.source").schema
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg.data))
+
+
+def build_logger(cfg: DictConfig, name: str):
+    lc = cfg.logger
+    out = Path(cfg.output_dir)
+    if lc.name == "none":
+        return False
+    if lc.name == "csv":
+        from pytorch_lightning.loggers import CSVLogger
+
+        return CSVLogger(save_dir=str(out), name="csv")
+    if lc.name == "wandb":
+        from pytorch_lightning.loggers import WandbLogger
+
+        mode = lc.mode
+        if mode == "auto":
+            mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_key_configured() else "offline")
+        (out / "wandb").mkdir(parents=True, exist_ok=True)
+        return WandbLogger(
+            project=lc.project, entity=lc.entity, group=lc.group, name=lc.run_name or name, tags=list(lc.tags),
+            save_dir=str(out), mode=mode, config=OmegaConf.to_container(cfg),
+        )
+    raise InputError("logger.name", f"unknown logger '{lc.name}'; expected wandb, csv or none")
+
+
+def _wandb_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path.home() / ".netrc"
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
+    t = OmegaConf.to_container(cfg.trainer)
+    callbacks: list = [IsotropyCallback()]
+    if checkpoints:
+        callbacks.append(RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR))
+    if logger:
+        from pytorch_lightning.callbacks import LearningRateMonitor
+
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if t.get("enable_progress_bar"):
+        from pytorch_lightning.callbacks import RichProgressBar
+
+        callbacks.append(RichProgressBar())
+    if t.get("limit_val_batches") is None:
+        t.pop("limit_val_batches", None)
+    return pl.Trainer(
+        **t, logger=logger, callbacks=callbacks, default_root_dir=cfg.output_dir,
+        # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
+        use_distributed_sampler=False, enable_checkpointing=checkpoints,
+    )
+
+
+def read_checkpoint(path: str, key: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(key, f"checkpoint '{path}' does not exist")
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise InputError(key, f"cannot read checkpoint '{path}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is truncated or not a torch file") from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model" not in ckpt.get("hyper_parameters", {}):
+        raise InputError(key, f"'{path}' is not a checkpoint of this pipeline (no ranker hyper-parameters)")
+    return ckpt
+
+
+def check_same_ranker(ckpt: dict, cfg: DictConfig, key: str, path: str) -> None:
+    saved = ckpt["hyper_parameters"]["model"]["name"]
+    if saved != cfg.model.name:
+        raise InputError(key, f"checkpoint '{path}' holds ranker '{saved}' but model.name is '{cfg.model.name}'")
+
+
+def save_config(cfg: DictConfig) -> None:
+    with atomic_open(Path(cfg.output_dir) / "config.yaml") as f:
+        f.write(OmegaConf.to_yaml(cfg))
+
+
+def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None) -> dict:
+    out = Path(cfg.output_dir)
+    test = module.results["test"]
+    metrics = {**test["metrics"], **test.get("isotropy", {})}
+    doc = dict(metrics)
+    if before is not None:
+        doc["before_training"] = before
+    write_json(out / "metrics.json", doc)
+    write_json(out / "per_query.json", test["per_query"])
+    write_trec_run(out / "run.trec", test["run"], tag=f"{cfg.model.name}")
+    return metrics
+
+
+def print_table(after: dict, before: dict | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="test metrics")
+    table.add_column("metric")
+    if before is not None:
+        table.add_column("before training", justify="right")
+    table.add_column("after" if before is not None else "value", justify="right")
+    for k, v in after.items():
+        row = [k] + ([f"{before[k]:.4f}" if k in before else "-"] if before is not None else []) + [f"{v:.4f}"]
+        table.add_row(*row)
+    Console().print(table)
+
+
+def _test_results(module: RankingModule) -> dict:
+    test = module.results["test"]
+    return {**test["metrics"], **test.get("isotropy", {})}
+
+
+def train(cfg: DictConfig) -> dict | None:
+    pl.seed_everything(cfg.seed, workers=True)
+    if cfg.ckpt_path:
+        check_same_ranker(read_checkpoint(cfg.ckpt_path, "ckpt_path"), cfg, "ckpt_path", cfg.ckpt_path)
+    elif any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
+        # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
+        raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
+    module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))
+    dm = RankingDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    logger = build_logger(cfg, name=Path(cfg.output_dir).name)
+    trainer = build_trainer(cfg, logger, checkpoints=True)
+    if trainer.is_global_zero:
+        save_config(cfg)
+    before = None
+    if cfg.eval.before_training and not cfg.ckpt_path:
+        trainer.test(module, datamodule=dm, verbose=False)
+        before = _test_results(module)
+    # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
+    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
+    if not trainer.is_global_zero:
+        return None
+    after = write_results(cfg, module, before)
+    print_table(after, before)
+    return after
+
+
+def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
+    pl.seed_everything(cfg.seed, workers=True)
+    hparams = {"model": OmegaConf.to_container(cfg.model), "optim": OmegaConf.to_container(cfg.optim)}
+    ckpt = None
+    if cfg.ckpt:
+        ckpt = read_checkpoint(cfg.ckpt, "ckpt")
+        if model_from_cli:
+            check_same_ranker(ckpt, cfg, "ckpt", cfg.ckpt)
+        hparams = ckpt["hyper_parameters"]
+        cfg.model = hparams["model"]
+    module = RankingModule(hparams["model"], hparams["optim"], list(cfg.eval.measures))
+    if ckpt is not None:
+        missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
+        if missing or unexpected:
+            raise InputError("ckpt", f"'{cfg.ckpt}' does not match ranker '{cfg.model.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    dm = RankingDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
+    trainer = build_trainer(cfg, logger, checkpoints=False)
+    if trainer.is_global_zero:
+        save_config(cfg)
+    trainer.test(module, datamodule=dm, verbose=False)
+    if not trainer.is_global_zero:
+        return None
+    after = write_results(cfg, module)
+    print_table(after)
+    return after

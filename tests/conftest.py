@@ -1,0 +1,67 @@
+"""Shared fixtures. Unit tests run on tiny random BERTs built here (a ColBERT step < 1 s); only smoke tests
+and benchmarks load MiniLM."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
+
+
+def shared_data(*parts: str) -> Path:
+    """Path under ../shared/data, or skip the test with the reason when it is absent."""
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"shared data not present: {p}")
+    return p
+
+
+def make_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.1) -> Path:
+    """A random BERT with MiniLM's uncased WordPiece tokenizer, saved as an HF model directory."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from lightning_modules.rankers.backbone import resolve
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=2 * hidden, max_position_embeddings=512,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+    )
+    BertModel(cfg).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve("minilm")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    return str(make_tiny_bert(tmp_path_factory.mktemp("tiny_bert")))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_nodropout(tmp_path_factory) -> str:
+    """Deterministic forward passes: DDP-vs-single-process comparisons need identical computations."""
+    return str(make_tiny_bert(tmp_path_factory.mktemp("tiny_bert_nd"), dropout=0.0))
+
+
+def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True):
+    """Run train.py / evaluate.py as a user would, in a subprocess; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc

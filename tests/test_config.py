@@ -1,0 +1,57 @@
+"""Config composition: defaults, group choice, overrides, and one-line errors for bad keys, groups and types."""
+import pytest
+
+from pipeline.config import compose
+from pipeline.errors import InputError
+
+
+def test_defaults_compose_to_colbert_on_synthetic():
+    cfg = compose([])
+    assert cfg.model.name == "colbert" and cfg.data.source == "synthetic"
+    assert cfg.optim.in_batch_negatives is True
+    assert cfg.logger.name == "wandb"
+
+
+def test_group_choice_and_overrides_apply_in_order():
+    cfg = compose(["model=repbert", "trainer.max_steps=7", "optim.lr=1e-4", "data.rotate_train=true", "seed=3"])
+    assert cfg.model.name == "repbert"
+    assert cfg.trainer.max_steps == 7 and cfg.optim.lr == pytest.approx(1e-4) and cfg.seed == 3
+    assert cfg.data.rotate_train is True
+
+
+@pytest.mark.parametrize(
+    "argv,where",
+    [
+        (["model.compress_dimm=8"], "model.compress_dimm"),  # misspelt ranker key
+        (["model=bert_cat", "model.compress_dim=8"], "model.compress_dim"),  # key of another ranker
+        (["trainer.max_stepz=3"], "trainer.max_stepz"),
+        (["optim.lrr=1"], "optim.lrr"),
+        (["sed=1"], "sed"),
+    ],
+)
+def test_unknown_keys_are_errors(argv, where):
+    with pytest.raises(InputError) as e:
+        compose(argv)
+    assert where in str(e.value) and "unknown key" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_group_option_lists_choices():
+    with pytest.raises(InputError, match=r"config group 'model'.*no option 'colbertt'.*colbert"):
+        compose(["model=colbertt"])
+
+
+def test_unknown_ranker_name():
+    with pytest.raises(InputError, match="model.name"):
+        compose(["model.name=splade"])
+
+
+@pytest.mark.parametrize("argv,key", [(["trainer.max_steps=abc"], "trainer.max_steps"), (["data.rotate_train=maybe"], "data.rotate_train"), (["seed=1.5"], "seed")])
+def test_wrong_types_are_errors(argv, key):
+    with pytest.raises(InputError, match=key.replace(".", r"\.")):
+        compose(argv)
+
+
+def test_argument_without_equals():
+    with pytest.raises(InputError, match="expected key=value"):
+        compose(["--fast"])

@@ -1,0 +1,146 @@
+"""Rotation debiasing (position-bias paper Eq. 7): word rotation, span mapping, deterministic rotation index,
+and the answer-position distribution before/after rotation (SQuAD from ../shared/data, synthetic "start")."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from scipy import stats
+
+from conftest import REPO, shared_data
+from datamodules.rotation import normalize, relative_answer_positions, rotate, rotate_seeded, rotation_index, word_starts
+from datamodules.sources import load_dataset
+from datamodules.sources.synthetic import SyntheticConfig
+
+
+def _random_text(rng: np.random.Generator) -> tuple[str, list[tuple[int, int]], list[str]]:
+    """Text with messy whitespace and random character spans (possibly starting/ending on spaces)."""
+    words = ["".join(rng.choice(list("abcdefgh.,"), size=rng.integers(1, 7))) for _ in range(rng.integers(1, 25))]
+    seps = [rng.choice([" ", "  ", "\n", "\t ", " \u00a0", "\u3000", "\x1c", "\u2009\r\n"]) for _ in words]
+    text = rng.choice(["", " ", "\n"]) + "".join(w + s for w, s in zip(words, seps))
+    spans = []
+    for _ in range(3):
+        s = int(rng.integers(0, len(text)))
+        e = int(rng.integers(s, len(text) + 1))
+        spans.append((s, e))
+    return text, spans, words
+
+
+def test_normalize_collapses_whitespace_and_maps_spans():
+    text = "  The  quick\n brown\t\tfox  "
+    norm, spans = normalize(text, [(2, 5), (7, 19), (12, 14), (5, 9)])
+    assert norm == "The quick brown fox"
+    # (12, 14) is whitespace only: dropped; (5, 9) = "  qu": leading whitespace trimmed
+    assert spans == [(0, 3), (4, 15), (4, 6)]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        text, spans, _ = _random_text(rng)
+        norm, mapped = normalize(text, spans)
+        assert norm == " ".join(text.split())
+        expected = [" ".join(text[s:e].split()) for s, e in spans if text[s:e].strip()]
+        assert [norm[s:e] for s, e in mapped] == expected
+        assert normalize(norm, mapped) == (norm, mapped)  # idempotent
+
+
+def test_rotate_is_a_word_rotation_and_maps_spans():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        text, spans, _ = _random_text(rng)
+        norm, nspans = normalize(text, spans)
+        words = norm.split(" ")
+        for r in range(len(words)):
+            rotated, rspans = rotate(text, r, spans)
+            assert rotated.split(" ") == words[r:] + words[:r]
+            assert len(rotated) == len(norm)
+            cut = word_starts(norm)[r] if r else 0
+            pieces = [rotated[s:e] for s, e in rspans]
+            for s, e in nspans:
+                answer = norm[s:e]
+                if r == 0 or s >= cut or e <= cut - 1:  # not split by the cut: one span, same text
+                    assert answer in pieces
+                else:  # split: the tail part now opens the passage, the head part closes it
+                    head, tail = answer[: cut - 1 - s], answer[cut - s:]
+                    assert (tail == "" or (0, len(tail)) in rspans) and (head == "" or rotated.endswith(head))
+                    assert (head + " " + tail).strip() == answer
+    assert rotate("a b c d", 0) == ("a b c d", [])
+    assert rotate(" a  b\nc d ", 2, [(1, 2), (6, 7)]) == ("c d a b", [(0, 1), (4, 5)])
+    # a span over the cut becomes two spans: "b c" cut before "c"
+    assert rotate("a b c d", 2, [(2, 5)]) == ("c d a b", [(0, 1), (6, 7)])
+
+
+def test_rotate_paper_example():
+    # Eq. 7 with 1-based r = 3: [p_3:n ; p_1:2]
+    assert rotate("p1 p2 p3 p4 p5", 2)[0] == "p3 p4 p5 p1 p2"
+
+
+def test_rotation_index_is_deterministic_across_processes():
+    keys = [f"q{i}:d{i}" for i in range(400)]
+    a = [rotation_index(42, 3, k, 50) for k in keys]
+    assert a == [rotation_index(42, 3, k, 50) for k in keys]
+    assert all(0 <= r < 50 for r in a)
+    other_epoch = [rotation_index(42, 4, k, 50) for k in keys]
+    assert np.mean(np.array(a) == np.array(other_epoch)) < 0.1
+    other_seed = [rotation_index(7, 3, k, 50) for k in keys]
+    assert np.mean(np.array(a) == np.array(other_seed)) < 0.1
+    counts = np.bincount([rotation_index(0, 0, f"k{i}", 10) for i in range(5000)], minlength=10)
+    assert stats.chisquare(counts).pvalue > 0.001
+    assert rotation_index(0, 0, "x", 1) == 0 and rotation_index(0, 0, "x", 0) == 0
+    code = "from datamodules.rotation import rotation_index as f; print([f(42, 3, f'q{i}:d{i}', 50) for i in range(400)])"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == a
+
+
+def test_relative_answer_positions_are_word_based():
+    assert relative_answer_positions("a bb  ccc d", [(0, 1), (2, 4), (6, 9), (10, 11)]) == [0.0, 0.25, 0.5, 0.75]
+    assert relative_answer_positions("", []) == []
+
+
+def _ks_uniform(values) -> float:
+    return stats.kstest(values, "uniform").pvalue
+
+
+def test_rotation_makes_squad_answer_positions_uniform():
+    path = shared_data("squad_v1.1_dev", "dev-v1.1.json.gz")
+    raw = json.load(gzip.open(path))
+    before, after = [], []
+    checked = 0
+    for a in raw["data"]:
+        for p in a["paragraphs"]:
+            context = p["context"]
+            for qa in p["qas"]:
+                ans = qa["answers"][0]
+                span = (ans["answer_start"], ans["answer_start"] + len(ans["text"]))
+                before += relative_answer_positions(context, [span])
+                rotated, spans = rotate_seeded(context, seed=0, epoch=0, key=qa["id"], spans=[span])
+                assert sorted(rotated.split()) == sorted(context.split())
+                if len(spans) == 1:  # not split by the cut: the slice is the (whitespace-normalised) answer
+                    assert rotated[spans[0][0]:spans[0][1]] == " ".join(ans["text"].split())
+                    checked += 1
+                # the answer starts in the last span: a span split by the cut keeps its first words at the end
+                after.append(relative_answer_positions(rotated, spans[-1:])[0])
+    assert len(before) == len(after) == 10570
+    assert checked > 0.95 * len(after)
+    p_before, p_after = _ks_uniform(before), _ks_uniform(after)
+    print(f"\nSQuAD relative answer start (word-based): before mean {np.mean(before):.3f} (KS p={p_before:.2g}), "
+          f"after rotation mean {np.mean(after):.3f} (KS p={p_after:.2g})")
+    assert p_after > 0.01
+    assert abs(np.mean(after) - 0.5) < 0.02
+    deciles = np.bincount(np.minimum((np.array(after) * 10).astype(int), 9), minlength=10)
+    assert np.all(np.abs(deciles - len(after) / 10) < 0.1 * len(after) / 10)
+
+
+def test_rotation_debiases_synthetic_start_bias():
+    ds = load_dataset(SyntheticConfig(answer_position="start"), 0)
+    before, after = [], []
+    for (qid, doc), spans in ds.answers.items():
+        before += relative_answer_positions(ds.docs[doc], spans)
+        rotated, rspans = rotate_seeded(ds.docs[doc], 0, 0, f"{qid}:{doc}", spans)
+        after.append(relative_answer_positions(rotated, rspans[-1:])[0])
+    print(f"\nsynthetic 'start': before mean {np.mean(before):.3f}, after rotation mean {np.mean(after):.3f}")
+    assert np.mean(before) < 0.25 and _ks_uniform(before) < 1e-6
+    assert _ks_uniform(after) > 0.01
