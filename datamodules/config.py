@@ -9,7 +9,9 @@ from dataclasses import dataclass
 class DataConfig:
     source: str = "synthetic"
     batch_size: int = 16  # training triplets per optimiser step and rank
-    eval_batch_size: int = 64  # (query, passage) pairs per evaluation step
+    # Evaluation step size: distinct passages for bi-encoders (each encoded once however many queries list it),
+    # (query, passage) pairs for cross-encoders.
+    eval_batch_size: int = 64
     num_workers: int = 0
     # When a split has no training triplets: negatives sampled from each query's BM25 candidates ("bm25") or
     # uniformly from the collection ("random"); "given" demands triplets from the source.

@@ -59,7 +59,7 @@ class TripletCollate:
 
 
 class PairDataset(Dataset):
-    """(query, candidate) pairs of one split, one rank's contiguous shard."""
+    """(query, candidate) pairs of one split, one rank's contiguous shard (cross-encoders: a batch is pairs)."""
 
     def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str]):
         self.pairs, self.qtexts, self.dtexts = pairs, qtexts, dtexts
@@ -81,6 +81,38 @@ class PairCollate:
         batch = self.tokenizer.pairs(q, d)
         batch["qidx"] = torch.tensor(qi)
         batch["didx"] = torch.tensor(di)
+        return batch
+
+
+def doc_chunks(pairs: np.ndarray, max_docs: int) -> list[np.ndarray]:
+    """Cut (qidx, didx) pairs into chunks of at most `max_docs` distinct passages, grouped by passage."""
+    if len(pairs) == 0:
+        return []
+    pairs = pairs[np.lexsort((pairs[:, 0], pairs[:, 1]))]
+    new_doc = np.r_[True, pairs[1:, 1] != pairs[:-1, 1]]
+    chunk_id = (np.cumsum(new_doc) - 1) // max_docs
+    return np.split(pairs, np.flatnonzero(np.diff(chunk_id)) + 1)
+
+
+class ChunkDataset(Dataset):
+    """Bi-encoder evaluation: one item is a chunk of pairs whose distinct passages and queries are tokenised
+    (and so encoded) once each, however many candidate lists they appear in."""
+
+    def __init__(self, chunks: list[np.ndarray], qtexts: list[str], dtexts: list[str], tokenizer: PairTokenizer):
+        self.chunks, self.qtexts, self.dtexts, self.tokenizer = chunks, qtexts, dtexts, tokenizer
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        pairs = self.chunks[i]
+        uq, pair_q = np.unique(pairs[:, 0], return_inverse=True)
+        ud, pair_d = np.unique(pairs[:, 1], return_inverse=True)
+        batch = {**self.tokenizer.queries([self.qtexts[j] for j in uq]), **self.tokenizer.docs([self.dtexts[j] for j in ud])}
+        batch.update(
+            pair_q=torch.from_numpy(pair_q.reshape(-1)), pair_d=torch.from_numpy(pair_d.reshape(-1)),
+            qidx=torch.from_numpy(pairs[:, 0].copy()), didx=torch.from_numpy(pairs[:, 1].copy()),
+        )
         return batch
 
 
@@ -178,11 +210,14 @@ class RankingDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         split = self.eval_splits[name]
         shard = shard_range(len(split.pairs), rank, world)
-        ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts)
-        return DataLoader(
-            ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer),
-            num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator(),
-        )
+        pairs = split.pairs[shard.start : shard.stop]
+        common = dict(num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator())
+        if self.tokenizer.kind == "bi":
+            chunks = doc_chunks(pairs, self.cfg.eval_batch_size)
+            ds = ChunkDataset(chunks, split.qtexts, split.dtexts, self.tokenizer)
+            return DataLoader(ds, batch_size=None, shuffle=False, **common)
+        ds = PairDataset(pairs, split.qtexts, split.dtexts)
+        return DataLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val")

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from callbacks.metrics.ir import RetrievalRun, evaluate_run
 from lightning_modules.rankers import RANKERS, build_ranker
-from lightning_modules.rankers.base import Encoded
+from lightning_modules.rankers.base import Encoded, take
 from lightning_modules.rankers.tokenization import PairTokenizer
 
 
@@ -101,9 +101,7 @@ class RankingModule(pl.LightningModule):
             d_all, start, _ = self._gather_docs(d)
             scores = r.score_all(q, d_all)  # positives of this rank sit at start + i, own negatives at start + b + i
             return scores, start + ar, scores[ar, start + ar], scores[ar, start + b + ar]
-        d_pos = Encoded(d.tokens[:b], d.mask[:b], None if d.sequence is None else d.sequence[:b])
-        d_neg = Encoded(d.tokens[b:], d.mask[b:], None if d.sequence is None else d.sequence[b:])
-        pos, neg = r.score_pairs(q, d_pos), r.score_pairs(q, d_neg)
+        pos, neg = r.score_pairs(q, take(d, slice(0, b))), r.score_pairs(q, take(d, slice(b, None)))
         return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=pos.device), pos, neg
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -140,9 +138,19 @@ class RankingModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # ---- evaluation ----------------------------------------------------------------------------------------
+    def score_chunk(self, batch: dict[str, Tensor], pairs_per_pass: int = 512) -> Tensor:
+        """Bi-encoder evaluation chunk: encode each distinct query and passage once, then score the pairs."""
+        r = self.ranker
+        q, d = r.encode_queries(batch), r.encode_docs(batch)
+        out = []
+        for s in range(0, len(batch["pair_q"]), pairs_per_pass):  # bounds the [P, Lq, Ld] similarity tensor
+            iq, id_ = batch["pair_q"][s : s + pairs_per_pass], batch["pair_d"][s : s + pairs_per_pass]
+            out.append(r.score_indexed(q, d, iq, id_))
+        return torch.cat(out)
+
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
-        scores = self.ranker.score(batch).float()
-        self.runs[split].update(batch["qidx"], batch["didx"], scores)
+        scores = self.score_chunk(batch) if "pair_q" in batch else self.ranker.score(batch)
+        self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, "val")

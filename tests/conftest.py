@@ -53,12 +53,12 @@ def tiny_bert_nodropout(tmp_path_factory) -> str:
     return str(make_tiny_bert(tmp_path_factory.mktemp("tiny_bert_nd"), dropout=0.0))
 
 
-def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True):
+def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True, env: dict | None = None):
     """Run train.py / evaluate.py as a user would, in a subprocess; returns the CompletedProcess."""
     import subprocess
     import sys
 
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env = env if env is not None else {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, str(REPO / script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -105,6 +105,34 @@ class BiEncoder(Ranker):
     def score(self, batch: dict[str, Tensor]) -> Tensor:
         return self.score_pairs(self.encode_queries(batch), self.encode_docs(batch))
 
+    def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
+        """score_pairs of (q[iq[k]], d[id_[k]]): evaluation encodes each text once and scores by index."""
+        return self.score_pairs(take(q, iq), take(d, id_))
+
+
+class SingleVectorEncoder(BiEncoder):
+    """Bi-encoders that score one pooled vector per text; `pool` fills `Encoded.sequence`."""
+
+    cosine: ClassVar[bool] = False
+
+    def _prep(self, x: Tensor) -> Tensor:
+        return cosine_normalize(x) if self.cosine else x
+
+    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        return (self._prep(q.sequence) * self._prep(d.sequence)).sum(-1)
+
+    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        return self._prep(q.sequence) @ self._prep(d.sequence).T
+
+    def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
+        # only the pooled vectors are indexed: copying [P, L, D] token tensors would dominate the cost
+        return (self._prep(q.sequence)[iq] * self._prep(d.sequence)[id_]).sum(-1)
+
+
+def take(enc: Encoded, index) -> Encoded:
+    """Rows `index` (a slice or index tensor) of an Encoded batch."""
+    return Encoded(enc.tokens[index], enc.mask[index], None if enc.sequence is None else enc.sequence[index])
+
 
 class CrossEncoder(Ranker):
     kind = "cross"
@@ -118,8 +146,7 @@ def cosine_normalize(x: Tensor) -> Tensor:
     return F.normalize(x, p=2, dim=-1, eps=1e-12)
 
 
-def pad_mask_fill(scores: Tensor, mask: Tensor, value: float) -> Tensor:
-    return scores.masked_fill(~mask, value)
-
-
-__all__ = ["RankerConfig", "Encoded", "Ranker", "BiEncoder", "CrossEncoder", "masked_mean", "cosine_normalize", "torch"]
+__all__ = [
+    "RankerConfig", "Encoded", "Ranker", "BiEncoder", "SingleVectorEncoder", "CrossEncoder", "masked_mean",
+    "cosine_normalize", "take",
+]

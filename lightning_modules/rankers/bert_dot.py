@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor, nn
+from torch import nn
 
 from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import BiEncoder, Encoded, RankerConfig
+from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEncoder
 
 
 @dataclass
@@ -16,7 +16,9 @@ class BertDotConfig(RankerConfig):
     compress_dim: int | None = None
 
 
-class BertDot(BiEncoder):
+class BertDot(SingleVectorEncoder):
+    cosine = False
+
     def __init__(self, cfg: BertDotConfig):
         super().__init__(cfg)
         self.compress = nn.Linear(self.hidden_size, cfg.compress_dim) if cfg.compress_dim else None
@@ -25,12 +27,6 @@ class BertDot(BiEncoder):
         cls = enc.tokens[:, 0]
         enc.sequence = self.compress(cls) if self.compress is not None else cls
         return enc
-
-    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
-        return (q.sequence * d.sequence).sum(-1)
-
-    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
-        return q.sequence @ d.sequence.T
 
 
 @RANKERS.register("bert_dot", schema=BertDotConfig)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor
-
 from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize, masked_mean
+from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEncoder, masked_mean
 
 
 @dataclass
@@ -20,16 +18,12 @@ class RepBERTConfig(RankerConfig):
     name: str = "repbert"
 
 
-class RepBERT(BiEncoder):
+class RepBERT(SingleVectorEncoder):
+    cosine = True
+
     def pool(self, enc: Encoded) -> Encoded:
         enc.sequence = masked_mean(enc.tokens, enc.mask)
         return enc
-
-    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
-        return (cosine_normalize(q.sequence) * cosine_normalize(d.sequence)).sum(-1)
-
-    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
-        return cosine_normalize(q.sequence) @ cosine_normalize(d.sequence).T
 
 
 @RANKERS.register("repbert", schema=RepBERTConfig)

@@ -1,0 +1,74 @@
+"""RankingModule pieces outside a Trainer: chunked bi-encoder evaluation equals scoring each pair directly, and
+the training losses equal their formulas computed pair by pair."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from datamodules.datamodule import ChunkDataset, doc_chunks
+from lightning_modules.module import RankingModule
+
+QUERIES = ["what is heat transfer", "slab conduction", "boundary layer flow at high speed"]
+DOCS = ["heat transfer in slabs", "a study of boundary layers", "flow of air over wings at speed", "conduction"]
+
+
+def module(tiny_bert, name, **optim):
+    m = RankingModule({"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, optim)
+    return m.eval()
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert", "bert_dot"])
+def test_chunked_eval_equals_pairwise_scores(tiny_bert, name):
+    m = module(tiny_bert, name)
+    pairs = np.array([(q, d) for q in range(3) for d in range(4) if (q + d) % 3 != 1], dtype=np.int64)
+    tok = m.pair_tokenizer
+    got = {}
+    for chunk in ChunkDataset(doc_chunks(pairs, max_docs=2), QUERIES, DOCS, tok):
+        with torch.no_grad():
+            s = m.score_chunk(chunk, pairs_per_pass=3)
+        got.update({(int(a), int(b)): float(v) for a, b, v in zip(chunk["qidx"], chunk["didx"], s)})
+    assert set(got) == {tuple(p) for p in pairs.tolist()}
+    with torch.no_grad():
+        want = m.ranker.score(tok.pairs([QUERIES[q] for q, _ in pairs], [DOCS[d] for _, d in pairs]))
+    for (q, d), w in zip(pairs.tolist(), want.tolist()):
+        assert got[(q, d)] == pytest.approx(w, abs=1e-5)
+
+
+def test_doc_chunks_cover_pairs_once_with_bounded_docs():
+    rng = np.random.default_rng(0)
+    pairs = np.unique(rng.integers(0, 20, size=(200, 2)), axis=0)
+    chunks = doc_chunks(pairs, 7)
+    assert sorted(map(tuple, np.concatenate(chunks).tolist())) == sorted(map(tuple, pairs.tolist()))
+    assert all(len(np.unique(c[:, 1])) <= 7 for c in chunks)
+    docs_per_chunk = [set(c[:, 1].tolist()) for c in chunks]
+    assert all(a.isdisjoint(b) for i, a in enumerate(docs_per_chunk) for b in docs_per_chunk[i + 1 :])
+
+
+def reference_scores(m, q_texts, d_texts):
+    """s[i][j] = score(q_i, d_j) computed one pair at a time."""
+    tok = m.pair_tokenizer
+    return torch.stack([torch.stack([m.ranker.score(tok.pairs([q], [d]))[0] for d in d_texts]) for q in q_texts])
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert"])
+def test_in_batch_ce_loss_matches_formula(tiny_bert, name):
+    m = module(tiny_bert, name, loss="ce", in_batch_negatives=True)
+    q, pos, neg = QUERIES[:2], DOCS[:2], DOCS[2:4]
+    scores, target, s_pos, s_neg = m.triplet_scores(m.pair_tokenizer.triplets(q, pos, neg))
+    ref = reference_scores(m, q, pos + neg).detach()  # columns: positives then negatives of the whole batch
+    torch.testing.assert_close(scores, ref, atol=1e-5, rtol=0)
+    assert target.tolist() == [0, 1]
+    want = np.mean([-np.log(np.exp(ref[i, i].item()) / np.exp(ref[i].double().numpy()).sum()) for i in range(2)])
+    assert F.cross_entropy(scores, target).item() == pytest.approx(want, abs=1e-5)
+    torch.testing.assert_close(s_neg, torch.stack([ref[0, 2], ref[1, 3]]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["bert_cat", "bert_dot"])
+def test_pairwise_scores_without_in_batch(tiny_bert, name):
+    m = module(tiny_bert, name, loss="hinge", margin=0.5, in_batch_negatives=False)
+    q, pos, neg = QUERIES[:2], DOCS[:2], DOCS[2:4]
+    scores, target, s_pos, s_neg = m.triplet_scores(m.pair_tokenizer.triplets(q, pos, neg))
+    ref = reference_scores(m, q, pos + neg).detach()
+    torch.testing.assert_close(s_pos, torch.stack([ref[0, 0], ref[1, 1]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(s_neg, torch.stack([ref[0, 2], ref[1, 3]]), atol=1e-5, rtol=0)
+    assert scores.shape == (2, 2) and target.tolist() == [0, 0]
