@@ -70,7 +70,7 @@ def test_good_tsv_loads(tmp_path):
     ("val_run", "run.txt", "q1 Q0 d1 1 2.0 bm25\nq1 Q0 d2 2 1.0\n", 2, "expected 6 whitespace-separated columns"),
     ("val_run", "run.txt", "q1 Q0 d1 1 high bm25\n", 1, "score 'high' is not a number"),
     ("val_run", "run.txt", "q1 Q0 d1 first 2.0 bm25\n", 1, "rank 'first' is not an integer"),
-    ("train_triples", "triples.tsv", "q1\td1\td2\nq2\td2\n", 2, "expected 3 non-empty tab-separated columns"),
+    ("train_triples", "triples.tsv", "q1\td1\td2\nq2\td2\n", 2, "expected 3 tab-separated columns"),
 ])
 def test_malformed_tsv_trec_lines(tmp_path, key, name, text, line, expect):
     extra = {"val_queries": _w(tmp_path / "vq.tsv", QUERIES)} if key == "val_run" else {}

@@ -22,7 +22,7 @@ import numpy as np
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
-from datamodules.sources.tsv import iter_lines, parse_int, read_jsonl, resolve_path
+from datamodules.sources.tsv import iter_rows, parse_int, read_jsonl, resolve_path
 from pipeline.errors import InputError
 
 
@@ -89,12 +89,7 @@ def read_queries(path: Path) -> dict[str, str]:
 def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
     first = True
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        cols = line.split("\t")
-        if len(cols) != 3:
-            raise InputError(f"{path}:{lineno}", f"expected 3 tab-separated columns (query-id, corpus-id, score), got {len(cols)}")
+    for lineno, cols in iter_rows(path, ("query-id", "corpus-id", "score")):
         if first:
             first = False
             if cols[2].strip().lower() == "score" or cols[0].strip().lower() == "query-id":

@@ -40,7 +40,7 @@ import numpy as np
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
-from datamodules.sources.tsv import iter_lines, parse_int, read_jsonl, read_text, read_trec_qrels, resolve_path
+from datamodules.sources.tsv import iter_lines, iter_rows, parse_int, read_jsonl, read_text, read_trec_qrels, resolve_path
 from pipeline.errors import InputError
 
 _log = logging.getLogger(__name__)
@@ -207,12 +207,7 @@ def load_cranfield(folder: Path):
     raw_queries = _texts(qpath, parse_smart(qpath, "W"), "W", "query")
     queries = {str(i): text for i, text in enumerate(raw_queries.values(), start=1)}
     qrels: dict[str, dict[str, int]] = {}
-    for lineno, line in iter_lines(rpath):
-        cols = line.split()
-        if not cols:
-            continue
-        if len(cols) != 3:
-            raise InputError(f"{rpath}:{lineno}", f"expected 3 whitespace-separated columns (query position, doc id, relevance code), got {len(cols)}")
+    for lineno, cols in iter_rows(rpath, ("query position", "doc id", "relevance code"), tabs=False):
         code = parse_int(cols[2], f"{rpath}:{lineno}", "relevance code")
         if code in (1, 2, 3, 4):
             gain = 5 - code
@@ -239,12 +234,7 @@ def load_cisi(folder: Path):
     docs = _texts(dpath, parse_smart(dpath, "TABWXKC", after_text="XKC"), "TW", "document", dropped=empty)
     queries = _texts(qpath, parse_smart(qpath, "TABW", after_text="TAB"), "TW", "query")
     qrels: dict[str, dict[str, int]] = {}
-    for lineno, line in iter_lines(rpath):
-        cols = line.split()
-        if not cols:
-            continue
-        if len(cols) != 4:
-            raise InputError(f"{rpath}:{lineno}", f"expected 4 whitespace-separated columns (qid docid 0 0.0), got {len(cols)}")
+    for _, cols in iter_rows(rpath, ("qid", "docid", "0", "0.0"), tabs=False):
         qrels.setdefault(cols[0], {})[cols[1]] = 1
     return docs, queries, qrels, empty
 

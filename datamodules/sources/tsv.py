@@ -71,6 +71,19 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
         raise InputError(f"{path}:{lineno + 1}", f"is not a valid gzip stream ({e}); expected a gzip-compressed text file") from e
 
 
+def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterator[tuple[int, list[str]]]:
+    """(line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False); a line with
+    another number of columns raises InputError naming file:line and the expected columns."""
+    sep, kind = ("\t", "tab") if tabs else (None, "whitespace")
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        cols = line.split(sep)
+        if len(cols) != len(columns):
+            raise InputError(f"{path}:{lineno}", f"expected {len(columns)} {kind}-separated columns ({', '.join(columns)}), got {len(cols)}")
+        yield lineno, cols
+
+
 def read_text(path: Path) -> str:
     return "\n".join(line for _, line in iter_lines(path))
 
@@ -79,12 +92,7 @@ def read_id_text_tsv(path: Path, kind: str, into: dict[str, str] | None = None) 
     """`id<TAB>text` lines -> {id: text}. kind = "passage" or "query" (for messages). Blank lines are skipped."""
     out: dict[str, str] = {} if into is None else into
     first_line: dict[str, int] = {}
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        cols = line.split("\t")
-        if len(cols) != 2:
-            raise InputError(f"{path}:{lineno}", f"expected 2 tab-separated columns ({kind} id, {kind} text), got {len(cols)}")
+    for lineno, cols in iter_rows(path, (f"{kind} id", f"{kind} text")):
         ident, text = cols[0].strip(), cols[1]
         if not ident:
             raise InputError(f"{path}:{lineno}", f"empty {kind} id; expected '{kind} id<TAB>{kind} text'")
@@ -109,13 +117,8 @@ def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
     """TREC qrels `qid iter docid rel` (columns=4) or `qid docid rel` (columns=3) -> {qid: {docid: rel}}.
     A pair listed twice keeps its highest grade."""
     qrels: dict[str, dict[str, int]] = {}
-    layout = "qid iter docid rel" if columns == 4 else "qid docid rel"
-    for lineno, line in iter_lines(path):
-        cols = line.split()
-        if not cols:
-            continue
-        if len(cols) != columns:
-            raise InputError(f"{path}:{lineno}", f"expected {columns} whitespace-separated columns ({layout}), got {len(cols)}")
+    layout = ("qid", "iter", "docid", "rel") if columns == 4 else ("qid", "docid", "rel")
+    for lineno, cols in iter_rows(path, layout, tabs=False):
         qid, did, rel = (cols[0], cols[2], cols[3]) if columns == 4 else (cols[0], cols[1], cols[2])
         grade = parse_int(rel, f"{path}:{lineno}", "relevance")
         judged = qrels.setdefault(qid, {})
@@ -127,12 +130,7 @@ def read_trec_run(path: Path) -> dict[str, list[str]]:
     """TREC run `qid Q0 docid rank score tag` -> {qid: [docid, ...]} ordered by score (desc), then rank (asc).
     A doc listed twice for a query keeps its first (best) position."""
     rows: dict[str, list[tuple[float, int, str]]] = {}
-    for lineno, line in iter_lines(path):
-        cols = line.split()
-        if not cols:
-            continue
-        if len(cols) != 6:
-            raise InputError(f"{path}:{lineno}", f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got {len(cols)}")
+    for lineno, cols in iter_rows(path, ("qid", "Q0", "docid", "rank", "score", "tag"), tabs=False):
         qid, _, did, rank, score, _ = cols
         r = parse_int(rank, f"{path}:{lineno}", "rank")
         try:
@@ -197,12 +195,9 @@ def _opt(cfg, key: str, what: str) -> Path | None:
 
 def _read_triples_ids(path: Path) -> list[tuple[str, str, str]]:
     triples = []
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        cols = line.split("\t")
-        if len(cols) != 3 or not all(c.strip() for c in cols):
-            raise InputError(f"{path}:{lineno}", f"expected 3 non-empty tab-separated columns (qid, positive doc id, negative doc id), got {len(cols)} columns")
+    for lineno, cols in iter_rows(path, ("qid", "positive doc id", "negative doc id")):
+        if not all(c.strip() for c in cols):
+            raise InputError(f"{path}:{lineno}", "empty id; expected qid<TAB>positive doc id<TAB>negative doc id")
         triples.append((cols[0].strip(), cols[1].strip(), cols[2].strip()))
     return triples
 
@@ -211,12 +206,7 @@ def _read_triples_text(path: Path, docs: dict[str, str], queries: dict[str, str]
     doc_by_text = {t: d for d, t in docs.items()}
     query_by_text = {t: q for q, t in queries.items()}
     triples = []
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        cols = line.split("\t")
-        if len(cols) != 3:
-            raise InputError(f"{path}:{lineno}", f"expected 3 tab-separated columns (query text, positive passage, negative passage), got {len(cols)}")
+    for lineno, cols in iter_rows(path, ("query text", "positive passage", "negative passage")):
         for col, what in zip(cols, ("query", "positive passage", "negative passage")):
             if not col.strip():
                 raise InputError(f"{path}:{lineno}", f"empty {what} text; expected non-empty text")
