@@ -24,3 +24,9 @@ class DataConfig:
     rotate_train: bool = False
     rotate_eval: bool = False
     cache_dir: str = ".cache"
+    # k-fold cross-validation over the judged queries of all splits (datamodules/folds.py), for sources without
+    # training triples and candidate lists: test = fold `fold`, val = fold (fold + 1) % num_folds, train = the rest.
+    # null = the source's own splits. `fold_seed` fixes the assignment (independent of the run seed).
+    num_folds: int | None = None
+    fold: int = 0
+    fold_seed: int = 13

@@ -94,23 +94,23 @@ def doc_chunks(pairs: np.ndarray, max_docs: int) -> list[np.ndarray]:
     return np.split(pairs, np.flatnonzero(np.diff(chunk_id)) + 1)
 
 
-class ChunkDataset(Dataset):
-    """Bi-encoder evaluation: one item is a chunk of pairs whose distinct passages and queries are tokenised
-    (and so encoded) once each, however many candidate lists they appear in."""
+class DocChunkDataset(Dataset):
+    """Bi-encoder evaluation: one item is a chunk of distinct passages, tokenised (and so encoded) once, with
+    every (query, passage) pair that needs them. The split's queries are encoded once per evaluation by the
+    module (`RankingModule.encode_query_texts`) and scored against each chunk by index."""
 
-    def __init__(self, chunks: list[np.ndarray], qtexts: list[str], dtexts: list[str], tokenizer: PairTokenizer):
-        self.chunks, self.qtexts, self.dtexts, self.tokenizer = chunks, qtexts, dtexts, tokenizer
+    def __init__(self, chunks: list[np.ndarray], dtexts: list[str], tokenizer: PairTokenizer):
+        self.chunks, self.dtexts, self.tokenizer = chunks, dtexts, tokenizer
 
     def __len__(self) -> int:
         return len(self.chunks)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         pairs = self.chunks[i]
-        uq, pair_q = np.unique(pairs[:, 0], return_inverse=True)
         ud, pair_d = np.unique(pairs[:, 1], return_inverse=True)
-        batch = {**self.tokenizer.queries([self.qtexts[j] for j in uq]), **self.tokenizer.docs([self.dtexts[j] for j in ud])}
+        batch = self.tokenizer.docs([self.dtexts[j] for j in ud])
         batch.update(
-            pair_q=torch.from_numpy(pair_q.reshape(-1)), pair_d=torch.from_numpy(pair_d.reshape(-1)),
+            pair_d=torch.from_numpy(pair_d.reshape(-1)),
             qidx=torch.from_numpy(pairs[:, 0].copy()), didx=torch.from_numpy(pairs[:, 1].copy()),
         )
         return batch
@@ -209,14 +209,15 @@ class RankingDataModule(pl.LightningDataModule):
     def eval_dataloader(self, name: str) -> DataLoader:
         rank, world = self._rank_world()
         split = self.eval_splits[name]
-        shard = shard_range(len(split.pairs), rank, world)
-        pairs = split.pairs[shard.start : shard.stop]
         common = dict(num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator())
         if self.tokenizer.kind == "bi":
-            chunks = doc_chunks(pairs, self.cfg.eval_batch_size)
-            ds = ChunkDataset(chunks, split.qtexts, split.dtexts, self.tokenizer)
+            # Ranks split the passages (each encoded by one rank, once); pairs follow their passage.
+            chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size)
+            shard = shard_range(len(chunks), rank, world)
+            ds = DocChunkDataset(chunks[shard.start : shard.stop], split.dtexts, self.tokenizer)
             return DataLoader(ds, batch_size=None, shuffle=False, **common)
-        ds = PairDataset(pairs, split.qtexts, split.dtexts)
+        shard = shard_range(len(split.pairs), rank, world)
+        ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts)
         return DataLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
 
     def val_dataloader(self) -> DataLoader:

@@ -138,18 +138,50 @@ class RankingModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # ---- evaluation ----------------------------------------------------------------------------------------
-    def score_chunk(self, batch: dict[str, Tensor], pairs_per_pass: int = 512) -> Tensor:
-        """Bi-encoder evaluation chunk: encode each distinct query and passage once, then score the pairs."""
+    @torch.inference_mode()
+    def encode_query_texts(self, texts: list[str], batch_size: int = 128) -> Encoded:
+        """All queries of an evaluation split, encoded once (bi-encoders), padded to one length."""
+        tok, parts = self.pair_tokenizer, []
+        for s in range(0, len(texts), batch_size):
+            batch = {k: v.to(self.device) for k, v in tok.queries(texts[s : s + batch_size]).items()}
+            with self._forward_context():
+                parts.append(self.ranker.encode_queries(batch))
+        length = max(p.tokens.shape[1] for p in parts)
+        return Encoded(
+            tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts]),
+            mask=torch.cat([F.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts]),
+            sequence=None if parts[0].sequence is None else torch.cat([p.sequence for p in parts]),
+        )
+
+    def _forward_context(self):
+        # the precision plugin's autocast (bf16-mixed) outside the *_step hooks, where Lightning applies it itself
+        from contextlib import nullcontext
+
+        return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
+
+    def score_chunk(self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512) -> Tensor:
+        """Bi-encoder evaluation: encode a chunk of passages once and score its pairs against the split's
+        pre-encoded queries (`batch["qidx"]` indexes `queries`)."""
         r = self.ranker
-        q, d = r.encode_queries(batch), r.encode_docs(batch)
+        d = r.encode_docs(batch)
         out = []
-        for s in range(0, len(batch["pair_q"]), pairs_per_pass):  # bounds the [P, Lq, Ld] similarity tensor
-            iq, id_ = batch["pair_q"][s : s + pairs_per_pass], batch["pair_d"][s : s + pairs_per_pass]
-            out.append(r.score_indexed(q, d, iq, id_))
+        for s in range(0, len(batch["pair_d"]), pairs_per_pass):  # bounds the [P, Lq, Ld] similarity tensor
+            iq, id_ = batch["qidx"][s : s + pairs_per_pass], batch["pair_d"][s : s + pairs_per_pass]
+            out.append(r.score_indexed(queries, d, iq.to(d.tokens.device), id_))
         return torch.cat(out)
 
+    def _eval_epoch_start(self, split: str) -> None:
+        if self.ranker.kind == "bi":
+            self._eval_queries = self.encode_query_texts(self.trainer.datamodule.eval_splits[split].qtexts)
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_epoch_start("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_epoch_start("test")
+
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
-        scores = self.score_chunk(batch) if "pair_q" in batch else self.ranker.score(batch)
+        scores = self.score_chunk(self._eval_queries, batch) if "pair_d" in batch else self.ranker.score(batch)
         self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
 
     def validation_step(self, batch, batch_idx):
@@ -159,6 +191,7 @@ class RankingModule(pl.LightningModule):
         self._eval_step(batch, "test")
 
     def _eval_epoch_end(self, split: str) -> None:
+        self._eval_queries = None
         es = self.trainer.datamodule.eval_splits[split]
         run = self.runs[split].to_run(es.qids, es.doc_ids)  # gathered from every rank
         self.runs[split].reset()

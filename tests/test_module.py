@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules.datamodule import ChunkDataset, doc_chunks
+from datamodules.datamodule import DocChunkDataset, doc_chunks
 from lightning_modules.module import RankingModule
 
 QUERIES = ["what is heat transfer", "slab conduction", "boundary layer flow at high speed"]
@@ -23,9 +23,10 @@ def test_chunked_eval_equals_pairwise_scores(tiny_bert, name):
     pairs = np.array([(q, d) for q in range(3) for d in range(4) if (q + d) % 3 != 1], dtype=np.int64)
     tok = m.pair_tokenizer
     got = {}
-    for chunk in ChunkDataset(doc_chunks(pairs, max_docs=2), QUERIES, DOCS, tok):
+    queries = m.encode_query_texts(QUERIES, batch_size=2)  # two batches of different padded lengths
+    for chunk in DocChunkDataset(doc_chunks(pairs, max_docs=2), DOCS, tok):
         with torch.no_grad():
-            s = m.score_chunk(chunk, pairs_per_pass=3)
+            s = m.score_chunk(queries, chunk, pairs_per_pass=3)
         got.update({(int(a), int(b)): float(v) for a, b, v in zip(chunk["qidx"], chunk["didx"], s)})
     assert set(got) == {tuple(p) for p in pairs.tolist()}
     with torch.no_grad():

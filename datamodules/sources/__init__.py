@@ -7,6 +7,13 @@ from datamodules.sources import beir, classic, ir_datasets_source, squad, synthe
 
 
 def load_dataset(cfg, seed: int):
+    """Build and validate the dataset of `cfg`; with `data.num_folds` set, its judged queries re-split into
+    cross-validation folds (datamodules/folds.py)."""
+    from datamodules.folds import apply_folds, check_fold_config
+
+    num_folds = check_fold_config(cfg)
     ds = SOURCES.get(cfg.source, "data.source").build(cfg, seed)
     ds.validate()
+    if num_folds is not None:
+        ds = apply_folds(ds, num_folds, int(cfg.fold), int(cfg.fold_seed), source=cfg.source)
     return ds
