@@ -1,6 +1,6 @@
 """CPU speed benchmark for the MiniLM rankers: training triplets/s, encoding passages/s, and a sentence-transformers peer.
 
-    python bench/bench_speed.py [--rankers colbert,repbert,bert_dot,bert_cat] [--steps 5] [--passages 256]
+    python bench/bench_speed.py [--rankers colbert,repbert,bert_dot,bert_cat] [--steps 5] [--passages 192]
                                 [--precision fp32,bf16] [--threads 2] [--out bench/results/speed.json]
 
 What is measured (all in one process, one run):
@@ -451,7 +451,7 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=5, help="timed training steps (after --warmup)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16, help="training triplets per step")
-    ap.add_argument("--passages", type=int, default=256, help="SQuAD paragraphs to encode")
+    ap.add_argument("--passages", type=int, default=192, help="SQuAD paragraphs to encode")
     ap.add_argument("--encode-batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2, help="ours/peer alternation rounds (>= 2)")
     ap.add_argument("--precision", default="fp32,bf16")

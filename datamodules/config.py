@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.errors import check_choice
+
 
 @dataclass
 class DataConfig:
@@ -30,3 +32,6 @@ class DataConfig:
     num_folds: int | None = None
     fold: int = 0
     fold_seed: int = 13
+
+    def __post_init__(self):
+        check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))

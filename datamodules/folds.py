@@ -22,6 +22,10 @@ Only sources that give neither training triples nor candidate lists can be re-sp
 collections, synthetic, squad, and tsv/beir folders without triples or runs): triples and runs are tied to their
 own split's queries. Such a source with `data.num_folds` set stops with an InputError naming `data.num_folds`.
 Queries without any relevant document are left out (they give no training signal and no test score).
+
+What the source does before pooling still applies (SQuAD's `max_questions_per_split` caps each of its own splits
+first), and so does what the data module does after (`data.max_eval_queries` samples the val/test folds with the
+run seed): leave `max_eval_queries` null for every query to be tested exactly once over the k runs.
 """
 from __future__ import annotations
 

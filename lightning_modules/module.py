@@ -23,6 +23,7 @@ from callbacks.metrics.ir import RetrievalRun, evaluate_run
 from lightning_modules.rankers import RANKERS, build_ranker
 from lightning_modules.rankers.base import Encoded, take
 from lightning_modules.rankers.tokenization import PairTokenizer
+from pipeline.errors import check_choice
 
 
 @dataclass
@@ -34,6 +35,10 @@ class OptimConfig:
     loss: str = "ce"  # ce | hinge
     margin: float = 1.0  # hinge only
     in_batch_negatives: bool = True  # bi-encoders only
+
+    def __post_init__(self):
+        check_choice("optim.loss", self.loss, ("ce", "hinge"))
+        check_choice("optim.schedule", self.schedule, ("linear", "constant"))
 
 
 DEFAULT_MEASURES = ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"]

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, check_choice
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("model", "data", "trainer", "logger")
@@ -54,6 +54,10 @@ class LoggerConfig:
     # auto: online when WANDB_API_KEY is set (or `wandb login` was run), offline otherwise
     mode: str = "auto"
     tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        check_choice("logger.name", self.name, ("wandb", "csv", "none"))
+        check_choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
 
 
 @dataclass
@@ -175,10 +179,12 @@ def compose(argv: list[str]) -> DictConfig:
         else:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
         groups[group] = _structured(schema, *stack, prefix=f"{group}.")
+        OmegaConf.to_object(groups[group])  # runs the schema's __post_init__ checks (choices)
 
     rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
     top = _structured(RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix="")
     optim = _structured(optim_schema, *[n.get("optim", OmegaConf.create()) for n in rest], prefix="optim.")
+    OmegaConf.to_object(optim)
     with_flag = OmegaConf.to_container(top)
     cfg = OmegaConf.create({**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)})
     cfg.experiment = exp_name

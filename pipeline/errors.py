@@ -12,3 +12,9 @@ class InputError(ValueError):
         self.where = where
         self.problem = problem
         super().__init__(f"{where}: {problem}")
+
+
+def check_choice(key: str, value, choices) -> None:
+    """For string options with a fixed set of values (a misspelt choice must not fall through to a default)."""
+    if value not in choices:
+        raise InputError(f"config key '{key}'", f"got {value!r}; expected one of {sorted(choices)}")

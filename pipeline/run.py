@@ -110,9 +110,10 @@ def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = 
     doc = dict(metrics)
     if before is not None:
         doc["before_training"] = before
-    write_json(out / "metrics.json", doc)
+    # metrics.json last: its presence marks a finished run (experiments.py skips such cells)
     write_json(out / "per_query.json", test["per_query"])
     write_trec_run(out / "run.trec", test["run"], tag=f"{cfg.model.name}")
+    write_json(out / "metrics.json", doc)
     return metrics
 
 

@@ -55,3 +55,13 @@ def test_wrong_types_are_errors(argv, key):
 def test_argument_without_equals():
     with pytest.raises(InputError, match="expected key=value"):
         compose(["--fast"])
+
+
+@pytest.mark.parametrize(
+    "argv,key",
+    [(["optim.loss=hing"], "optim.loss"), (["optim.schedule=cosine"], "optim.schedule"),
+     (["data.negatives=hard"], "data.negatives"), (["logger.mode=ofline"], "logger.mode"), (["logger.name=tensorboard"], "logger.name")],
+)
+def test_misspelt_choices_are_errors_not_defaults(argv, key):
+    with pytest.raises(InputError, match=rf"config key '{key}'.*expected one of"):
+        compose(argv)

@@ -1,0 +1,619 @@
+"""Grids of experiments: `python experiments.py grid=NAME [key=value ...]` runs `configs/grid/NAME.yaml`.
+
+A grid file (see configs/grid/squad_3seeds.yaml):
+
+    name: squad_3seeds            # folder and W&B group (default: the file name)
+    baseline: colbert             # the row the table compares against
+    rows:                         # one row per method: overrides for train.py
+      colbert: [model=colbert]
+      repbert: [model=repbert]
+    train_data: [squad]           # data options to train on; an entry may also be {label: [overrides]}
+    eval_data: [squad]            # data options to test on (default: train_data)
+    seeds: [1, 2, 3]              # and/or folds: 5 (k-fold cross-validation, data.num_folds / data.fold)
+    common: [trainer.max_steps=50]  # overrides for every cell
+    measures: [ndcg_cut_10, P_20] # table columns (default: eval.measures); must be among eval.measures
+    test: t_test_one_tailed       # t_test_one_tailed | t_test_two_tailed | wilcoxon | wilcoxon_one_tailed
+    paired_by: query              # query (per-query values, mean over runs first) | replicate (per seed/fold means)
+    launcher: subprocess          # subprocess (train.py / evaluate.py per cell) | inprocess
+    output_root: outputs/grids
+
+Cells: one training run per (row, training data, seed or fold), into `<output_root>/<name>/<row>/<train>/<rep>`
+(`rep` = seed<s>, fold<f>, or seed<s>-fold<f> with several seeds and folds), with the overrides
+`common + data + row + command line`, then `seed=`, `data.num_folds=`/`data.fold=`, `output_dir=`,
+`logger.group=<name>`, `logger.run_name=<row>-<train>-<eval>-<rep>`. For every evaluation data other than the
+training data, evaluate.py runs on the cell's best checkpoint into `<cell>/eval-<data>` (the evaluation data's own
+test split, no folds); evaluation on the training data is the training run's test.
+
+Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (run.py writes them atomically when the
+run is over), a training cell with a `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact
+resume; a run already at max_steps only repeats its test), any other cell runs from scratch. Delete a cell's folder
+to recompute it from scratch. With the subprocess launcher each cell's output goes to `train.log` / `evaluate.log`
+in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell (exit code 2) stops the grid; another failure is
+reported, the other cells go on, and the grid exits 1.
+
+At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
+(long format, per query; qid `all` = the run's mean), and pipeline/tables.py renders `<name>/table.md` (printed,
+and logged as a wandb.Table into a `<name>-table` run of the group when the cells log to W&B).
+
+Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_root=...`, `action=...`) override the
+grid file; any other key is a pipeline override appended to every cell (`trainer.max_steps=10`).
+`action=run` (default) runs and tabulates, `action=table` only collects and tabulates what is finished,
+`action=list` prints every cell and its state.
+
+`paired_by: query` pairs and averages by query id, so a query id must name the same query in every run: true for
+files on disk and for folds; for `synthetic` over several seeds set `data.data_seed` (else each seed draws its own
+collection).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config import CONFIG_DIR
+from pipeline.errors import InputError
+from pipeline.io import atomic_open, write_json
+from pipeline.stats import TESTS
+
+__all__ = ["GridSpec", "Cell", "GridReport", "load_grid", "plan", "run", "collect", "main"]
+
+REPO = Path(__file__).resolve().parents[1]
+GRID_DIR = CONFIG_DIR / "grid"
+GRID_KEYS = ("name", "baseline", "rows", "train_data", "eval_data", "seeds", "folds", "common", "measures", "test",
+             "paired_by", "launcher", "output_root", "action")
+# set by the grid for every cell
+RESERVED = ("seed", "output_dir", "ckpt_path", "ckpt", "logger.group", "logger.run_name")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass
+class GridSpec:
+    name: str
+    baseline: str
+    rows: dict[str, list[str]]
+    train_data: dict[str, list[str]]
+    eval_data: dict[str, list[str]]
+    seeds: list[int | None]
+    folds: int | None
+    common: list[str]
+    measures: list[str]
+    test: str = "t_test_one_tailed"
+    paired_by: str = "query"
+    launcher: str = "subprocess"
+    output_root: str = "outputs/grids"
+    action: str = "run"
+    source: str = ""  # the grid file
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.output_root) / self.name
+
+    def replicates(self) -> list[tuple[str, int | None, int | None]]:
+        """[(replicate id, seed or None, fold or None)]."""
+        out = []
+        for seed in self.seeds:
+            for fold in (range(self.folds) if self.folds else [None]):
+                parts = []
+                if seed is not None and (fold is None or len(self.seeds) > 1):
+                    parts.append(f"seed{seed}")
+                if fold is not None:
+                    parts.append(f"fold{fold}")
+                out.append(("-".join(parts) or "run", seed, fold))
+        return out
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in GRID_KEYS if k != "action"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # "train" | "eval"
+    row: str
+    train: str
+    eval: str
+    replicate: str
+    seed: int | None
+    fold: int | None
+    dir: Path
+    argv: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        base = f"{self.row}/{self.train}/{self.replicate}"
+        return base if self.kind == "train" else f"{base}/eval-{self.eval}"
+
+    @property
+    def done(self) -> bool:
+        """Finished: run.py writes metrics.json and per_query.json atomically once the run is over."""
+        return (self.dir / "metrics.json").is_file() and (self.dir / "per_query.json").is_file()
+
+    @property
+    def train_dir(self) -> Path:
+        return self.dir if self.kind == "train" else self.dir.parent
+
+
+@dataclass
+class GridReport:
+    spec: GridSpec
+    status: dict[str, str] = field(default_factory=dict)  # cell label -> ran | resumed | skipped | failed | blocked
+    results_path: Path | None = None
+    table: str = ""
+
+    @property
+    def failed(self) -> list[str]:
+        return [k for k, v in self.status.items() if v in ("failed", "blocked")]
+
+
+# ------------------------------------------------------------------------------------------------ grid file
+
+
+def _grid_path(value: str) -> Path:
+    if value.endswith((".yaml", ".yml")) or "/" in value or os.sep in value:
+        path = Path(value)
+        if not path.is_file():
+            raise InputError("grid", f"grid file '{value}' does not exist")
+        return path
+    path = GRID_DIR / f"{value}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
+        raise InputError("grid", f"no grid '{value}' in {GRID_DIR}; expected one of {options} or a path to a .yaml file")
+    return path
+
+
+def _overrides(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = value.split()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InputError(where, f"is {value!r}; expected a list of overrides like [model=repbert, optim.lr=2e-5]")
+    for v in value:
+        if "=" not in v:
+            raise InputError(where, f"override '{v}' is not key=value")
+        key = v.split("=", 1)[0]
+        if key in RESERVED:
+            raise InputError(where, f"override '{v}': '{key}' is set by the grid for every cell")
+    return list(value)
+
+
+def _label(label: Any, where: str) -> str:
+    label = str(label)
+    if not _LABEL.match(label):
+        raise InputError(where, f"label '{label}' must be letters, digits and _ . + - (it names a folder)")
+    return label
+
+
+def _labelled(value: Any, where: str, group: str | None) -> dict[str, list[str]]:
+    """{label: overrides} from a mapping, or a list of option names / one-key mappings; for data, a label with no
+    `data=` override picks the data option of that name."""
+    items: list[tuple[Any, Any]] = []
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        for v in value:
+            if isinstance(v, dict) and len(v) == 1:
+                items.append(next(iter(v.items())))
+            elif isinstance(v, str):
+                items.append((v, None))
+            else:
+                raise InputError(where, f"entry {v!r}; expected an option name or {{label: [overrides]}}")
+    else:
+        raise InputError(where, f"is {value!r}; expected a list or a mapping")
+    out: dict[str, list[str]] = {}
+    for label, ov in items:
+        label = _label(label, where)
+        if label in out:
+            raise InputError(where, f"label '{label}' appears twice")
+        ov = _overrides(ov, f"{where}.{label}")
+        if group and not any(o.split("=", 1)[0] == group for o in ov):
+            ov = [f"{group}={label}"] + ov
+        out[label] = ov
+    if not out:
+        raise InputError(where, "is empty")
+    return out
+
+
+def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
+    """(spec, extra pipeline overrides) from `grid=NAME [key=value ...]`."""
+    grid, grid_over, extra = None, [], []
+    for arg in argv:
+        if "=" not in arg:
+            raise InputError(f"argument '{arg}'", "expected key=value (e.g. grid=squad_3seeds or seeds=[1,2])")
+        key = arg.split("=", 1)[0]
+        if key == "grid":
+            grid = arg.split("=", 1)[1]
+        elif key in GRID_KEYS:
+            grid_over.append(arg)
+        else:
+            extra.append(arg)
+    if not grid:
+        options = sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
+        raise InputError("grid", f"missing; usage: python experiments.py grid=NAME [key=value ...], NAME one of {options}")
+    path = _grid_path(grid)
+    try:
+        node = OmegaConf.load(path)
+    except Exception as e:
+        raise InputError(str(path), f"is not valid YAML ({' '.join(str(e).split())})") from e
+    if not isinstance(node, DictConfig):
+        raise InputError(str(path), "expected a mapping of grid keys")
+    try:
+        node = OmegaConf.merge(node, OmegaConf.from_dotlist(grid_over))
+    except Exception as e:
+        raise InputError("command line", f"cannot parse grid overrides {grid_over}: {e}") from e
+    raw = OmegaConf.to_container(node, resolve=True)
+    unknown = sorted(set(raw) - set(GRID_KEYS))
+    if unknown:
+        raise InputError(f"{path}", f"unknown grid key '{unknown[0]}'; a grid accepts {list(GRID_KEYS)}")
+    where = lambda k: f"{path}: {k}"  # noqa: E731
+    for k in ("baseline", "rows", "train_data"):
+        if raw.get(k) is None:
+            raise InputError(where(k), "is missing")
+    name = _label(raw.get("name") or path.stem, where("name"))
+    rows = _labelled(raw["rows"], where("rows"), None)
+    baseline = str(raw["baseline"])
+    if baseline not in rows:
+        raise InputError(where("baseline"), f"'{baseline}' is not a row; rows are {list(rows)}")
+    train_data = _labelled(raw["train_data"], where("train_data"), "data")
+    eval_data = _labelled(raw["eval_data"], where("eval_data"), "data") if raw.get("eval_data") is not None else dict(train_data)
+    for label, ov in eval_data.items():
+        if label in train_data and ov != train_data[label]:
+            raise InputError(where("eval_data"), f"'{label}' has other overrides than in train_data; use another label for a different setting")
+    seeds = raw.get("seeds")
+    if seeds is None:
+        seeds = [None]
+    elif isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not isinstance(seeds, list) or not seeds or not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
+        raise InputError(where("seeds"), f"is {raw.get('seeds')!r}; expected a list of integer seeds, e.g. [1, 2, 3]")
+    if len(set(seeds)) != len(seeds):
+        raise InputError(where("seeds"), f"{seeds} repeats a seed")
+    folds = raw.get("folds")
+    if folds is not None and (isinstance(folds, bool) or not isinstance(folds, int) or folds < 3):
+        raise InputError(where("folds"), f"is {folds!r}; expected an integer >= 3 (data.num_folds) or null")
+    common = _overrides(raw.get("common"), where("common"))
+    extra = _overrides(extra, "command line")
+    if folds:
+        for ov in [*common, *extra, *(o for d in (rows, train_data, eval_data) for v in d.values() for o in v)]:
+            if ov.split("=", 1)[0] in ("data.num_folds", "data.fold"):
+                raise InputError(where("folds"), f"is {folds}: the grid sets data.num_folds and data.fold per cell; remove '{ov}'")
+    measures = raw.get("measures") or []
+    if isinstance(measures, str):
+        measures = [measures]
+    if not isinstance(measures, list) or not all(isinstance(m, str) for m in measures):
+        raise InputError(where("measures"), f"is {measures!r}; expected a list of measure names")
+    test = str(raw.get("test") or "t_test_one_tailed")
+    if test not in TESTS:
+        raise InputError(where("test"), f"unknown significance test '{test}'; expected one of {list(TESTS)}")
+    choices = {"paired_by": ("query", "replicate"), "launcher": ("subprocess", "inprocess"), "action": ("run", "table", "list")}
+    picked = {}
+    for key, allowed in choices.items():
+        value = str(raw.get(key) or allowed[0])
+        if value not in allowed:
+            raise InputError(where(key), f"is '{value}'; expected one of {list(allowed)}")
+        picked[key] = value
+    spec = GridSpec(name=name, baseline=baseline, rows=rows, train_data=train_data, eval_data=eval_data, seeds=seeds,
+                    folds=folds, common=common, measures=list(measures), test=test, output_root=str(raw.get("output_root") or "outputs/grids"),
+                    source=str(path), **picked)
+    return spec, extra
+
+
+# ------------------------------------------------------------------------------------------------ cells
+
+
+def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
+    """Every cell, replicates outermost (a grid stopped early has every method on the first seeds)."""
+    cells = []
+    for rep, seed, fold in spec.replicates():
+        for train, data_ov in spec.train_data.items():
+            for row, row_ov in spec.rows.items():
+                cell_dir = spec.dir / row / train / rep
+                grid_set = ([f"seed={seed}"] if seed is not None else []) + [f"logger.group={spec.name}"]
+                argv = [*spec.common, *data_ov, *row_ov, *extra, *grid_set]
+                if fold is not None:
+                    argv += [f"data.num_folds={spec.folds}", f"data.fold={fold}"]
+                cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
+                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"])))
+                for ev, eval_ov in spec.eval_data.items():
+                    if ev == train:
+                        continue
+                    ev_dir = cell_dir / f"eval-{ev}"
+                    ev_argv = [*spec.common, *eval_ov, *row_ov, *extra, *grid_set,
+                               f"logger.run_name={row}-{train}-{ev}-{rep}", f"output_dir={ev_dir}"]
+                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv)))
+    return cells
+
+
+def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
+    """Compose every distinct cell config (a misspelt key or option stops here, before anything runs) and check the
+    table's measures; returns the first cell's config."""
+    from pipeline.config import compose
+
+    first = None
+    seen = set()
+    for cell in cells:
+        key = (cell.kind, cell.row, cell.train, cell.eval, cell.fold is not None)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            cfg = compose(list(cell.argv))
+        except InputError as e:
+            raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
+        if first is None:
+            first = cfg
+        if not spec.measures:
+            spec.measures = list(cfg.eval.measures)
+        missing = [m for m in spec.measures if m not in cfg.eval.measures]
+        if missing:
+            raise InputError(f"{spec.source}: measures", f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common")
+    return first
+
+
+def best_checkpoint(train_dir: Path) -> Path | None:
+    ck = train_dir / "checkpoints"
+    best = sorted(ck.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if best:
+        return best[-1]
+    last = ck / "last.ckpt"
+    return last if last.is_file() else None
+
+
+def _state(cell: Cell) -> str:
+    if cell.done:
+        return "done"
+    if cell.kind == "train" and (cell.dir / "checkpoints" / "last.ckpt").is_file():
+        return "partial (resumable)"
+    return "todo"
+
+
+def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tuple[int, str]:
+    """Run train.py / evaluate.py with `argv`; (exit code, the error line or the log's tail)."""
+    if launcher == "inprocess":  # what pipeline/cli.py does, keeping the error message
+        from pipeline.config import compose, parse_args
+        from pipeline.run import evaluate, train
+
+        rc, err = 0, ""
+        try:
+            cfg = compose(argv)
+            choices, overrides = parse_args(argv)
+            if script == "train.py":
+                train(cfg)
+            else:
+                evaluate(cfg, "model" in choices or any(o.startswith("model.") for o in overrides))
+        except InputError as e:
+            rc, err = 2, str(e)
+        except Exception as e:  # noqa: BLE001 - a failed cell must not stop the other cells
+            traceback.print_exc()
+            rc, err = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            _finish_wandb()
+        return rc, err
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n$ {sys.executable} {script} {' '.join(argv)}\n")
+        log.flush()
+        rc = subprocess.run([sys.executable, str(REPO / script), *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if rc == 0:
+        return 0, ""
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    return rc, errors[-1] if errors else "\n".join(text.splitlines()[-25:])
+
+
+def _finish_wandb() -> None:
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
+
+
+def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
+    """Run one cell; (status, message). Status: ran | resumed | failed | input-error | blocked."""
+    argv = list(cell.argv)
+    status = "ran"
+    if cell.kind == "train":
+        last = cell.dir / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            argv.append(f"ckpt_path={last}")
+            status = "resumed"
+        elif any((cell.dir / "checkpoints").glob("*.ckpt")):
+            for stale in (cell.dir / "checkpoints").glob("*.ckpt"):  # a dead run's best without last: start afresh
+                stale.unlink()
+        script = "train.py"
+    else:
+        if not (cell.train_dir / "metrics.json").is_file():
+            return "blocked", "its training cell did not finish"
+        ckpt = best_checkpoint(cell.train_dir)
+        if ckpt is None:
+            return "blocked", f"no checkpoint in {cell.train_dir / 'checkpoints'}"
+        argv.append(f"ckpt={ckpt}")
+        script = "evaluate.py"
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log")
+    if rc == 2:
+        return "input-error", err
+    if rc != 0 or not cell.done:
+        return "failed", err or f"exit code {rc} and no metrics.json"
+    return status, ""
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def collect(spec: GridSpec, cells: list[Cell]) -> dict:
+    """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data."""
+    by_key = {(c.kind, c.row, c.train, c.eval, c.replicate): c for c in cells}
+    entries = []
+    for rep, seed, fold in spec.replicates():
+        for train in spec.train_data:
+            for row in spec.rows:
+                for ev in spec.eval_data:
+                    cell = by_key[("train", row, train, train, rep)] if ev == train else by_key[("eval", row, train, ev, rep)]
+                    entry = {"row": row, "train": train, "eval": ev, "replicate": rep, "seed": seed, "fold": fold,
+                             "dir": str(cell.dir), "status": "missing", "metrics": {}, "per_query": {}}
+                    if cell.done:
+                        try:
+                            metrics = _read_json(cell.dir / "metrics.json")
+                            per_query = _read_json(cell.dir / "per_query.json")
+                        except (OSError, ValueError) as e:
+                            raise InputError(str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
+                        entry["before_training"] = metrics.pop("before_training", None)
+                        entry.update(status="done", metrics=metrics, per_query=per_query)
+                    entries.append(entry)
+    return {
+        "grid": spec.name, "source": spec.source, "baseline": spec.baseline, "test": spec.test, "paired_by": spec.paired_by,
+        "measures": spec.measures, "rows": list(spec.rows), "train_data": list(spec.train_data),
+        "eval_data": list(spec.eval_data), "replicates": [r for r, _, _ in spec.replicates()],
+        "seeds": spec.seeds, "folds": spec.folds, "spec": spec.to_dict(), "cells": entries,
+    }
+
+
+def write_results(results: dict, out_dir: Path) -> Path:
+    write_json(out_dir / "results.json", results)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["grid", "row", "train", "eval", "replicate", "seed", "fold", "qid", "measure", "value"])
+    for c in results["cells"]:
+        if c["status"] != "done":
+            continue
+        head = [results["grid"], c["row"], c["train"], c["eval"], c["replicate"], c["seed"], c["fold"]]
+        for m, v in c["metrics"].items():
+            if isinstance(v, (int, float)):
+                w.writerow([*head, "all", m, repr(float(v))])
+        for qid in sorted(c["per_query"]):
+            for m, v in c["per_query"][qid].items():
+                w.writerow([*head, qid, m, repr(float(v))])
+    with atomic_open(out_dir / "results.csv") as f:
+        f.write(buf.getvalue())
+    return out_dir / "results.json"
+
+
+def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
+    """A `<name>-table` run in the grid's W&B group holding the table, when the cells log to W&B."""
+    if cfg is None or cfg.logger.name != "wandb" or os.environ.get("WANDB_MODE") == "disabled":
+        return
+    try:
+        import wandb
+
+        from pipeline.tables import log_wandb_table
+
+        lc = cfg.logger
+        mode = lc.mode
+        if mode == "auto":
+            netrc = Path.home() / ".netrc"
+            keyed = bool(os.environ.get("WANDB_API_KEY")) or (netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+            mode = os.environ.get("WANDB_MODE") or ("online" if keyed else "offline")
+        spec.dir.mkdir(parents=True, exist_ok=True)
+        wandb.init(project=lc.project, entity=lc.entity, group=spec.name, name=f"{spec.name}-table", job_type="grid-table",
+                   mode=mode, dir=str(spec.dir), config=spec.to_dict())
+        try:
+            log_wandb_table(results)
+        finally:
+            wandb.finish()
+    except Exception as e:  # noqa: BLE001 - logging must not lose the results
+        print(f"warning: could not log the table to W&B ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ entry
+
+
+CELL_KEYS = ("rows", "train_data", "eval_data", "seeds", "folds", "common", "extra_overrides")
+
+
+def _record_spec(spec: GridSpec, extra: list[str], cells: list[Cell], say) -> None:
+    """Write `<grid>/grid.yaml`; warn when finished cells came from other cell settings (rows, data, seeds, ...)."""
+    spec.dir.mkdir(parents=True, exist_ok=True)
+    path = spec.dir / "grid.yaml"
+    now = {**spec.to_dict(), "extra_overrides": list(extra)}
+    if path.is_file() and any(c.done for c in cells):
+        try:
+            old = OmegaConf.to_container(OmegaConf.load(path))
+        except Exception:  # noqa: BLE001 - only for a warning
+            old = {}
+        changed = [k for k in CELL_KEYS if old.get(k) != now.get(k)]
+        if changed:
+            say(f"warning: {', '.join(changed)} differ from {path}; finished cells are reused as they are")
+    with atomic_open(path) as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.create(now)))
+
+
+def _fmt(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def run(argv: list[str], out=None) -> GridReport:
+    """Run (or list / tabulate) a grid; raises InputError on bad input or when a cell stops on one."""
+    out = out or sys.stdout
+    say = lambda msg: print(msg, file=out, flush=True)  # noqa: E731
+    spec, extra = load_grid(argv)
+    cells = plan(spec, extra)
+    cfg = check(spec, cells)
+    report = GridReport(spec)
+    n_train = sum(c.kind == "train" for c in cells)
+    say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
+    if spec.action == "list":
+        for c in cells:
+            report.status[c.label] = _state(c)
+            say(f"  {c.label}: {report.status[c.label]}")
+        return report
+    if spec.action == "run":
+        _record_spec(spec, extra, cells, say)
+        for i, cell in enumerate(cells, 1):
+            tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
+            if cell.done:
+                report.status[cell.label] = "skipped"
+                say(f"{tag}: skipped (metrics.json exists)")
+                continue
+            say(f"{tag}: running")
+            t0 = time.monotonic()
+            status, msg = run_cell(cell, spec)
+            if status == "input-error":
+                report.status[cell.label] = "failed"
+                raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
+            report.status[cell.label] = status
+            say(f"{tag}: {status} in {_fmt(time.monotonic() - t0)}" + (f" ({msg})" if msg else ""))
+    results = collect(spec, cells)
+    report.results_path = write_results(results, spec.dir)
+    from pipeline.tables import write_table
+
+    report.table = write_table(results, spec.dir / "table.md")
+    say("")
+    say(report.table)
+    say(f"results: {spec.dir / 'results.json'}, {spec.dir / 'results.csv'}, table: {spec.dir / 'table.md'}")
+    missing = [c for c in results["cells"] if c["status"] != "done"]
+    if missing:
+        say(f"{len(missing)} of {len(results['cells'])} result cells are not finished")
+    _wandb_table(spec, cfg, results)
+    if report.failed:
+        say(f"failed: {', '.join(report.failed)}")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        report = run(argv)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; finished cells are kept: run the same command again to resume", file=sys.stderr)
+        return 130
+    return 1 if report.failed else 0

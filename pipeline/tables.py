@@ -1,0 +1,142 @@
+"""Results tables in the papers' layout, from a grid's `results.json` (pipeline/grid.py).
+
+One block per (training data, evaluation data); in a block one row per method (the grid's `rows`, baseline first)
+and one column per measure. A cell reads `0.8282 (+3.1%)**`:
+
+- the mean over the seeds / folds (the mean of the runs' test means);
+- in brackets the relative change against the baseline row's mean, in %;
+- `*` p <= 0.05, `**` p <= 0.01: the grid's paired test (pipeline/stats.py) of method against baseline, on per-query
+  values (each query's mean over the runs that tested it; `paired_by: query`) or on the runs' means paired by seed /
+  fold (`paired_by: replicate`).
+
+`summarize(results)` gives the numbers, `render_markdown(results)` the text, `write_table(results, path)` writes it
+atomically, and `log_wandb_table(results)` logs it as a `wandb.Table` when a W&B run is active (no-op otherwise).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from pipeline.io import atomic_open
+from pipeline.stats import (check_test, pair_by_query, pair_by_replicate, paired_test, per_query_means,
+                            significance_mark)
+
+__all__ = ["summarize", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES"]
+
+TEST_NAMES = {
+    "t_test_one_tailed": "one-tailed paired t-test (method > baseline)",
+    "t_test_two_tailed": "two-tailed paired t-test",
+    "wilcoxon": "two-sided Wilcoxon signed-rank test",
+    "wilcoxon_one_tailed": "one-sided Wilcoxon signed-rank test (method > baseline)",
+}
+
+
+def _mean(values: list[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def summarize(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
+    """[{train, eval, rows: [{row, baseline, runs, measures: {m: {mean, change_pct, p, pairs, mark}}}]}], one block per
+    (train, eval) pair of the grid. Only finished cells (status "done") count; a row without any has mean None."""
+    test = check_test(test or results["test"])
+    paired_by = paired_by or results.get("paired_by", "query")
+    measures = list(results["measures"])
+    baseline = results["baseline"]
+    done = [c for c in results["cells"] if c.get("status") == "done"]
+    blocks = []
+    for train in results["train_data"]:
+        for ev in results["eval_data"]:
+            cells = {r: [c for c in done if c["row"] == r and c["train"] == train and c["eval"] == ev] for r in results["rows"]}
+            base = cells.get(baseline, [])
+            rows = []
+            for r in [baseline] + [r for r in results["rows"] if r != baseline]:
+                mine = cells[r]
+                entry = {"row": r, "baseline": r == baseline, "runs": len(mine), "measures": {}}
+                for m in measures:
+                    mean = _mean([c["metrics"][m] for c in mine if m in c["metrics"]])
+                    base_mean = _mean([c["metrics"][m] for c in base if m in c["metrics"]])
+                    change = None
+                    if mean is not None and base_mean not in (None, 0.0) and r != baseline:
+                        change = 100.0 * (mean - base_mean) / base_mean
+                    p, pairs = None, 0
+                    if r != baseline and mine and base:
+                        if paired_by == "replicate":
+                            a, b, ids = pair_by_replicate({c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
+                                                          {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]})
+                        else:
+                            a, b, ids = pair_by_query(per_query_means([c["per_query"] for c in mine], m),
+                                                      per_query_means([c["per_query"] for c in base], m))
+                        pairs = len(ids)
+                        p = paired_test(a, b, test) if pairs else None
+                    entry["measures"][m] = {"mean": mean, "change_pct": change, "p": p, "pairs": pairs, "mark": significance_mark(p)}
+                rows.append(entry)
+            blocks.append({"train": train, "eval": ev, "rows": rows})
+    return blocks
+
+
+def _cell(v: dict, is_baseline: bool) -> str:
+    if v["mean"] is None:
+        return "–"
+    text = f"{v['mean']:.4f}"
+    if not is_baseline:
+        text += f" ({v['change_pct']:+.1f}%)" if v["change_pct"] is not None else " (n/a)"
+        text += v["mark"]
+    return text
+
+
+def render_markdown(results: dict, test: str | None = None, paired_by: str | None = None) -> str:
+    test = test or results["test"]
+    paired_by = paired_by or results.get("paired_by", "query")
+    blocks = summarize(results, test, paired_by)
+    reps = results["replicates"]
+    kind = "folds" if results.get("folds") else "seeds"
+    unit = ("per-query values (each query's mean over the runs that tested it)" if paired_by == "query"
+            else f"the runs' means paired by {kind[:-1]}")
+    lines = [
+        f"## {results['grid']}",
+        "",
+        f"Mean over {len(reps)} runs per cell ({', '.join(reps)}). In brackets: change against {results['baseline']}. "
+        f"\\* p <= 0.05, \\*\\* p <= 0.01: {TEST_NAMES[test]} on {unit}.",
+    ]
+    measures = list(results["measures"])
+    for block in blocks:
+        title = block["eval"] if block["train"] == block["eval"] else f"trained on {block['train']}, evaluated on {block['eval']}"
+        lines += ["", f"### {title}", "", "| method | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]
+        for row in block["rows"]:
+            name = row["row"] + (" (baseline)" if row["baseline"] else "")
+            if row["runs"] < len(reps):
+                name += f" [{row['runs']}/{len(reps)} runs]"
+            lines.append(f"| {name} | " + " | ".join(_cell(row["measures"][m], row["baseline"]) for m in measures) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(results: dict, path: str | os.PathLike, test: str | None = None, paired_by: str | None = None) -> str:
+    text = render_markdown(results, test, paired_by)
+    with atomic_open(path) as f:
+        f.write(text)
+    return text
+
+
+def log_wandb_table(results: dict, key: str = "results_table", test: str | None = None, paired_by: str | None = None) -> bool:
+    """Log the summary as a wandb.Table to the active W&B run; False (nothing done) when none is active."""
+    try:
+        import wandb
+    except ImportError:
+        return False
+    if getattr(wandb, "run", None) is None:
+        return False
+    measures = list(results["measures"])
+    columns = ["train", "eval", "method"]
+    for m in measures:
+        columns += [m, f"{m} change %", f"{m} p", f"{m} text"]
+    data = []
+    for block in summarize(results, test, paired_by):
+        for row in block["rows"]:
+            line = [block["train"], block["eval"], row["row"]]
+            for m in measures:
+                v = row["measures"][m]
+                line += [v["mean"], v["change_pct"], v["p"], _cell(v, row["baseline"])]
+            data.append(line)
+    wandb.log({key: wandb.Table(columns=columns, data=data)})
+    return True

@@ -1,0 +1,669 @@
+"""Dense full ranking with faiss for the single-vector rankers (RepBERT, BERT_DOT).
+
+    index = DenseIndex.build(ranker, docs)                      # docs: {doc id: text} or an iterable of pairs
+    run = index.search(queries, k=100)                          # {qid: {doc id: score}}
+    write_trec_run("run.trec", run, tag="repbert-dense")
+    index.save("outputs/x/index"); DenseIndex.load("outputs/x/index", ranker)
+
+    index = index_from_checkpoint("outputs/x/checkpoints/last.ckpt", docs, index_type="hnsw")
+
+Scores are the ranker's own: RepBERT's cosine (vectors L2-normalised with `cosine_normalize`, then inner product),
+BERT_DOT's dot product (raw inner product). Every index uses the inner-product metric, so a flat index returns the
+exact top-k of `ranker.score_all`.
+
+Index types (`index_type=`):
+
+| type    | faiss                      | exact | knobs                                         |
+|---------|----------------------------|-------|-----------------------------------------------|
+| `flat`  | IndexFlatIP (default)      | yes   |                                               |
+| `ivf`   | IndexIVFFlat               | no    | `nlist`, `nprobe` (nprobe = nlist is exact)   |
+| `hnsw`  | IndexHNSWFlat, inner prod. | no    | `hnsw_m`, `ef_construction`, `ef_search`      |
+| `pq`    | IndexPQ                    | no    | `pq_m` sub-quantizers, `pq_nbits`             |
+| `ivfpq` | IndexIVFPQ                 | no    | `nlist`, `nprobe`, `pq_m`, `pq_nbits`         |
+
+Building streams the collection (`retrieval.encode.encode_docs`): one batch of tokenisation at a time, vectors
+added to faiss as they come. Trained types (ivf, pq, ivfpq) buffer the first `train_size` vectors, train on them,
+then add everything; defaults adapt to a small collection (`nlist` ~ min(4 sqrt(n), n / 39), `pq_nbits` <= log2 n).
+
+faiss-gpu is used when present (`faiss.get_num_gpus() > 0`; `use_gpu=False` opts out, `use_gpu=True` demands it)
+for flat, ivf and ivfpq; HNSW and PQ stay on the CPU (faiss has no GPU version of them). On faiss-cpu everything
+runs on the CPU. Saved indexes are always CPU indexes.
+
+On disk (`save`, atomic: written into a temporary sibling directory, fsynced, then renamed into place):
+`index.faiss`, `doc_ids.json` (row -> doc id), `manifest.json` (ranker, checkpoint, index type and parameters,
+dim, count, score, precision, faiss version).
+
+Command line (same `key=value` config syntax as evaluate.py, plus `--` options for retrieval):
+
+    python -m retrieval.dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \\
+        [--split test] [--k 1000] [--index-type hnsw] [--nlist N] [--nprobe N] [--hnsw-m M] [--ef-search N] \\
+        [--pq-m M] [--pq-nbits B] [--batch-size 64] [--precision bf16] [--device cuda] [--index-dir DIR] \\
+        [--k-tokens 256] [--depth 1000]
+
+writes `run.trec`, `metrics.json` (the split's qrels, `eval.measures`) and the index (`<output_dir>/index` unless
+`--index-dir`). A ColBERT checkpoint is served by `retrieval.colbert_e2e` (end-to-end, `--k-tokens`, `--depth`).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterable, Mapping, Sized
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_modules.rankers.base import SingleVectorEncoder, cosine_normalize
+from pipeline.errors import InputError
+from retrieval.encode import encode_docs, encode_queries, module_from_checkpoint, pair_tokenizer_for
+
+__all__ = [
+    "INDEX_TYPES", "IndexOptions", "FaissBuilder", "DenseIndex", "index_from_checkpoint", "run_from_hits",
+    "faiss_gpu_available", "main",
+]
+
+INDEX_TYPES = ("flat", "ivf", "hnsw", "pq", "ivfpq")
+TRAINED = ("ivf", "pq", "ivfpq")
+ON_GPU = ("flat", "ivf", "ivfpq")  # what faiss can put on a GPU among ours
+GPU_MAX_K = 2048  # faiss GPU k-selection limit
+FORMAT, VERSION = "isorank-dense-index", 1
+
+
+# ---- faiss index construction ----------------------------------------------------------------------------------
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def faiss_gpu_available() -> bool:
+    faiss = _faiss()
+    try:
+        return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+    except Exception:  # a GPU build on a machine without a usable driver
+        return False
+
+
+@dataclass
+class IndexOptions:
+    """How the faiss index is built and searched. Keys are checked by `validate` (InputError naming the key)."""
+
+    index_type: str = "flat"
+    nlist: int | None = None  # ivf, ivfpq: inverted lists; None = min(4 sqrt(n), n / 39) over the training sample
+    nprobe: int | None = None  # ivf, ivfpq: lists visited per query; None = min(nlist, 16)
+    hnsw_m: int = 32  # hnsw: neighbours per node
+    ef_construction: int = 80  # hnsw: candidate list while building
+    ef_search: int = 128  # hnsw: candidate list while searching (>= k is sensible)
+    pq_m: int | None = None  # pq, ivfpq: sub-quantizers (must divide dim); None = largest divisor of dim <= dim / 8
+    pq_nbits: int | None = None  # pq, ivfpq: bits per sub-quantizer code; None = 8, fewer for a tiny training sample
+    train_size: int = 65536  # ivf, pq, ivfpq: the first vectors streamed, buffered to train on
+    use_gpu: bool | None = None  # None = use faiss-gpu when present
+
+    @classmethod
+    def from_kwargs(cls, **kw) -> "IndexOptions":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kw) - names)
+        if unknown:
+            raise InputError(unknown[0], f"unknown index option; expected one of {sorted(names)}")
+        opts = cls(**kw)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        if self.index_type not in INDEX_TYPES:
+            raise InputError("index_type", f"unknown index type '{self.index_type}'; expected one of {list(INDEX_TYPES)}")
+        for key in ("nlist", "nprobe", "pq_m", "pq_nbits"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise InputError(key, f"is {v!r}; expected a positive integer or None")
+        for key in ("hnsw_m", "ef_construction", "ef_search", "train_size"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(key, f"is {v!r}; expected a positive integer")
+        if self.pq_nbits is not None and self.pq_nbits > 16:
+            raise InputError("pq_nbits", f"is {self.pq_nbits}; expected at most 16")
+        if self.use_gpu and not faiss_gpu_available():
+            raise InputError("use_gpu", "is true but faiss sees no GPU (faiss-cpu installed, or no CUDA device)")
+
+
+def _default_pq_m(dim: int) -> int:
+    return max(m for m in range(1, max(1, dim // 8) + 1) if dim % m == 0)
+
+
+def resolve_params(opts: IndexOptions, dim: int, n_train: int | None) -> dict:
+    """The concrete parameters of the index to build (defaults filled in, checked against dim and n_train)."""
+    p: dict[str, Any] = {"index_type": opts.index_type}
+    t = opts.index_type
+    if t in ("ivf", "ivfpq"):
+        nlist = opts.nlist or max(1, min(int(4 * math.sqrt(n_train)), n_train // 39))
+        if nlist > n_train:
+            raise InputError("nlist", f"is {nlist} but only {n_train} vectors are there to train on; expected nlist <= {n_train}")
+        p.update(nlist=nlist, nprobe=min(opts.nprobe or min(nlist, 16), nlist))
+    if t in ("pq", "ivfpq"):
+        m = opts.pq_m or _default_pq_m(dim)
+        if dim % m:
+            raise InputError("pq_m", f"is {m}, which does not divide the vector dimension {dim}")
+        nbits = opts.pq_nbits or max(1, min(8, int(math.log2(max(2, n_train)))))
+        if 2**nbits > n_train:
+            raise InputError("pq_nbits", f"is {nbits}: {2**nbits} centroids per sub-quantizer need at least that many training vectors, got {n_train}")
+        p.update(pq_m=m, pq_nbits=nbits)
+    if t == "hnsw":
+        p.update(hnsw_m=opts.hnsw_m, ef_construction=opts.ef_construction, ef_search=opts.ef_search)
+    if t in TRAINED:
+        p["n_train"] = n_train
+    return p
+
+
+def make_cpu_index(dim: int, p: dict):
+    faiss = _faiss()
+    ip = faiss.METRIC_INNER_PRODUCT
+    t = p["index_type"]
+    if t == "flat":
+        return faiss.IndexFlatIP(dim)
+    if t == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, p["hnsw_m"], ip)
+        index.hnsw.efConstruction = p["ef_construction"]
+        index.hnsw.efSearch = p["ef_search"]
+        return index
+    if t == "pq":
+        return faiss.IndexPQ(dim, p["pq_m"], p["pq_nbits"], ip)
+    quantizer = faiss.IndexFlatIP(dim)
+    if t == "ivf":
+        index = faiss.IndexIVFFlat(quantizer, dim, p["nlist"], ip)
+    else:
+        index = faiss.IndexIVFPQ(quantizer, dim, p["nlist"], p["pq_m"], p["pq_nbits"], ip)
+    return index  # faiss' Python wrapper keeps `quantizer` alive as long as `index`
+
+
+class Placement:
+    """Where a faiss index lives: a CPU index, or a GPU copy with the resources it needs kept alive."""
+
+    def __init__(self, use_gpu: bool | None):
+        self.want_gpu = faiss_gpu_available() if use_gpu is None else bool(use_gpu)
+        self.resources = None
+        self.on_gpu = False
+
+    def place(self, cpu_index, index_type: str):
+        if not self.want_gpu or index_type not in ON_GPU:
+            return cpu_index
+        faiss = _faiss()
+        try:
+            if self.resources is None:
+                self.resources = faiss.StandardGpuResources()
+            gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, cpu_index)
+        except Exception as e:  # e.g. an IVFPQ code size the GPU kernels do not support
+            warnings.warn(f"faiss GPU placement of a '{index_type}' index failed ({e}); using the CPU index", stacklevel=2)
+            return cpu_index
+        self.on_gpu = True
+        return gpu_index
+
+    def to_cpu(self, index):
+        return _faiss().index_gpu_to_cpu(index) if self.on_gpu else index
+
+    def set_params(self, index, p: dict) -> None:
+        faiss = _faiss()
+        t = p["index_type"]
+        if t in ("ivf", "ivfpq"):
+            space = faiss.GpuParameterSpace() if self.on_gpu else faiss.ParameterSpace()
+            space.set_index_parameter(index, "nprobe", int(p["nprobe"]))
+        elif t == "hnsw":
+            index.hnsw.efSearch = int(p["ef_search"])
+
+
+class FaissBuilder:
+    """Streams float32 vectors into a faiss index; trained types buffer the first `train_size` vectors, train on
+    them, then add them and everything after. `finish()` returns (index, params)."""
+
+    def __init__(self, opts: IndexOptions, placement: Placement | None = None, what: str = "docs"):
+        self.opts = opts
+        self.placement = placement or Placement(opts.use_gpu)
+        self.what = what
+        self.index = None
+        self.params: dict | None = None
+        self.dim: int | None = None
+        self.count = 0
+        self._pending: list[np.ndarray] = []
+        self._n_pending = 0
+
+    def add(self, x: np.ndarray) -> None:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2:
+            raise ValueError(f"expected [n, dim] vectors, got shape {x.shape}")
+        if self.dim is None:
+            self.dim = int(x.shape[1])
+        elif x.shape[1] != self.dim:
+            raise ValueError(f"vector dimension changed from {self.dim} to {x.shape[1]}")
+        if not len(x):
+            return
+        if not np.isfinite(x).all():
+            raise InputError(self.what, "an encoded vector is not finite (NaN or inf); check the checkpoint and precision")
+        self.count += len(x)
+        if self.index is None and self.opts.index_type in TRAINED:
+            self._pending.append(x)
+            self._n_pending += len(x)
+            if self._n_pending >= self.opts.train_size:
+                self._train_and_flush()
+            return
+        if self.index is None:
+            self._create(None)
+        self.index.add(x)
+
+    def _create(self, n_train: int | None) -> None:
+        self.params = resolve_params(self.opts, self.dim, n_train)
+        self.index = self.placement.place(make_cpu_index(self.dim, self.params), self.opts.index_type)
+
+    def _train_and_flush(self) -> None:
+        x = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._n_pending = [], 0
+        sample = x[: self.opts.train_size]
+        self._create(len(sample))
+        self.index.train(sample)
+        self.index.add(x)
+
+    def finish(self):
+        if self.index is None:
+            if not self._pending:
+                raise InputError(self.what, "no documents to index")
+            self._train_and_flush()
+        self.placement.set_params(self.index, self.params)
+        return self.index, self.params
+
+
+def run_from_hits(qids: list, scores: np.ndarray, rows: np.ndarray, doc_ids: list[str]) -> dict[str, dict[str, float]]:
+    """faiss (D, I) -> {qid: {doc id: score}}; rows of -1 (fewer hits than k) are dropped."""
+    run = {}
+    for qid, srow, irow in zip(qids, scores, rows):
+        run[str(qid)] = {doc_ids[i]: float(s) for s, i in zip(srow, irow) if i >= 0}
+    return run
+
+
+# ---- atomic directories ----------------------------------------------------------------------------------------
+def _fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_file(path: Path, obj) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class AtomicDir:
+    """`with AtomicDir(path) as tmp:` write files into `tmp`; on success they are fsynced and `tmp` replaces `path`
+    (an existing index directory is swapped out and deleted); on error `tmp` is removed and `path` is untouched.
+    A non-empty `path` that holds no manifest.json is never replaced."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __enter__(self) -> Path:
+        p = self.path
+        if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not (p / "manifest.json").exists())):
+            raise InputError(str(p), "exists and is not an index directory (no manifest.json); refusing to replace it")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        for f in self.tmp.iterdir():
+            _fsync_path(f)
+        _fsync_path(self.tmp)
+        old = None
+        if self.path.exists():
+            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(self.path, old)
+        os.rename(self.tmp, self.path)
+        _fsync_path(self.path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return False
+
+
+def read_manifest(path: Path, fmt: str) -> dict:
+    mpath = Path(path) / "manifest.json"
+    if not mpath.is_file():
+        raise InputError(str(path), "is not an index directory (no manifest.json)")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(str(mpath), f"unreadable manifest ({type(e).__name__}: {e})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise InputError(str(mpath), f"format is {manifest.get('format') if isinstance(manifest, dict) else None!r}; expected '{fmt}'")
+    return manifest
+
+
+def read_doc_ids(path: Path, count: int) -> list[str]:
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(str(path), f"unreadable doc ids ({type(e).__name__}: {e})") from e
+    if not isinstance(ids, list) or len(ids) != count:
+        raise InputError(str(path), f"holds {len(ids) if isinstance(ids, list) else 'no list of'} doc ids; the manifest says {count}")
+    return [str(i) for i in ids]
+
+
+def read_faiss(path: Path, count: int):
+    if not path.is_file():
+        raise InputError(str(path), "missing faiss index file")
+    try:
+        index = _faiss().read_index(str(path))
+    except Exception as e:
+        raise InputError(str(path), f"cannot read faiss index ({str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})") from e
+    if index.ntotal != count:
+        raise InputError(str(path), f"holds {index.ntotal} vectors; the manifest says {count}")
+    return index
+
+
+def _config_dict(cfg) -> dict:
+    return asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+
+
+def base_manifest(fmt: str, ranker, checkpoint, params: dict, dim: int, count: int, precision: str) -> dict:
+    return {
+        "format": fmt, "version": VERSION, "ranker": ranker.cfg.name, "ranker_config": _config_dict(ranker.cfg),
+        "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None, "index_type": params["index_type"],
+        "params": params, "dim": int(dim), "count": int(count), "precision": precision,
+        "faiss_version": getattr(_faiss(), "__version__", "?"),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def check_ranker_matches(ranker, manifest: dict, path) -> None:
+    if ranker is not None and ranker.cfg.name != manifest["ranker"]:
+        raise InputError("ranker", f"index '{path}' was built with ranker '{manifest['ranker']}', got '{ranker.cfg.name}'")
+
+
+# ---- the dense index -------------------------------------------------------------------------------------------
+class DenseIndex:
+    """A faiss index over the pooled vectors of a single-vector ranker, with the doc id of every row."""
+
+    def __init__(self, index, doc_ids: list[str], manifest: dict, ranker=None, pair_tokenizer=None, placement: Placement | None = None):
+        self.index = index
+        self.doc_ids = doc_ids
+        self.manifest = manifest
+        self.ranker = ranker
+        self.pair_tokenizer = pair_tokenizer
+        self.placement = placement or Placement(False)
+
+    # -- properties
+    @property
+    def dim(self) -> int:
+        return self.manifest["dim"]
+
+    @property
+    def index_type(self) -> str:
+        return self.manifest["index_type"]
+
+    @property
+    def params(self) -> dict:
+        return self.manifest["params"]
+
+    @property
+    def cosine(self) -> bool:
+        return self.manifest["score"] == "cosine"
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    # -- building
+    @staticmethod
+    def _check(ranker) -> None:
+        if not isinstance(ranker, SingleVectorEncoder):
+            name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
+            hint = "; for colbert use retrieval.colbert_e2e.ColBERTIndex" if name == "colbert" else ""
+            raise InputError("model.name", f"'{name}' is not a single-vector ranker; DenseIndex serves repbert and bert_dot{hint}")
+
+    @classmethod
+    def build(cls, ranker, docs: Mapping | Iterable, *, pair_tokenizer=None, batch_size: int = 64, device=None,
+              precision: str = "fp32", sort_window: int | None = None, checkpoint: str | None = None, **index_opts) -> "DenseIndex":
+        """Encode `docs` ({id: text} or an iterable of (id, text)) in streamed batches and index their vectors.
+        `index_opts`: the fields of `IndexOptions` (index_type, nlist, nprobe, hnsw_m, ...)."""
+        cls._check(ranker)
+        opts = IndexOptions.from_kwargs(**index_opts)
+        if isinstance(docs, Sized) and opts.index_type in TRAINED:  # fail before encoding when the size is known
+            n = min(len(docs), opts.train_size)
+            if n and opts.nlist is not None and opts.nlist > n:
+                raise InputError("nlist", f"is {opts.nlist} but only {n} vectors are there to train on; expected nlist <= {n}")
+        pt = pair_tokenizer or pair_tokenizer_for(ranker)
+        builder = FaissBuilder(opts)
+        doc_ids: list[str] = []
+        seen: set[str] = set()
+        for ids, vecs in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence"):
+            for i in ids:
+                s = str(i)
+                if s in seen:
+                    raise InputError("docs", f"duplicate doc id '{s}'")
+                seen.add(s)
+                doc_ids.append(s)
+            builder.add(cls._prepare(vecs, ranker.cosine))
+        del seen
+        index, params = builder.finish()
+        manifest = base_manifest(FORMAT, ranker, checkpoint, params, builder.dim, builder.count, precision)
+        manifest.update(score="cosine" if ranker.cosine else "dot", metric="inner_product", normalized=bool(ranker.cosine))
+        return cls(index, doc_ids, manifest, ranker, pt, builder.placement)
+
+    @staticmethod
+    def _prepare(vecs: torch.Tensor | np.ndarray, cosine: bool) -> np.ndarray:
+        t = torch.as_tensor(vecs, dtype=torch.float32)
+        if cosine:
+            t = cosine_normalize(t)  # the ranker's own normalisation: faiss inner product = RepBERT's cosine
+        return np.ascontiguousarray(t.numpy(), dtype=np.float32)
+
+    # -- searching
+    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Change nprobe (ivf, ivfpq) or efSearch (hnsw) of this index (recorded in the manifest on save)."""
+        p = self.params
+        if nprobe is not None:
+            if p["index_type"] not in ("ivf", "ivfpq"):
+                raise InputError("nprobe", f"applies to ivf and ivfpq indexes, this one is '{p['index_type']}'")
+            if not isinstance(nprobe, int) or nprobe < 1:
+                raise InputError("nprobe", f"is {nprobe!r}; expected a positive integer")
+            p["nprobe"] = min(nprobe, p["nlist"])
+        if ef_search is not None:
+            if p["index_type"] != "hnsw":
+                raise InputError("ef_search", f"applies to hnsw indexes, this one is '{p['index_type']}'")
+            if not isinstance(ef_search, int) or ef_search < 1:
+                raise InputError("ef_search", f"is {ef_search!r}; expected a positive integer")
+            p["ef_search"] = ef_search
+        self.placement.set_params(self.index, p)
+
+    def _ensure_ranker(self):
+        if self.ranker is None:
+            ckpt = self.manifest.get("checkpoint")
+            if not ckpt:
+                raise InputError("ranker", "this index was loaded without a ranker and records no checkpoint; pass ranker= to DenseIndex.load")
+            self.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
+            check_ranker_matches(self.ranker, self.manifest, ckpt)
+        if self.pair_tokenizer is None:
+            self.pair_tokenizer = pair_tokenizer_for(self.ranker)
+        return self.ranker
+
+    def search_vectors(self, vectors: np.ndarray | torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw faiss search of already-prepared vectors [Q, dim] -> (scores [Q, k'], rows [Q, k']), k' = min(k, count)."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InputError("k", f"is {k!r}; expected a positive integer")
+        x = np.ascontiguousarray(torch.as_tensor(vectors, dtype=torch.float32).numpy())
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise InputError("queries", f"query vectors have shape {tuple(x.shape)}; this index holds {self.dim}-dimensional vectors")
+        k = min(k, len(self.doc_ids))
+        if self.placement.on_gpu and k > GPU_MAX_K:
+            raise InputError("k", f"is {k}; faiss on the GPU returns at most {GPU_MAX_K} hits per query")
+        return self.index.search(x, k)
+
+    def encode_queries(self, queries: Mapping | Iterable, batch_size: int = 64, device=None, precision: str | None = None):
+        """Yields (qids, prepared query vectors [B, dim]) in batches."""
+        ranker = self._ensure_ranker()
+        prec = precision or self.manifest.get("precision", "fp32")
+        for qids, vecs in encode_queries(ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="sequence"):
+            yield qids, self._prepare(vecs, self.cosine)
+
+    def search(self, queries: Mapping[str, str] | Iterable, k: int = 100, *, batch_size: int = 64, device=None,
+               precision: str | None = None) -> dict[str, dict[str, float]]:
+        """Top-k documents of every query: {qid: {doc id: score}} (a run; write it with write_trec_run).
+        `precision` defaults to the one the index was built with."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InputError("k", f"is {k!r}; expected a positive integer")
+        run: dict[str, dict[str, float]] = {}
+        for qids, vecs in self.encode_queries(queries, batch_size, device, precision):
+            scores, rows = self.search_vectors(vecs, k)
+            for qid, docs in run_from_hits(qids, scores, rows, self.doc_ids).items():
+                if qid in run:
+                    raise InputError("queries", f"duplicate query id '{qid}'")
+                run[qid] = docs
+        return run
+
+    # -- persistence
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index directory atomically (see the module docstring); returns its path."""
+        path = Path(path)
+        with AtomicDir(path) as tmp:
+            _faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
+            write_json_file(tmp / "doc_ids.json", self.doc_ids)
+            write_json_file(tmp / "manifest.json", self.manifest)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None) -> "DenseIndex":
+        """Read an index directory. Without `ranker`, `search` rebuilds it from the recorded checkpoint when first
+        needed (`search_vectors` needs no ranker)."""
+        path = Path(path)
+        manifest = read_manifest(path, FORMAT)
+        if ranker is not None:
+            cls._check(ranker)
+        check_ranker_matches(ranker, manifest, path)
+        count = int(manifest["count"])
+        doc_ids = read_doc_ids(path / "doc_ids.json", count)
+        cpu_index = read_faiss(path / "index.faiss", count)
+        if cpu_index.d != manifest["dim"]:
+            raise InputError(str(path / "index.faiss"), f"holds {cpu_index.d}-dimensional vectors; the manifest says {manifest['dim']}")
+        placement = Placement(use_gpu)
+        index = placement.place(cpu_index, manifest["index_type"])
+        placement.set_params(index, manifest["params"])
+        return cls(index, doc_ids, manifest, ranker, pair_tokenizer, placement)
+
+
+def index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> DenseIndex:
+    """Rebuild the RankingModule of a checkpoint (as `pipeline.run.evaluate` does) and index `docs` with its ranker.
+    `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...)."""
+    module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)
+    return DenseIndex.build(module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts)
+
+
+# ---- command line ----------------------------------------------------------------------------------------------
+def _parse(argv: list[str]):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m retrieval.dense", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default="test", help="which split's queries to retrieve for (train, val, test)")
+    ap.add_argument("--k", type=int, default=1000, help="documents retrieved per query")
+    ap.add_argument("--index-type", default="flat", choices=INDEX_TYPES)
+    ap.add_argument("--nlist", type=int)
+    ap.add_argument("--nprobe", type=int)
+    ap.add_argument("--hnsw-m", type=int, default=32)
+    ap.add_argument("--ef-construction", type=int, default=80)
+    ap.add_argument("--ef-search", type=int, default=128)
+    ap.add_argument("--pq-m", type=int)
+    ap.add_argument("--pq-nbits", type=int)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--no-gpu-index", action="store_true", help="keep the faiss index on the CPU")
+    ap.add_argument("--index-dir", default=None, help="where to save the index (default <output_dir>/index)")
+    ap.add_argument("--k-tokens", type=int, default=256, help="colbert: token hits per query token")
+    ap.add_argument("--depth", type=int, default=1000, help="colbert: candidates re-scored per query")
+    ap.add_argument("--store-dtype", default="float16", choices=("float16", "float32"), help="colbert: stored token vectors")
+    opts, rest = ap.parse_known_args(argv)
+    bad = [a for a in rest if a.startswith("-")]
+    if bad:
+        ap.error(f"unrecognised option {bad[0]}")
+    return opts, rest
+
+
+def retrieve(cfg, opts, model_from_cli: bool) -> dict:
+    """The command-line job: module (checkpoint or untrained), data, index, run, metrics."""
+    from omegaconf import OmegaConf
+
+    from callbacks.metrics.ir import evaluate_run
+    from callbacks.metrics.trec import write_trec_run
+    from datamodules.sources import load_dataset
+    from lightning_modules.module import RankingModule
+    from pipeline.io import write_json
+    from pipeline.run import check_same_ranker, data_config, read_checkpoint
+
+    out = Path(cfg.output_dir)
+    if cfg.ckpt:
+        if model_from_cli:
+            check_same_ranker(read_checkpoint(cfg.ckpt, "ckpt"), cfg, "ckpt", cfg.ckpt)
+        module = module_from_checkpoint(cfg.ckpt, key="ckpt", measures=list(cfg.eval.measures), device=opts.device)
+    else:
+        module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)).eval()
+        if opts.device:
+            module.to(opts.device)
+    ds = load_dataset(data_config(cfg), cfg.seed)
+    split = ds.split(opts.split)
+    if not split.queries:
+        raise InputError("--split", f"split '{opts.split}' of dataset {ds.name} has no queries")
+    common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=opts.device,
+                  precision=opts.precision, checkpoint=cfg.ckpt or None)
+    use_gpu = False if opts.no_gpu_index else None
+    if module.ranker.cfg.name == "colbert":
+        from retrieval.colbert_e2e import ColBERTIndex
+
+        index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, index_type=opts.index_type,
+                                   nlist=opts.nlist, nprobe=opts.nprobe, hnsw_m=opts.hnsw_m, ef_construction=opts.ef_construction,
+                                   ef_search=opts.ef_search, pq_m=opts.pq_m, pq_nbits=opts.pq_nbits, use_gpu=use_gpu, **common)
+        run = index.search(split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size)
+    else:
+        index = DenseIndex.build(module.ranker, ds.docs, index_type=opts.index_type, nlist=opts.nlist, nprobe=opts.nprobe,
+                                 hnsw_m=opts.hnsw_m, ef_construction=opts.ef_construction, ef_search=opts.ef_search,
+                                 pq_m=opts.pq_m, pq_nbits=opts.pq_nbits, use_gpu=use_gpu, **common)
+        run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
+    index.save(opts.index_dir or out / "index")
+    tag = f"{module.ranker.cfg.name}-{opts.index_type}"
+    write_trec_run(out / "run.trec", run, tag=tag)
+    means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
+    write_json(out / "metrics.json", {**means, "retrieval": {"split": opts.split, "k": opts.k, "index": index.manifest["params"],
+                                                              "docs": len(index), "queries": len(run)}})
+    write_json(out / "per_query.json", per_query)
+    for name, v in means.items():
+        print(f"{name}\t{v:.4f}")
+    return means
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    opts, rest = _parse(argv)
+    try:
+        from pipeline.config import compose, parse_args
+
+        cfg = compose(rest)
+        choices, overrides = parse_args(rest)
+        model_from_cli = "model" in choices or any(o.startswith("model.") for o in overrides)
+        retrieve(cfg, opts, model_from_cli)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Streaming encoders for full ranking: texts in, vectors out, one batch at a time.
+
+`encode_docs` / `encode_queries` take any iterable of texts (a dict {id: text}, an iterable of (id, text) pairs,
+or plain strings, whose ids are then their positions) and yield `(ids, output)` per batch. Only one sorting window
+of raw texts (`sort_window` texts, default 8 batches) and one batch of tokenisation are held at a time, so a
+collection of any size streams through in bounded memory.
+
+Within a window, texts are ordered by character length (longest first) before batching, which cuts padding; each
+batch carries its own ids, so order never matters to the caller. `sort_window <= batch_size` keeps input order.
+
+Outputs, on the CPU in float32:
+- single-vector rankers (RepBERT, BERT_DOT): the pooled vectors `[B, D]` exactly as `ranker.encode` returns them
+  (not normalised: scoring-specific preparation is the index's job);
+- multi-vector rankers (ColBERT): an `Encoded` with the token vectors `[B, L, D]` and the padding mask `[B, L]`.
+
+The forward runs under `torch.inference_mode()`, in eval mode (the ranker's mode is restored after each batch),
+optionally under bf16 autocast (`precision="bf16"`; weights stay fp32).
+
+`module_from_checkpoint` rebuilds a `RankingModule` from a checkpoint of this pipeline the way `pipeline.run.evaluate`
+does (the ranker from the checkpoint's `hyper_parameters`, then its `state_dict`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_modules.rankers.base import BiEncoder, Encoded
+from lightning_modules.rankers.tokenization import PairTokenizer
+from pipeline.errors import InputError
+
+__all__ = [
+    "PRECISIONS", "iter_items", "batches", "encode_docs", "encode_queries", "encode_texts", "pair_tokenizer_for",
+    "eval_mode", "autocast", "resolve_device", "module_from_checkpoint",
+]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def iter_items(texts: Mapping | Iterable, what: str = "docs") -> Iterator[tuple[Hashable, str]]:
+    """(id, text) pairs from a dict, an iterable of pairs, or an iterable of strings (id = position)."""
+    it = texts.items() if isinstance(texts, Mapping) else texts
+    for pos, item in enumerate(it):
+        if isinstance(item, str):
+            ident, text = pos, item
+        else:
+            try:
+                ident, text = item
+            except (TypeError, ValueError):
+                raise InputError(what, f"item {pos} is {type(item).__name__}; expected a text or an (id, text) pair") from None
+        if not isinstance(text, str):
+            raise InputError(what, f"text of '{ident}' is {type(text).__name__}; expected a string")
+        yield ident, text
+
+
+def batches(items: Iterable[tuple[Hashable, str]], batch_size: int, sort_window: int | None = None) -> Iterator[list[tuple[Hashable, str]]]:
+    """Batches of (id, text); within each window of `sort_window` items, longest text first."""
+    if batch_size < 1:
+        raise InputError("batch_size", f"is {batch_size}; expected a positive integer")
+    window_size = 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
+    sort = window_size > batch_size
+
+    def flush(window):
+        if sort:
+            window.sort(key=lambda it: len(it[1]), reverse=True)  # stable: equal lengths keep input order
+        for s in range(0, len(window), batch_size):
+            yield window[s : s + batch_size]
+
+    window: list[tuple[Hashable, str]] = []
+    for item in items:
+        window.append(item)
+        if len(window) >= window_size:
+            yield from flush(window)
+            window = []
+    if window:
+        yield from flush(window)
+
+
+def pair_tokenizer_for(ranker: BiEncoder) -> PairTokenizer:
+    c = ranker.cfg
+    return PairTokenizer(ranker.tokenizer, ranker.kind, c.query_max_len, c.doc_max_len)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    was = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was)
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise InputError("precision", "fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+        return torch.autocast("cuda", dtype=torch.float16)
+    raise InputError("precision", f"unknown precision '{precision}'; expected one of {list(PRECISIONS)}")
+
+
+def resolve_device(ranker: torch.nn.Module, device: str | torch.device | None) -> torch.device:
+    """`device`, or the ranker's own device when None. The ranker is moved there when it is elsewhere."""
+    current = next(ranker.parameters()).device
+    if device is None:
+        return current
+    dev = torch.device(device)
+    if dev != current and not (dev.type == current.type and dev.index is None):
+        ranker.to(dev)
+    return next(ranker.parameters()).device
+
+
+def _check_ranker(ranker) -> None:
+    if not isinstance(ranker, BiEncoder):
+        name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
+        raise InputError("model.name", f"'{name}' is not a bi-encoder; full ranking needs separately encoded passages (colbert, repbert, bert_dot)")
+
+
+def encode_texts(
+    ranker: BiEncoder,
+    pair_tokenizer: PairTokenizer | None,
+    texts: Mapping | Iterable,
+    *,
+    side: str = "docs",
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    precision: str = "fp32",
+    sort_window: int | None = None,
+    output: str = "auto",
+) -> Iterator[tuple[list, Tensor | Encoded]]:
+    """Yield (ids, vectors [B, D] | Encoded) per batch; see the module docstring. `side`: "docs" or "queries".
+    `output`: "auto" (pooled vectors when the ranker pools, else token vectors), "sequence" or "tokens"."""
+    _check_ranker(ranker)
+    if side not in ("docs", "queries"):
+        raise ValueError(f"side must be 'docs' or 'queries', got {side!r}")
+    if output not in ("auto", "sequence", "tokens"):
+        raise ValueError(f"output must be 'auto', 'sequence' or 'tokens', got {output!r}")
+    if precision not in PRECISIONS:
+        raise InputError("precision", f"unknown precision '{precision}'; expected one of {list(PRECISIONS)}")
+    pt = pair_tokenizer or pair_tokenizer_for(ranker)
+    dev = resolve_device(ranker, device)
+    tokenize = pt.docs if side == "docs" else pt.queries
+    encode = ranker.encode_docs if side == "docs" else ranker.encode_queries
+    for batch in batches(iter_items(texts, side), batch_size, sort_window):
+        ids = [i for i, _ in batch]
+        tok = {k: v.to(dev, non_blocking=True) for k, v in tokenize([t for _, t in batch]).items()}
+        with torch.inference_mode(), eval_mode(ranker), autocast(dev, precision):
+            enc = encode(tok)
+        del tok
+        want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
+        if want == "sequence":
+            if enc.sequence is None:
+                raise InputError("output", f"ranker '{ranker.cfg.name}' has no pooled vector; use output='tokens'")
+            yield ids, enc.sequence.float().cpu()
+        else:
+            yield ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
+
+
+def encode_docs(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):
+    """Passages, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
+    return encode_texts(ranker, pair_tokenizer, texts_iterable, side="docs", batch_size=batch_size, device=device, precision=precision, **kw)
+
+
+def encode_queries(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):
+    """Queries, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
+    return encode_texts(ranker, pair_tokenizer, texts_iterable, side="queries", batch_size=batch_size, device=device, precision=precision, **kw)
+
+
+def module_from_checkpoint(ckpt_path: str | Path, key: str = "ckpt", measures: list[str] | None = None, device=None) -> Any:
+    """The RankingModule of a checkpoint of this pipeline, in eval mode: rebuilt from its `hyper_parameters`
+    (ranker config, optimiser config) and loaded with its `state_dict`, as `pipeline.run.evaluate` does."""
+    from lightning_modules.module import RankingModule
+    from pipeline.run import read_checkpoint
+
+    ckpt = read_checkpoint(str(ckpt_path), key)
+    hp = ckpt["hyper_parameters"]
+    module = RankingModule(hp["model"], hp.get("optim", {}), measures or hp.get("measures"))
+    missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
+    if missing or unexpected:
+        raise InputError(key, f"'{ckpt_path}' does not match ranker '{hp['model'].get('name')}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    del ckpt
+    module.eval()
+    if device is not None:
+        module.to(device)
+    return module

@@ -1,0 +1,184 @@
+"""Grid runner (pipeline/grid.py, experiments.py) and tables (pipeline/tables.py): a tiny grid end to end, resumable."""
+import io
+import json
+import math
+
+import pytest
+from scipy import stats
+
+from conftest import REPO, run_script
+from pipeline.errors import InputError
+from pipeline.grid import load_grid, plan, run
+from pipeline.tables import render_markdown, summarize
+
+SYN = ["data=synthetic", "data.data_seed=3", "data.num_docs=120", "data.num_train_queries=30", "data.num_val_queries=8",
+       "data.num_test_queries=16", "data.num_topics=6"]
+FAST = ["logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.max_steps=2",
+        "trainer.val_check_interval=2", "data.batch_size=8", "data.max_train_triples=16", "data.candidate_depth=20",
+        "eval.probe_queries=8", "eval.probe_docs=16", "eval.before_training=false"]
+
+
+def write_grid(path, tiny_bert, out, cache):
+    grid = {
+        "name": "tiny",
+        "baseline": "colbert",
+        "rows": {"colbert": ["model=colbert"], "repbert": ["model=repbert"]},
+        "train_data": {"syn": SYN},
+        # syn: the training run's own test; syn_start: evaluate.py on another collection (OOD)
+        "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
+        "seeds": [1, 2],
+        "common": [f"model.backbone={tiny_bert}", *FAST, f"data.cache_dir={cache}"],
+        "measures": ["ndcg_cut_10", "P_20"],
+        "test": "t_test_one_tailed",
+        "launcher": "inprocess",
+        "output_root": str(out),
+    }
+    path.write_text(json.dumps(grid))  # JSON is YAML
+    return path
+
+
+def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
+    gfile = write_grid(tmp_path / "tiny.yaml", tiny_bert, tmp_path / "grids", tmp_path / "cache")
+    log = io.StringIO()
+    report = run([f"grid={gfile}"], out=log)
+    root = tmp_path / "grids" / "tiny"
+    trains = [root / r / "syn" / s for r in ("colbert", "repbert") for s in ("seed1", "seed2")]
+    evals = [d / "eval-syn_start" for d in trains]
+    assert set(report.status.values()) == {"ran"} and len(report.status) == 8, report.status
+    for d in trains + evals:
+        assert (d / "metrics.json").is_file() and (d / "per_query.json").is_file()
+    assert any((trains[0] / "checkpoints").glob("best-*.ckpt"))
+    assert "ckpt: " in (evals[0] / "config.yaml").read_text() and "best-" in (evals[0] / "config.yaml").read_text()
+
+    # results.json: one entry per row x train x eval x seed, with per-query values; CSV alongside
+    res = json.loads((root / "results.json").read_text())
+    assert len(res["cells"]) == 8 and all(c["status"] == "done" for c in res["cells"])
+    cell = next(c for c in res["cells"] if c["row"] == "repbert" and c["eval"] == "syn" and c["seed"] == 2)
+    assert cell["metrics"]["ndcg_cut_10"] == json.loads((trains[3] / "metrics.json").read_text())["ndcg_cut_10"]
+    assert len(cell["per_query"]) == 16 and set(next(iter(cell["per_query"].values()))) >= {"ndcg_cut_10", "P_20"}
+    csv_lines = (root / "results.csv").read_text().splitlines()
+    assert csv_lines[0] == "grid,row,train,eval,replicate,seed,fold,qid,measure,value"
+    assert any(",all,ndcg_cut_10," in ln for ln in csv_lines)
+
+    # table: means over seeds and % change against the baseline
+    blocks = {(b["train"], b["eval"]): b for b in summarize(res)}
+    for ev in ("syn", "syn_start"):
+        cells = [c for c in res["cells"] if c["eval"] == ev]
+        base = sum(c["metrics"]["ndcg_cut_10"] for c in cells if c["row"] == "colbert") / 2
+        mine = sum(c["metrics"]["ndcg_cut_10"] for c in cells if c["row"] == "repbert") / 2
+        row = blocks[("syn", ev)]["rows"][1]["measures"]["ndcg_cut_10"]
+        assert row["mean"] == pytest.approx(mine) and row["change_pct"] == pytest.approx(100 * (mine - base) / base)
+        assert f"{mine:.4f} ({100 * (mine - base) / base:+.1f}%)" in report.table
+    table = (root / "table.md").read_text()
+    assert table == report.table
+    assert "| colbert (baseline) |" in table and "### trained on syn, evaluated on syn_start" in table
+
+    # rerun: every cell skipped, nothing rewritten
+    mtimes = {d: (d / "metrics.json").stat().st_mtime_ns for d in trains + evals}
+    log = io.StringIO()
+    report = run([f"grid={gfile}"], out=log)
+    assert set(report.status.values()) == {"skipped"}
+    assert log.getvalue().count("skipped (metrics.json exists)") == 8
+    assert {d: (d / "metrics.json").stat().st_mtime_ns for d in mtimes} == mtimes
+
+    # a cell killed before writing metrics.json (checkpoints there, metrics.json not): only that cell runs again,
+    # resumed from its last.ckpt; through experiments.py with the subprocess launcher
+    victim = trains[1]
+    before = json.loads((victim / "metrics.json").read_text())
+    (victim / "metrics.json").unlink()
+    proc = run_script("experiments.py", f"grid={gfile}", "launcher=subprocess")
+    assert "train colbert/syn/seed2: resumed" in proc.stdout
+    assert proc.stdout.count("skipped (metrics.json exists)") == 7
+    after = json.loads((victim / "metrics.json").read_text())
+    assert after["ndcg_cut_10"] == pytest.approx(before["ndcg_cut_10"], abs=1e-9)
+    assert "error:" not in (victim / "train.log").read_text()
+    for d, t in mtimes.items():
+        if d != victim:
+            assert (d / "metrics.json").stat().st_mtime_ns == t, d
+
+
+def results_fixture(values_a, values_b, replicates=("seed1", "seed2")):
+    """results.json-shaped dict: rows base and new, per-query ndcg values per replicate."""
+    cells = []
+    for row, values in (("base", values_a), ("new", values_b)):
+        for rep, per_rep in zip(replicates, values):
+            pq = {f"q{i}": {"ndcg_cut_10": v} for i, v in enumerate(per_rep)}
+            cells.append({"row": row, "train": "d", "eval": "d", "replicate": rep, "status": "done", "per_query": pq,
+                          "metrics": {"ndcg_cut_10": math.fsum(per_rep) / len(per_rep)}})
+    return {"grid": "g", "baseline": "base", "test": "t_test_one_tailed", "paired_by": "query", "measures": ["ndcg_cut_10"],
+            "rows": ["base", "new"], "train_data": ["d"], "eval_data": ["d"], "replicates": list(replicates), "folds": None,
+            "cells": cells}
+
+
+def test_table_significance_uses_per_query_means_over_seeds():
+    a = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.2], [0.3, 0.2, 0.1, 0.4, 0.3, 0.2]]
+    b = [[0.4, 0.5, 0.3, 0.6, 0.9, 0.5], [0.5, 0.6, 0.4, 0.7, 0.8, 0.4]]
+    res = results_fixture(a, b)
+    ma = [(x + y) / 2 for x, y in zip(*a)]
+    mb = [(x + y) / 2 for x, y in zip(*b)]
+    for test, p in (("t_test_one_tailed", stats.ttest_rel(mb, ma, alternative="greater").pvalue),
+                    ("t_test_two_tailed", stats.ttest_rel(mb, ma).pvalue), ("wilcoxon", stats.wilcoxon(mb, ma).pvalue)):
+        cell = summarize(res, test)[0]["rows"][1]["measures"]["ndcg_cut_10"]
+        assert cell["p"] == pytest.approx(p, rel=1e-12) and cell["pairs"] == 6
+        assert cell["mean"] == pytest.approx(sum(mb) / 6)
+        assert cell["change_pct"] == pytest.approx(100 * (sum(mb) - sum(ma)) / sum(ma))
+    text = render_markdown(res)
+    p1 = stats.ttest_rel(mb, ma, alternative="greater").pvalue
+    assert p1 <= 0.01
+    assert f"| new | {sum(mb) / 6:.4f} ({100 * (sum(mb) - sum(ma)) / sum(ma):+.1f}%)** |" in text, text
+    # per-replicate pairing: the runs' means, paired by seed
+    cell = summarize(res, "t_test_two_tailed", "replicate")[0]["rows"][1]["measures"]["ndcg_cut_10"]
+    assert cell["pairs"] == 2
+    assert cell["p"] == pytest.approx(stats.ttest_rel([sum(r) / 6 for r in b], [sum(r) / 6 for r in a]).pvalue)
+    # identical systems: p = 1, no mark, +0.0%
+    same = render_markdown(results_fixture(a, a))
+    assert "| new | 0.2667 (+0.0%) |" in same, same
+    # a row with a missing run is marked
+    res["cells"][-1]["status"] = "missing"
+    assert "| new [1/2 runs] |" in render_markdown(res)
+
+
+def test_grid_file_errors_and_cell_layout(tmp_path):
+    def grid(**kw):
+        base = {"baseline": "a", "rows": {"a": ["model=colbert"], "b": ["model=repbert"]}, "train_data": ["synthetic"],
+                "seeds": [1, 2]}
+        base.update(kw)
+        p = tmp_path / "g.yaml"
+        p.write_text(json.dumps({k: v for k, v in base.items() if v is not None}))
+        return p
+
+    spec, extra = load_grid([f"grid={grid()}", "trainer.max_steps=3"])
+    assert spec.name == "g" and extra == ["trainer.max_steps=3"]
+    cells = plan(spec, extra)
+    assert [c.label for c in cells] == ["a/synthetic/seed1", "b/synthetic/seed1", "a/synthetic/seed2", "b/synthetic/seed2"]
+    assert cells[1].argv == ("data=synthetic", "model=repbert", "trainer.max_steps=3", "seed=1", "logger.group=g",
+                             "logger.run_name=b-synthetic-synthetic-seed1", f"output_dir={spec.dir / 'b' / 'synthetic' / 'seed1'}")
+    spec, _ = load_grid([f"grid={grid(folds=5, seeds=[7])}"])
+    cells = plan(spec)
+    assert [c.replicate for c in cells[::2]] == [f"fold{f}" for f in range(5)]
+    assert "data.num_folds=5" in cells[2].argv and "data.fold=1" in cells[2].argv and "seed=7" in cells[2].argv
+    for kw, needle in (({"baseline": "c"}, "baseline: 'c' is not a row"), ({"test": "sign"}, "unknown significance test"),
+                       ({"seeds": ["x"]}, "seeds"), ({"folds": 2}, "folds"), ({"bogus": 1}, "unknown grid key 'bogus'"),
+                       ({"rows": {"a/b": []}, "baseline": "a/b"}, "label 'a/b'"), ({"common": ["seed=3"]}, "set by the grid"),
+                       ({"folds": 5, "common": ["data.fold=1"]}, "data.fold"), ({"rows": None}, "rows: is missing")):
+        with pytest.raises(InputError, match=needle):
+            load_grid([f"grid={grid(**kw)}"])
+    with pytest.raises(InputError, match="no grid 'nope'"):
+        load_grid(["grid=nope"])
+
+
+def test_experiments_cli_one_line_error(tmp_path):
+    g = tmp_path / "g.yaml"
+    g.write_text(json.dumps({"baseline": "a", "rows": {"a": ["model=colbert"]}, "train_data": ["synthetic"],
+                             "output_root": str(tmp_path / "out")}))
+    proc = run_script("experiments.py", f"grid={g}", "model.compress_dimm=8", check=False)
+    assert proc.returncode == 2
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "model.compress_dimm" in err[0] and "a/synthetic/run" in err[0], proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_example_grid_composes():
+    spec, _ = load_grid(["grid=squad_3seeds"])
+    assert spec.baseline == "colbert" and set(spec.rows) == {"colbert", "repbert"} and spec.seeds == [1, 2, 3]
+    assert (REPO / "configs" / "grid" / "squad_3seeds.yaml").is_file()
