@@ -1,15 +1,18 @@
 """Checkpointing: the best checkpoint by validation NDCG@10 plus a resumable `last.ckpt`.
 
-Lightning's ModelCheckpoint writes `last.ckpt` only when it validates, so a run that stops on `max_steps`
-between validations would resume from an older state. Here `last.ckpt` is also written after the final
-training step. It is written from `on_train_batch_end`, not `on_train_end`: by then Lightning has marked a
-cut-short epoch as finished, and a resume would skip the rest of that epoch's batches.
+`last.ckpt` is written at every validation and after the final training step, so a run killed at any point
+resumes from its latest validation (`ckpt_path=.../last.ckpt`). Lightning's ModelCheckpoint alone does neither:
+since 2.5 it refreshes `last.ckpt` only at validations that also produced a new best checkpoint, and a run that
+stops on `max_steps` between validations is not saved at all. The final save happens in `on_train_batch_end`,
+not `on_train_end`: by then Lightning has marked a cut-short epoch as finished, and a resume would skip the rest
+of that epoch's batches.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.trainer.states import TrainerFn
 
 
 class RankingCheckpoint(ModelCheckpoint):
@@ -18,10 +21,24 @@ class RankingCheckpoint(ModelCheckpoint):
             dirpath=dirpath, filename="best-{step}", monitor=monitor, mode="max", save_last=True, save_top_k=1,
             auto_insert_metric_name=False,
         )
+        self._last_step_written = -1
+
+    def _write_last(self, trainer) -> None:
+        if self._last_step_written == trainer.global_step:
+            return
+        last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        self.last_model_path = str(last)  # part of the saved callback state: set before saving
+        trainer.save_checkpoint(str(last))
+        self._last_step_written = trainer.global_step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            if self._last_global_step_saved == trainer.global_step:  # a new best: Lightning wrote last.ckpt too
+                self._last_step_written = trainer.global_step
+            self._write_last(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if 0 < trainer.max_steps <= trainer.global_step:
-            last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
-            trainer.save_checkpoint(str(last))
-            self.last_model_path = str(last)
+            self._write_last(trainer)

@@ -7,6 +7,7 @@ filled later by `datamodules.negatives` (BM25 with bm25s), so sources only repor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.errors import InputError
 
@@ -24,6 +25,9 @@ class Split:
     qrels: dict[str, dict[str, int]] = field(default_factory=dict)  # qid -> doc id -> grade (> 0 relevant)
     triples: list[Triple] | None = None  # training triplets; None = sample them from qrels
     candidates: dict[str, list[str]] | None = None  # qid -> doc ids to re-rank; None = BM25 top-k
+    # where each part came from: "queries" / "qrels" / "triples" / "candidates" -> a file path or a config key
+    # (e.g. "data.train_id (msmarco-passage/train)"); cross-reference errors point there, to the line when a file
+    origins: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -33,6 +37,7 @@ class IRDataset:
     splits: dict[str, Split]
     # (qid, doc id) -> answer character spans in docs[doc id]; for position-bias analysis and rotation.
     answers: dict[tuple[str, str], list[Span]] = field(default_factory=dict)
+    docs_origin: str | None = None  # the collection's file or config key, for error messages
 
     def split(self, name: str) -> Split:
         if name not in self.splits:
@@ -42,32 +47,57 @@ class IRDataset:
     def validate(self) -> None:
         """Cross-reference checks that individual file readers cannot do on their own.
 
-        Raises InputError naming the dataset, split and offending id: a qrels query missing from the queries, a
-        triple or candidate naming an unknown doc id, an empty passage or query.
+        Raises InputError naming where the offending entry came from (`file:line` when the split records its
+        file, else the config key, else the dataset and split): a qrels query missing from the queries, a triple
+        or candidate naming an unknown doc id, an empty passage or query.
         """
         for doc_id, text in self.docs.items():
             if not text or not text.strip():
-                raise InputError(f"dataset {self.name}", f"document '{doc_id}' has empty text; expected a non-empty passage")
+                raise InputError(self.docs_origin or f"dataset {self.name}", f"document '{doc_id}' has empty text; expected a non-empty passage")
         for split_name, split in self.splits.items():
-            where = f"dataset {self.name}, split {split_name}"
+            def where(kind: str, *ids: str) -> str:
+                return locate(split.origins.get(kind), *ids) or f"dataset {self.name}, split {split_name}"
+
             for qid, text in split.queries.items():
                 if not text or not text.strip():
-                    raise InputError(where, f"query '{qid}' has empty text; expected a non-empty query")
+                    raise InputError(where("queries", qid), f"query '{qid}' of split {split_name} has empty text; expected a non-empty query")
             for qid, judged in split.qrels.items():
                 if qid not in split.queries:
-                    raise InputError(where, f"qrels name query '{qid}' which is not among the queries")
+                    raise InputError(where("qrels", qid), f"qrels of split {split_name} name query '{qid}' which is not among the queries")
                 for doc_id in judged:
                     if doc_id not in self.docs:
-                        raise InputError(where, f"qrels of query '{qid}' name unknown doc id '{doc_id}'")
+                        raise InputError(where("qrels", qid, doc_id), f"qrels of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'")
             for qid, pos, neg in split.triples or ():
                 if qid not in split.queries:
-                    raise InputError(where, f"triple ({qid}, {pos}, {neg}) names query '{qid}' which is not among the queries")
+                    raise InputError(where("triples", qid, pos, neg), f"triple ({qid}, {pos}, {neg}) of split {split_name} names query '{qid}' which is not among the queries")
                 for doc_id in (pos, neg):
                     if doc_id not in self.docs:
-                        raise InputError(where, f"triple ({qid}, {pos}, {neg}) names unknown doc id '{doc_id}'")
+                        raise InputError(where("triples", qid, pos, neg), f"triple ({qid}, {pos}, {neg}) of split {split_name} names unknown doc id '{doc_id}'")
             for qid, doc_ids in (split.candidates or {}).items():
                 if qid not in split.queries:
-                    raise InputError(where, f"candidates name query '{qid}' which is not among the queries")
+                    raise InputError(where("candidates", qid), f"candidates of split {split_name} name query '{qid}' which is not among the queries")
                 for doc_id in doc_ids:
                     if doc_id not in self.docs:
-                        raise InputError(where, f"candidates of query '{qid}' name unknown doc id '{doc_id}'")
+                        raise InputError(where("candidates", qid, doc_id), f"candidates of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'")
+
+
+def locate(origin: str | None, *ids: str) -> str | None:
+    """`file:line` of the first line of the file `origin` whose whitespace-separated fields include every id; the
+    origin itself when it is a config key or the line is not found (ids rewritten by the reader); None without one.
+
+    Only called on an error, so re-reading the file costs nothing in a valid run."""
+    if not origin:
+        return None
+    path = Path(origin)
+    if not path.is_file():
+        return origin
+    from datamodules.sources.tsv import iter_lines  # the shared reader (gzip, UTF-8); imported late: tsv imports us
+
+    try:
+        for lineno, line in iter_lines(path):
+            fields = set(line.split())
+            if all(i in fields for i in ids):
+                return f"{path}:{lineno}"
+    except InputError:
+        pass
+    return str(path)

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules import rotation
 from datamodules.corpus import IRDataset
-from datamodules.negatives import bm25_candidates, sample_triples
+from datamodules.bm25 import bm25_candidates
+from datamodules.negatives import sample_triples
 from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader, shard_range
 from datamodules.sources import load_dataset
 from lightning_modules.rankers.tokenization import PairTokenizer
@@ -139,8 +140,10 @@ class RankingDataModule(pl.LightningDataModule):
 
     # ---- loading -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        # Rank 0 only: fills the BM25 caches so the other ranks read instead of recompute.
-        self._load()
+        # Rank 0 only: fills the BM25 caches so the other ranks read instead of recompute. The entry points
+        # have usually loaded the data already (to validate it before writing anything).
+        if self.dataset is None:
+            self._load()
 
     def setup(self, stage: str | None = None) -> None:
         if self.dataset is None:

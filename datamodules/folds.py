@@ -149,4 +149,4 @@ def apply_folds(ds: IRDataset, num_folds: int, fold: int, seed: int, source: str
         wanted = set(roles[name])
         qids = sorted((q for q, f in assignment.items() if f in wanted), key=_natural)
         splits[name] = Split(queries={q: queries[q] for q in qids}, qrels={q: dict(qrels[q]) for q in qids})
-    return IRDataset(name=ds.name, docs=ds.docs, splits=splits, answers=dict(ds.answers))
+    return IRDataset(name=ds.name, docs=ds.docs, splits=splits, answers=dict(ds.answers), docs_origin=ds.docs_origin)

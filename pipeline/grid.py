@@ -7,6 +7,7 @@ A grid file (see configs/grid/squad_3seeds.yaml):
     rows:                         # one row per method: overrides for train.py
       colbert: [model=colbert]
       repbert: [model=repbert]
+      bm25: [model=bm25]          # untrained (lightning_modules.rankers.UNTRAINED): evaluate.py on each cell's data
     train_data: [squad]           # data options to train on; an entry may also be {label: [overrides]}
     eval_data: [squad]            # data options to test on (default: train_data)
     seeds: [1, 2, 3]              # and/or folds: 5 (k-fold cross-validation, data.num_folds / data.fold)
@@ -418,11 +419,20 @@ def _finish_wandb() -> None:
         wandb.finish()
 
 
+def _untrained(argv: list[str]) -> bool:
+    from lightning_modules.rankers import UNTRAINED
+    from pipeline.config import compose
+
+    return compose(argv).model.name in UNTRAINED
+
+
 def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
     """Run one cell; (status, message). Status: ran | resumed | failed | input-error | blocked."""
     argv = list(cell.argv)
     status = "ran"
-    if cell.kind == "train":
+    if _untrained(argv):  # e.g. a BM25 row: evaluated on each cell's data as it is, no training, no checkpoint
+        script = "evaluate.py"
+    elif cell.kind == "train":
         last = cell.dir / "checkpoints" / "last.ckpt"
         if last.is_file():
             argv.append(f"ckpt_path={last}")

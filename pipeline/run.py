@@ -16,6 +16,7 @@ from callbacks.metrics.trec import write_trec_run
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import SOURCES
 from lightning_modules.module import RankingModule
+from lightning_modules.rankers import UNTRAINED
 from pipeline.errors import InputError
 from pipeline.io import atomic_open, write_json
 
@@ -98,6 +99,28 @@ def check_same_ranker(ckpt: dict, cfg: DictConfig, key: str, path: str) -> None:
         raise InputError(key, f"checkpoint '{path}' holds ranker '{saved}' but model.name is '{cfg.model.name}'")
 
 
+def load_data(cfg: DictConfig, module: RankingModule) -> RankingDataModule:
+    """The data module with its data read and validated, before anything is written into `output_dir`: bad data
+    stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
+    dm = RankingDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm.setup()
+    return dm
+
+
+def evaluate_untrained(cfg: DictConfig) -> dict:
+    """`model=bm25`: full-collection BM25 over the test split, into the same files as any evaluation."""
+    from datamodules.bm25 import BM25Params
+    from retrieval.bm25 import run_bm25
+
+    if cfg.ckpt:
+        raise InputError("ckpt", f"model '{cfg.model.name}' takes no checkpoint")
+    m = cfg.model
+    after = run_bm25(cfg, "test", int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))
+    save_config(cfg)
+    print_table(after)
+    return after
+
+
 def save_config(cfg: DictConfig) -> None:
     with atomic_open(Path(cfg.output_dir) / "config.yaml") as f:
         f.write(OmegaConf.to_yaml(cfg))
@@ -138,6 +161,8 @@ def _test_results(module: RankingModule) -> dict:
 
 
 def train(cfg: DictConfig) -> dict | None:
+    if cfg.model.name in UNTRAINED:
+        raise InputError("model", f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`")
     pl.seed_everything(cfg.seed, workers=True)
     if cfg.ckpt_path:
         check_same_ranker(read_checkpoint(cfg.ckpt_path, "ckpt_path"), cfg, "ckpt_path", cfg.ckpt_path)
@@ -145,7 +170,7 @@ def train(cfg: DictConfig) -> dict | None:
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
     module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))
-    dm = RankingDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm = load_data(cfg, module)
     logger = build_logger(cfg, name=Path(cfg.output_dir).name)
     trainer = build_trainer(cfg, logger, checkpoints=True)
     if trainer.is_global_zero:
@@ -166,6 +191,8 @@ def train(cfg: DictConfig) -> dict | None:
 
 
 def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
+    if cfg.model.name in UNTRAINED:
+        return evaluate_untrained(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     hparams = {"model": OmegaConf.to_container(cfg.model), "optim": OmegaConf.to_container(cfg.optim)}
     ckpt = None
@@ -180,7 +207,7 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
         missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
         if missing or unexpected:
             raise InputError("ckpt", f"'{cfg.ckpt}' does not match ranker '{cfg.model.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    dm = RankingDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm = load_data(cfg, module)
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     trainer = build_trainer(cfg, logger, checkpoints=False)
     if trainer.is_global_zero:

@@ -59,8 +59,9 @@ def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, ch
     import sys
 
     env = env if env is not None else {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    target = [script] if script.startswith("-") else [str(REPO / script)]  # "-m", "pkg.module" runs a module
     proc = subprocess.run(
-        [sys.executable, str(REPO / script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *target, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")

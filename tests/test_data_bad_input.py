@@ -230,19 +230,22 @@ def test_cacm_bad_jsonl(tmp_path):
 
 
 def test_cross_reference_errors_via_validate(tmp_path):
+    """Each error names the file and line of the offending entry (found again only when there is an error)."""
     msg = _error(_tsv(tmp_path, train_qrels=("qrels_q.txt", "q1 0 d1 1\nq9 0 d2 1\n")))
-    assert "split train" in msg and "query 'q9' which is not among the queries" in msg
-    msg = _error(_tsv(tmp_path, train_qrels=("qrels_d.txt", "q1 0 d7 1\n")))
-    assert "unknown doc id 'd7'" in msg
-    msg = _error(_tsv(tmp_path, train_triples=("tr.tsv", "q1\td1\td9\n")))
-    assert "triple (q1, d1, d9) names unknown doc id 'd9'" in msg
+    assert msg.startswith(f"{tmp_path / 'qrels_q.txt'}:2: ") and "split train" in msg
+    assert "query 'q9' which is not among the queries" in msg
+    msg = _error(_tsv(tmp_path, train_qrels=("qrels_d.txt", "q1 0 d1 1\nq2 0 d2 1\nq1 0 d7 1\n")))
+    assert msg.startswith(f"{tmp_path / 'qrels_d.txt'}:3: ") and "unknown doc id 'd7'" in msg
+    msg = _error(_tsv(tmp_path, train_triples=("tr.tsv", "q1\td1\td2\nq1\td1\td9\n")))
+    assert msg.startswith(f"{tmp_path / 'tr.tsv'}:2: ") and "triple (q1, d1, d9) of split train names unknown doc id 'd9'" in msg
     msg = _error(_tsv(tmp_path, train_triples=("tr2.tsv", "q5\td1\td2\n")))
-    assert "names query 'q5'" in msg
-    msg = _error(_tsv(tmp_path, val_queries=("vq.tsv", QUERIES), val_run=("vr.txt", "q1 Q0 d42 1 1.0 r\n")))
-    assert "split val" in msg and "candidates of query 'q1' name unknown doc id 'd42'" in msg
+    assert msg.startswith(f"{tmp_path / 'tr2.tsv'}:1: ") and "names query 'q5'" in msg
+    msg = _error(_tsv(tmp_path, val_queries=("vq.tsv", QUERIES), val_run=("vr.txt", "q1 Q0 d1 1 2.0 r\nq1 Q0 d42 2 1.0 r\n")))
+    assert msg.startswith(f"{tmp_path / 'vr.txt'}:2: ") and "split val" in msg
+    assert "candidates of query 'q1' (split val) name unknown doc id 'd42'" in msg
     folder = tmp_path / "beir"
     msg = _error(_beir(folder, qrels="query-id\tcorpus-id\tscore\nq1\tc1\t1\nq2\tc2\t1\n"))
-    assert "query 'q2' which is not among the queries" in msg
+    assert ":3: " in msg and "qrels" in msg.split(":3: ")[0] and "query 'q2' which is not among the queries" in msg
 
 
 def test_bad_config_values():

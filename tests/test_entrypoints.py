@@ -77,7 +77,29 @@ def test_missing_checkpoint(tmp_path):
 def test_missing_data_path(tmp_path):
     proc = run_script("evaluate.py", *FAST, "data=squad", f"data.path={tmp_path / 'no.json'}", f"output_dir={tmp_path / 'ev'}", check=False)
     one_line_error(proc, "data.path", "no.json")
-    assert not (tmp_path / "ev" / "metrics.json").exists()
+    assert not (tmp_path / "ev").exists()  # not even config.yaml or wandb/
+
+
+def test_malformed_data_file_leaves_no_output(tmp_path, tiny_bert):
+    """Bad data through the entry point: one line naming file:line, and nothing written (data is read and checked
+    before config.yaml, the logger folder or any checkpoint)."""
+    (tmp_path / "collection.tsv").write_text("d1\tthe cat sat\nd2\tdogs bark\n")
+    (tmp_path / "queries.tsv").write_text("q1\tcat\nq2\tdogs\n")
+    (tmp_path / "good_qrels.txt").write_text("q1 0 d1 1\nq2 0 d2 1\n")
+    (tmp_path / "qrels.txt").write_text("q1 0 d1 1\nq2 0 d2\n")  # line 2 lacks the grade
+    files = [f"data.collection={tmp_path / 'collection.tsv'}", f"data.train_queries={tmp_path / 'queries.tsv'}",
+             f"data.train_qrels={tmp_path / 'qrels.txt'}", "data.train_triples=null"]
+    for split in ("val", "test"):
+        files += [f"data.{split}_queries={tmp_path / 'queries.tsv'}", f"data.{split}_qrels={tmp_path / 'good_qrels.txt'}",
+                  f"data.{split}_run=null"]
+    out = tmp_path / "run"
+    proc = run_script("train.py", "data=tsv", *files, f"model.backbone={tiny_bert}", "logger=wandb", f"output_dir={out}", check=False)
+    one_line_error(proc, f"{tmp_path / 'qrels.txt'}:2")
+    assert not out.exists()
+    (tmp_path / "qrels.txt").write_text("q1 0 d1 1\nq2 0 d9 1\n")  # d9 is not in the collection
+    proc = run_script("train.py", "data=tsv", *files, f"model.backbone={tiny_bert}", "logger=wandb", f"output_dir={out}", check=False)
+    one_line_error(proc, f"{tmp_path / 'qrels.txt'}:2", "unknown doc id 'd9'")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,14 @@ def write_grid(path, tiny_bert, out, cache):
     grid = {
         "name": "tiny",
         "baseline": "colbert",
-        "rows": {"colbert": ["model=colbert"], "repbert": ["model=repbert"]},
+        # model keys go with the rows: BM25's schema has no backbone (a key it does not know is an error)
+        "rows": {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"], "repbert": ["model=repbert", f"model.backbone={tiny_bert}"],
+                 "bm25": ["model=bm25", "model.depth=20"]},
         "train_data": {"syn": SYN},
         # syn: the training run's own test; syn_start: evaluate.py on another collection (OOD)
         "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
         "seeds": [1, 2],
-        "common": [f"model.backbone={tiny_bert}", *FAST, f"data.cache_dir={cache}"],
+        "common": [*FAST, f"data.cache_dir={cache}"],
         "measures": ["ndcg_cut_10", "P_20"],
         "test": "t_test_one_tailed",
         "launcher": "inprocess",
@@ -44,7 +46,7 @@ def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
     root = tmp_path / "grids" / "tiny"
     trains = [root / r / "syn" / s for r in ("colbert", "repbert") for s in ("seed1", "seed2")]
     evals = [d / "eval-syn_start" for d in trains]
-    assert set(report.status.values()) == {"ran"} and len(report.status) == 8, report.status
+    assert set(report.status.values()) == {"ran"} and len(report.status) == 12, report.status
     for d in trains + evals:
         assert (d / "metrics.json").is_file() and (d / "per_query.json").is_file()
     assert any((trains[0] / "checkpoints").glob("best-*.ckpt"))
@@ -52,7 +54,14 @@ def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
 
     # results.json: one entry per row x train x eval x seed, with per-query values; CSV alongside
     res = json.loads((root / "results.json").read_text())
-    assert len(res["cells"]) == 8 and all(c["status"] == "done" for c in res["cells"])
+    assert len(res["cells"]) == 12 and all(c["status"] == "done" for c in res["cells"])
+    # the BM25 row: evaluate.py model=bm25 on each cell's data, nothing trained, same numbers for every seed
+    bm = [c for c in res["cells"] if c["row"] == "bm25" and c["eval"] == "syn"]
+    assert not list((root / "bm25" / "syn" / "seed1").glob("checkpoints/*")) and bm[0]["metrics"] == bm[1]["metrics"]
+    direct = tmp_path / "bm25-direct"
+    run_script("evaluate.py", "model=bm25", "model.depth=20", *SYN, "logger=none", f"data.cache_dir={tmp_path / 'cache'}",
+               "seed=1", f"output_dir={direct}")
+    assert json.loads((direct / "metrics.json").read_text())["ndcg_cut_10"] == bm[0]["metrics"]["ndcg_cut_10"]
     cell = next(c for c in res["cells"] if c["row"] == "repbert" and c["eval"] == "syn" and c["seed"] == 2)
     assert cell["metrics"]["ndcg_cut_10"] == json.loads((trains[3] / "metrics.json").read_text())["ndcg_cut_10"]
     assert len(cell["per_query"]) == 16 and set(next(iter(cell["per_query"].values()))) >= {"ndcg_cut_10", "P_20"}
@@ -78,7 +87,7 @@ def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
     log = io.StringIO()
     report = run([f"grid={gfile}"], out=log)
     assert set(report.status.values()) == {"skipped"}
-    assert log.getvalue().count("skipped (metrics.json exists)") == 8
+    assert log.getvalue().count("skipped (metrics.json exists)") == 12
     assert {d: (d / "metrics.json").stat().st_mtime_ns for d in mtimes} == mtimes
 
     # a cell killed before writing metrics.json (checkpoints there, metrics.json not): only that cell runs again,
@@ -88,7 +97,7 @@ def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
     (victim / "metrics.json").unlink()
     proc = run_script("experiments.py", f"grid={gfile}", "launcher=subprocess")
     assert "train colbert/syn/seed2: resumed" in proc.stdout
-    assert proc.stdout.count("skipped (metrics.json exists)") == 7
+    assert proc.stdout.count("skipped (metrics.json exists)") == 11
     after = json.loads((victim / "metrics.json").read_text())
     assert after["ndcg_cut_10"] == pytest.approx(before["ndcg_cut_10"], abs=1e-9)
     assert "error:" not in (victim / "train.log").read_text()
@@ -179,6 +188,10 @@ def test_experiments_cli_one_line_error(tmp_path):
 
 
 def test_example_grid_composes():
+    from pipeline.grid import check
+
     spec, _ = load_grid(["grid=squad_3seeds"])
-    assert spec.baseline == "colbert" and set(spec.rows) == {"colbert", "repbert"} and spec.seeds == [1, 2, 3]
-    assert (REPO / "configs" / "grid" / "squad_3seeds.yaml").is_file()
+    assert spec.baseline == "bm25" and set(spec.rows) == {"bm25", "colbert", "repbert"} and spec.seeds == [1, 2, 3]
+    cells = plan(spec)
+    assert len(cells) == 9
+    check(spec, cells)  # every cell's config composes (BM25's row has no training keys it does not know)

@@ -73,3 +73,51 @@ def test_pairwise_scores_without_in_batch(tiny_bert, name):
     torch.testing.assert_close(s_pos, torch.stack([ref[0, 0], ref[1, 1]]), atol=1e-5, rtol=0)
     torch.testing.assert_close(s_neg, torch.stack([ref[0, 2], ref[1, 3]]), atol=1e-5, rtol=0)
     assert scores.shape == (2, 2) and target.tolist() == [0, 0]
+
+
+def test_hinge_loss_matches_formula(tiny_bert):
+    """optim.loss=hinge: mean over triplets of max(0, margin - s(q, p+) + s(q, p-)), each on its own negative."""
+    m = module(tiny_bert, "repbert", loss="hinge", margin=0.3, in_batch_negatives=False)
+    q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
+    batch = m.pair_tokenizer.triplets(q, pos, neg)
+    ref = reference_scores(m, q, pos + neg).detach().double().numpy()
+    want = np.mean([max(0.0, 0.3 - ref[i, i] + ref[i, 3 + i]) for i in range(3)])
+    m.log = lambda *a, **k: None  # no trainer to log to
+    assert m.training_step(batch, 0).item() == pytest.approx(want, abs=1e-5)
+
+
+class _StubTrainer:
+    estimated_stepping_batches = 20
+
+
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_warmup_then_schedule(tiny_bert, schedule):
+    """LR factor: (step+1)/(warm+1) during warm-up, then linear decay to 0 at the last step (or constant)."""
+    m = module(tiny_bert, "colbert", lr=1e-3, warmup_steps=4, schedule=schedule)
+    m._trainer = _StubTrainer()
+    conf = m.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    warm = [1e-3 * (s + 1) / 5 for s in range(4)]
+    after = [1e-3 * (20 - s) / 16 if schedule == "linear" else 1e-3 for s in range(4, 20)]
+    np.testing.assert_allclose(lrs, warm + after, rtol=1e-12)
+    assert opt.param_groups[1]["weight_decay"] == 0.0  # biases and LayerNorm weights are not decayed
+
+
+def test_bf16_autocast_training_step_close_to_fp32(tiny_bert):
+    """trainer.precision=bf16-mixed runs the forward under CPU bf16 autocast: the loss stays finite and close to
+    fp32, gradients reach the backbone, and the weights stay fp32."""
+    m = module(tiny_bert, "colbert", loss="ce", in_batch_negatives=True)
+    m.log = lambda *a, **k: None
+    batch = m.pair_tokenizer.triplets(QUERIES[:2], DOCS[:2], DOCS[2:4])
+    loss32 = m.training_step(batch, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss16 = m.training_step(batch, 0)
+    loss16.backward()
+    assert torch.isfinite(loss16) and loss16.item() == pytest.approx(loss32.item(), abs=0.05)
+    grads = [p.grad for p in m.ranker.encoder.parameters() if p.requires_grad]
+    assert all(g is not None and g.dtype == torch.float32 for g in grads) and any(g.abs().sum() > 0 for g in grads)

@@ -1,4 +1,5 @@
-"""BM25 candidates (bm25s) against a brute-force NumPy BM25, the on-disk cache, and negative sampling."""
+"""BM25 candidates (bm25s, datamodules/bm25.py) against a brute-force NumPy BM25, the on-disk cache, and negative
+sampling (datamodules/negatives.py)."""
 from __future__ import annotations
 
 import math
@@ -8,9 +9,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import datamodules.negatives as negatives
+import datamodules.bm25 as bm25
 from datamodules.corpus import Split
-from datamodules.negatives import bm25_candidates, sample_triples
+from datamodules.bm25 import bm25_candidates
+from datamodules.negatives import sample_triples
 from datamodules.sources import load_dataset
 from datamodules.sources.synthetic import SyntheticConfig
 
@@ -34,13 +36,15 @@ QUERIES = {"a": "brown fox", "b": "lazy dog", "c": "quantum bits superposition",
 
 def brute_force_bm25(docs: dict[str, str], query: str, k1: float = 1.5, b: float = 0.75) -> dict[str, float]:
     """BM25, Lucene variant (bm25s' default): idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
-    tf part = tf / (tf + k1 * (1 - b + b * dl / avgdl)); tokens = lower-cased \\w\\w+ minus English stopwords."""
+    tf part = tf / (tf + k1 * (1 - b + b * dl / avgdl)); tokens = lower-cased \\w\\w+ minus English stopwords,
+    then Snowball-stemmed (PyStemmer, a dependency)."""
+    import Stemmer
     from bm25s.stopwords import STOPWORDS_EN
 
-    stop = set(STOPWORDS_EN)
+    stop, stem = set(STOPWORDS_EN), Stemmer.Stemmer("english").stemWord
 
     def tok(t):
-        return [w for w in re.findall(r"(?u)\b\w\w+\b", t.lower()) if w not in stop]
+        return [stem(w) for w in re.findall(r"(?u)\b\w\w+\b", t.lower()) if w not in stop]
 
     ids = sorted(docs)
     toks = [tok(docs[d]) for d in ids]
@@ -90,7 +94,7 @@ def test_bm25_cache_hit_and_keying(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed despite a cache hit")
 
-    monkeypatch.setattr(negatives, "compute_bm25_candidates", boom)
+    monkeypatch.setattr(bm25, "compute_bm25_run", boom)
     assert bm25_candidates(DOCS, QUERIES, 5, cache_dir=tmp_path, key="tiny/val") == first
     # a different collection, queries or k is a different cache entry (so it recomputes)
     for docs, queries, k in [({**DOCS, "d10": "Bananas are green."}, QUERIES, 5), (DOCS, {"a": "brown"}, 5), (DOCS, QUERIES, 6)]:
@@ -104,7 +108,7 @@ def test_bm25_cache_write_is_atomic(tmp_path, monkeypatch):
         f.write('{"settings": {"broken"')
         raise OSError("disk full")
 
-    monkeypatch.setattr(negatives.json, "dump", half_written)
+    monkeypatch.setattr(bm25.json, "dump", half_written)
     with pytest.raises(OSError):
         bm25_candidates(DOCS, QUERIES, 5, cache_dir=tmp_path, key="x")
     assert list((tmp_path / "bm25").iterdir()) == []  # neither the file nor a temp file is left

@@ -319,11 +319,8 @@ def test_bert_cat_is_linear_on_cls_of_concatenation(tiny_bert):
 
 # -------------------------------------------------------------------------------------- isotropy head hooks
 
-# BiEncoder declares `token_head = None` / `sequence_head = None` as *class* attributes. nn.Module.__setattr__
-# stores an assigned module in `_modules`, not in the instance __dict__, and nn.Module.__getattr__ only runs
-# when normal lookup fails, so `self.token_head` keeps finding the class-level None: heads are registered
-# (their parameters appear in .parameters()) but never applied.
-HOOK_BUG = "base.py: class-level `token_head = None`/`sequence_head = None` shadow heads assigned via nn.Module.__setattr__"
+# Heads are set on the instance in BiEncoder.__init__ (a class-level None would shadow modules kept in
+# nn.Module._modules, so an assigned head would be registered but never applied): these tests pin that down.
 
 
 def test_assigned_head_is_registered_as_submodule(tiny_bert):

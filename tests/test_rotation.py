@@ -144,3 +144,43 @@ def test_rotation_debiases_synthetic_start_bias():
     print(f"\nsynthetic 'start': before mean {np.mean(before):.3f}, after rotation mean {np.mean(after):.3f}")
     assert np.mean(before) < 0.25 and _ks_uniform(before) < 1e-6
     assert _ks_uniform(after) > 0.01
+
+
+def test_datamodule_switches_rotate_train_and_eval_separately(tmp_path):
+    """Through the data module: `rotate_train` rotates both passages of every training triplet, with a cut that
+    changes with the epoch and repeats with the seed; `rotate_eval` rotates the evaluation passages; each switch
+    leaves the other side as the normalised original (same spacing, word order untouched)."""
+    from datamodules.datamodule import RankingDataModule, TripletDataset
+
+    def module(rotate_train: bool, rotate_eval: bool, seed: int = 5) -> RankingDataModule:
+        cfg = SyntheticConfig(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4,
+                              rotate_train=rotate_train, rotate_eval=rotate_eval, cache_dir=str(tmp_path))
+        dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
+        dm.setup()
+        return dm
+
+    plain, train_only, eval_only = module(False, False), module(True, False), module(False, True)
+    def ds(dm: RankingDataModule) -> TripletDataset:
+        return TripletDataset(dm.dataset, dm.triples, dm.dataset.split("train").queries, dm.cfg.rotate_train, dm.seed)
+
+    a, b = ds(plain), ds(train_only)
+    changed_epoch = moved = 0
+    for i in range(len(a)):
+        q0, p0, n0 = a[(0, i)]
+        q1, p1, n1 = b[(0, i)]
+        assert q1 == q0
+        for orig, rot in ((p0, p1), (n0, n1)):
+            w, r = orig.split(" "), rot.split(" ")
+            assert orig == normalize(orig, [])[0]  # unrotated text gets the same whitespace handling
+            assert any(r == w[k:] + w[:k] for k in range(len(w))), (orig, rot)
+            moved += rot != orig
+        changed_epoch += b[(1, i)][1] != p1
+        assert b[(0, i)] == ds(module(True, False))[(0, i)]  # same seed, same rotation
+    assert moved > len(a) and changed_epoch > len(a) // 2
+    assert eval_only.triples == plain.triples and ds(eval_only)[(0, 0)] == a[(0, 0)]
+    for split in ("val", "test"):
+        for orig, rot in zip(plain.eval_splits[split].dtexts, eval_only.eval_splits[split].dtexts):
+            w = orig.split(" ")
+            assert any(rot.split(" ") == w[k:] + w[:k] for k in range(len(w)))
+        assert train_only.eval_splits[split].dtexts == plain.eval_splits[split].dtexts
+        assert sum(x != y for x, y in zip(plain.eval_splits[split].dtexts, eval_only.eval_splits[split].dtexts)) > 0

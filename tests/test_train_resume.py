@@ -51,26 +51,53 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
     assert (ev / "run.trec").read_text() == (out / "run.trec").read_text()
 
 
-def test_resume_matches_uninterrupted(tmp_path, tiny_bert):
-    base = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.val_check_interval=3",
-            "eval.before_training=false"]
+def test_resume_matches_uninterrupted(tmp_path, tiny_bert, monkeypatch):
+    """A run that dies at step 10 (past warm-up, mid-epoch 2) resumes from the last.ckpt of its step-8 validation,
+    with the same max_steps (so the same LR schedule), and ends with the same weights and metrics, bit for bit."""
+    import pipeline.run
+    from pytorch_lightning import Callback
+
+    from pipeline.config import compose
+
+    base = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.val_check_interval=4",
+            "trainer.max_steps=14", "optim.warmup_steps=2", "eval.before_training=false"]
     full = tmp_path / "full"
-    run_script("train.py", *base, "trainer.max_steps=12", f"output_dir={full}")
+    run_script("train.py", *base, f"output_dir={full}")
+
+    class Crash(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 10:
+                raise RuntimeError("simulated crash at step 10")
+
+    build = pipeline.run.build_trainer
+
+    def crashing(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.callbacks.append(Crash())
+        return trainer
+
     part = tmp_path / "part"
-    run_script("train.py", *base, "trainer.max_steps=7", f"output_dir={part}")  # stops mid-epoch 2
-    run_script("train.py", *base, "trainer.max_steps=12", f"output_dir={part}", f"ckpt_path={part / 'checkpoints' / 'last.ckpt'}")
-    a, b = weights(full / "checkpoints" / "last.ckpt"), weights(part / "checkpoints" / "last.ckpt")
+    monkeypatch.setattr(pipeline.run, "build_trainer", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pipeline.run.train(compose([*base, f"output_dir={part}"]))
+    monkeypatch.undo()
+    last = part / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 8
+    assert not (part / "metrics.json").exists()
+    run_script("train.py", *base, f"output_dir={part}", f"ckpt_path={last}")
+    a, b = weights(full / "checkpoints" / "last.ckpt"), weights(last)
     assert_same_weights(a, b)
     ma, mb = metrics(full), metrics(part)
-    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100"):
+    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos"):
         assert mb[k] == pytest.approx(ma[k], abs=1e-9), k
 
 
-def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout):
+@pytest.mark.parametrize("model", ["colbert", "repbert"])  # token-vector and pooled-vector gathers
+def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
     """Global batch 8: one process with batch 8 vs two gloo ranks with batch 4 each. The ranks see disjoint halves
     of the same global batches and in-batch negatives are gathered, so the loss, the weights and the test
     metrics match the single-process run up to float summation order."""
-    base = [*SMALL, f"model.backbone={tiny_bert_nodropout}", "trainer.max_steps=6", "trainer.val_check_interval=3",
+    base = [*SMALL, f"model={model}", f"model.backbone={tiny_bert_nodropout}", "trainer.max_steps=6", "trainer.val_check_interval=3",
             "eval.before_training=false"]
     one, two = tmp_path / "one", tmp_path / "two"
     run_script("train.py", *base, "data.batch_size=8", f"output_dir={one}")

@@ -114,9 +114,12 @@ def build(cfg: BeirConfig, seed: int) -> IRDataset:
     queries = read_queries(qfile)
 
     qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {}
+    qrels_files: dict[str, str] = {}
     for split, key in (("train", "train_split"), ("val", "val_split"), ("test", "test_split")):
         f = _find(folder / "qrels", f"{getattr(cfg, key)}.tsv")
         qrels_by_split[split] = read_beir_qrels(f) if f is not None else None
+        if f is not None:
+            qrels_files[split] = str(f)
 
     if qrels_by_split["val"] is None and qrels_by_split["train"]:
         train = qrels_by_split["train"]
@@ -127,11 +130,14 @@ def build(cfg: BeirConfig, seed: int) -> IRDataset:
         chosen = set(np.asarray(qids)[np.random.default_rng(cfg.split_seed).permutation(len(qids))[:n_val]].tolist())
         qrels_by_split["val"] = {q: train[q] for q in qids if q in chosen}
         qrels_by_split["train"] = {q: train[q] for q in train if q not in chosen}
+        qrels_files["val"] = qrels_files["train"]
 
     splits: dict[str, Split] = {}
     for split, qrels in qrels_by_split.items():
         qrels = qrels or {}
         # queries judged in this split; a qrels id missing from queries.jsonl is reported by IRDataset.validate()
         split_queries = {q: queries[q] for q in qrels if q in queries}
-        splits[split] = Split(queries=split_queries, qrels=qrels)
-    return IRDataset(name=f"beir:{folder.name}", docs=docs, splits=splits)
+        splits[split] = Split(queries=split_queries, qrels=qrels, origins={"queries": str(qfile)})
+        if split in qrels_files:
+            splits[split].origins["qrels"] = qrels_files[split]
+    return IRDataset(name=f"beir:{folder.name}", docs=docs, splits=splits, docs_origin=str(corpus))

@@ -296,7 +296,10 @@ def _builder(name: str, loader):
         docs, queries, qrels, empty = loader(folder)
         # judgements of documents left out for having no text (Cranfield 995, judged for query 125) go too
         qrels = {q: {d: g for d, g in judged.items() if d in docs or d not in empty} for q, judged in qrels.items()}
-        return IRDataset(name=name, docs=docs, splits=split_queries(queries, qrels, cfg))
+        splits = split_queries(queries, qrels, cfg)
+        for split in splits.values():  # ids are rewritten by the readers (CACM padding, Cranfield numbering)
+            split.origins = {kind: f"data.path ({folder})" for kind in ("queries", "qrels")}
+        return IRDataset(name=name, docs=docs, splits=splits, docs_origin=f"data.path ({folder})")
 
     build.__name__ = f"build_{name}"
     build.__doc__ = f"{name}: see the module docstring."

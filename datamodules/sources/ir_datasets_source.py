@@ -116,7 +116,9 @@ def _split(dataset_id: str | None, key: str, cfg) -> Split:
     if cfg.max_queries_per_split is not None:
         order = order[: cfg.max_queries_per_split]
     keep = set(order)
+    origin = f"data.{key} ({dataset_id})"
     return Split(
+        origins={kind: origin for kind in ("queries", "qrels", "triples", "candidates")},
         queries={q: all_queries[q] for q in order if q in all_queries},
         qrels={q: qrels[q] for q in order if q in qrels},
         triples=None if triples is None else [t for t in triples if t[0] in keep],
@@ -163,4 +165,4 @@ def build(cfg: IrDatasetsConfig, seed: int) -> IRDataset:
         return docs
 
     docs = _read(docs_id, docs_key, "docs", read_docs)
-    return IRDataset(name=f"ir_datasets:{docs_id}", docs=docs, splits=splits)
+    return IRDataset(name=f"ir_datasets:{docs_id}", docs=docs, splits=splits, docs_origin=f"data.{docs_key} ({docs_id})")

@@ -236,7 +236,8 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
     docs: dict[str, str] = {}
     if getattr(cfg, "collection", None) is None:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
-    read_id_text_tsv(resolve_path(cfg.collection, "collection", "collection TSV"), "passage", into=docs)
+    collection = resolve_path(cfg.collection, "collection", "collection TSV")
+    read_id_text_tsv(collection, "passage", into=docs)
     splits: dict[str, Split] = {}
     for name in ("train", "val", "test"):
         qpath = _opt(cfg, f"{name}_queries", f"{name} queries TSV")
@@ -244,11 +245,13 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         run_path = _opt(cfg, f"{name}_run", f"{name} TREC run")
         queries = read_id_text_tsv(qpath, "query") if qpath else {}
         split = Split(queries=queries, qrels=read_trec_qrels(qrels_path) if qrels_path else {})
+        split.origins.update({k: str(v) for k, v in (("queries", qpath), ("qrels", qrels_path), ("candidates", run_path)) if v})
         if run_path:
             split.candidates = read_trec_run(run_path)
         if name == "train":
             tpath = _opt(cfg, "train_triples", "training triples TSV")
             if tpath is not None:
                 split.triples = _read_triples_ids(tpath) if fmt == "ids" else _read_triples_text(tpath, docs, split.queries)
+                split.origins["triples"] = str(tpath)
         splits[name] = split
-    return IRDataset(name="tsv", docs=docs, splits=splits)
+    return IRDataset(name="tsv", docs=docs, splits=splits, docs_origin=str(collection))

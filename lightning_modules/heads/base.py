@@ -1,0 +1,61 @@
+"""The head contract and its shared config."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.errors import check_choice
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass
+class HeadConfig:
+    """Keys shared by every head (`configs/head/*.yaml`)."""
+
+    name: str = "none"
+    granularity: str = "token"  # token | sequence (sequence: single-vector rankers only)
+
+    def __post_init__(self):
+        check_choice("head.granularity", self.granularity, ("token", "sequence"))
+
+
+class IsotropyHead(nn.Module):
+    """x [..., D] -> z [..., D]; `nll` is -log p(x) with p the density that makes z standard normal."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward_and_logdet(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(z, log |det dz/dx|) per vector."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_and_logdet(x)[0]
+
+    def inverse(self, z: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def nll(self, x: Tensor) -> Tensor:
+        """-log p(x) = -log N(z; 0, I) - log |det dz/dx| (isotropy paper Eq. 5), per vector, in float32 or wider."""
+        z, logdet = self.forward_and_logdet(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x)
+        return 0.5 * (z.pow(2).sum(-1) + self.dim * LOG_2PI) - logdet
+
+
+def build_head(cfg, dim: int) -> IsotropyHead | None:
+    """The head of `cfg` for vectors of width `dim`; None for `name: none`."""
+    from lightning_modules.heads import HEADS
+
+    if cfg.name == "none":
+        return None
+    return HEADS.get(cfg.name, "head.name").build(cfg, dim)
+
+
+def finite_or_raise(t: Tensor, what: str) -> Tensor:
+    if not torch.isfinite(t).all():
+        raise FloatingPointError(f"{what} is not finite (NaN or inf)")
+    return t

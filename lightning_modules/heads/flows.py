@@ -1,0 +1,177 @@
+"""Normalizing-flow heads for vectors: NICE and Glow (isotropy paper section 4.1.1, Eq. 5), built from zuko.
+
+Both map a representation x to z = f(x) and train f by maximum likelihood under a standard Gaussian in z
+(`IsotropyHead.nll`: -log p_X(x) = -log N(f(x); 0, I) - log|det Df(x)|, Eq. 5); scoring then uses z.
+
+- NICE (Dinh et al. 2014): `couplings` additive coupling layers with alternating halves (zuko's
+  `GeneralCouplingTransform` with `AdditiveTransform`), each coupling function an MLP of `hidden_layers` x
+  `hidden_units` ReLU units, then NICE's diagonal scaling layer (an element-wise affine map; without it additive
+  couplings preserve volume and could not reach unit variance). The paper's "five-layer network with 1000 units in
+  each layer" is read as the coupling MLP, as in the NICE paper (hidden_layers=5, hidden_units=1000).
+- Glow (Kingma & Dhariwal 2018) for vectors, "two levels and depth of three" as in BERT-flow (Li et al. 2020):
+  each step is ActNorm (element-wise affine) -> invertible linear map in LU form (zuko's `LULinearTransform`, the
+  vector form of Glow's 1x1 convolution) -> affine coupling (zuko's `GeneralCouplingTransform` with
+  `MonotonicAffineTransform`); after each level but the last, half of the remaining dimensions are factored out
+  straight to the Gaussian (multi-scale architecture), the next level acting on the other half. The only piece
+  zuko lacks, "apply this transform to the first k features", is `_OnFirst` below.
+
+Numerics: zuko's affine transforms soft-clip log-scales to |log s| < log(1000), so exp never overflows; the first
+ActNorm is initialised from the first training batch (`init_from`), which puts raw BERT vectors (norms of 5-20,
+a few huge dimensions) at unit scale before any coupling sees them. Log-determinants are summed per vector.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.distributions import Transform, constraints
+from zuko.flows import GeneralCouplingTransform, UnconditionalTransform
+from zuko.lazy import LazyComposedTransform, LazyTransform
+from zuko.transforms import AdditiveTransform, DependentTransform, LULinearTransform, MonotonicAffineTransform
+
+from lightning_modules.heads import HEADS
+from lightning_modules.heads.base import HeadConfig, IsotropyHead
+
+_SLOPE = 1e-3  # zuko's MonotonicAffineTransform default: |log scale| < -log(slope)
+
+
+def _elementwise_affine(shift: Tensor, scale: Tensor) -> Transform:
+    # element-wise map as a vector transform, so its log-det is summed over the features
+    return DependentTransform(MonotonicAffineTransform(shift, scale, slope=_SLOPE), 1)
+
+
+def _lu(lu: Tensor) -> Transform:
+    return LULinearTransform(lu)
+
+
+class _OnFirst(Transform):
+    """`inner` applied to x[..., :k], the other features passed through (Glow's factored-out half)."""
+
+    domain = constraints.real_vector
+    codomain = constraints.real_vector
+    bijective = True
+
+    def __init__(self, inner: Transform, k: int):
+        super().__init__()
+        self.inner, self.k = inner, k
+
+    def _call(self, x: Tensor) -> Tensor:
+        return torch.cat([self.inner(x[..., : self.k]), x[..., self.k :]], -1)
+
+    def _inverse(self, y: Tensor) -> Tensor:
+        return torch.cat([self.inner.inv(y[..., : self.k]), y[..., self.k :]], -1)
+
+    def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.inner.log_abs_det_jacobian(x[..., : self.k], y[..., : self.k])
+
+    def call_and_ladj(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        y, ladj = self.inner.call_and_ladj(x[..., : self.k])
+        return torch.cat([y, x[..., self.k :]], -1), ladj
+
+
+class OnFirst(LazyTransform):
+    def __init__(self, transforms: list[LazyTransform], k: int):
+        super().__init__()
+        self.inner = LazyComposedTransform(*transforms)
+        self.k = k
+
+    def forward(self, c: Tensor | None = None) -> Transform:
+        return _OnFirst(self.inner(c), self.k)
+
+
+def _actnorm(dim: int) -> UnconditionalTransform:
+    return UnconditionalTransform(_elementwise_affine, torch.zeros(dim), torch.zeros(dim))
+
+
+class FlowHead(IsotropyHead):
+    """A zuko transform x -> z with its log-det; the base distribution is the standard Gaussian of `nll`."""
+
+    def __init__(self, dim: int, transforms: list[LazyTransform]):
+        super().__init__(dim)
+        self.flow = LazyComposedTransform(*transforms)
+        self.register_buffer("initialized", torch.tensor(False))
+
+    @torch.no_grad()
+    def init_from(self, x: Tensor) -> None:
+        """Data-dependent init of the first element-wise affine (ActNorm / input scaling): zero mean, unit variance
+        per feature on this batch. Done once; the flag is saved with the head, so a resumed run does not redo it."""
+        if bool(self.initialized):
+            return
+        first = self.flow.transforms[0]
+        x = x.reshape(-1, self.dim).float()
+        mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+        c = -math.log(_SLOPE)
+        log_s = (-std.log()).clamp(-0.9 * c, 0.9 * c)
+        raw = log_s / (1 - log_s.abs() / c)  # inverse of zuko's soft clip a / (1 + |a| / c)
+        shift_param, scale_param = first._0, first._1
+        scale_param.copy_(raw)
+        shift_param.copy_(-mean * log_s.exp())
+        self.initialized.fill_(True)
+
+    def forward_and_logdet(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.flow().call_and_ladj(x)
+
+    def inverse(self, z: Tensor) -> Tensor:
+        return self.flow().inv(z)
+
+
+@dataclass
+class NICEConfig(HeadConfig):
+    name: str = "nice"
+    couplings: int = 4
+    hidden_layers: int = 5
+    hidden_units: int = 1000
+
+
+def build_nice(dim: int, couplings: int = 4, hidden_layers: int = 5, hidden_units: int = 1000) -> FlowHead:
+    transforms: list[LazyTransform] = [_actnorm(dim)]  # input scaling (data-initialised), see init_from
+    for i in range(couplings):
+        mask = torch.arange(dim) % 2 == i % 2
+        transforms.append(GeneralCouplingTransform(dim, mask=mask, univariate=AdditiveTransform, shapes=[()],
+                                                   hidden_features=[hidden_units] * hidden_layers))
+    transforms.append(_actnorm(dim))  # NICE's diagonal scaling layer
+    return FlowHead(dim, transforms)
+
+
+@dataclass
+class GlowConfig(HeadConfig):
+    name: str = "glow"
+    levels: int = 2
+    depth: int = 3
+    hidden_units: int = 512
+    hidden_layers: int = 2
+
+
+def _glow_step(dim: int, i: int, hidden: list[int]) -> list[LazyTransform]:
+    mask = torch.arange(dim) % 2 == i % 2
+    return [
+        _actnorm(dim),
+        UnconditionalTransform(_lu, torch.eye(dim)),  # starts at the identity: L = tril(I), U = I
+        GeneralCouplingTransform(dim, mask=mask, univariate=MonotonicAffineTransform, shapes=[(), ()], hidden_features=hidden),
+    ]
+
+
+def build_glow(dim: int, levels: int = 2, depth: int = 3, hidden_units: int = 512, hidden_layers: int = 2) -> FlowHead:
+    hidden = [hidden_units] * hidden_layers
+    transforms: list[LazyTransform] = [_actnorm(dim)]  # data-initialised input scaling
+    # level l acts on the first k_l features: k_0 = dim, then half of the previous level's (the rest is factored out)
+    k = dim
+    for level in range(levels):
+        if k < 2:
+            break
+        steps = [t for i in range(depth) for t in _glow_step(k, i, hidden)]
+        transforms.append(OnFirst(steps, k) if k < dim else LazyComposedTransform(*steps))
+        k //= 2
+    return FlowHead(dim, transforms)
+
+
+@HEADS.register("nice", schema=NICEConfig)
+def _nice(cfg: NICEConfig, dim: int) -> FlowHead:
+    return build_nice(dim, cfg.couplings, cfg.hidden_layers, cfg.hidden_units)
+
+
+@HEADS.register("glow", schema=GlowConfig)
+def _glow(cfg: GlowConfig, dim: int) -> FlowHead:
+    return build_glow(dim, cfg.levels, cfg.depth, cfg.hidden_units, cfg.hidden_layers)

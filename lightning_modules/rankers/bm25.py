@@ -1,0 +1,33 @@
+"""BM25 as a `model` choice: `python evaluate.py model=bm25 data=cranfield` and BM25 rows in experiment grids.
+
+Not an nn.Module and nothing to train: the entry carries only the config schema, so `model=bm25` composes and is
+validated like any ranker. `pipeline.run.evaluate` hands it to `retrieval.bm25.run_bm25` (full-collection
+retrieval with bm25s over the test split, scored with trec_eval semantics); `train.py model=bm25` is an input error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_modules.rankers import RANKERS
+from pipeline.errors import InputError, check_choice
+
+METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+
+
+@dataclass
+class BM25Config:
+    name: str = "bm25"
+    method: str = "lucene"  # bm25s variant (Kamphuis et al. 2020)
+    k1: float = 1.5
+    b: float = 0.75
+    depth: int = 1000  # documents retrieved per query
+
+    def __post_init__(self):
+        check_choice("model.method", self.method, METHODS)
+        if self.depth <= 0:
+            raise InputError("config key 'model.depth'", f"is {self.depth}; expected a positive number of documents")
+
+
+@RANKERS.register("bm25", schema=BM25Config)
+def build(cfg: BM25Config):
+    raise InputError("model.name", "bm25 is not a neural ranker and has nothing to train; run `python evaluate.py model=bm25 data=...`")

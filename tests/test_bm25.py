@@ -1,0 +1,85 @@
+"""BM25 as a ranker (datamodules/bm25.py `bm25_run`, `python -m retrieval.bm25`): scores equal the float64 formula for
+every variant parameter set, the CLI writes a trec_eval-consistent run, and real collections land in a sane range."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from callbacks.metrics.ir import evaluate_run
+from conftest import REPO, run_script, shared_data
+from datamodules.bm25 import BM25Params, bm25_run
+from test_negatives import DOCS, QUERIES, brute_force_bm25
+
+
+@pytest.mark.parametrize("k1,b", [(1.5, 0.75), (0.9, 0.4), (1.2, 1.0)])
+def test_run_scores_equal_formula(k1, b):
+    run = bm25_run(DOCS, QUERIES, k=20, params=BM25Params("lucene", k1, b))
+    for qid, query in QUERIES.items():
+        ref = brute_force_bm25(DOCS, query, k1=k1, b=b)
+        got = dict(run[qid])
+        assert set(got) == set(ref), qid
+        for d, s in ref.items():
+            assert got[d] == pytest.approx(s, abs=1e-5), (qid, d)
+        scores = [s for _, s in run[qid]]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_bad_method_is_one_line():
+    from pipeline.errors import InputError
+
+    with pytest.raises(InputError, match="bm25.method"):
+        BM25Params("bm26")
+
+
+def _write_tsv(tmp_path):
+    (tmp_path / "collection.tsv").write_text("".join(f"{d}\t{t}\n" for d, t in DOCS.items() if d != "d12"))
+    qs = {"a": "brown fox", "c": "quantum bits superposition", "f": "fox dog cat"}
+    (tmp_path / "queries.tsv").write_text("".join(f"{q}\t{t}\n" for q, t in qs.items()))
+    (tmp_path / "qrels.txt").write_text("a 0 d06 2\na 0 d02 1\nc 0 d09 1\nf 0 d08 1\nf 0 d03 0\n")
+    args = [f"data.collection={tmp_path / 'collection.tsv'}", "data.train_triples=null"]
+    for split in ("train", "val", "test"):
+        args += [f"data.{split}_queries={tmp_path / 'queries.tsv'}", f"data.{split}_qrels={tmp_path / 'qrels.txt'}"]
+    return ["data=tsv", *args, f"data.cache_dir={tmp_path / 'cache'}"], qs
+
+
+def test_cli_writes_run_metrics_per_query(tmp_path):
+    data, qs = _write_tsv(tmp_path)
+    out = tmp_path / "bm25"
+    proc = run_script("-m", "retrieval.bm25", *data, f"output_dir={out}", "--k", "5", "--k1", "0.9", "--b", "0.4")
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["bm25"]["k1"] == 0.9 and m["bm25"]["b"] == 0.4 and m["bm25"]["queries"] == 3
+    # run.trec re-read and scored independently gives the same numbers (trec_eval semantics)
+    run: dict[str, dict[str, float]] = {}
+    for line in (out / "run.trec").read_text().splitlines():
+        qid, q0, doc, rank, score, tag = line.split()
+        assert q0 == "Q0" and tag == "bm25-lucene"
+        run.setdefault(qid, {})[doc] = float(score)
+    assert all(len(v) <= 5 for v in run.values()) and set(run) == set(qs)
+    qrels = {"a": {"d06": 2, "d02": 1}, "c": {"d09": 1}, "f": {"d08": 1, "d03": 0}}
+    means, per_query = evaluate_run(run, qrels, ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"])
+    for k, v in means.items():
+        assert m[k] == pytest.approx(v, abs=1e-9)
+    written = json.loads((out / "per_query.json").read_text())
+    assert written.keys() == per_query.keys()
+    for q in per_query:
+        assert written[q] == pytest.approx(per_query[q], abs=1e-12), q
+    assert "ndcg_cut_10\t" in proc.stdout
+
+
+def test_cli_bad_split_leaves_nothing(tmp_path):
+    data, _ = _write_tsv(tmp_path)
+    proc = run_script("-m", "retrieval.bm25", *data, f"output_dir={tmp_path / 'o'}", "--split", "dev", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: --split:")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name,lo,hi", [("cranfield", 0.30, 0.45), ("vaswani", 0.35, 0.50)])
+def test_classic_collections_in_published_range(tmp_path, name, lo, hi):
+    """All judged queries, as BM25 baselines are usually reported (README.md lists the figures)."""
+    shared_data(name if name != "vaswani" else "vaswani_npl")
+    out = tmp_path / name
+    run_script("-m", "retrieval.bm25", f"data={name}", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}", "--split", "all")
+    m = json.loads((out / "metrics.json").read_text())
+    assert lo < m["ndcg_cut_10"] < hi, m
+    assert m["bm25"]["judged_queries"] == {"cranfield": 225, "vaswani": 93}[name]
