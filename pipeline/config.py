@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.errors import InputError, check_choice
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-GROUPS = ("model", "data", "trainer", "logger")
+GROUPS = ("model", "data", "trainer", "logger", "head")
 
 
 @dataclass
@@ -87,8 +87,13 @@ class RunConfig:
     seed: int = 42
     output_dir: str = "outputs/default"
     ckpt_path: str | None = None  # train.py: resume this run (optimiser, schedule, step, data order)
-    ckpt: str | None = None  # evaluate.py: the checkpoint to evaluate
+    ckpt: str | None = None  # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker
+    head_ckpt: str | None = None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`
+    stage: str = "finetune"  # train.py: finetune (the ranker) | head (post-hoc isotropy head on a frozen ranker)
     experiment: str | None = None
+
+    def __post_init__(self):
+        check_choice("stage", self.stage, ("finetune", "head"))
 
 
 def _load_yaml(path: Path, where: str) -> DictConfig:
@@ -176,6 +181,10 @@ def compose(argv: list[str]) -> DictConfig:
             schema = rankers.get(str(raw.get("name")), "model.name").schema
         elif group == "data":
             schema = sources.get(str(raw.get("source")), "data.source").schema
+        elif group == "head":
+            from lightning_modules.heads import HEADS
+
+            schema = HEADS.get(str(raw.get("name")), "head.name").schema
         else:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
         groups[group] = _structured(schema, *stack, prefix=f"{group}.")
@@ -185,6 +194,7 @@ def compose(argv: list[str]) -> DictConfig:
     top = _structured(RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix="")
     optim = _structured(optim_schema, *[n.get("optim", OmegaConf.create()) for n in rest], prefix="optim.")
     OmegaConf.to_object(optim)
+    OmegaConf.to_object(top)  # RunConfig.__post_init__: stage
     with_flag = OmegaConf.to_container(top)
     cfg = OmegaConf.create({**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)})
     cfg.experiment = exp_name

@@ -115,3 +115,42 @@ def test_registry_and_config_checks():
         HeadConfig(granularity="pooled")
     with pytest.raises(InputError, match="head.name"):
         build_head(HeadConfig(name="bert-flow"), 8)
+
+
+@pytest.mark.parametrize("name,granularity", [("colbert", "token"), ("repbert", "token"), ("repbert", "sequence")])
+def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_path, name, granularity):
+    """The cache's rows are the non-padding token vectors (or pooled vectors) of every text, in order, as the
+    ranker computes them one text at a time; a second build with the same inputs reuses the file."""
+    from lightning_modules.heads.cache import RepresentationCache
+    from lightning_modules.module import RankingModule
+
+    m = RankingModule({"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
+    queries, docs = ["what is heat transfer", "slab conduction"], ["heat transfer in slabs", "a study", "flow of air over wings"]
+    cache = RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, queries, docs, granularity=granularity,
+                                      dtype="float32", checkpoint="x", batch_size=2)
+    want = []
+    for texts, side in ((queries, m.pair_tokenizer.queries), (docs, m.pair_tokenizer.docs)):
+        for t in texts:
+            ids, mask = side([t]).values()
+            with torch.no_grad():
+                enc = m.ranker.token_representations(ids, mask)
+                want.append(enc.tokens[enc.mask] if granularity == "token" else m.ranker.pool(enc).sequence)
+    want = torch.cat(want).numpy()
+    got = np.asarray(cache.vectors())
+    assert got.shape == want.shape == (cache.count, cache.dim)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    mtime = (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns
+    again = RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, queries, docs, granularity=granularity,
+                                      dtype="float32", checkpoint="x", batch_size=2)
+    assert (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns == mtime and again.count == cache.count
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sequence_cache_refused_for_colbert(tiny_bert, tmp_path):
+    from lightning_modules.heads.cache import RepresentationCache
+    from lightning_modules.module import RankingModule
+
+    m = RankingModule({"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
+    with pytest.raises(InputError, match="head.granularity"):
+        RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, ["q"], ["d"], granularity="sequence")
+    assert not list(tmp_path.iterdir())  # nothing half-written

@@ -12,7 +12,10 @@ from pipeline.registry import Registry
 
 HEADS: Registry = Registry("isotropy head")
 
-from lightning_modules.heads import flows, whitening  # noqa: E402,F401
 from lightning_modules.heads.base import HeadConfig, IsotropyHead, build_head  # noqa: E402
+
+HEADS.register("none", schema=HeadConfig)(lambda cfg, dim: None)
+
+from lightning_modules.heads import flows, whitening  # noqa: E402,F401
 
 __all__ = ["HEADS", "HeadConfig", "IsotropyHead", "build_head"]

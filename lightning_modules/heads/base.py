@@ -14,13 +14,19 @@ LOG_2PI = math.log(2 * math.pi)
 
 @dataclass
 class HeadConfig:
-    """Keys shared by every head (`configs/head/*.yaml`)."""
+    """Keys shared by every head (`configs/head/*.yaml`), including how `train.py stage=head` trains it."""
 
     name: str = "none"
     granularity: str = "token"  # token | sequence (sequence: single-vector rankers only)
+    epochs: int = 10  # flows: passes over the cached training representations (paper: 10, or 3 on MS MARCO)
+    lr: float = 1e-4  # flows: Adam learning rate (paper: 1e-4)
+    batch_size: int = 1024  # vectors per optimiser step
+    cache_dtype: str = "float16"  # the on-disk representation cache: float16 | float32
+    max_train_texts: int | None = None  # cap on the training queries + passages encoded into the cache (seeded sample)
 
     def __post_init__(self):
         check_choice("head.granularity", self.granularity, ("token", "sequence"))
+        check_choice("head.cache_dtype", self.cache_dtype, ("float16", "float32"))
 
 
 class IsotropyHead(nn.Module):
@@ -50,8 +56,6 @@ def build_head(cfg, dim: int) -> IsotropyHead | None:
     """The head of `cfg` for vectors of width `dim`; None for `name: none`."""
     from lightning_modules.heads import HEADS
 
-    if cfg.name == "none":
-        return None
     return HEADS.get(cfg.name, "head.name").build(cfg, dim)
 
 
