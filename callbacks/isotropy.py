@@ -5,7 +5,9 @@ so the curves over training compare like with like:
 - `iw`, `avgcos`: token vectors of queries and passages (padding excluded), the vectors ColBERT scores with;
 - `iw_sequence`, `avgcos_sequence`: one vector per text (the ranker's pooled vector; the mean of the token
   vectors for ColBERT).
-Vectors are whatever the ranker scores with, so with an isotropy head attached these are the head's outputs.
+Vectors are whatever the ranker scores with, so with an isotropy head attached these are the head's outputs, and
+the same four are logged for the raw representations under `*_raw` (the "Ft" column of the isotropy paper's
+tables next to "Ft -> head").
 The metric states are torchmetrics states: under DDP each rank encodes its shard and `compute()` syncs.
 Cross-encoders have no separate query/passage representations and are skipped.
 """
@@ -28,10 +30,14 @@ class IsotropyCallback(Callback):
         ranker = module.ranker
         if ranker.kind != "bi":
             return {}
-        metrics = {
-            "iw": IsotropyIW(max_vectors=self.max_vectors), "avgcos": AvgCos(),
-            "iw_sequence": IsotropyIW(max_vectors=self.max_vectors), "avgcos_sequence": AvgCos(),
-        }
+        has_head = ranker.token_head is not None or ranker.sequence_head is not None
+        variants = ("", "_raw") if has_head else ("",)
+        metrics = {}
+        for v in variants:
+            metrics.update({
+                f"iw{v}": IsotropyIW(max_vectors=self.max_vectors), f"avgcos{v}": AvgCos(),
+                f"iw_sequence{v}": IsotropyIW(max_vectors=self.max_vectors), f"avgcos_sequence{v}": AvgCos(),
+            })
         for m in metrics.values():
             m.to(module.device)
         tok = module.pair_tokenizer
@@ -43,13 +49,16 @@ class IsotropyCallback(Callback):
                 batch = side(texts[s : s + self.batch_size])
                 ids, mask = (v.to(module.device) for v in batch.values())
                 with trainer.precision_plugin.forward_context():
-                    enc = ranker.encode(ids, mask)
-                tokens = enc.tokens[enc.mask].float()
-                seq = (enc.sequence if enc.sequence is not None else masked_mean(enc.tokens, enc.mask)).float()
-                metrics["iw"].update(tokens)
-                metrics["avgcos"].update(tokens)
-                metrics["iw_sequence"].update(seq)
-                metrics["avgcos_sequence"].update(seq)
+                    encodings = {"": ranker.encode(ids, mask)}
+                    if has_head:  # the representations before any head
+                        encodings["_raw"] = ranker.pool(ranker.token_representations(ids, mask))
+                for v, enc in encodings.items():
+                    tokens = enc.tokens[enc.mask].float()
+                    seq = (enc.sequence if enc.sequence is not None else masked_mean(enc.tokens, enc.mask)).float()
+                    metrics[f"iw{v}"].update(tokens)
+                    metrics[f"avgcos{v}"].update(tokens)
+                    metrics[f"iw_sequence{v}"].update(seq)
+                    metrics[f"avgcos_sequence{v}"].update(seq)
         ranker.train(was_training)
         return {k: float(m.compute()) for k, m in metrics.items()}
 

@@ -126,13 +126,13 @@ def save_config(cfg: DictConfig) -> None:
         f.write(OmegaConf.to_yaml(cfg))
 
 
-def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None) -> dict:
+def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training") -> dict:
     out = Path(cfg.output_dir)
     test = module.results["test"]
     metrics = {**test["metrics"], **test.get("isotropy", {})}
     doc = dict(metrics)
     if before is not None:
-        doc["before_training"] = before
+        doc[before_key] = before
     # metrics.json last: its presence marks a finished run (experiments.py skips such cells)
     write_json(out / "per_query.json", test["per_query"])
     write_trec_run(out / "run.trec", test["run"], tag=f"{cfg.model.name}")
@@ -140,15 +140,15 @@ def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = 
     return metrics
 
 
-def print_table(after: dict, before: dict | None = None) -> None:
+def print_table(after: dict, before: dict | None = None, before_title: str = "before training", after_title: str = "after") -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="test metrics")
     table.add_column("metric")
     if before is not None:
-        table.add_column("before training", justify="right")
-    table.add_column("after" if before is not None else "value", justify="right")
+        table.add_column(before_title, justify="right")
+    table.add_column(after_title if before is not None else "value", justify="right")
     for k, v in after.items():
         row = [k] + ([f"{before[k]:.4f}" if k in before else "-"] if before is not None else []) + [f"{v:.4f}"]
         table.add_row(*row)
@@ -161,6 +161,12 @@ def _test_results(module: RankingModule) -> dict:
 
 
 def train(cfg: DictConfig) -> dict | None:
+    if cfg.stage == "head":
+        from pipeline.head_stage import train_head
+
+        return train_head(cfg)
+    if cfg.head.name != "none":
+        raise InputError("head", f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`")
     if cfg.model.name in UNTRAINED:
         raise InputError("model", f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`")
     pl.seed_everything(cfg.seed, workers=True)
@@ -193,6 +199,10 @@ def train(cfg: DictConfig) -> dict | None:
 def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     if cfg.model.name in UNTRAINED:
         return evaluate_untrained(cfg)
+    if cfg.head_ckpt:
+        from pipeline.head_stage import evaluate_with_head
+
+        return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     hparams = {"model": OmegaConf.to_container(cfg.model), "optim": OmegaConf.to_container(cfg.optim)}
     ckpt = None

@@ -1,0 +1,168 @@
+"""`train.py stage=head ckpt=FINETUNED.ckpt head=whitening|nice|glow`: the isotropy paper's post-hoc stage.
+
+1. Rebuild the fine-tuned ranker from `ckpt` and freeze it; read and validate the data (nothing written before).
+2. Encode the training queries and passages ONCE into the on-disk representation cache (keyed by checkpoint,
+   granularity and texts under `data.cache_dir/representations/`, so whitening, NICE and Glow on the same ranker
+   share it).
+3. Test without the head ("Ft"), then:
+   - whitening: stream the cache once through float64 moments, fit (Eq. 7-10), no optimiser;
+   - NICE / Glow: `head.epochs` epochs of maximum likelihood over the cache, validating after every epoch and
+     keeping the best epoch by validation NDCG@10 (`checkpoints/best-*.ckpt`) plus `last.ckpt` (resumable with
+     `ckpt_path=`: optimiser, epoch, position in the epoch).
+4. Test with the best head ("Ft -> head") and write `metrics.json` (with `before_head`), `per_query.json`,
+   `run.trec`, the resolved config, as any run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from datamodules.representations import HeadDataModule, training_texts
+from lightning_modules.head_module import HeadModule
+from lightning_modules.heads.cache import RepresentationCache
+from lightning_modules.heads.whitening import MomentAccumulator
+from pipeline.errors import InputError
+from pipeline.io import atomic_open
+
+
+def _trainer_for_head(cfg: DictConfig) -> DictConfig:
+    """The run's trainer settings with the schedule of a head: whole epochs, validated after each one."""
+    t = OmegaConf.to_container(cfg.trainer)
+    t.update(max_steps=-1, max_epochs=int(cfg.head.epochs), val_check_interval=None, check_val_every_n_epoch=1)
+    return OmegaConf.merge(cfg, {"trainer": t})
+
+
+def build_module(cfg: DictConfig) -> tuple[HeadModule, dict]:
+    from pipeline.run import read_checkpoint
+
+    if not cfg.ckpt:
+        raise InputError("ckpt", "stage=head needs ckpt=<checkpoint of the fine-tuned ranker> to put the head on")
+    if cfg.head.name == "none":
+        raise InputError("head", "stage=head needs head=whitening, head=nice or head=glow")
+    base = read_checkpoint(cfg.ckpt, "ckpt")
+    if "base_ckpt" in base:
+        raise InputError("ckpt", f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint (its base_ckpt is '{base['base_ckpt']}')")
+    hp = base["hyper_parameters"]
+    module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(cfg.ckpt))
+    module.load_base(base["state_dict"])
+    return module, base
+
+
+def _checkpoint_id(path: str) -> str:
+    st = Path(path).stat()
+    return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> RepresentationCache:
+    queries, docs = training_texts(dm, cfg.head.max_train_texts, cfg.seed)
+    granularity = cfg.head.granularity
+    from lightning_modules.heads.cache import cache_key
+
+    key = cache_key(_checkpoint_id(cfg.ckpt), granularity, queries, docs)
+    path = Path(cfg.data.cache_dir) / "representations" / f"{Path(cfg.ckpt).stem}-{granularity}-{key[:16]}"
+    autocast = None
+    if str(cfg.trainer.precision).startswith("bf16"):
+        autocast = lambda: torch.autocast(module.device.type, dtype=torch.bfloat16)  # noqa: E731
+    module.attach(False)  # the ranker's own representations
+    try:
+        return RepresentationCache.build(path, module.ranker, module.pair_tokenizer, queries, docs, granularity=granularity,
+                                         dtype=cfg.head.cache_dtype, checkpoint=_checkpoint_id(cfg.ckpt), autocast=autocast)
+    finally:
+        module.attach(True)
+
+
+def fit_whitening(module: HeadModule, vectors: np.ndarray, chunk: int = 65536) -> None:
+    acc = MomentAccumulator(vectors.shape[1])
+    for s in range(0, len(vectors), chunk):
+        acc.update(torch.from_numpy(np.asarray(vectors[s : s + chunk], dtype=np.float32)))
+    module.head.fit(acc)
+
+
+def save_head(module: HeadModule, path: Path) -> None:
+    """A head checkpoint outside Lightning's loop (whitening): same layout as the flows' checkpoints."""
+    state = {k: v for k, v in module.state_dict().items() if k.startswith(("ranker.token_head.", "ranker.sequence_head."))}
+    with atomic_open(path, "wb") as f:
+        torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
+
+
+def train_head(cfg: DictConfig) -> dict | None:
+    from pipeline.run import MONITOR, _test_results, build_logger, build_trainer, data_config, print_table, save_config, write_results
+
+    pl.seed_everything(cfg.seed, workers=True)
+    if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
+        raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
+    module, _ = build_module(cfg)
+    dm = HeadDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm.setup()  # data read and validated before anything is written
+    cache = build_cache(cfg, module, dm)
+    dm.vectors, dm.head_batch_size = cache.vectors(), int(cfg.head.batch_size)
+    cfg = _trainer_for_head(cfg)
+    logger = build_logger(cfg, name=Path(cfg.output_dir).name)
+    trainer = build_trainer(cfg, logger, checkpoints=cfg.head.name != "whitening")
+    if trainer.is_global_zero:
+        save_config(cfg)
+    module.attach(False)
+    trainer.test(module, datamodule=dm, verbose=False)
+    before = _test_results(module)
+    module.attach(True)
+    if cfg.head.name == "whitening":
+        fit_whitening(module, dm.vectors)
+        if trainer.is_global_zero:
+            save_head(module, Path(cfg.output_dir) / "checkpoints" / "head.ckpt")
+        trainer.test(module, datamodule=dm, verbose=False)
+    else:
+        # data-dependent init of the flow's input scaling (ActNorm) from a seeded sample of the cache; a resumed run
+        # then restores the trained values over it
+        rows = np.sort(np.random.default_rng([cfg.seed, 5]).permutation(len(dm.vectors))[:65536])
+        module.head.init_from(torch.from_numpy(np.asarray(dm.vectors[rows], dtype=np.float32)))
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
+    if not trainer.is_global_zero:
+        return None
+    after = write_results(cfg, module, before, before_key="before_head")
+    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
+    return after
+
+
+def evaluate_with_head(cfg: DictConfig) -> dict | None:
+    """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
+    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
+    from pipeline.run import _test_results, build_logger, build_trainer, load_data, print_table, read_checkpoint, save_config, write_results
+
+    pl.seed_everything(cfg.seed, workers=True)
+    head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
+    if "base_ckpt" not in head_ckpt:
+        raise InputError("head_ckpt", f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=")
+    base_path = cfg.ckpt or head_ckpt["base_ckpt"]
+    hp = head_ckpt["hyper_parameters"]
+    base = read_checkpoint(base_path, "ckpt")
+    if base["hyper_parameters"]["model"] != hp["model"]:
+        raise InputError("ckpt", f"'{base_path}' holds ranker {base['hyper_parameters']['model']['name']} with other settings than the head's base ({hp['base_ckpt']})")
+    module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), hp["head"], str(base_path))
+    module.load_base(base["state_dict"])
+    missing, unexpected = module.load_state_dict(head_ckpt["state_dict"], strict=False)
+    head_missing = [k for k in missing if k.startswith(("ranker.token_head.", "ranker.sequence_head."))]
+    if head_missing or unexpected:
+        raise InputError("head_ckpt", f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})")
+    del base, head_ckpt
+    cfg.model, cfg.head = hp["model"], hp["head"]
+    dm = load_data(cfg, module)
+    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
+    trainer = build_trainer(cfg, logger, checkpoints=False)
+    if trainer.is_global_zero:
+        save_config(cfg)
+    module.attach(False)
+    trainer.test(module, datamodule=dm, verbose=False)
+    before = _test_results(module)
+    module.attach(True)
+    trainer.test(module, datamodule=dm, verbose=False)
+    if not trainer.is_global_zero:
+        return None
+    after = write_results(cfg, module, before, before_key="before_head")
+    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
+    return after

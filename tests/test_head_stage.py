@@ -1,0 +1,116 @@
+"""train.py stage=head (post-hoc isotropy heads on a frozen ranker) and evaluate.py head_ckpt=, end to end on a tiny
+random BERT: results, head-only checkpoints, the shared representation cache, exact resume, and bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_script
+
+SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
+         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
+         "eval.probe_docs=16"]
+GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, tiny_bert) -> Path:
+    out = tmp_path_factory.mktemp("ft")
+    run_script("train.py", *SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=4",
+               "trainer.val_check_interval=2", "eval.before_training=false", f"output_dir={out}")
+    return out / "checkpoints" / "last.ckpt"
+
+
+def metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
+
+
+def head_state(ckpt: Path) -> dict:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_whitening_stage_and_evaluate_with_head(tmp_path, finetuned):
+    out, cache = tmp_path / "white", tmp_path / "cache"
+    run_script("train.py", *SMALL, "stage=head", f"ckpt={finetuned}", "head=whitening", f"data.cache_dir={cache}", f"output_dir={out}")
+    m = metrics(out)
+    before = m["before_head"]
+    # whitening makes the token vectors isotropic: I(W) up, avgcos down to ~0 (isotropy paper Table 1)
+    assert m["iw"] > before["iw"] + 0.2 and abs(m["avgcos"]) < 0.05 < before["avgcos"]
+    assert m["iw_raw"] == pytest.approx(before["iw"], abs=1e-6)  # the callback logs the raw vectors alongside
+    ck = torch.load(out / "checkpoints" / "head.ckpt", map_location="cpu", weights_only=False)
+    assert ck["base_ckpt"] == str(finetuned) and set(ck["state_dict"]) == {
+        "ranker.token_head.mean", "ranker.token_head.transform", "ranker.token_head.fitted"}
+    ev = tmp_path / "ev"
+    run_script("evaluate.py", *SMALL, f"head_ckpt={out / 'checkpoints' / 'head.ckpt'}", f"output_dir={ev}")
+    me = metrics(ev)
+    for k in ("ndcg_cut_10", "P_20", "mrr_10", "iw", "avgcos"):
+        assert me[k] == pytest.approx(m[k], abs=1e-6), k
+        assert me["before_head"][k] == pytest.approx(before[k], abs=1e-6), k
+    assert len(list((cache / "representations").iterdir())) == 1
+
+
+def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned, monkeypatch):
+    """3 epochs of Glow; a run that dies in epoch 3 resumes from its epoch-2 last.ckpt to the same head, bit for bit."""
+    import pipeline.run
+    from pytorch_lightning import Callback
+
+    from pipeline.config import compose
+
+    base = [*SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=3", f"data.cache_dir={tmp_path / 'cache'}"]
+    full = tmp_path / "full"
+    run_script("train.py", *base, f"output_dir={full}")
+    m = metrics(full)
+    assert m["iw"] > m["before_head"]["iw"] and "iw_raw" in m
+    best = next((full / "checkpoints").glob("best-*.ckpt"))
+    state = head_state(best)
+    assert state and all(k.startswith("ranker.token_head.") for k in state)
+
+    class Crash(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.current_epoch == 2:
+                raise RuntimeError("simulated crash in epoch 3")
+
+    build = pipeline.run.build_trainer
+
+    def crashing(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.callbacks.append(Crash())
+        return trainer
+
+    part = tmp_path / "part"
+    monkeypatch.setattr(pipeline.run, "build_trainer", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pipeline.run.train(compose([*base, f"output_dir={part}"]))
+    monkeypatch.undo()
+    last = part / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 1  # saved after epoch 2's validation
+    run_script("train.py", *base, f"output_dir={part}", f"ckpt_path={last}")
+    a, b = head_state(full / "checkpoints" / "last.ckpt"), head_state(last)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    for k in ("ndcg_cut_10", "P_20", "iw", "avgcos"):
+        assert metrics(part)[k] == pytest.approx(m[k], abs=1e-9), k
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["stage=head", "head=whitening"], ["ckpt", "stage=head needs ckpt="]),
+        (["head=glow"], ["head", "stage=head ckpt="]),
+        (["stage=head", "head=none", "ckpt=CKPT"], ["head", "whitening"]),
+        (["stage=head", "head=whitening", "head.granularity=sequence", "ckpt=CKPT"], ["head.granularity", "ColBERT"]),
+    ],
+)
+def test_bad_head_stage_input_is_one_line(tmp_path, finetuned, args, needles):
+    args = [a.replace("CKPT", str(finetuned)) for a in args]
+    out = tmp_path / "o"
+    proc = run_script("train.py", *SMALL, *args, f"output_dir={out}", check=False)
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
+    for n in needles:
+        assert n in err[0], err[0]
+    assert not out.exists()
