@@ -140,7 +140,7 @@ class GlowConfig(HeadConfig):
     name: str = "glow"
     levels: int = 2
     depth: int = 3
-    hidden_units: int = 512
+    hidden_units: int = 32  # narrow coupling networks, as in BERT-flow's released Glow configurations (width 32)
     hidden_layers: int = 2
 
 
@@ -153,7 +153,7 @@ def _glow_step(dim: int, i: int, hidden: list[int]) -> list[LazyTransform]:
     ]
 
 
-def build_glow(dim: int, levels: int = 2, depth: int = 3, hidden_units: int = 512, hidden_layers: int = 2) -> FlowHead:
+def build_glow(dim: int, levels: int = 2, depth: int = 3, hidden_units: int = 32, hidden_layers: int = 2) -> FlowHead:
     hidden = [hidden_units] * hidden_layers
     transforms: list[LazyTransform] = [_actnorm(dim)]  # data-initialised input scaling
     # level l acts on the first k_l features: k_0 = dim, then half of the previous level's (the rest is factored out)

@@ -1,0 +1,185 @@
+"""Post-hoc head training speed: flow epochs from the on-disk representation cache vs re-encoding every epoch.
+
+    python bench/bench_heads.py [--head glow] [--paragraphs 150] [--questions 300] [--epochs 3] [--precision bf16]
+                                [--batch-size 1024] [--threads 2] [--out bench/results/heads.json]
+
+The isotropy paper's code stacks the flow on the frozen BERT and re-encodes the training texts in every flow
+epoch; `train.py stage=head` encodes them once into `lightning_modules/heads/cache.py`'s memory-mapped cache and
+trains from it. Both arms here train the same head (same config, seed, batch size and learning rate) on the token
+vectors of the same SQuAD paragraphs and questions (../shared/data), with all-MiniLM-L6-v2 as the frozen ColBERT:
+
+- cached: build the cache once (timed on its own), then each epoch reads shuffled batches from the memmap;
+- re-encode: each epoch encodes the texts (inference_mode, same precision) and trains on the vectors as they come.
+
+Printed: seconds per epoch of each arm (median over epochs), their ratio, the one-off cache build, and the mean
+negative log-likelihood of both trained heads on held-out token vectors (other paragraphs), so the speed-up is shown
+not to cost likelihood. The CPU may be shared: each timing records what other processes used meanwhile.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SQUAD = REPO.parent / "shared" / "data" / "squad_v1.1_dev" / "dev-v1.1.json.gz"
+for p in (str(REPO), str(REPO / "bench")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench_retrieval import Meter, machine  # noqa: E402
+
+
+def squad_texts(n_par: int, n_q: int, skip: int = 0) -> tuple[list[str], list[str]]:
+    with gzip.open(SQUAD, "rt", encoding="utf-8") as f:
+        data = json.load(f)["data"]
+    pars = [p for art in data for p in art["paragraphs"]][skip : skip + n_par]
+    questions = [qa["question"] for p in pars for qa in p["qas"]][:n_q]
+    return questions, [p["context"] for p in pars]
+
+
+def batches(n: int, size: int, seed: int, epoch: int):
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    for s in range(0, n, size):
+        yield order[s : s + size]
+
+
+def train_step(head, opt, x: torch.Tensor) -> float:
+    loss = head.nll(x.float()).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head", default="glow", choices=("glow", "nice"))
+    ap.add_argument("--paragraphs", type=int, default=150)
+    ap.add_argument("--questions", type=int, default=300)
+    ap.add_argument("--heldout-paragraphs", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--encode-batch", type=int, default=32)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="encoding precision, both arms")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "heads.json"))
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+
+    from lightning_modules.heads import build_head
+    from lightning_modules.heads.cache import RepresentationCache
+    from lightning_modules.heads.flows import GlowConfig, NICEConfig
+    from lightning_modules.module import RankingModule
+    from pipeline.io import write_json
+
+    module = RankingModule({"name": "colbert", "backbone": "minilm", "query_max_len": 32, "doc_max_len": 180}, {}).eval()
+    ranker, tok = module.ranker, module.pair_tokenizer
+    for p in ranker.parameters():
+        p.requires_grad = False
+    questions, paragraphs = squad_texts(a.paragraphs, a.questions)
+    held_q, held_p = squad_texts(a.heldout_paragraphs, 0, skip=a.paragraphs)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.precision == "bf16" else None  # noqa: E731
+    cfg = (GlowConfig if a.head == "glow" else NICEConfig)(lr=a.lr, batch_size=a.batch_size)
+
+    def new_head(init: np.ndarray):
+        torch.manual_seed(a.seed)
+        head = build_head(cfg, ranker.hidden_size)
+        head.init_from(torch.from_numpy(np.asarray(init, dtype=np.float32)))
+        return head, torch.optim.Adam(head.parameters(), lr=a.lr)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with Meter() as m_cache:
+            cache = RepresentationCache.build(Path(tmp) / "c", ranker, tok, questions, paragraphs, dtype="float16",
+                                              autocast=autocast, batch_size=a.encode_batch)
+        vectors = cache.vectors()
+        held = RepresentationCache.build(Path(tmp) / "h", ranker, tok, held_q, held_p, dtype="float32", autocast=autocast,
+                                         batch_size=a.encode_batch)
+        held_x = torch.from_numpy(np.array(held.vectors()))
+        sample = vectors[np.sort(np.random.default_rng([a.seed, 5]).permutation(len(vectors))[:65536])]
+        print(f"cache: {cache.count} token vectors x {cache.dim} ({cache.count * cache.dim * 2 / 2**20:.1f} MiB fp16), "
+              f"built in {m_cache.wall:.1f} s; held-out {held.count} vectors", flush=True)
+
+        # arm 1: from the cache
+        head_c, opt_c = new_head(sample)
+        cached_s, cached_others = [], []
+        for epoch in range(a.epochs):
+            with Meter() as m:
+                for rows in batches(len(vectors), a.batch_size, a.seed, epoch):
+                    train_step(head_c, opt_c, torch.from_numpy(np.asarray(vectors[np.sort(rows)], dtype=np.float32)))
+            cached_s.append(m.wall)
+            cached_others.append(m.others_cores)
+            print(f"  cached   epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
+
+        # arm 2: re-encode every epoch, as the paper's code does
+        from lightning_modules.heads.cache import _vectors
+
+        head_r, opt_r = new_head(sample)
+        reenc_s, reenc_others = [], []
+        for epoch in range(a.epochs):
+            with Meter() as m:
+                buf: list[torch.Tensor] = []
+                texts = [(t, "q") for t in questions] + [(t, "d") for t in paragraphs]
+                order = np.random.default_rng([a.seed, epoch]).permutation(len(texts))
+                for s in range(0, len(texts), a.encode_batch):
+                    idx = order[s : s + a.encode_batch]
+                    for kind, side in (("q", tok.queries), ("d", tok.docs)):
+                        chunk = [texts[i][0] for i in idx if texts[i][1] == kind]
+                        if not chunk:
+                            continue
+                        with torch.inference_mode(), (autocast() if autocast else torch.autocast("cpu", enabled=False)):
+                            buf.append(_vectors(ranker, side(chunk), "token").float().clone())
+                    pending = torch.cat(buf)
+                    while len(pending) >= a.batch_size:
+                        train_step(head_r, opt_r, pending[: a.batch_size])
+                        pending = pending[a.batch_size :]
+                    buf = [pending]
+                if len(buf[0]):
+                    train_step(head_r, opt_r, buf[0])
+            reenc_s.append(m.wall)
+            reenc_others.append(m.others_cores)
+            print(f"  re-encode epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
+
+        with torch.no_grad():
+            nll_c, nll_r = float(head_c.nll(held_x).mean()), float(head_r.nll(held_x).mean())
+        with torch.no_grad():
+            head0, _ = new_head(sample)
+            nll_0 = float(head0.nll(held_x).mean())
+
+    med_c, med_r = statistics.median(cached_s), statistics.median(reenc_s)
+    result = {
+        "started": dt.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv), "args": vars(a),
+        "machine": machine(), "cache_vectors": cache.count, "cache_build_s": m_cache.wall,
+        "cached_epoch_s": cached_s, "reencode_epoch_s": reenc_s, "others_cores": {"cached": cached_others, "reencode": reenc_others},
+        "speedup_per_epoch": med_r / med_c, "heldout_nll": {"untrained": nll_0, "cached": nll_c, "reencode": nll_r},
+    }
+    table = (
+        f"| {a.head}, {cache.count} token vectors, {a.epochs} epochs, {a.precision} encoding | s / epoch | held-out NLL after training |\n"
+        f"|---|---|---|\n"
+        f"| re-encode every epoch (paper's code) | {med_r:.2f} | {nll_r:.1f} |\n"
+        f"| from the cache (stage=head) | {med_c:.2f} | {nll_c:.1f} |\n"
+        f"| ratio | {med_r / med_c:.1f}x | untrained head: {nll_0:.1f} |\n"
+        f"\none-off cache build: {m_cache.wall:.1f} s"
+    )
+    result["table_markdown"] = table
+    print("\n" + table)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    write_json(a.out, result)
+    print(f"JSON -> {a.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
