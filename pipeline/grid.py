@@ -8,6 +8,7 @@ A grid file (see configs/grid/squad_3seeds.yaml):
       colbert: [model=colbert]
       repbert: [model=repbert]
       bm25: [model=bm25]          # untrained (lightning_modules.rankers.UNTRAINED): evaluate.py on each cell's data
+      colbert_white: [model=colbert, head=whitening]   # a head row: see "Head rows" below
     train_data: [squad]           # data options to train on; an entry may also be {label: [overrides]}
     eval_data: [squad]            # data options to test on (default: train_data)
     seeds: [1, 2, 3]              # and/or folds: 5 (k-fold cross-validation, data.num_folds / data.fold)
@@ -24,6 +25,11 @@ Cells: one training run per (row, training data, seed or fold), into `<output_ro
 `logger.group=<name>`, `logger.run_name=<row>-<train>-<eval>-<rep>`. For every evaluation data other than the
 training data, evaluate.py runs on the cell's best checkpoint into `<cell>/eval-<data>` (the evaluation data's own
 test split, no folds); evaluation on the training data is the training run's test.
+
+Head rows: a row with `head=<whitening|nice|glow>` puts a post-hoc isotropy head on the ranker of its base row, the
+row with the same overrides without `head...` (which must exist; it is run first). Its training cell is
+`train.py stage=head ckpt=<the base cell's best checkpoint>`, its evaluation cells `evaluate.py
+head_ckpt=<its best head>`, so "Ft" and "Ft -> head" share one fine-tuned model per seed (isotropy paper Tables 1-3).
 
 Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (run.py writes them atomically when the
 run is over), a training cell with a `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact
@@ -128,6 +134,7 @@ class Cell:
     fold: int | None
     dir: Path
     argv: tuple[str, ...]
+    base_dir: Path | None = None  # head rows: the training cell of the base row (its best checkpoint is `ckpt`)
 
     @property
     def label(self) -> str:
@@ -312,26 +319,55 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
 # ------------------------------------------------------------------------------------------------ cells
 
 
+def _is_head_override(ov: str) -> bool:
+    key, value = ov.split("=", 1)
+    return key.startswith("head.") or (key == "head" and value != "none")
+
+
+def head_bases(spec: GridSpec) -> dict[str, str]:
+    """head row -> its base row (same overrides without head...); InputError naming the row when there is none."""
+    bases = {}
+    for row, ov in spec.rows.items():
+        if not any(_is_head_override(o) for o in ov):
+            continue
+        if not any(o.split("=", 1)[0] == "head" for o in ov):
+            raise InputError(f"{spec.source}: rows.{row}", "sets head.* keys without head=<whitening|nice|glow>")
+        rest = [o for o in ov if not _is_head_override(o) and not o.startswith("head=")]
+        base = [r for r, o in spec.rows.items() if r != row and o == rest]
+        if not base:
+            raise InputError(f"{spec.source}: rows.{row}", f"has a head but no row with its other overrides {rest} to fine-tune first; add one")
+        bases[row] = base[0]
+    return bases
+
+
 def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
-    """Every cell, replicates outermost (a grid stopped early has every method on the first seeds)."""
+    """Every cell, replicates outermost (a grid stopped early has every method on the first seeds); within a
+    replicate, head rows after the rows they build on."""
     cells = []
+    bases = head_bases(spec)
+    rows = [r for r in spec.rows if r not in bases] + [r for r in spec.rows if r in bases]
     for rep, seed, fold in spec.replicates():
         for train, data_ov in spec.train_data.items():
-            for row, row_ov in spec.rows.items():
+            for row in rows:
+                row_ov = spec.rows[row]
+                if row in bases:
+                    row_ov = [*row_ov, "stage=head"]
+                base_dir = spec.dir / bases[row] / train / rep if row in bases else None
                 cell_dir = spec.dir / row / train / rep
                 grid_set = ([f"seed={seed}"] if seed is not None else []) + [f"logger.group={spec.name}"]
                 argv = [*spec.common, *data_ov, *row_ov, *extra, *grid_set]
                 if fold is not None:
                     argv += [f"data.num_folds={spec.folds}", f"data.fold={fold}"]
                 cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
-                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"])))
+                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir))
                 for ev, eval_ov in spec.eval_data.items():
                     if ev == train:
                         continue
                     ev_dir = cell_dir / f"eval-{ev}"
-                    ev_argv = [*spec.common, *eval_ov, *row_ov, *extra, *grid_set,
+                    ev_ov = [o for o in row_ov if o != "stage=head"]
+                    ev_argv = [*spec.common, *eval_ov, *ev_ov, *extra, *grid_set,
                                f"logger.run_name={row}-{train}-{ev}-{rep}", f"output_dir={ev_dir}"]
-                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv)))
+                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir))
     return cells
 
 
@@ -362,12 +398,15 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
 
 
 def best_checkpoint(train_dir: Path) -> Path | None:
+    """best-*.ckpt (by validation NDCG@10), else a whitening head's head.ckpt, else last.ckpt."""
     ck = train_dir / "checkpoints"
     best = sorted(ck.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
     if best:
         return best[-1]
-    last = ck / "last.ckpt"
-    return last if last.is_file() else None
+    for name in ("head.ckpt", "last.ckpt"):
+        if (ck / name).is_file():
+            return ck / name
+    return None
 
 
 def _state(cell: Cell) -> str:
@@ -432,6 +471,21 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
     status = "ran"
     if _untrained(argv):  # e.g. a BM25 row: evaluated on each cell's data as it is, no training, no checkpoint
         script = "evaluate.py"
+    elif cell.base_dir is not None and cell.kind == "train":  # a head on the base row's fine-tuned ranker
+        if not (cell.base_dir / "metrics.json").is_file():
+            return "blocked", f"its base cell {cell.base_dir} did not finish"
+        base = best_checkpoint(cell.base_dir)
+        if base is None:
+            return "blocked", f"no checkpoint in {cell.base_dir / 'checkpoints'}"
+        argv.append(f"ckpt={base}")
+        last = cell.dir / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            argv.append(f"ckpt_path={last}")
+            status = "resumed"
+        else:
+            for stale in (cell.dir / "checkpoints").glob("*.ckpt"):
+                stale.unlink()
+        script = "train.py"
     elif cell.kind == "train":
         last = cell.dir / "checkpoints" / "last.ckpt"
         if last.is_file():
@@ -447,7 +501,7 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
         ckpt = best_checkpoint(cell.train_dir)
         if ckpt is None:
             return "blocked", f"no checkpoint in {cell.train_dir / 'checkpoints'}"
-        argv.append(f"ckpt={ckpt}")
+        argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
         script = "evaluate.py"
     cell.dir.mkdir(parents=True, exist_ok=True)
     rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log")
@@ -484,6 +538,7 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                         except (OSError, ValueError) as e:
                             raise InputError(str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
                         entry["before_training"] = metrics.pop("before_training", None)
+                        entry["before_head"] = metrics.pop("before_head", None)  # head rows: the same model without it
                         entry.update(status="done", metrics=metrics, per_query=per_query)
                     entries.append(entry)
     return {

@@ -195,3 +195,45 @@ def test_example_grid_composes():
     cells = plan(spec)
     assert len(cells) == 9
     check(spec, cells)  # every cell's config composes (BM25's row has no training keys it does not know)
+
+
+def test_head_rows_build_on_their_base_row(tmp_path, tiny_bert):
+    """A row with head=whitening reuses its base row's fine-tuned checkpoint (stage=head) and evaluates out of
+    distribution with its head; its 'before_head' equals the base row's own test metrics (same model, no head)."""
+    grid = {
+        "name": "heads", "baseline": "colbert",
+        "rows": {"colbert_white": ["model=colbert", f"model.backbone={tiny_bert}", "head=whitening"],
+                 "colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+        "train_data": {"syn": SYN},
+        "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
+        "seeds": [1], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"], "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess", "output_root": str(tmp_path / "grids"),
+    }
+    gfile = tmp_path / "heads.yaml"
+    gfile.write_text(json.dumps(grid))
+    spec, _ = load_grid([f"grid={gfile}"])
+    cells = plan(spec)
+    assert [c.label for c in cells][:2] == ["colbert/syn/seed1", "colbert/syn/seed1/eval-syn_start"]  # base first
+    report = run([f"grid={gfile}"], out=io.StringIO())
+    assert set(report.status.values()) == {"ran"}, report.status
+    root = tmp_path / "grids" / "heads"
+    base = json.loads((root / "colbert" / "syn" / "seed1" / "metrics.json").read_text())
+    head = json.loads((root / "colbert_white" / "syn" / "seed1" / "metrics.json").read_text())
+    assert head["before_head"]["ndcg_cut_10"] == pytest.approx(base["ndcg_cut_10"], abs=1e-9)
+    assert head["iw"] > base["iw"]
+    cfg = (root / "colbert_white" / "syn" / "seed1" / "config.yaml").read_text()
+    assert "stage: head" in cfg and str(root / "colbert" / "syn" / "seed1" / "checkpoints") in cfg
+    ood = json.loads((root / "colbert_white" / "syn" / "seed1" / "eval-syn_start" / "metrics.json").read_text())
+    base_ood = json.loads((root / "colbert" / "syn" / "seed1" / "eval-syn_start" / "metrics.json").read_text())
+    assert ood["before_head"]["ndcg_cut_10"] == pytest.approx(base_ood["ndcg_cut_10"], abs=1e-9)
+    res = json.loads((root / "results.json").read_text())
+    assert all(isinstance(v, float) for c in res["cells"] for v in c["metrics"].values())
+
+
+def test_head_row_without_base_row_is_an_error(tmp_path, tiny_bert):
+    grid = {"name": "h", "baseline": "w", "rows": {"w": ["model=colbert", "head=whitening"]}, "train_data": ["synthetic"]}
+    gfile = tmp_path / "h.yaml"
+    gfile.write_text(json.dumps(grid))
+    spec, _ = load_grid([f"grid={gfile}"])
+    with pytest.raises(InputError, match="rows.w.*no row with its other overrides"):
+        plan(spec)
