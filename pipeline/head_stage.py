@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HeadModule
-from lightning_modules.heads.cache import RepresentationCache
+from lightning_modules.heads.cache import RepresentationCache, cache_key
 from lightning_modules.heads.whitening import MomentAccumulator
 from pipeline.errors import InputError
 from pipeline.io import atomic_open
@@ -60,8 +60,6 @@ def _checkpoint_id(path: str) -> str:
 def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> RepresentationCache:
     queries, docs = training_texts(dm, cfg.head.max_train_texts, cfg.seed)
     granularity = cfg.head.granularity
-    from lightning_modules.heads.cache import cache_key
-
     key = cache_key(_checkpoint_id(cfg.ckpt), granularity, queries, docs)
     path = Path(cfg.data.cache_dir) / "representations" / f"{Path(cfg.ckpt).stem}-{granularity}-{key[:16]}"
     autocast = None
@@ -90,14 +88,13 @@ def save_head(module: HeadModule, path: Path) -> None:
 
 
 def train_head(cfg: DictConfig) -> dict | None:
-    from pipeline.run import MONITOR, _test_results, build_logger, build_trainer, data_config, print_table, save_config, write_results
+    from pipeline.run import _test_results, build_logger, build_trainer, load_data, print_table, save_config, write_results
 
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
     module, _ = build_module(cfg)
-    dm = HeadDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
-    dm.setup()  # data read and validated before anything is written
+    dm = load_data(cfg, module, HeadDataModule)  # read and validated before anything is written
     cache = build_cache(cfg, module, dm)
     dm.vectors, dm.head_batch_size = cache.vectors(), int(cfg.head.batch_size)
     cfg = _trainer_for_head(cfg)

@@ -99,10 +99,10 @@ def check_same_ranker(ckpt: dict, cfg: DictConfig, key: str, path: str) -> None:
         raise InputError(key, f"checkpoint '{path}' holds ranker '{saved}' but model.name is '{cfg.model.name}'")
 
 
-def load_data(cfg: DictConfig, module: RankingModule) -> RankingDataModule:
+def load_data(cfg: DictConfig, module: RankingModule, cls: type = RankingDataModule) -> RankingDataModule:
     """The data module with its data read and validated, before anything is written into `output_dir`: bad data
     stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
-    dm = RankingDataModule(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm = cls(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
     dm.setup()
     return dm
 
