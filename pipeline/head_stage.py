@@ -87,8 +87,20 @@ def save_head(module: HeadModule, path: Path) -> None:
         torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
 
 
+def test_without_head(trainer, module: HeadModule, dm) -> dict:
+    """Test metrics of the ranker with its head detached ("Ft"), the head re-attached afterwards."""
+    from pipeline.run import _test_results
+
+    module.attach(False)
+    try:
+        trainer.test(module, datamodule=dm, verbose=False)
+    finally:
+        module.attach(True)
+    return _test_results(module)
+
+
 def train_head(cfg: DictConfig) -> dict | None:
-    from pipeline.run import _test_results, build_logger, build_trainer, load_data, print_table, save_config, write_results
+    from pipeline.run import build_logger, build_trainer, load_data, print_table, save_config, write_results
 
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
@@ -102,10 +114,7 @@ def train_head(cfg: DictConfig) -> dict | None:
     trainer = build_trainer(cfg, logger, checkpoints=cfg.head.name != "whitening")
     if trainer.is_global_zero:
         save_config(cfg)
-    module.attach(False)
-    trainer.test(module, datamodule=dm, verbose=False)
-    before = _test_results(module)
-    module.attach(True)
+    before = test_without_head(trainer, module, dm)
     if cfg.head.name == "whitening":
         fit_whitening(module, dm.vectors)
         if trainer.is_global_zero:
@@ -129,7 +138,7 @@ def train_head(cfg: DictConfig) -> dict | None:
 def evaluate_with_head(cfg: DictConfig) -> dict | None:
     """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
     out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
-    from pipeline.run import _test_results, build_logger, build_trainer, load_data, print_table, read_checkpoint, save_config, write_results
+    from pipeline.run import build_logger, build_trainer, load_data, print_table, read_checkpoint, save_config, write_results
 
     pl.seed_everything(cfg.seed, workers=True)
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
@@ -153,10 +162,7 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
     trainer = build_trainer(cfg, logger, checkpoints=False)
     if trainer.is_global_zero:
         save_config(cfg)
-    module.attach(False)
-    trainer.test(module, datamodule=dm, verbose=False)
-    before = _test_results(module)
-    module.attach(True)
+    before = test_without_head(trainer, module, dm)
     trainer.test(module, datamodule=dm, verbose=False)
     if not trainer.is_global_zero:
         return None

@@ -53,6 +53,33 @@ def tiny_bert_nodropout(tmp_path_factory) -> str:
     return str(make_tiny_bert(tmp_path_factory.mktemp("tiny_bert_nd"), dropout=0.0))
 
 
+@pytest.fixture
+def crash_when(monkeypatch):
+    """`crash_when(predicate)`: every Trainer that pipeline.run builds from now on raises RuntimeError("simulated
+    crash") at the end of the first training batch where predicate(trainer) holds, as a killed job would stop
+    (no checkpoint written on the way out). Undone at the end of the test, or by calling the returned `undo`."""
+    import pipeline.run
+    from pytorch_lightning import Callback
+
+    def install(predicate):
+        class Crash(Callback):
+            def on_train_batch_end(self, trainer, *args):
+                if predicate(trainer):
+                    raise RuntimeError("simulated crash")
+
+        build = pipeline.run.build_trainer
+
+        def crashing(*args, **kwargs):
+            trainer = build(*args, **kwargs)
+            trainer.callbacks.append(Crash())
+            return trainer
+
+        monkeypatch.setattr(pipeline.run, "build_trainer", crashing)
+        return monkeypatch.undo
+
+    return install
+
+
 def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True, env: dict | None = None):
     """Run train.py / evaluate.py as a user would, in a subprocess; returns the CompletedProcess."""
     import subprocess

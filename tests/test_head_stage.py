@@ -52,11 +52,9 @@ def test_whitening_stage_and_evaluate_with_head(tmp_path, finetuned):
     assert len(list((cache / "representations").iterdir())) == 1
 
 
-def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned, monkeypatch):
+def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned, crash_when):
     """3 epochs of Glow; a run that dies in epoch 3 resumes from its epoch-2 last.ckpt to the same head, bit for bit."""
     import pipeline.run
-    from pytorch_lightning import Callback
-
     from pipeline.config import compose
 
     base = [*SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=3", f"data.cache_dir={tmp_path / 'cache'}"]
@@ -68,23 +66,11 @@ def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned, monkeypatch
     state = head_state(best)
     assert state and all(k.startswith("ranker.token_head.") for k in state)
 
-    class Crash(Callback):
-        def on_train_batch_end(self, trainer, *args):
-            if trainer.current_epoch == 2:
-                raise RuntimeError("simulated crash in epoch 3")
-
-    build = pipeline.run.build_trainer
-
-    def crashing(*args, **kwargs):
-        trainer = build(*args, **kwargs)
-        trainer.callbacks.append(Crash())
-        return trainer
-
     part = tmp_path / "part"
-    monkeypatch.setattr(pipeline.run, "build_trainer", crashing)
+    undo = crash_when(lambda trainer: trainer.current_epoch == 2)  # in epoch 3
     with pytest.raises(RuntimeError, match="simulated crash"):
         pipeline.run.train(compose([*base, f"output_dir={part}"]))
-    monkeypatch.undo()
+    undo()
     last = part / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 1  # saved after epoch 2's validation
     run_script("train.py", *base, f"output_dir={part}", f"ckpt_path={last}")

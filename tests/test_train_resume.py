@@ -51,12 +51,10 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
     assert (ev / "run.trec").read_text() == (out / "run.trec").read_text()
 
 
-def test_resume_matches_uninterrupted(tmp_path, tiny_bert, monkeypatch):
+def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
     """A run that dies at step 10 (past warm-up, mid-epoch 2) resumes from the last.ckpt of its step-8 validation,
     with the same max_steps (so the same LR schedule), and ends with the same weights and metrics, bit for bit."""
     import pipeline.run
-    from pytorch_lightning import Callback
-
     from pipeline.config import compose
 
     base = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.val_check_interval=4",
@@ -64,23 +62,11 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert, monkeypatch):
     full = tmp_path / "full"
     run_script("train.py", *base, f"output_dir={full}")
 
-    class Crash(Callback):
-        def on_train_batch_end(self, trainer, *args):
-            if trainer.global_step == 10:
-                raise RuntimeError("simulated crash at step 10")
-
-    build = pipeline.run.build_trainer
-
-    def crashing(*args, **kwargs):
-        trainer = build(*args, **kwargs)
-        trainer.callbacks.append(Crash())
-        return trainer
-
     part = tmp_path / "part"
-    monkeypatch.setattr(pipeline.run, "build_trainer", crashing)
+    undo = crash_when(lambda trainer: trainer.global_step == 10)
     with pytest.raises(RuntimeError, match="simulated crash"):
         pipeline.run.train(compose([*base, f"output_dir={part}"]))
-    monkeypatch.undo()
+    undo()
     last = part / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 8
     assert not (part / "metrics.json").exists()
