@@ -237,3 +237,12 @@ def test_head_row_without_base_row_is_an_error(tmp_path, tiny_bert):
     spec, _ = load_grid([f"grid={gfile}"])
     with pytest.raises(InputError, match="rows.w.*no row with its other overrides"):
         plan(spec)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs" / "grid").glob("*.yaml")))
+def test_every_shipped_grid_composes(name):
+    """Every grid in configs/grid plans and composes every cell (head rows find their base row)."""
+    from pipeline.grid import check
+
+    spec, _ = load_grid([f"grid={name}"])
+    check(spec, plan(spec))
