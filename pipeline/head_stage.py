@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.representations import HeadDataModule, training_texts
-from lightning_modules.head_module import HeadModule
+from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
 from lightning_modules.heads.cache import RepresentationCache, cache_key
 from lightning_modules.heads.whitening import MomentAccumulator
 from pipeline.errors import InputError
@@ -36,7 +36,7 @@ def _trainer_for_head(cfg: DictConfig) -> DictConfig:
     return OmegaConf.merge(cfg, {"trainer": t})
 
 
-def build_module(cfg: DictConfig) -> tuple[HeadModule, dict]:
+def build_module(cfg: DictConfig) -> HeadModule:
     from pipeline.run import read_checkpoint
 
     if not cfg.ckpt:
@@ -49,7 +49,7 @@ def build_module(cfg: DictConfig) -> tuple[HeadModule, dict]:
     hp = base["hyper_parameters"]
     module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(cfg.ckpt))
     module.load_base(base["state_dict"])
-    return module, base
+    return module
 
 
 def _checkpoint_id(path: str) -> str:
@@ -82,7 +82,7 @@ def fit_whitening(module: HeadModule, vectors: np.ndarray, chunk: int = 65536) -
 
 def save_head(module: HeadModule, path: Path) -> None:
     """A head checkpoint outside Lightning's loop (whitening): same layout as the flows' checkpoints."""
-    state = {k: v for k, v in module.state_dict().items() if k.startswith(("ranker.token_head.", "ranker.sequence_head."))}
+    state = {k: v for k, v in module.state_dict().items() if k.startswith(HEAD_PREFIXES)}
     with atomic_open(path, "wb") as f:
         torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
 
@@ -105,7 +105,7 @@ def train_head(cfg: DictConfig) -> dict | None:
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
-    module, _ = build_module(cfg)
+    module = build_module(cfg)
     dm = load_data(cfg, module, HeadDataModule)  # read and validated before anything is written
     cache = build_cache(cfg, module, dm)
     dm.vectors, dm.head_batch_size = cache.vectors(), int(cfg.head.batch_size)
@@ -152,7 +152,7 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
     module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), hp["head"], str(base_path))
     module.load_base(base["state_dict"])
     missing, unexpected = module.load_state_dict(head_ckpt["state_dict"], strict=False)
-    head_missing = [k for k in missing if k.startswith(("ranker.token_head.", "ranker.sequence_head."))]
+    head_missing = [k for k in missing if k.startswith(HEAD_PREFIXES)]
     if head_missing or unexpected:
         raise InputError("head_ckpt", f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})")
     del base, head_ckpt

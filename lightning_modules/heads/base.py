@@ -58,8 +58,3 @@ def build_head(cfg, dim: int) -> IsotropyHead | None:
 
     return HEADS.get(cfg.name, "head.name").build(cfg, dim)
 
-
-def finite_or_raise(t: Tensor, what: str) -> Tensor:
-    if not torch.isfinite(t).all():
-        raise FloatingPointError(f"{what} is not finite (NaN or inf)")
-    return t

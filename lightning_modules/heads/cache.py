@@ -86,9 +86,9 @@ class RepresentationCache:
                 return cached
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         tmp.mkdir(parents=True)
+        was_training = ranker.training
         try:
             count, dim = 0, None
-            was_training = ranker.training
             ranker.eval()
             device = next(ranker.parameters()).device
             with open(tmp / "vectors.bin", "wb") as f:
@@ -104,7 +104,6 @@ class RepresentationCache:
                         count, dim = count + len(v), v.shape[1]
                 f.flush()
                 os.fsync(f.fileno())
-            ranker.train(was_training)
             write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
                                                "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs)})
             if path.exists():
@@ -113,4 +112,6 @@ class RepresentationCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            ranker.train(was_training)
         return cls(path)
