@@ -5,9 +5,12 @@ so the curves over training compare like with like:
 - `iw`, `avgcos`: token vectors of queries and passages (padding excluded), the vectors ColBERT scores with;
 - `iw_sequence`, `avgcos_sequence`: one vector per text (the ranker's pooled vector; the mean of the token
   vectors for ColBERT).
-Vectors are whatever the ranker scores with, so with an isotropy head attached these are the head's outputs, and
+Vectors are whatever the ranker scores with, as its score function compares them (`scoring_vectors`): unit length
+for the cosine rankers (ColBERT, RepBERT), as the paper's ColBERT normalises its output embeddings; I(W) of
+unnormalised vectors is dominated by a few long held-out vectors (exp of their projections) and drops towards 0
+for reasons that the cosine score never sees. With an isotropy head attached these are the head's outputs, and
 the same four are logged for the raw representations under `*_raw` (the "Ft" column of the isotropy paper's
-tables next to "Ft -> head").
+tables next to "Ft -> head"), from the same backbone pass.
 The metric states are torchmetrics states: under DDP each rank encodes its shard and `compute()` syncs.
 Cross-encoders have no separate query/passage representations and are skipped.
 """
@@ -49,12 +52,12 @@ class IsotropyCallback(Callback):
                 batch = side(texts[s : s + self.batch_size])
                 ids, mask = (v.to(module.device) for v in batch.values())
                 with trainer.precision_plugin.forward_context():
-                    encodings = {"": ranker.encode(ids, mask)}
-                    if has_head:  # the representations before any head
-                        encodings["_raw"] = ranker.pool(ranker.token_representations(ids, mask))
+                    raw = ranker.token_representations(ids, mask)
+                    encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
                 for v, enc in encodings.items():
-                    tokens = enc.tokens[enc.mask].float()
-                    seq = (enc.sequence if enc.sequence is not None else masked_mean(enc.tokens, enc.mask)).float()
+                    scored = ranker.scoring_vectors(enc.tokens.float())
+                    tokens = scored[enc.mask]
+                    seq = ranker.scoring_vectors(enc.sequence.float()) if enc.sequence is not None else masked_mean(scored, enc.mask)
                     metrics[f"iw{v}"].update(tokens)
                     metrics[f"avgcos{v}"].update(tokens)
                     metrics[f"iw_sequence{v}"].update(seq)

@@ -5,6 +5,11 @@ maximum likelihood of the ranker's representations (Eq. 5) read from the on-disk
 the ranker's own re-ranking evaluation (RankingModule), now scoring the head's outputs, so the best epoch is chosen
 by validation NDCG@10 (not the last epoch, as the paper's code does).
 
+The frozen backbone runs once per evaluation text: a split's token representations are computed once and the head
+is applied on top (`BiEncoder.finish`). Validation keeps them in memory, so the validation after every epoch
+costs the head alone; a test scores "Ft" (`results["test_raw"]`) and "Ft -> head" (`results["test"]`) from the
+same pass.
+
 Checkpoints hold the head only (plus optimiser, loop state and `base_ckpt`, the ranker checkpoint it belongs to):
 the frozen ranker is rebuilt from `base_ckpt`, never copied into every head checkpoint.
 """
@@ -13,10 +18,12 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch import Tensor
 from omegaconf import OmegaConf
 
 from lightning_modules.heads import HEADS, build_head
 from lightning_modules.module import RankingModule
+from lightning_modules.rankers.base import Encoded
 from pipeline.errors import InputError
 
 HEAD_PREFIXES = ("ranker.token_head.", "ranker.sequence_head.")
@@ -46,6 +53,8 @@ class HeadModule(RankingModule):
             p.requires_grad = name.startswith(HEAD_PREFIXES)
         self.strict_loading = False  # head checkpoints carry the head only
         self.nonfinite_batches = 0
+        self.runs["test_raw"] = type(self.runs["test"])()
+        self._val_memo: dict = {}  # "q" -> the validation queries' raw Encoded; batch_idx -> (didx, raw docs)
 
     @property
     def head(self):
@@ -81,6 +90,57 @@ class HeadModule(RankingModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam([p for p in self.parameters() if p.requires_grad], lr=self.head_cfg.lr)
+
+    # ---- evaluation from one backbone pass -----------------------------------------------------------------
+    def _raw_queries(self, split: str) -> Encoded:
+        if split == "val" and "q" in self._val_memo:
+            return self._val_memo["q"]
+        texts = self.trainer.datamodule.eval_splits[split].qtexts
+        raw = self.encode_query_texts(texts, encode=lambda b: self.ranker.token_representations(b["q_input_ids"], b["q_attention_mask"]))
+        if split == "val":
+            self._val_memo["q"] = raw
+        return raw
+
+    def _raw_docs(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> Encoded:
+        if split == "val":
+            # keyed by position and checked against the batch's passages: evaluation loaders are not shuffled, and a
+            # changed split (a new datamodule) is re-encoded rather than scored with stale vectors
+            hit = self._val_memo.get(batch_idx)
+            if hit is not None and torch.equal(hit[0], batch["didx"]):
+                return hit[1]
+        raw = self.ranker.token_representations(batch["d_input_ids"], batch["d_attention_mask"])
+        if split == "val":
+            self._val_memo[batch_idx] = (batch["didx"].clone(), raw)
+        return raw
+
+    def _eval_epoch_start(self, split: str) -> None:
+        raw = self._raw_queries(split)
+        self._eval_queries = self.ranker.finish(raw)
+        self._eval_queries_raw = self.ranker.finish(raw, heads=False) if split == "test" else None
+
+    def _eval_step_indexed(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
+        raw = self._raw_docs(batch, batch_idx, split)
+        scores = self.score_chunk(self._eval_queries, batch, docs=self.ranker.finish(raw))
+        self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
+        if split == "test":
+            scores = self.score_chunk(self._eval_queries_raw, batch, docs=self.ranker.finish(raw, heads=False))
+            self.runs["test_raw"].update(batch["qidx"], batch["didx"], scores.float())
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step_indexed(batch, batch_idx, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step_indexed(batch, batch_idx, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test", "test_raw")
+        self._eval_epoch_end("test")
+        self._eval_queries_raw = None
+
+    def results_without_head(self) -> dict:
+        """Test metrics of the ranker's own representations ("Ft"), from the test that also scored the head."""
+        iso = self.results["test"].get("isotropy", {})
+        return {**self.results["test_raw"]["metrics"], **{k[: -len("_raw")]: v for k, v in iso.items() if k.endswith("_raw")}}
 
     # ---- head-only checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

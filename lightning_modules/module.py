@@ -144,13 +144,15 @@ class RankingModule(pl.LightningModule):
 
     # ---- evaluation ----------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def encode_query_texts(self, texts: list[str], batch_size: int = 128) -> Encoded:
-        """All queries of an evaluation split, encoded once (bi-encoders), padded to one length."""
+    def encode_query_texts(self, texts: list[str], batch_size: int = 128, encode=None) -> Encoded:
+        """All queries of an evaluation split, encoded once (bi-encoders), padded to one length.
+        `encode(batch) -> Encoded` replaces the ranker's `encode_queries` (e.g. raw token representations)."""
         tok, parts = self.pair_tokenizer, []
+        encode = encode or self.ranker.encode_queries
         for s in range(0, len(texts), batch_size):
             batch = {k: v.to(self.device) for k, v in tok.queries(texts[s : s + batch_size]).items()}
             with self._forward_context():
-                parts.append(self.ranker.encode_queries(batch))
+                parts.append(encode(batch))
         length = max(p.tokens.shape[1] for p in parts)
         return Encoded(
             tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts]),
@@ -164,11 +166,11 @@ class RankingModule(pl.LightningModule):
 
         return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
 
-    def score_chunk(self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512) -> Tensor:
-        """Bi-encoder evaluation: encode a chunk of passages once and score its pairs against the split's
-        pre-encoded queries (`batch["qidx"]` indexes `queries`)."""
+    def score_chunk(self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512, docs: Encoded | None = None) -> Tensor:
+        """Bi-encoder evaluation: encode a chunk of passages once (or take them as `docs`) and score its pairs
+        against the split's pre-encoded queries (`batch["qidx"]` indexes `queries`)."""
         r = self.ranker
-        d = r.encode_docs(batch)
+        d = r.encode_docs(batch) if docs is None else docs
         out = []
         for s in range(0, len(batch["pair_d"]), pairs_per_pass):  # bounds the [P, Lq, Ld] similarity tensor
             iq, id_ = batch["qidx"][s : s + pairs_per_pass], batch["pair_d"][s : s + pairs_per_pass]
@@ -195,17 +197,19 @@ class RankingModule(pl.LightningModule):
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")
 
-    def _eval_epoch_end(self, split: str) -> None:
+    def _eval_epoch_end(self, split: str, key: str | None = None) -> None:
+        """Evaluate the run gathered under `runs[key]` (default: the split's own) against the split's qrels."""
+        key = key or split
         self._eval_queries = None
         es = self.trainer.datamodule.eval_splits[split]
-        run = self.runs[split].to_run(es.qids, es.doc_ids)  # gathered from every rank
-        self.runs[split].reset()
+        run = self.runs[key].to_run(es.qids, es.doc_ids)  # gathered from every rank
+        self.runs[key].reset()
         means, per_query = evaluate_run(run, es.qrels, self.measures)
         # update, not replace: the isotropy callback stores its values here just before this hook
-        self.results.setdefault(split, {}).update(metrics=means, per_query=per_query, run=run)
+        self.results.setdefault(key, {}).update(metrics=means, per_query=per_query, run=run)
         # Identical on every rank (computed from the gathered run), so no further reduction is needed.
         for k, v in means.items():
-            self.log(f"{split}/{k}", v, sync_dist=False, prog_bar=(k == "ndcg_cut_10"))
+            self.log(f"{key}/{k}", v, sync_dist=False, prog_bar=(k == "ndcg_cut_10" and key == split))
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")

@@ -4,13 +4,13 @@
 2. Encode the training queries and passages ONCE into the on-disk representation cache (keyed by checkpoint,
    granularity and texts under `data.cache_dir/representations/`, so whitening, NICE and Glow on the same ranker
    share it).
-3. Test without the head ("Ft"), then:
+3. Fit the head:
    - whitening: stream the cache once through float64 moments, fit (Eq. 7-10), no optimiser;
    - NICE / Glow: `head.epochs` epochs of maximum likelihood over the cache, validating after every epoch and
      keeping the best epoch by validation NDCG@10 (`checkpoints/best-*.ckpt`) plus `last.ckpt` (resumable with
-     `ckpt_path=`: optimiser, epoch, position in the epoch).
-4. Test with the best head ("Ft -> head") and write `metrics.json` (with `before_head`), `per_query.json`,
-   `run.trec`, the resolved config, as any run.
+     `ckpt_path=`: optimiser, epoch, position in the epoch). The validation split is encoded once and kept.
+4. Test once with the best head: "Ft -> head" and, from the same backbone pass, "Ft" (no head); write
+   `metrics.json` (Ft under `before_head`), `per_query.json`, `run.trec`, the resolved config, as any run.
 """
 from __future__ import annotations
 
@@ -87,18 +87,6 @@ def save_head(module: HeadModule, path: Path) -> None:
         torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
 
 
-def test_without_head(trainer, module: HeadModule, dm) -> dict:
-    """Test metrics of the ranker with its head detached ("Ft"), the head re-attached afterwards."""
-    from pipeline.run import _test_results
-
-    module.attach(False)
-    try:
-        trainer.test(module, datamodule=dm, verbose=False)
-    finally:
-        module.attach(True)
-    return _test_results(module)
-
-
 def train_head(cfg: DictConfig) -> dict | None:
     from pipeline.run import build_logger, build_trainer, load_data, print_table, save_config, write_results
 
@@ -114,7 +102,6 @@ def train_head(cfg: DictConfig) -> dict | None:
     trainer = build_trainer(cfg, logger, checkpoints=cfg.head.name != "whitening")
     if trainer.is_global_zero:
         save_config(cfg)
-    before = test_without_head(trainer, module, dm)
     if cfg.head.name == "whitening":
         fit_whitening(module, dm.vectors)
         if trainer.is_global_zero:
@@ -130,6 +117,7 @@ def train_head(cfg: DictConfig) -> dict | None:
         trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
+    before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")
     print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
     return after
@@ -162,10 +150,10 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
     trainer = build_trainer(cfg, logger, checkpoints=False)
     if trainer.is_global_zero:
         save_config(cfg)
-    before = test_without_head(trainer, module, dm)
     trainer.test(module, datamodule=dm, verbose=False)
     if not trainer.is_global_zero:
         return None
+    before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")
     print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
     return after

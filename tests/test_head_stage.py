@@ -100,3 +100,41 @@ def test_bad_head_stage_input_is_one_line(tmp_path, finetuned, args, needles):
     for n in needles:
         assert n in err[0], err[0]
     assert not out.exists()
+
+
+def test_one_backbone_pass_equals_separate_passes(tmp_path, finetuned):
+    """The head stage scores "Ft" and "Ft -> head" from one backbone pass, and validates from kept representations:
+    the same numbers as a plain RankingModule whose ranker encodes with the head inside `encode()` (and without)."""
+    import pytorch_lightning as pl
+
+    from lightning_modules.module import RankingModule
+    from pipeline.config import compose
+    from pipeline.head_stage import build_module
+    from pipeline.run import load_data
+
+    out = tmp_path / "white"
+    run_script("train.py", *SMALL, "stage=head", f"ckpt={finetuned}", "head=whitening", f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}")
+    cfg = compose([*SMALL, "stage=head", f"ckpt={finetuned}", "head=whitening", f"output_dir={tmp_path / 'x'}"])
+    head_module = build_module(cfg)
+    head_module.load_state_dict(head_state(out / "checkpoints" / "head.ckpt"), strict=False)
+    plain = RankingModule(dict(head_module.hparams.model), {}, list(cfg.eval.measures))
+    plain.load_state_dict(torch.load(finetuned, map_location="cpu", weights_only=False)["state_dict"])
+    trainer = lambda: pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, accelerator="cpu")  # noqa: E731
+
+    def scores(module, key="test"):  # {(qid, docid): score} of the module's last test
+        return {(q, d): v for q, docs in module.results[key]["run"].items() for d, v in docs.items()}
+
+    dm = load_data(cfg, head_module)
+    t = trainer()
+    t.test(head_module, datamodule=dm, verbose=False)
+    ft_head, ft = scores(head_module), scores(head_module, "test_raw")
+    val = [t.validate(head_module, datamodule=dm, verbose=False)[0]["val/ndcg_cut_10"] for _ in range(2)]
+    assert len(head_module._val_memo) > 1  # the second validation read the kept representations
+
+    trainer().test(plain, datamodule=dm, verbose=False)
+    assert ft != ft_head and scores(plain) == pytest.approx(ft, abs=1e-5)
+    plain.ranker.token_head = head_module.head
+    trainer().test(plain, datamodule=dm, verbose=False)
+    assert scores(plain) == pytest.approx(ft_head, abs=1e-5)
+    plain_val = trainer().validate(plain, datamodule=dm, verbose=False)[0]["val/ndcg_cut_10"]
+    assert val == pytest.approx([plain_val, plain_val], abs=1e-9)

@@ -76,13 +76,23 @@ class BiEncoder(Ranker):
         return Encoded(tokens=out, mask=attention_mask.bool())
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        enc = self.token_representations(input_ids, attention_mask)
-        if self.token_head is not None:
+        return self.finish(self.token_representations(input_ids, attention_mask))
+
+    def finish(self, raw: Encoded, heads: bool = True) -> Encoded:
+        """Token representations -> what the ranker scores with: token head, pooling, sequence head.
+        `raw` is left as it is, so one encoding serves both `heads=True` and `heads=False` (the "Ft" and
+        "Ft -> head" columns of the isotropy paper from a single pass of the frozen backbone)."""
+        enc = Encoded(raw.tokens, raw.mask)
+        if heads and self.token_head is not None:
             enc.tokens = self.token_head(enc.tokens)
         enc = self.pool(enc)
-        if self.sequence_head is not None and enc.sequence is not None:
+        if heads and self.sequence_head is not None and enc.sequence is not None:
             enc.sequence = self.sequence_head(enc.sequence)
         return enc
+
+    def scoring_vectors(self, x: Tensor) -> Tensor:
+        """Token or pooled vectors as the score function compares them (unit length for cosine rankers)."""
+        return x
 
     def pool(self, enc: Encoded) -> Encoded:
         """Fill `enc.sequence` (single-vector rankers); multi-vector rankers keep it None."""
@@ -117,6 +127,9 @@ class SingleVectorEncoder(BiEncoder):
 
     def _prep(self, x: Tensor) -> Tensor:
         return cosine_normalize(x) if self.cosine else x
+
+    def scoring_vectors(self, x: Tensor) -> Tensor:
+        return self._prep(x)
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
         return (self._prep(q.sequence) * self._prep(d.sequence)).sum(-1)

@@ -33,6 +33,9 @@ class ColBERT(BiEncoder):
             enc.tokens = self.compress(enc.tokens)
         return enc
 
+    def scoring_vectors(self, x: Tensor) -> Tensor:
+        return cosine_normalize(x)
+
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
         qn, dn = cosine_normalize(q.tokens), cosine_normalize(d.tokens)
         sim = torch.einsum("bid,bjd->bij", qn, dn)  # [B, Lq, Ld]
