@@ -3,8 +3,8 @@
 Measured on a fixed, seeded probe set (validation queries and candidate passages, `RankingDataModule.probe_texts`)
 so the curves over training compare like with like:
 - `iw`, `avgcos`: token vectors of queries and passages (padding excluded), the vectors ColBERT scores with;
-- `iw_sequence`, `avgcos_sequence`: one vector per text (the ranker's pooled vector; the mean of the token
-  vectors for ColBERT).
+- `iw_sequence`, `avgcos_sequence`: one vector per text (the ranker's pooled vector; the mean of its unit
+  token vectors for ColBERT).
 Vectors are whatever the ranker scores with, as its score function compares them (`scoring_vectors`): unit length
 for the cosine rankers (ColBERT, RepBERT), as the paper's ColBERT normalises its output embeddings; I(W) of
 unnormalised vectors is dominated by a few long held-out vectors (exp of their projections) and drops towards 0

@@ -13,7 +13,7 @@ A grid file (see configs/grid/squad_3seeds.yaml):
     eval_data: [squad]            # data options to test on (default: train_data)
     seeds: [1, 2, 3]              # and/or folds: 5 (k-fold cross-validation, data.num_folds / data.fold)
     common: [trainer.max_steps=50]  # overrides for every cell
-    measures: [ndcg_cut_10, P_20] # table columns (default: eval.measures); must be among eval.measures
+    measures: [ndcg_cut_10, P_20] # table columns (default: eval.measures); among eval.measures, or iw / avgcos (untested)
     test: t_test_one_tailed       # t_test_one_tailed | t_test_two_tailed | wilcoxon | wilcoxon_one_tailed
     paired_by: query              # query (per-query values, mean over runs first) | replicate (per seed/fold means)
     launcher: subprocess          # subprocess (train.py / evaluate.py per cell) | inprocess
@@ -72,6 +72,7 @@ from pipeline.config import CONFIG_DIR
 from pipeline.errors import InputError
 from pipeline.io import atomic_open, write_json
 from pipeline.stats import TESTS
+from pipeline.tables import RUN_LEVEL
 
 __all__ = ["GridSpec", "Cell", "GridReport", "load_grid", "plan", "run", "collect", "main"]
 
@@ -391,7 +392,7 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
             first = cfg
         if not spec.measures:
             spec.measures = list(cfg.eval.measures)
-        missing = [m for m in spec.measures if m not in cfg.eval.measures]
+        missing = [m for m in spec.measures if m not in cfg.eval.measures and m not in RUN_LEVEL]
         if missing:
             raise InputError(f"{spec.source}: measures", f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common")
     return first

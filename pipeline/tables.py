@@ -9,6 +9,9 @@ and one column per measure. A cell reads `0.8282 (+3.1%)**`:
   values (each query's mean over the runs that tested it; `paired_by: query`) or on the runs' means paired by seed /
   fold (`paired_by: replicate`).
 
+Run-level measures (`RUN_LEVEL`: I(W) and avgcos of the isotropy callback) have one value per run and no
+per-query values: their cells show the mean over the runs only, untested.
+
 `summarize(results)` gives the numbers, `render_markdown(results)` the text, `write_table(results, path)` writes it
 atomically, and `log_wandb_table(results)` logs it as a `wandb.Table` when a W&B run is active (no-op otherwise).
 """
@@ -22,7 +25,10 @@ from pipeline.io import atomic_open
 from pipeline.stats import (check_test, pair_by_query, pair_by_replicate, paired_test, per_query_means,
                             significance_mark)
 
-__all__ = ["summarize", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES"]
+__all__ = ["summarize", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
+
+# metrics.json keys that are one number per run (callbacks/isotropy.py), usable as table columns
+RUN_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
 
 TEST_NAMES = {
     "t_test_one_tailed": "one-tailed paired t-test (method > baseline)",
@@ -57,10 +63,10 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
                     mean = _mean([c["metrics"][m] for c in mine if m in c["metrics"]])
                     base_mean = _mean([c["metrics"][m] for c in base if m in c["metrics"]])
                     change = None
-                    if mean is not None and base_mean not in (None, 0.0) and r != baseline:
+                    if mean is not None and base_mean not in (None, 0.0) and r != baseline and m not in RUN_LEVEL:
                         change = 100.0 * (mean - base_mean) / base_mean
                     p, pairs = None, 0
-                    if r != baseline and mine and base:
+                    if r != baseline and mine and base and m not in RUN_LEVEL:
                         if paired_by == "replicate":
                             a, b, ids = pair_by_replicate({c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
                                                           {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]})
@@ -69,7 +75,8 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
                                                       per_query_means([c["per_query"] for c in base], m))
                         pairs = len(ids)
                         p = paired_test(a, b, test) if pairs else None
-                    entry["measures"][m] = {"mean": mean, "change_pct": change, "p": p, "pairs": pairs, "mark": significance_mark(p)}
+                    entry["measures"][m] = {"mean": mean, "change_pct": change, "p": p, "pairs": pairs, "mark": significance_mark(p),
+                                            "run_level": m in RUN_LEVEL}
                 rows.append(entry)
             blocks.append({"train": train, "eval": ev, "rows": rows})
     return blocks
@@ -79,7 +86,7 @@ def _cell(v: dict, is_baseline: bool) -> str:
     if v["mean"] is None:
         return "–"
     text = f"{v['mean']:.4f}"
-    if not is_baseline:
+    if not is_baseline and not v.get("run_level"):
         text += f" ({v['change_pct']:+.1f}%)" if v["change_pct"] is not None else " (n/a)"
         text += v["mark"]
     return text
@@ -100,6 +107,9 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
         f"\\* p <= 0.05, \\*\\* p <= 0.01: {TEST_NAMES[test]} on {unit}.",
     ]
     measures = list(results["measures"])
+    if any(m in RUN_LEVEL for m in measures):
+        lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run (the test split's"
+                      " probe vectors as the ranker scores them), mean over the runs, untested.")
     for block in blocks:
         title = block["eval"] if block["train"] == block["eval"] else f"trained on {block['train']}, evaluated on {block['eval']}"
         lines += ["", f"### {title}", "", "| method | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]

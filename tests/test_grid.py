@@ -147,6 +147,20 @@ def test_table_significance_uses_per_query_means_over_seeds():
     assert "| new [1/2 runs] |" in render_markdown(res)
 
 
+def test_run_level_isotropy_columns_are_means_without_test():
+    a = [[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]]
+    b = [[0.4, 0.5, 0.3, 0.6], [0.5, 0.6, 0.4, 0.7]]
+    res = results_fixture(a, b)
+    for cell, iw in zip(res["cells"], (0.6, 0.7, 0.1, 0.3)):
+        cell["metrics"]["iw"] = iw
+    res["measures"] = ["ndcg_cut_10", "iw"]
+    rows = summarize(res)[0]["rows"]
+    assert rows[0]["measures"]["iw"]["mean"] == pytest.approx(0.65) and rows[1]["measures"]["iw"]["mean"] == pytest.approx(0.2)
+    assert rows[1]["measures"]["iw"]["p"] is None and rows[1]["measures"]["ndcg_cut_10"]["p"] is not None
+    text = render_markdown(res)
+    assert "| 0.2000 |" in text and "untested" in text, text
+
+
 def test_grid_file_errors_and_cell_layout(tmp_path):
     def grid(**kw):
         base = {"baseline": "a", "rows": {"a": ["model=colbert"], "b": ["model=repbert"]}, "train_data": ["synthetic"],

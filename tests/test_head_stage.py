@@ -138,3 +138,23 @@ def test_one_backbone_pass_equals_separate_passes(tmp_path, finetuned):
     assert scores(plain) == pytest.approx(ft_head, abs=1e-5)
     plain_val = trainer().validate(plain, datamodule=dm, verbose=False)[0]["val/ndcg_cut_10"]
     assert val == pytest.approx([plain_val, plain_val], abs=1e-9)
+
+
+def test_glow_stage_ddp_two_processes_match_one(tmp_path, finetuned):
+    """Head batch 256 in one process vs 128 on each of two gloo ranks: the ranks draw disjoint halves of the same
+    global batches from the shared cache (built once, by the first process), DDP averages their gradients, and the
+    test runs are gathered, so the trained head and every metric match the single-process run."""
+    base = [*SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=2", f"data.cache_dir={tmp_path / 'cache'}"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_script("train.py", *base, "head.batch_size=256", f"output_dir={one}")
+    run_script("train.py", *base, "head.batch_size=128", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
+    a, b = head_state(one / "checkpoints" / "last.ckpt"), head_state(two / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    m1, m2 = metrics(one), metrics(two)
+    for k in ("ndcg_cut_10", "P_20", "mrr_10", "iw", "avgcos", "iw_raw"):
+        assert m2[k] == pytest.approx(m1[k], abs=1e-4), k
+        if k != "iw_raw":
+            assert m2["before_head"][k] == pytest.approx(m1["before_head"][k], abs=1e-4), k
+    assert len(list((tmp_path / "cache" / "representations").iterdir())) == 1
