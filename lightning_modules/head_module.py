@@ -55,6 +55,7 @@ class HeadModule(RankingModule):
         self.nonfinite_batches = 0
         self.runs["test_raw"] = type(self.runs["test"])()
         self._val_memo: dict = {}  # "q" -> the validation queries' raw Encoded; batch_idx -> (didx, raw docs)
+        self._val_memo_bytes = 0
 
     @property
     def head(self):
@@ -109,8 +110,10 @@ class HeadModule(RankingModule):
             if hit is not None and torch.equal(hit[0], batch["didx"]):
                 return hit[1]
         raw = self.ranker.token_representations(batch["d_input_ids"], batch["d_attention_mask"])
-        if split == "val":
+        size = raw.tokens.numel() * raw.tokens.element_size()
+        if split == "val" and self._val_memo_bytes + size <= self.head_cfg.val_memory_gib * 2**30:
             self._val_memo[batch_idx] = (batch["didx"].clone(), raw)
+            self._val_memo_bytes += size
         return raw
 
     def _eval_epoch_start(self, split: str) -> None:

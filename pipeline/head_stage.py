@@ -47,7 +47,8 @@ def build_module(cfg: DictConfig) -> HeadModule:
     if "base_ckpt" in base:
         raise InputError("ckpt", f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint (its base_ckpt is '{base['base_ckpt']}')")
     hp = base["hyper_parameters"]
-    module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(cfg.ckpt))
+    # absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
+    module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(Path(cfg.ckpt).resolve()))
     module.load_base(base["state_dict"])
     return module
 

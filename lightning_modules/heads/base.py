@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pipeline.errors import check_choice
+from pipeline.errors import InputError, check_choice
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -23,10 +23,15 @@ class HeadConfig:
     batch_size: int = 1024  # vectors per optimiser step
     cache_dtype: str = "float16"  # the on-disk representation cache: float16 | float32
     max_train_texts: int | None = None  # cap on the training queries + passages encoded into the cache (seeded sample)
+    # flows: the validation split's ranker representations are kept in memory after the first validation (the
+    # ranker is frozen), up to this many GiB; batches beyond it are re-encoded at every validation
+    val_memory_gib: float = 2.0
 
     def __post_init__(self):
         check_choice("head.granularity", self.granularity, ("token", "sequence"))
         check_choice("head.cache_dtype", self.cache_dtype, ("float16", "float32"))
+        if not self.val_memory_gib >= 0:
+            raise InputError("head.val_memory_gib", f"is {self.val_memory_gib}; expected a size in GiB >= 0")
 
 
 class IsotropyHead(nn.Module):
