@@ -276,7 +276,7 @@ def padded_stats(masks: list[torch.Tensor]) -> dict:
 def run_ours(ranker, batches, precision: str) -> Meter:
     with torch.inference_mode(), autocast(precision), Meter() as m:
         for b in batches:
-            ranker.encode(b["d_input_ids"], b["d_attention_mask"])
+            ranker.encode(b["d_input_ids"], b["d_attention_mask"], side="doc")
     return m
 
 

@@ -47,12 +47,12 @@ class IsotropyCallback(Callback):
         queries, docs = trainer.datamodule.probe_texts()
         was_training = ranker.training
         ranker.eval()
-        for texts, side in ((queries, tok.queries), (docs, tok.docs)):
+        for texts, tokenize, side in ((queries, tok.queries, "query"), (docs, tok.docs, "doc")):
             for s in range(0, len(texts), self.batch_size):
-                batch = side(texts[s : s + self.batch_size])
+                batch = tokenize(texts[s : s + self.batch_size])
                 ids, mask = (v.to(module.device) for v in batch.values())
                 with trainer.precision_plugin.forward_context():
-                    raw = ranker.token_representations(ids, mask)
+                    raw = ranker.token_representations(ids, mask, side=side)
                     encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
                 for v, enc in encodings.items():
                     scored = ranker.scoring_vectors(enc.tokens.float())

@@ -97,7 +97,7 @@ class HeadModule(RankingModule):
         if split == "val" and "q" in self._val_memo:
             return self._val_memo["q"]
         texts = self.trainer.datamodule.eval_splits[split].qtexts
-        raw = self.encode_query_texts(texts, encode=lambda b: self.ranker.token_representations(b["q_input_ids"], b["q_attention_mask"]))
+        raw = self.encode_query_texts(texts, encode=lambda b: self.ranker.token_representations(b["q_input_ids"], b["q_attention_mask"], side="query"))
         if split == "val":
             self._val_memo["q"] = raw
         return raw
@@ -109,7 +109,7 @@ class HeadModule(RankingModule):
             hit = self._val_memo.get(batch_idx)
             if hit is not None and torch.equal(hit[0], batch["didx"]):
                 return hit[1]
-        raw = self.ranker.token_representations(batch["d_input_ids"], batch["d_attention_mask"])
+        raw = self.ranker.token_representations(batch["d_input_ids"], batch["d_attention_mask"], side="doc")
         size = raw.tokens.numel() * raw.tokens.element_size()
         if split == "val" and self._val_memo_bytes + size <= self.head_cfg.val_memory_gib * 2**30:
             self._val_memo[batch_idx] = (batch["didx"].clone(), raw)

@@ -119,16 +119,37 @@ class RankingModule(pl.LightningModule):
         self.log("train/margin", (pos - neg).float().mean())
         return loss
 
+    def optimizer_groups(self) -> list[dict]:
+        """AdamW parameter groups: the ranker's named groups (`Ranker.param_groups`, each at its own learning rate)
+        and the rest at optim.lr, each split into decayed weights and undecayed biases / norms / scalars. Rankers
+        without groups get exactly two unnamed groups, as before, so their checkpoints resume unchanged."""
+        o = self.optim_cfg
+        named = self.ranker.param_groups()
+        owner: dict[int, str] = {}
+        for gname, g in named.items():
+            for p in g.params:
+                if owner.setdefault(id(p), gname) != gname:
+                    raise ValueError(f"parameter in two ranker param groups: '{owner[id(p)]}' and '{gname}'")
+        buckets: dict[tuple[str | None, bool], list] = {}
+        for _, p in self.named_parameters():
+            if p.requires_grad:  # biases and LayerNorm weights are not decayed
+                buckets.setdefault((owner.get(id(p)), p.ndim >= 2), []).append(p)
+        groups = []
+        for gname in (None, *named):
+            lr = o.lr if gname is None else named[gname].resolve(o.lr)
+            for decay in (True, False):
+                params = buckets.get((gname, decay), [])
+                if not params and (gname is not None or named):
+                    continue
+                group = {"params": params, "weight_decay": o.weight_decay if decay else 0.0, "lr": lr}
+                if gname is not None:  # LearningRateMonitor logs lr-AdamW/<name>
+                    group["name"] = f"{gname}/{'decay' if decay else 'no_decay'}"
+                groups.append(group)
+        return groups
+
     def configure_optimizers(self):
         o = self.optim_cfg
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 else decay).append(p)  # biases and LayerNorm weights are not decayed
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, fused=torch.cuda.is_available() or None,
-        )
+        opt = torch.optim.AdamW(self.optimizer_groups(), lr=o.lr, fused=torch.cuda.is_available() or None)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm = max(0, o.warmup_steps)
 

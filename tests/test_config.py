@@ -24,6 +24,8 @@ def test_group_choice_and_overrides_apply_in_order():
     [
         (["model.compress_dimm=8"], "model.compress_dimm"),  # misspelt ranker key
         (["model=bert_cat", "model.compress_dim=8"], "model.compress_dim"),  # key of another ranker
+        (["model=tk", "model.compress_dim=8"], "model.compress_dim"),
+        (["model=tk", "model.kernel=5"], "model.kernel"),  # misspelt TK key (kernels)
         (["trainer.max_stepz=3"], "trainer.max_stepz"),
         (["optim.lrr=1"], "optim.lrr"),
         (["sed=1"], "sed"),
@@ -65,3 +67,18 @@ def test_argument_without_equals():
 def test_misspelt_choices_are_errors_not_defaults(argv, key):
     with pytest.raises(InputError, match=rf"config key '{key}'.*expected one of"):
         compose(argv)
+
+
+def test_tk_composes_with_the_papers_settings():
+    m = compose(["model=tk"]).model
+    assert (m.name, m.layers, m.heads, m.head_dim, m.ff_dim) == ("tk", 2, 16, 32, 100)
+    assert (m.kernels, m.sigma, m.passage_position_offset, m.embeddings) == (11, 0.1, 500, "backbone")
+    assert (m.contextualization_lr, m.kernel_lr) == (1e-4, 1e-3)
+    assert compose(["model=tk", "model.embeddings=/data/glove.42B.300d.txt", "model.kernel_lr=null"]).model.kernel_lr is None
+
+
+@pytest.mark.parametrize("argv,key", [(["model.kernels=1"], "model.kernels"), (["model.sigma=0"], "model.sigma"),
+                                      (["model.dropout=1.5"], "model.dropout"), (["model.kernel_lr=-1"], "model.kernel_lr")])
+def test_tk_bad_values_are_errors(argv, key):
+    with pytest.raises(InputError, match=rf"config key '{key}'"):
+        compose(["model=tk", *argv])

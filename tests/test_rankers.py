@@ -16,6 +16,7 @@ from lightning_modules.rankers.bert_cat import BertCatConfig
 from lightning_modules.rankers.bert_dot import BertDotConfig
 from lightning_modules.rankers.colbert import ColBERTConfig
 from lightning_modules.rankers.repbert import RepBERTConfig
+from lightning_modules.rankers.tk import TKConfig
 from lightning_modules.rankers.tokenization import PairTokenizer
 from pipeline.errors import InputError
 
@@ -393,8 +394,9 @@ def test_repbert_sequence_head_hook(tiny_bert):
         (BertDotConfig, {}),
         (BertDotConfig, {"compress_dim": 8}),
         (BertCatConfig, {}),
+        (TKConfig, {}),
     ],
-    ids=["colbert", "colbert_compress", "repbert", "bert_dot", "bert_dot_compress", "bert_cat"],
+    ids=["colbert", "colbert_compress", "repbert", "bert_dot", "bert_dot_compress", "bert_cat", "tk"],
 )
 def test_gradients_reach_every_trainable_parameter(tiny_bert, cfg_cls, kw):
     ranker = make(cfg_cls(backbone=tiny_bert, query_max_len=8, doc_max_len=12, **kw))

@@ -44,8 +44,9 @@ def cache_key(checkpoint: str, granularity: str, queries: list[str], docs: list[
 
 @torch.inference_mode()
 def _vectors(ranker, batch: dict[str, torch.Tensor], granularity: str) -> torch.Tensor:
+    side = "query" if "q_input_ids" in batch else "doc"  # PairTokenizer prefixes the keys by side
     ids, mask = batch.values()
-    enc = ranker.token_representations(ids, mask)
+    enc = ranker.token_representations(ids, mask, side=side)
     if granularity == "token":
         return enc.tokens[enc.mask]
     pooled = ranker.pool(enc).sequence

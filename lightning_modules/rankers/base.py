@@ -5,14 +5,15 @@ white-box ColBERT) reuse them directly. Two kinds:
 
 - `BiEncoder`: queries and passages are encoded separately. `token_representations` is the hook where the
   isotropy heads and analyses attach (per-token vectors, padding masked); `score_all` scores every query
-  against every passage, which in-batch negatives use.
+  against every passage, which in-batch negatives use. Its `side` argument ("query" or "doc") says which of the
+  two is encoded: the BERT rankers ignore it, TK needs it (passage positions start at an offset).
 - `CrossEncoder`: `[CLS] q [SEP] p [SEP]` through the backbone, one score per pair.
 
 Both expose `score(batch) -> [B]` over tokenised (query, passage) pairs, the only call evaluation needs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -46,6 +47,19 @@ def masked_mean(tokens: Tensor, mask: Tensor) -> Tensor:
     return (tokens * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
+@dataclass
+class ParamGroup:
+    """Parameters trained with their own learning rate (e.g. TK's kernel weights, position-bias paper section 3):
+    `lr` when set, else `lr_scale` x optim.lr. Warm-up, schedule and the weight-decay split apply as to any group."""
+
+    params: list[nn.Parameter] = field(default_factory=list)
+    lr: float | None = None
+    lr_scale: float = 1.0
+
+    def resolve(self, base_lr: float) -> float:
+        return self.lr if self.lr is not None else self.lr_scale * base_lr
+
+
 class Ranker(nn.Module):
     kind: ClassVar[str]  # "bi" or "cross"
 
@@ -57,6 +71,11 @@ class Ranker(nn.Module):
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
         raise NotImplementedError
+
+    def param_groups(self) -> dict[str, ParamGroup]:
+        """Named parameter groups with their own learning rates; parameters in none of them train at optim.lr.
+        Default: none (one learning rate for the whole ranker)."""
+        return {}
 
 
 class BiEncoder(Ranker):
@@ -70,13 +89,14 @@ class BiEncoder(Ranker):
         self.token_head: nn.Module | None = None
         self.sequence_head: nn.Module | None = None
 
-    def token_representations(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        """Contextual token vectors x_j (isotropy paper notation), before any isotropy head."""
+    def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+        """Contextual token vectors x_j (isotropy paper notation), before any isotropy head. `side`: "query" or
+        "doc" (the same backbone encodes both here, so it is not used)."""
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return Encoded(tokens=out, mask=attention_mask.bool())
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        return self.finish(self.token_representations(input_ids, attention_mask))
+    def encode(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+        return self.finish(self.token_representations(input_ids, attention_mask, side=side))
 
     def finish(self, raw: Encoded, heads: bool = True) -> Encoded:
         """Token representations -> what the ranker scores with: token head, pooling, sequence head.
@@ -99,10 +119,10 @@ class BiEncoder(Ranker):
         return enc
 
     def encode_queries(self, batch: dict[str, Tensor]) -> Encoded:
-        return self.encode(batch["q_input_ids"], batch["q_attention_mask"])
+        return self.encode(batch["q_input_ids"], batch["q_attention_mask"], side="query")
 
     def encode_docs(self, batch: dict[str, Tensor]) -> Encoded:
-        return self.encode(batch["d_input_ids"], batch["d_attention_mask"])
+        return self.encode(batch["d_input_ids"], batch["d_attention_mask"], side="doc")
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
         """Score query i against passage i: [B]."""
@@ -160,6 +180,6 @@ def cosine_normalize(x: Tensor) -> Tensor:
 
 
 __all__ = [
-    "RankerConfig", "Encoded", "Ranker", "BiEncoder", "SingleVectorEncoder", "CrossEncoder", "masked_mean",
+    "RankerConfig", "Encoded", "ParamGroup", "Ranker", "BiEncoder", "SingleVectorEncoder", "CrossEncoder", "masked_mean",
     "cosine_normalize", "take",
 ]

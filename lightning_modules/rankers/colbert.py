@@ -27,8 +27,8 @@ class ColBERT(BiEncoder):
         super().__init__(cfg)
         self.compress = nn.Linear(self.hidden_size, cfg.compress_dim, bias=False) if cfg.compress_dim else None
 
-    def token_representations(self, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        enc = super().token_representations(input_ids, attention_mask)
+    def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+        enc = super().token_representations(input_ids, attention_mask, side=side)
         if self.compress is not None:
             enc.tokens = self.compress(enc.tokens)
         return enc

@@ -1,0 +1,206 @@
+"""TK (Hofstätter et al. 2020), as described in the position-bias paper (section 2.4, Eq. 4-6, and section 3).
+
+"TK independently contextualizes query (q_1:m) and passage (p_1:n) sequences based on pre-trained word
+embeddings, where the intensity of the contextualization (with TF) is regulated by a gate (alpha)":
+
+    q^_i = q_i * alpha + TF(q_1:m)_i * (1 - alpha),   p^_i likewise                              (Eq. 4)
+    K^k_ij = exp( -(cos(q^_i, p^_j) - mu_k)^2 / (2 sigma^2) )                                     (Eq. 5)
+    s = ( sum_i log( sum_j K^k_ij ) )_k W_s                                                       (Eq. 6)
+
+Query and passage are contextualised independently, so TK is a bi-encoder here: `token_representations` returns
+q^ / p^ (the "contextualized passage vectors" whose position bias the paper's ATS / MATS measure, and where the
+isotropy heads attach), and `score_pairs` / `score_all` / `score_indexed` compute the cosine match matrix, the
+kernels and the pooling (`kernel_pooling.py`), then the linear layer W_s (no bias, as in Eq. 6).
+
+Choices, each with the paper's wording where it has one:
+- Terms. Text is WordPiece-tokenised by the backbone's tokenizer through the ordinary PairTokenizer ("bi": query
+  and passage separately), which adds [CLS] and [SEP]. TK has no such tokens, so every special token of the
+  tokenizer except [UNK] is dropped through the mask (`term_mask`): it is neither attended to, nor counted as a
+  position, nor scored. `query_max_len` / `doc_max_len` still count them, so a query keeps at most
+  query_max_len - 2 terms.
+- Positions. "We use the same sinusoidal positional encodings as Vaswani et al. [48], for the document encodings we
+  shift the start position by 500 to distinguish them from the query encodings": the first query term has position
+  0, the first passage term position 500 (`passage_position_offset`), then one more per term. They are added to
+  the Transformer's input only, not to the q_i of Eq. 4's first summand.
+- Transformer. "2 layers each with 16 attention heads with size 32 and a feed-forward dimension of 100"
+  (`contextualizer.py`). Dropout 0 by default, as in the authors' TK code (the paper names none).
+- Gate. alpha is one learned scalar shared by queries and passages, initialised at 0.5 and not squashed into
+  [0, 1], as in the authors' code (the paper says only that a gate regulates the intensity).
+- Word embeddings. The paper uses 300-d GloVe; offline, the default copies the backbone's input word embeddings
+  (after which the backbone's Transformer is dropped: TK keeps no BERT layer), or a GloVe-format file is read
+  (`word_vectors.py`). Trained unless `train_embeddings=false`.
+- Learning rates. "Adam with a learning rate of 10^-4 for word embeddings and contextualization layers, 10^-3 for
+  the kernel-pooling weights": `param_groups` gives the two groups their own rates (RankingModule's AdamW keeps its
+  warm-up, schedule and weight-decay split for both).
+- Scale (a property of Eq. 4 with these inputs, not changed here). The sinusoids have norm sqrt(d/2) and TF's
+  output, LayerNorm'd, about sqrt(d), while word vectors are shorter (MiniLM's WordPiece vectors ~1.07 against 13.9
+  and ~20 at d = 384): at initialisation q^ is mostly position and TF, and exactly matching terms start at cosine
+  ~0.2, not 1. TK has to learn to keep term identity; the paper trains it long, from GloVe.
+- Precision. The match matrix and kernels are computed in float32 even under bf16 autocast: with sigma = 0.1 a
+  bf16 cosine (3 significant digits) would move the kernel activations visibly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from lightning_modules.rankers import RANKERS
+from lightning_modules.rankers.base import BiEncoder, Encoded, ParamGroup, RankerConfig, cosine_normalize, take
+from lightning_modules.rankers.contextualizer import Contextualizer
+from lightning_modules.rankers.kernel_pooling import kernel_means, kernel_pooling
+from lightning_modules.rankers.word_vectors import from_backbone, from_glove
+from pipeline.errors import InputError
+
+SIDES = ("query", "doc")
+
+
+@dataclass
+class TKConfig(RankerConfig):
+    name: str = "tk"
+    # "backbone": copy the backbone's input word embeddings; otherwise a GloVe-format text file (token v1 ... vd)
+    # whose vectors replace them (the paper's GloVe). The backbone always supplies the WordPiece tokenizer.
+    embeddings: str = "backbone"
+    train_embeddings: bool = True  # the paper trains them (lr 1e-4); false freezes them
+    layers: int = 2  # Transformer layers of TF
+    heads: int = 16  # attention heads per layer
+    head_dim: int = 32  # size of each head (heads x head_dim need not equal the embedding width)
+    ff_dim: int = 100  # feed-forward width
+    dropout: float = 0.0  # attention, residual and feed-forward dropout in TF
+    kernels: int = 11  # RBF kernels, means evenly from -1 to +1
+    sigma: float = 0.1  # standard deviation of every kernel
+    passage_position_offset: int = 500  # position of the first passage term (queries start at 0)
+    gate_init: float = 0.5  # initial alpha of Eq. 4
+    contextualization_lr: float | None = 1.0e-4  # embeddings, TF and alpha; null: optim.lr
+    kernel_lr: float | None = 1.0e-3  # W_s; null: kernel_lr_scale x optim.lr
+    kernel_lr_scale: float = 10.0  # only when kernel_lr is null
+
+    def __post_init__(self):
+        positive = {"layers": self.layers, "heads": self.heads, "head_dim": self.head_dim, "ff_dim": self.ff_dim,
+                    "sigma": self.sigma, "kernel_lr_scale": self.kernel_lr_scale,
+                    "contextualization_lr": self.contextualization_lr, "kernel_lr": self.kernel_lr}
+        for key, value in positive.items():
+            if value is not None and value <= 0:
+                raise InputError(f"config key 'model.{key}'", f"is {value}; expected a positive number")
+        if self.kernels < 2:
+            raise InputError("config key 'model.kernels'", f"is {self.kernels}; expected at least 2 (means from -1 to +1)")
+        if not 0 <= self.dropout < 1:
+            raise InputError("config key 'model.dropout'", f"is {self.dropout}; expected 0 <= dropout < 1")
+        if self.passage_position_offset < 0:
+            raise InputError("config key 'model.passage_position_offset'", f"is {self.passage_position_offset}; expected >= 0")
+
+
+class TK(BiEncoder):
+    # Bound on the elements of one [pairs, Lq, Ld, kernels] activation tensor; scoring runs in chunks under it.
+    max_kernel_elements: int = 2**24
+
+    def __init__(self, cfg: TKConfig):
+        super().__init__(cfg)  # loads the backbone for its tokenizer (and, by default, its word embeddings)
+        tok = self.tokenizer
+        if cfg.embeddings == "backbone":
+            vectors = from_backbone(self.encoder)
+        else:
+            vectors = from_glove(cfg.embeddings, tok.get_vocab(), len(tok))
+        del self.encoder  # TK keeps no BERT layer: only the word embeddings came from it
+        self.embedding_source = {"source": vectors.source, "found": vectors.found, "missing": vectors.missing}
+        self.embeddings = nn.Embedding.from_pretrained(vectors.weight, freeze=not cfg.train_embeddings)
+        self.hidden_size = vectors.weight.shape[1]
+        self.contextualizer = Contextualizer(self.hidden_size, cfg.layers, cfg.heads, cfg.head_dim, cfg.ff_dim, cfg.dropout)
+        self.gate = nn.Parameter(torch.tensor(float(cfg.gate_init)))
+        self.scoring = nn.Linear(cfg.kernels, 1, bias=False)  # W_s of Eq. 6
+        # small initial weights: the pooled features are sums of logs, tens in magnitude (authors' code: +-0.014)
+        nn.init.uniform_(self.scoring.weight, -0.014, 0.014)
+        self.register_buffer("mu", kernel_means(cfg.kernels), persistent=False)
+        dropped = sorted(set(tok.all_special_ids) - {tok.unk_token_id})
+        self.register_buffer("dropped_ids", torch.tensor(dropped, dtype=torch.long), persistent=False)
+
+    # ---- contextualisation (Eq. 4) -------------------------------------------------------------------------
+    def term_mask(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """True on TK's terms: real tokens that are not [CLS], [SEP] or another special token (but [UNK])."""
+        return attention_mask.bool() & ~torch.isin(input_ids, self.dropped_ids)
+
+    def position_ids(self, mask: Tensor, side: str | None) -> Tensor:
+        """Position of every term, counted over terms only: 0, 1, ... for queries, 500, 501, ... for passages.
+        (Slots off the mask repeat a neighbour's position; they are never attended to nor scored.)"""
+        if side not in SIDES:
+            raise ValueError(f"TK encodes queries and passages differently: side must be one of {SIDES}, got {side!r}")
+        offset = 0 if side == "query" else self.cfg.passage_position_offset
+        return (mask.long().cumsum(dim=1) - 1).clamp_min(0) + offset
+
+    def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+        """q^ (side="query") or p^ (side="doc") of Eq. 4, zero off the term mask."""
+        mask = self.term_mask(input_ids, attention_mask)
+        keep = mask.unsqueeze(-1)
+        x = self.embeddings(input_ids) * keep
+        tf = self.contextualizer(x, mask, self.position_ids(mask, side))
+        mixed = self.gate * x + (1 - self.gate) * tf
+        return Encoded(tokens=mixed * keep, mask=mask)
+
+    def scoring_vectors(self, x: Tensor) -> Tensor:
+        return cosine_normalize(x)  # the match matrix is cosine
+
+    # ---- kernel pooling and scoring (Eq. 5-6) --------------------------------------------------------------
+    def _step(self, per_item: int) -> int:
+        return max(1, self.max_kernel_elements // max(1, per_item))
+
+    def _pair_features(self, qn: Tensor, qm: Tensor, dn: Tensor, dm: Tensor) -> Tensor:
+        cos = torch.einsum("bid,bjd->bij", qn, dn)  # [B, Lq, Ld]
+        return kernel_pooling(cos, qm, dm, self.mu, self.cfg.sigma)
+
+    def _cross_features(self, qn: Tensor, qm: Tensor, dn: Tensor, dm: Tensor) -> Tensor:
+        cos = torch.einsum("qid,pjd->qpij", qn, dn)  # [Bq, Bd, Lq, Ld]
+        return kernel_pooling(cos, qm[:, None], dm[None], self.mu, self.cfg.sigma)
+
+    def kernel_features(self, q: Encoded, d: Encoded, cross: bool = False) -> Tensor:
+        """The pooled kernel features of Eq. 6 (before W_s): [B, K] for aligned pairs, [Bq, Bd, K] with `cross`.
+
+        Passages are taken in chunks so that no [.., Lq, Ld, K] tensor exceeds `max_kernel_elements`; when that
+        takes more than one chunk under autograd, each chunk is checkpointed (recomputed in backward), so training
+        memory stays bounded too and in-batch negatives scale with the batch."""
+        with torch.autocast(q.tokens.device.type, enabled=False):
+            qn, dn = cosine_normalize(q.tokens.float()), cosine_normalize(d.tokens.float())
+            if not cross and qn.shape[0] != dn.shape[0]:
+                raise ValueError(f"score_pairs needs as many queries as passages, got {qn.shape[0]} and {dn.shape[0]}")
+            per_passage = qn.shape[1] * dn.shape[1] * len(self.mu) * (qn.shape[0] if cross else 1)
+            step, n = self._step(per_passage), dn.shape[0]
+            spans = [(a, min(n, a + step)) for a in range(0, n, step)] or [(0, 0)]
+            run = self._cross_features if cross else self._pair_features
+            recompute = torch.is_grad_enabled() and len(spans) > 1
+            out = []
+            for a, b in spans:
+                args = (qn, q.mask, dn[a:b], d.mask[a:b]) if cross else (qn[a:b], q.mask[a:b], dn[a:b], d.mask[a:b])
+                out.append(checkpoint(run, *args, use_reentrant=False) if recompute else run(*args))
+            return torch.cat(out, dim=1 if cross else 0)
+
+    def _score(self, q: Encoded, d: Encoded, cross: bool) -> Tensor:
+        with torch.autocast(q.tokens.device.type, enabled=False):
+            return self.scoring(self.kernel_features(q, d, cross)).squeeze(-1)
+
+    def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        return self._score(q, d, cross=False)
+
+    def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        return self._score(q, d, cross=True)
+
+    def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
+        # gather the token tensors of a chunk of pairs at a time: [P, L, D] copies for all pairs would dominate memory
+        step = self._step(q.tokens.shape[1] * d.tokens.shape[1] * len(self.mu))
+        parts = [self.score_pairs(take(q, iq[a : a + step]), take(d, id_[a : a + step])) for a in range(0, len(iq), step)]
+        return torch.cat(parts) if parts else q.tokens.new_zeros(0, dtype=torch.float32)
+
+    # ---- optimisation --------------------------------------------------------------------------------------
+    def param_groups(self) -> dict[str, ParamGroup]:
+        """The paper's two learning rates: embeddings + contextualisation (TF and alpha), and W_s."""
+        c = self.cfg
+        context = [self.embeddings.weight, self.gate, *self.contextualizer.parameters()]
+        return {
+            "contextualization": ParamGroup(context, lr=c.contextualization_lr),
+            "kernel_scoring": ParamGroup(list(self.scoring.parameters()), lr=c.kernel_lr, lr_scale=c.kernel_lr_scale),
+        }
+
+
+@RANKERS.register("tk", schema=TKConfig)
+def build(cfg: TKConfig) -> TK:
+    return TK(cfg)
