@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import check_choice
+from pipeline.errors import InputError, check_choice
 
 
 @dataclass
@@ -32,6 +32,26 @@ class DataConfig:
     num_folds: int | None = None
     fold: int = 0
     fold_seed: int = 13
+    # Position-biased training split (datamodules/answer_bias.py), for sources with answer spans: keep the training
+    # questions whose answers start in the first `answer_bias_keep_first` fraction of the passage's words (null =
+    # off); a question answered later is kept with probability `answer_bias_late_keep` (0 = a hard filter), drawn
+    # per question from `answer_bias_seed` (independent of the run seed, so every seed trains on the same subset).
+    answer_bias_keep_first: float | None = None
+    answer_bias_late_keep: float = 0.0
+    answer_bias_seed: int = 13
 
     def __post_init__(self):
         check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))
+        check_answer_bias(self)
+
+
+def check_answer_bias(cfg: DataConfig) -> None:
+    """The answer-bias keys are in range (k in (0, 1], a keep probability in [0, 1]); run at composition time, so a
+    bad value stops the run before any data is read."""
+    k = cfg.answer_bias_keep_first
+    if k is not None and not 0 < k <= 1:  # also rejects NaN
+        raise InputError("config key 'data.answer_bias_keep_first'", f"is {k}; expected a fraction of the passage in (0, 1], or null (off)")
+    if not 0 <= cfg.answer_bias_late_keep <= 1:
+        raise InputError("config key 'data.answer_bias_late_keep'", f"is {cfg.answer_bias_late_keep}; expected a probability in [0, 1]")
+    if k is None and cfg.answer_bias_late_keep:
+        raise InputError("config key 'data.answer_bias_late_keep'", f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); set both or neither")

@@ -38,6 +38,9 @@ class IRDataset:
     # (qid, doc id) -> answer character spans in docs[doc id]; for position-bias analysis and rotation.
     answers: dict[tuple[str, str], list[Span]] = field(default_factory=dict)
     docs_origin: str | None = None  # the collection's file or config key, for error messages
+    # counts of the position-biased training split (datamodules/answer_bias.py) when `data.answer_bias_keep_first`
+    # cut the training split; None otherwise
+    answer_bias: dict | None = None
 
     def split(self, name: str) -> Split:
         if name not in self.splits:

@@ -31,6 +31,18 @@ def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> st
     return rotation.rotate(words, r, [])[0]
 
 
+def train_rotation_key(index: int, doc_id: str) -> str:
+    """The rotation key of a training passage: triple index and doc id, so the positive and the negative of one
+    triple, and the same passage in two triples, are cut independently (and analyses reproduce the cuts)."""
+    return f"{index}:{doc_id}"
+
+
+def eval_rotation_key(doc_id: str) -> str:
+    """The rotation key of an evaluation passage (cut at epoch 0): its doc id, so a passage is cut alike for every
+    query and at every evaluation."""
+    return doc_id
+
+
 class TripletDataset(Dataset):
     def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
@@ -45,8 +57,8 @@ class TripletDataset(Dataset):
         # Positive and negative are rotated alike, each at its own cut (Eq. 7 applies to every passage).
         return (
             self.queries[qid],
-            passage_text(self.docs[pos], self.rotate, self.seed, epoch, f"{i}:{pos}"),
-            passage_text(self.docs[neg], self.rotate, self.seed, epoch, f"{i}:{neg}"),
+            passage_text(self.docs[pos], self.rotate, self.seed, epoch, train_rotation_key(i, pos)),
+            passage_text(self.docs[neg], self.rotate, self.seed, epoch, train_rotation_key(i, neg)),
         )
 
 
@@ -155,9 +167,10 @@ class RankingDataModule(pl.LightningDataModule):
             return split.candidates
         return bm25_candidates(ds.docs, split.queries, self.cfg.candidate_depth, self.cfg.cache_dir, f"{ds.name}-{split_name}")
 
-    def _load(self) -> None:
+    def train_triples(self, ds: IRDataset) -> list[tuple[str, str, str]]:
+        """The training triplets of `ds` in training order: the source's, or sampled from its qrels (BM25 or random
+        negatives), then cut to `max_train_triples`. Index i of this list is the i of `train_rotation_key`."""
         cfg = self.cfg
-        ds = load_dataset(cfg, self.seed)
         train = ds.split("train")
         triples = train.triples
         if triples is None:
@@ -168,7 +181,11 @@ class RankingDataModule(pl.LightningDataModule):
         if cfg.max_train_triples is not None and len(triples) > cfg.max_train_triples:
             keep = np.sort(np.random.default_rng([self.seed, 1]).permutation(len(triples))[: cfg.max_train_triples])
             triples = [triples[i] for i in keep]
-        self.triples = list(triples)
+        return list(triples)
+
+    def _load(self) -> None:
+        ds = load_dataset(self.cfg, self.seed)
+        self.triples = self.train_triples(ds)
         for name in ("val", "test"):
             self.eval_splits[name] = self._eval_split(ds, name)
         self.dataset = ds
@@ -184,7 +201,7 @@ class RankingDataModule(pl.LightningDataModule):
         doc_ids = sorted({d for q in qids for d in cands[q]})
         didx = {d: i for i, d in enumerate(doc_ids)}
         pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands[q]], dtype=np.int64).reshape(-1, 2)
-        dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, 0, d) for d in doc_ids]
+        dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, 0, eval_rotation_key(d)) for d in doc_ids]
         return EvalSplit(qids, doc_ids, pairs, {q: split.qrels[q] for q in qids}, [split.queries[q] for q in qids], dtexts)
 
     # ---- loaders -------------------------------------------------------------------------------------------

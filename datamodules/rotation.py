@@ -112,10 +112,17 @@ def rotate_seeded(text: str, seed: int, epoch: int, key: str, spans: Sequence[Sp
     return rotate(norm, rotation_index(seed, epoch, key, len(word_starts(norm))), nspans)
 
 
+def answer_start_words(text: str, spans: Sequence[Span]) -> tuple[list[int], int]:
+    """(index of the word holding each span's start, number of words), on the normalized text; spans that
+    `normalize` drops (empty or whitespace only) are skipped. Under rotation by r, word w moves to (w - r) mod n."""
+    norm, nspans = normalize(text, spans)
+    n = len(word_starts(norm))
+    return ([norm.count(" ", 0, s) for s, _ in nspans] if n else []), n
+
+
 def relative_answer_positions(text: str, spans: Sequence[Span]) -> list[float]:
     """Word-based relative position of each answer start: (index of the word holding the span start) / (number of
     words), in [0, 1), on the normalized text. Word-based because rotation moves whole words: a uniformly drawn r
     makes this exactly uniform over {0, 1/n, ..., (n-1)/n} for every passage."""
-    norm, nspans = normalize(text, spans)
-    n = len(word_starts(norm))
-    return [norm.count(" ", 0, s) / n for s, _ in nspans] if n else []
+    words, n = answer_start_words(text, spans)
+    return [w / n for w in words]

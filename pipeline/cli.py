@@ -1,4 +1,4 @@
-"""Shared command-line wrapper: compose the config, run, and turn input errors into one line and exit code 2."""
+"""Shared command-line wrappers: compose the config, run, and turn input errors into one line and exit code 2."""
 from __future__ import annotations
 
 import os
@@ -9,15 +9,39 @@ from pipeline.errors import InputError
 
 
 def main(argv: list[str], job: Callable) -> int:
+    """`job(cfg, model_from_cli)` on the config composed from `key=value` args; `model_from_cli`: the command line
+    picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pipeline.config import compose, parse_args
+    from pipeline.config import compose
 
     try:
         cfg = compose(argv)
-        choices, overrides = parse_args(argv)
-        model_from_cli = "model" in choices or any(o.startswith("model.") for o in overrides)
-        job(cfg, model_from_cli)
+        job(cfg, model_from_cli(argv))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def model_from_cli(argv: list[str]) -> bool:
+    """Whether the `key=value` args pick the model (`model=...` or a `model.` key)."""
+    from pipeline.config import parse_args
+
+    choices, overrides = parse_args(argv)
+    return "model" in choices or any(o.startswith("model.") for o in overrides)
+
+
+def tool_args(ap, argv: list[str]):
+    """(argparse options, `key=value` config args) of a `python -m` tool; an unknown `--option` is an argparse error
+    (exit 2), not a config key."""
+    opts, rest = ap.parse_known_args(argv)
+    bad = [a for a in rest if a.startswith("-")]
+    if bad:
+        ap.error(f"unrecognised option {bad[0]}")
+    return opts, rest
+
+
+def run_tool(ap, argv: list[str], job: Callable) -> int:
+    """A `python -m` tool with `--options` (argparse `ap`) and config overrides: `job(cfg, opts)` under `main`."""
+    opts, rest = tool_args(ap, argv)
+    return main(rest, lambda cfg, _model_from_cli: job(cfg, opts))

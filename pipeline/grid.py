@@ -421,17 +421,17 @@ def _state(cell: Cell) -> str:
 def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tuple[int, str]:
     """Run train.py / evaluate.py with `argv`; (exit code, the error line or the log's tail)."""
     if launcher == "inprocess":  # what pipeline/cli.py does, keeping the error message
-        from pipeline.config import compose, parse_args
+        from pipeline.cli import model_from_cli
+        from pipeline.config import compose
         from pipeline.run import evaluate, train
 
         rc, err = 0, ""
         try:
             cfg = compose(argv)
-            choices, overrides = parse_args(argv)
             if script == "train.py":
                 train(cfg)
             else:
-                evaluate(cfg, "model" in choices or any(o.startswith("model.") for o in overrides))
+                evaluate(cfg, model_from_cli(argv))
         except InputError as e:
             rc, err = 2, str(e)
         except Exception as e:  # noqa: BLE001 - a failed cell must not stop the other cells

@@ -13,12 +13,12 @@ Scoring and tie-breaking: datamodules/bm25.py.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from datamodules.bm25 import METHODS, BM25Params, bm25_run, settings
 from datamodules.corpus import SPLITS
+from pipeline.cli import run_tool
 from pipeline.errors import InputError
 
 __all__ = ["split_queries", "run_bm25", "main"]
@@ -75,22 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", default="lucene", choices=METHODS)
     ap.add_argument("--k1", type=float, default=1.5)
     ap.add_argument("--b", type=float, default=0.75)
-    opts, rest = ap.parse_known_args(argv)
-    bad = [a for a in rest if a.startswith("-")]
-    if bad:
-        ap.error(f"unrecognised option {bad[0]}")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from pipeline.config import compose
 
-        cfg = compose(rest)
+    def job(cfg, opts) -> None:
         means = run_bm25(cfg, opts.split, opts.k, BM25Params(opts.method, opts.k1, opts.b))
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for name, v in means.items():
-        print(f"{name}\t{v:.4f}")
-    return 0
+        for name, v in means.items():
+            print(f"{name}\t{v:.4f}")
+
+    return run_tool(ap, argv, job)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from lightning_modules.rankers.base import SingleVectorEncoder, cosine_normalize
+from pipeline import cli
 from pipeline.errors import InputError
 from retrieval.encode import encode_docs, encode_queries, module_from_checkpoint, pair_tokenizer_for
 
@@ -590,11 +591,7 @@ def _parse(argv: list[str]):
     ap.add_argument("--k-tokens", type=int, default=256, help="colbert: token hits per query token")
     ap.add_argument("--depth", type=int, default=1000, help="colbert: candidates re-scored per query")
     ap.add_argument("--store-dtype", default="float16", choices=("float16", "float32"), help="colbert: stored token vectors")
-    opts, rest = ap.parse_known_args(argv)
-    bad = [a for a in rest if a.startswith("-")]
-    if bad:
-        ap.error(f"unrecognised option {bad[0]}")
-    return opts, rest
+    return cli.tool_args(ap, argv)
 
 
 def retrieve(cfg, opts, model_from_cli: bool) -> dict:
@@ -650,19 +647,8 @@ def retrieve(cfg, opts, model_from_cli: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     opts, rest = _parse(argv)
-    try:
-        from pipeline.config import compose, parse_args
-
-        cfg = compose(rest)
-        choices, overrides = parse_args(rest)
-        model_from_cli = "model" in choices or any(o.startswith("model.") for o in overrides)
-        retrieve(cfg, opts, model_from_cli)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.main(rest, lambda cfg, model_from_cli: retrieve(cfg, opts, model_from_cli))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_every_source_is_registered_with_a_dataclass_schema():
         assert entry.schema().source == name
 
 
-@pytest.mark.parametrize("yaml_name", ["synthetic", "squad", "cranfield", "vaswani", "cisi", "cacm", "tsv", "beir", "ir_datasets"])
+@pytest.mark.parametrize("yaml_name", ["synthetic", "squad", "squad_biased", "cranfield", "vaswani", "cisi", "cacm", "tsv", "beir", "ir_datasets"])
 def test_data_yaml_holds_only_schema_keys(yaml_name):
     path = REPO / "configs" / "data" / f"{yaml_name}.yaml"
     raw = yaml.safe_load(path.read_text())

@@ -8,7 +8,11 @@ from datamodules.sources import beir, classic, ir_datasets_source, squad, synthe
 
 def load_dataset(cfg, seed: int):
     """Build and validate the dataset of `cfg`; with `data.num_folds` set, its judged queries re-split into
-    cross-validation folds (datamodules/folds.py)."""
+    cross-validation folds (datamodules/folds.py); with `data.answer_bias_keep_first` set, the training split (of
+    the fold) cut to the position-biased questions (datamodules/answer_bias.py)."""
+    from pytorch_lightning.utilities import rank_zero_info
+
+    from datamodules.answer_bias import apply_answer_bias, describe
     from datamodules.folds import apply_folds, check_fold_config
 
     num_folds = check_fold_config(cfg)
@@ -16,4 +20,7 @@ def load_dataset(cfg, seed: int):
     ds.validate()
     if num_folds is not None:
         ds = apply_folds(ds, num_folds, int(cfg.fold), int(cfg.fold_seed), source=cfg.source)
+    if cfg.answer_bias_keep_first is not None:
+        ds = apply_answer_bias(ds, float(cfg.answer_bias_keep_first), float(cfg.answer_bias_late_keep), int(cfg.answer_bias_seed))
+        rank_zero_info(describe(ds.answer_bias))
     return ds

@@ -15,6 +15,10 @@ The collection comes from `docs_id`, or when null from the first of train/val/te
 `only_referenced_docs` only the passages named by some split's qrels, triples or candidates are kept (re-ranking
 MS MARCO without holding 8.8M passages; BM25 negatives and candidates then come from that subset).
 
+Queries that carry answer strings (`answers`, e.g. `msmarco-qna/train`, `msmarco-qna/dev`) get answer spans in
+their relevant passages by string matching (datamodules/answer_matching.py), for the answer-position analysis and
+the position-biased training split.
+
 ir_datasets downloads into IR_DATASETS_HOME on first use (network needed once); a dataset registered from local
 files (`ir_datasets.registry.register(name, ir_datasets.Dataset(TsvDocs(LocalDownload(path)), ...))`) needs none.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from datamodules.answer_matching import match_answer_spans
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
@@ -65,7 +70,8 @@ def _read(dataset_id: str, key: str, what: str, fn):
         raise InputError(f"data.{key}", f"reading {what} of ir_datasets '{dataset_id}' failed ({type(e).__name__}: {msg})") from e
 
 
-def _split(dataset_id: str | None, key: str, cfg) -> Split:
+def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[str, ...]]) -> Split:
+    """One split; the answer strings of queries that carry them (`answers`, MS MARCO QnA) go into `answer_texts`."""
     if dataset_id is None:
         return Split()
     ds = _load(dataset_id, key)
@@ -102,6 +108,8 @@ def _split(dataset_id: str | None, key: str, cfg) -> Split:
         def read_queries():
             for q in ds.queries_iter():
                 all_queries[str(q.query_id)] = _text(q)
+                if getattr(q, "answers", None):
+                    answer_texts[str(q.query_id)] = tuple(q.answers)
 
         _read(dataset_id, key, "queries", read_queries)
 
@@ -131,7 +139,8 @@ def build(cfg: IrDatasetsConfig, seed: int) -> IRDataset:
     keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
     if all(getattr(cfg, k) is None for k in keys.values()):
         raise InputError("data.train_id", "train_id, val_id and test_id are all null; expected at least one ir_datasets id")
-    splits = {name: _split(getattr(cfg, key), key, cfg) for name, key in keys.items()}
+    answer_texts: dict[str, tuple[str, ...]] = {}
+    splits = {name: _split(getattr(cfg, key), key, cfg, answer_texts) for name, key in keys.items()}
 
     docs_key, docs_id = "docs_id", cfg.docs_id
     if docs_id is None:
@@ -165,4 +174,19 @@ def build(cfg: IrDatasetsConfig, seed: int) -> IRDataset:
         return docs
 
     docs = _read(docs_id, docs_key, "docs", read_docs)
-    return IRDataset(name=f"ir_datasets:{docs_id}", docs=docs, splits=splits, docs_origin=f"data.{docs_key} ({docs_id})")
+    return IRDataset(name=f"ir_datasets:{docs_id}", docs=docs, splits=splits, docs_origin=f"data.{docs_key} ({docs_id})",
+                     answers=_answer_spans(splits, docs, answer_texts))
+
+
+def _answer_spans(splits: dict[str, Split], docs: dict[str, str], answer_texts: dict[str, tuple[str, ...]]):
+    """(qid, relevant doc id) -> spans of the query's answer strings matched in the passage (answer_matching.py);
+    pairs without a match are left out, as the position-bias paper omits unmatched MS MARCO answers."""
+    answers = {}
+    for split in splits.values():
+        for qid, judged in split.qrels.items():
+            for doc_id, grade in judged.items():
+                if grade > 0 and qid in answer_texts and doc_id in docs:
+                    spans = match_answer_spans(docs[doc_id], answer_texts[qid])
+                    if spans:
+                        answers[(qid, doc_id)] = spans
+    return answers

@@ -1,0 +1,199 @@
+"""Answer-position analysis (position-bias paper, Sec. 4.1 and Figure 1): the distribution of relative answer
+start positions in the relevant passages of a split, before and after rotation (Eq. 7), and of the
+position-biased training split when one is configured.
+
+    python -m analyses.answer_positions data=squad_biased output_dir=outputs/answer-positions-squad
+                                        [--split train] [--epochs 1] [--bins 20] [--spans all|first]
+
+Any source with answer spans (`squad`, `synthetic`, `ir_datasets` with answer strings such as msmarco-qna), with
+the same `key=value` config as train.py (keys validated). Series, for the chosen split:
+
+- `original`: the passages as they are, with `data.answer_bias_keep_first` switched off (the whole split);
+- `rotated`: the same units, rotated as training (`data.rotate_train`, per triple and epoch) or evaluation
+  (`data.rotate_eval`, per doc id at epoch 0) rotates them, with the run `seed`;
+- `biased`, `biased_rotated` (train split, when `data.answer_bias_keep_first` is set): the position-biased training
+  split of datamodules/answer_bias.py, as is ("original (biased)" training) and rotated ("debiased" training:
+  the same config with data.rotate_train=true).
+
+Definitions: analyses/positions.py (word-based relative start, all spans vs first, units) and
+analyses/position_stats.py (statistics, KS / chi-square / KL against uniform). Writes into `output_dir`, each file
+atomically: `answer_positions.png` (Figure 1 layout: one panel per training set, original vs rotated), then
+`answer_positions.json` (definitions, settings, the filter's counts and every series' statistics). With
+`logger=wandb` (offline without a key) or `logger=csv`, the statistics are logged as `answer_positions/<series>/
+<stat>`, and the PNG as the W&B image `answer_positions/histogram`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from datamodules.corpus import SPLITS
+from pipeline.cli import run_tool
+from pipeline.errors import InputError
+
+JSON_NAME = "answer_positions.json"
+PNG_NAME = "answer_positions.png"
+SCALARS = ("count", "mean", "median", "share_first_10", "share_first_25", "share_first_k", "kl_uniform_nats")
+
+
+@dataclasses.dataclass
+class Options:
+    split: str = "train"
+    epochs: int = 1
+    bins: int = 20
+    spans: str = "all"
+
+    def check(self) -> None:
+        from analyses.positions import SPAN_MODES
+
+        if self.split not in SPLITS:
+            raise InputError("--split", f"is '{self.split}'; expected one of {list(SPLITS)}")
+        if self.epochs < 1:
+            raise InputError("--epochs", f"is {self.epochs}; expected the number of rotated epochs to pool, >= 1")
+        if self.bins < 1:
+            raise InputError("--bins", f"is {self.bins}; expected a number of histogram bins >= 1")
+        if self.spans not in SPAN_MODES:
+            raise InputError("--spans", f"is '{self.spans}'; expected one of {list(SPAN_MODES)}")
+
+
+def _units(dc, ds, split: str, seed: int):
+    from analyses.positions import eval_units, train_units
+    from datamodules.datamodule import RankingDataModule
+
+    if split != "train":
+        return eval_units(ds, split)
+    # the triples training builds (BM25 or random negatives, max_train_triples), so the rotation keys match
+    return train_units(ds, RankingDataModule(dc, tokenizer=None, seed=seed).train_triples(ds))
+
+
+def analyse(cfg, opts: Options) -> dict:
+    """Every series' statistics (module doc); reads and checks all input before anything is written."""
+    from analyses.position_stats import summarize
+    from analyses.positions import relative_starts
+    from datamodules.answer_bias import apply_answer_bias
+    from datamodules.sources import load_dataset
+    from pipeline.run import data_config
+
+    opts.check()
+    dc = data_config(cfg)
+    seed = int(cfg.seed)
+    k = dc.answer_bias_keep_first
+    plain = dataclasses.replace(dc, answer_bias_keep_first=None, answer_bias_late_keep=0.0)
+    ds = load_dataset(plain, seed)
+    if not ds.answers:
+        raise InputError("data.source", f"dataset {ds.name} has no answer spans; expected a source with answers (squad, synthetic, ir_datasets with answer strings)")
+    sets = {"": (plain, ds)}
+    bias_counts = None
+    if k is not None and opts.split == "train":
+        biased = apply_answer_bias(ds, float(k), float(dc.answer_bias_late_keep), int(dc.answer_bias_seed))
+        sets["biased"] = (dc, biased)
+        bias_counts = biased.answer_bias
+    series: dict[str, dict] = {}
+    for prefix, (conf, data) in sets.items():
+        units = _units(conf, data, opts.split, seed)
+        if not units:
+            raise InputError("data.source", f"split '{opts.split}' of dataset {data.name} has no relevant passage with answer spans")
+        for rotate in (False, True):
+            name = "_".join(p for p in (prefix, "rotated" if rotate else "") if p) or "original"
+            values = relative_starts(data, units, opts.spans, rotate=rotate, seed=seed, epochs=opts.epochs)
+            series[name] = {**summarize(values, opts.bins, k), "units": len(units), "questions": len({u.qid for u in units})}
+    return {
+        "definition": {
+            "relative_start": "index of the whitespace word holding the answer span's first character / number of words "
+                              "of the whitespace-normalized passage, in [0, 1) (analyses/positions.py)",
+            "spans": opts.spans,
+            "units": "training triples' positives with answer spans, rotated per triple and epoch (data.rotate_train)"
+                     if opts.split == "train" else "(question, relevant passage) pairs with answer spans, rotated per doc id at epoch 0 (data.rotate_eval)",
+            "uniform_tests": "ks_uniform: Kolmogorov-Smirnov D to U(0,1); chi2_uniform: Pearson chi-square of the bin counts; "
+                             "kl_uniform_nats: KL(binned || uniform)",
+        },
+        "settings": {"source": dc.source, "dataset": ds.name, "split": opts.split, "seed": seed, "epochs": opts.epochs,
+                     "bins": opts.bins, "answer_bias_keep_first": k,
+                     "answer_bias_late_keep": dc.answer_bias_late_keep if k is not None else None},
+        "answer_bias": bias_counts,
+        "series": series,
+        "figure": PNG_NAME,
+    }
+
+
+def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
+    """The PNG, then the JSON (last, so a JSON means a finished analysis), both atomically."""
+    from analyses.position_plot import plot_histograms
+    from pipeline.io import write_json
+
+    out = Path(out)
+    s, settings = result["series"], result["settings"]
+    split = settings["split"]
+    panels = [(f"{settings['dataset']} {split}: all questions", {"original": s["original"], "rotated": s["rotated"]})]
+    if "biased" in s:
+        c = result["answer_bias"]
+        panels.append((f"biased split: answer in the first {c['keep_first']:g} ({c['kept']:,} of {c['questions']:,} questions)",
+                       {"original": s["biased"], "rotated": s["biased_rotated"]}))
+    png = plot_histograms(panels, out / PNG_NAME, settings["bins"],
+                          f"Relative answer start positions ({settings['dataset']}, {split} split, {result['definition']['spans']} spans)")
+    js = out / JSON_NAME
+    write_json(js, result)
+    return png, js
+
+
+def flat_metrics(result: dict) -> dict[str, float]:
+    """answer_positions/<series>/<stat> -> value, for the logger."""
+    out = {}
+    for name, summary in result["series"].items():
+        for stat in SCALARS:
+            if stat in summary:
+                out[f"answer_positions/{name}/{stat}"] = float(summary[stat])
+        if "ks_uniform" in summary:
+            out[f"answer_positions/{name}/ks_statistic"] = summary["ks_uniform"]["statistic"]
+    return out
+
+
+def log_result(cfg, result: dict, png: Path) -> None:
+    """Statistics (and, on W&B, the figure) to the configured logger; nothing with logger=none."""
+    from pipeline.run import build_logger
+
+    logger = build_logger(cfg, "answer_positions")
+    if not logger:
+        return
+    logger.log_metrics(flat_metrics(result))
+    if hasattr(logger, "log_image"):
+        logger.log_image("answer_positions/histogram", [str(png)])
+        logger.experiment.summary.update({"answer_positions": result["series"]})
+    logger.save()
+    if hasattr(logger, "log_image"):
+        logger.experiment.finish()
+
+
+def print_summary(result: dict) -> None:
+    print(f"{'series':<16}{'count':>8}{'mean':>8}{'median':>8}{'<0.10':>8}{'<0.25':>8}{'KS D':>8}")
+    for name, s in result["series"].items():
+        print(f"{name:<16}{s['count']:>8,}{s['mean']:>8.3f}{s['median']:>8.3f}{s['share_first_10']:>8.3f}"
+              f"{s['share_first_25']:>8.3f}{s['ks_uniform']['statistic']:>8.3f}")
+    if result["answer_bias"]:
+        from datamodules.answer_bias import describe
+
+        print(describe(result["answer_bias"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m analyses.answer_positions", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default="train", help="train (default), val or test")
+    ap.add_argument("--epochs", type=int, default=1, help="rotated epochs pooled (training rotates anew every epoch)")
+    ap.add_argument("--bins", type=int, default=20, help="equal-width histogram bins over [0, 1)")
+    ap.add_argument("--spans", default="all", help="all (every annotated span, as the paper counts) or first")
+
+    def job(cfg, opts) -> None:
+        result = analyse(cfg, Options(opts.split, opts.epochs, opts.bins, opts.spans))
+        png, js = write_outputs(result, cfg.output_dir)
+        log_result(cfg, result, png)
+        print_summary(result)
+        print(f"wrote {js} and {png}")
+
+    return run_tool(ap, argv, job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
