@@ -253,12 +253,25 @@ def test_passage_vectors_independent_of_query_and_padding(tk):
 
 
 def test_embeddings_copy_the_backbone_and_drop_its_transformer(tk, tiny_bert):
+    """embedding_scale=auto: the backbone's rows times one factor that makes their mean norm sqrt(d); 1.0: as they are."""
     from transformers import AutoModel
 
-    bert = AutoModel.from_pretrained(tiny_bert)
-    torch.testing.assert_close(tk.embeddings.weight.detach(), bert.get_input_embeddings().weight.detach(), rtol=0, atol=0)
+    bert = AutoModel.from_pretrained(tiny_bert).get_input_embeddings().weight.detach().double().numpy()
+    d = bert.shape[1]
+    factor = np.sqrt(d) / np.mean(np.sqrt((bert**2).sum(axis=1)))
+    got = tk.embeddings.weight.detach().double().numpy()
+    np.testing.assert_allclose(got, bert * factor, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.mean(np.linalg.norm(got, axis=1)), np.sqrt(d), rtol=1e-6)
     assert not hasattr(tk, "encoder") and not any(n.startswith("encoder.") for n, _ in tk.named_parameters())
-    assert tk.embedding_source == {"source": "backbone", "found": 30522, "missing": 0}
+    assert tk.embedding_source == {"source": "backbone", "found": 30522, "missing": 0, "scale": pytest.approx(factor, rel=1e-6)}
+    raw = make(tiny_bert, embedding_scale=1.0)
+    np.testing.assert_array_equal(raw.embeddings.weight.detach().double().numpy(), bert)
+
+
+def test_embedding_scale_must_be_auto_or_positive(tiny_bert):
+    for bad in (0.0, -2, "large"):
+        with pytest.raises(InputError, match="model.embedding_scale"):
+            make(tiny_bert, embedding_scale=bad)
 
 
 def test_representation_cache_holds_tks_query_and_passage_vectors(tk, tmp_path):
@@ -298,7 +311,7 @@ def test_glove_file_maps_tokenizer_vocabulary(tiny_bert, tmp_path, capsys):
     assert r.hidden_size == 4 and w.shape == (len(r.tokenizer), 4)
     torch.testing.assert_close(w[vocab["the"]], torch.tensor([0.1, 0.2, 0.3, 0.4]))
     torch.testing.assert_close(w[vocab["cat"]], torch.tensor([-1.0, 0.5, 2.0, 0.1]))
-    assert r.embedding_source == {"source": f, "found": 2, "missing": len(r.tokenizer) - 2}
+    assert r.embedding_source == {"source": f, "found": 2, "missing": len(r.tokenizer) - 2, "scale": 1.0}
     assert "2 of 30,522 tokenizer tokens found" in capsys.readouterr().err
     with torch.no_grad():  # and it scores
         assert torch.isfinite(r.score(batch(r, ["the cat"], ["a cat sat on the mat"]))).all()

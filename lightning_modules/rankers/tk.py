@@ -32,10 +32,13 @@ Choices, each with the paper's wording where it has one:
 - Learning rates. "Adam with a learning rate of 10^-4 for word embeddings and contextualization layers, 10^-3 for
   the kernel-pooling weights": `param_groups` gives the two groups their own rates (RankingModule's AdamW keeps its
   warm-up, schedule and weight-decay split for both).
-- Scale (a property of Eq. 4 with these inputs, not changed here). The sinusoids have norm sqrt(d/2) and TF's
-  output, LayerNorm'd, about sqrt(d), while word vectors are shorter (MiniLM's WordPiece vectors ~1.07 against 13.9
-  and ~20 at d = 384): at initialisation q^ is mostly position and TF, and exactly matching terms start at cosine
-  ~0.2, not 1. TK has to learn to keep term identity; the paper trains it long, from GloVe.
+- Scale. The sinusoids have norm sqrt(d/2) and TF's LayerNorm'd output about sqrt(d), while BERT input word
+  vectors are short (MiniLM's WordPiece vectors ~1.07, against 13.9 and ~20 at d = 384). Taken as they are, q^ of
+  Eq. 4 is mostly position and TF, exactly matching terms start at cosine ~0.2 instead of 1, and TK did not learn
+  in a short run (README). GloVe 300-d vectors are several times longer than BERT's, closer to the sinusoids. So
+  `embedding_scale=auto` multiplies backbone vectors by one factor that gives them a mean norm of sqrt(d) (the
+  sqrt(d_model) factor of Vaswani et al.'s embedding layer, whose positional encodings the paper takes), keeping
+  their relative norms; a GloVe file is used as it is. A number sets the factor (1.0: the raw backbone vectors).
 - Precision. The match matrix and kernels are computed in float32 even under bf16 autocast: with sigma = 0.1 a
   bf16 cosine (3 significant digits) would move the kernel activations visibly.
 """
@@ -51,7 +54,7 @@ from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import BiEncoder, Encoded, ParamGroup, RankerConfig, cosine_normalize, take
 from lightning_modules.rankers.contextualizer import Contextualizer
 from lightning_modules.rankers.kernel_pooling import kernel_means, kernel_pooling
-from lightning_modules.rankers.word_vectors import from_backbone, from_glove
+from lightning_modules.rankers.word_vectors import WordVectors, from_backbone, from_glove
 from pipeline.errors import InputError
 
 SIDES = ("query", "doc")
@@ -64,6 +67,8 @@ class TKConfig(RankerConfig):
     # whose vectors replace them (the paper's GloVe). The backbone always supplies the WordPiece tokenizer.
     embeddings: str = "backbone"
     train_embeddings: bool = True  # the paper trains them (lr 1e-4); false freezes them
+    # "auto": backbone vectors scaled to a mean norm of sqrt(d), GloVe as it is; a number: that factor (see Scale)
+    embedding_scale: str | int | float = "auto"
     layers: int = 2  # Transformer layers of TF
     heads: int = 16  # attention heads per layer
     head_dim: int = 32  # size of each head (heads x head_dim need not equal the embedding width)
@@ -84,12 +89,25 @@ class TKConfig(RankerConfig):
         for key, value in positive.items():
             if value is not None and value <= 0:
                 raise InputError(f"config key 'model.{key}'", f"is {value}; expected a positive number")
+        if self.embedding_scale != "auto" and (isinstance(self.embedding_scale, (bool, str)) or not self.embedding_scale > 0):
+            raise InputError("config key 'model.embedding_scale'", f"is {self.embedding_scale!r}; expected 'auto' or a positive number")
         if self.kernels < 2:
             raise InputError("config key 'model.kernels'", f"is {self.kernels}; expected at least 2 (means from -1 to +1)")
         if not 0 <= self.dropout < 1:
             raise InputError("config key 'model.dropout'", f"is {self.dropout}; expected 0 <= dropout < 1")
         if self.passage_position_offset < 0:
             raise InputError("config key 'model.passage_position_offset'", f"is {self.passage_position_offset}; expected >= 0")
+
+
+def embedding_scale(setting: str | int | float, vectors: WordVectors) -> float:
+    """The factor on the word vectors (module docstring, Scale): "auto" gives backbone vectors a mean row norm of
+    sqrt(d) and leaves GloVe as the paper used it."""
+    if setting != "auto":
+        return float(setting)
+    if vectors.source != "backbone":
+        return 1.0
+    weight = vectors.weight.double()
+    return float(weight.shape[1] ** 0.5 / weight.norm(dim=1).mean())
 
 
 class TK(BiEncoder):
@@ -104,8 +122,9 @@ class TK(BiEncoder):
         else:
             vectors = from_glove(cfg.embeddings, tok.get_vocab(), len(tok))
         del self.encoder  # TK keeps no BERT layer: only the word embeddings came from it
-        self.embedding_source = {"source": vectors.source, "found": vectors.found, "missing": vectors.missing}
-        self.embeddings = nn.Embedding.from_pretrained(vectors.weight, freeze=not cfg.train_embeddings)
+        scale = embedding_scale(cfg.embedding_scale, vectors)
+        self.embedding_source = {"source": vectors.source, "found": vectors.found, "missing": vectors.missing, "scale": scale}
+        self.embeddings = nn.Embedding.from_pretrained(vectors.weight * scale, freeze=not cfg.train_embeddings)
         self.hidden_size = vectors.weight.shape[1]
         self.contextualizer = Contextualizer(self.hidden_size, cfg.layers, cfg.heads, cfg.head_dim, cfg.ff_dim, cfg.dropout)
         self.gate = nn.Parameter(torch.tensor(float(cfg.gate_init)))
