@@ -29,6 +29,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from analyses.registry import ANALYSES, AnalysisConfig
 from datamodules.corpus import SPLITS
 from pipeline.cli import run_tool
 from pipeline.errors import InputError
@@ -45,17 +46,36 @@ class Options:
     bins: int = 20
     spans: str = "all"
 
-    def check(self) -> None:
+    def check(self, prefix: str = "--") -> None:
+        """`prefix`: how the user spelt the options (`--split` on the command line, `analysis.split` in config)."""
         from analyses.positions import SPAN_MODES
 
         if self.split not in SPLITS:
-            raise InputError("--split", f"is '{self.split}'; expected one of {list(SPLITS)}")
+            raise InputError(f"{prefix}split", f"is '{self.split}'; expected one of {list(SPLITS)}")
         if self.epochs < 1:
-            raise InputError("--epochs", f"is {self.epochs}; expected the number of rotated epochs to pool, >= 1")
+            raise InputError(f"{prefix}epochs", f"is {self.epochs}; expected the number of rotated epochs to pool, >= 1")
         if self.bins < 1:
-            raise InputError("--bins", f"is {self.bins}; expected a number of histogram bins >= 1")
+            raise InputError(f"{prefix}bins", f"is {self.bins}; expected a number of histogram bins >= 1")
         if self.spans not in SPAN_MODES:
-            raise InputError("--spans", f"is '{self.spans}'; expected one of {list(SPAN_MODES)}")
+            raise InputError(f"{prefix}spans", f"is '{self.spans}'; expected one of {list(SPAN_MODES)}")
+
+
+@dataclasses.dataclass
+class AnswerPositionsConfig(AnalysisConfig):
+    """`python evaluate.py analysis=answer_positions data=...` (configs/analysis/answer_positions.yaml): the same
+    options as the `python -m analyses.answer_positions` flags."""
+
+    name: str = "answer_positions"
+    split: str = "train"
+    epochs: int = 1
+    bins: int = 20
+    spans: str = "all"
+
+    def __post_init__(self):
+        self.options().check("analysis.")
+
+    def options(self) -> Options:
+        return Options(self.split, self.epochs, self.bins, self.spans)
 
 
 def _units(dc, ds, split: str, seed: int):
@@ -152,18 +172,10 @@ def flat_metrics(result: dict) -> dict[str, float]:
 
 def log_result(cfg, result: dict, png: Path) -> None:
     """Statistics (and, on W&B, the figure) to the configured logger; nothing with logger=none."""
-    from pipeline.run import build_logger
+    from analyses.outputs import log_analysis
 
-    logger = build_logger(cfg, "answer_positions")
-    if not logger:
-        return
-    logger.log_metrics(flat_metrics(result))
-    if hasattr(logger, "log_image"):
-        logger.log_image("answer_positions/histogram", [str(png)])
-        logger.experiment.summary.update({"answer_positions": result["series"]})
-    logger.save()
-    if hasattr(logger, "log_image"):
-        logger.experiment.finish()
+    log_analysis(cfg, "answer_positions", scalars=flat_metrics(result), images={"answer_positions/histogram": png},
+                 summary={"answer_positions": result["series"]})
 
 
 def print_summary(result: dict) -> None:
@@ -185,14 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bins", type=int, default=20, help="equal-width histogram bins over [0, 1)")
     ap.add_argument("--spans", default="all", help="all (every annotated span, as the paper counts) or first")
 
-    def job(cfg, opts) -> None:
-        result = analyse(cfg, Options(opts.split, opts.epochs, opts.bins, opts.spans))
-        png, js = write_outputs(result, cfg.output_dir)
-        log_result(cfg, result, png)
-        print_summary(result)
-        print(f"wrote {js} and {png}")
+    return run_tool(ap, argv, lambda cfg, opts: run(cfg, Options(opts.split, opts.epochs, opts.bins, opts.spans)))
 
-    return run_tool(ap, argv, job)
+
+def run(cfg, opts: Options) -> dict:
+    result = analyse(cfg, opts)
+    png, js = write_outputs(result, cfg.output_dir)
+    log_result(cfg, result, png)
+    print_summary(result)
+    print(f"wrote {js} and {png}")
+    return result
+
+
+@ANALYSES.register("answer_positions", schema=AnswerPositionsConfig)
+def _from_config(cfg, model_from_cli: bool = False) -> dict:
+    return run(cfg, AnswerPositionsConfig(**{k: v for k, v in cfg.analysis.items() if k != "name"}).options())
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ random-BERT vectors, compared between the arms only):
 - cached: build the cache once (timed on its own), then each epoch reads shuffled batches from the memmap;
 - re-encode: each epoch encodes the texts (inference_mode, same precision) and trains on the vectors as they come.
 
+The arms alternate epoch by epoch (cached, in RAM, re-encode, cached, ...), so load from other processes falls on
+all of them alike.
+
 Printed: seconds per epoch of each arm (median over epochs), their ratio, the same epochs from vectors already in
 RAM (the flow's own cost: no cache can beat it, so re-encode / in-RAM bounds the attainable ratio), the one-off cache
 build, and the mean negative log-likelihood of both trained heads on held-out token vectors (other paragraphs), so the speed-up is shown
@@ -135,38 +138,32 @@ def main(argv=None) -> dict:
         print(f"cache: {cache.count} token vectors x {cache.dim} ({cache.count * cache.dim * 2 / 2**20:.1f} MiB fp16), "
               f"built in {m_cache.wall:.1f} s; held-out {held.count} vectors", flush=True)
 
-        # arm 1: from the cache
-        head_c, opt_c = new_head(sample)
-        cached_s, cached_others = [], []
+        # The three arms train side by side, one epoch of each in turn (A B C A B C ...), so that a change in what
+        # else runs on the machine falls on all of them alike.
+        from lightning_modules.heads.cache import _vectors
+
+        head_c, opt_c = new_head(sample)  # arm 1: from the cache
+        head_m, opt_m = new_head(sample)  # the bound: the same batches from a float32 tensor already in RAM
+        head_r, opt_r = new_head(sample)  # arm 2: re-encode every epoch, as the paper's code does
+        in_ram = torch.from_numpy(np.asarray(vectors, dtype=np.float32))
+        cached_s, cached_others, ram_s, reenc_s, reenc_others = [], [], [], [], []
+        texts = [(t, "q") for t in questions] + [(t, "d") for t in paragraphs]
         for epoch in range(a.epochs):
             with Meter() as m:
                 for rows in batches(len(vectors), a.batch_size, a.seed, epoch):
                     train_step(head_c, opt_c, torch.from_numpy(np.asarray(vectors[np.sort(rows)], dtype=np.float32)))
             cached_s.append(m.wall)
             cached_others.append(m.others_cores)
-            print(f"  cached   epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
+            print(f"  cached    epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
 
-        # the bound: the same batches from a float32 tensor already in RAM (the flow's own cost, no cache reads)
-        head_m, opt_m = new_head(sample)
-        in_ram = torch.from_numpy(np.asarray(vectors, dtype=np.float32))
-        ram_s = []
-        for epoch in range(a.epochs):
             with Meter() as m:
                 for rows in batches(len(vectors), a.batch_size, a.seed, epoch):
                     train_step(head_m, opt_m, in_ram[torch.from_numpy(np.sort(rows))])
             ram_s.append(m.wall)
-            print(f"  in RAM   epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
-        del in_ram
+            print(f"  in RAM    epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
 
-        # arm 2: re-encode every epoch, as the paper's code does
-        from lightning_modules.heads.cache import _vectors
-
-        head_r, opt_r = new_head(sample)
-        reenc_s, reenc_others = [], []
-        for epoch in range(a.epochs):
             with Meter() as m:
                 buf: list[torch.Tensor] = []
-                texts = [(t, "q") for t in questions] + [(t, "d") for t in paragraphs]
                 order = np.random.default_rng([a.seed, epoch]).permutation(len(texts))
                 for s in range(0, len(texts), a.encode_batch):
                     idx = order[s : s + a.encode_batch]
@@ -186,6 +183,7 @@ def main(argv=None) -> dict:
             reenc_s.append(m.wall)
             reenc_others.append(m.others_cores)
             print(f"  re-encode epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
+        del in_ram
 
         with torch.no_grad():
             nll_c, nll_r = float(head_c.nll(held_x).mean()), float(head_r.nll(held_x).mean())

@@ -39,10 +39,42 @@ class DataConfig:
     answer_bias_keep_first: float | None = None
     answer_bias_late_keep: float = 0.0
     answer_bias_seed: int = 13
+    # Long documents as passages (datamodules/passages.py; FirstP / MaxP, the BERT-MaxP baseline): windows of
+    # `passage_words` words every `passage_stride` words (null: half the window); null = whole documents (cut at
+    # model.doc_max_len tokens). Evaluation scores a document by its best passage (`doc_score: max`) or its first
+    # (`first`); training takes one passage of each triplet document, drawn per epoch (`train_passage: random`,
+    # every passage of a relevant document counts as relevant) or the first (`first`).
+    passage_words: int | None = None
+    passage_stride: int | None = None
+    doc_score: str = "max"
+    train_passage: str = "random"
 
     def __post_init__(self):
         check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))
         check_answer_bias(self)
+        check_passages(self)
+
+
+def check_passages(cfg: DataConfig) -> None:
+    """Window size and stride are positive, the stride at most the window (no word is skipped)."""
+    check_choice("data.doc_score", cfg.doc_score, ("max", "first"))
+    check_choice("data.train_passage", cfg.train_passage, ("random", "first"))
+    size, stride = cfg.passage_words, cfg.passage_stride
+    if size is None:
+        if stride is not None:
+            raise InputError("config key 'data.passage_stride'", f"is {stride} but data.passage_words is null (whole documents); set both or neither")
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise InputError("config key 'data.passage_words'", f"is {size!r}; expected a window of at least 1 word, or null")
+    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= size):
+        raise InputError("config key 'data.passage_stride'", f"is {stride!r}; expected 1 <= stride <= data.passage_words ({size}), or null (half the window)")
+
+
+def passage_window(cfg: DataConfig) -> tuple[int, int] | None:
+    """(size, stride) of the passage windows, or None for whole documents."""
+    if cfg.passage_words is None:
+        return None
+    return int(cfg.passage_words), int(cfg.passage_stride or max(1, cfg.passage_words // 2))
 
 
 def check_answer_bias(cfg: DataConfig) -> None:

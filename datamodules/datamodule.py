@@ -14,8 +14,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules import rotation
-from datamodules.corpus import IRDataset
 from datamodules.bm25 import bm25_candidates
+from datamodules.config import passage_window
+from datamodules.corpus import IRDataset
+from datamodules.passages import expand_pairs, training_passage
 from datamodules.negatives import sample_triples
 from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader, shard_range
 from datamodules.sources import load_dataset
@@ -44,22 +46,30 @@ def eval_rotation_key(doc_id: str) -> str:
 
 
 class TripletDataset(Dataset):
-    def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int):
+    """(query, positive, negative) texts of triplet i at an epoch. With `window` (size, stride) each document is
+    replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or the first)."""
+
+    def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int,
+                 window: tuple[int, int] | None = None, train_passage: str = "random"):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
         self.rotate, self.seed = rotate, seed
+        self.window, self.train_passage = window, train_passage
 
     def __len__(self) -> int:
         return len(self.triples)
+
+    def _text(self, doc_id: str, epoch: int, i: int) -> str:
+        key = train_rotation_key(i, doc_id)
+        text = passage_text(self.docs[doc_id], self.rotate, self.seed, epoch, key)
+        if self.window is None:
+            return text
+        return training_passage(text, *self.window, self.train_passage, self.seed, epoch, key)
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str]:
         epoch, i = item
         qid, pos, neg = self.triples[i]
         # Positive and negative are rotated alike, each at its own cut (Eq. 7 applies to every passage).
-        return (
-            self.queries[qid],
-            passage_text(self.docs[pos], self.rotate, self.seed, epoch, train_rotation_key(i, pos)),
-            passage_text(self.docs[neg], self.rotate, self.seed, epoch, train_rotation_key(i, neg)),
-        )
+        return self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i)
 
 
 @dataclass
@@ -72,17 +82,19 @@ class TripletCollate:
 
 
 class PairDataset(Dataset):
-    """(query, candidate) pairs of one split, one rank's contiguous shard (cross-encoders: a batch is pairs)."""
+    """(query, candidate) pairs of one split, one rank's contiguous shard (cross-encoders: a batch is pairs). With
+    passages, a pair names a passage (a unit of `dtexts`) and `unit_doc` maps it to its document's index."""
 
-    def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str]):
-        self.pairs, self.qtexts, self.dtexts = pairs, qtexts, dtexts
+    def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str], unit_doc: np.ndarray | None = None):
+        self.pairs, self.qtexts, self.dtexts, self.unit_doc = pairs, qtexts, dtexts, unit_doc
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __getitem__(self, i: int) -> tuple[int, int, str, str]:
-        qi, di = self.pairs[i]
-        return int(qi), int(di), self.qtexts[qi], self.dtexts[di]
+        qi, ui = self.pairs[i]
+        di = ui if self.unit_doc is None else self.unit_doc[ui]
+        return int(qi), int(di), self.qtexts[qi], self.dtexts[ui]
 
 
 @dataclass
@@ -112,8 +124,8 @@ class DocChunkDataset(Dataset):
     every (query, passage) pair that needs them. The split's queries are encoded once per evaluation by the
     module (`RankingModule.encode_query_texts`) and scored against each chunk by index."""
 
-    def __init__(self, chunks: list[np.ndarray], dtexts: list[str], tokenizer: PairTokenizer):
-        self.chunks, self.dtexts, self.tokenizer = chunks, dtexts, tokenizer
+    def __init__(self, chunks: list[np.ndarray], dtexts: list[str], tokenizer: PairTokenizer, unit_doc: np.ndarray | None = None):
+        self.chunks, self.dtexts, self.tokenizer, self.unit_doc = chunks, dtexts, tokenizer, unit_doc
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -122,9 +134,10 @@ class DocChunkDataset(Dataset):
         pairs = self.chunks[i]
         ud, pair_d = np.unique(pairs[:, 1], return_inverse=True)
         batch = self.tokenizer.docs([self.dtexts[j] for j in ud])
+        didx = pairs[:, 1] if self.unit_doc is None else self.unit_doc[pairs[:, 1]]
         batch.update(
             pair_d=torch.from_numpy(pair_d.reshape(-1)),
-            qidx=torch.from_numpy(pairs[:, 0].copy()), didx=torch.from_numpy(pairs[:, 1].copy()),
+            qidx=torch.from_numpy(pairs[:, 0].copy()), didx=torch.from_numpy(np.array(didx, dtype=np.int64)),
         )
         return batch
 
@@ -135,10 +148,11 @@ class EvalSplit:
 
     qids: list[str]
     doc_ids: list[str]
-    pairs: np.ndarray  # [N, 2] (qidx, didx), queries in order, candidates in their given order
+    pairs: np.ndarray  # [N, 2] (qidx, unit index), queries in order, candidates in their given order
     qrels: dict[str, dict[str, int]]
     qtexts: list[str]
-    dtexts: list[str]
+    dtexts: list[str]  # the scored units: documents, or their passages (data.passage_words)
+    unit_doc: np.ndarray | None = None  # passages: unit -> index in doc_ids; None: the units are the documents
 
 
 class RankingDataModule(pl.LightningDataModule):
@@ -202,7 +216,11 @@ class RankingDataModule(pl.LightningDataModule):
         didx = {d: i for i, d in enumerate(doc_ids)}
         pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands[q]], dtype=np.int64).reshape(-1, 2)
         dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, 0, eval_rotation_key(d)) for d in doc_ids]
-        return EvalSplit(qids, doc_ids, pairs, {q: split.qrels[q] for q in qids}, [split.queries[q] for q in qids], dtexts)
+        unit_doc = None
+        window = passage_window(self.cfg)
+        if window is not None:
+            pairs, dtexts, unit_doc = expand_pairs(pairs, dtexts, *window, self.cfg.doc_score)
+        return EvalSplit(qids, doc_ids, pairs, {q: split.qrels[q] for q in qids}, [split.queries[q] for q in qids], dtexts, unit_doc)
 
     # ---- loaders -------------------------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -219,7 +237,8 @@ class RankingDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
-        ds = TripletDataset(self.dataset, self.triples, self.dataset.split("train").queries, self.cfg.rotate_train, self.seed)
+        ds = TripletDataset(self.dataset, self.triples, self.dataset.split("train").queries, self.cfg.rotate_train, self.seed,
+                            passage_window(self.cfg), self.cfg.train_passage)
         sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
         return ResumableLoader(
             ds, batch_sampler=sampler, collate_fn=TripletCollate(self.tokenizer), num_workers=self.cfg.num_workers,
@@ -234,10 +253,10 @@ class RankingDataModule(pl.LightningDataModule):
             # Ranks split the passages (each encoded by one rank, once); pairs follow their passage.
             chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size)
             shard = shard_range(len(chunks), rank, world)
-            ds = DocChunkDataset(chunks[shard.start : shard.stop], split.dtexts, self.tokenizer)
+            ds = DocChunkDataset(chunks[shard.start : shard.stop], split.dtexts, self.tokenizer, split.unit_doc)
             return DataLoader(ds, batch_size=None, shuffle=False, **common)
         shard = shard_range(len(split.pairs), rank, world)
-        ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts)
+        ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc)
         return DataLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
 
     def val_dataloader(self) -> DataLoader:
@@ -253,7 +272,7 @@ class RankingDataModule(pl.LightningDataModule):
         split = self.eval_splits["val"]
         rng = np.random.default_rng([self.seed, 3])
         qi = np.sort(rng.permutation(len(split.qids))[: self.probe_queries])
-        di = np.sort(rng.permutation(len(split.doc_ids))[: self.probe_docs])
+        di = np.sort(rng.permutation(len(split.dtexts))[: self.probe_docs])
         rank, world = self._rank_world()
         qs, ds = shard_range(len(qi), rank, world), shard_range(len(di), rank, world)
         return [split.qtexts[i] for i in qi[qs.start : qs.stop]], [split.dtexts[i] for i in di[ds.start : ds.stop]]

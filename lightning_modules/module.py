@@ -1,9 +1,14 @@
 """The one LightningModule family: trains any registered ranker and evaluates it with trec_eval semantics.
 
 Losses over (query, positive, negative) triplets:
-- `ce`: softmax cross-entropy over the positive and the negatives. For bi-encoders with `in_batch_negatives`
-  the negatives are every other passage of the global batch, gathered across DDP ranks with gradients.
-- `hinge`: pairwise margin loss max(0, margin - s(q, p+) + s(q, p-)) on each triplet's own negative.
+- `ce`: softmax cross-entropy over the positive and the negatives, on scores / `optim.temperature`. For
+  bi-encoders with `in_batch_negatives` the negatives are every other passage of the global batch, gathered across
+  DDP ranks with gradients.
+- `hinge`: pairwise margin loss max(0, margin - s(q, p+) + s(q, p-)) on each triplet's own negative, on the scores
+  as `Ranker.hinge_scores` maps them (identity; DGRe: sigmoid probabilities, its Eq. 25).
+
+A cross-encoder may return auxiliary losses from its training forward (`CrossEncoder.score_triplets`): they are
+added to the ranking loss and logged as `train/<name>`, with any further values the ranker reports.
 
 Evaluation scores each (query, candidate) pair of this rank's shard; the (qidx, didx, score) triples are
 gathered across ranks by a torchmetrics state before pytrec_eval runs once on the whole run.
@@ -21,9 +26,9 @@ from torch import Tensor
 
 from callbacks.metrics.ir import RetrievalRun, evaluate_run
 from lightning_modules.rankers import RANKERS, build_ranker
-from lightning_modules.rankers.base import Encoded, take
+from lightning_modules.rankers.base import Encoded, TripletOutput, take
 from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import check_choice
+from pipeline.errors import InputError, check_choice
 
 
 @dataclass
@@ -35,13 +40,21 @@ class OptimConfig:
     loss: str = "ce"  # ce | hinge
     margin: float = 1.0  # hinge only
     in_batch_negatives: bool = True  # bi-encoders only
+    # ce only: logits = score / temperature. null = the ranker's own (Ranker.ce_temperature): 0.05 for RepBERT,
+    # whose scores are single cosines in [-1, 1] (a softmax over them is near uniform, and the loss then pulls
+    # every positive to cosine 1 and every negative to -1, wrecking the pre-trained geometry; 0.05 is the scale 20
+    # of sentence-transformers' MultipleNegativesRankingLoss, with which all-MiniLM-L6-v2 was trained), 1 for the
+    # rest (ColBERT's sums of |q| cosines and unbounded dot products / logits already spread out).
+    temperature: float | None = None
 
     def __post_init__(self):
         check_choice("optim.loss", self.loss, ("ce", "hinge"))
+        if self.temperature is not None and not self.temperature > 0:
+            raise InputError("optim.temperature", f"expected a positive number or null, got {self.temperature}")
         check_choice("optim.schedule", self.schedule, ("linear", "constant"))
 
 
-DEFAULT_MEASURES = ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"]
+DEFAULT_MEASURES = ["ndcg_cut_10", "ndcg_cut_20", "P_20", "mrr_10", "recall_100"]
 
 
 def ranker_config(model: dict):
@@ -63,6 +76,11 @@ class RankingModule(pl.LightningModule):
         self.ranker.train()
         self.runs = torch.nn.ModuleDict({"val": RetrievalRun(), "test": RetrievalRun()})
         self.results: dict[str, dict] = {}
+
+    @property
+    def temperature(self) -> float:
+        t = self.optim_cfg.temperature
+        return float(t) if t is not None else float(self.ranker.ce_temperature)
 
     @property
     def pair_tokenizer(self) -> PairTokenizer:
@@ -91,31 +109,45 @@ class RankingModule(pl.LightningModule):
         mask = self.all_gather(mask).reshape(world * n_max, l_max)[valid]
         return Encoded(tokens=tok, mask=mask), start, start + n
 
-    def triplet_scores(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(score matrix [B, C], target column [B], s(q, p+) [B], s(q, own p-) [B])."""
+    def training_outputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, TripletOutput]:
+        """(score matrix [B, C], target column [B], TripletOutput: s(q, p+) [B], s(q, own p-) [B] and the ranker's
+        auxiliary losses and logs)."""
         r = self.ranker
         if r.kind == "cross":
-            s = r.score(batch)
-            b = s.shape[0] // 2
-            pos, neg = s[:b], s[b:]
-            return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=s.device), pos, neg
+            out = r.score_triplets(batch)
+            b = out.pos.shape[0]
+            return torch.stack([out.pos, out.neg], 1), torch.zeros(b, dtype=torch.long, device=out.pos.device), out
         q, d = r.encode_queries(batch), r.encode_docs(batch)
         b = q.tokens.shape[0]
         ar = torch.arange(b, device=q.tokens.device)
         if self.optim_cfg.in_batch_negatives:
             d_all, start, _ = self._gather_docs(d)
             scores = r.score_all(q, d_all)  # positives of this rank sit at start + i, own negatives at start + b + i
-            return scores, start + ar, scores[ar, start + ar], scores[ar, start + b + ar]
+            return scores, start + ar, TripletOutput(scores[ar, start + ar], scores[ar, start + b + ar])
         pos, neg = r.score_pairs(q, take(d, slice(0, b))), r.score_pairs(q, take(d, slice(b, None)))
-        return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=pos.device), pos, neg
+        return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=pos.device), TripletOutput(pos, neg)
+
+    def triplet_scores(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(score matrix [B, C], target column [B], s(q, p+) [B], s(q, own p-) [B])."""
+        scores, target, out = self.training_outputs(batch)
+        return scores, target, out.pos, out.neg
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        scores, target, pos, neg = self.triplet_scores(batch)
+        scores, target, out = self.training_outputs(batch)
+        pos, neg = out.pos, out.neg
         if self.optim_cfg.loss == "ce":
-            loss = F.cross_entropy(scores.float(), target)
+            loss = F.cross_entropy(scores.float() / self.temperature, target)
         else:
-            loss = F.relu(self.optim_cfg.margin - pos.float() + neg.float()).mean()
-        self.log("train/loss", loss, prog_bar=True)
+            hp, hn = self.ranker.hinge_scores(pos.float()), self.ranker.hinge_scores(neg.float())
+            loss = F.relu(self.optim_cfg.margin - hp + hn).mean()
+        self.log("train/ranking_loss" if out.aux_losses else "train/loss", loss, prog_bar=not out.aux_losses)
+        for name, value in out.aux_losses.items():
+            self.log(f"train/{name}_loss", value)
+            loss = loss + value
+        for name, value in out.logs.items():
+            self.log(f"train/{name}", value)
+        if out.aux_losses:
+            self.log("train/loss", loss, prog_bar=True)
         self.log("train/margin", (pos - neg).float().mean())
         return loss
 

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.errors import InputError, check_choice
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-GROUPS = ("model", "data", "trainer", "logger", "head")
+GROUPS = ("model", "data", "trainer", "logger", "head", "analysis")
 
 
 @dataclass
@@ -62,7 +62,7 @@ class LoggerConfig:
 
 @dataclass
 class EvalConfig:
-    measures: list[str] = field(default_factory=lambda: ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"])
+    measures: list[str] = field(default_factory=lambda: ["ndcg_cut_10", "ndcg_cut_20", "P_20", "mrr_10", "recall_100"])
     before_training: bool = True  # test once before fine-tuning too, for the before/after table
     probe_queries: int = 32  # fixed probe set for I(W) and avgcos
     probe_docs: int = 64
@@ -185,6 +185,10 @@ def compose(argv: list[str]) -> DictConfig:
             from lightning_modules.heads import HEADS
 
             schema = HEADS.get(str(raw.get("name")), "head.name").schema
+        elif group == "analysis":
+            from analyses.registry import load_all
+
+            schema = load_all().get(str(raw.get("name")), "analysis.name").schema
         else:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
         groups[group] = _structured(schema, *stack, prefix=f"{group}.")

@@ -20,6 +20,14 @@ class Entry(Generic[T]):
     schema: type | None  # dataclass describing the entry's config keys
 
 
+def _same_definition(a: Callable, b: Callable) -> bool:
+    """The same source definition imported twice: `python -m pkg.mod` runs mod as __main__, and the registry's own
+    import of pkg.mod then registers it again (the later definition wins)."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (code_a is not None and code_b is not None and a.__qualname__ == b.__qualname__
+            and code_a.co_filename == code_b.co_filename and code_a.co_firstlineno == code_b.co_firstlineno)
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
@@ -27,7 +35,7 @@ class Registry(Generic[T]):
 
     def register(self, name: str, schema: type | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
         def deco(build: Callable[..., T]) -> Callable[..., T]:
-            if name in self._entries:
+            if name in self._entries and not _same_definition(self._entries[name].build, build):
                 raise RuntimeError(f"{self.kind} '{name}' registered twice")
             self._entries[name] = Entry(name, build, schema)
             return build

@@ -104,6 +104,11 @@ def load_data(cfg: DictConfig, module: RankingModule, cls: type = RankingDataMod
     stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
     dm = cls(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
     dm.setup()
+    test = dm.eval_splits["test"]
+    if len(test.pairs) == 0:
+        # e.g. a fold or fraction that leaves no judged test query, or no BM25 candidate for any of them; without
+        # this the run would train and then fail with no test results to write
+        raise InputError(f"data '{cfg.data.source}', split 'test'", f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates); check the split settings (test_fraction, folds) and data.candidate_depth")
     return dm
 
 
@@ -196,14 +201,9 @@ def train(cfg: DictConfig) -> dict | None:
     return after
 
 
-def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
-    if cfg.model.name in UNTRAINED:
-        return evaluate_untrained(cfg)
-    if cfg.head_ckpt:
-        from pipeline.head_stage import evaluate_with_head
-
-        return evaluate_with_head(cfg)
-    pl.seed_everything(cfg.seed, workers=True)
+def load_module(cfg: DictConfig, model_from_cli: bool) -> RankingModule:
+    """The RankingModule of `cfg.ckpt` (its ranker config wins over `cfg.model`, which it replaces), or of
+    `cfg.model` untrained (the backbone as pre-trained) when no checkpoint is given."""
     hparams = {"model": OmegaConf.to_container(cfg.model), "optim": OmegaConf.to_container(cfg.optim)}
     ckpt = None
     if cfg.ckpt:
@@ -217,6 +217,22 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
         missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
         if missing or unexpected:
             raise InputError("ckpt", f"'{cfg.ckpt}' does not match ranker '{cfg.model.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return module
+
+
+def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
+    if cfg.analysis.name != "none":
+        from analyses.registry import run_analysis
+
+        return run_analysis(cfg, model_from_cli)
+    if cfg.model.name in UNTRAINED:
+        return evaluate_untrained(cfg)
+    if cfg.head_ckpt:
+        from pipeline.head_stage import evaluate_with_head
+
+        return evaluate_with_head(cfg)
+    pl.seed_everything(cfg.seed, workers=True)
+    module = load_module(cfg, model_from_cli)
     dm = load_data(cfg, module)
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     trainer = build_trainer(cfg, logger, checkpoints=False)

@@ -195,3 +195,35 @@ def test_real_squad_rotation_flattens_and_the_biased_split_is_early(tmp_path):
         assert after["kl_uniform_nats"] < before["kl_uniform_nats"] / 3
         assert abs(after["mean"] - 0.5) < 0.03
     assert rot["ks_uniform"]["statistic"] < 0.03 and 0.2 < rot["share_first_25"] < 0.3
+
+
+def test_evaluate_analysis_entry_matches_the_module_command(tmp_path):
+    """`python evaluate.py analysis=answer_positions` (the analysis config group) writes what `python -m
+    analyses.answer_positions` writes for the same options; its keys are validated like any group's."""
+    outs = {}
+    for how, args in {"evaluate": ["evaluate.py", "analysis=answer_positions", "analysis.epochs=2", "analysis.bins=10"],
+                      "module": ["-m", "analyses.answer_positions", "--epochs", "2", "--bins", "10"]}.items():
+        outs[how] = tmp_path / how
+        run_script(args[0], *args[1:], "logger=none", f"output_dir={outs[how]}", f"data.cache_dir={tmp_path / 'c'}")
+    a, b = (json.loads((o / JSON_NAME).read_text()) for o in outs.values())
+    assert a == b and a["settings"]["bins"] == 10
+    bad = run_script("evaluate.py", "analysis=answer_positions", "analysis.bin=3", f"output_dir={tmp_path / 'x'}", check=False)
+    assert bad.returncode == 2 and "analysis.bin" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_registry_refuses_two_definitions_under_one_name():
+    from pipeline.registry import Registry
+
+    reg = Registry("thing")
+
+    def make():
+        def build():
+            return 1
+        return build
+
+    first = make()
+    reg.register("a")(first)
+    reg.register("a")(first)  # the same definition again (python -m imports a module twice): accepted
+    with pytest.raises(RuntimeError, match="registered twice"):
+        reg.register("a")(lambda: 2)

@@ -57,7 +57,9 @@ def test_cli_writes_run_metrics_per_query(tmp_path):
         run.setdefault(qid, {})[doc] = float(score)
     assert all(len(v) <= 5 for v in run.values()) and set(run) == set(qs)
     qrels = {"a": {"d06": 2, "d02": 1}, "c": {"d09": 1}, "f": {"d08": 1, "d03": 0}}
-    means, per_query = evaluate_run(run, qrels, ["ndcg_cut_10", "P_20", "mrr_10", "recall_100"])
+    # the CLI scores the configured eval.measures (configs/config.yaml); score the same list here
+    measures = ["ndcg_cut_10", "ndcg_cut_20", "P_20", "mrr_10", "recall_100"]
+    means, per_query = evaluate_run(run, qrels, measures)
     for k, v in means.items():
         assert m[k] == pytest.approx(v, abs=1e-9)
     written = json.loads((out / "per_query.json").read_text())

@@ -251,3 +251,21 @@ def test_cross_reference_errors_via_validate(tmp_path):
 def test_bad_config_values():
     assert _error(SyntheticConfig(passage_words_min=50, passage_words_max=40)).startswith("data.passage_words_max:")
     assert _error(SyntheticConfig(num_topics=400)).startswith("data.num_topics:")
+
+
+def test_test_split_without_scorable_pairs_stops_before_any_output(tmp_path, tiny_bert):
+    """A test split whose judged queries have no candidates (here the run file ranks only an unjudged query) would
+    otherwise train and then fail with nothing to write: one line naming the split, exit 2, no output folder."""
+    from conftest import run_script
+
+    files = {"collection": ("collection.tsv", COLLECTION), "train_queries": ("queries.tsv", QUERIES),
+             "train_qrels": ("qrels.txt", QRELS), "val_queries": ("queries.tsv", QUERIES), "val_qrels": ("qrels.txt", QRELS),
+             "test_queries": ("test_queries.tsv", QUERIES),
+             "test_qrels": ("test_qrels.txt", "q1 0 d1 1\n"), "test_run": ("test_run.txt", "q2 Q0 d2 1 3.0 x\n")}
+    args = [f"data.{key}={_w(tmp_path / name, text)}" for key, (name, text) in files.items()]
+    out = tmp_path / "out"
+    proc = run_script("evaluate.py", "data=tsv", *args, f"model.backbone={tiny_bert}", "logger=none", f"output_dir={out}", check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]  # the model load logs to stderr too
+    assert len(err) == 1 and "split 'test'" in err[0] and "no (judged query, candidate) pair" in err[0]
+    assert not out.exists()

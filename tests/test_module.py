@@ -86,6 +86,26 @@ def test_hinge_loss_matches_formula(tiny_bert):
     assert m.training_step(batch, 0).item() == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.parametrize("name,temperature,want_t", [("repbert", None, 0.05), ("colbert", None, 1.0), ("repbert", 0.5, 0.5)])
+def test_ce_loss_divides_scores_by_temperature(tiny_bert, name, temperature, want_t):
+    """optim.loss=ce: softmax cross-entropy over score / temperature; null takes the ranker's own (RepBERT's
+    cosines 0.05, others 1), a number overrides it. Reference: float64 log-softmax computed row by row."""
+    m = module(tiny_bert, name, loss="ce", in_batch_negatives=True, temperature=temperature)
+    q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
+    ref = reference_scores(m, q, pos + neg).detach().double().numpy() / want_t
+    want = np.mean([np.log(np.exp(ref[i]).sum()) - ref[i, i] for i in range(3)])
+    m.log = lambda *a, **k: None
+    assert m.temperature == want_t
+    assert m.training_step(m.pair_tokenizer.triplets(q, pos, neg), 0).item() == pytest.approx(want, abs=1e-4)
+
+
+def test_temperature_must_be_positive(tiny_bert):
+    from pipeline.errors import InputError
+
+    with pytest.raises(InputError, match="optim.temperature"):
+        module(tiny_bert, "repbert", temperature=0.0)
+
+
 class _StubTrainer:
     estimated_stepping_batches = 20
 

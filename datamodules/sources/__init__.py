@@ -8,17 +8,18 @@ from datamodules.sources import beir, classic, ir_datasets_source, squad, synthe
 
 def load_dataset(cfg, seed: int):
     """Build and validate the dataset of `cfg`; with `data.num_folds` set, its judged queries re-split into
-    cross-validation folds (datamodules/folds.py); with `data.answer_bias_keep_first` set, the training split (of
+    cross-validation folds (datamodules/folds.py; unless the source's own folds were used: ir_datasets fold_ids); with `data.answer_bias_keep_first` set, the training split (of
     the fold) cut to the position-biased questions (datamodules/answer_bias.py)."""
     from pytorch_lightning.utilities import rank_zero_info
 
     from datamodules.answer_bias import apply_answer_bias, describe
     from datamodules.folds import apply_folds, check_fold_config
+    from datamodules.sources.ir_datasets_source import folds_given_by_source
 
     num_folds = check_fold_config(cfg)
     ds = SOURCES.get(cfg.source, "data.source").build(cfg, seed)
     ds.validate()
-    if num_folds is not None:
+    if num_folds is not None and not folds_given_by_source(cfg):
         ds = apply_folds(ds, num_folds, int(cfg.fold), int(cfg.fold_seed), source=cfg.source)
     if cfg.answer_bias_keep_first is not None:
         ds = apply_answer_bias(ds, float(cfg.answer_bias_keep_first), float(cfg.answer_bias_late_keep), int(cfg.answer_bias_seed))

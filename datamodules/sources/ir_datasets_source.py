@@ -19,6 +19,17 @@ Queries that carry answer strings (`answers`, e.g. `msmarco-qna/train`, `msmarco
 their relevant passages by string matching (datamodules/answer_matching.py), for the answer-position analysis and
 the position-biased training split.
 
+Collections judged over several ids (document ranking, DGRe paper section 4):
+
+    fold_ids: [disks45/nocr/trec-robust-2004/fold1, ..., /fold5]   # predefined folds (Robust04's five)
+    pool_ids: [clueweb09/catb/trec-web-2009, ..., /trec-web-2012]   # pooled, then dealt into folds
+
+`fold_ids` (with `data.num_folds` = their number and `data.fold` = f): each id is one fold, test = fold f,
+val = fold f + 1, train = the others pooled (the roles of datamodules/folds.py, on the dataset's own folds).
+`pool_ids` (with `data.num_folds`): the queries and qrels of all the ids are pooled and datamodules/folds.py
+deals them into folds. Either way train_id / val_id / test_id must be null and the documents come from `docs_id`
+(or the first of these ids with docs). configs/data/robust04.yaml and clueweb09.yaml set them up.
+
 ir_datasets downloads into IR_DATASETS_HOME on first use (network needed once); a dataset registered from local
 files (`ir_datasets.registry.register(name, ir_datasets.Dataset(TsvDocs(LocalDownload(path)), ...))`) needs none.
 """
@@ -43,6 +54,8 @@ class IrDatasetsConfig(DataConfig):
     max_docpairs: int | None = 100_000  # training triples read from docpairs_iter
     max_queries_per_split: int | None = None
     only_referenced_docs: bool = False
+    fold_ids: list[str] | None = None  # one id per predefined fold (module docstring)
+    pool_ids: list[str] | None = None  # ids whose queries are pooled and re-split by data.num_folds
 
 
 def _text(obj) -> str:
@@ -134,19 +147,72 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
     )
 
 
+def merge_splits(parts: list[Split]) -> Split:
+    """The union of several splits' queries, qrels, triples and candidates (a query in two parts must agree)."""
+    out = Split(origins=dict(parts[0].origins) if parts else {})
+    for part in parts:
+        for qid, text in part.queries.items():
+            if out.queries.setdefault(qid, text) != text:
+                raise InputError(part.origins.get("queries", "data"), f"query '{qid}' has two different texts in the pooled ids")
+        for qid, judged in part.qrels.items():
+            out.qrels.setdefault(qid, {}).update(judged)
+        if part.triples is not None:
+            out.triples = (out.triples or []) + list(part.triples)
+        if part.candidates is not None:
+            out.candidates = {**(out.candidates or {}), **part.candidates}
+    return out
+
+
+def _multi_id_splits(cfg: IrDatasetsConfig, answer_texts) -> tuple[dict[str, Split], list[tuple[str, str]]]:
+    """Splits from `fold_ids` or `pool_ids` (module docstring), and the (config key, id) pairs that may hold docs."""
+    keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
+    multi = "fold_ids" if cfg.fold_ids is not None else "pool_ids"
+    ids = list(getattr(cfg, multi))
+    if cfg.fold_ids is not None and cfg.pool_ids is not None:
+        raise InputError("data.pool_ids", "is set together with data.fold_ids; expected one of them")
+    set_ids = [k for k in keys.values() if getattr(cfg, k) is not None]
+    if set_ids:
+        raise InputError(f"data.{set_ids[0]}", f"is '{getattr(cfg, set_ids[0])}' but data.{multi} gives the splits; set {', '.join(keys.values())} to null")
+    if not ids:
+        raise InputError(f"data.{multi}", "is empty; expected a list of ir_datasets ids")
+    k = cfg.num_folds
+    if multi == "fold_ids" and k != len(ids):
+        raise InputError("data.num_folds", f"is {k} but data.fold_ids lists {len(ids)} folds; expected data.num_folds={len(ids)}")
+    if multi == "pool_ids" and k is None:
+        raise InputError("data.num_folds", "is null but data.pool_ids pools queries for cross-validation; expected e.g. data.num_folds=5")
+    parts = [_split(i, multi, cfg, answer_texts) for i in ids]
+    if multi == "pool_ids":
+        splits = {"train": merge_splits(parts), "val": Split(), "test": Split()}
+    else:
+        from datamodules.folds import fold_roles
+
+        roles = fold_roles(int(cfg.fold), k)
+        splits = {name: merge_splits([parts[f] for f in roles[name]]) for name in ("train", "val", "test")}
+    return splits, [(multi, i) for i in ids]
+
+
+def folds_given_by_source(cfg) -> bool:
+    """True when the source built the folds itself (`fold_ids`), so load_dataset must not re-split its queries."""
+    return getattr(cfg, "fold_ids", None) is not None
+
+
 @SOURCES.register("ir_datasets", schema=IrDatasetsConfig)
 def build(cfg: IrDatasetsConfig, seed: int) -> IRDataset:
     keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
-    if all(getattr(cfg, k) is None for k in keys.values()):
-        raise InputError("data.train_id", "train_id, val_id and test_id are all null; expected at least one ir_datasets id")
     answer_texts: dict[str, tuple[str, ...]] = {}
-    splits = {name: _split(getattr(cfg, key), key, cfg, answer_texts) for name, key in keys.items()}
+    if cfg.fold_ids is not None or cfg.pool_ids is not None:
+        splits, doc_sources = _multi_id_splits(cfg, answer_texts)
+    else:
+        if all(getattr(cfg, k) is None for k in keys.values()):
+            raise InputError("data.train_id", "train_id, val_id and test_id are all null; expected at least one ir_datasets id (or data.fold_ids / data.pool_ids)")
+        splits = {name: _split(getattr(cfg, key), key, cfg, answer_texts) for name, key in keys.items()}
+        doc_sources = [(key, getattr(cfg, key)) for key in keys.values() if getattr(cfg, key) is not None]
 
     docs_key, docs_id = "docs_id", cfg.docs_id
     if docs_id is None:
-        for key in keys.values():
-            if getattr(cfg, key) is not None and _load(getattr(cfg, key), key).has_docs():
-                docs_key, docs_id = key, getattr(cfg, key)
+        for key, dataset_id in doc_sources:
+            if _load(dataset_id, key).has_docs():
+                docs_key, docs_id = key, dataset_id
                 break
     if docs_id is None:
         raise InputError("data.docs_id", "none of train_id/val_id/test_id provides docs; expected docs_id naming a dataset with docs")

@@ -4,7 +4,7 @@ from pipeline.registry import Registry
 RANKERS: Registry = Registry("ranker")
 
 # Importing the modules registers them.
-from lightning_modules.rankers import bert_cat, bert_dot, bm25, colbert, repbert, tk  # noqa: E402,F401
+from lightning_modules.rankers import bert_cat, bert_dot, bm25, colbert, dgre, repbert, tk  # noqa: E402,F401
 
 # Entries that are no nn.Module: evaluate.py runs them directly, train.py refuses them, grids do not train them.
 UNTRAINED = ("bm25",)

@@ -7,9 +7,13 @@ white-box ColBERT) reuse them directly. Two kinds:
   isotropy heads and analyses attach (per-token vectors, padding masked); `score_all` scores every query
   against every passage, which in-batch negatives use. Its `side` argument ("query" or "doc") says which of the
   two is encoded: the BERT rankers ignore it, TK needs it (passage positions start at an offset).
-- `CrossEncoder`: `[CLS] q [SEP] p [SEP]` through the backbone, one score per pair.
+- `CrossEncoder`: `[CLS] q [SEP] p [SEP]` through the backbone, one score per pair. `score_triplets` is the
+  training hook: the scores of a triplet batch's positives and negatives, plus any auxiliary losses the ranker
+  defines on its own internals (DGRe's triangle distance and mutual information terms), which RankingModule adds
+  to the ranking loss and logs, so no ranker needs a special case in the module.
 
 Both expose `score(batch) -> [B]` over tokenised (query, passage) pairs, the only call evaluation needs.
+`hinge_scores` maps scores to what the pairwise margin loss compares (identity; DGRe: its sigmoid probability).
 """
 from __future__ import annotations
 
@@ -62,6 +66,8 @@ class ParamGroup:
 
 class Ranker(nn.Module):
     kind: ClassVar[str]  # "bi" or "cross"
+    # softmax temperature of the ce loss when optim.temperature is null (see OptimConfig.temperature)
+    ce_temperature: ClassVar[float] = 1.0
 
     def __init__(self, cfg: RankerConfig):
         super().__init__()
@@ -71,6 +77,12 @@ class Ranker(nn.Module):
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
         raise NotImplementedError
+
+    def hinge_scores(self, scores: Tensor) -> Tensor:
+        """Scores as the pairwise margin loss (optim.loss=hinge) compares them. Identity by default; a ranker whose
+        loss is defined on a transformed output (DGRe: sigmoid probabilities, its paper's Eq. 17 and 25) maps them
+        here, while evaluation ranks by `score` (the same order, without saturating to ties)."""
+        return scores
 
     def param_groups(self) -> dict[str, ParamGroup]:
         """Named parameter groups with their own learning rates; parameters in none of them train at optim.lr.
@@ -167,11 +179,30 @@ def take(enc: Encoded, index) -> Encoded:
     return Encoded(enc.tokens[index], enc.mask[index], None if enc.sequence is None else enc.sequence[index])
 
 
+@dataclass
+class TripletOutput:
+    """A cross-encoder's training forward over a triplet batch (pairs 0..B-1 positives, B..2B-1 negatives)."""
+
+    pos: Tensor  # [B] s(q_i, p+_i)
+    neg: Tensor  # [B] s(q_i, p-_i)
+    # added to the training loss as they are (the ranker applies its own weights), logged as train/<name>
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    # further values logged as train/<name> (detached; not part of the loss)
+    logs: dict[str, Tensor] = field(default_factory=dict)
+
+
 class CrossEncoder(Ranker):
     kind = "cross"
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
         raise NotImplementedError
+
+    def score_triplets(self, batch: dict[str, Tensor]) -> TripletOutput:
+        """Training forward over a triplet batch (PairTokenizer.triplets: B positive pairs, then B negatives).
+        Default: the scores only; rankers with auxiliary losses override it and compute everything in one pass."""
+        s = self.score(batch)
+        b = s.shape[0] // 2
+        return TripletOutput(pos=s[:b], neg=s[b:])
 
 
 def cosine_normalize(x: Tensor) -> Tensor:
@@ -180,6 +211,6 @@ def cosine_normalize(x: Tensor) -> Tensor:
 
 
 __all__ = [
-    "RankerConfig", "Encoded", "ParamGroup", "Ranker", "BiEncoder", "SingleVectorEncoder", "CrossEncoder", "masked_mean",
+    "RankerConfig", "Encoded", "ParamGroup", "Ranker", "BiEncoder", "SingleVectorEncoder", "CrossEncoder", "TripletOutput", "masked_mean",
     "cosine_normalize", "take",
 ]

@@ -20,6 +20,7 @@ class RepBERTConfig(RankerConfig):
 
 class RepBERT(SingleVectorEncoder):
     cosine = True
+    ce_temperature = 0.05  # cosines in [-1, 1]: see OptimConfig.temperature
 
     def pool(self, enc: Encoded) -> Encoded:
         enc.sequence = masked_mean(enc.tokens, enc.mask)

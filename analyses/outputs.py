@@ -1,0 +1,50 @@
+"""Where an analysis puts its results: files in `output_dir` (figures first, the JSON last and atomically, so a
+JSON means a finished analysis) and the configured logger (scalars; on W&B also tables and images)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_result(out: str | Path, json_name: str, result: dict) -> Path:
+    from pipeline.io import write_json
+
+    path = Path(out) / json_name
+    write_json(path, result)
+    return path
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """A matplotlib figure to PNG via a temp file and rename (no half-written image), then closed."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.io import atomic_open
+
+    path = Path(path)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def log_analysis(cfg, name: str, scalars: dict[str, float] | None = None, tables: dict[str, tuple[list[str], list[list]]] | None = None,
+                 images: dict[str, str | Path] | None = None, summary: dict | None = None) -> None:
+    """Scalars to any logger; `tables` ({key: (columns, rows)}), `images` ({key: png path}) and `summary` only where
+    the logger is W&B. Nothing with logger=none."""
+    from pipeline.run import build_logger
+
+    logger = build_logger(cfg, name)
+    if not logger:
+        return
+    if scalars:
+        logger.log_metrics({k: float(v) for k, v in scalars.items()})
+    is_wandb = hasattr(logger, "log_image")
+    if is_wandb:
+        for key, (columns, rows) in (tables or {}).items():
+            logger.log_table(key=key, columns=list(columns), data=[list(r) for r in rows])
+        for key, png in (images or {}).items():
+            logger.log_image(key, [str(png)])
+        if summary:
+            logger.experiment.summary.update(summary)
+    logger.save()
+    if is_wandb:
+        logger.experiment.finish()

@@ -1,0 +1,146 @@
+"""Running the white-box statistics on a ColBERT ranker (the plain nn.Module of lightning_modules/rankers/colbert.py).
+
+Every passage and query is encoded once (`encode_texts`: the ranker's `encode` then `scoring_vectors`, i.e. the unit
+vectors Eq. 1 compares, in eval mode and without gradients); per query, its candidates' vectors give the C*_id and
+exact-match matrices (maxsim.py), from which every word's removal (tau_AP, section 3) and every query token's
+Eq. 2 term are computed (`analyse_query`); the spectral ratio reads the stored passage vectors of the query
+subwords (`spectral_by_subword`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from analyses.whitebox.delta_es import pair_difference
+from analyses.whitebox.maxsim import MaxSim, max_sim
+from analyses.whitebox.spectral import sample_rows, spectral_ratio
+from analyses.whitebox.tau_ap import correlation
+from analyses.whitebox.words import Word
+
+
+@dataclass
+class Encodings:
+    """The real tokens of K texts, flat: text k is rows offsets[k]:offsets[k + 1] of `vecs` / `ids`."""
+
+    vecs: Tensor  # [T, D] float32, unit length
+    ids: Tensor  # [T] WordPiece ids
+    offsets: np.ndarray  # [K + 1]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def text(self, k: int) -> tuple[Tensor, Tensor]:
+        a, b = int(self.offsets[k]), int(self.offsets[k + 1])
+        return self.vecs[a:b], self.ids[a:b]
+
+    def padded(self, index) -> tuple[Tensor, Tensor, Tensor]:
+        """Texts `index` as [n, L, D] vectors, [n, L] mask and [n, L] ids, L = the longest of them."""
+        index = np.asarray(index, dtype=np.int64)
+        starts, lens = self.offsets[index], self.offsets[index + 1] - self.offsets[index]
+        length = int(lens.max()) if len(index) else 0
+        ar = np.arange(length)
+        mask = ar[None, :] < lens[:, None]
+        rows = torch.from_numpy(np.where(mask, starts[:, None] + ar[None, :], 0))
+        mask_t = torch.from_numpy(mask)
+        vecs = self.vecs[rows] * mask_t[..., None].to(self.vecs.dtype)
+        return vecs, mask_t, torch.where(mask_t, self.ids[rows], torch.zeros_like(rows))
+
+
+@torch.inference_mode()
+def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> Encodings:
+    """Token vectors of already tokenised texts (with [CLS]/[SEP]), in batches of similar length (less padding);
+    `side` as the ranker's `encode` takes it ("query" / "doc"). Encoded on the ranker's device, kept in CPU memory."""
+    device = next(ranker.parameters()).device
+    lens = np.array([len(x) for x in ids], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    vecs, flat_ids = None, torch.tensor([t for x in ids for t in x], dtype=torch.long)
+    order = np.argsort(-lens, kind="stable")
+    for s in range(0, len(order), batch_size):
+        chunk = order[s : s + batch_size]
+        length = int(lens[chunk].max())
+        inp = torch.full((len(chunk), length), pad_id, dtype=torch.long)
+        att = torch.zeros((len(chunk), length), dtype=torch.long)
+        for r, k in enumerate(chunk):
+            inp[r, : lens[k]] = torch.tensor(ids[k])
+            att[r, : lens[k]] = 1
+        enc = ranker.encode(inp.to(device), att.to(device), side=side)
+        out = ranker.scoring_vectors(enc.tokens).float().cpu()
+        if vecs is None:
+            vecs = torch.empty((int(offsets[-1]), out.shape[-1]), dtype=torch.float32)
+        for r, k in enumerate(chunk):
+            vecs[offsets[k] : offsets[k + 1]] = out[r, : lens[k]]
+    if vecs is None:
+        vecs = torch.empty((0, 0))
+    return Encodings(vecs=vecs, ids=flat_ids, offsets=offsets)
+
+
+def query_maxsim(queries: Encodings, k: int, docs: Encodings, candidates) -> MaxSim:
+    """Eq. 1's C*_id and exact matches of query k against its candidate passages (indices into `docs`)."""
+    qv, qi = queries.text(k)
+    dv, dm, di = docs.padded(candidates)
+    return max_sim(qv, qi, dv, dm, di)
+
+
+@dataclass
+class QueryResult:
+    tau: dict[str, float] = field(default_factory=dict)  # word key -> tau_AP(ranking, ranking without the word)
+    # (word key, token position, token id, Eq. 2 pair difference) for every subword of every analysed word
+    differences: list[tuple[str, int, int, float]] = field(default_factory=list)
+    exact_share: dict[str, float] = field(default_factory=dict)  # word key -> share of (subword, candidate) exact
+
+
+def analyse_query(ms: MaxSim, words: list[Word], variant: str = "b", term_importance: bool = True,
+                  delta_es: bool = True) -> QueryResult:
+    """Term importance of every word type of the query (all its occurrences removed together, the word being
+    masked) and the Eq. 2 term of every subword occurrence. Float64 for the scores, so removing a row does not
+    create ties that float32 rounding would."""
+    c_star = ms.c_star.double().numpy()
+    exact = ms.exact.numpy()
+    score = c_star.sum(0)
+    out = QueryResult()
+    rows: dict[str, list[int]] = {}
+    for w in words:
+        rows.setdefault(w.key, []).extend(w.positions)
+    if term_importance:
+        for key, r in rows.items():
+            out.tau[key] = correlation(score, score - c_star[r].sum(0), variant)
+    for key, r in rows.items():
+        out.exact_share[key] = float(exact[r].mean())
+    if delta_es:
+        for w in words:
+            for pos, tid in zip(w.positions, w.subwords):
+                out.differences.append((w.key, pos, tid, pair_difference(c_star[pos], exact[pos])))
+    return out
+
+
+@dataclass
+class SpectralResult:
+    occurrences: int  # in the encoded passages
+    used: int  # min(occurrences, cap)
+    ratio: float  # over the `used` vectors
+    ratio_equal: float | None  # over exactly `equal` vectors (None: fewer occurrences than that)
+
+
+def spectral_by_subword(docs: Encodings, token_ids, cap: int, min_occurrences: int, equal: int | None,
+                        seed: int) -> dict[int, SpectralResult]:
+    """Spectral ratio (spectral.py) of each subword's contextual vectors in the encoded passages, over a seeded
+    sample of at most `cap` occurrences; subwords with fewer than `min_occurrences` are left out."""
+    flat = docs.ids.numpy()
+    order = np.argsort(flat, kind="stable")
+    sorted_ids = flat[order]
+    out: dict[int, SpectralResult] = {}
+    for t in sorted({int(t) for t in token_ids}):
+        a, b = np.searchsorted(sorted_ids, t, "left"), np.searchsorted(sorted_ids, t, "right")
+        n = int(b - a)
+        if n < max(1, min_occurrences):
+            continue
+        pick = sample_rows(n, cap, seed, t)
+        rows = order[a:b][pick]
+        vecs = docs.vecs[torch.from_numpy(rows)].double().numpy()
+        eq = spectral_ratio(vecs[:equal]) if equal is not None and n >= equal else None
+        out[t] = SpectralResult(occurrences=n, used=len(rows), ratio=spectral_ratio(vecs), ratio_equal=eq)
+    return out
+

@@ -1,0 +1,161 @@
+"""White-box ColBERT analyses over a ~10k-passage collection: the time of each stage, and the per-word removal on
+the max-sim matrix against re-scoring through the ranker.
+
+    python bench/bench_whitebox.py [--data vaswani|squad|cranfield] [--data-dir ../shared/data] [--ckpt PATH] [--queries N] [--depth 100]
+                                   [--spectral-passages collection|candidates] [--batch-size 64] [--threads 2]
+                                   [--peer-queries 10] [--out bench/results/whitebox.json]
+
+Default: Vaswani/NPL (11,429 abstracts, 93 queries, ../shared/data/vaswani_npl), MiniLM ColBERT (untrained unless
+`--ckpt`; the cost does not depend on the weights), all three statistics, BM25 top-100 candidates, and the spectral
+ratio over the contextual vectors of the WHOLE collection (`spectral_passages: collection`, so every passage is
+encoded once). It runs `analyses.whitebox.analysis.analyse` as `python evaluate.py analysis=whitebox` does (without
+writing figures) and prints each stage's seconds: model and data loading, BM25 candidates, collection IDF,
+tokenisation, passage encoding, query encoding, the per-query statistics (C*/exact matrices, every word's tau_AP,
+every Eq. 2 term) and the spectral ratios.
+
+Peers, measured in the same run on the same encoded vectors:
+- the floor: encoding the collection once (what any analysis of its contextual vectors pays); the script prints the
+  whole analysis / that encoding.
+- per-word removal: ours computes each query's [Lq, |S_q|] max-sim matrix once and subtracts a word's rows; the
+  peer re-scores the candidates through the ranker's `score_all` with the word's query tokens masked out, once per
+  word (already without re-encoding anything). On `--peer-queries` queries; the script prints both per query and
+  their ratio (the scores agree; checked).
+
+The CPU may be shared: each timing records the CPU that other processes used meanwhile (cores, /proc/stat). The
+JSON (written atomically) holds machine info, settings and every number.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+PATHS = {"vaswani": "vaswani_npl", "cranfield": "cranfield", "squad": "squad_v1.1_dev/dev-v1.1.json.gz"}
+for p in (str(REPO), str(REPO / "bench")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+
+from bench_retrieval import Meter, machine  # noqa: E402
+
+
+def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
+    """Per-word removal on a few queries, ours (one max-sim matrix, rows subtracted) vs the ranker's score_all
+    with the word's tokens masked (passages encoded once for both)."""
+    from analyses.whitebox.collect import encode_texts, query_maxsim
+    from analyses.whitebox.words import query_words
+    from lightning_modules.rankers.base import Encoded
+
+    ranker, c, tok = module.ranker, module.model_cfg, module.ranker.tokenizer
+    qids = qids[:n_queries]
+    q_ids, q_words = query_words(tok, [qtexts[q] for q in qids], c.query_max_len)
+    used = sorted({d for q in qids for d in cands[q]})
+    index = {d: i for i, d in enumerate(used)}
+    d_tok = tok([ds.docs[d] for d in used], truncation=True, max_length=c.doc_max_len)["input_ids"]
+    docs = encode_texts(ranker, d_tok, "doc")
+    queries = encode_texts(ranker, q_ids, "query")
+    words = sum(len(ws) for ws in q_words)
+    with Meter() as ours:
+        for k, q in enumerate(qids):
+            ms = query_maxsim(queries, k, docs, [index[d] for d in cands[q]])
+            for w in q_words[k]:
+                ms.without(w.positions)
+    max_diff = 0.0
+    with Meter() as peer, torch.inference_mode():
+        for k, q in enumerate(qids):
+            dv, dm, _ = docs.padded([index[d] for d in cands[q]])
+            d_enc = Encoded(dv, dm)
+            qv, _ = queries.text(k)
+            for w in q_words[k]:
+                mask = torch.ones(1, len(qv), dtype=torch.bool)
+                mask[0, w.positions] = False
+                s = ranker.score_all(Encoded(qv[None], mask), d_enc)[0]
+                if k == 0:
+                    ref = query_maxsim(queries, k, docs, [index[d] for d in cands[q]]).without(w.positions)
+                    max_diff = max(max_diff, float((s - ref).abs().max()))
+    return {"queries": len(qids), "words": words, "ours_s": ours.wall, "ours_others_cores": ours.others_cores,
+            "rescoring_s": peer.wall, "rescoring_others_cores": peer.others_cores,
+            "rescoring_over_ours": peer.wall / max(ours.wall, 1e-9), "max_abs_score_difference": max_diff}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="vaswani", choices=sorted(PATHS))
+    ap.add_argument("--data-dir", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
+    ap.add_argument("--ckpt", default=None, help="a ColBERT checkpoint (default: MiniLM untrained)")
+    ap.add_argument("--queries", type=int, default=None, help="analysed queries (default: all of --split)")
+    ap.add_argument("--split", default="all", choices=("train", "val", "test", "all"))
+    ap.add_argument("--depth", type=int, default=100, help="|S_q|, BM25 top-k")
+    ap.add_argument("--spectral-passages", default="collection", choices=("collection", "candidates"))
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--peer-queries", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "whitebox.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from analyses.whitebox.analysis import _models, _queries_and_candidates, analyse, options
+    from datamodules.sources import load_dataset
+    from pipeline.config import compose
+    from pipeline.io import write_json
+    from pipeline.run import data_config
+
+    overrides = [f"data={args.data}", f"data.path={args.data_dir / PATHS[args.data]}", f"data.cache_dir={REPO / '.cache'}",
+                 "analysis=whitebox", f"analysis.split={args.split}", f"analysis.candidate_depth={args.depth}",
+                 f"analysis.spectral_passages={args.spectral_passages}", f"analysis.batch_size={args.batch_size}",
+                 "logger=none", "output_dir=outputs/bench-whitebox"]
+    if args.queries:
+        overrides.append(f"analysis.max_queries={args.queries}")
+    overrides += [f"ckpt={args.ckpt}"] if args.ckpt else ["model=colbert", "model.backbone=minilm"]
+    cfg = compose(overrides)
+    opts = options(cfg)
+    with Meter() as total:
+        result = analyse(cfg, opts, model_from_cli=not args.ckpt)
+    label, res = next(iter(result["models"].items()))
+    s = result["settings"]
+
+    # peer: the removal through the ranker, on the same queries and candidates
+    module = next(iter(_models(cfg, not args.ckpt, False).values()))
+    dc = data_config(cfg)
+    ds = load_dataset(dc, int(cfg.seed))
+    qids, qtexts, cands, _ = _queries_and_candidates(ds, dc, opts, s["seed"])
+    peer = peer_removal(module, qids, qtexts, cands, ds, args.peer_queries)
+
+    stages = {**result["timings_s"], **{f"{label}: {k}": v for k, v in res["timings_s"].items()}}
+    stages.pop(f"model_{label}_s", None)
+    encode = res["timings_s"]["encode_passages_s"]
+    report = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "threads": args.threads,
+        "settings": {k: s[k] for k in ("dataset", "collection_passages", "queries", "candidate_depth", "spectral_passages")},
+        "passages_encoded": res["passages_encoded"], "tokens_encoded": res["tokens_encoded"],
+        "total_s": total.wall, "total_others_cores": total.others_cores, "stages_s": stages,
+        "analysis_over_encoding": total.wall / max(encode, 1e-9), "removal": peer,
+        "pearson_r": {k: v["pearson_r"] for k, v in res["correlations"].items()},
+    }
+    print(f"white-box ColBERT bench: {s['dataset']} ({s['collection_passages']:,} passages), {s['queries']} queries, "
+          f"|S_q| <= {s['candidate_depth']}, spectral over {s['spectral_passages']}, {args.threads} threads "
+          f"(others used {total.others_cores} cores meanwhile)")
+    for k, v in stages.items():
+        print(f"  {k:<36}{v:>9.1f} s")
+    print(f"  {'total':<36}{total.wall:>9.1f} s  ({total.wall / 60:.1f} min; {res['passages_encoded']:,} passages, "
+          f"{res['tokens_encoded']:,} tokens encoded)")
+    print(f"  whole analysis / encoding the passages once: {report['analysis_over_encoding']:.2f}")
+    print(f"  per-word removal, {peer['queries']} queries, {peer['words']} words: max-sim rows {peer['ours_s']:.2f} s, "
+          f"ranker re-scoring {peer['rescoring_s']:.2f} s, ratio {peer['rescoring_over_ours']:.1f}x "
+          f"(max |score difference| {peer['max_abs_score_difference']:.1e})")
+    write_json(args.out, report)
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The white-box analysis on a ColBERT ranker (tiny random BERT): Eq. 1 from the stored token vectors is the ranker's
+own score, removing a word's rows equals the ranker's score with those query tokens masked out, encoding once in
+length-sorted batches changes nothing, the spectral sample reads the right vectors; `python evaluate.py
+analysis=whitebox` for a checkpoint with its backbone, the JSON consistent with its per-query values, and one-line
+errors that write nothing."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analyses.whitebox.analysis import JSON_NAME
+from analyses.whitebox.collect import analyse_query, encode_texts, query_maxsim, spectral_by_subword
+from analyses.whitebox.spectral import sample_rows, spectral_ratio
+from analyses.whitebox.tau_ap import tau_ap_b
+from analyses.whitebox.words import query_words
+from conftest import run_script
+
+QUERIES = ["where is the cat sitting", "symptoms of shingles", "who wrote the book of the cat"]
+PASSAGES = ["the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",
+            "a book about a cat, written by a famous author", "dogs and cats", "the symptoms include pain and itching",
+            "the cat sat on the mat near the door"]  # a duplicate passage: ties in every ranking
+
+
+@pytest.fixture(scope="module")
+def colbert(tiny_bert_nodropout):
+    from lightning_modules.module import RankingModule
+
+    m = RankingModule({"name": "colbert", "backbone": tiny_bert_nodropout}, {})
+    return m.eval()
+
+
+def encoded(module):
+    tok = module.ranker.tokenizer
+    q_ids, q_words = query_words(tok, QUERIES, module.model_cfg.query_max_len)
+    d_ids = tok(PASSAGES, truncation=True, max_length=module.model_cfg.doc_max_len)["input_ids"]
+    return (encode_texts(module.ranker, q_ids, "query", batch_size=2), q_words,
+            encode_texts(module.ranker, d_ids, "doc", batch_size=4))
+
+
+@torch.inference_mode()
+def test_eq1_is_the_rankers_score_and_removal_masks_query_rows(colbert):
+    queries, q_words, docs = encoded(colbert)
+    r, pt = colbert.ranker, colbert.pair_tokenizer
+    qb, db = pt.queries(QUERIES), pt.docs(PASSAGES)
+    q_enc = r.encode_queries(qb)
+    reference = r.score_all(q_enc, r.encode_docs(db))  # [Q, P]
+    for k in range(len(QUERIES)):
+        ms = query_maxsim(queries, k, docs, list(range(len(PASSAGES))))
+        assert torch.allclose(ms.score, reference[k], atol=1e-5)
+        for w in q_words[k]:
+            masked = type(q_enc)(q_enc.tokens.clone(), q_enc.mask.clone())
+            masked.mask[k, w.positions] = False  # the word's rows out of Eq. 1's sum, other tokens as encoded
+            ref = r.score_all(masked, r.encode_docs(db))[k]
+            assert torch.allclose(ms.without(w.positions), ref, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_length_sorted_batches_change_nothing(colbert):
+    _, _, docs = encoded(colbert)
+    tok = colbert.ranker.tokenizer
+    for k, text in enumerate(PASSAGES):
+        ids = tok([text], truncation=True, max_length=colbert.model_cfg.doc_max_len)["input_ids"]
+        alone = encode_texts(colbert.ranker, ids, "doc", batch_size=1)
+        v, i = docs.text(k)
+        assert i.tolist() == ids[0] and torch.allclose(v, alone.vecs, atol=1e-5)
+        assert torch.allclose(v.norm(dim=-1), torch.ones(len(v)), atol=1e-5)  # the unit vectors Eq. 1 compares
+    vecs, mask, ids = docs.padded([3, 0])
+    assert mask.sum(1).tolist() == [len(docs.text(3)[1]), len(docs.text(0)[1])] and (vecs[~mask] == 0).all()
+
+
+def test_query_analysis_against_direct_computation(colbert):
+    queries, q_words, docs = encoded(colbert)
+    k = 2  # "who wrote the book of the cat": 'the' twice, removed together
+    ms = query_maxsim(queries, k, docs, list(range(len(PASSAGES))))
+    res = analyse_query(ms, q_words[k], "b")
+    c = ms.c_star.double().numpy()
+    s = c.sum(0)
+    the = [p for w in q_words[k] if w.key == "the" for p in w.positions]
+    assert len(the) == 2 and list(res.tau) == ["who", "wrote", "the", "book", "of", "cat"]
+    assert res.tau["the"] == pytest.approx(tau_ap_b(s, s - c[the].sum(0)))
+    assert s[0] == s[5]  # the duplicate passage ties, and tau_AP,b takes it
+    for key, pos, tid, diff in res.differences:
+        exact = ms.exact[pos].numpy()
+        expected = c[pos][exact].mean() - c[pos][~exact].mean() if 0 < exact.sum() < len(exact) else float("nan")
+        assert (math.isnan(diff) and math.isnan(expected)) or diff == pytest.approx(expected)
+
+
+def test_spectral_sample_reads_the_subwords_vectors(colbert):
+    _, _, docs = encoded(colbert)
+    tok = colbert.ranker.tokenizer
+    the, cat = tok.convert_tokens_to_ids(["the", "cat"])
+    got = spectral_by_subword(docs, [the, cat, 99999], cap=5, min_occurrences=2, equal=3, seed=11)
+    assert 99999 not in got
+    flat = docs.ids.numpy()
+    for t in (the, cat):
+        where = np.flatnonzero(flat == t)  # occurrences in passage order
+        pick = where[sample_rows(len(where), 5, 11, t)]
+        assert got[t].occurrences == len(where) and got[t].used == min(5, len(where))
+        assert got[t].ratio == pytest.approx(spectral_ratio(docs.vecs[pick].double().numpy()))
+        assert got[t].ratio_equal == pytest.approx(spectral_ratio(docs.vecs[pick[:3]].double().numpy()))
+
+
+# ---- the analysis entry ---------------------------------------------------------------------------------------
+def fake_checkpoint(path, backbone: str):
+    """A ColBERT checkpoint as train.py saves it (the keys load_module reads), with weights moved away from the
+    backbone's so the fine-tuned and backbone series differ."""
+    from lightning_modules.module import RankingModule
+
+    model, optim = {"name": "colbert", "backbone": backbone}, {}
+    m = RankingModule(model, optim)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.ranker.encoder.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    torch.save({"state_dict": m.state_dict(), "hyper_parameters": {"model": model, "optim": optim}}, path)
+    return path
+
+
+def run_inprocess(*args):
+    from analyses.registry import run_analysis
+    from pipeline.cli import model_from_cli
+    from pipeline.config import compose
+
+    return run_analysis(compose(list(args)), model_from_cli(list(args)))
+
+
+COMMON = ["analysis=whitebox", "logger=none", "data.num_test_queries=12", "data.candidate_depth=15"]
+
+
+def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodropout):
+    ckpt = fake_checkpoint(tmp_path / "ft.ckpt", tiny_bert_nodropout)
+    cache = f"data.cache_dir={tmp_path / 'c'}"
+    both = run_inprocess(*COMMON, cache, f"ckpt={ckpt}", "analysis.with_backbone=true", f"output_dir={tmp_path / 'a'}")
+    plain = run_inprocess(*COMMON, cache, "model=colbert", f"model.backbone={tiny_bert_nodropout}", f"output_dir={tmp_path / 'b'}")
+    assert list(both["models"]) == ["fine-tuned", "backbone"] and list(plain["models"]) == ["untrained"]
+    ft, bb, un = both["models"]["fine-tuned"], both["models"]["backbone"], plain["models"]["untrained"]
+    assert bb["words"] == un["words"] and bb["subwords"] == un["subwords"]  # the same backbone, same queries
+    assert ft["words"] != bb["words"]
+    on_disk = json.loads((tmp_path / "a" / JSON_NAME).read_text())
+    assert on_disk["settings"]["queries"] == 12 and on_disk["settings"]["candidate_depth"] == 15
+    for name in ("whitebox_term_importance.png", "whitebox_delta_es.png", "whitebox_spectral.png"):
+        assert (tmp_path / "a" / name).stat().st_size > 1000
+    # word rows are the per-query values aggregated; r is the Pearson r of those rows
+    for res in (ft, bb):
+        per_word: dict[str, list[float]] = {}
+        for q in res["queries"]:
+            for w in q["words"]:
+                if w["tau_ap"] is not None:
+                    per_word.setdefault(w["word"], []).append(w["tau_ap"])
+        rows = {w["word"]: w for w in res["words"]}
+        for word, vals in per_word.items():
+            assert rows[word]["tau_ap"] == pytest.approx(np.mean(vals))
+        pts = np.array([(w["idf"], w["tau_ap"]) for w in res["words"] if w["tau_ap"] is not None])
+        assert res["correlations"]["term_importance"]["pearson_r"] == pytest.approx(np.corrcoef(pts.T)[0, 1])
+        assert res["correlations"]["term_importance"]["n"] == len(pts)
+        subs = {s["subword"]: s for s in res["subwords"]}
+        for w in res["words"]:
+            if w["delta_es"] is not None:  # Delta_ES(w) = sum of its subwords' Delta_ES(t)
+                assert w["delta_es"] == pytest.approx(sum(subs[t]["delta_es"] for t in w["subwords"]))
+        assert all(any(ch.isalnum() for ch in w["word"]) for w in res["words"])  # punctuation skipped
+
+
+def test_command_line_and_one_line_errors(tmp_path, tiny_bert):
+    out = tmp_path / "o"
+    run_script("evaluate.py", *COMMON, "model=colbert", f"model.backbone={tiny_bert}", "analysis.statistics=[spectral]",
+               "analysis.max_queries=5", f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}")
+    res = json.loads((out / JSON_NAME).read_text())
+    assert res["settings"]["queries"] == 5 and list(res["models"]["untrained"]["correlations"]) == ["spectral"]
+    assert (out / "whitebox_spectral.png").exists() and not (out / "whitebox_delta_es.png").exists()
+    for args, needle in [(["analysis.statistic=[spectral]"], "analysis.statistic"),
+                         (["analysis.statistics=[tfidf]"], "analysis.statistics"),
+                         (["analysis.tau_ap=c"], "analysis.tau_ap"),
+                         (["model=repbert", f"model.backbone={tiny_bert}"], "model.name")]:
+        bad = run_script("evaluate.py", *COMMON, *args, f"output_dir={tmp_path / 'x'}", f"data.cache_dir={tmp_path / 'c'}", check=False)
+        assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-500:]
+        assert not (tmp_path / "x").exists()
