@@ -45,7 +45,8 @@ and logged as a wandb.Table into a `<name>-table` run of the group when the cell
 Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_root=...`, `action=...`) override the
 grid file; any other key is a pipeline override appended to every cell (`trainer.max_steps=10`).
 `action=run` (default) runs and tabulates, `action=table` only collects and tabulates what is finished,
-`action=list` prints every cell and its state.
+`action=list` prints every cell and its state. `only=["*/fold0"]` (globs on the cell labels printed by
+`action=list`) runs just those cells, e.g. one fold of every row first; the table takes whatever is finished.
 
 `paired_by: query` pairs and averages by query id, so a query id must name the same query in every run: true for
 files on disk and for folds; for `synthetic` over several seeds set `data.data_seed` (else each seed draws its own
@@ -54,6 +55,7 @@ collection).
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import os
@@ -79,7 +81,7 @@ __all__ = ["GridSpec", "Cell", "GridReport", "load_grid", "plan", "run", "collec
 REPO = Path(__file__).resolve().parents[1]
 GRID_DIR = CONFIG_DIR / "grid"
 GRID_KEYS = ("name", "baseline", "rows", "train_data", "eval_data", "seeds", "folds", "common", "measures", "test",
-             "paired_by", "launcher", "output_root", "action")
+             "paired_by", "launcher", "output_root", "action", "only")
 # set by the grid for every cell
 RESERVED = ("seed", "output_dir", "ckpt_path", "ckpt", "logger.group", "logger.run_name")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -102,6 +104,10 @@ class GridSpec:
     output_root: str = "outputs/grids"
     action: str = "run"
     source: str = ""  # the grid file
+    only: list[str] = field(default_factory=list)  # run only cells whose label matches one of these globs
+
+    def selected(self, cell: "Cell") -> bool:
+        return not self.only or any(fnmatch.fnmatchcase(cell.label, p) for p in self.only)
 
     @property
     def dir(self) -> Path:
@@ -121,7 +127,7 @@ class GridSpec:
         return out
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in GRID_KEYS if k != "action"}
+        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only")}
 
 
 @dataclass(frozen=True)
@@ -235,13 +241,15 @@ def _labelled(value: Any, where: str, group: str | None) -> dict[str, list[str]]
 
 def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     """(spec, extra pipeline overrides) from `grid=NAME [key=value ...]`."""
-    grid, grid_over, extra = None, [], []
+    grid, grid_over, extra, only_cli = None, [], [], None
     for arg in argv:
         if "=" not in arg:
             raise InputError(f"argument '{arg}'", "expected key=value (e.g. grid=squad_3seeds or seeds=[1,2])")
         key = arg.split("=", 1)[0]
         if key == "grid":
             grid = arg.split("=", 1)[1]
+        elif key == "only":  # globs are not YAML ('*' starts an alias): read `only=a/*,*/fold0` or `only=[...]` as text
+            only_cli = [p.strip().strip("'\"") for p in arg.split("=", 1)[1].strip().strip("[]").split(",") if p.strip()]
         elif key in GRID_KEYS:
             grid_over.append(arg)
         else:
@@ -261,6 +269,8 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     except Exception as e:
         raise InputError("command line", f"cannot parse grid overrides {grid_over}: {e}") from e
     raw = OmegaConf.to_container(node, resolve=True)
+    if only_cli is not None:
+        raw["only"] = only_cli
     unknown = sorted(set(raw) - set(GRID_KEYS))
     if unknown:
         raise InputError(f"{path}", f"unknown grid key '{unknown[0]}'; a grid accepts {list(GRID_KEYS)}")
@@ -311,9 +321,14 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
         if value not in allowed:
             raise InputError(where(key), f"is '{value}'; expected one of {list(allowed)}")
         picked[key] = value
+    only = raw.get("only") or []
+    if isinstance(only, str):
+        only = [only]
+    if not isinstance(only, list) or not all(isinstance(p, str) and p for p in only):
+        raise InputError(where("only"), f"is {raw.get('only')!r}; expected cell-label globs, e.g. [\"*/fold0\"] or [\"bert_cat/*\"]")
     spec = GridSpec(name=name, baseline=baseline, rows=rows, train_data=train_data, eval_data=eval_data, seeds=seeds,
                     folds=folds, common=common, measures=list(measures), test=test, output_root=str(raw.get("output_root") or "outputs/grids"),
-                    source=str(path), **picked)
+                    source=str(path), only=list(only), **picked)
     return spec, extra
 
 
@@ -643,6 +658,8 @@ def run(argv: list[str], out=None) -> GridReport:
         _record_spec(spec, extra, cells, say)
         for i, cell in enumerate(cells, 1):
             tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
+            if not spec.selected(cell):
+                continue
             if cell.done:
                 report.status[cell.label] = "skipped"
                 say(f"{tag}: skipped (metrics.json exists)")

@@ -188,6 +188,13 @@ def test_grid_file_errors_and_cell_layout(tmp_path):
             load_grid([f"grid={grid(**kw)}"])
     with pytest.raises(InputError, match="no grid 'nope'"):
         load_grid(["grid=nope"])
+    # only=: globs on the cell labels select what runs (e.g. one fold of every row first)
+    spec, _ = load_grid([f"grid={grid(folds=5, seeds=[7])}", "only=[*/fold0,b/*/fold3]"])
+    assert [c.label for c in plan(spec) if spec.selected(c)] == ["a/synthetic/fold0", "b/synthetic/fold0", "b/synthetic/fold3"]
+    spec, _ = load_grid([f"grid={grid()}"])
+    assert all(spec.selected(c) for c in plan(spec))
+    with pytest.raises(InputError, match="only: is 5; expected cell-label globs"):
+        load_grid([f"grid={grid(only=5)}"])
 
 
 def test_experiments_cli_one_line_error(tmp_path):
