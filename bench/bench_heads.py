@@ -27,6 +27,7 @@ not to cost likelihood. The CPU may be shared: each timing records what other pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gzip
 import json
@@ -76,8 +77,10 @@ def batches(n: int, size: int, seed: int, epoch: int):
         yield order[s : s + size]
 
 
-def train_step(head, opt, x: torch.Tensor) -> float:
-    loss = head.nll(x.float()).mean()
+def train_step(head, opt, x: torch.Tensor, autocast=None) -> float:
+    # bf16: the flow trains under autocast too, as `train.py stage=head trainer.precision=bf16-mixed` does
+    with autocast() if autocast else contextlib.nullcontext():
+        loss = head.nll(x.float()).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -95,7 +98,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--encode-batch", type=int, default=32)
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="encoding precision, both arms")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="encoding and flow-training precision, both arms")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "heads.json"))
@@ -151,14 +154,14 @@ def main(argv=None) -> dict:
         for epoch in range(a.epochs):
             with Meter() as m:
                 for rows in batches(len(vectors), a.batch_size, a.seed, epoch):
-                    train_step(head_c, opt_c, torch.from_numpy(np.asarray(vectors[np.sort(rows)], dtype=np.float32)))
+                    train_step(head_c, opt_c, torch.from_numpy(np.asarray(vectors[np.sort(rows)], dtype=np.float32)), autocast)
             cached_s.append(m.wall)
             cached_others.append(m.others_cores)
             print(f"  cached    epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
 
             with Meter() as m:
                 for rows in batches(len(vectors), a.batch_size, a.seed, epoch):
-                    train_step(head_m, opt_m, in_ram[torch.from_numpy(np.sort(rows))])
+                    train_step(head_m, opt_m, in_ram[torch.from_numpy(np.sort(rows))], autocast)
             ram_s.append(m.wall)
             print(f"  in RAM    epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
 
@@ -175,11 +178,11 @@ def main(argv=None) -> dict:
                             buf.append(_vectors(ranker, side(chunk), "token").float().clone())
                     pending = torch.cat(buf)
                     while len(pending) >= a.batch_size:
-                        train_step(head_r, opt_r, pending[: a.batch_size])
+                        train_step(head_r, opt_r, pending[: a.batch_size], autocast)
                         pending = pending[a.batch_size :]
                     buf = [pending]
                 if len(buf[0]):
-                    train_step(head_r, opt_r, buf[0])
+                    train_step(head_r, opt_r, buf[0], autocast)
             reenc_s.append(m.wall)
             reenc_others.append(m.others_cores)
             print(f"  re-encode epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
