@@ -130,3 +130,77 @@ def test_mats_from_curve_and_bad_input():
         average_term_similarity(torch.zeros(2, 2), [0, 0], [0, 1], [0, 1], max_occurrences=1)
     with pytest.raises(ValueError, match=r"vectors \[N, d\]"):
         average_term_similarity(torch.zeros(3, 2), [0, 0], [0, 1], [0, 1])
+
+
+# ------------------------------------------------------------------------------ term vectors from every ranker
+
+PASSAGES = [
+    "dense retrieval encodes passages into vectors and compares the vectors",
+    "the vectors of a passage",
+    "retrieval",
+]
+
+
+def _ranker(name: str, tiny_bert: str):
+    from lightning_modules.rankers import RANKERS, build_ranker
+
+    schema = RANKERS.get(name, "model.name").schema
+    extra = {"heads": 2, "head_dim": 8, "ff_dim": 24} if name == "tk" else {}
+    torch.manual_seed(0)
+    return build_ranker(schema(backbone=tiny_bert, query_max_len=12, doc_max_len=20, **extra)).eval()
+
+
+def _pair_tokenizer(ranker):
+    from lightning_modules.rankers.tokenization import PairTokenizer
+
+    return PairTokenizer(ranker.tokenizer, ranker.kind, ranker.cfg.query_max_len, ranker.cfg.doc_max_len)
+
+
+@pytest.mark.parametrize("name", ["tk", "colbert", "repbert", "bert_dot"])
+def test_bi_encoder_passage_terms_are_its_token_representations(name, tiny_bert):
+    """Each passage alone (no padding): the vectors at its non-special tokens, positions 0..n-1, and its ids."""
+    from lightning_modules.rankers.terms import passage_terms
+
+    ranker = _ranker(name, tiny_bert)
+    got = passage_terms(ranker, _pair_tokenizer(ranker), PASSAGES, batch_size=2, first_passage=10)
+    special = set(ranker.tokenizer.all_special_ids)
+    start = 0
+    for p, text in enumerate(PASSAGES):
+        ids = ranker.tokenizer(text, truncation=True, max_length=20)["input_ids"]
+        keep = [i for i, t in enumerate(ids) if t not in special]
+        with torch.no_grad():
+            enc = ranker.token_representations(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), side="doc")
+        n = len(keep)
+        sl = slice(start, start + n)
+        assert got.terms[sl].tolist() == [ids[i] for i in keep]
+        assert got.positions[sl].tolist() == list(range(n))
+        assert got.passages[sl].tolist() == [10 + p] * n
+        torch.testing.assert_close(got.vectors[sl], enc.tokens[0, keep].float(), atol=1e-5, rtol=1e-5)
+        start += n
+    assert start == len(got.terms)
+
+
+def test_bert_cat_passage_terms_are_the_passage_side_of_the_pair(tiny_bert):
+    from lightning_modules.rankers.terms import passage_terms
+
+    ranker = _ranker("bert_cat", tiny_bert)
+    tok = _pair_tokenizer(ranker)
+    queries = ["what are vectors", "retrieval"]
+    got = passage_terms(ranker, tok, PASSAGES, queries=queries, batch_size=2)
+    special = set(ranker.tokenizer.all_special_ids)
+    start = 0
+    for p, text in enumerate(PASSAGES):
+        pair = tok.pairs([queries[p % 2]], [text])
+        ids, types = pair["input_ids"][0].tolist(), pair["token_type_ids"][0].tolist()
+        keep = [i for i, (t, s) in enumerate(zip(ids, types)) if s == 1 and t not in special]
+        doc_ids = [t for t in ranker.tokenizer(text)["input_ids"] if t not in special]
+        with torch.no_grad():
+            hidden = ranker.encoder(**pair).last_hidden_state[0]
+        n = len(keep)
+        assert got.terms[start : start + n].tolist() == doc_ids  # the passage's own terms, none of the query's
+        assert got.positions[start : start + n].tolist() == list(range(n))
+        torch.testing.assert_close(got.vectors[start : start + n], hidden[keep], atol=1e-5, rtol=1e-5)
+        start += n
+    assert start == len(got.terms)
+    with pytest.raises(ValueError, match="queries"):
+        passage_terms(ranker, tok, PASSAGES)
