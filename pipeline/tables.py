@@ -28,7 +28,7 @@ from pipeline.stats import (check_test, pair_by_query, pair_by_replicate, paired
 __all__ = ["summarize", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
 
 # metrics.json keys that are one number per run (callbacks/isotropy.py), usable as table columns
-RUN_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
+RUN_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence", "mats", "mats_std", "ats0")  # + callbacks/ats.py
 
 TEST_NAMES = {
     "t_test_one_tailed": "one-tailed paired t-test (method > baseline)",
@@ -110,6 +110,9 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     if any(m in RUN_LEVEL for m in measures):
         lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run (the test split's"
                       " probe vectors as the ranker scores them), mean over the runs, untested.")
+    if any(m in ("mats", "mats_std", "ats0") for m in measures):
+        lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
+                      " test passages' term vectors: one value per run, mean over the runs, untested.")
     for block in blocks:
         title = block["eval"] if block["train"] == block["eval"] else f"trained on {block['train']}, evaluated on {block['eval']}"
         lines += ["", f"### {title}", "", "| method | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]

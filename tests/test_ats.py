@@ -204,3 +204,134 @@ def test_bert_cat_passage_terms_are_the_passage_side_of_the_pair(tiny_bert):
     assert start == len(got.terms)
     with pytest.raises(ValueError, match="queries"):
         passage_terms(ranker, tok, PASSAGES)
+
+
+# ------------------------------------------------------------------------------ callback and DDP
+
+FAST = ["logger=csv", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
+        "eval.probe_docs=16", "data.max_eval_queries=16", "data.candidate_depth=20", "eval.ats_passages=24",
+        "eval.ats_max_occurrences=20"]
+
+
+def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation(tmp_path, tiny_bert):
+    """TK trained 2 steps: val/mats is logged at the validation, metrics.json holds the test split's MATS, and it
+    equals ATS computed here from the checkpoint on the same seeded passages."""
+    import csv
+    import json
+
+    from callbacks.ats import ats_sample
+    from lightning_modules.rankers.terms import passage_terms
+    from pipeline.config import compose
+    from pipeline.run import load_data, load_module, train
+
+    model = ["model=tk", f"model.backbone={tiny_bert}", "model.heads=2", "model.head_dim=8", "model.ff_dim=24"]
+    out = tmp_path / "run"
+    cfg = compose([*FAST, *model, "data.max_train_triples=16", "data.batch_size=8", "trainer.max_steps=2",
+                   "trainer.val_check_interval=2", "eval.before_training=false", f"output_dir={out}"])
+    train(cfg)
+    metrics = json.loads((out / "metrics.json").read_text())
+    logged = list(csv.DictReader(open(next(out.glob("csv/*/metrics.csv")))))
+    assert any(row.get("val/mats") for row in logged)
+
+    best = sorted((out / "checkpoints").glob("best-*.ckpt"))[-1]
+    ev = compose([*FAST, f"ckpt={best}"])
+    module = load_module(ev, model_from_cli=False)
+    split = load_data(ev, module).eval_splits["test"]
+    docs, _ = ats_sample(len(split.dtexts), len(split.qtexts), 24, ev.seed)
+    terms = passage_terms(module.ranker, module.pair_tokenizer, [split.dtexts[i] for i in docs])
+    ref = average_term_similarity(terms.vectors, terms.terms, terms.positions, terms.passages, max_occurrences=20, seed=ev.seed)
+    assert np.isfinite(ref.mats)
+    assert metrics["mats"] == pytest.approx(ref.mats, abs=1e-6)
+    assert metrics["ats0"] == pytest.approx(ref.ats[0], abs=1e-6)
+
+
+def _ats_ddp_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        vectors, terms, positions, passages = hand_made_set(seed=4, passages=30)
+        mine = np.isin(passages, np.arange(30)[rank::world])  # each rank encodes its own passages
+        m = AverageTermSimilarity(max_occurrences=6, seed=2)
+        m.update(torch.tensor(vectors[mine], dtype=torch.float32), torch.tensor(terms[mine]), torch.tensor(positions[mine]),
+                 torch.tensor(passages[mine]))
+        result = m.compute()
+        if rank == 0:
+            torch.save(torch.tensor(result.ats), out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_metric_gathers_occurrences_across_ddp_ranks(tmp_path):
+    """Two gloo ranks with disjoint passages give the single-process ATS: pairs across ranks count."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "ats.pt"
+    mp.spawn(_ats_ddp_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    vectors, terms, positions, passages = hand_made_set(seed=4, passages=30)
+    single = average_term_similarity(torch.tensor(vectors, dtype=torch.float32), terms, positions, passages, max_occurrences=6, seed=2)
+    np.testing.assert_allclose(torch.load(out).numpy(), single.ats, atol=1e-12, equal_nan=True)
+
+
+# ------------------------------------------------------------------------------ analysis=ats
+
+
+def _save_checkpoint(path, model: dict, seed: int):
+    from lightning_modules.module import RankingModule
+
+    torch.manual_seed(seed)
+    module = RankingModule(model, {})
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": {"model": model, "optim": {}}}, path)
+    return module
+
+
+def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation(tmp_path, tiny_bert):
+    import json
+
+    from callbacks.metrics.ats import average_term_similarity as ats_fn
+    from datamodules.datamodule import eval_rotation_key, passage_text
+    from datamodules.sources import load_dataset
+    from lightning_modules.rankers.terms import passage_terms
+    from pipeline.config import compose
+    from pipeline.run import data_config, evaluate
+
+    tk = {"name": "tk", "backbone": tiny_bert, "heads": 2, "head_dim": 8, "ff_dim": 24, "query_max_len": 16, "doc_max_len": 40}
+    cat = {"name": "bert_cat", "backbone": tiny_bert, "query_max_len": 16, "doc_max_len": 40}
+    tk_module = _save_checkpoint(tmp_path / "tk.ckpt", tk, 0)
+    cat_module = _save_checkpoint(tmp_path / "cat.ckpt", cat, 1)
+    out = tmp_path / "ats"
+    cfg = compose(["analysis=ats", "logger=none", f"ckpt={tmp_path / 'tk.ckpt'}", "analysis.label=tk",
+                   f"analysis.compare.cat={tmp_path / 'cat.ckpt'}", "analysis.passages=30", "analysis.max_occurrences=12",
+                   "data.rotate_eval=true", f"output_dir={out}"])
+    evaluate(cfg, model_from_cli=False)
+    saved = json.loads((out / "ats.json").read_text())
+    assert (out / "ats.png").stat().st_size > 0 and set(saved["models"]) == {"tk", "cat"}
+
+    dc = data_config(cfg)
+    ds = load_dataset(dc, cfg.seed)
+    ids = sorted(ds.docs)
+    ids = [ids[i] for i in np.sort(np.random.default_rng([cfg.seed, 8]).permutation(len(ids))[:30])]
+    texts = [passage_text(ds.docs[d], True, cfg.seed, 0, eval_rotation_key(d)) for d in ids]
+    # the analysis draws the passages, then the order of the test queries paired with them (BERT_CAT), from one rng
+    rng = np.random.default_rng([cfg.seed, 8])
+    rng.permutation(len(ds.docs))
+    qids = sorted(ds.split("test").queries)
+    queries = [ds.split("test").queries[qids[i]] for i in rng.permutation(len(qids))]
+    for label, module in (("tk", tk_module), ("cat", cat_module)):
+        terms = passage_terms(module.ranker, module.pair_tokenizer, texts, queries=queries if label == "cat" else None)
+        ref = ats_fn(terms.vectors, terms.terms, terms.positions, terms.passages, 12, cfg.seed)
+        assert saved["models"][label]["mats"] == pytest.approx(ref.mats, abs=1e-9)
+        got = np.array([np.nan if v is None else v for v in saved["models"][label]["ats"]])
+        np.testing.assert_allclose(got, ref.ats, atol=1e-9, equal_nan=True)
+
+
+def test_analysis_bad_compare_checkpoint_is_one_line_error(tmp_path):
+    from conftest import run_script
+
+    proc = run_script("evaluate.py", "analysis=ats", "logger=none", "model=tk", f"analysis.compare.x={tmp_path / 'nope.ckpt'}",
+                      f"output_dir={tmp_path / 'o'}", check=False)
+    assert proc.returncode == 2
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "analysis.compare.x" in err[0] and "does not exist" in err[0], proc.stderr[-2000:]
+    assert not (tmp_path / "o" / "ats.json").exists()

@@ -186,7 +186,7 @@ class AverageTermSimilarity(Metric):
         self.passages.append(passages.long())
 
     def compute(self) -> ATSResult:
-        if not self.vectors:
+        if isinstance(self.vectors, list) and not self.vectors:  # after a DDP sync the states are tensors
             raise ValueError("AverageTermSimilarity.compute() before any update")
         return average_term_similarity(dim_zero_cat(self.vectors).cpu(), dim_zero_cat(self.terms).cpu(),
                                        dim_zero_cat(self.positions).cpu(), dim_zero_cat(self.passages).cpu(),
