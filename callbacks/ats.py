@@ -59,7 +59,9 @@ class ATSCallback(Callback):
         result = self.measure(trainer, module, split)
         if result is None:
             return
-        scalars = {"mats": result.mats, "mats_std": result.mats_std, "ats0": float(result.ats[0])}
+        # NaN (too few passages for any pair) is left out: metrics.json stays plain JSON
+        scalars = {k: v for k, v in (("mats", result.mats), ("mats_std", result.mats_std), ("ats0", float(result.ats[0])))
+                   if np.isfinite(v)}
         module.results.setdefault(split, {})["ats"] = scalars
         for k, v in scalars.items():
             module.log(f"{split}/{k}", v, sync_dist=False)  # every rank computed the same value
