@@ -18,6 +18,13 @@ A grid file (see configs/grid/squad_3seeds.yaml):
     paired_by: query              # query (per-query values, mean over runs first) | replicate (per seed/fold means)
     launcher: subprocess          # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: outputs/grids
+    train_on: {colbert_ft: [squad]}         # optional: rows that train only on these train_data labels (default: all)
+    compare_to: {colbert_ft: colbert}       # optional: the row a row's table cells compare with (default: baseline)
+    delta_eval: [original, rotated]         # optional: two eval_data labels; adds the Tables 3-4 block (see tables.py)
+
+Transfer rows: a row override `init_ckpt=@<row>/<train>` starts each of the row's training cells from the best
+checkpoint of that row's cell on that training data, same replicate (weights only: `train.py init_ckpt=`); those
+cells are planned after it and report "blocked" until it has finished (configs/grid/squad_transfer.yaml).
 
 Cells: one training run per (row, training data, seed or fold), into `<output_root>/<name>/<row>/<train>/<rep>`
 (`rep` = seed<s>, fold<f>, or seed<s>-fold<f> with several seeds and folds), with the overrides
