@@ -66,6 +66,14 @@ class EvalConfig:
     before_training: bool = True  # test once before fine-tuning too, for the before/after table
     probe_queries: int = 32  # fixed probe set for I(W) and avgcos
     probe_docs: int = 64
+    ats_passages: int = 128  # ATS / MATS (callbacks/ats.py) over this many passages of the split; 0 = off
+    ats_max_occurrences: int = 100  # seeded cap on the occurrences per term
+
+    def __post_init__(self):
+        if self.ats_passages < 0:
+            raise InputError("config key 'eval.ats_passages'", f"is {self.ats_passages}; expected >= 0 (0 = off)")
+        if self.ats_max_occurrences < 2:
+            raise InputError("config key 'eval.ats_max_occurrences'", f"is {self.ats_max_occurrences}; expected >= 2 (pairs need two)")
 
 
 def _group_schemas():
@@ -91,6 +99,7 @@ class RunConfig:
     head_ckpt: str | None = None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`
     stage: str = "finetune"  # train.py: finetune (the ranker) | head (post-hoc isotropy head on a frozen ranker)
     experiment: str | None = None
+    init_ckpt: str | None = None  # train.py: ranker weights from this checkpoint, optimiser and step fresh (transfer)
 
     def __post_init__(self):
         check_choice("stage", self.stage, ("finetune", "head"))

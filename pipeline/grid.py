@@ -18,6 +18,13 @@ A grid file (see configs/grid/squad_3seeds.yaml):
     paired_by: query              # query (per-query values, mean over runs first) | replicate (per seed/fold means)
     launcher: subprocess          # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: outputs/grids
+    train_on: {colbert_ft: [squad]}         # optional: rows that train only on these train_data labels (default: all)
+    compare_to: {colbert_ft: colbert}       # optional: the row a row's table cells compare with (default: baseline)
+    delta_eval: [original, rotated]         # optional: two eval_data labels; adds the Tables 3-4 block (see tables.py)
+
+Transfer rows: a row override `init_ckpt=@<row>/<train>` starts each of the row's training cells from the best
+checkpoint of that row's cell on that training data, same replicate (weights only: `train.py init_ckpt=`); those
+cells are planned after it and report "blocked" until it has finished (configs/grid/squad_transfer.yaml).
 
 Cells: one training run per (row, training data, seed or fold), into `<output_root>/<name>/<row>/<train>/<rep>`
 (`rep` = seed<s>, fold<f>, or seed<s>-fold<f> with several seeds and folds), with the overrides
@@ -81,7 +88,7 @@ __all__ = ["GridSpec", "Cell", "GridReport", "load_grid", "plan", "run", "collec
 REPO = Path(__file__).resolve().parents[1]
 GRID_DIR = CONFIG_DIR / "grid"
 GRID_KEYS = ("name", "baseline", "rows", "train_data", "eval_data", "seeds", "folds", "common", "measures", "test",
-             "paired_by", "launcher", "output_root", "action", "only")
+             "paired_by", "launcher", "output_root", "action", "train_on", "compare_to", "delta_eval", "only")
 # set by the grid for every cell
 RESERVED = ("seed", "output_dir", "ckpt_path", "ckpt", "logger.group", "logger.run_name")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -104,7 +111,13 @@ class GridSpec:
     output_root: str = "outputs/grids"
     action: str = "run"
     source: str = ""  # the grid file
+    train_on: dict[str, list[str]] = field(default_factory=dict)  # row -> the training data it trains on (default: all)
+    compare_to: dict[str, str] = field(default_factory=dict)  # row -> the row its table cells compare with (default: baseline)
+    delta_eval: list[str] = field(default_factory=list)  # two eval_data labels: the position-bias paper's Table 3-4 layout
     only: list[str] = field(default_factory=list)  # run only cells whose label matches one of these globs
+
+    def trains_on(self, row: str, train: str) -> bool:
+        return train in self.train_on.get(row, self.train_data)
 
     def selected(self, cell: "Cell") -> bool:
         return not self.only or any(fnmatch.fnmatchcase(cell.label, p) for p in self.only)
@@ -142,6 +155,7 @@ class Cell:
     dir: Path
     argv: tuple[str, ...]
     base_dir: Path | None = None  # head rows: the training cell of the base row (its best checkpoint is `ckpt`)
+    init_dir: Path | None = None  # `init_ckpt=@row/train` rows: the training cell whose best checkpoint starts this one
 
     @property
     def label(self) -> str:
@@ -328,8 +342,54 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
         raise InputError(where("only"), f"is {raw.get('only')!r}; expected cell-label globs, e.g. [\"*/fold0\"] or [\"bert_cat/*\"]")
     spec = GridSpec(name=name, baseline=baseline, rows=rows, train_data=train_data, eval_data=eval_data, seeds=seeds,
                     folds=folds, common=common, measures=list(measures), test=test, output_root=str(raw.get("output_root") or "outputs/grids"),
-                    source=str(path), only=list(only), **picked)
+                    source=str(path), only=list(only), **picked, **_transfer_keys(raw, rows, train_data, eval_data, where))
+    init_references(spec)  # checks every `init_ckpt=@row/train`
     return spec, extra
+
+
+def _transfer_keys(raw: dict, rows: dict, train_data: dict, eval_data: dict, where) -> dict:
+    """train_on, compare_to and delta_eval, checked against the rows and data labels."""
+    train_on = raw.get("train_on") or {}
+    if not isinstance(train_on, dict):
+        raise InputError(where("train_on"), f"is {train_on!r}; expected {{row: [training data labels]}}")
+    for row, labels in train_on.items():
+        labels = [labels] if isinstance(labels, str) else labels
+        if row not in rows:
+            raise InputError(where(f"train_on.{row}"), f"'{row}' is not a row; rows are {list(rows)}")
+        if not isinstance(labels, list) or not labels or any(lb not in train_data for lb in labels):
+            raise InputError(where(f"train_on.{row}"), f"is {labels!r}; expected a non-empty list of train_data labels {list(train_data)}")
+        train_on[row] = list(labels)
+    compare_to = raw.get("compare_to") or {}
+    if not isinstance(compare_to, dict):
+        raise InputError(where("compare_to"), f"is {compare_to!r}; expected {{row: row to compare with}}")
+    for row, other in compare_to.items():
+        if row not in rows or other not in rows:
+            raise InputError(where(f"compare_to.{row}"), f"'{row}: {other}' names a row that does not exist; rows are {list(rows)}")
+    delta_eval = raw.get("delta_eval") or []
+    if delta_eval and (not isinstance(delta_eval, list) or len(delta_eval) != 2 or any(e not in eval_data for e in delta_eval)):
+        raise InputError(where("delta_eval"), f"is {delta_eval!r}; expected two eval_data labels of {list(eval_data)}")
+    return {"train_on": dict(train_on), "compare_to": dict(compare_to), "delta_eval": list(delta_eval)}
+
+
+INIT_REF = "init_ckpt=@"
+
+
+def init_references(spec: GridSpec) -> dict[str, tuple[str, str]]:
+    """row -> (row, train) of its `init_ckpt=@row/train` override: that cell's best checkpoint initialises the row's
+    training cells (same replicate). InputError when the referenced row or training data does not exist, or when the
+    referenced row does not train on it."""
+    refs = {}
+    for row, ov in spec.rows.items():
+        for o in ov:
+            if not o.startswith(INIT_REF):
+                continue
+            target = o[len(INIT_REF):].split("/")
+            if len(target) != 2 or target[0] not in spec.rows or target[1] not in spec.train_data:
+                raise InputError(f"{spec.source}: rows.{row}", f"'{o}': expected init_ckpt=@<row>/<train_data> with a row of {list(spec.rows)} and training data of {list(spec.train_data)}")
+            if target[0] == row or not spec.trains_on(target[0], target[1]):
+                raise InputError(f"{spec.source}: rows.{row}", f"'{o}': row '{target[0]}' does not train on '{target[1]}' (or refers to itself)")
+            refs[row] = (target[0], target[1])
+    return refs
 
 
 # ------------------------------------------------------------------------------------------------ cells
@@ -361,11 +421,16 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
     replicate, head rows after the rows they build on."""
     cells = []
     bases = head_bases(spec)
+    refs = init_references(spec)
     rows = [r for r in spec.rows if r not in bases] + [r for r in spec.rows if r in bases]
     for rep, seed, fold in spec.replicates():
+        start = len(cells)
         for train, data_ov in spec.train_data.items():
             for row in rows:
+                if not spec.trains_on(row, train):
+                    continue
                 row_ov = spec.rows[row]
+                init_dir = spec.dir / refs[row][0] / refs[row][1] / rep if row in refs else None
                 if row in bases:
                     row_ov = [*row_ov, "stage=head"]
                 base_dir = spec.dir / bases[row] / train / rep if row in bases else None
@@ -375,16 +440,39 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                 if fold is not None:
                     argv += [f"data.num_folds={spec.folds}", f"data.fold={fold}"]
                 cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
-                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir))
+                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir, init_dir))
                 for ev, eval_ov in spec.eval_data.items():
                     if ev == train:
                         continue
                     ev_dir = cell_dir / f"eval-{ev}"
-                    ev_ov = [o for o in row_ov if o != "stage=head"]
+                    ev_ov = [o for o in row_ov if o != "stage=head" and not o.startswith("init_ckpt=")]
                     ev_argv = [*spec.common, *eval_ov, *ev_ov, *extra, *grid_set,
                                f"logger.run_name={row}-{train}-{ev}-{rep}", f"output_dir={ev_dir}"]
                     cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir))
+        cells[start:] = _after_references(cells[start:])
     return cells
+
+
+def _after_references(cells: list[Cell]) -> list[Cell]:
+    """The cells of one replicate in their order, except that a cell initialised from another cell's checkpoint
+    (and its evaluation cells) moves after that cell."""
+    done: set[Path] = set()
+    out: list[Cell] = []
+    waiting = list(cells)
+    while waiting:
+        left = []
+        for c in waiting:
+            if (c.init_dir is None or c.init_dir in done) and (c.kind == "train" or c.train_dir in done):
+                out.append(c)
+                if c.kind == "train":
+                    done.add(c.dir)
+            else:
+                left.append(c)
+        if len(left) == len(waiting):  # a cycle of references: keep their order (those cells report "blocked")
+            out += left
+            break
+        waiting = left
+    return out
 
 
 def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
@@ -399,8 +487,10 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
         if key in seen:
             continue
         seen.add(key)
+        # `@` cannot start a YAML value: an init_ckpt=@row/train reference is composed quoted (run_cell resolves it)
+        argv = [f"init_ckpt='{a[len('init_ckpt='):]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
         try:
-            cfg = compose(list(cell.argv))
+            cfg = compose(argv)
         except InputError as e:
             raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
         if first is None:
@@ -478,7 +568,7 @@ def _untrained(argv: list[str]) -> bool:
     from lightning_modules.rankers import UNTRAINED
     from pipeline.config import compose
 
-    return compose(argv).model.name in UNTRAINED
+    return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
 
 
 def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
@@ -503,6 +593,13 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
                 stale.unlink()
         script = "train.py"
     elif cell.kind == "train":
+        if cell.init_dir is not None:  # init_ckpt=@row/train: that cell's best checkpoint
+            if not (cell.init_dir / "metrics.json").is_file():
+                return "blocked", f"the cell it is initialised from, {cell.init_dir}, did not finish"
+            init = best_checkpoint(cell.init_dir)
+            if init is None:
+                return "blocked", f"no checkpoint in {cell.init_dir / 'checkpoints'}"
+            argv = [f"init_ckpt={init}" if a.startswith(INIT_REF) else a for a in argv]
         last = cell.dir / "checkpoints" / "last.ckpt"
         if last.is_file():
             argv.append(f"ckpt_path={last}")
@@ -543,6 +640,8 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
     for rep, seed, fold in spec.replicates():
         for train in spec.train_data:
             for row in spec.rows:
+                if not spec.trains_on(row, train):
+                    continue
                 for ev in spec.eval_data:
                     cell = by_key[("train", row, train, train, rep)] if ev == train else by_key[("eval", row, train, ev, rep)]
                     entry = {"row": row, "train": train, "eval": ev, "replicate": rep, "seed": seed, "fold": fold,
@@ -562,6 +661,7 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
         "measures": spec.measures, "rows": list(spec.rows), "train_data": list(spec.train_data),
         "eval_data": list(spec.eval_data), "replicates": [r for r, _, _ in spec.replicates()],
         "seeds": spec.seeds, "folds": spec.folds, "spec": spec.to_dict(), "cells": entries,
+        "train_on": spec.train_on, "compare_to": spec.compare_to, "delta_eval": spec.delta_eval,
     }
 
 
@@ -614,7 +714,7 @@ def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
 # ------------------------------------------------------------------------------------------------ entry
 
 
-CELL_KEYS = ("rows", "train_data", "eval_data", "seeds", "folds", "common", "extra_overrides")
+CELL_KEYS = ("rows", "train_data", "eval_data", "seeds", "folds", "common", "extra_overrides", "train_on")
 
 
 def _record_spec(spec: GridSpec, extra: list[str], cells: list[Cell], say) -> None:

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.ats import ATSCallback
 from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
 from callbacks.metrics.trec import write_trec_run
@@ -61,6 +62,8 @@ def _wandb_key_configured() -> bool:
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     t = OmegaConf.to_container(cfg.trainer)
     callbacks: list = [IsotropyCallback()]
+    if cfg.eval.ats_passages > 0:
+        callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed))
     if checkpoints:
         callbacks.append(RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR))
     if logger:
@@ -99,6 +102,26 @@ def check_same_ranker(ckpt: dict, cfg: DictConfig, key: str, path: str) -> None:
         raise InputError(key, f"checkpoint '{path}' holds ranker '{saved}' but model.name is '{cfg.model.name}'")
 
 
+def init_weights(module: RankingModule, cfg: DictConfig) -> None:
+    """`init_ckpt=PATH`: the ranker's weights from another run's checkpoint (transfer learning, position-bias paper
+    Table 5: pre-train on one collection, fine-tune on another). Weights only: optimiser, schedule, step and data
+    order start afresh. The checkpoint must hold the same ranker with the same shapes (model.name, backbone, ...).
+    With `ckpt_path` too (a resumed fine-tuning run), the resumed weights replace these."""
+    path = cfg.init_ckpt
+    ckpt = read_checkpoint(path, "init_ckpt")
+    check_same_ranker(ckpt, cfg, "init_ckpt", path)
+    state = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("ranker.")}
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatch: another backbone or compress_dim
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
+        raise InputError("init_ckpt", f"'{path}' does not fit model '{cfg.model.name}' as configured ({first})") from e
+    missing = [k for k in missing if k.startswith("ranker.")]
+    if missing or unexpected:
+        raise InputError("init_ckpt", f"'{path}' does not fit model '{cfg.model.name}' as configured (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
+
+
 def load_data(cfg: DictConfig, module: RankingModule, cls: type = RankingDataModule) -> RankingDataModule:
     """The data module with its data read and validated, before anything is written into `output_dir`: bad data
     stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
@@ -134,7 +157,7 @@ def save_config(cfg: DictConfig) -> None:
 def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training") -> dict:
     out = Path(cfg.output_dir)
     test = module.results["test"]
-    metrics = {**test["metrics"], **test.get("isotropy", {})}
+    metrics = {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
     doc = dict(metrics)
     if before is not None:
         doc[before_key] = before
@@ -162,11 +185,13 @@ def print_table(after: dict, before: dict | None = None, before_title: str = "be
 
 def _test_results(module: RankingModule) -> dict:
     test = module.results["test"]
-    return {**test["metrics"], **test.get("isotropy", {})}
+    return {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
 
 
 def train(cfg: DictConfig) -> dict | None:
     if cfg.stage == "head":
+        if cfg.init_ckpt:
+            raise InputError("init_ckpt", "initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker as ckpt=")
         from pipeline.head_stage import train_head
 
         return train_head(cfg)
@@ -181,6 +206,8 @@ def train(cfg: DictConfig) -> dict | None:
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
     module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))
+    if cfg.init_ckpt:
+        init_weights(module, cfg)
     dm = load_data(cfg, module)
     logger = build_logger(cfg, name=Path(cfg.output_dir).name)
     trainer = build_trainer(cfg, logger, checkpoints=True)

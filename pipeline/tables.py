@@ -25,10 +25,10 @@ from pipeline.io import atomic_open
 from pipeline.stats import (check_test, pair_by_query, pair_by_replicate, paired_test, per_query_means,
                             significance_mark)
 
-__all__ = ["summarize", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
+__all__ = ["summarize", "summarize_delta", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
 
 # metrics.json keys that are one number per run (callbacks/isotropy.py), usable as table columns
-RUN_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
+RUN_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence", "mats", "mats_std", "ats0")  # + callbacks/ats.py
 
 TEST_NAMES = {
     "t_test_one_tailed": "one-tailed paired t-test (method > baseline)",
@@ -42,6 +42,16 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def _test_cells(mine: list[dict], base: list[dict], m: str, test: str, paired_by: str) -> tuple[float | None, int]:
+    """(p, pairs) of the paired test of `mine`'s cells against `base`'s on measure m (per query or per replicate)."""
+    if paired_by == "replicate":
+        a, b, ids = pair_by_replicate({c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
+                                      {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]})
+    else:
+        a, b, ids = pair_by_query(per_query_means([c["per_query"] for c in mine], m), per_query_means([c["per_query"] for c in base], m))
+    return (paired_test(a, b, test) if ids else None), len(ids)
+
+
 def summarize(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
     """[{train, eval, rows: [{row, baseline, runs, measures: {m: {mean, change_pct, p, pairs, mark}}}]}], one block per
     (train, eval) pair of the grid. Only finished cells (status "done") count; a row without any has mean None."""
@@ -49,32 +59,32 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
     paired_by = paired_by or results.get("paired_by", "query")
     measures = list(results["measures"])
     baseline = results["baseline"]
+    compare_to = results.get("compare_to") or {}
+    train_on = results.get("train_on") or {}
     done = [c for c in results["cells"] if c.get("status") == "done"]
     blocks = []
     for train in results["train_data"]:
         for ev in results["eval_data"]:
             cells = {r: [c for c in done if c["row"] == r and c["train"] == train and c["eval"] == ev] for r in results["rows"]}
-            base = cells.get(baseline, [])
             rows = []
-            for r in [baseline] + [r for r in results["rows"] if r != baseline]:
+            # with per-row comparisons (compare_to) the grid's row order keeps each row next to the row it compares with
+            order = list(results["rows"]) if compare_to else [baseline] + [r for r in results["rows"] if r != baseline]
+            for r in order:
+                if train not in train_on.get(r, [train]):
+                    continue  # the row does not train on this data (grid key train_on)
                 mine = cells[r]
-                entry = {"row": r, "baseline": r == baseline, "runs": len(mine), "measures": {}}
+                target = compare_to.get(r, baseline)
+                base = cells.get(target, [])
+                entry = {"row": r, "baseline": r == target, "compare_to": target, "runs": len(mine), "measures": {}}
                 for m in measures:
                     mean = _mean([c["metrics"][m] for c in mine if m in c["metrics"]])
                     base_mean = _mean([c["metrics"][m] for c in base if m in c["metrics"]])
                     change = None
-                    if mean is not None and base_mean not in (None, 0.0) and r != baseline and m not in RUN_LEVEL:
+                    if mean is not None and base_mean not in (None, 0.0) and r != target and m not in RUN_LEVEL:
                         change = 100.0 * (mean - base_mean) / base_mean
                     p, pairs = None, 0
-                    if r != baseline and mine and base and m not in RUN_LEVEL:
-                        if paired_by == "replicate":
-                            a, b, ids = pair_by_replicate({c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
-                                                          {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]})
-                        else:
-                            a, b, ids = pair_by_query(per_query_means([c["per_query"] for c in mine], m),
-                                                      per_query_means([c["per_query"] for c in base], m))
-                        pairs = len(ids)
-                        p = paired_test(a, b, test) if pairs else None
+                    if r != target and mine and base and m not in RUN_LEVEL:
+                        p, pairs = _test_cells(mine, base, m, test, paired_by)
                     entry["measures"][m] = {"mean": mean, "change_pct": change, "p": p, "pairs": pairs, "mark": significance_mark(p),
                                             "run_level": m in RUN_LEVEL}
                 rows.append(entry)
@@ -103,22 +113,80 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     lines = [
         f"## {results['grid']}",
         "",
-        f"Mean over {len(reps)} runs per cell ({', '.join(reps)}). In brackets: change against {results['baseline']}. "
+        f"Mean over {len(reps)} runs per cell ({', '.join(reps)}). In brackets: change against "
+        f"{'the row named after the method' if results.get('compare_to') else results['baseline']}. "
         f"\\* p <= 0.05, \\*\\* p <= 0.01: {TEST_NAMES[test]} on {unit}.",
     ]
     measures = list(results["measures"])
     if any(m in RUN_LEVEL for m in measures):
         lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run (the test split's"
                       " probe vectors as the ranker scores them), mean over the runs, untested.")
+    if any(m in ("mats", "mats_std", "ats0") for m in measures):
+        lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
+                      " test passages' term vectors: one value per run, mean over the runs, untested.")
     for block in blocks:
         title = block["eval"] if block["train"] == block["eval"] else f"trained on {block['train']}, evaluated on {block['eval']}"
         lines += ["", f"### {title}", "", "| method | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]
         for row in block["rows"]:
-            name = row["row"] + (" (baseline)" if row["baseline"] else "")
+            name = row["row"] + (" (baseline)" if row["baseline"] else f" (vs {row['compare_to']})" if results.get("compare_to") else "")
             if row["runs"] < len(reps):
                 name += f" [{row['runs']}/{len(reps)} runs]"
             lines.append(f"| {name} | " + " | ".join(_cell(row["measures"][m], row["baseline"]) for m in measures) + " |")
+    if results.get("delta_eval"):
+        lines += render_delta(results, test, paired_by)
     return "\n".join(lines) + "\n"
+
+
+def summarize_delta(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
+    """The position-bias paper's Table 3-4 layout: for each (row, training data), each measure on the two evaluation
+    data of `delta_eval` (original and rotated test), the relative change from the first to the second, and the
+    grid's paired test of second against first (the same queries: rotation changes only the passages).
+    [{row, train, runs, measures: {m: {first, second, change_pct, p, pairs, mark}}}]."""
+    test = check_test(test or results["test"])
+    paired_by = paired_by or results.get("paired_by", "query")
+    first, second = results["delta_eval"]
+    train_on = results.get("train_on") or {}
+    done = [c for c in results["cells"] if c.get("status") == "done"]
+    out = []
+    for row in results["rows"]:
+        for train in results["train_data"]:
+            if train not in train_on.get(row, [train]):
+                continue
+            a = [c for c in done if c["row"] == row and c["train"] == train and c["eval"] == first]
+            b = [c for c in done if c["row"] == row and c["train"] == train and c["eval"] == second]
+            entry = {"row": row, "train": train, "runs": min(len(a), len(b)), "measures": {}}
+            for m in results["measures"]:
+                ma = _mean([c["metrics"][m] for c in a if m in c["metrics"]])
+                mb = _mean([c["metrics"][m] for c in b if m in c["metrics"]])
+                change = 100.0 * (mb - ma) / ma if ma not in (None, 0.0) and mb is not None and m not in RUN_LEVEL else None
+                p, pairs = _test_cells(b, a, m, test, paired_by) if a and b and m not in RUN_LEVEL else (None, 0)
+                entry["measures"][m] = {"first": ma, "second": mb, "change_pct": change, "p": p, "pairs": pairs,
+                                        "mark": significance_mark(p), "run_level": m in RUN_LEVEL}
+            out.append(entry)
+    return out
+
+
+def render_delta(results: dict, test: str | None = None, paired_by: str | None = None) -> list[str]:
+    first, second = results["delta_eval"]
+    test = test or results["test"]
+    lines = ["", f"### {first} vs {second} test (position-bias paper Tables 3-4 layout)", "",
+             f"Each measure on the {first} and the {second} test data and the change between them (Δ); \\* / \\*\\*: "
+             f"{TEST_NAMES[test]} of {second} against {first}, p <= 0.05 / 0.01.", ""]
+    measures = list(results["measures"])
+    head = ["method", "training"]
+    for m in measures:
+        head += [f"{m} {first}", f"{m} {second}"] + ([] if m in RUN_LEVEL else [f"{m} Δ"])
+    lines += ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    fmt = lambda v: "–" if v is None else f"{v:.4f}"  # noqa: E731
+    for e in summarize_delta(results, test, paired_by):
+        cols = [e["row"], e["train"]]
+        for m in measures:
+            v = e["measures"][m]
+            cols += [fmt(v["first"]), fmt(v["second"])]
+            if not v["run_level"]:
+                cols.append("–" if v["change_pct"] is None else f"{v['change_pct']:+.1f}%{v['mark']}")
+        lines.append("| " + " | ".join(cols) + " |")
+    return lines
 
 
 def write_table(results: dict, path: str | os.PathLike, test: str | None = None, paired_by: str | None = None) -> str:

@@ -267,3 +267,93 @@ def test_every_shipped_grid_composes(name):
 
     spec, _ = load_grid([f"grid={name}"])
     check(spec, plan(spec))
+
+
+# ---------------------------------------------------------------- transfer rows, per-row comparisons, Table 3-4 layout
+
+
+def transfer_grid(tmp_path, rows=None, **kw):
+    grid = {"name": "tr", "baseline": "a",
+            # the fine-tuned row first: the plan must still run the cell it starts from before it
+            "rows": rows or {"a_ft": ["model=colbert", "init_ckpt=@a/pre"], "a": ["model=colbert"]},
+            "train_data": {"main": ["data=synthetic"], "pre": ["data=synthetic", "data.data_seed=9"]},
+            "train_on": {"a_ft": ["main"]}, "compare_to": {"a_ft": "a"}, "seeds": [1]}
+    grid.update(kw)
+    gfile = tmp_path / "tr.yaml"
+    gfile.write_text(json.dumps({k: v for k, v in grid.items() if v is not None}))
+    return gfile
+
+
+def test_transfer_rows_plan_after_the_cell_they_start_from(tmp_path):
+    spec, _ = load_grid([f"grid={transfer_grid(tmp_path)}"])
+    cells = plan(spec)
+    labels = [c.label for c in cells]
+    assert labels == ["a/main/seed1", "a/main/seed1/eval-pre", "a/pre/seed1", "a/pre/seed1/eval-main",
+                      "a_ft/main/seed1", "a_ft/main/seed1/eval-pre"], labels
+    ft = cells[4]
+    assert ft.init_dir == spec.dir / "a" / "pre" / "seed1" and "init_ckpt=@a/pre" in ft.argv
+    assert not any(a.startswith("init_ckpt") for a in cells[5].argv)  # evaluation uses the cell's own checkpoint
+    for kw, needle in (({"rows": {"a": ["model=colbert"], "b": ["model=colbert", "init_ckpt=@c/pre"]}, "train_on": None, "compare_to": None}, "init_ckpt=@<row>/<train_data>"),
+                       ({"rows": {"a": ["model=colbert"], "b": ["model=colbert", "init_ckpt=@a/x"]}, "train_on": None, "compare_to": None}, "init_ckpt=@<row>/<train_data>"),
+                       ({"train_on": {"a": ["main"], "a_ft": ["main"]}}, "row 'a' does not train on 'pre'"),
+                       ({"train_on": {"a_ft": ["nope"]}}, "train_on.a_ft"),
+                       ({"compare_to": {"a_ft": "zz"}}, "compare_to.a_ft"),
+                       ({"delta_eval": ["main"]}, "delta_eval")):
+        with pytest.raises(InputError, match=needle):
+            load_grid([f"grid={transfer_grid(tmp_path, **kw)}"])
+
+
+def test_transfer_grid_fine_tunes_from_the_pretrained_checkpoint(tmp_path, tiny_bert):
+    from pipeline.grid import best_checkpoint
+
+    model = ["model=bert_dot", f"model.backbone={tiny_bert}"]
+    gfile = transfer_grid(tmp_path, rows={"a_ft": [*model, "init_ckpt=@a/pre"], "a": model},
+                          train_data={"main": SYN, "pre": [*SYN[:1], "data.data_seed=4", *SYN[2:]]}, eval_data={"main": SYN},
+                          common=[*FAST, "eval.ats_passages=16", f"data.cache_dir={tmp_path / 'cache'}"], measures=["ndcg_cut_10", "mats"],
+                          launcher="inprocess", output_root=str(tmp_path / "grids"))
+    report = run([f"grid={gfile}"], out=io.StringIO())
+    assert set(report.status.values()) == {"ran"} and len(report.status) == 4, report.status  # + a/pre tested on main
+    root = tmp_path / "grids" / "tr"
+    cfg = (root / "a_ft" / "main" / "seed1" / "config.yaml").read_text()
+    assert f"init_ckpt: {best_checkpoint(root / 'a' / 'pre' / 'seed1')}" in cfg
+    res = json.loads((root / "results.json").read_text())
+    assert {(c["row"], c["train"]) for c in res["cells"]} == {("a", "main"), ("a", "pre"), ("a_ft", "main")}
+    assert "| a_ft (vs a) |" in report.table and "mats" in report.table
+
+
+def delta_fixture():
+    """Two rows, two seeds, evaluated on 'orig' and 'rot' (same queries)."""
+    vals = {("m", "orig"): [[0.5, 0.6, 0.7, 0.8, 0.4, 0.9], [0.6, 0.6, 0.8, 0.7, 0.5, 0.9]],
+            ("m", "rot"): [[0.3, 0.5, 0.6, 0.4, 0.4, 0.7], [0.4, 0.4, 0.5, 0.6, 0.3, 0.8]],
+            ("n", "orig"): [[0.2, 0.3, 0.2, 0.4, 0.3, 0.1], [0.3, 0.2, 0.2, 0.5, 0.3, 0.2]],
+            ("n", "rot"): [[0.2, 0.3, 0.3, 0.4, 0.2, 0.1], [0.3, 0.3, 0.2, 0.4, 0.3, 0.2]]}
+    cells = []
+    for (row, ev), per_rep in vals.items():
+        for rep, v in zip(("seed1", "seed2"), per_rep):
+            pq = {f"q{i}": {"ndcg_cut_10": x} for i, x in enumerate(v)}
+            cells.append({"row": row, "train": "d", "eval": ev, "replicate": rep, "status": "done", "per_query": pq,
+                          "metrics": {"ndcg_cut_10": math.fsum(v) / len(v), "mats": 0.1 if row == "m" else 0.02}})
+    res = {"grid": "g", "baseline": "m", "test": "wilcoxon", "paired_by": "query", "measures": ["ndcg_cut_10", "mats"],
+           "rows": ["m", "n"], "train_data": ["d"], "eval_data": ["orig", "rot"], "replicates": ["seed1", "seed2"],
+           "folds": None, "cells": cells, "delta_eval": ["orig", "rot"], "compare_to": {"n": "n"}}
+    return res, vals
+
+
+def test_delta_table_is_tables_3_4_with_wilcoxon_between_test_sets():
+    from pipeline.tables import summarize_delta
+
+    res, vals = delta_fixture()
+    mean = lambda reps: [(x + y) / 2 for x, y in zip(*reps)]  # noqa: E731 - per-query means over the seeds
+    for e in summarize_delta(res):
+        a, b = mean(vals[(e["row"], "orig")]), mean(vals[(e["row"], "rot")])
+        v = e["measures"]["ndcg_cut_10"]
+        assert v["first"] == pytest.approx(sum(a) / 6) and v["second"] == pytest.approx(sum(b) / 6)
+        assert v["change_pct"] == pytest.approx(100 * (sum(b) - sum(a)) / sum(a))
+        assert v["p"] == pytest.approx(stats.wilcoxon(b, a).pvalue, rel=1e-12)
+        assert e["measures"]["mats"]["p"] is None
+    text = render_markdown(res)
+    a, b = mean(vals[("m", "orig")]), mean(vals[("m", "rot")])
+    assert f"| m | d | {sum(a) / 6:.4f} | {sum(b) / 6:.4f} | {100 * (sum(b) - sum(a)) / sum(a):+.1f}%" in text, text
+    # compare_to: n is its own reference (no change, no test), m stays the baseline
+    rows = summarize(res)[0]["rows"]
+    assert [r["row"] for r in rows] == ["m", "n"] and rows[1]["baseline"] and rows[1]["measures"]["ndcg_cut_10"]["p"] is None

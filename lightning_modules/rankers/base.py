@@ -197,6 +197,18 @@ class CrossEncoder(Ranker):
     def score(self, batch: dict[str, Tensor]) -> Tensor:
         raise NotImplementedError
 
+    def passage_token_representations(self, batch: dict[str, Tensor]) -> Encoded:
+        """The contextual vectors of the passage's tokens in `[CLS] q [SEP] p [SEP]` (the backbone's last layer; what
+        the position-bias paper's ATS reads for a cross-encoder): `mask` is True on passage tokens (segment 1) that
+        are not special tokens, so [SEP] and the query never count."""
+        if "token_type_ids" not in batch:
+            raise ValueError("passage_token_representations needs token_type_ids to tell the passage from the query")
+        out = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           token_type_ids=batch["token_type_ids"]).last_hidden_state
+        special = torch.tensor(self.tokenizer.all_special_ids, device=batch["input_ids"].device)
+        mask = batch["attention_mask"].bool() & (batch["token_type_ids"] == 1) & ~torch.isin(batch["input_ids"], special)
+        return Encoded(tokens=out, mask=mask)
+
     def score_triplets(self, batch: dict[str, Tensor]) -> TripletOutput:
         """Training forward over a triplet batch (PairTokenizer.triplets: B positive pairs, then B negatives).
         Default: the scores only; rankers with auxiliary losses override it and compute everything in one pass."""

@@ -1,0 +1,176 @@
+"""`python evaluate.py analysis=ats ckpt=PATH [analysis.compare.LABEL=PATH ...] [data=...]`: ATS per positional delta
+and MATS (position-bias paper section 5, Eq. 8-9, Table 2, Figure 2) of a ranker's passage term vectors.
+
+Passages: a seeded sample of `analysis.passages` passages of the collection (all with `passages: null`), as the
+evaluation sees them (Eq. 7-rotated with `data.rotate_eval=true`). Term vectors: `lightning_modules/rankers/terms.py`
+(TK's p^ of its Eq. 4, the BERT bi-encoders' last layer, BERT_CAT's passage-side tokens with a query of
+`analysis.split`, cycled). ATS and MATS: callbacks/metrics/ats.py (seeded cap of `max_occurrences` per term).
+`analysis.compare` adds further checkpoints (e.g. {debiased: PATH}) measured on the same passages and overlaid
+in the figure, as the paper's Figure 2 compares original and debiased training.
+
+Writes into `output_dir`: `ats.png` (ATS vs delta with a +-1 standard deviation band per model, MATS in the legend),
+then `ats.json` (definition, settings, and per model the curve, std, terms and pairs per delta, MATS); logs MATS per
+model (any logger), and on W&B the curves as a table and the figure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from analyses.registry import ANALYSES, AnalysisConfig
+from pipeline.errors import InputError, check_choice
+
+JSON_NAME = "ats.json"
+PNG_NAME = "ats.png"
+DEFINITION = ("ATS(da) (position-bias paper Eq. 8): mean over terms of the mean cosine of the term's occurrence pairs "
+              "in different passages at positional distance da (positions counted over the passage's WordPiece terms, "
+              "special tokens excluded). MATS (Eq. 9): mean over da >= 1 of ATS(0) - ATS(da). std: standard deviation "
+              "of the pooled pair cosines per da (Figure 2's band); mats_std: std over da of ATS(0) - ATS(da).")
+
+
+@dataclasses.dataclass
+class ATSConfig(AnalysisConfig):
+    """configs/analysis/ats.yaml."""
+
+    name: str = "ats"
+    passages: int | None = 2000  # seeded sample of the collection's passages; null = all
+    max_occurrences: int = 100  # seeded cap on the occurrences per term
+    max_delta: int | None = None  # deltas above are dropped; null = all
+    split: str = "test"  # cross-encoders: whose queries are paired with the passages (train | val | test)
+    compare: dict[str, str] = dataclasses.field(default_factory=dict)  # further checkpoints: {label: path}
+    label: str | None = None  # the label of `ckpt` in the outputs; null = "trained" (or "untrained" without ckpt)
+    batch_size: int = 64  # passages per forward pass
+    seed: int | None = None  # passage, query and occurrence samples; null = the run seed
+
+    def __post_init__(self):
+        check_choice("analysis.split", self.split, ("train", "val", "test"))
+        if self.passages is not None and self.passages < 2:
+            raise InputError("config key 'analysis.passages'", f"is {self.passages}; expected >= 2 (pairs are across passages) or null")
+        if self.max_occurrences < 2:
+            raise InputError("config key 'analysis.max_occurrences'", f"is {self.max_occurrences}; expected >= 2")
+        if self.max_delta is not None and self.max_delta < 1:
+            raise InputError("config key 'analysis.max_delta'", f"is {self.max_delta}; expected >= 1 or null")
+        if self.batch_size < 1:
+            raise InputError("config key 'analysis.batch_size'", f"is {self.batch_size}; expected >= 1")
+
+
+def options(cfg) -> ATSConfig:
+    from omegaconf import OmegaConf
+
+    raw = cfg.analysis
+    raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
+    return ATSConfig(**{k: v for k, v in raw.items() if k != "name"})
+
+
+def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
+    """{label: RankingModule}: `ckpt` (or the untrained `model`), then each `compare` checkpoint (any ranker)."""
+    from omegaconf import OmegaConf
+
+    from pipeline.run import load_module
+
+    first = opts.label or ("trained" if cfg.ckpt else "untrained")
+    models = {first: load_module(cfg, model_from_cli)}
+    for label, path in opts.compare.items():
+        if label in models:
+            raise InputError(f"config key 'analysis.compare.{label}'", f"label '{label}' is already used")
+        other = OmegaConf.create(OmegaConf.to_container(cfg))
+        other.ckpt = str(path)
+        try:
+            models[label] = load_module(other, model_from_cli=False)
+        except InputError as e:
+            raise InputError(f"config key 'analysis.compare.{label}'", str(e)) from e
+    for label, module in models.items():
+        if getattr(module.ranker, "kind", None) not in ("bi", "cross"):
+            raise InputError("analysis=ats", f"model '{label}' ({module.model_cfg.name}) has no term representations")
+    return models
+
+
+def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
+    import torch
+
+    from callbacks.metrics.ats import average_term_similarity
+    from datamodules.datamodule import eval_rotation_key, passage_text
+    from datamodules.sources import load_dataset
+    from lightning_modules.rankers.terms import passage_terms
+    from pipeline.run import data_config
+
+    seed = int(cfg.seed if opts.seed is None else opts.seed)
+    dc = data_config(cfg)
+    models = _models(cfg, opts, model_from_cli)  # before the data: a bad checkpoint fails fast
+    ds = load_dataset(dc, int(cfg.seed))
+    doc_ids = sorted(ds.docs)
+    rng = np.random.default_rng([seed, 8])
+    if opts.passages is not None and opts.passages < len(doc_ids):
+        doc_ids = [doc_ids[i] for i in np.sort(rng.permutation(len(doc_ids))[: opts.passages])]
+    texts = [passage_text(ds.docs[d], dc.rotate_eval, int(cfg.seed), 0, eval_rotation_key(d)) for d in doc_ids]
+    split = ds.split(opts.split)
+    qids = sorted(split.queries)
+    queries = [split.queries[qids[i]] for i in rng.permutation(len(qids))]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = {}
+    for label, module in models.items():
+        t0 = time.perf_counter()
+        module.to(device)
+        terms = passage_terms(module.ranker, module.pair_tokenizer, texts, queries=queries if module.ranker.kind == "cross" else None,
+                              batch_size=opts.batch_size, device=device)
+        t1 = time.perf_counter()
+        result = average_term_similarity(terms.vectors, terms.terms, terms.positions, terms.passages,
+                                         opts.max_occurrences, seed, opts.max_delta)
+        module.cpu()
+        out[label] = {"model": module.model_cfg.name, **result.to_dict(), "tokens": len(terms.terms),
+                      "timings_s": {"encode": t1 - t0, "ats": time.perf_counter() - t1}}
+    settings = {**dataclasses.asdict(opts), "seed": seed, "data": cfg.data.get("source"), "rotate_eval": bool(dc.rotate_eval),
+                "ckpt": cfg.ckpt, "passages_used": len(texts)}
+    return {"definition": DEFINITION, "settings": settings, "models": out}
+
+
+def plot(result: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, r in result["models"].items():
+        d = np.array(r["delta"])
+        ats = np.array([np.nan if v is None else v for v in r["ats"]], dtype=float)
+        std = np.array([np.nan if v is None else v for v in r["std"]], dtype=float)
+        ok = np.isfinite(ats)
+        mats = r["mats"]
+        line, = ax.plot(d[ok], ats[ok], label=f"{label} (MATS {mats:.3f})" if mats is not None else label)
+        ax.fill_between(d[ok], (ats - std)[ok], (ats + std)[ok], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("positional delta (Δa)")
+    ax.set_ylabel("ATS (cosine)")
+    ax.set_title("Average term similarity per positional delta (Eq. 8)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
+    from analyses.outputs import log_analysis, save_figure, write_result
+
+    result = analyse(cfg, opts, model_from_cli)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = save_figure(plot(result), out / PNG_NAME)
+    result["figure"] = PNG_NAME
+    js = write_result(out, JSON_NAME, result)
+    models = result["models"]
+    rows = [[label, d, a, s, n] for label, r in models.items() for d, a, s, n in zip(r["delta"], r["ats"], r["std"], r["pairs"]) if a is not None]
+    log_analysis(cfg, f"ats-{out.name}", scalars={f"ats/{k}/mats": r["mats"] for k, r in models.items() if r["mats"] is not None},
+                 tables={"ats/curves": (["model", "delta", "ats", "std", "pairs"], rows)}, images={"ats/figure": png})
+    for label, r in models.items():
+        mats = "n/a" if r["mats"] is None else f"{r['mats']:.4f} (std {r['mats_std']:.4f})"
+        print(f"{label} ({r['model']}): MATS {mats}, ATS(0) {r['ats0']}, {r['tokens']:,} term occurrences, "
+              f"{r['occurrences']:,} after the cap, {r['vocabulary']:,} terms with pairs")
+    print(f"wrote {png} and {js}")
+    return result
+
+
+@ANALYSES.register("ats", schema=ATSConfig)
+def _from_config(cfg, model_from_cli: bool = False) -> dict:
+    return run(cfg, options(cfg), model_from_cli)

@@ -1,0 +1,84 @@
+"""Logs ATS per positional delta and MATS (position-bias paper Eq. 8-9, Figure 2, Table 2) at every validation and
+test: how much a ranker's passage term vectors depend on their absolute position.
+
+Passages: a fixed, seeded sample of `eval.ats_passages` passages of the split being evaluated (validation
+candidates at validation, test candidates at test, as the data module gives them: rotated with
+`data.rotate_eval=true`); cross-encoders pair passage i with a seeded sample of the split's queries, cycled. The
+same passages at every validation, so the curves over training compare like with like.
+Logged: `<split>/mats`, `<split>/mats_std`, `<split>/ats0` (scalars, every logger), the curve as a W&B line plot
+`<split>/ats_curve` (delta vs ATS) when the logger is W&B; `module.results[split]["ats"]` holds the scalars, so
+`metrics.json` and the grids' tables get `mats` per run.
+DDP: each rank encodes its shard of the passages (global passage ids), `AverageTermSimilarity.compute()` gathers
+every rank's occurrences and computes on the whole set (pairs across ranks count), so the figures equal a single
+process's. BM25 (no nn.Module) and rankers without term vectors are skipped.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pytorch_lightning import Callback
+
+from callbacks.metrics.ats import ATSResult, AverageTermSimilarity
+from lightning_modules.rankers.terms import passage_terms
+
+
+def ats_sample(n_passages: int, n_queries: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(passage indices, query indices) of the ATS probe: seeded, sorted, at most `count` passages."""
+    rng = np.random.default_rng([seed, 5])
+    docs = np.sort(rng.permutation(n_passages)[:count])
+    queries = rng.permutation(n_queries)[: max(1, min(count, n_queries))] if n_queries else np.zeros(0, dtype=int)
+    return docs, queries
+
+
+class ATSCallback(Callback):
+    def __init__(self, passages: int = 256, max_occurrences: int = 100, seed: int = 0, batch_size: int = 32):
+        self.passages, self.max_occurrences, self.seed, self.batch_size = passages, max_occurrences, seed, batch_size
+
+    def measure(self, trainer, module, split: str) -> ATSResult | None:
+        from datamodules.samplers import shard_range
+
+        ranker = module.ranker
+        data = trainer.datamodule.eval_splits.get(split) if trainer.datamodule is not None else None
+        if self.passages <= 0 or ranker.kind not in ("bi", "cross") or data is None:
+            return None
+        docs, queries = ats_sample(len(data.dtexts), len(data.qtexts), self.passages, self.seed)
+        world, rank = trainer.world_size, trainer.global_rank
+        if len(docs) < max(2, world):
+            return None
+        shard = shard_range(len(docs), rank, world)
+        metric = AverageTermSimilarity(self.max_occurrences, self.seed).to(module.device)
+        terms = passage_terms(
+            ranker, module.pair_tokenizer, [data.dtexts[i] for i in docs[shard.start : shard.stop]],
+            queries=[data.qtexts[i] for i in queries] if ranker.kind == "cross" else None, batch_size=self.batch_size,
+            device=module.device, first_passage=shard.start, autocast=trainer.precision_plugin.forward_context)
+        metric.update(terms.vectors.to(module.device), terms.terms.to(module.device), terms.positions.to(module.device),
+                      terms.passages.to(module.device))
+        return metric.compute()
+
+    def _log(self, trainer, module, split: str) -> None:
+        result = self.measure(trainer, module, split)
+        if result is None:
+            return
+        # NaN (too few passages for any pair) is left out: metrics.json stays plain JSON
+        scalars = {k: v for k, v in (("mats", result.mats), ("mats_std", result.mats_std), ("ats0", float(result.ats[0])))
+                   if np.isfinite(v)}
+        module.results.setdefault(split, {})["ats"] = scalars
+        for k, v in scalars.items():
+            module.log(f"{split}/{k}", v, sync_dist=False)  # every rank computed the same value
+        logger = trainer.logger
+        if trainer.is_global_zero and logger is not None and hasattr(logger, "log_image"):  # W&B
+            import wandb
+
+            rows = [[int(d), float(a)] for d, a in zip(result.deltas, result.ats) if np.isfinite(a)]
+            table = wandb.Table(data=rows, columns=["delta", "ats"])
+            logger.experiment.log({f"{split}/ats_curve": wandb.plot.line(table, "delta", "ats", title=f"ATS per positional delta ({split})"),
+                                   "trainer/global_step": trainer.global_step})
+
+    @torch.inference_mode()
+    def on_validation_epoch_end(self, trainer, module) -> None:
+        if not trainer.sanity_checking:
+            self._log(trainer, module, "val")
+
+    @torch.inference_mode()
+    def on_test_epoch_end(self, trainer, module) -> None:
+        self._log(trainer, module, "test")
