@@ -5,13 +5,14 @@ import os
 import sys
 from typing import Callable
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, TrainingStopped
 
 
 def main(argv: list[str], job: Callable) -> int:
     """`job(cfg, model_from_cli)` on the config composed from `key=value` args; `model_from_cli`: the command line
     picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from callbacks.preemption import Interrupted
     from pipeline.config import compose
 
     try:
@@ -20,6 +21,12 @@ def main(argv: list[str], job: Callable) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.code
+    except TrainingStopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

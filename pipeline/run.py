@@ -10,9 +10,11 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.atomic_io import AtomicCheckpointIO
 from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
 from callbacks.metrics.trec import write_trec_run
+from callbacks.preemption import Preemption, interruptible
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import SOURCES
 from lightning_modules.module import RankingModule
@@ -62,7 +64,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     t = OmegaConf.to_container(cfg.trainer)
     callbacks: list = [IsotropyCallback()]
     if checkpoints:
-        callbacks.append(RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR))
+        callbacks += [RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR), Preemption()]
     if logger:
         from pytorch_lightning.callbacks import LearningRateMonitor
 
@@ -76,7 +78,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     return pl.Trainer(
         **t, logger=logger, callbacks=callbacks, default_root_dir=cfg.output_dir,
         # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
-        use_distributed_sampler=False, enable_checkpointing=checkpoints,
+        use_distributed_sampler=False, enable_checkpointing=checkpoints, plugins=[AtomicCheckpointIO()],
     )
 
 
@@ -176,7 +178,11 @@ def train(cfg: DictConfig) -> dict | None:
         raise InputError("model", f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`")
     pl.seed_everything(cfg.seed, workers=True)
     if cfg.ckpt_path:
-        check_same_ranker(read_checkpoint(cfg.ckpt_path, "ckpt_path"), cfg, "ckpt_path", cfg.ckpt_path)
+        resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+        if "base_ckpt" in resumed:
+            raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); resume it with stage=head ckpt={resumed['base_ckpt']}")
+        check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
+        del resumed
     elif any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
@@ -187,13 +193,14 @@ def train(cfg: DictConfig) -> dict | None:
     if trainer.is_global_zero:
         save_config(cfg)
     before = None
-    if cfg.eval.before_training and not cfg.ckpt_path:
-        trainer.test(module, datamodule=dm, verbose=False)
-        before = _test_results(module)
-    # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
+    with interruptible(trainer):
+        if cfg.eval.before_training and not cfg.ckpt_path:
+            trainer.test(module, datamodule=dm, verbose=False)
+            before = _test_results(module)
+        # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
     after = write_results(cfg, module, before)
