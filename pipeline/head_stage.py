@@ -145,12 +145,11 @@ def train_head(cfg: DictConfig) -> dict | None:
     return after
 
 
-def evaluate_with_head(cfg: DictConfig) -> dict | None:
-    """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
-    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
-    from pipeline.run import build_logger, build_trainer, load_data, print_table, read_checkpoint, save_config, write_results
+def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
+    """The HeadModule of `head_ckpt` on its base ranker (`ckpt`, else the head's recorded `base_ckpt`), and the base's
+    path; sets `cfg.model` and `cfg.head` to the checkpoints' own."""
+    from pipeline.run import read_checkpoint
 
-    pl.seed_everything(cfg.seed, workers=True)
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
     if "base_ckpt" not in head_ckpt:
         raise InputError("head_ckpt", f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=")
@@ -167,15 +166,14 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
         raise InputError("head_ckpt", f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})")
     del base, head_ckpt
     cfg.model, cfg.head = hp["model"], hp["head"]
-    dm = load_data(cfg, module)
-    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
-    trainer = build_trainer(cfg, logger, checkpoints=False)
-    if trainer.is_global_zero:
-        save_config(cfg)
-    trainer.test(module, datamodule=dm, verbose=False)
-    if not trainer.is_global_zero:
-        return None
-    before = module.results_without_head()
-    after = write_results(cfg, module, before, before_key="before_head")
-    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
-    return after
+    return module, str(base_path)
+
+
+def evaluate_with_head(cfg: DictConfig) -> dict | None:
+    """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
+    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
+    from pipeline.run import evaluate_module
+
+    pl.seed_everything(cfg.seed, workers=True)
+    module, _ = load_head_module(cfg)
+    return evaluate_module(cfg, module)

@@ -239,7 +239,23 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
 
         return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)
-    module = load_module(cfg, model_from_cli)
+    if cfg.ckpt and Path(cfg.ckpt).is_dir():  # a folder from `python -m pipeline.export`
+        from pipeline.export import load_exported
+
+        module = load_exported(cfg.ckpt, list(cfg.eval.measures))
+        if model_from_cli:
+            check_same_ranker({"hyper_parameters": module.hparams}, cfg, "ckpt", cfg.ckpt)
+        cfg.model = module.hparams["model"]
+        if "head" in module.hparams:
+            cfg.head = module.hparams["head"]
+    else:
+        module = load_module(cfg, model_from_cli)
+    return evaluate_module(cfg, module)
+
+
+def evaluate_module(cfg: DictConfig, module: RankingModule) -> dict | None:
+    """Test a loaded module on `cfg.data` and write the run's files; a HeadModule's results hold "Ft" (no head)
+    under `before_head`."""
     dm = load_data(cfg, module)
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     trainer = build_trainer(cfg, logger, checkpoints=False)
@@ -248,6 +264,11 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     trainer.test(module, datamodule=dm, verbose=False)
     if not trainer.is_global_zero:
         return None
-    after = write_results(cfg, module)
-    print_table(after)
+    if not hasattr(module, "results_without_head"):
+        after = write_results(cfg, module)
+        print_table(after)
+        return after
+    before = module.results_without_head()
+    after = write_results(cfg, module, before, before_key="before_head")
+    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
     return after
