@@ -23,6 +23,13 @@ class RankingCheckpoint(ModelCheckpoint):
         )
         self._last_step_written = -1
 
+    def write_last(self, trainer) -> str:
+        """Write (or keep, if this step's is written) the resumable `last.ckpt`; returns its path."""
+        last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        if self._last_step_written != trainer.global_step:
+            self._write_last(trainer)
+        return str(last)
+
     def _write_last(self, trainer) -> None:
         if self._last_step_written == trainer.global_step:
             return

@@ -15,7 +15,6 @@ the frozen ranker is rebuilt from `base_ckpt`, never copied into every head chec
 """
 from __future__ import annotations
 
-import warnings
 
 import torch
 from torch import Tensor
@@ -52,7 +51,6 @@ class HeadModule(RankingModule):
         for name, p in self.named_parameters():
             p.requires_grad = name.startswith(HEAD_PREFIXES)
         self.strict_loading = False  # head checkpoints carry the head only
-        self.nonfinite_batches = 0
         self.runs["test_raw"] = type(self.runs["test"])()
         self._val_memo: dict = {}  # "q" -> the validation queries' raw Encoded; batch_idx -> (didx, raw docs)
         self._val_memo_bytes = 0
@@ -80,11 +78,7 @@ class HeadModule(RankingModule):
     # ---- training: maximum likelihood of cached representations (flows) -----------------------------------
     def training_step(self, batch: torch.Tensor, batch_idx: int):
         loss = self.head.nll(batch.float()).mean()
-        if not torch.isfinite(loss):
-            # skip the batch: no step on a NaN/inf loss (an exploding log-det), counted and logged
-            self.nonfinite_batches += 1
-            warnings.warn(f"non-finite head loss at step {self.global_step}; batch skipped ({self.nonfinite_batches} so far)")
-            self.log("train/nonfinite_batches", float(self.nonfinite_batches))
+        if self.skip_nonfinite(loss):  # an exploding log-det: optim.nonfinite of the run (skip | stop)
             return None
         self.log("train/nll", loss, prog_bar=True)
         return loss

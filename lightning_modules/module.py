@@ -15,6 +15,7 @@ gathered across ranks by a torchmetrics state before pytrec_eval runs once on th
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import pytorch_lightning as pl
@@ -46,9 +47,13 @@ class OptimConfig:
     # of sentence-transformers' MultipleNegativesRankingLoss, with which all-MiniLM-L6-v2 was trained), 1 for the
     # rest (ColBERT's sums of |q| cosines and unbounded dot products / logits already spread out).
     temperature: float | None = None
+    # a NaN/inf training loss: skip (no optimiser step on that batch, a warning, train/nonfinite_batches logged) or
+    # stop (TrainingStopped naming the last good checkpoint). Either way nothing is trained on it.
+    nonfinite: str = "skip"
 
     def __post_init__(self):
         check_choice("optim.loss", self.loss, ("ce", "hinge"))
+        check_choice("optim.nonfinite", self.nonfinite, ("skip", "stop"))
         if self.temperature is not None and not self.temperature > 0:
             raise InputError("optim.temperature", f"expected a positive number or null, got {self.temperature}")
         check_choice("optim.schedule", self.schedule, ("linear", "constant"))
@@ -76,6 +81,7 @@ class RankingModule(pl.LightningModule):
         self.ranker.train()
         self.runs = torch.nn.ModuleDict({"val": RetrievalRun(), "test": RetrievalRun()})
         self.results: dict[str, dict] = {}
+        self.nonfinite_batches = 0
 
     @property
     def temperature(self) -> float:
@@ -149,7 +155,26 @@ class RankingModule(pl.LightningModule):
         if out.aux_losses:
             self.log("train/loss", loss, prog_bar=True)
         self.log("train/margin", (pos - neg).float().mean())
-        return loss
+        return None if self.skip_nonfinite(loss) else loss
+
+    def skip_nonfinite(self, loss: Tensor) -> bool:
+        """Whether this batch's loss is NaN/inf on any rank, applying `optim.nonfinite`. Ranks agree (one
+        all-reduce), since a rank that steps while another skips would desynchronise DDP."""
+        bad = (~torch.isfinite(loss.detach())).float().reshape(())
+        if self._trainer is not None and self.trainer.world_size > 1:
+            bad = self.trainer.strategy.reduce(bad, reduce_op="sum")
+        if not bad > 0:
+            return False
+        if self.optim_cfg.nonfinite == "stop":
+            from pipeline.errors import TrainingStopped
+
+            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") if self._trainer is not None else ""
+            good = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+            raise TrainingStopped(f"non-finite training loss ({loss.item()}) at step {self.global_step} (optim.nonfinite=stop); nothing was trained on it; {good}")
+        self.nonfinite_batches += 1
+        warnings.warn(f"non-finite training loss ({loss.item()}) at step {self.global_step}; batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)")
+        self.log("train/nonfinite_batches", float(self.nonfinite_batches))
+        return True
 
     def optimizer_groups(self) -> list[dict]:
         """AdamW parameter groups: the ranker's named groups (`Ranker.param_groups`, each at its own learning rate)
@@ -274,11 +299,13 @@ class RankingModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning restores weights, optimiser, schedule, loop and loader state; the RNG (dropout masks) is ours.
         checkpoint["rng_states"] = _collect_rng_states()
+        checkpoint["nonfinite_batches"] = self.nonfinite_batches
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Applied at the first training batch, not now: setting up the resumed run (loaders, sanity checks)
         # draws random numbers that the uninterrupted run drew long before the checkpoint.
         self._pending_rng = checkpoint.get("rng_states")
+        self.nonfinite_batches = checkpoint.get("nonfinite_batches", 0)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if getattr(self, "_pending_rng", None) is not None:

@@ -1,26 +1,54 @@
-"""Shared command-line wrappers: compose the config, run, and turn input errors into one line and exit code 2."""
+"""Shared command-line wrappers: compose the config, run, and turn input errors into one line and exit code 2.
+
+`--dry-run` (or `--print-config`) anywhere on the command line validates the composed config (every key against
+its schema, the checkpoints it names exist) and prints it as YAML, without loading a model or reading data."""
 from __future__ import annotations
 
 import os
 import sys
 from typing import Callable
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, TrainingStopped
 
 
 def main(argv: list[str], job: Callable) -> int:
     """`job(cfg, model_from_cli)` on the config composed from `key=value` args; `model_from_cli`: the command line
     picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pipeline.config import compose
+    from callbacks.preemption import Interrupted
+    from pipeline.config import compose, to_yaml
 
+    dry = [a for a in argv if a in DRY_RUN]
+    argv = [a for a in argv if a not in DRY_RUN]
     try:
         cfg = compose(argv)
+        if dry:
+            check_files(cfg)
+            print(to_yaml(cfg), end="")
+            return 0
         job(cfg, model_from_cli(argv))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.code
+    except TrainingStopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 3
     return 0
+
+
+DRY_RUN = ("--dry-run", "--print-config")
+
+
+def check_files(cfg) -> None:
+    """`--dry-run`: the checkpoints a run would read exist (the config keys are checked by compose); nothing loaded."""
+    from pathlib import Path
+
+    for key in ("ckpt", "ckpt_path", "head_ckpt"):
+        if cfg.get(key) and not Path(cfg[key]).is_file():
+            raise InputError(key, f"checkpoint '{cfg[key]}' does not exist")
 
 
 def model_from_cli(argv: list[str]) -> bool:

@@ -18,3 +18,8 @@ def check_choice(key: str, value, choices) -> None:
     """For string options with a fixed set of values (a misspelt choice must not fall through to a default)."""
     if value not in choices:
         raise InputError(f"config key '{key}'", f"got {value!r}; expected one of {sorted(choices)}")
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped by a configured policy (e.g. `optim.nonfinite=stop`); the message says why and which
+    checkpoint is the last good one."""

@@ -21,6 +21,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.preemption import interruptible
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
 from lightning_modules.heads.cache import RepresentationCache, cache_key
@@ -48,7 +49,8 @@ def build_module(cfg: DictConfig) -> HeadModule:
         raise InputError("ckpt", f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint (its base_ckpt is '{base['base_ckpt']}')")
     hp = base["hyper_parameters"]
     # absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
-    module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(Path(cfg.ckpt).resolve()))
+    optim = {**hp.get("optim", {}), "nonfinite": cfg.optim.nonfinite}  # the ranker's optim, this run's NaN policy
+    module = HeadModule(hp["model"], optim, list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(Path(cfg.ckpt).resolve()))
     module.load_base(base["state_dict"])
     return module
 
@@ -88,12 +90,30 @@ def save_head(module: HeadModule, path: Path) -> None:
         torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
 
 
+def check_head_resume(cfg: DictConfig) -> None:
+    """`ckpt_path` must be a flow head's training checkpoint of the same head on the same base ranker."""
+    from pipeline.run import read_checkpoint
+
+    ck = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+    if "base_ckpt" not in ck:
+        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a fine-tuning checkpoint, not a head checkpoint of stage=head")
+    head = ck["hyper_parameters"].get("head", {})
+    if head.get("name") != cfg.head.name:
+        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' holds head '{head.get('name')}' but head.name is '{cfg.head.name}'")
+    if "loops" not in ck:
+        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' holds no training state to resume ({head.get('name')} is fitted in one pass)")
+    if cfg.ckpt and Path(ck["base_ckpt"]).resolve() != Path(cfg.ckpt).resolve():
+        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head of '{ck['base_ckpt']}', not of ckpt='{cfg.ckpt}'")
+
+
 def train_head(cfg: DictConfig) -> dict | None:
     from pipeline.run import build_logger, build_trainer, load_data, print_table, save_config, write_results
 
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
+    if cfg.ckpt_path:
+        check_head_resume(cfg)
     module = build_module(cfg)
     dm = load_data(cfg, module, HeadDataModule)  # read and validated before anything is written
     cache = build_cache(cfg, module, dm)
@@ -113,9 +133,10 @@ def train_head(cfg: DictConfig) -> dict | None:
         # then restores the trained values over it
         rows = np.sort(np.random.default_rng([cfg.seed, 5]).permutation(len(dm.vectors))[:65536])
         module.head.init_from(torch.from_numpy(np.asarray(dm.vectors[rows], dtype=np.float32)))
-        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
+        with interruptible(trainer):
+            trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
     before = module.results_without_head()
@@ -124,12 +145,11 @@ def train_head(cfg: DictConfig) -> dict | None:
     return after
 
 
-def evaluate_with_head(cfg: DictConfig) -> dict | None:
-    """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
-    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
-    from pipeline.run import build_logger, build_trainer, load_data, print_table, read_checkpoint, save_config, write_results
+def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
+    """The HeadModule of `head_ckpt` on its base ranker (`ckpt`, else the head's recorded `base_ckpt`), and the base's
+    path; sets `cfg.model` and `cfg.head` to the checkpoints' own."""
+    from pipeline.run import read_checkpoint
 
-    pl.seed_everything(cfg.seed, workers=True)
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
     if "base_ckpt" not in head_ckpt:
         raise InputError("head_ckpt", f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=")
@@ -146,15 +166,14 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
         raise InputError("head_ckpt", f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})")
     del base, head_ckpt
     cfg.model, cfg.head = hp["model"], hp["head"]
-    dm = load_data(cfg, module)
-    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
-    trainer = build_trainer(cfg, logger, checkpoints=False)
-    if trainer.is_global_zero:
-        save_config(cfg)
-    trainer.test(module, datamodule=dm, verbose=False)
-    if not trainer.is_global_zero:
-        return None
-    before = module.results_without_head()
-    after = write_results(cfg, module, before, before_key="before_head")
-    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
-    return after
+    return module, str(base_path)
+
+
+def evaluate_with_head(cfg: DictConfig) -> dict | None:
+    """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
+    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
+    from pipeline.run import evaluate_module
+
+    pl.seed_everything(cfg.seed, workers=True)
+    module, _ = load_head_module(cfg)
+    return evaluate_module(cfg, module)

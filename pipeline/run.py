@@ -11,9 +11,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.ats import ATSCallback
+from callbacks.atomic_io import AtomicCheckpointIO
 from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
 from callbacks.metrics.trec import write_trec_run
+from callbacks.preemption import Preemption, interruptible
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import SOURCES
 from lightning_modules.module import RankingModule
@@ -65,7 +67,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     if cfg.eval.ats_passages > 0:
         callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed))
     if checkpoints:
-        callbacks.append(RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR))
+        callbacks += [RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR), Preemption()]
     if logger:
         from pytorch_lightning.callbacks import LearningRateMonitor
 
@@ -79,7 +81,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     return pl.Trainer(
         **t, logger=logger, callbacks=callbacks, default_root_dir=cfg.output_dir,
         # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
-        use_distributed_sampler=False, enable_checkpointing=checkpoints,
+        use_distributed_sampler=False, enable_checkpointing=checkpoints, plugins=[AtomicCheckpointIO()],
     )
 
 
@@ -201,7 +203,11 @@ def train(cfg: DictConfig) -> dict | None:
         raise InputError("model", f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`")
     pl.seed_everything(cfg.seed, workers=True)
     if cfg.ckpt_path:
-        check_same_ranker(read_checkpoint(cfg.ckpt_path, "ckpt_path"), cfg, "ckpt_path", cfg.ckpt_path)
+        resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+        if "base_ckpt" in resumed:
+            raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); resume it with stage=head ckpt={resumed['base_ckpt']}")
+        check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
+        del resumed
     elif any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
@@ -214,13 +220,14 @@ def train(cfg: DictConfig) -> dict | None:
     if trainer.is_global_zero:
         save_config(cfg)
     before = None
-    if cfg.eval.before_training and not cfg.ckpt_path:
-        trainer.test(module, datamodule=dm, verbose=False)
-        before = _test_results(module)
-    # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
+    with interruptible(trainer):
+        if cfg.eval.before_training and not cfg.ckpt_path:
+            trainer.test(module, datamodule=dm, verbose=False)
+            before = _test_results(module)
+        # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
     after = write_results(cfg, module, before)
@@ -259,7 +266,23 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
 
         return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)
-    module = load_module(cfg, model_from_cli)
+    if cfg.ckpt and Path(cfg.ckpt).is_dir():  # a folder from `python -m pipeline.export`
+        from pipeline.export import load_exported
+
+        module = load_exported(cfg.ckpt, list(cfg.eval.measures))
+        if model_from_cli:
+            check_same_ranker({"hyper_parameters": module.hparams}, cfg, "ckpt", cfg.ckpt)
+        cfg.model = module.hparams["model"]
+        if "head" in module.hparams:
+            cfg.head = module.hparams["head"]
+    else:
+        module = load_module(cfg, model_from_cli)
+    return evaluate_module(cfg, module)
+
+
+def evaluate_module(cfg: DictConfig, module: RankingModule) -> dict | None:
+    """Test a loaded module on `cfg.data` and write the run's files; a HeadModule's results hold "Ft" (no head)
+    under `before_head`."""
     dm = load_data(cfg, module)
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     trainer = build_trainer(cfg, logger, checkpoints=False)
@@ -268,6 +291,11 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     trainer.test(module, datamodule=dm, verbose=False)
     if not trainer.is_global_zero:
         return None
-    after = write_results(cfg, module)
-    print_table(after)
+    if not hasattr(module, "results_without_head"):
+        after = write_results(cfg, module)
+        print_table(after)
+        return after
+    before = module.results_without_head()
+    after = write_results(cfg, module, before, before_key="before_head")
+    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
     return after

@@ -52,3 +52,27 @@ def test_main_says_whether_the_command_line_picks_the_model(argv, expected):
     seen = []
     assert main(argv, lambda cfg, model_from_cli: seen.append(model_from_cli)) == 0
     assert seen == [expected]
+
+
+def test_dry_run_validates_and_prints_the_resolved_config_without_loading_models(capsys, tmp_path, monkeypatch):
+    """train.py / evaluate.py --dry-run: exit 0 with the composed config as YAML (what the run would save as
+    config.yaml), no model built (a backbone path that does not exist is not touched), nothing written."""
+    import lightning_modules.rankers
+    from omegaconf import OmegaConf
+
+    from pipeline.config import compose
+
+    def no_model(*a, **k):
+        raise AssertionError("--dry-run built a ranker")
+
+    monkeypatch.setattr(lightning_modules.rankers, "build_ranker", no_model)
+    args = ["model=repbert", "model.backbone=/no/such/model", "optim.lr=1e-4", f"output_dir={tmp_path / 'out'}"]
+    assert main(["--dry-run", *args], lambda cfg, _: no_model()) == 0
+    printed = OmegaConf.create(capsys.readouterr().out)
+    assert printed == compose(args) and printed.optim.lr == 1e-4 and printed.model.name == "repbert"
+    assert not (tmp_path / "out").exists()
+    # invalid configs and missing checkpoints fail as a real run would, before anything is loaded
+    assert main(["--print-config", "optim.lrr=1"], no_model) == 2
+    assert "config key 'optim.lrr': unknown key" in capsys.readouterr().err
+    assert main(["--dry-run", f"ckpt={tmp_path / 'missing.ckpt'}"], no_model) == 2
+    assert capsys.readouterr().err == f"error: ckpt: checkpoint '{tmp_path / 'missing.ckpt'}' does not exist\n"

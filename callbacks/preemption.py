@@ -1,0 +1,83 @@
+"""Pre-emption: SIGTERM (what a cluster scheduler sends before it kills a job) or SIGINT (Ctrl-C) during training
+writes a resumable `last.ckpt` and stops; `ckpt_path=<that file>` then continues to the same final weights as a run
+that was never interrupted.
+
+The signal only sets a flag. Lightning's own SIGTERM handler does that and its training loop raises
+`SIGTERMException` at the end of the current batch, after that batch's validation (if one was due) and after the
+batch counts as completed: the one point inside an epoch where weights, optimiser, schedule, loop counters and the
+sampler position agree. This callback routes SIGINT to the same flag (a second Ctrl-C still interrupts at once)
+and writes `last.ckpt` in `on_exception`, atomically (callbacks/atomic_io.py), so a kill during that write leaves
+the previous `last.ckpt` in place.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+from pytorch_lightning import Callback
+from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + signal number, as a shell reports a signalled job
+
+
+class Interrupted(SystemExit):
+    """Training stopped on a signal; `checkpoint` is the resumable file written on the way out (None if none)."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str | None):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(EXIT_CODES.get(signum, 1))
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        if self.checkpoint is None:
+            return f"interrupted by {name} at step {self.step}; no resumable checkpoint was written"
+        return f"interrupted by {name} at step {self.step}; resume with ckpt_path={self.checkpoint}"
+
+
+class Preemption(Callback):
+    def __init__(self):
+        self.signum: int | None = None
+        self.checkpoint: str | None = None
+        self.step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after Lightning's signal connector registered its handlers; it restores the originals at teardown
+        self._trainer = trainer
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signum = signal.SIGINT
+        warnings.warn("SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)")
+        self._trainer._signal_connector.received_sigterm = True
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
+            return
+        self.signum = self.signum or signal.SIGTERM
+        self.step = trainer.global_step
+        ckpt = trainer.checkpoint_callback
+        if ckpt is not None and hasattr(ckpt, "write_last"):
+            self.checkpoint = ckpt.write_last(trainer)
+
+
+
+@contextmanager
+def interruptible(trainer):
+    """Turns Lightning's SIGTERMException (fit, validation or test) into `Interrupted`, naming the checkpoint to
+    resume from: the one written on the way out, else the run's latest `last.ckpt`."""
+    try:
+        yield
+    except SIGTERMException as e:
+        cb = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None)
+        ckpt = cb.checkpoint if cb is not None else None
+        last = getattr(trainer.checkpoint_callback, "last_model_path", "")
+        if ckpt is None and last and Path(last).is_file():
+            ckpt = last
+        raise Interrupted((cb.signum if cb is not None else None) or signal.SIGTERM, trainer.global_step, ckpt) from e

@@ -1,0 +1,168 @@
+"""Export a trained ranker (and its isotropy head) as a Hugging Face folder, and evaluate from that folder.
+
+    python -m pipeline.export ckpt=outputs/run/checkpoints/best-60.ckpt --out exported/colbert
+    python -m pipeline.export head_ckpt=outputs/run-glow/checkpoints/best-3.ckpt --out exported/colbert-glow
+    python evaluate.py ckpt=exported/colbert data=cranfield output_dir=outputs/exported-on-cranfield
+
+The folder (written atomically: a temporary sibling renamed into place):
+
+| file | what |
+|---|---|
+| `config.json`, `model.safetensors` | the fine-tuned backbone, `save_pretrained`: `AutoModel.from_pretrained(folder)` loads it |
+| tokenizer files | `AutoTokenizer.from_pretrained(folder)` |
+| `ranker.safetensors` | the ranker's own weights outside the backbone (ColBERT's compression, BERT_CAT's classifier, TK's whole model) |
+| `isotropy_head.safetensors` | the head (whitening, NICE, Glow), when exported with `head_ckpt=` |
+| `isorank.json` | ranker and head configs, format version, the checkpoints it came from |
+| `README.md` | model card: what it is, how to load it, the training config and the test metrics of the run |
+
+TK keeps no backbone Transformer (only its word embeddings, which live in `ranker.safetensors`); its folder holds
+the tokenizer, and loading rebuilds TK from its recorded `backbone` before replacing every weight.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.errors import InputError
+
+FORMAT = "isorank-export-1"
+ENCODER = "ranker.encoder."
+
+
+def _split_state(module) -> tuple[dict, dict]:
+    """(ranker weights outside the backbone, isotropy head weights) of a RankingModule / HeadModule."""
+    from lightning_modules.head_module import HEAD_PREFIXES
+
+    rest, head = {}, {}
+    for k, v in module.state_dict().items():
+        if k.startswith(ENCODER) or k.startswith("runs."):
+            continue
+        (head if k.startswith(HEAD_PREFIXES) else rest)[k] = v.detach().cpu().contiguous().clone()
+    return rest, head
+
+
+def _run_dir(ckpt: str) -> Path:
+    """The run folder of a checkpoint (`<run>/checkpoints/x.ckpt`), where config.yaml and metrics.json are."""
+    return Path(ckpt).resolve().parent.parent
+
+
+def model_card(info: dict, run: Path) -> str:
+    model, head = info["model"], info.get("head")
+    title = f"{model['name']}" + (f" -> {head['name']}" if head else "")
+    lines = [
+        "---", "library_name: transformers", f"tags: [isorank, information-retrieval, {model['name']}]", "---", "",
+        f"# isorank {title}", "",
+        f"A `{model['name']}` ranker fine-tuned with isorank" + (f", with a post-hoc `{head['name']}` isotropy head" if head else "")
+        + f", exported from `{info['source']['ckpt']}`" + (f" and `{info['source']['head_ckpt']}`" if head else "") + ".", "",
+        "## Load", "", "```bash", "python evaluate.py ckpt=<this folder> data=<collection>", "```", "",
+        "```python", "from pipeline.export import load_exported", "module = load_exported('<this folder>')  # module.ranker: the nn.Module", "```", "",
+        "The backbone alone: `transformers.AutoModel.from_pretrained('<this folder>')`." if info["encoder"] else
+        "This ranker keeps no backbone Transformer; its weights are in `ranker.safetensors`.", "",
+    ]
+    metrics = run / "metrics.json"
+    if metrics.is_file():
+        m = json.loads(metrics.read_text())
+        before_key = "before_head" if "before_head" in m else "before_training"
+        before = m.get(before_key, {})
+        lines += ["## Test metrics of the run", "", f"| metric | {before_key.replace('_', ' ')} | this model |", "|---|---|---|"]
+        lines += [f"| {k} | {before[k]:.4f} | {v:.4f} |" if k in before else f"| {k} | - | {v:.4f} |"
+                  for k, v in m.items() if isinstance(v, (int, float))]
+        lines.append("")
+    config = run / "config.yaml"
+    lines += ["## Training config", "", "```yaml",
+              (config.read_text() if config.is_file() else yaml.safe_dump({"model": model, "head": head}, sort_keys=False)).rstrip(),
+              "```", ""]
+    return "\n".join(lines)
+
+
+def export(cfg: DictConfig, out: str) -> Path:
+    from safetensors.torch import save_file
+
+    from retrieval.dense import AtomicDir
+    from pipeline.head_stage import load_head_module
+    from pipeline.run import load_module
+
+    out_path = Path(out)
+    if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
+        raise InputError("--out", f"'{out}' exists and is not empty; export into a new folder")
+    if cfg.head_ckpt:
+        module, base = load_head_module(cfg)
+        head_cfg = OmegaConf.to_container(cfg.head) if isinstance(cfg.head, DictConfig) else dict(cfg.head)
+    elif cfg.ckpt:
+        module, base, head_cfg = load_module(cfg, model_from_cli=False), cfg.ckpt, None
+    else:
+        raise InputError("ckpt", "export needs ckpt=<ranker checkpoint> (or head_ckpt=<head checkpoint>)")
+    ranker = module.ranker
+    rest, head = _split_state(module)
+    model_cfg = dict(module.hparams["model"])
+    info = {
+        "format": FORMAT, "model": model_cfg, "optim": dict(module.hparams.get("optim") or {}), "head": head_cfg,
+        "encoder": hasattr(ranker, "encoder"),
+        "source": {"ckpt": str(Path(base).resolve()), "head_ckpt": str(Path(cfg.head_ckpt).resolve()) if cfg.head_ckpt else None},
+    }
+    source = _run_dir(cfg.head_ckpt or base)
+    with AtomicDir(out_path) as tmp:
+        if info["encoder"]:
+            ranker.encoder.save_pretrained(tmp)
+        ranker.tokenizer.save_pretrained(tmp)
+        save_file(rest, str(tmp / "ranker.safetensors"))
+        if head:
+            save_file(head, str(tmp / "isotropy_head.safetensors"))
+        (tmp / "isorank.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+        (tmp / "README.md").write_text(model_card(info, source))
+    return out_path
+
+
+def read_info(folder: str | Path) -> dict:
+    p = Path(folder) / "isorank.json"
+    if not p.is_file():
+        raise InputError("ckpt", f"'{folder}' is a folder but not an isorank export (no isorank.json)")
+    info = json.loads(p.read_text())
+    if info.get("format") != FORMAT:
+        raise InputError(str(p), f"format {info.get('format')!r}; expected {FORMAT!r}")
+    return info
+
+
+def load_exported(folder: str | Path, measures: list[str] | None = None):
+    """The RankingModule (or HeadModule, with the head attached) of an exported folder, weights as exported."""
+    from safetensors.torch import load_file
+
+    from lightning_modules.head_module import HeadModule
+    from lightning_modules.module import RankingModule
+
+    folder = Path(folder).resolve()
+    info = read_info(folder)
+    model = dict(info["model"])
+    if info["encoder"]:
+        model["backbone"] = str(folder)  # the fine-tuned backbone, saved by save_pretrained
+    if info.get("head"):
+        module = HeadModule(model, info["optim"], measures, info["head"], str(folder))
+    else:
+        module = RankingModule(model, info["optim"], measures)
+    state = load_file(str(folder / "ranker.safetensors"))
+    if (folder / "isotropy_head.safetensors").is_file():
+        state.update(load_file(str(folder / "isotropy_head.safetensors")))
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(ENCODER) and not k.startswith("runs.")]
+    if missing or unexpected:
+        raise InputError(str(folder), f"does not match ranker '{model['name']}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    module.hparams["model"] = model
+    return module
+
+
+def main(argv: list[str]) -> int:
+    from pipeline.cli import run_tool
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.export", description="Export a trained ranker (and head) in Hugging Face format")
+    ap.add_argument("--out", required=True, help="new folder to write")
+    return run_tool(ap, argv, lambda cfg, opts: print(f"exported to {export(cfg, opts.out)}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,87 @@
+"""`python -m pipeline.export`: a trained ranker (and its head) as a Hugging Face folder with a model card, which
+evaluate.py scores exactly as it scores the checkpoints it came from."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.cli import main
+
+SMALL = ["data=synthetic", "data.max_train_triples=24", "data.max_eval_queries=10", "data.candidate_depth=15",
+         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
+         "eval.probe_docs=16", "eval.before_training=false", "data.batch_size=8"]
+
+
+def _train(args: list[str]) -> None:
+    from pipeline.run import train
+
+    assert main(args, lambda cfg, _: train(cfg)) == 0
+
+
+def _evaluate(args: list[str]) -> Path:
+    from pipeline.run import evaluate
+
+    assert main(args, evaluate) == 0
+    return Path(next(a.split("=", 1)[1] for a in args if a.startswith("output_dir=")))
+
+
+def _export(args: list[str]) -> int:
+    from pipeline.export import main as export_main
+
+    return export_main(args)
+
+
+@pytest.mark.parametrize("model", [["model=colbert", "model.compress_dim=16"], ["model=bert_cat"]])
+def test_export_ranker_scores_identically(tmp_path, tiny_bert, model):
+    run = tmp_path / "run"
+    _train([*SMALL, *model, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={run}"])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    out = tmp_path / "exported"
+    assert _export([f"ckpt={ckpt}", "--out", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "ranker.safetensors", "isorank.json", "README.md"} <= names
+
+    # the backbone loads with plain transformers, with the fine-tuned weights
+    from transformers import AutoModel
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    hf = AutoModel.from_pretrained(out).state_dict()
+    enc = {k[len("ranker.encoder."):]: v for k, v in state.items() if k.startswith("ranker.encoder.")}
+    assert enc and all(torch.equal(hf[k], v) for k, v in enc.items())
+
+    card = (out / "README.md").read_text()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert "library_name: transformers" in card and f"| ndcg_cut_10 | - | {metrics['ndcg_cut_10']:.4f} |" in card
+    assert (run / "config.yaml").read_text().strip() in card
+
+    a = _evaluate([*SMALL, f"ckpt={ckpt}", f"output_dir={tmp_path / 'ev_ckpt'}"])
+    b = _evaluate([*SMALL, f"ckpt={out}", f"output_dir={tmp_path / 'ev_export'}"])
+    assert (a / "run.trec").read_text() == (b / "run.trec").read_text()  # every score, to the printed digit
+    ma, mb = json.loads((a / "metrics.json").read_text()), json.loads((b / "metrics.json").read_text())
+    assert ma == mb
+
+
+def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, tiny_bert, capsys):
+    run, head = tmp_path / "run", tmp_path / "head"
+    _train([*SMALL, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={run}"])
+    _train([*SMALL, "stage=head", f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "head=whitening",
+            f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={head}"])
+    head_ckpt = head / "checkpoints" / "head.ckpt"
+    out = tmp_path / "exported"
+    assert _export([f"head_ckpt={head_ckpt}", "--out", str(out)]) == 0
+    assert (out / "isotropy_head.safetensors").is_file()
+    info = json.loads((out / "isorank.json").read_text())
+    assert info["head"]["name"] == "whitening" and "| metric | before head | this model |" in (out / "README.md").read_text()
+
+    a = _evaluate([*SMALL, f"head_ckpt={head_ckpt}", f"output_dir={tmp_path / 'ev_ckpt'}"])
+    b = _evaluate([*SMALL, f"ckpt={out}", f"output_dir={tmp_path / 'ev_export'}"])
+    assert (a / "run.trec").read_text() == (b / "run.trec").read_text()
+    ma, mb = json.loads((a / "metrics.json").read_text()), json.loads((b / "metrics.json").read_text())
+    assert ma == mb and mb["before_head"]["ndcg_cut_10"] == ma["before_head"]["ndcg_cut_10"]
+
+    capsys.readouterr()
+    assert _export([f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: --out: '{out}' exists and is not empty; export into a new folder\n"
