@@ -19,6 +19,7 @@ ANALYSES: Registry = Registry("analysis")
 MODULES = (
     "analyses.answer_positions",
     "analyses.whitebox.analysis",
+    "analyses.vocab.analysis",
 )
 
 

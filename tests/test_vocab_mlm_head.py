@@ -120,6 +120,7 @@ def test_save_load_and_the_checkpoints_own_head(tmp_path, tiny_bert):
         load_fitted(path, str(small))
 
 
+@pytest.mark.slow
 def test_command_line(tmp_path, tiny_bert):
     out = tmp_path / "head.pt"
     proc = run_script("-m", "analyses.vocab.fit_mlm_head", f"model.backbone={tiny_bert}", "data=synthetic", "--max-passages", "40",

@@ -69,12 +69,37 @@ def backbone_embeddings(backbone: str) -> tuple[Tensor, object]:
     return encoder.get_input_embeddings().weight.detach().clone(), encoder.config
 
 
+def has_mlm_weights(backbone: str) -> bool | None:
+    """Whether a local checkpoint's weight files hold MLM-head tensors, read from the file index without loading
+    the model; None when that cannot be told (a hub id, an unknown file layout)."""
+    import json
+
+    from lightning_modules.rankers.backbone import resolve
+
+    d = Path(resolve(backbone))
+    if not d.is_dir():
+        return None
+    names: list[str] = []
+    for index in d.glob("*.safetensors.index.json"):
+        names += list(json.loads(index.read_text())["weight_map"])
+    if not names and (d / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(d / "model.safetensors"), "pt") as f:
+            names = list(f.keys())
+    if not names:
+        return None
+    return any("predictions" in k or "lm_head" in k for k in names)
+
+
 def _from_hf(backbone: str) -> MLMHead | None:
     """The checkpoint's own MLM head, or None when the checkpoint has no MLM weights."""
     from transformers import AutoModelForMaskedLM
 
     from lightning_modules.rankers.backbone import resolve
 
+    if has_mlm_weights(backbone) is False:
+        return None
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(resolve(backbone), output_loading_info=True)
     except (OSError, ValueError):
