@@ -20,6 +20,7 @@ MODULES = (
     "analyses.answer_positions",
     "analyses.whitebox.analysis",
     "analyses.vocab.analysis",
+    "analyses.vocab.lexical_enrichment",
 )
 
 

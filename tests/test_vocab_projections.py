@@ -120,12 +120,17 @@ def test_candidate_scores_are_the_rankers(name, tiny_bert_nodropout):
         assert np.allclose(candidate_scores(q, k, d, [2, 0, 1]), ref[k, [2, 0, 1]], atol=1e-5)
 
 
+def head_and_repbert(tmp_path, backbone):
+    """(an MLM head file for `backbone` as fit_mlm_head writes it, untrained; a RepBERT checkpoint moved off it)."""
+    from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
+
+    emb, _ = backbone_embeddings(backbone)
+    return save_head(MLMHead(emb), tmp_path / "head.pt", backbone, {}), fake_checkpoint(tmp_path / "rb.ckpt", backbone, "repbert")
+
+
 @pytest.mark.slow
 def test_evaluate_command_end_to_end(tmp_path, tiny_bert_nodropout):
-    from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
-    emb, _ = backbone_embeddings(tiny_bert_nodropout)
-    head = save_head(MLMHead(emb), tmp_path / "head.pt", tiny_bert_nodropout, {})
-    ckpt = fake_checkpoint(tmp_path / "rb.ckpt", tiny_bert_nodropout, "repbert")
+    head, ckpt = head_and_repbert(tmp_path, tiny_bert_nodropout)
     common = ["analysis=vocab_projections", "logger=none", "data.num_test_queries=12", "data.candidate_depth=15",
               f"data.cache_dir={tmp_path / 'c'}", f"analysis.mlm_head={head}", "analysis.table_pairs=3"]
     out = tmp_path / "o"
