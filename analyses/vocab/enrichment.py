@@ -6,7 +6,7 @@
 `single_token_embeddings` solves Eq. 4 for many vocabulary items at once: one free input vector per item, Adam
 (lr 0.01, the paper's), the summed per-item cross-entropy (Adam is element-wise, so each item's trajectory is its
 own whatever else is in the batch), each item's vector kept at the first step its cross-entropy reaches the
-threshold (0.1, the paper's). It starts from the item's static input embedding v_t (footnote 3: v_t alone need not
+threshold (0.1, the paper's) and the item then left out of the computation. It starts from the item's static input embedding v_t (footnote 3: v_t alone need not
 decode to t). `whiten` is Jung et al.'s whitening (mean removed, covariance to identity) fitted on the s_t.
 w = IDF over the collection (BM25's form, analyses/whitebox/idf.py), x_1..x_n the text's WordPiece tokens as the
 ranker encodes them (truncated, special tokens excluded, repeats counted). The ablations of section 6.4 are
@@ -48,20 +48,20 @@ def single_token_embeddings(head, token_ids, init: Tensor, lr: float = 0.01, thr
         opt = torch.optim.Adam([x], lr=lr)
         done = torch.zeros(len(t), dtype=torch.bool)
         for step in range(max_steps + 1):
-            ce = F.cross_entropy(head(x), t, reduction="none")
+            act = torch.nonzero(~done).squeeze(1)
+            # only the items still above the threshold are computed: the cost follows the stragglers
+            ce = F.cross_entropy(head(x[act]), t[act], reduction="none")
             with torch.no_grad():
-                new = (ce.detach() <= threshold) & ~done
-                if new.any() or step == max_steps:
-                    keep = new if step < max_steps else ~done
-                    rows = torch.nonzero(keep).squeeze(1) + s
-                    out[rows] = x.detach()[keep]
-                    ce_out[rows] = ce.detach()[keep]
-                    steps[torch.nonzero(new).squeeze(1) + s] = step
-                    done |= keep
+                hit = ce.detach() <= threshold
+                keep = act if step == max_steps else act[hit]
+                out[keep + s] = x.detach()[keep]
+                ce_out[keep + s] = (ce.detach() if step == max_steps else ce.detach()[hit])
+                steps[act[hit] + s] = step
+                done[keep] = True
             if bool(done.all()):
                 break
             opt.zero_grad(set_to_none=True)
-            ce[~done].sum().backward()
+            ce[~hit].sum().backward()
             opt.step()
         if log:
             log(f"single-token embeddings {min(s + batch_size, len(ids)):,}/{len(ids):,}: {int((ce_out[s : s + batch_size] <= threshold).sum())} "
