@@ -20,6 +20,8 @@ MODULES = (
     "analyses.answer_positions",
     "analyses.whitebox.analysis",
     "analyses.ats",
+    "analyses.vocab.analysis",
+    "analyses.vocab.lexical_enrichment",
 )
 
 

@@ -93,3 +93,20 @@ def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, ch
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def fake_checkpoint(path, backbone: str, name: str = "colbert"):
+    """A ranker checkpoint as train.py saves it (the keys load_module reads), with weights moved away from the
+    backbone's so the fine-tuned and backbone series differ."""
+    import torch
+
+    from lightning_modules.module import RankingModule
+
+    model, optim = {"name": name, "backbone": backbone}, {}
+    m = RankingModule(model, optim)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.ranker.encoder.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    torch.save({"state_dict": m.state_dict(), "hyper_parameters": {"model": model, "optim": optim}}, path)
+    return path

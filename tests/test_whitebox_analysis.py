@@ -17,7 +17,7 @@ from analyses.whitebox.collect import analyse_query, encode_texts, query_maxsim,
 from analyses.whitebox.spectral import sample_rows, spectral_ratio
 from analyses.whitebox.tau_ap import tau_ap_b
 from analyses.whitebox.words import query_words
-from conftest import run_script
+from conftest import fake_checkpoint, run_script
 
 QUERIES = ["where is the cat sitting", "symptoms of shingles", "who wrote the book of the cat"]
 PASSAGES = ["the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",
@@ -105,21 +105,6 @@ def test_spectral_sample_reads_the_subwords_vectors(colbert):
 
 
 # ---- the analysis entry ---------------------------------------------------------------------------------------
-def fake_checkpoint(path, backbone: str):
-    """A ColBERT checkpoint as train.py saves it (the keys load_module reads), with weights moved away from the
-    backbone's so the fine-tuned and backbone series differ."""
-    from lightning_modules.module import RankingModule
-
-    model, optim = {"name": "colbert", "backbone": backbone}, {}
-    m = RankingModule(model, optim)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.ranker.encoder.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    torch.save({"state_dict": m.state_dict(), "hyper_parameters": {"model": model, "optim": optim}}, path)
-    return path
-
-
 def run_inprocess(*args):
     from analyses.registry import run_analysis
     from pipeline.cli import model_from_cli

@@ -49,14 +49,9 @@ class Encodings:
         return vecs, mask_t, torch.where(mask_t, self.ids[rows], torch.zeros_like(rows))
 
 
-@torch.inference_mode()
-def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> Encodings:
-    """Token vectors of already tokenised texts (with [CLS]/[SEP]), in batches of similar length (less padding);
-    `side` as the ranker's `encode` takes it ("query" / "doc"). Encoded on the ranker's device, kept in CPU memory."""
-    device = next(ranker.parameters()).device
+def length_sorted_batches(ids: list[list[int]], batch_size: int, pad_id: int):
+    """(indices into `ids`, padded input ids, attention mask) per batch, longest texts first (little padding)."""
     lens = np.array([len(x) for x in ids], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lens)])
-    vecs, flat_ids = None, torch.tensor([t for x in ids for t in x], dtype=torch.long)
     order = np.argsort(-lens, kind="stable")
     for s in range(0, len(order), batch_size):
         chunk = order[s : s + batch_size]
@@ -66,6 +61,18 @@ def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, 
         for r, k in enumerate(chunk):
             inp[r, : lens[k]] = torch.tensor(ids[k])
             att[r, : lens[k]] = 1
+        yield chunk, inp, att
+
+
+@torch.inference_mode()
+def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> Encodings:
+    """Token vectors of already tokenised texts (with [CLS]/[SEP]), in batches of similar length (less padding);
+    `side` as the ranker's `encode` takes it ("query" / "doc"). Encoded on the ranker's device, kept in CPU memory."""
+    device = next(ranker.parameters()).device
+    lens = np.array([len(x) for x in ids], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    vecs, flat_ids = None, torch.tensor([t for x in ids for t in x], dtype=torch.long)
+    for chunk, inp, att in length_sorted_batches(ids, batch_size, pad_id):
         enc = ranker.encode(inp.to(device), att.to(device), side=side)
         out = ranker.scoring_vectors(enc.tokens).float().cpu()
         if vecs is None:

@@ -1,0 +1,401 @@
+"""`python evaluate.py analysis=vocab_projections [ckpt=...] [data=...] analysis.mlm_head=PATH`: vocabulary
+projections of a ranker's query and passage representations (Ram et al., section 3, Eq. 1-3) and the statistics
+of sections 5-6 (projections.py) for the checkpoint's ranker and, with `with_backbone`, its untrained backbone:
+
+- Table 1: the top-k tokens of Q and P for a seeded sample of (query, gold passage) pairs, shared tokens marked
+  `*`, query-expansion tokens `+`;
+- Figure 3: coverage of the shared tokens in the top-k of Q and P vs k; Table 2: token MRR in P of shared vs other
+  passage tokens; Figure 4: queries with an expansion token in the top-k of Q vs k;
+- Figure 5 (token amnesia): over the queries whose gold passage is in BM25's top-5, max / median rank of the shared
+  content tokens in P and Q, split by whether the ranker puts the passage in its top-5 when re-ranking the query's
+  candidate set (the BM25 top-`candidate_depth` the evaluation re-ranks, or the source's lists).
+
+The gold passage of a query is its relevant passage of the highest grade (ties: the best BM25 rank, then doc id).
+Writes `vocab_projections_coverage.png`, `vocab_projections_expansion.png`, `vocab_projections_amnesia.png`, then
+`vocab_projections.json`; logs the scalars, and on W&B Table 1, the curves and the amnesia rows as tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from analyses.registry import ANALYSES, AnalysisConfig
+from pipeline.errors import InputError, check_choice
+
+JSON_NAME = "vocab_projections.json"
+RANKERS = ("repbert", "bert_dot", "colbert")
+
+
+@dataclasses.dataclass
+class VocabProjectionsConfig(AnalysisConfig):
+    """configs/analysis/vocab_projections.yaml."""
+
+    name: str = "vocab_projections"
+    mlm_head: str | None = None  # a head from fit_mlm_head; null = the backbone checkpoint's own MLM head
+    split: str = "test"
+    max_queries: int | None = None
+    candidate_depth: int | None = None
+    k_values: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000])
+    top_k: int = 20  # tokens per side in Table 1
+    table_pairs: int = 10  # pairs in Table 1
+    amnesia_top: int = 5  # "retrieved" = in the top-this of BM25 (selection) and of the ranker (split)
+    with_backbone: bool = True
+    batch_size: int = 64
+    seed: int | None = None
+
+    def __post_init__(self):
+        check_choice("analysis.split", self.split, ("train", "val", "test", "all"))
+        if not self.k_values or any(int(k) < 1 for k in self.k_values):
+            raise InputError("config key 'analysis.k_values'", f"is {list(self.k_values)}; expected a non-empty list of positive ranks")
+        for key in ("top_k", "table_pairs", "amnesia_top", "batch_size"):
+            if getattr(self, key) < 1:
+                raise InputError(f"config key 'analysis.{key}'", f"is {getattr(self, key)}; expected >= 1")
+        for key in ("max_queries", "candidate_depth"):
+            v = getattr(self, key)
+            if v is not None and v < (2 if key == "candidate_depth" else 1):
+                raise InputError(f"config key 'analysis.{key}'", f"is {v}; expected a positive count (candidate_depth >= 2), or null")
+
+
+def _say(msg: str) -> None:
+    print(f"[vocab] {msg}", flush=True)
+
+
+def check_ranker(cfg_model, where: str = "model.name") -> None:
+    """Rankers with a representation in the backbone's space (no compression layer), so Eq. 3 applies."""
+    if cfg_model.name not in RANKERS:
+        raise InputError(where, f"is '{cfg_model.name}'; vocabulary projections read {list(RANKERS)} (single-vector or per-token bi-encoders)")
+    if getattr(cfg_model, "compress_dim", None):
+        raise InputError("model.compress_dim", f"is {cfg_model.compress_dim}; the MLM head reads vectors of the backbone's width (compress_dim null)")
+
+
+def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
+    """label -> RankingModule in eval mode: the checkpoint's ranker (or untrained), and its untrained backbone."""
+    from omegaconf import OmegaConf
+
+    from lightning_modules.module import RankingModule
+    from pipeline.run import load_module
+
+    module = load_module(cfg, model_from_cli)
+    check_ranker(module.model_cfg)
+    models = {("trained" if cfg.ckpt else "untrained"): module}
+    if with_backbone and cfg.ckpt:
+        models["backbone"] = RankingModule(OmegaConf.to_container(OmegaConf.create(cfg.model)), OmegaConf.to_container(cfg.optim))
+    use_gpu = torch.cuda.is_available() and str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda")
+    for m in models.values():
+        m.eval().to("cuda" if use_gpu else "cpu")
+    return models
+
+
+@dataclasses.dataclass
+class Encoded:
+    """Per text: the vector(s) Eq. 3 projects (pooled [N, d], or tokens [N, L, d] with mask) and the scoring ones."""
+
+    raw: torch.Tensor
+    mask: torch.Tensor | None
+    scoring: torch.Tensor  # [N, d] or [N, L, d] as the ranker's score compares them
+
+
+@torch.inference_mode()
+def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> Encoded:
+    """Encode tokenised texts (with [CLS]/[SEP]) in length-sorted batches; kept on the CPU in input order."""
+    from analyses.whitebox.collect import length_sorted_batches
+
+    multi = ranker.cfg.name == "colbert"
+    device = next(ranker.parameters()).device
+    lens = np.array([len(x) for x in ids])
+    width = int(lens.max()) if len(ids) else 1
+    d = ranker.hidden_size
+    raw = torch.zeros((len(ids), width, d) if multi else (len(ids), d))
+    mask = torch.zeros((len(ids), width), dtype=torch.bool) if multi else None
+    for chunk, inp, att in length_sorted_batches(ids, batch_size, pad_id):
+        length = inp.shape[1]
+        enc = ranker.encode(inp.to(device), att.to(device), side=side)
+        idx = torch.from_numpy(chunk)
+        if multi:
+            raw[idx, :length] = enc.tokens.float().cpu()
+            mask[idx, :length] = enc.mask.cpu()
+        else:
+            raw[idx] = enc.sequence.float().cpu()
+    scoring = ranker.scoring_vectors(raw)
+    if multi:
+        scoring = scoring * mask[..., None]
+    return Encoded(raw, mask, scoring)
+
+
+def candidate_scores(q: Encoded, k: int, docs: Encoded, index: list[int]) -> np.ndarray:
+    """The ranker's scores of query k against passages `index`: the dot of the scoring vectors (RepBERT's cosine,
+    BERT_DOT's dot), or ColBERT's sum over query tokens of the max cosine over passage tokens."""
+    idx = torch.as_tensor(index, dtype=torch.long)
+    if q.mask is None:
+        return (docs.scoring[idx] @ q.scoring[k]).double().numpy()
+    qv = q.scoring[k][q.mask[k]]  # [Lq, d]
+    sim = torch.einsum("id,pjd->pij", qv, docs.scoring[idx]).masked_fill(~docs.mask[idx][:, None, :], float("-inf"))
+    return sim.max(-1).values.sum(-1).double().numpy()
+
+
+def gold_passages(ds, qids, cands) -> dict[str, str]:
+    """qid -> its relevant passage of the highest grade (ties: the best candidate rank, then doc id)."""
+    qrels = {}
+    for split in ds.splits.values():
+        for q, rel in split.qrels.items():
+            qrels.setdefault(q, {}).update(rel)
+    out = {}
+    for q in qids:
+        rel = {d: g for d, g in qrels.get(q, {}).items() if g > 0 and d in ds.docs}
+        if rel:
+            pos = {d: i for i, d in enumerate(cands.get(q, []))}
+            out[q] = min(rel, key=lambda d: (-rel[d], pos.get(d, len(pos)), d))
+    return out
+
+
+def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjectionsConfig, label: str) -> dict:
+    from analyses.vocab.projections import (PairStats, amnesia_row, amnesia_summary, coverage, expansion, is_content,
+                                            project, rank_in, ranks_of, token_mrr, top_tokens)
+
+    ranker, c = module.ranker, module.model_cfg
+    tok = ranker.tokenizer
+    special = set(tok.all_special_ids)
+    timings = {}
+    pairs_q = [q for q in qids if q in gold]
+    doc_ids = sorted({d for q in qids for d in cands[q]} | set(gold.values()))
+    row_of = {d: i for i, d in enumerate(doc_ids)}
+    t0 = time.perf_counter()
+    q_ids = tok([qtexts[q] for q in qids], truncation=True, max_length=c.query_max_len)["input_ids"]
+    d_ids = tok([ds.docs[d] for d in doc_ids], truncation=True, max_length=c.doc_max_len)["input_ids"]
+    _say(f"encoding {len(doc_ids):,} passages and {len(qids):,} queries ({label})")
+    docs = encode(ranker, d_ids, "doc", opts.batch_size, tok.pad_token_id)
+    queries = encode(ranker, q_ids, "query", opts.batch_size, tok.pad_token_id)
+    timings["encode_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    qrow = {q: i for i, q in enumerate(qids)}
+    k_max = max(max(opts.k_values), opts.top_k)
+    names = tok.convert_ids_to_tokens(list(range(len(tok))))
+    pairs, table = [], []
+    gold_rows = [row_of[gold[q]] for q in pairs_q]
+    q_rows = [qrow[q] for q in pairs_q]
+    for s in range(0, len(pairs_q), opts.batch_size):
+        sl = slice(s, s + opts.batch_size)
+        qi, di = q_rows[sl], gold_rows[sl]
+        Q = project(head, queries.raw[qi], None if queries.mask is None else queries.mask[qi])
+        P = project(head, docs.raw[di], None if docs.mask is None else docs.mask[di])
+        for j, q in enumerate(pairs_q[sl]):
+            tq = set(q_ids[qi[j]]) - special
+            tp = set(d_ids[di[j]]) - special
+            both = tq | tp
+            ps = PairStats(q, tq, tp, ranks_of(Q[j], both), ranks_of(P[j], both), top_tokens(Q[j], k_max),
+                           {t for t in both if is_content(names[t])})
+            pairs.append(ps)
+            if len(table) < opts.table_pairs:
+                top_p = top_tokens(P[j], opts.top_k)
+                mark = lambda t: names[t] + ("*" if t in ps.shared else "+" if t in tp and t in ps.content else "")  # noqa: E731
+                table.append({"qid": q, "query": qtexts[q], "passage_id": gold[q], "passage": ds.docs[gold[q]][:400],
+                              "top_Q": " ".join(mark(t) for t in ps.top_q[: opts.top_k]),
+                              "top_P": " ".join(mark(t) for t in top_p)})
+    timings["project_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    amnesia_rows, bm25_hits = [], 0
+    by_qid = {p.qid: p for p in pairs}
+    for q in pairs_q:
+        cand = cands[q]
+        if gold[q] not in cand[: opts.amnesia_top]:
+            continue
+        bm25_hits += 1
+        scores = candidate_scores(queries, qrow[q], docs, [row_of[d] for d in cand])
+        row = amnesia_row(by_qid[q], rank_in(scores, cand.index(gold[q])), opts.amnesia_top)
+        if row is not None:
+            amnesia_rows.append(row)
+    timings["amnesia_s"] = time.perf_counter() - t0
+    ks = sorted(set(int(k) for k in opts.k_values))
+    return {
+        "ranker": dataclasses.asdict(c),
+        "pairs": len(pairs),
+        "table1": table,
+        "coverage": {str(k): v for k, v in coverage(pairs, ks).items()},
+        "token_mrr": token_mrr(pairs),
+        "expansion": {**(e := expansion(pairs, ks)), "queries_with_expansion": {str(k): v for k, v in e["queries_with_expansion"].items()}},
+        "amnesia": {"bm25_top_queries": bm25_hits, "queries": len(amnesia_rows), **amnesia_summary(amnesia_rows), "rows": amnesia_rows},
+        "passages_encoded": len(doc_ids),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
+def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
+    """Reads and checks all input, runs every model; nothing is written here."""
+    from analyses.vocab.mlm_head import load_mlm_head
+    from analyses.whitebox.analysis import _queries_and_candidates
+    from datamodules.sources import load_dataset
+    from pipeline.run import data_config
+
+    from pipeline.run import read_checkpoint
+
+    seed = int(cfg.seed if opts.seed is None else opts.seed)
+    if not cfg.ckpt:
+        check_ranker(cfg.model)
+    t0 = time.perf_counter()
+    # the head first: a missing head is a one-line error before any model is loaded
+    backbone = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"]["backbone"] if cfg.ckpt else cfg.model.backbone
+    head, head_source = load_mlm_head(backbone, opts.mlm_head)
+    models = load_models(cfg, model_from_cli, opts.with_backbone)
+    timings = {"load_models_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    dc = data_config(cfg)
+    ds = load_dataset(dc, int(cfg.seed))
+    qids, qtexts, cands, depth = _queries_and_candidates(ds, dc, opts, seed)
+    gold = gold_passages(ds, qids, cands)
+    if not gold:
+        raise InputError("analysis.split", f"no query of split '{opts.split}' of {ds.name} has a relevant passage")
+    timings["data_s"] = time.perf_counter() - t0
+    per_model = {}
+    for label, module in models.items():
+        t0 = time.perf_counter()
+        per_model[label] = analyse_model(module, head, qids, qtexts, gold, cands, ds, opts, label)
+        timings[f"model_{label}_s"] = time.perf_counter() - t0
+    return {
+        "definition": {
+            "projection": "Eq. 3: log-softmax of the MLM head (Eq. 1) applied to the pooled vector (RepBERT mean, "
+                          "BERT_DOT [CLS]); ColBERT: max over the text's tokens of the per-token log-probabilities",
+            "rank": "1 + number of vocabulary items with a larger log-probability",
+            "tokens": "WordPiece ids of the text as encoded (truncated), special tokens excluded; content tokens: "
+                      "no stopword (Lucene's 33), not punctuation only",
+            "gold": "the query's relevant passage of the highest grade (ties: best candidate rank, then doc id)",
+            "coverage": "share of shared tokens (pooled over pairs) with rank <= k in Q / in P",
+            "token_mrr": "mean over (pair, token) of 1 / rank_P(t)",
+            "expansion": "share of queries with a content token of the gold passage, absent from the query, in Q's top-k",
+            "amnesia": f"queries whose gold passage is in BM25's top-{opts.amnesia_top}; shared content tokens' max / "
+                       f"median rank in P and Q; retrieved = the ranker ranks the passage in its top-{opts.amnesia_top} "
+                       "of the query's candidates",
+        },
+        "settings": {**{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"}, "mlm_head_source": head_source,
+                     "dataset": ds.name, "queries": len(qids), "pairs": len(gold), "candidate_depth": depth,
+                     "collection_passages": len(ds.docs), "seed": seed, "checkpoint": cfg.ckpt},
+        "models": per_model,
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
+def plots(result: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.outputs import save_figure
+
+    s = result["settings"]
+    sub = f"{s['dataset']} {s['split']}, {s['pairs']} pairs"
+    models = result["models"]
+    paths = []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, side in zip(axes, ("Q", "P")):
+        for label, res in models.items():
+            ks = [int(k) for k in res["coverage"]]
+            ax.plot(ks, [res["coverage"][str(k)][side] for k in ks], marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("k")
+        ax.set_title(f"shared tokens in the top-k of {side}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("coverage")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Figure 3: coverage of shared query/passage tokens ({sub})", fontsize=9)
+    paths.append(save_figure(fig, out / "vocab_projections_coverage.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, res in models.items():
+        e = res["expansion"]["queries_with_expansion"]
+        ks = [int(k) for k in e]
+        ax.plot(ks, [e[str(k)] for k in ks], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("k")
+    ax.set_ylabel("share of queries")
+    ax.set_title(f"Figure 4: queries with a query-expansion token in the top-k of Q\n{sub}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    paths.append(save_figure(fig, out / "vocab_projections_expansion.png"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, side in zip(axes, ("P", "Q")):
+        data, labels = [], []
+        for label, res in models.items():
+            for g, flag in (("top", True), ("missed", False)):
+                data.append([r[f"max_rank_{side}"] for r in res["amnesia"]["rows"] if r["retrieved"] == flag] or [np.nan])
+                labels.append(f"{label}\n{g}-{s['amnesia_top']}")
+        ax.boxplot(data, showfliers=False)
+        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"max rank in {side} of shared tokens")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Figure 5: token amnesia, queries with the gold passage in BM25's top-{s['amnesia_top']} ({s['dataset']})", fontsize=9)
+    paths.append(save_figure(fig, out / "vocab_projections_amnesia.png"))
+    return paths
+
+
+def log_result(cfg, result: dict, pngs: list[Path]) -> None:
+    from analyses.outputs import log_analysis
+
+    scalars, tables = {}, {}
+    for label, res in result["models"].items():
+        for k in ("20", "100"):
+            if k in res["coverage"]:
+                for side in ("Q", "P"):
+                    if res["coverage"][k][side] is not None:
+                        scalars[f"vocab/{label}/coverage_{side}@{k}"] = res["coverage"][k][side]
+        for g, v in res["token_mrr"].items():
+            if v["mrr"] is not None:
+                scalars[f"vocab/{label}/token_mrr_{g}"] = v["mrr"]
+        rows = res["table1"]
+        if rows:
+            cols = list(rows[0])
+            tables[f"vocab/{label}/table1"] = (cols, [[r[c] for c in cols] for r in rows])
+        tables[f"vocab/{label}/coverage"] = (["k", "Q", "P"], [[int(k), v["Q"], v["P"]] for k, v in res["coverage"].items()])
+        e = res["expansion"]["queries_with_expansion"]
+        tables[f"vocab/{label}/expansion"] = (["k", "share"], [[int(k), v] for k, v in e.items()])
+        am = res["amnesia"]["rows"]
+        if am:
+            tables[f"vocab/{label}/amnesia"] = (list(am[0]), [list(r.values()) for r in am])
+    images = {f"vocab/{Path(p).stem.removeprefix('vocab_projections_')}": p for p in pngs}
+    log_analysis(cfg, "vocab_projections", scalars=scalars, tables=tables, images=images)
+
+
+def print_summary(result: dict, written: list[Path]) -> None:
+    s = result["settings"]
+    print(f"vocabulary projections: {s['dataset']}, split {s['split']}, {s['pairs']} pairs, head {s['mlm_head_source']}")
+    for label, res in result["models"].items():
+        cov = res["coverage"]
+        cv = " ".join(f"@{k} Q {v['Q']:.3f} P {v['P']:.3f}" for k, v in cov.items() if k in ("5", "20", "100") and v["Q"] is not None)
+        m = res["token_mrr"]
+        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        print(f"{label:>10}: coverage {cv}; token MRR in P shared {fmt(m['shared']['mrr'])} passage-only {fmt(m['passage_only']['mrr'])}")
+        e = res["expansion"]["queries_with_expansion"]
+        print(f"{'':>10}  queries with an expansion token in Q's top-k: " + " ".join(f"@{k} {fmt(v)}" for k, v in e.items()))
+        a = res["amnesia"]
+        print(f"{'':>10}  amnesia ({a['queries']} of {a['bm25_top_queries']} BM25-top queries): median max rank P "
+              f"retrieved {a['retrieved']['median_max_rank_P']} / missed {a['missed']['median_max_rank_P']} "
+              f"({a['retrieved']['queries']} / {a['missed']['queries']} queries)")
+    print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result["timings_s"].items()))
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
+def run(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
+    from analyses.outputs import write_result
+
+    result = analyse(cfg, opts, model_from_cli)
+    out = Path(cfg.output_dir)
+    pngs = plots(result, out)
+    js = write_result(out, JSON_NAME, result)
+    log_result(cfg, result, pngs)
+    print_summary(result, [js, *pngs])
+    return result
+
+
+@ANALYSES.register("vocab_projections", schema=VocabProjectionsConfig)
+def _from_config(cfg, model_from_cli: bool = False) -> dict:
+    from omegaconf import OmegaConf
+
+    raw = cfg.analysis if isinstance(cfg.analysis, dict) else OmegaConf.to_container(cfg.analysis)
+    return run(cfg, VocabProjectionsConfig(**{k: v for k, v in raw.items() if k != "name"}), model_from_cli)

@@ -1,0 +1,289 @@
+"""`python evaluate.py analysis=lexical_enrichment ckpt=... data=cranfield analysis.mlm_head=PATH`: lexical
+enrichment (Ram et al., section 6.2, Eq. 4-5; enrichment.py) of a single-vector ranker's (RepBERT, BERT_DOT) query
+and passage vectors at inference, on any collection (zero-shot when the checkpoint was trained elsewhere).
+
+Each query of `val_split` and `test_split` re-ranks its candidate set (the source's lists, else the BM25
+top-`candidate_depth`, as evaluation does) with the ranker's own score (RepBERT's cosine, BERT_DOT's dot) of the
+enriched vectors e' = e + lambda e_lex / ||e_lex||. lambda is the value of `lambdas` with the best mean
+`measure` on `val_split` (ties: the smaller), unless `lam` fixes it; lambda = 0 is the ranker as it is. The test
+split then compares the chosen lambda with lambda = 0 per query (`significance` test). `ablations` repeat this for
+the paper's section 6.4 variants (no_idf, static, no_whitening, no_normalization), each with its own lambda.
+
+s_t (Eq. 4) is optimised for the vocabulary items of the texts analysed only (on a CPU the whole 30k vocabulary
+costs hours), cached under `data.cache_dir/single_tokens/`; the whitening is fitted on those s_t.
+Writes `lexical_enrichment_lambda.png` (validation measure vs lambda per variant), then `lexical_enrichment.json`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from analyses.registry import ANALYSES, AnalysisConfig
+from pipeline.errors import InputError, check_choice
+
+JSON_NAME = "lexical_enrichment.json"
+ABLATIONS = ("no_idf", "static", "no_whitening", "no_normalization")
+
+
+@dataclasses.dataclass
+class LexicalEnrichmentConfig(AnalysisConfig):
+    """configs/analysis/lexical_enrichment.yaml."""
+
+    name: str = "lexical_enrichment"
+    mlm_head: str | None = None
+    lambdas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0])
+    lam: float | None = None  # a fixed lambda (no selection on validation)
+    idf: bool = True
+    single_token: str = "optimised"  # optimised (Eq. 4) | static (the input embeddings v_t)
+    whitening: bool = True
+    normalize: bool = True
+    ablations: list[str] = dataclasses.field(default_factory=list)
+    val_split: str = "val"
+    test_split: str = "test"
+    measure: str = "ndcg_cut_10"
+    significance: str = "t_test_two_tailed"
+    candidate_depth: int | None = None
+    st_lr: float = 0.01
+    st_threshold: float = 0.1
+    st_max_steps: int = 1000
+    st_batch_size: int = 1024
+    batch_size: int = 64
+
+    def __post_init__(self):
+        from pipeline.stats import check_test
+
+        check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
+        check_test(self.significance, "analysis.significance")
+        if not self.lambdas or 0.0 not in [float(x) for x in self.lambdas] or any(float(x) < 0 for x in self.lambdas):
+            raise InputError("config key 'analysis.lambdas'", f"is {list(self.lambdas)}; expected non-negative values including 0 (the ranker as it is)")
+        bad = [a for a in self.ablations if a not in ABLATIONS]
+        if bad:
+            raise InputError("config key 'analysis.ablations'", f"has {bad}; expected a subset of {list(ABLATIONS)}")
+        for key in ("val_split", "test_split"):
+            check_choice(f"analysis.{key}", getattr(self, key), ("train", "val", "test"))
+        if self.st_max_steps < 1 or self.st_batch_size < 1 or self.batch_size < 1 or self.st_lr <= 0 or self.st_threshold <= 0:
+            raise InputError("config key 'analysis.st_max_steps'", "st_max_steps, st_batch_size, batch_size must be >= 1 and st_lr, st_threshold > 0")
+
+    def variant(self, ablation: str | None) -> dict:
+        v = {"idf": self.idf, "single_token": self.single_token, "whitening": self.whitening, "normalize": self.normalize}
+        if ablation == "no_idf":
+            v["idf"] = False
+        elif ablation == "static":
+            v["single_token"] = "static"
+        elif ablation == "no_whitening":
+            v["whitening"] = False
+        elif ablation == "no_normalization":
+            v["normalize"] = False
+        return v
+
+
+def _say(msg: str) -> None:
+    print(f"[lexical enrichment] {msg}", flush=True)
+
+
+def _head_digest(head) -> str:
+    h = hashlib.sha256()
+    for t in (head.dense.weight, head.dense.bias, head.norm.weight, head.norm.bias, head.bias, head.embeddings):
+        h.update(t.detach().float().numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
+def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConfig, cache_dir) -> tuple[torch.Tensor, dict]:
+    """s_t (Eq. 4) of `token_ids` [n, d] in that order, optimising only items not in the cache (keyed by the head's
+    weights and the optimisation settings); and a summary (items, reached, steps)."""
+    from analyses.vocab.enrichment import single_token_embeddings
+    from pipeline.io import atomic_open
+
+    key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
+    path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None
+    store = torch.load(path, weights_only=False) if path is not None and path.exists() else {"ids": [], "vectors": None, "ce": None, "steps": None}
+    have = {t: i for i, t in enumerate(store["ids"])}
+    missing = [t for t in token_ids if t not in have]
+    t0 = time.perf_counter()
+    if missing:
+        _say(f"optimising s_t (Eq. 4) for {len(missing):,} vocabulary items ({len(token_ids) - len(missing):,} cached)")
+        st = single_token_embeddings(head, missing, head.embeddings[missing], opts.st_lr, opts.st_threshold,
+                                     opts.st_max_steps, opts.st_batch_size, log=_say)
+        cat = (lambda a, b: b if a is None else torch.cat([a, b]))  # noqa: E731
+        store = {"ids": store["ids"] + missing, "vectors": cat(store["vectors"], st.vectors),
+                 "ce": cat(store["ce"], st.cross_entropy), "steps": cat(store["steps"], st.steps)}
+        if path is not None:
+            with atomic_open(path, "wb") as f:
+                torch.save(store, f)
+        have = {t: i for i, t in enumerate(store["ids"])}
+    rows = torch.tensor([have[t] for t in token_ids], dtype=torch.long)
+    ce, steps = store["ce"][rows], store["steps"][rows]
+    reached = ce <= opts.st_threshold
+    return store["vectors"][rows], {
+        "items": len(token_ids), "optimised_now": len(missing), "reached_threshold": int(reached.sum()),
+        "max_cross_entropy": float(ce.max()), "median_steps_reached": float(steps[reached].float().median()) if reached.any() else None,
+        "seconds": round(time.perf_counter() - t0, 2), "cache": str(path) if path else None}
+
+
+def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], dict, dict, dict]:
+    from analyses.whitebox.analysis import _queries_and_candidates
+
+    shim = types.SimpleNamespace(split=split, candidate_depth=depth, max_queries=None)
+    qids, texts, cands, _ = _queries_and_candidates(ds, dc, shim, 0)
+    qrels = ds.split(split).qrels
+    qids = [q for q in qids if any(g > 0 for g in qrels.get(q, {}).values())]
+    if not qids:
+        raise InputError(f"analysis.{'val' if split == 'val' else 'test'}_split", f"split '{split}' of {ds.name} has no judged query with candidates")
+    return qids, texts, cands, {q: qrels[q] for q in qids}
+
+
+def _evaluate(ranker, eq, ep, qids, cands, prow, qrels, measure) -> tuple[float, dict[str, float]]:
+    from callbacks.metrics.ir import evaluate_run
+
+    qv, pv = ranker.scoring_vectors(eq), ranker.scoring_vectors(ep)
+    run = {}
+    for k, q in enumerate(qids):
+        rows = [prow[d] for d in cands[q]]
+        scores = (pv[rows] @ qv[k]).double().numpy()
+        run[q] = {d: float(s) for d, s in zip(cands[q], scores)}
+    means, per_query = evaluate_run(run, qrels, [measure])
+    return means[measure], {q: v[measure] for q, v in per_query.items()}
+
+
+def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
+    from analyses.vocab.analysis import check_ranker, encode, load_models
+    from analyses.vocab.enrichment import enrich, idf_weights, lexical_vectors, text_tokens, vocabulary_of, whiten
+    from analyses.vocab.mlm_head import load_mlm_head
+    from analyses.whitebox.idf import collection_idf
+    from datamodules.sources import load_dataset
+    from pipeline.run import data_config, read_checkpoint
+    from pipeline.stats import paired_test, significance_mark
+
+    timings = {}
+    t0 = time.perf_counter()
+    if not cfg.ckpt:
+        check_ranker(cfg.model)
+    model_cfg = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"] if cfg.ckpt else cfg.model
+    if model_cfg["name"] not in ("repbert", "bert_dot"):
+        raise InputError("model.name", f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: repbert or bert_dot")
+    head, head_source = load_mlm_head(model_cfg["backbone"], opts.mlm_head)
+    module = next(iter(load_models(cfg, model_from_cli, False).values()))
+    ranker, c = module.ranker, module.model_cfg
+    tok = ranker.tokenizer
+    dc = data_config(cfg)
+    ds = load_dataset(dc, int(cfg.seed))
+    splits = {s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])}
+    doc_ids = sorted({d for qids, _, cands, _ in splits.values() for q in qids for d in cands[q]})
+    prow = {d: i for i, d in enumerate(doc_ids)}
+    idf = collection_idf(tok, [ds.docs[d] for d in sorted(ds.docs)])
+    timings["load_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _say(f"encoding {len(doc_ids):,} passages and {sum(len(v[0]) for v in splits.values()):,} queries")
+    p_tok = text_tokens(tok, [ds.docs[d] for d in doc_ids], c.doc_max_len)
+    ep = encode(ranker, tok([ds.docs[d] for d in doc_ids], truncation=True, max_length=c.doc_max_len)["input_ids"], "doc", opts.batch_size, tok.pad_token_id).raw
+    enc_q, q_tok = {}, {}
+    for s, (qids, texts, _, _) in splits.items():
+        qt = [texts[q] for q in qids]
+        q_tok[s] = text_tokens(tok, qt, c.query_max_len)
+        enc_q[s] = encode(ranker, tok(qt, truncation=True, max_length=c.query_max_len)["input_ids"], "query", opts.batch_size, tok.pad_token_id).raw
+    timings["encode_s"] = time.perf_counter() - t0
+
+    vocab = vocabulary_of(p_tok + [x for v in q_tok.values() for x in v])
+    table = {t: i for i, t in enumerate(vocab)}
+    w = idf_weights(idf, vocab)
+    variants = [None, *opts.ablations]
+    need_opt = any(opts.variant(a)["single_token"] == "optimised" for a in variants)
+    t0 = time.perf_counter()
+    st_vectors, st_summary = cached_single_tokens(head, vocab, opts, dc.cache_dir) if need_opt else (None, None)
+    timings["single_tokens_s"] = time.perf_counter() - t0
+
+    results = {}
+    for a in variants:
+        v = opts.variant(a)
+        base = st_vectors if v["single_token"] == "optimised" else head.embeddings[vocab].float()
+        S = whiten(base)[0] if v["whitening"] else base
+        weights = w if v["idf"] else None
+        lex_p = lexical_vectors(p_tok, table, S, weights)
+        lex_q = {s: lexical_vectors(q_tok[s], table, S, weights) for s in splits}
+        grid = [float(opts.lam)] if opts.lam is not None else sorted({float(x) for x in opts.lambdas})
+        val_qids, _, val_cands, val_qrels = splits[opts.val_split]
+        curve = {}
+        for lam in grid:
+            curve[lam], _ = _evaluate(ranker, enrich(enc_q[opts.val_split], lex_q[opts.val_split], lam, v["normalize"]),
+                                      enrich(ep, lex_p, lam, v["normalize"]), val_qids, val_cands, prow, val_qrels, opts.measure)
+        best = grid[0] if opts.lam is not None else max(grid, key=lambda x: (curve[x], -x))
+        tq, _, t_cands, t_qrels = splits[opts.test_split]
+        m0, pq0 = _evaluate(ranker, enc_q[opts.test_split], ep, tq, t_cands, prow, t_qrels, opts.measure)
+        m1, pq1 = _evaluate(ranker, enrich(enc_q[opts.test_split], lex_q[opts.test_split], best, v["normalize"]),
+                            enrich(ep, lex_p, best, v["normalize"]), tq, t_cands, prow, t_qrels, opts.measure)
+        qs = sorted(pq0)
+        p = paired_test([pq1[q] for q in qs], [pq0[q] for q in qs], opts.significance) if best != 0 else None
+        results[a or "le"] = {"variant": v, "validation": {str(k): val for k, val in curve.items()}, "lambda": best,
+                              "test": {"without_le": m0, "with_le": m1, "delta": m1 - m0, "p_value": p,
+                                       "mark": significance_mark(p), "queries": len(qs)},
+                              "per_query": {q: {"without_le": pq0[q], "with_le": pq1[q]} for q in qs}}
+    return {
+        "definition": {"eq5": "e' = e + lambda e_lex / ||e_lex||, e_lex = 1/n sum_i IDF(x_i) s_{x_i} over the text's WordPiece tokens (specials excluded)",
+                       "eq4": f"s_t = argmin CE(MLM-Head(s), t), Adam lr {opts.st_lr}, from v_t, kept at CE <= {opts.st_threshold} (max {opts.st_max_steps} steps)",
+                       "lambda": f"best validation {opts.measure} over lambdas on split '{opts.val_split}' (ties: smaller)",
+                       "score": "the ranker's own (RepBERT: cosine of e'; BERT_DOT: dot) over each query's candidates"},
+        "settings": {**{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"}, "mlm_head_source": head_source,
+                     "dataset": ds.name, "passages_encoded": len(doc_ids), "vocabulary_items": len(vocab),
+                     "checkpoint": cfg.ckpt, "ranker": dataclasses.asdict(c)},
+        "single_tokens": st_summary,
+        "results": results,
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
+def plot(result: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.outputs import save_figure
+
+    s = result["settings"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in result["results"].items():
+        xs = sorted(float(k) for k in r["validation"])
+        ax.plot(xs, [r["validation"][str(x)] for x in xs], marker="o", label=f"{name} (lambda = {r['lambda']})")
+    ax.set_xlabel("lambda")
+    ax.set_ylabel(f"validation {s['measure']}")
+    ax.set_title(f"Lexical enrichment (Eq. 5) on {s['dataset']} {s['val_split']}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, out / "lexical_enrichment_lambda.png")
+
+
+def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
+    from analyses.outputs import log_analysis, write_result
+
+    result = analyse(cfg, opts, model_from_cli)
+    out = Path(cfg.output_dir)
+    png = plot(result, out)
+    js = write_result(out, JSON_NAME, result)
+    rows = [[n, r["lambda"], r["test"]["without_le"], r["test"]["with_le"], r["test"]["p_value"], r["test"]["mark"]] for n, r in result["results"].items()]
+    log_analysis(cfg, "lexical_enrichment", scalars={f"le/{n}/{k}": r["test"][k] for n, r in result["results"].items() for k in ("without_le", "with_le")},
+                 tables={"le/results": (["variant", "lambda", "without_le", "with_le", "p_value", "mark"], rows)},
+                 images={"le/lambda": png})
+    s = result["settings"]
+    print(f"lexical enrichment on {s['dataset']} ({s['measure']}, {s['test_split']}; lambda on {s['val_split']}), head {s['mlm_head_source']}")
+    if result["single_tokens"]:
+        st = result["single_tokens"]
+        print(f"s_t: {st['reached_threshold']:,} of {st['items']:,} items reached CE <= {opts.st_threshold} (max CE {st['max_cross_entropy']:.3f})")
+    for row in rows:
+        print(f"{row[0]:>18}: lambda {row[1]:<5} without {row[2]:.4f}  with {row[3]:.4f}{row[5]}  p {'-' if row[4] is None else format(row[4], '.3g')}")
+    print(f"wrote {js} and {png}")
+    return result
+
+
+@ANALYSES.register("lexical_enrichment", schema=LexicalEnrichmentConfig)
+def _from_config(cfg, model_from_cli: bool = False) -> dict:
+    from omegaconf import OmegaConf
+
+    raw = cfg.analysis if isinstance(cfg.analysis, dict) else OmegaConf.to_container(cfg.analysis)
+    return run(cfg, LexicalEnrichmentConfig(**{k: v for k, v in raw.items() if k != "name"}), model_from_cli)

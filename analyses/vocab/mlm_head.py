@@ -1,0 +1,170 @@
+"""The MLM head of Eq. 1 (Ram et al., section 2.1):
+
+    MLM-Head(h)[i] = exp(v_i^T g(h) + b_i) / sum_j exp(v_j^T g(h) + b_j),   g(h) = LayerNorm(act(W h + c))
+
+v_i = the backbone's static input embedding of vocabulary item i (the decoder is tied to them, as in BERT), b the
+decoder bias, g BERT's "transform" (dense, the backbone's activation, LayerNorm). The paper's Eq. 1 has no bias;
+BERT's head does, and the projections use the head as pre-trained.
+
+Two sources (`load_mlm_head`):
+- the backbone checkpoint's own head (BERT's `cls.predictions`, RoBERTa/MPNet's `lm_head`) when it has one;
+- a file written by `python -m analyses.vocab.fit_mlm_head` (g and b fitted with the encoder frozen; for
+  backbones shipped without a head, such as the offline all-MiniLM-L6-v2).
+
+v always comes from the pre-trained backbone, never from a fine-tuned ranker's encoder: the projections read a
+fine-tuned ranker through the head of the model it was initialised from (section 3).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.errors import InputError
+
+FORMAT = "isorank-mlm-head-v1"
+
+
+class MLMHead(nn.Module):
+    """g and b trainable, the tied decoder weight (the input embeddings) frozen and not part of `state_dict`."""
+
+    def __init__(self, embeddings: Tensor, act: str = "gelu", eps: float = 1e-12):
+        from transformers.activations import ACT2FN
+
+        super().__init__()
+        vocab, hidden = embeddings.shape
+        self.dense = nn.Linear(hidden, hidden)
+        self.act_name = act
+        self.act = ACT2FN[act]
+        self.norm = nn.LayerNorm(hidden, eps=eps)
+        self.bias = nn.Parameter(torch.zeros(vocab))
+        # a buffer, not a Parameter: the decoder stays tied to the backbone's vectors and never trains
+        self.register_buffer("embeddings", embeddings.detach(), persistent=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embeddings.shape[0]
+
+    def transform(self, h: Tensor) -> Tensor:
+        """g(h) of Eq. 1."""
+        return self.norm(self.act(self.dense(h)))
+
+    def forward(self, h: Tensor) -> Tensor:
+        """Logits v_i^T g(h) + b_i over the vocabulary: [..., V]; the softmax of Eq. 1 is left to the caller."""
+        return self.transform(h) @ self.embeddings.T + self.bias
+
+    def init_identity(self) -> None:
+        """W = I, c = 0: g starts as LayerNorm(act(h)), so fitting starts near decoding h by its nearest v_i."""
+        with torch.no_grad():
+            self.dense.weight.copy_(torch.eye(self.dense.in_features))
+            self.dense.bias.zero_()
+
+
+def backbone_embeddings(backbone: str) -> tuple[Tensor, object]:
+    """(the pre-trained input embeddings [V, d], the HF config) of a backbone name (`minilm`, an HF id, a path)."""
+    from lightning_modules.rankers.backbone import load_backbone
+
+    encoder, _ = load_backbone(backbone)
+    return encoder.get_input_embeddings().weight.detach().clone(), encoder.config
+
+
+def has_mlm_weights(backbone: str) -> bool | None:
+    """Whether a local checkpoint's weight files hold MLM-head tensors, read from the file index without loading
+    the model; None when that cannot be told (a hub id, an unknown file layout)."""
+    import json
+
+    from lightning_modules.rankers.backbone import resolve
+
+    d = Path(resolve(backbone))
+    if not d.is_dir():
+        return None
+    names: list[str] = []
+    for index in d.glob("*.safetensors.index.json"):
+        names += list(json.loads(index.read_text())["weight_map"])
+    if not names and (d / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(d / "model.safetensors"), "pt") as f:
+            names = list(f.keys())
+    if not names:
+        return None
+    return any("predictions" in k or "lm_head" in k for k in names)
+
+
+def _from_hf(backbone: str) -> MLMHead | None:
+    """The checkpoint's own MLM head, or None when the checkpoint has no MLM weights."""
+    from transformers import AutoModelForMaskedLM
+
+    from lightning_modules.rankers.backbone import resolve
+
+    if has_mlm_weights(backbone) is False:
+        return None
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(resolve(backbone), output_loading_info=True)
+    except (OSError, ValueError):
+        return None
+    missing = [k for k in info.get("missing_keys", []) if "predictions" in k or "lm_head" in k]
+    if missing:
+        return None  # the head would be random: transformers initialised it
+    cfg = model.config
+    emb = model.get_input_embeddings().weight.detach().clone()
+    if hasattr(model, "cls"):  # BERT family: cls.predictions.{transform.dense, transform.LayerNorm, bias}
+        p = model.cls.predictions
+        dense, norm, bias = p.transform.dense, p.transform.LayerNorm, p.decoder.bias if p.decoder.bias is not None else p.bias
+        act = cfg.hidden_act if isinstance(cfg.hidden_act, str) else "gelu"
+    elif hasattr(model, "lm_head"):  # RoBERTa / MPNet: lm_head.{dense, layer_norm, bias}, GELU
+        p = model.lm_head
+        dense, norm, bias, act = p.dense, p.layer_norm, p.bias, "gelu"
+    else:
+        return None
+    head = MLMHead(emb, act=act, eps=norm.eps)
+    with torch.no_grad():
+        head.dense.load_state_dict(dense.state_dict())
+        head.norm.load_state_dict(norm.state_dict())
+        head.bias.copy_(bias)
+    return head.eval()
+
+
+def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> Path:
+    """g and b with what they were fitted for, atomically (a crash leaves no half-written file)."""
+    from pipeline.io import atomic_open
+
+    path = Path(path)
+    payload = {"format": FORMAT, "backbone": backbone, "vocab_size": head.vocab_size,
+               "hidden_size": head.dense.in_features, "act": head.act_name, "eps": head.norm.eps,
+               "state": {k: v.detach().cpu() for k, v in head.state_dict().items()}, "report": report}
+    with atomic_open(path, "wb") as f:
+        torch.save(payload, f)
+    return path
+
+
+def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head") -> MLMHead:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"config key '{where}'", f"file '{path}' does not exist; expected a head written by python -m analyses.vocab.fit_mlm_head")
+    try:
+        payload = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise InputError(str(p), f"cannot be read as an MLM head ({type(e).__name__}: {e})") from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise InputError(str(p), f"is not an MLM head file (expected format {FORMAT})")
+    emb, _ = backbone_embeddings(backbone)
+    if tuple(emb.shape) != (payload["vocab_size"], payload["hidden_size"]):
+        raise InputError(str(p), f"was fitted for backbone '{payload['backbone']}' ({payload['vocab_size']} x {payload['hidden_size']}); "
+                                 f"model.backbone '{backbone}' has embeddings {tuple(emb.shape)}")
+    head = MLMHead(emb, act=payload["act"], eps=payload["eps"])
+    head.load_state_dict(payload["state"])
+    return head.eval()
+
+
+def load_mlm_head(backbone: str, path: str | None = None, where: str = "analysis.mlm_head") -> tuple[MLMHead, str]:
+    """(head, where it came from): the fitted file when `path` is given, else the backbone checkpoint's own head;
+    a backbone without one is a one-line error naming the fitting command."""
+    if path:
+        return load_fitted(path, backbone, where), str(path)
+    head = _from_hf(backbone)
+    if head is None:
+        raise InputError(f"config key '{where}'", f"is null and backbone '{backbone}' has no MLM head; fit one with "
+                                                  f"python -m analyses.vocab.fit_mlm_head model.backbone={backbone} data=squad --out PATH and set {where}=PATH")
+    return head, f"{backbone} (pre-trained MLM head)"
