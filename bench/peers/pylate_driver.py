@@ -1,7 +1,8 @@
 """PyLate 1.6.0 driver (runs in /work/venvs/pylate; see bench/requirements-pylate.txt).
 
-colbert_train: one optimiser step as PyLate's trainer takes it: `ColBERT.tokenize` of queries (expanded to
-query_length with [MASK], PyLate's default) and passages, `losses.Contrastive` (in-batch negatives over every
+colbert_train: one optimiser step as PyLate's trainer takes it: `ColBERT.tokenize(pad=True)` of queries (expanded
+to query_length with [MASK], PyLate's default) and passages (padded to document_length, as its collator does),
+`losses.Contrastive` (in-batch negatives over every
 passage of the batch, like ours), backward, AdamW step. encode: `ColBERT.encode(is_query=False)`. rerank: one
 query and its candidates encoded, then `rank.rerank`.
 """
@@ -27,7 +28,8 @@ def main() -> None:
 
         def step(batch):
             q, pos, neg = batch
-            feats = [model.tokenize(q, is_query=True), model.tokenize(pos, is_query=False), model.tokenize(neg, is_query=False)]
+            # as PyLate's ColBERTCollator tokenises a training batch: pad=True (to query/document_length)
+            feats = [model.tokenize(t, is_query=side == "q", pad=True) for side, t in (("q", q), ("d", pos), ("d", neg))]
             with autocast(prec):
                 loss = loss_fn(feats)
             loss.backward()
