@@ -235,6 +235,17 @@ def build_optimizer(module, total_steps: int):
 
 
 # ---- 1. training -----------------------------------------------------------------------------------------------
+def train_step(module, batch, i: int, opt, sched, precision: str):
+    """One optimiser step: the module's training_step under the precision's autocast, backward, AdamW, schedule."""
+    with autocast(precision):
+        loss = module.training_step(batch, i)
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def bench_training(name: str, precision: str, texts, args) -> dict:
     module = build_module(name, args.seed)
     module.train()
@@ -243,12 +254,7 @@ def bench_training(name: str, precision: str, texts, args) -> dict:
     times, others, losses = [], [], []
     for i, batch in enumerate(batches):
         with Meter() as m:
-            with autocast(precision):
-                loss = module.training_step(batch, i)
-            loss.backward()
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+            loss = train_step(module, batch, i, opt, sched, precision)
         losses.append(float(loss))
         if i >= args.warmup:
             times.append(m.wall)

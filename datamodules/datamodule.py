@@ -109,11 +109,14 @@ class PairCollate:
         return batch
 
 
-def doc_chunks(pairs: np.ndarray, max_docs: int) -> list[np.ndarray]:
-    """Cut (qidx, didx) pairs into chunks of at most `max_docs` distinct passages, grouped by passage."""
+def doc_chunks(pairs: np.ndarray, max_docs: int, doc_len: np.ndarray | None = None) -> list[np.ndarray]:
+    """Cut (qidx, didx) pairs into chunks of at most `max_docs` distinct passages, grouped by passage. With
+    `doc_len` (a length per passage index), passages of similar length share a chunk, longest first, so dynamic
+    padding pads little; scores do not depend on the grouping."""
     if len(pairs) == 0:
         return []
-    pairs = pairs[np.lexsort((pairs[:, 0], pairs[:, 1]))]
+    keys = (pairs[:, 0], pairs[:, 1]) if doc_len is None else (pairs[:, 0], pairs[:, 1], -doc_len[pairs[:, 1]])
+    pairs = pairs[np.lexsort(keys)]
     new_doc = np.r_[True, pairs[1:, 1] != pairs[:-1, 1]]
     chunk_id = (np.cumsum(new_doc) - 1) // max_docs
     return np.split(pairs, np.flatnonzero(np.diff(chunk_id)) + 1)
@@ -251,9 +254,10 @@ class RankingDataModule(pl.LightningDataModule):
         common = dict(num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator())
         if self.tokenizer.kind == "bi":
             # Ranks split the passages (each encoded by one rank, once); pairs follow their passage.
-            chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size)
-            shard = shard_range(len(chunks), rank, world)
-            ds = DocChunkDataset(chunks[shard.start : shard.stop], split.dtexts, self.tokenizer, split.unit_doc)
+            # Characters stand in for tokens (tokenising happens in the workers); strided shards give every rank
+            # a similar mix of long and short chunks.
+            chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size, np.array([len(t) for t in split.dtexts]))
+            ds = DocChunkDataset(chunks[rank::world], split.dtexts, self.tokenizer, split.unit_doc)
             return DataLoader(ds, batch_size=None, shuffle=False, **common)
         shard = shard_range(len(split.pairs), rank, world)
         ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc)

@@ -225,18 +225,43 @@ class RankingModule(pl.LightningModule):
     def encode_query_texts(self, texts: list[str], batch_size: int = 128, encode=None) -> Encoded:
         """All queries of an evaluation split, encoded once (bi-encoders), padded to one length.
         `encode(batch) -> Encoded` replaces the ranker's `encode_queries` (e.g. raw token representations)."""
-        tok, parts = self.pair_tokenizer, []
-        encode = encode or self.ranker.encode_queries
-        for s in range(0, len(texts), batch_size):
-            batch = {k: v.to(self.device) for k, v in tok.queries(texts[s : s + batch_size]).items()}
+        return self.encode_texts(texts, side="query", batch_size=batch_size, encode=encode)
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: list[str], side: str = "doc", batch_size: int = 32, encode=None) -> Encoded:
+        """Texts of one side encoded in batches of similar token length and returned in the given order, padded to
+        one length. Tokenised once; sorting by length keeps dynamic padding small (SQuAD paragraphs at 180 tokens:
+        real/padded tokens 0.76 in arbitrary batches of 32, ~0.98 sorted), and the scores do not depend on it.
+        `encode(batch) -> Encoded` replaces the ranker's `encode_queries` / `encode_docs`."""
+        tok = self.pair_tokenizer
+        encode = encode or (self.ranker.encode_queries if side == "query" else self.ranker.encode_docs)
+        ids = tok.ids(texts, side)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        parts = []
+        for s in range(0, len(order), batch_size):
+            batch = {k: v.to(self.device) for k, v in tok.pad([ids[i] for i in order[s : s + batch_size]], side).items()}
             with self._forward_context():
                 parts.append(encode(batch))
         length = max(p.tokens.shape[1] for p in parts)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        inverse = inverse.to(self.device)
         return Encoded(
-            tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts]),
-            mask=torch.cat([F.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts]),
-            sequence=None if parts[0].sequence is None else torch.cat([p.sequence for p in parts]),
+            tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts])[inverse],
+            mask=torch.cat([F.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts])[inverse],
+            sequence=None if parts[0].sequence is None else torch.cat([p.sequence for p in parts])[inverse],
         )
+
+    @torch.inference_mode()
+    def rerank_texts(self, query: str, candidates: list[str], batch_size: int = 32) -> Tensor:
+        """Bi-encoder scores of one query's candidate passages [n]: the query encoded once, the passages in
+        length-sorted batches."""
+        if self.ranker.kind != "bi":
+            raise ValueError("rerank_texts needs a bi-encoder; cross-encoders score pairs with ranker.score")
+        q = self.encode_texts([query], side="query")
+        d = self.encode_texts(candidates, side="doc", batch_size=batch_size)
+        n = len(candidates)
+        return self.ranker.score_indexed(q, d, torch.zeros(n, dtype=torch.long, device=self.device), torch.arange(n, device=self.device))
 
     def _forward_context(self):
         # the precision plugin's autocast (bf16-mixed) outside the *_step hooks, where Lightning applies it itself

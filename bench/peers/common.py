@@ -1,0 +1,60 @@
+"""What every benchmark driver shares (stdlib + torch only: each peer's driver runs in that peer's own venv).
+
+A driver is `python <driver>.py SPEC.json OUT.json`. SPEC (written by bench/bench_peers.py) names one task, the
+precision, the thread count, the backbone directory and the data file; the driver times that task and writes
+{"times": [seconds per unit of work], "units": texts per timed unit, "peak_rss_mib": ..., ...} to OUT.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+
+
+def load_spec() -> tuple[dict, dict, str]:
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    spec = json.loads(open(spec_path, encoding="utf-8").read())
+    data = json.loads(open(spec["data"], encoding="utf-8").read())
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(spec.get("seed", 0))
+    return spec, data, out_path
+
+
+def autocast(precision: str):
+    import torch
+
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def timed(fn, items, warmup: int) -> tuple[list[float], list]:
+    """Run fn(item) for every item; the first `warmup` calls are not timed. Returns (times, fn's results)."""
+    times, outs = [], []
+    for i, item in enumerate(items):
+        t0 = time.perf_counter()
+        outs.append(fn(item))
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times, outs
+
+
+def write(out_path: str, result: dict) -> None:
+    result["peak_rss_mib"] = peak_rss_mib()
+    tmp = out_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    os.replace(tmp, out_path)
+
+
+def rerank_items(data: dict) -> list[tuple[str, list[str]]]:
+    return [(q, [data["passages_pool"][j] for j in cands]) for q, cands in data["rerank"]]

@@ -1,0 +1,71 @@
+"""PyLate 1.6.0 driver (runs in /work/venvs/pylate; see bench/requirements-pylate.txt).
+
+colbert_train: one optimiser step as PyLate's trainer takes it: `ColBERT.tokenize(pad=True)` of queries (expanded
+to query_length with [MASK], PyLate's default) and passages (padded to document_length, as its collator does),
+`losses.Contrastive` (in-batch negatives over every
+passage of the batch, like ours), backward, AdamW step. encode: `ColBERT.encode(is_query=False)`. rerank: one
+query and its candidates encoded, then `rank.rerank`.
+"""
+from __future__ import annotations
+
+import torch
+
+from common import autocast, load_spec, rerank_items, timed, write
+
+
+def main() -> None:
+    spec, data, out = load_spec()
+    from pylate import losses, models, rank
+
+    q_len, d_len = spec["query_max_len"], spec["doc_max_len"]
+    model = models.ColBERT(spec["backbone"], query_length=q_len, document_length=d_len, device="cpu")
+    task, prec, res = spec["task"], spec["precision"], {"tool": "pylate", "task": spec["task"]}
+    if task == "colbert_train":
+        model.train()
+        loss_fn = losses.Contrastive(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
+        losses_seen = []
+
+        def step(batch):
+            q, pos, neg = batch
+            # as PyLate's ColBERTCollator tokenises a training batch: pad=True (to query/document_length)
+            feats = [model.tokenize(t, is_query=side == "q", pad=True) for side, t in (("q", q), ("d", pos), ("d", neg))]
+            with autocast(prec):
+                loss = loss_fn(feats)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses_seen.append(float(loss))
+
+        res["times"], _ = timed(step, data["triplets"], spec["warmup"])
+        res["units"], res["losses"] = len(data["triplets"][0][0]), losses_seen
+    elif task == "encode":
+        model.eval()
+        chunks = [data["passages"]] * (spec["warmup"] + spec["repeats"])
+
+        def enc(texts):
+            with autocast(prec):
+                model.encode(texts, is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False)
+
+        res["times"], _ = timed(enc, chunks, spec["warmup"])
+        res["units"] = len(data["passages"])
+    elif task == "rerank":
+        model.eval()
+        items = rerank_items(data)
+
+        def rr(item):
+            q, cands = item
+            with autocast(prec):
+                qe = model.encode([q], is_query=True, show_progress_bar=False)
+                de = model.encode(cands, is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False)
+            return rank.rerank(documents_ids=[list(range(len(cands)))], queries_embeddings=qe, documents_embeddings=[de])
+
+        res["times"], _ = timed(rr, items, spec["warmup"])
+        res["units"] = 1
+    else:
+        raise SystemExit(f"pylate driver: task {task!r} not supported")
+    write(out, res)
+
+
+if __name__ == "__main__":
+    main()

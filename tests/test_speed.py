@@ -1,0 +1,68 @@
+"""Speed paths give the plain path's numbers: tokenise-once + length-sorted encoding, re-ranking one query's
+candidates, length-grouped evaluation chunks."""
+import numpy as np
+import pytest
+import torch
+
+from datamodules.datamodule import doc_chunks
+from lightning_modules.module import RankingModule
+
+QUERIES = ["what is heat transfer", "slab conduction in thin plates of metal", "flow"]
+DOCS = ["heat transfer in slabs", "a study of boundary layers on thin wings in supersonic flow at high speed",
+        "flow of air over wings at speed", "conduction", "the boundary layer thickens along the plate as flow slows"]
+
+
+def module(backbone, name):
+    return RankingModule({"name": name, "backbone": backbone, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
+
+
+def test_ids_then_pad_equals_batch_tokenisation(tiny_bert):
+    tok = module(tiny_bert, "colbert").pair_tokenizer
+    for side, plain in (("query", tok.queries(QUERIES)), ("doc", tok.docs(DOCS))):
+        got = tok.pad(tok.ids(QUERIES if side == "query" else DOCS, side), side)
+        assert got.keys() == plain.keys()
+        for k in got:
+            assert torch.equal(got[k], plain[k]), k
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert"])
+def test_encode_texts_sorted_batches_equal_one_text_at_a_time(tiny_bert_nodropout, name):
+    m = module(tiny_bert_nodropout, name)
+    tok = m.pair_tokenizer
+    got = m.encode_texts(DOCS, side="doc", batch_size=2)  # 3 batches, sorted by length, returned in given order
+    for i, text in enumerate(DOCS):
+        with torch.no_grad():
+            one = m.ranker.encode_docs(tok.docs([text]))  # alone: no padding at all
+        n = one.tokens.shape[1]
+        assert int(got.mask[i].sum()) == n and bool(got.mask[i, :n].all())
+        torch.testing.assert_close(got.tokens[i, :n], one.tokens[0], atol=1e-5, rtol=1e-5)
+        if name == "repbert":
+            torch.testing.assert_close(got.sequence[i], one.sequence[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert"])
+def test_rerank_texts_equals_pairwise_scores(tiny_bert_nodropout, name):
+    m = module(tiny_bert_nodropout, name)
+    got = m.rerank_texts(QUERIES[1], DOCS, batch_size=2)
+    with torch.no_grad():
+        want = torch.stack([m.ranker.score(m.pair_tokenizer.pairs([QUERIES[1]], [d]))[0] for d in DOCS])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_rerank_texts_rejects_cross_encoders(tiny_bert):
+    with pytest.raises(ValueError, match="bi-encoder"):
+        module(tiny_bert, "bert_cat").rerank_texts("q", ["d"])
+
+
+def test_doc_chunks_by_length_group_similar_lengths_and_cover_pairs_once():
+    rng = np.random.default_rng(1)
+    pairs = np.unique(rng.integers(0, 30, size=(300, 2)), axis=0)
+    doc_len = rng.integers(1, 1000, size=30)
+    chunks = doc_chunks(pairs, 5, doc_len)
+    assert sorted(map(tuple, np.concatenate(chunks).tolist())) == sorted(map(tuple, pairs.tolist()))
+    docs = [np.unique(c[:, 1]) for c in chunks]
+    assert all(len(d) <= 5 for d in docs)
+    assert all(set(a).isdisjoint(b) for i, a in enumerate(docs) for b in docs[i + 1 :])
+    # longest first: every passage of a chunk is at least as long as every passage of the next chunk
+    for a, b in zip(docs, docs[1:]):
+        assert doc_len[a].min() >= doc_len[b].max()
