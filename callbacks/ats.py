@@ -10,7 +10,8 @@ Logged: `<split>/mats`, `<split>/mats_std`, `<split>/ats0` (scalars, every logge
 `metrics.json` and the grids' tables get `mats` per run.
 DDP: each rank encodes its shard of the passages (global passage ids), `AverageTermSimilarity.compute()` gathers
 every rank's occurrences and computes on the whole set (pairs across ranks count), so the figures equal a single
-process's. BM25 (no nn.Module) and rankers without term vectors are skipped.
+process's. BM25 (no nn.Module) and rankers without term vectors are skipped, and so are the validations of a frozen
+ranker (train.py stage=head: its term vectors do not change; the test still measures them).
 """
 from __future__ import annotations
 
@@ -76,7 +77,9 @@ class ATSCallback(Callback):
 
     @torch.inference_mode()
     def on_validation_epoch_end(self, trainer, module) -> None:
-        if not trainer.sanity_checking:
+        # a frozen ranker (the head stage trains an isotropy head on top) has the same term vectors at every validation
+        trained = any(p.requires_grad for n, p in module.ranker.named_parameters() if not n.startswith(("token_head.", "sequence_head.")))
+        if not trainer.sanity_checking and trained:
             self._log(trainer, module, "val")
 
     @torch.inference_mode()

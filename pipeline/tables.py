@@ -9,8 +9,15 @@ and one column per measure. A cell reads `0.8282 (+3.1%)**`:
   values (each query's mean over the runs that tested it; `paired_by: query`) or on the runs' means paired by seed /
   fold (`paired_by: replicate`).
 
-Run-level measures (`RUN_LEVEL`: I(W) and avgcos of the isotropy callback) have one value per run and no
-per-query values: their cells show the mean over the runs only, untested.
+With `compare_to` ({row: reference row}) each row compares with its own reference row (position-bias paper Table 5:
+transfer rows against their model's row) instead of the baseline, and the rows keep the grid's order.
+
+Run-level measures (`RUN_LEVEL`: I(W) and avgcos of the isotropy callback, MATS / ATS(0) of the ATS callback) have one
+value per run and no per-query values: their cells show the mean over the runs only, untested.
+
+With `delta_eval: [first, second]` (two evaluation data) a further block has the position-bias paper's Tables 3-4
+layout: per (row, training data) each measure on both, the change Δ from the first to the second and the grid's test
+of second against first (`summarize_delta`).
 
 `summarize(results)` gives the numbers, `render_markdown(results)` the text, `write_table(results, path)` writes it
 atomically, and `log_wandb_table(results)` logs it as a `wandb.Table` when a W&B run is active (no-op otherwise).
@@ -28,7 +35,9 @@ from pipeline.stats import (check_test, pair_by_query, pair_by_replicate, paired
 __all__ = ["summarize", "summarize_delta", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
 
 # metrics.json keys that are one number per run (callbacks/isotropy.py), usable as table columns
-RUN_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence", "mats", "mats_std", "ats0")  # + callbacks/ats.py
+ISOTROPY_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
+ATS_LEVEL = ("mats", "mats_std", "ats0")  # callbacks/ats.py
+RUN_LEVEL = ISOTROPY_LEVEL + ATS_LEVEL
 
 TEST_NAMES = {
     "t_test_one_tailed": "one-tailed paired t-test (method > baseline)",
@@ -118,10 +127,10 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
         f"\\* p <= 0.05, \\*\\* p <= 0.01: {TEST_NAMES[test]} on {unit}.",
     ]
     measures = list(results["measures"])
-    if any(m in RUN_LEVEL for m in measures):
+    if any(m in ISOTROPY_LEVEL for m in measures):
         lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run (the test split's"
                       " probe vectors as the ranker scores them), mean over the runs, untested.")
-    if any(m in ("mats", "mats_std", "ats0") for m in measures):
+    if any(m in ATS_LEVEL for m in measures):
         lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
                       " test passages' term vectors: one value per run, mean over the runs, untested.")
     for block in blocks:

@@ -335,3 +335,23 @@ def test_analysis_bad_compare_checkpoint_is_one_line_error(tmp_path):
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "analysis.compare.x" in err[0] and "does not exist" in err[0], proc.stderr[-2000:]
     assert not (tmp_path / "o" / "ats.json").exists()
+
+
+def test_callback_skips_validations_of_a_frozen_ranker(tiny_bert):
+    """The head stage trains a head on a frozen ranker: its term vectors cannot change between validations."""
+    from types import SimpleNamespace
+
+    from callbacks.ats import ATSCallback
+
+    ranker = _ranker("colbert", tiny_bert)
+    ranker.token_head = torch.nn.Linear(4, 4)  # trainable, but not a term-vector parameter
+    cb, calls = ATSCallback(), []
+    cb._log = lambda trainer, module, split: calls.append(split)
+    trainer, module = SimpleNamespace(sanity_checking=False), SimpleNamespace(ranker=ranker)
+    cb.on_validation_epoch_end(trainer, module)
+    assert calls == ["val"]
+    for n, p in ranker.named_parameters():
+        p.requires_grad = n.startswith("token_head.")
+    cb.on_validation_epoch_end(trainer, module)
+    cb.on_test_epoch_end(trainer, module)
+    assert calls == ["val", "test"]

@@ -46,7 +46,7 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
     best = next((out / "checkpoints").glob("best-*.ckpt"))
     run_script("evaluate.py", *SMALL, f"ckpt={best}", f"output_dir={ev}")
     me = metrics(ev)
-    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos"):
+    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos", "mats"):
         assert me[k] == pytest.approx(m[k], abs=1e-6), k
     assert (ev / "run.trec").read_text() == (out / "run.trec").read_text()
 
@@ -90,5 +90,5 @@ def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
     run_script("train.py", *base, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
     assert_same_weights(weights(one / "checkpoints" / "last.ckpt"), weights(two / "checkpoints" / "last.ckpt"), atol=1e-5)
     m1, m2 = metrics(one), metrics(two)
-    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos"):
+    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos", "mats", "ats0"):  # ATS: occurrences gathered
         assert m2[k] == pytest.approx(m1[k], abs=1e-4), k
