@@ -4,6 +4,7 @@ do to a real job). The fault and the script come from the environment, so DDP ra
 
     FAULT=signal:SIGTERM:5 SCRIPT=train.py python tests/fault_driver.py key=value ...   # signals itself after step 5
     FAULT=kill-in-write:last.ckpt:2 ...     # SIGKILL half-way through the 2nd write of last.ckpt
+    FAULT=signal-in-validation:SIGTERM:8    # during the validation at step 8
     FAULT=raise:1:3 ...                     # global rank 1 raises after step 3 (DDP)
 
 Test-only: the pipeline itself has no fault hooks; this wraps its Trainer and file writes from outside.
@@ -37,6 +38,25 @@ def _at_step(step: int, act) -> None:
         return trainer
 
     pipeline.run.build_trainer = with_fault
+
+
+def signal_in_validation(sig: signal.Signals, step: int) -> None:
+    """The signal arrives after the first batch of the validation at global step `step`."""
+    import pipeline.run
+    from pytorch_lightning import Callback
+
+    class Send(Callback):
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if trainer.global_step == step and batch_idx == 0 and not trainer.sanity_checking:
+                os.kill(os.getpid(), sig)
+
+    build = pipeline.run.build_trainer
+    pipeline.run.build_trainer = lambda *a, **k: _appended(build(*a, **k), Send())
+
+
+def _appended(trainer, callback):
+    trainer.callbacks.append(callback)
+    return trainer
 
 
 def signal_at_step(sig: signal.Signals, step: int) -> None:
@@ -94,6 +114,8 @@ def main() -> None:
     kind, *params = fault.split(":")
     if kind == "signal":
         signal_at_step(signal.Signals[params[0]], int(params[1]))
+    elif kind == "signal-in-validation":
+        signal_in_validation(signal.Signals[params[0]], int(params[1]))
     elif kind == "kill-in-write":
         kill_in_write(params[0], int(params[1]))
     elif kind == "raise":

@@ -50,8 +50,16 @@ FT = [*SMALL, "data.batch_size=8", "trainer.val_check_interval=4", "trainer.max_
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_bert) -> Path:
     out = tmp_path_factory.mktemp("full")
-    run_script("train.py", *FT, f"model.backbone={tiny_bert}", f"output_dir={out}")
+    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}")  # csv: validation history
     return out
+
+
+def val_history(out: Path, version: int = 0) -> dict[int, float]:
+    """{global step: val/ndcg_cut_10} from a run's CSV log (Lightning writes the step as global step - 1)."""
+    import csv
+
+    rows = csv.DictReader((out / "csv" / f"version_{version}" / "metrics.csv").open())
+    return {int(r["step"]) + 1: float(r["val/ndcg_cut_10"]) for r in rows if r.get("val/ndcg_cut_10")}
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
@@ -72,6 +80,25 @@ def test_signal_mid_epoch_writes_resumable_checkpoint(tmp_path, tiny_bert, unint
     m, mr = metrics(uninterrupted), metrics(out)
     for k in ("ndcg_cut_10", "mrr_10", "iw", "avgcos"):
         assert mr[k] == m[k], k
+
+
+def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterrupted):
+    """SIGTERM during the step-8 validation: the validation completes (logged with the uninterrupted run's value; the
+    same best checkpoint is chosen), then the run stops with last.ckpt of step 8 and resumes to identical weights."""
+    out = tmp_path / "part"
+    args = [*FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}"]
+    proc = with_fault("signal-in-validation:SIGTERM:8", "train.py", *args)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    last = out / "checkpoints" / "last.ckpt"
+    assert load(last)["global_step"] == 8
+    full = val_history(uninterrupted)
+    assert sorted(full) == [4, 8, 12] and val_history(out) == {4: full[4], 8: full[8]}
+    best = lambda d: sorted(p.name for p in (d / "checkpoints").glob("best-*.ckpt"))  # noqa: E731
+    full_best = best(uninterrupted)
+    run_script("train.py", *args, f"ckpt_path={last}")
+    assert best(out) == full_best
+    assert_identical(load(uninterrupted / "checkpoints" / "last.ckpt")["state_dict"], load(last)["state_dict"])
+    assert metrics(out)["ndcg_cut_10"] == metrics(uninterrupted)["ndcg_cut_10"]
 
 
 def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
