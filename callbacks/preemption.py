@@ -5,9 +5,10 @@ that was never interrupted.
 The signal only sets a flag. Lightning's own SIGTERM handler does that and its training loop raises
 `SIGTERMException` at the end of the current batch, after that batch's validation (if one was due) and after the
 batch counts as completed: the one point inside an epoch where weights, optimiser, schedule, loop counters and the
-sampler position agree. This callback routes SIGINT to the same flag (a second Ctrl-C still interrupts at once)
-and writes `last.ckpt` in `on_exception`, atomically (callbacks/atomic_io.py), so a kill during that write leaves
-the previous `last.ckpt` in place.
+sampler position agree. This callback routes SIGINT to the same flag (a second Ctrl-C still interrupts at once),
+holds a signal that arrives during a validation until that validation ends (Lightning would abort it, and with it
+the choice of the best checkpoint), and writes `last.ckpt` in `on_exception`, atomically (callbacks/atomic_io.py),
+so a kill during that write leaves the previous `last.ckpt` in place.
 """
 from __future__ import annotations
 
@@ -46,16 +47,34 @@ class Preemption(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning's signal connector registered its handlers; it restores the originals at teardown
-        self._trainer = trainer
+        self._trainer, self._pending = trainer, None
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._on_sigint)
+            self._lightning_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
 
-    def _on_sigint(self, signum, frame) -> None:
-        if self.signum is not None:
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signum is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        self.signum = signal.SIGINT
-        warnings.warn("SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)")
-        self._trainer._signal_connector.received_sigterm = True
+        if self.signum is None and signum == signal.SIGINT:
+            warnings.warn("SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)")
+        self.signum = self.signum or signum
+        if self._trainer.validating:
+            # Lightning would abort the validation in progress; it decides the best checkpoint, so let it finish
+            self._pending = signum
+        else:
+            self._stop(signum, frame)
+
+    def _stop(self, signum, frame) -> None:
+        if signum == signal.SIGTERM and callable(self._lightning_sigterm):
+            self._lightning_sigterm(signum, frame)  # sets the flag, and passes the signal on to DDP ranks it started
+        else:
+            self._trainer._signal_connector.received_sigterm = True
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._pending is not None:
+            signum, self._pending = self._pending, None
+            self._stop(signum, None)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:

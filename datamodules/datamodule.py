@@ -17,6 +17,7 @@ from datamodules import rotation
 from datamodules.bm25 import bm25_candidates
 from datamodules.config import passage_window
 from datamodules.corpus import IRDataset
+from datamodules.guarded import GuardedLoader
 from datamodules.passages import expand_pairs, training_passage
 from datamodules.negatives import sample_triples
 from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader, shard_range
@@ -245,23 +246,24 @@ class RankingDataModule(pl.LightningDataModule):
         sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
         return ResumableLoader(
             ds, batch_sampler=sampler, collate_fn=TripletCollate(self.tokenizer), num_workers=self.cfg.num_workers,
-            pin_memory=torch.cuda.is_available(), consumed=self._consumed, generator=self._generator(),
+            pin_memory=torch.cuda.is_available(), consumed=self._consumed, generator=self._generator(), what="training example",
         )
 
     def eval_dataloader(self, name: str) -> DataLoader:
         rank, world = self._rank_world()
         split = self.eval_splits[name]
-        common = dict(num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator())
+        common = dict(num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator(),
+                      what=f"{name} example")
         if self.tokenizer.kind == "bi":
             # Ranks split the passages (each encoded by one rank, once); pairs follow their passage.
             # Characters stand in for tokens (tokenising happens in the workers); strided shards give every rank
             # a similar mix of long and short chunks.
             chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size, np.array([len(t) for t in split.dtexts]))
             ds = DocChunkDataset(chunks[rank::world], split.dtexts, self.tokenizer, split.unit_doc)
-            return DataLoader(ds, batch_size=None, shuffle=False, **common)
+            return GuardedLoader(ds, batch_size=None, shuffle=False, **common)
         shard = shard_range(len(split.pairs), rank, world)
         ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc)
-        return DataLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
+        return GuardedLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val")

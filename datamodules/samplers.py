@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import numpy as np
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Sampler
+
+from datamodules.guarded import GuardedLoader
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -73,7 +75,7 @@ class DistributedTrainBatchSampler(Sampler[list]):
             yield [(self.epoch, int(j)) for j in shard]
 
 
-class ResumableLoader(DataLoader):
+class ResumableLoader(GuardedLoader):
     """A DataLoader whose position inside an epoch survives a checkpoint.
 
     `consumed()` returns the batches of the current epoch that the training loop has processed, read from the

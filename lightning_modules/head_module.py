@@ -103,7 +103,8 @@ class HeadModule(RankingModule):
             hit = self._val_memo.get(batch_idx)
             if hit is not None and torch.equal(hit[0], batch["didx"]):
                 return hit[1]
-        raw = self.ranker.token_representations(batch["d_input_ids"], batch["d_attention_mask"], side="doc")
+        docs = {k: v for k, v in batch.items() if k.startswith("d_")}
+        raw = self.with_oom_retry(lambda b: self.ranker.token_representations(b["d_input_ids"], b["d_attention_mask"], side="doc"), docs, "encoding passages")
         size = raw.tokens.numel() * raw.tokens.element_size()
         if split == "val" and self._val_memo_bytes + size <= self.head_cfg.val_memory_gib * 2**30:
             self._val_memo[batch_idx] = (batch["didx"].clone(), raw)

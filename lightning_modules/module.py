@@ -26,6 +26,7 @@ from pytorch_lightning.utilities.seed import _collect_rng_states, _set_rng_state
 from torch import Tensor
 
 from callbacks.metrics.ir import RetrievalRun, evaluate_run
+from lightning_modules.oom import halving
 from lightning_modules.rankers import RANKERS, build_ranker
 from lightning_modules.rankers.base import Encoded, TripletOutput, take
 from lightning_modules.rankers.tokenization import PairTokenizer
@@ -82,6 +83,7 @@ class RankingModule(pl.LightningModule):
         self.runs = torch.nn.ModuleDict({"val": RetrievalRun(), "test": RetrievalRun()})
         self.results: dict[str, dict] = {}
         self.nonfinite_batches = 0
+        self.oom_retries = 0  # evaluation batches retried in halves since the split's evaluation started
 
     @property
     def temperature(self) -> float:
@@ -241,7 +243,7 @@ class RankingModule(pl.LightningModule):
         for s in range(0, len(order), batch_size):
             batch = {k: v.to(self.device) for k, v in tok.pad([ids[i] for i in order[s : s + batch_size]], side).items()}
             with self._forward_context():
-                parts.append(encode(batch))
+                parts.append(self.with_oom_retry(encode, batch, "encoding queries"))
         length = max(p.tokens.shape[1] for p in parts)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
@@ -273,12 +275,21 @@ class RankingModule(pl.LightningModule):
         """Bi-encoder evaluation: encode a chunk of passages once (or take them as `docs`) and score its pairs
         against the split's pre-encoded queries (`batch["qidx"]` indexes `queries`)."""
         r = self.ranker
-        d = r.encode_docs(batch) if docs is None else docs
+        if docs is None:
+            docs = self.with_oom_retry(r.encode_docs, {k: v for k, v in batch.items() if k.startswith("d_")}, "encoding passages")
         out = []
         for s in range(0, len(batch["pair_d"]), pairs_per_pass):  # bounds the [P, Lq, Ld] similarity tensor
-            iq, id_ = batch["qidx"][s : s + pairs_per_pass], batch["pair_d"][s : s + pairs_per_pass]
-            out.append(r.score_indexed(queries, d, iq.to(d.tokens.device), id_))
+            pairs = {"iq": batch["qidx"][s : s + pairs_per_pass].to(docs.tokens.device), "id": batch["pair_d"][s : s + pairs_per_pass]}
+            out.append(self.with_oom_retry(lambda p: r.score_indexed(queries, docs, p["iq"], p["id"]), pairs, "scoring pairs"))
         return torch.cat(out)
+
+    def with_oom_retry(self, fn, batch: dict[str, Tensor], what: str):
+        """`fn(batch)`, retried in halves on out-of-memory (lightning_modules/oom.py); retries counted per split
+        and logged as `<split>/oom_retries`."""
+        def count(_rows: int) -> None:
+            self.oom_retries += 1
+
+        return halving(fn, batch, what, count)
 
     def _eval_epoch_start(self, split: str) -> None:
         if self.ranker.kind == "bi":
@@ -291,7 +302,10 @@ class RankingModule(pl.LightningModule):
         self._eval_epoch_start("test")
 
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
-        scores = self.score_chunk(self._eval_queries, batch) if "pair_d" in batch else self.ranker.score(batch)
+        if "pair_d" in batch:
+            scores = self.score_chunk(self._eval_queries, batch)
+        else:
+            scores = self.with_oom_retry(self.ranker.score, batch, "scoring pairs")
         self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
 
     def validation_step(self, batch, batch_idx):
@@ -313,6 +327,10 @@ class RankingModule(pl.LightningModule):
         # Identical on every rank (computed from the gathered run), so no further reduction is needed.
         for k, v in means.items():
             self.log(f"{key}/{k}", v, sync_dist=False, prog_bar=(k == "ndcg_cut_10" and key == split))
+        if self.oom_retries and key == split:
+            self.log(f"{split}/oom_retries", float(self.oom_retries), sync_dist=False)
+            self.results[key]["oom_retries"] = self.oom_retries
+            self.oom_retries = 0
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")

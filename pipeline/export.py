@@ -30,6 +30,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.errors import InputError
+from pipeline.io import _umask
 
 FORMAT = "isorank-export-1"
 ENCODER = "ranker.encoder."
@@ -70,9 +71,13 @@ def model_card(info: dict, run: Path) -> str:
         m = json.loads(metrics.read_text())
         before_key = "before_head" if "before_head" in m else "before_training"
         before = m.get(before_key, {})
-        lines += ["## Test metrics of the run", "", f"| metric | {before_key.replace('_', ' ')} | this model |", "|---|---|---|"]
-        lines += [f"| {k} | {before[k]:.4f} | {v:.4f} |" if k in before else f"| {k} | - | {v:.4f} |"
-                  for k, v in m.items() if isinstance(v, (int, float))]
+        lines += ["## Test metrics of the run", ""]
+        if before:
+            lines += [f"| metric | {before_key.replace('_', ' ')} | this model |", "|---|---|---|"]
+            lines += [f"| {k} | {before[k]:.4f} | {v:.4f} |" if k in before else f"| {k} | - | {v:.4f} |"
+                      for k, v in m.items() if isinstance(v, (int, float))]
+        else:
+            lines += ["| metric | this model |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in m.items() if isinstance(v, (int, float))]
         lines.append("")
     config = run / "config.yaml"
     lines += ["## Training config", "", "```yaml",
@@ -116,7 +121,16 @@ def export(cfg: DictConfig, out: str) -> Path:
             save_file(head, str(tmp / "isotropy_head.safetensors"))
         (tmp / "isorank.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(model_card(info, source))
+        _shareable(tmp)
     return out_path
+
+
+def _shareable(folder: Path) -> None:
+    # mkdtemp and some writers create owner-only files; an exported model is meant to be read by others
+    mask = _umask()
+    folder.chmod(0o777 & ~mask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~mask)
 
 
 def read_info(folder: str | Path) -> dict:

@@ -3,7 +3,6 @@ Lightning, and write `metrics.json`, `per_query.json`, `run.trec` and the resolv
 `output_dir` (every file written atomically, by global rank 0 only)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -41,24 +40,10 @@ def build_logger(cfg: DictConfig, name: str):
 
         return CSVLogger(save_dir=str(out), name="csv")
     if lc.name == "wandb":
-        from pytorch_lightning.loggers import WandbLogger
+        from pipeline.wandb_run import wandb_logger
 
-        mode = lc.mode
-        if mode == "auto":
-            mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_key_configured() else "offline")
-        (out / "wandb").mkdir(parents=True, exist_ok=True)
-        return WandbLogger(
-            project=lc.project, entity=lc.entity, group=lc.group, name=lc.run_name or name, tags=list(lc.tags),
-            save_dir=str(out), mode=mode, config=OmegaConf.to_container(cfg),
-        )
+        return wandb_logger(cfg, name)
     raise InputError("logger.name", f"unknown logger '{lc.name}'; expected wandb, csv or none")
-
-
-def _wandb_key_configured() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path.home() / ".netrc"
-    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:

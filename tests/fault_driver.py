@@ -1,15 +1,17 @@
 """Runs train.py / evaluate.py with one injected fault, as a separate process (what a scheduler or the kernel would
-do to a real job):
+do to a real job). The fault and the script come from the environment, so DDP ranks that Lightning launches as
+`python tests/fault_driver.py <args>` run under the same fault:
 
-    python tests/fault_driver.py signal:SIGTERM:5 train.py key=value ...   # the process signals itself after step 5
-    python tests/fault_driver.py kill-in-write:last.ckpt:2 train.py ...    # SIGKILL half-way through the 2nd write of last.ckpt
+    FAULT=signal:SIGTERM:5 SCRIPT=train.py python tests/fault_driver.py key=value ...   # signals itself after step 5
+    FAULT=kill-in-write:last.ckpt:2 ...     # SIGKILL half-way through the 2nd write of last.ckpt
+    FAULT=signal-in-validation:SIGTERM:8    # during the validation at step 8
+    FAULT=raise:1:3 ...                     # global rank 1 raises after step 3 (DDP)
 
 Test-only: the pipeline itself has no fault hooks; this wraps its Trainer and file writes from outside.
 """
 from __future__ import annotations
 
 import os
-import runpy
 import signal
 import sys
 from pathlib import Path
@@ -18,23 +20,56 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def signal_at_step(sig: signal.Signals, step: int) -> None:
+def _at_step(step: int, act) -> None:
+    """`act(trainer)` at the end of the training batch that reaches global step `step`."""
     import pipeline.run
     from pytorch_lightning import Callback
 
-    class SendSignal(Callback):
+    class Act(Callback):
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == step:
-                os.kill(os.getpid(), sig)  # handled between bytecodes, so before the next hook runs
+                act(trainer)
 
     build = pipeline.run.build_trainer
 
-    def with_signal(*args, **kwargs):
+    def with_fault(*args, **kwargs):
         trainer = build(*args, **kwargs)
-        trainer.callbacks.append(SendSignal())
+        trainer.callbacks.append(Act())
         return trainer
 
-    pipeline.run.build_trainer = with_signal
+    pipeline.run.build_trainer = with_fault
+
+
+def signal_in_validation(sig: signal.Signals, step: int) -> None:
+    """The signal arrives after the first batch of the validation at global step `step`."""
+    import pipeline.run
+    from pytorch_lightning import Callback
+
+    class Send(Callback):
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if trainer.global_step == step and batch_idx == 0 and not trainer.sanity_checking:
+                os.kill(os.getpid(), sig)
+
+    build = pipeline.run.build_trainer
+    pipeline.run.build_trainer = lambda *a, **k: _appended(build(*a, **k), Send())
+
+
+def _appended(trainer, callback):
+    trainer.callbacks.append(callback)
+    return trainer
+
+
+def signal_at_step(sig: signal.Signals, step: int) -> None:
+    # handled between bytecodes, so before the next hook runs
+    _at_step(step, lambda trainer: os.kill(os.getpid(), sig))
+
+
+def raise_on_rank(rank: int, step: int) -> None:
+    def fail(trainer):
+        if trainer.global_rank == rank:
+            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+
+    _at_step(step, fail)
 
 
 def kill_in_write(name: str, nth: int) -> None:
@@ -75,16 +110,22 @@ def kill_in_write(name: str, nth: int) -> None:
 
 
 def main() -> None:
-    fault, script, *args = sys.argv[1:]
+    fault, script = os.environ["FAULT"], os.environ["SCRIPT"]
     kind, *params = fault.split(":")
     if kind == "signal":
         signal_at_step(signal.Signals[params[0]], int(params[1]))
+    elif kind == "signal-in-validation":
+        signal_in_validation(signal.Signals[params[0]], int(params[1]))
     elif kind == "kill-in-write":
         kill_in_write(params[0], int(params[1]))
+    elif kind == "raise":
+        raise_on_rank(int(params[0]), int(params[1]))
     else:
         raise SystemExit(f"unknown fault {fault!r}")
-    sys.argv = [str(REPO / script), *args]
-    runpy.run_path(str(REPO / script), run_name="__main__")
+    # not runpy.run_path: it sets sys.argv[0] to the script, and Lightning starts DDP ranks as `sys.argv`, which must
+    # name this driver; sys.argv[1:] are the script's key=value args
+    path = REPO / script
+    exec(compile(path.read_text(), str(path), "exec"), {"__name__": "__main__", "__file__": str(path)})
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def test_export_ranker_scores_identically(tmp_path, tiny_bert, model):
 
     card = (out / "README.md").read_text()
     metrics = json.loads((run / "metrics.json").read_text())
-    assert "library_name: transformers" in card and f"| ndcg_cut_10 | - | {metrics['ndcg_cut_10']:.4f} |" in card
+    assert "library_name: transformers" in card and f"| ndcg_cut_10 | {metrics['ndcg_cut_10']:.4f} |" in card
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # readable by others, as results are
     assert (run / "config.yaml").read_text().strip() in card
 
     a = _evaluate([*SMALL, f"ckpt={ckpt}", f"output_dir={tmp_path / 'ev_ckpt'}"])

@@ -22,8 +22,8 @@ GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch
 
 
 def with_fault(fault: str, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(REPO / "tests" / "fault_driver.py"), fault, script, *args], cwd=REPO,
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "FAULT": fault, "SCRIPT": script}
+    return subprocess.run([sys.executable, str(REPO / "tests" / "fault_driver.py"), *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -50,8 +50,16 @@ FT = [*SMALL, "data.batch_size=8", "trainer.val_check_interval=4", "trainer.max_
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_bert) -> Path:
     out = tmp_path_factory.mktemp("full")
-    run_script("train.py", *FT, f"model.backbone={tiny_bert}", f"output_dir={out}")
+    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}")  # csv: validation history
     return out
+
+
+def val_history(out: Path, version: int = 0) -> dict[int, float]:
+    """{global step: val/ndcg_cut_10} from a run's CSV log (Lightning writes the step as global step - 1)."""
+    import csv
+
+    rows = csv.DictReader((out / "csv" / f"version_{version}" / "metrics.csv").open())
+    return {int(r["step"]) + 1: float(r["val/ndcg_cut_10"]) for r in rows if r.get("val/ndcg_cut_10")}
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
@@ -72,6 +80,25 @@ def test_signal_mid_epoch_writes_resumable_checkpoint(tmp_path, tiny_bert, unint
     m, mr = metrics(uninterrupted), metrics(out)
     for k in ("ndcg_cut_10", "mrr_10", "iw", "avgcos"):
         assert mr[k] == m[k], k
+
+
+def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterrupted):
+    """SIGTERM during the step-8 validation: the validation completes (logged with the uninterrupted run's value; the
+    same best checkpoint is chosen), then the run stops with last.ckpt of step 8 and resumes to identical weights."""
+    out = tmp_path / "part"
+    args = [*FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}"]
+    proc = with_fault("signal-in-validation:SIGTERM:8", "train.py", *args)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    last = out / "checkpoints" / "last.ckpt"
+    assert load(last)["global_step"] == 8
+    full = val_history(uninterrupted)
+    assert sorted(full) == [4, 8, 12] and val_history(out) == {4: full[4], 8: full[8]}
+    best = lambda d: sorted(p.name for p in (d / "checkpoints").glob("best-*.ckpt"))  # noqa: E731
+    full_best = best(uninterrupted)
+    run_script("train.py", *args, f"ckpt_path={last}")
+    assert best(out) == full_best
+    assert_identical(load(uninterrupted / "checkpoints" / "last.ckpt")["state_dict"], load(last)["state_dict"])
+    assert metrics(out)["ndcg_cut_10"] == metrics(uninterrupted)["ndcg_cut_10"]
 
 
 def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
@@ -296,3 +323,170 @@ def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
                        f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"]))
     assert all(torch.equal(snap.before[1][k], snap.after[1][k]) for k in snap.before[1])
     assert load(out / "checkpoints" / "last.ckpt")["nonfinite_batches"] == 1
+
+
+# ---- out of memory during evaluation -----------------------------------------------------------------------------
+def _run_scores(out: Path) -> dict[tuple[str, str], float]:
+    rows = [line.split() for line in (out / "run.trec").read_text().splitlines()]
+    return {(r[0], r[2]): float(r[4]) for r in rows}
+
+
+@pytest.mark.parametrize("model,cls,methods", [
+    ("colbert", "lightning_modules.rankers.colbert:ColBERT", ("encode_queries", "encode_docs")),
+    ("bert_cat", "lightning_modules.rankers.bert_cat:BertCat", ("score",)),
+])
+def test_oom_during_evaluation_retried_in_halves(tmp_path, tiny_bert, monkeypatch, model, cls, methods):
+    """Every call on more than 3 rows raises torch.OutOfMemoryError (as CUDA would): each batch is retried in halves
+    down to 3 rows, with a warning per split, and the scores equal an evaluation that never ran out of memory."""
+    import importlib
+
+    from pipeline.config import compose
+    from pipeline.run import evaluate
+
+    args = [*SMALL, f"model={model}", f"model.backbone={tiny_bert}", "data.eval_batch_size=16"]
+    ref = tmp_path / "ref"
+    evaluate(compose([*args, f"output_dir={ref}"]), True)
+
+    mod, name = cls.split(":")
+    klass = getattr(importlib.import_module(mod), name)
+    calls = []
+    for method in methods:
+        real = getattr(klass, method)
+
+        def limited(self, batch, _real=real):
+            rows = next(v for k, v in batch.items() if k.endswith("input_ids")).shape[0]
+            calls.append(rows)
+            if rows > 3:
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            return _real(self, batch)
+
+        monkeypatch.setattr(klass, method, limited)
+    out = tmp_path / "oom"
+    with pytest.warns(UserWarning, match=r"out of memory (encoding passages|scoring pairs) on 16 rows; retrying in halves of 8 and 8"):
+        evaluate(compose([*args, f"output_dir={out}"]), True)
+    assert max(calls) == 16 and {c for c in calls if c <= 3}, calls
+    a, b = _run_scores(ref), _run_scores(out)
+    assert a.keys() == b.keys()
+    assert max(abs(a[k] - b[k]) for k in a) < 1e-5
+    assert metrics(out)["ndcg_cut_10"] == pytest.approx(metrics(ref)["ndcg_cut_10"], abs=1e-9)
+
+
+# ---- a DataLoader worker dying or failing ----------------------------------------------------------------------
+class _Examples(torch.utils.data.Dataset):
+    """40 examples; `kill` makes the worker loading that example die (SIGKILL), `fail` raises inside it."""
+
+    def __init__(self, kill: int = -1, fail: int = -1):
+        self.kill, self.fail = kill, fail
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, item):
+        _, i = item
+        if i == self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.fail:
+            raise ValueError(f"unparseable passage in example {i}")
+        return torch.tensor([i])
+
+
+def _training_loader(ds, workers: int):
+    from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader
+
+    return ResumableLoader(ds, batch_sampler=DistributedTrainBatchSampler(len(ds), 4, seed=0, shuffle=False),
+                           num_workers=workers, consumed=lambda: 0, what="training example")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_example_exception_names_the_example(workers):
+    from datamodules.guarded import ExampleError
+
+    with pytest.raises(ExampleError) as e:
+        list(_training_loader(_Examples(fail=13), workers))
+    where = " in DataLoader worker " if workers else ""
+    assert e.value.example == 13 and str(e.value).startswith(f"training example 13{where}")
+    assert str(e.value).endswith("ValueError: unparseable passage in example 13") and "\n" not in str(e.value)
+
+
+def test_dataloader_worker_killed_names_the_example_without_hanging():
+    """The worker loading example 13 is SIGKILLed: within PyTorch's worker check (seconds), not a hang, the run
+    stops with the example index."""
+    import time
+
+    from datamodules.guarded import ExampleError
+
+    start = time.monotonic()
+    with pytest.raises(ExampleError) as e:
+        list(_training_loader(_Examples(kill=13), 2))
+    assert time.monotonic() - start < 60
+    assert e.value.example == 13
+    assert "training example 13 in DataLoader worker" in str(e.value) and "died while loading it" in str(e.value)
+
+
+# ---- DDP: one rank raising ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ddp_one_rank_raising_stops_all_ranks(tmp_path, tiny_bert, rank):
+    """Two gloo ranks; one raises after step 2. The other rank's next collective fails ("Connection closed by
+    peer") instead of waiting, so the job exits non-zero well inside the limit and no rank process is left over."""
+    import time
+
+    out = tmp_path / f"ddp-rank{rank}"
+    args = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp",
+            "trainer.max_steps=6", "trainer.val_check_interval=3", "eval.before_training=false", f"output_dir={out}"]
+    start = time.monotonic()
+    proc = with_fault(f"raise:{rank}:2", "train.py", *args, timeout=240)  # TimeoutExpired would mean a hang
+    assert proc.returncode != 0 and time.monotonic() - start < 240
+    log = proc.stdout + proc.stderr
+    assert f"injected failure on rank {rank} at step 2" in log
+    assert "Connection closed by peer" in log  # the surviving rank noticed, rather than hanging
+    time.sleep(2)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in ps, "a rank process outlived the job"
+    assert not (out / "metrics.json").exists()
+
+
+# ---- W&B unreachable or its folder unwritable -------------------------------------------------------------------
+def _wandb_env(tmp_path: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+WB = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false",
+      "logger=wandb", "trainer.log_every_n_steps=1"]
+
+
+def test_wandb_unreachable_falls_back_to_offline(tmp_path, tiny_bert):
+    """logger.mode=online with a server that refuses connections: a warning, an offline run in <output_dir>/wandb that
+    `wandb sync` can upload later, and the training finishes."""
+    out = tmp_path / "run"
+    env = _wandb_env(tmp_path, WANDB_API_KEY="local-" + "0" * 40, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="3")
+    proc = run_script("train.py", *WB, f"model.backbone={tiny_bert}", "logger.mode=online", f"output_dir={out}", env=env)
+    assert "W&B online run failed (CommError" in proc.stderr
+    assert f"logging offline to {out / 'wandb'} instead: sync it later with `wandb sync {out / 'wandb'}/offline-run-*`" in proc.stderr
+    (run,) = (out / "wandb").glob("offline-run-*")
+    assert list(run.glob("run-*.wandb")) and (out / "metrics.json").exists()
+
+
+def test_wandb_folder_unwritable_falls_back_to_a_temporary_folder(tmp_path, tiny_bert):
+    """<output_dir>/wandb cannot be created (a file is in the way; permissions do not stop root): the run logs offline
+    into a fresh temporary folder, says where, and finishes."""
+    out, tmp = tmp_path / "run", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    (out / "wandb").write_text("not a folder\n")
+    proc = run_script("train.py", *WB, f"model.backbone={tiny_bert}", f"output_dir={out}", env=_wandb_env(tmp_path, TMPDIR=str(tmp)))
+    (fallback,) = tmp.glob("isorank-wandb-*")
+    assert f"logging offline to {fallback / 'wandb'} instead" in proc.stderr
+    assert list((fallback / "wandb").glob("offline-run-*/run-*.wandb")) and (out / "metrics.json").exists()
+
+
+def test_wandb_names_groups_and_tags():
+    from pipeline.config import compose
+    from pipeline.wandb_run import wandb_init_args
+
+    a = wandb_init_args(compose(["model=repbert", "data=synthetic", "output_dir=outputs/x"]), "x")
+    assert (a["name"], a["group"], a["job_type"], a["tags"]) == ("x", "repbert-synthetic", "train", ["repbert", "synthetic"])
+    b = wandb_init_args(compose(["stage=head", "head=glow", "logger.group=g", "logger.run_name=r", "logger.tags=[t]"]), "y")
+    assert (b["name"], b["group"], b["job_type"], b["tags"]) == ("r", "g", "head", ["colbert", "synthetic", "glow", "t"])
+    assert wandb_init_args(compose([]), "eval-z")["job_type"] == "eval"

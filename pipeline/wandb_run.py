@@ -1,0 +1,88 @@
+"""The W&B logger of a run: readable names and groups, and a run that survives W&B being unreachable.
+
+Dashboard layout (what `wandb_init_args` sets):
+- name: `logger.run_name`, else the output folder's name (`eval-<folder>` for evaluate.py); grids set
+  `<row>-<train>-<eval>-<replicate>`.
+- group: `logger.group`, else `<model>-<data>` (e.g. `colbert-squad`), so runs of one ranker on one collection sit
+  together; grids group by grid name.
+- job_type: `train`, `head` (stage=head) or `eval`, to filter the runs table.
+- tags: the ranker, the collection, the head when there is one, plus `logger.tags`.
+
+Faults: the run is created when the logger is built (not lazily inside the Trainer), so a W&B server that cannot
+be reached or a `wandb/` folder that cannot be written is met before training starts. Training then continues with
+a warning: first offline into `<output_dir>/wandb` (sync later with `wandb sync <dir>/offline-run-*`), else
+offline into a fresh temporary folder, else the CSV logger, else no logger.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path.home() / ".netrc"
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def wandb_init_args(cfg: DictConfig, name: str) -> dict:
+    lc = cfg.logger
+    job = "eval" if name.startswith("eval-") else ("head" if cfg.get("stage") == "head" else "train")
+    model, data = cfg.model.name, cfg.data.get("source", "data")
+    head = cfg.get("head", {}).get("name", "none") if cfg.get("head") is not None else "none"
+    tags = [model, data] + ([head] if head != "none" else []) + [t for t in lc.tags if t not in (model, data, head)]
+    return dict(project=lc.project, entity=lc.entity, name=lc.run_name or name, group=lc.group or f"{model}-{data}",
+                job_type=job, tags=tags)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _try(args: dict, save_dir: Path, mode: str, config: dict):
+    """A WandbLogger whose run is already initialised (so failures happen here), or the exception."""
+    import wandb
+    from pytorch_lightning.loggers import WandbLogger
+
+    try:
+        (save_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        logger = WandbLogger(**args, save_dir=str(save_dir), mode=mode, config=config)
+        logger.experiment  # noqa: B018  wandb.init on rank 0 (a dummy elsewhere)
+        return logger
+    except Exception as e:  # wandb raises CommError, UsageError, OSError, ... depending on what broke
+        if getattr(wandb, "run", None) is not None:
+            wandb.finish(exit_code=1)
+        return e
+
+
+def wandb_logger(cfg: DictConfig, name: str):
+    mode = cfg.logger.mode
+    if mode == "auto":
+        mode = os.environ.get("WANDB_MODE") or ("online" if key_configured() else "offline")
+    args, config, out = wandb_init_args(cfg, name), OmegaConf.to_container(cfg), Path(cfg.output_dir)
+    first = _try(args, out, mode, config)
+    if not isinstance(first, Exception):
+        return first
+    attempts = ([out] if mode != "offline" else []) + [Path(tempfile.mkdtemp(prefix="isorank-wandb-"))]
+    for save_dir in attempts:
+        logger = _try(args, save_dir, "offline", config)
+        if not isinstance(logger, Exception):
+            warnings.warn(f"W&B {mode} run failed ({_first_line(first)}); logging offline to {save_dir / 'wandb'} instead: "
+                          f"sync it later with `wandb sync {save_dir / 'wandb'}/offline-run-*`")
+            return logger
+    try:
+        from pytorch_lightning.loggers import CSVLogger
+
+        logger = CSVLogger(save_dir=str(out), name="csv")
+        Path(logger.log_dir).mkdir(parents=True, exist_ok=True)
+        warnings.warn(f"W&B unavailable ({_first_line(first)}), offline too; logging to CSV in {logger.log_dir}")
+        return logger
+    except Exception as e:
+        warnings.warn(f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); training without a logger")
+        return False
