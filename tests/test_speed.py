@@ -66,3 +66,25 @@ def test_doc_chunks_by_length_group_similar_lengths_and_cover_pairs_once():
     # longest first: every passage of a chunk is at least as long as every passage of the next chunk
     for a, b in zip(docs, docs[1:]):
         assert doc_len[a].min() >= doc_len[b].max()
+
+
+def test_fused_adamw_steps_equal_the_foreach_steps(tiny_bert):
+    from types import SimpleNamespace
+
+    m = RankingModule({"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {"warmup_steps": 0})
+    m._trainer = SimpleNamespace(estimated_stepping_batches=10)
+    opt = m.configure_optimizers()["optimizer"]
+    m._trainer = None
+    assert opt.defaults["fused"] is True
+    ref_params = [p.detach().clone().requires_grad_(True) for g in opt.param_groups for p in g["params"]]
+    ref = torch.optim.AdamW([{**g, "params": ref_params[i : i + len(g["params"])]} for i, g in zip(
+        np.cumsum([0] + [len(g["params"]) for g in opt.param_groups])[:-1], opt.param_groups)], foreach=True, fused=False)
+    torch.manual_seed(0)
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in ref_params]
+        for p, r, gr in zip([p for g in opt.param_groups for p in g["params"]], ref_params, grads):
+            p.grad, r.grad = gr.clone(), gr.clone()
+        opt.step()
+        ref.step()
+    for p, r in zip([p for g in opt.param_groups for p in g["params"]], ref_params):
+        torch.testing.assert_close(p.detach(), r.detach(), atol=1e-6, rtol=1e-5)

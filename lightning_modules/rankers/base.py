@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_modules.rankers.backbone import load_backbone
+from lightning_modules.rankers.dropout import use_fast_dropout
 
 
 @dataclass
@@ -35,6 +36,9 @@ class RankerConfig:
     backbone: str = "minilm"
     query_max_len: int = 32
     doc_max_len: int = 180
+    # dropout masks from 16-bit uniforms and attention dropout outside SDPA's math path on CPU (dropout.py); same p,
+    # unbiased, evaluation unchanged. false: PyTorch's nn.Dropout and SDPA as they are.
+    fast_dropout: bool = True
 
 
 @dataclass
@@ -73,6 +77,8 @@ class Ranker(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.encoder, self.tokenizer = load_backbone(cfg.backbone)
+        if cfg.fast_dropout:
+            use_fast_dropout(self.encoder)
         self.hidden_size = self.encoder.config.hidden_size
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
