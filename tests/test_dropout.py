@@ -6,12 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.rankers.dropout import FastDropout, attention, fast_dropout, keep_mask, use_fast_dropout
+from lightning_modules.rankers.dropout import FastDropout, attention, fast_dropout, drop_mask, use_fast_dropout
 
 
-def test_keep_mask_rate_and_exact_probability():
+def test_drop_mask_rate_and_exact_probability():
     torch.manual_seed(0)
-    keep, q = keep_mask((400, 1000), 0.1)
+    drop, q = drop_mask((400, 1000), 0.1)
+    keep = ~drop
     assert keep.dtype == torch.bool and keep.shape == (400, 1000)
     assert q == 1 - round(0.1 * 65536) / 65536
     n = keep.numel()
@@ -21,11 +22,11 @@ def test_keep_mask_rate_and_exact_probability():
     assert abs(pair - q * q) < 5 * math.sqrt(q * q * (1 - q * q) / (n / 2))
 
 
-def test_keep_mask_is_reproducible_from_the_seed():
+def test_drop_mask_is_reproducible_from_the_seed():
     torch.manual_seed(3)
-    a, _ = keep_mask((7, 13), 0.3)
+    a, _ = drop_mask((7, 13), 0.3)
     torch.manual_seed(3)
-    b, _ = keep_mask((7, 13), 0.3)
+    b, _ = drop_mask((7, 13), 0.3)
     assert torch.equal(a, b)
 
 
@@ -35,7 +36,8 @@ def test_fast_dropout_is_unbiased_and_its_gradient_is_mask_times_scale():
     torch.manual_seed(2)
     y = fast_dropout(x, 0.25)
     torch.manual_seed(2)
-    keep, q = keep_mask(x.shape, 0.25)
+    drop, q = drop_mask(x.shape, 0.25)
+    keep = ~drop
     torch.testing.assert_close(y, x.detach() * keep / q)
     y.backward(torch.ones_like(y))
     torch.testing.assert_close(x.grad, keep.double() / q)
@@ -63,7 +65,8 @@ def test_attention_with_dropout_matches_float64_formula(mask_kind):
     torch.manual_seed(5)
     out, _ = attention(module, q, k, v, mask, dropout=0.2)
     torch.manual_seed(5)
-    keep, p_keep = keep_mask((b, h, lq, lk), 0.2)
+    drop, p_keep = drop_mask((b, h, lq, lk), 0.2)
+    keep = ~drop
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
     s = s.masked_fill(~real, float("-inf"))
     want = ((torch.softmax(s, -1) * keep / p_keep) @ v.double()).transpose(1, 2)
@@ -109,3 +112,16 @@ def test_ranker_config_switch(tiny_bert):
     off = RankingModule({"name": "colbert", "backbone": tiny_bert, "fast_dropout": False}, {}).ranker.encoder
     assert any(isinstance(m, FastDropout) for m in on.modules())
     assert not any(isinstance(m, FastDropout) for m in off.modules()) and off.config._attn_implementation == "sdpa"
+
+
+def test_attention_gradients_match_finite_differences():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64, requires_grad=True) for n in (4, 5, 5))
+    mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    mask[..., 3:] = False
+
+    def f(q, k, v):
+        torch.manual_seed(7)  # the same dropout mask at every evaluation
+        return attention(nn.Module(), q, k, v, mask, dropout=0.3)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))

@@ -22,28 +22,28 @@ ATTENTION_NAME = "isorank_sdpa"
 _LEVELS = 1 << 16
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device=None) -> tuple[Tensor, float]:
-    """(bool mask of kept elements, the exact keep probability)."""
+def drop_mask(shape: torch.Size | tuple[int, ...], p: float, device=None) -> tuple[Tensor, float]:
+    """(bool mask of the dropped elements, the exact keep probability)."""
     n = 1
     for s in shape:
         n *= s
     threshold = round(p * _LEVELS)
     words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
     uniform = words.view(torch.int16)[:n].view(shape)  # int16 over [-2^15, 2^15): shift the threshold alike
-    return uniform >= threshold - _LEVELS // 2, 1.0 - threshold / _LEVELS
+    return uniform < threshold - _LEVELS // 2, 1.0 - threshold / _LEVELS
 
 
 class _MaskedScale(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
+    def forward(ctx, x: Tensor, drop: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(drop)
         ctx.scale = scale
-        return torch.where(keep, x * scale, 0.0)
+        return (x * scale).masked_fill_(drop, 0.0)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad * ctx.scale, 0.0), None, None
+        (drop,) = ctx.saved_tensors
+        return (grad * ctx.scale).masked_fill_(drop, 0.0), None, None
 
 
 def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -51,8 +51,8 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return nn.functional.dropout(x, p, training)
     if p >= 1.0:
         return x * 0.0
-    keep, q = keep_mask(x.shape, p, x.device)
-    return _MaskedScale.apply(x, keep, 1.0 / q)
+    drop, q = drop_mask(x.shape, p, x.device)
+    return _MaskedScale.apply(x, drop, 1.0 / q)
 
 
 class FastDropout(nn.Dropout):
@@ -70,14 +70,18 @@ def attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask:
     if dropout == 0.0 or query.is_cuda or kwargs.get("position_bias") is not None or getattr(module, "is_causal", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    w = torch.matmul(query, key.transpose(-1, -2)) * scale
+    # every pass over the [B, heads, L, L] tensor counts: the scale goes on Q, the mask is filled in place, the
+    # softmax runs in the input dtype (PyTorch's CPU kernel accumulates bf16 in float), dropped probabilities are
+    # zeroed in place of a multiply, and 1 / P(keep) goes on the [B, heads, L, d_k] output.
+    w = torch.matmul(query * scale, key.transpose(-1, -2))
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:  # True = attend (SDPA's convention)
-            w = w.masked_fill(~attention_mask, torch.finfo(w.dtype).min)
+            w = w.masked_fill_(~attention_mask, torch.finfo(w.dtype).min)
         else:
             w = w + attention_mask
-    probs = torch.softmax(w.float(), dim=-1).to(value.dtype)
-    out = torch.matmul(fast_dropout(probs, dropout), value)
+    probs = torch.softmax(w, dim=-1)
+    drop, q = drop_mask(probs.shape, dropout, probs.device)
+    out = torch.matmul(probs.masked_fill(drop, 0.0), value) * (1.0 / q)
     return out.transpose(1, 2).contiguous(), None
 
 
