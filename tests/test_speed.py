@@ -66,3 +66,60 @@ def test_doc_chunks_by_length_group_similar_lengths_and_cover_pairs_once():
     # longest first: every passage of a chunk is at least as long as every passage of the next chunk
     for a, b in zip(docs, docs[1:]):
         assert doc_len[a].min() >= doc_len[b].max()
+
+
+def test_fused_adamw_steps_equal_the_foreach_steps(tiny_bert):
+    from types import SimpleNamespace
+
+    m = RankingModule({"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {"warmup_steps": 0})
+    m._trainer = SimpleNamespace(estimated_stepping_batches=10)
+    opt = m.configure_optimizers()["optimizer"]
+    m._trainer = None
+    assert opt.defaults["fused"] is True
+    ref_params = [p.detach().clone().requires_grad_(True) for g in opt.param_groups for p in g["params"]]
+    ref = torch.optim.AdamW([{**g, "params": ref_params[i : i + len(g["params"])]} for i, g in zip(
+        np.cumsum([0] + [len(g["params"]) for g in opt.param_groups])[:-1], opt.param_groups)], foreach=True, fused=False)
+    torch.manual_seed(0)
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in ref_params]
+        for p, r, gr in zip([p for g in opt.param_groups for p in g["params"]], ref_params, grads):
+            p.grad, r.grad = gr.clone(), gr.clone()
+        opt.step()
+        ref.step()
+    for p, r in zip([p for g in opt.param_groups for p in g["params"]], ref_params):
+        torch.testing.assert_close(p.detach(), r.detach(), atol=1e-6, rtol=1e-5)
+
+
+LONG_DOCS = DOCS + ["a", "boundary layer flow over a flat plate at zero incidence in a viscous fluid", "heat"]
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert"])
+def test_length_buckets_give_the_one_block_loss_and_gradients(tiny_bert_nodropout, name):
+    """Training in train mode: the loss and every gradient with passages encoded in 3 length groups equal those of
+    one padded block."""
+    results = []
+    for buckets in (1, 3):
+        torch.manual_seed(0)
+        m = RankingModule({"name": name, "backbone": tiny_bert_nodropout, "query_max_len": 8, "doc_max_len": 16,
+                           "length_buckets": buckets}, {"loss": "ce", "in_batch_negatives": True}).train()
+        batch = m.pair_tokenizer.triplets(QUERIES + QUERIES[:1], LONG_DOCS[:4], LONG_DOCS[4:])
+        loss = m.training_step(batch, 0)
+        loss.backward()
+        results.append((loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}))
+    (l1, g1), (l3, g3) = results
+    torch.testing.assert_close(l3, l1, atol=1e-5, rtol=1e-5)
+    assert g1.keys() == g3.keys() and g1
+    for k in g1:
+        torch.testing.assert_close(g3[k], g1[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_length_buckets_encode_equals_one_block_on_real_tokens(tiny_bert_nodropout):
+    m = module(tiny_bert_nodropout, "repbert")
+    batch = m.pair_tokenizer.docs(LONG_DOCS)
+    with torch.no_grad():
+        one = m.ranker.encode(batch["d_input_ids"], batch["d_attention_mask"], side="doc")
+        m.ranker.cfg.length_buckets = 3
+        got = m.ranker.encode_docs(batch)
+    assert torch.equal(got.mask, one.mask)
+    torch.testing.assert_close(got.tokens[got.mask], one.tokens[one.mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.sequence, one.sequence, atol=1e-5, rtol=1e-5)

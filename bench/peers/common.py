@@ -56,5 +56,7 @@ def write(out_path: str, result: dict) -> None:
     os.replace(tmp, out_path)
 
 
-def rerank_items(data: dict) -> list[tuple[str, list[str]]]:
-    return [(q, [data["passages_pool"][j] for j in cands]) for q, cands in data["rerank"]]
+def time_rerank(score, data: dict, spec: dict) -> dict:
+    """Times score(query, candidate texts) once per re-ranking query: {"times", "units": 1 query}."""
+    items = [(q, [data["passages_pool"][j] for j in cands]) for q, cands in data["rerank"]]
+    return {"times": timed(lambda item: score(*item), items, spec["warmup"])[0], "units": 1}

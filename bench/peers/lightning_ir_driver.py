@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from common import autocast, load_spec, rerank_items, timed, write
+from common import autocast, load_spec, time_rerank, timed, write
 
 
 def main() -> None:
@@ -62,13 +62,11 @@ def main() -> None:
     elif task == "rerank":
         module.eval()
 
-        def rr(item):
-            q, cands = item
+        def rr(q, cands):
             with autocast(prec):
                 return module.score(q, cands)
 
-        res["times"], _ = timed(rr, rerank_items(data), spec["warmup"])
-        res["units"] = 1
+        res.update(time_rerank(rr, data, spec))
     else:
         raise SystemExit(f"lightning-ir driver: task {task!r} not supported")
     write(out, res)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from common import autocast, load_spec, rerank_items, timed, write  # noqa: E402
+from common import autocast, load_spec, time_rerank, timed, write  # noqa: E402
 
 
 def build(name: str, spec: dict):
@@ -67,13 +67,11 @@ def main() -> None:
     elif task == "rerank":
         module = build("colbert", spec).eval()
 
-        def rr(item):
-            q, cands = item
+        def rr(q, cands):
             with autocast(prec):
                 return module.rerank_texts(q, cands, batch_size=spec["encode_batch"])
 
-        res["times"], _ = timed(rr, rerank_items(data), spec["warmup"])
-        res["units"] = 1
+        res.update(time_rerank(rr, data, spec))
     else:
         raise SystemExit(f"ours driver: unknown task {task!r}")
     res["threads"] = torch.get_num_threads()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from common import autocast, load_spec, rerank_items, timed, write
+from common import autocast, load_spec, time_rerank, timed, write
 
 
 def main() -> None:
@@ -51,17 +51,14 @@ def main() -> None:
         res["units"] = len(data["passages"])
     elif task == "rerank":
         model.eval()
-        items = rerank_items(data)
 
-        def rr(item):
-            q, cands = item
+        def rr(q, cands):
             with autocast(prec):
                 qe = model.encode([q], is_query=True, show_progress_bar=False)
                 de = model.encode(cands, is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False)
             return rank.rerank(documents_ids=[list(range(len(cands)))], queries_embeddings=qe, documents_embeddings=[de])
 
-        res["times"], _ = timed(rr, items, spec["warmup"])
-        res["units"] = 1
+        res.update(time_rerank(rr, data, spec))
     else:
         raise SystemExit(f"pylate driver: task {task!r} not supported")
     write(out, res)

@@ -1,0 +1,65 @@
+"""torch.profiler summary of our ColBERT training steps (MiniLM, 16 SQuAD triplets, query 32 / passage 180 tokens).
+
+    python bench/profile_train.py [--plain] [--precision bf16] [--steps 2] [--threads 2] [--rows 12]
+
+--plain profiles the path before the speed work of issue 9 (model.fast_dropout=false: PyTorch's Bernoulli dropout and
+SDPA's math path; AdamW without fused=True), to set the two tables side by side. Prints operators by self CPU time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from bench_speed import DOC_MAX_LEN, QUERY_MAX_LEN, build_optimizer, load_corpus, train_step, triplet_texts  # noqa: E402
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plain", action="store_true")
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=12)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    from lightning_modules.module import RankingModule
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    m = RankingModule(dict(name="colbert", backbone="minilm", query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN,
+                           fast_dropout=not a.plain), dict()).train()
+    paras, qs, _ = load_corpus(0)
+    batches = [m.pair_tokenizer.triplets(*t) for t in triplet_texts(paras, qs, 1 + a.steps, 16, 0)]
+    opt, sched, _ = build_optimizer(m, len(batches))
+    if a.plain:  # the optimiser as it was: foreach AdamW
+        groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in opt.param_groups]
+        opt = torch.optim.AdamW(groups, lr=opt.defaults["lr"])
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    train_step(m, batches[0], 0, opt, sched, a.precision)  # warm-up
+    times = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i, b in enumerate(batches[1:], 1):
+            t0 = time.perf_counter()
+            train_step(m, b, i, opt, sched, a.precision)
+            times.append(time.perf_counter() - t0)
+    print(f"{'plain' if a.plain else 'default'} path, {a.precision}, steps {', '.join(f'{t:.2f}' for t in times)} s, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+
+
+if __name__ == "__main__":
+    main()
