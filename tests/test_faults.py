@@ -50,8 +50,16 @@ FT = [*SMALL, "data.batch_size=8", "trainer.val_check_interval=4", "trainer.max_
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_bert) -> Path:
     out = tmp_path_factory.mktemp("full")
-    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}")  # csv: validation history
+    train_here([*FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}"])  # csv: validation history
     return out
+
+
+def train_here(args: list[str]) -> None:
+    """train.py in this process (no fault to inject: saves a Python start-up)."""
+    from pipeline.config import compose
+    from pipeline.run import train
+
+    train(compose(args))
 
 
 def val_history(out: Path, version: int = 0) -> dict[int, float]:
@@ -102,15 +110,14 @@ def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterru
 
 
 def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
-    """Glow head, 3 epochs of 4 steps (batch 64 over the cached vectors): SIGTERM after step 6 (mid-epoch 2)
-    writes a head-only last.ckpt that resumes to the uninterrupted head, bit for bit."""
+    """Glow head, 3 epochs over the cached vectors (batch 64): SIGTERM one step into epoch 2 writes a head-only
+    last.ckpt that resumes to the uninterrupted head, bit for bit."""
     ft = tmp_path / "ft"
-    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-               f"output_dir={ft}")
+    train_here([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={ft}"])
     base = [*SMALL, "stage=head", f"ckpt={ft / 'checkpoints' / 'last.ckpt'}", *GLOW, "head.epochs=3",
             f"data.cache_dir={tmp_path / 'cache'}"]
     full, part = tmp_path / "full", tmp_path / "part"
-    run_script("train.py", *base, f"output_dir={full}")
+    train_here([*base, f"output_dir={full}"])
     steps_per_epoch = load(full / "checkpoints" / "last.ckpt")["global_step"] // 3
     assert steps_per_epoch >= 3, "the signal must land inside an epoch"
     k = steps_per_epoch + 1
