@@ -109,6 +109,14 @@ def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterru
     assert metrics(out)["ndcg_cut_10"] == metrics(uninterrupted)["ndcg_cut_10"]
 
 
+def test_preemption_handles_sanity_validation(tmp_path, tiny_bert):
+    """The callback sees validation hooks before training starts (Lightning's sanity check): no signal, no effect."""
+    out = tmp_path / "run"
+    train_here([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                "trainer.num_sanity_val_steps=1", f"output_dir={out}"])
+    assert load(out / "checkpoints" / "last.ckpt")["global_step"] == 2 and (out / "metrics.json").exists()
+
+
 def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
     """Glow head, 3 epochs over the cached vectors (batch 64): SIGTERM one step into epoch 2 writes a head-only
     last.ckpt that resumes to the uninterrupted head, bit for bit."""
