@@ -178,6 +178,25 @@ class RankingModule(pl.LightningModule):
         self.log("train/nonfinite_batches", float(self.nonfinite_batches))
         return True
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies
+        to them too. Skipping drops every gradient, so the optimiser leaves every weight and moment as it is
+        (the step still counts). Gradients are already all-reduced here, so DDP ranks decide alike."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads or torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
+            return
+        if self.optim_cfg.nonfinite == "stop":
+            from pipeline.errors import TrainingStopped
+
+            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
+            raise TrainingStopped(f"non-finite gradients at step {self.global_step} (optim.nonfinite=stop); nothing was trained on them; "
+                                  + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+        for p in self.parameters():
+            p.grad = None
+        self.nonfinite_batches += 1
+        warnings.warn(f"non-finite gradients at step {self.global_step}; optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)")
+        self.log("train/nonfinite_batches", float(self.nonfinite_batches))
+
     def optimizer_groups(self) -> list[dict]:
         """AdamW parameter groups: the ranker's named groups (`Ranker.param_groups`, each at its own learning rate)
         and the rest at optim.lr, each split into decayed weights and undecayed biases / norms / scalars. Rankers

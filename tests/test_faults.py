@@ -294,6 +294,32 @@ def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
 
 
+def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
+    """A finite loss whose gradients overflow (one gradient set to inf after backward at step 2): no weight moves on
+    that step, it is warned about and counted, training goes on to finite weights."""
+    from pytorch_lightning import Callback
+
+    from pipeline.config import compose
+    from pipeline.run import train
+
+    class InfGrad(Callback):
+        def on_after_backward(self, trainer, module):
+            if trainer.global_step == 2:
+                next(p for p in module.parameters() if p.grad is not None).grad.fill_(float("inf"))
+
+    snap = Snapshots()
+    _with_callback(monkeypatch, snap)
+    _with_callback(monkeypatch, InfGrad())
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match=r"non-finite gradients at step 2; optimiser step skipped \(1 so far"):
+        train(compose([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=4", "trainer.val_check_interval=4", f"output_dir={out}"]))
+    before, after = snap.before[2], snap.after[2]
+    assert all(torch.equal(before[k], after[k]) for k in before), "an inf gradient moved weights"
+    ck = load(out / "checkpoints" / "last.ckpt")
+    assert ck["nonfinite_batches"] == 1
+    assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
+
+
 def test_nonfinite_loss_stop(tmp_path, tiny_bert, monkeypatch, capsys):
     """optim.nonfinite=stop: one line naming the step and the last good checkpoint (the step-4 validation's), exit 3,
     and that checkpoint is not overwritten with anything trained on the NaN batch."""
