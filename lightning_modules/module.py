@@ -48,8 +48,8 @@ class OptimConfig:
     # of sentence-transformers' MultipleNegativesRankingLoss, with which all-MiniLM-L6-v2 was trained), 1 for the
     # rest (ColBERT's sums of |q| cosines and unbounded dot products / logits already spread out).
     temperature: float | None = None
-    # a NaN/inf training loss: skip (no optimiser step on that batch, a warning, train/nonfinite_batches logged) or
-    # stop (TrainingStopped naming the last good checkpoint). Either way nothing is trained on it.
+    # a NaN/inf training loss or gradient: skip (no update from that batch, a warning, train/nonfinite_batches
+    # logged) or stop (TrainingStopped naming the last good checkpoint). Either way nothing is trained on it.
     nonfinite: str = "skip"
 
     def __post_init__(self):
