@@ -44,6 +44,7 @@ class Preemption(Callback):
         self.signum: int | None = None
         self.checkpoint: str | None = None
         self.step = 0
+        self._pending: int | None = None  # a signal held back until the validation in progress ends
 
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning's signal connector registered its handlers; it restores the originals at teardown
@@ -84,7 +85,6 @@ class Preemption(Callback):
         ckpt = trainer.checkpoint_callback
         if ckpt is not None and hasattr(ckpt, "write_last"):
             self.checkpoint = ckpt.write_last(trainer)
-
 
 
 @contextmanager

@@ -48,8 +48,8 @@ class OptimConfig:
     # of sentence-transformers' MultipleNegativesRankingLoss, with which all-MiniLM-L6-v2 was trained), 1 for the
     # rest (ColBERT's sums of |q| cosines and unbounded dot products / logits already spread out).
     temperature: float | None = None
-    # a NaN/inf training loss: skip (no optimiser step on that batch, a warning, train/nonfinite_batches logged) or
-    # stop (TrainingStopped naming the last good checkpoint). Either way nothing is trained on it.
+    # a NaN/inf training loss or gradient: skip (no update from that batch, a warning, train/nonfinite_batches
+    # logged) or stop (TrainingStopped naming the last good checkpoint). Either way nothing is trained on it.
     nonfinite: str = "skip"
 
     def __post_init__(self):
@@ -177,6 +177,25 @@ class RankingModule(pl.LightningModule):
         warnings.warn(f"non-finite training loss ({loss.item()}) at step {self.global_step}; batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)")
         self.log("train/nonfinite_batches", float(self.nonfinite_batches))
         return True
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies
+        to them too. Skipping drops every gradient, so the optimiser leaves every weight and moment as it is
+        (the step still counts). Gradients are already all-reduced here, so DDP ranks decide alike."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads or torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
+            return
+        if self.optim_cfg.nonfinite == "stop":
+            from pipeline.errors import TrainingStopped
+
+            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
+            raise TrainingStopped(f"non-finite gradients at step {self.global_step} (optim.nonfinite=stop); nothing was trained on them; "
+                                  + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+        for p in self.parameters():
+            p.grad = None
+        self.nonfinite_batches += 1
+        warnings.warn(f"non-finite gradients at step {self.global_step}; optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)")
+        self.log("train/nonfinite_batches", float(self.nonfinite_batches))
 
     def optimizer_groups(self) -> list[dict]:
         """AdamW parameter groups: the ranker's named groups (`Ranker.param_groups`, each at its own learning rate)

@@ -50,8 +50,16 @@ FT = [*SMALL, "data.batch_size=8", "trainer.val_check_interval=4", "trainer.max_
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_bert) -> Path:
     out = tmp_path_factory.mktemp("full")
-    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}")  # csv: validation history
+    train_here([*FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}"])  # csv: validation history
     return out
+
+
+def train_here(args: list[str]) -> None:
+    """train.py in this process (no fault to inject: saves a Python start-up)."""
+    from pipeline.config import compose
+    from pipeline.run import train
+
+    train(compose(args))
 
 
 def val_history(out: Path, version: int = 0) -> dict[int, float]:
@@ -101,16 +109,23 @@ def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterru
     assert metrics(out)["ndcg_cut_10"] == metrics(uninterrupted)["ndcg_cut_10"]
 
 
+def test_preemption_handles_sanity_validation(tmp_path, tiny_bert):
+    """The callback sees validation hooks before training starts (Lightning's sanity check): no signal, no effect."""
+    out = tmp_path / "run"
+    train_here([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                "trainer.num_sanity_val_steps=1", f"output_dir={out}"])
+    assert load(out / "checkpoints" / "last.ckpt")["global_step"] == 2 and (out / "metrics.json").exists()
+
+
 def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
-    """Glow head, 3 epochs of 4 steps (batch 64 over the cached vectors): SIGTERM after step 6 (mid-epoch 2)
-    writes a head-only last.ckpt that resumes to the uninterrupted head, bit for bit."""
+    """Glow head, 3 epochs over the cached vectors (batch 64): SIGTERM one step into epoch 2 writes a head-only
+    last.ckpt that resumes to the uninterrupted head, bit for bit."""
     ft = tmp_path / "ft"
-    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-               f"output_dir={ft}")
+    train_here([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={ft}"])
     base = [*SMALL, "stage=head", f"ckpt={ft / 'checkpoints' / 'last.ckpt'}", *GLOW, "head.epochs=3",
             f"data.cache_dir={tmp_path / 'cache'}"]
     full, part = tmp_path / "full", tmp_path / "part"
-    run_script("train.py", *base, f"output_dir={full}")
+    train_here([*base, f"output_dir={full}"])
     steps_per_epoch = load(full / "checkpoints" / "last.ckpt")["global_step"] // 3
     assert steps_per_epoch >= 3, "the signal must land inside an epoch"
     k = steps_per_epoch + 1
@@ -276,6 +291,32 @@ def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     assert any(not torch.equal(snap.before[1][k], snap.after[1][k]) for k in before), "finite batches do train"
     ck = load(out / "checkpoints" / "last.ckpt")
     assert ck["global_step"] == 4 and ck["nonfinite_batches"] == 1
+    assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
+
+
+def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
+    """A finite loss whose gradients overflow (one gradient set to inf after backward at step 2): no weight moves on
+    that step, it is warned about and counted, training goes on to finite weights."""
+    from pytorch_lightning import Callback
+
+    from pipeline.config import compose
+    from pipeline.run import train
+
+    class InfGrad(Callback):
+        def on_after_backward(self, trainer, module):
+            if trainer.global_step == 2:
+                next(p for p in module.parameters() if p.grad is not None).grad.fill_(float("inf"))
+
+    snap = Snapshots()
+    _with_callback(monkeypatch, snap)
+    _with_callback(monkeypatch, InfGrad())
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match=r"non-finite gradients at step 2; optimiser step skipped \(1 so far"):
+        train(compose([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=4", "trainer.val_check_interval=4", f"output_dir={out}"]))
+    before, after = snap.before[2], snap.after[2]
+    assert all(torch.equal(before[k], after[k]) for k in before), "an inf gradient moved weights"
+    ck = load(out / "checkpoints" / "last.ckpt")
+    assert ck["nonfinite_batches"] == 1
     assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
 
 
