@@ -38,10 +38,10 @@ class FitOptions:
     max_passages: int | None = None  # a seeded sample of the collection; None = all
     max_len: int = 128  # WordPiece tokens per passage (truncated)
     mask_rate: float = 0.15
-    masks: int = 2  # maskings of every fitted passage
-    epochs: int = 4
-    lr: float = 1e-3
-    batch_size: int = 512  # masked tokens per optimiser step
+    masks: int = 1  # maskings of every fitted passage
+    epochs: int = 6
+    lr: float = 3e-3
+    batch_size: int = 256  # masked tokens per optimiser step
     encode_batch_size: int = 32
     bf16: bool = True  # bf16 autocast for the head's matmuls while fitting (accuracy is measured in fp32)
     seed: int = 0

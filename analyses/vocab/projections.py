@@ -43,6 +43,8 @@ def project(head, vectors: Tensor, mask: Tensor | None = None, batch_size: int =
     """Eq. 3 as log-probabilities [N, V]: one vector per text ([N, d]), or token vectors [N, L, d] with their mask,
     max-pooled over the real tokens (ColBERT)."""
     out = []
+    if vectors.dim() == 3:  # [n, L, V] log-probabilities: keep a chunk to ~4k token rows (~0.5 GB at V = 30k)
+        batch_size = max(1, min(batch_size, 4096 // max(vectors.shape[1], 1)))
     for s in range(0, vectors.shape[0], batch_size):
         v = vectors[s : s + batch_size].float()
         logp = torch.log_softmax(head(v), dim=-1)
