@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
         torch.manual_seed(a.seed)
         head = build_head(cfg, ranker.hidden_size)
         head.init_from(torch.from_numpy(np.asarray(init, dtype=np.float32)))
-        return head, torch.optim.Adam(head.parameters(), lr=a.lr)
+        return head, torch.optim.Adam(head.parameters(), lr=a.lr, fused=True)  # as HeadModule's optimizer
 
     with tempfile.TemporaryDirectory() as tmp:
         with Meter() as m_cache:

@@ -103,7 +103,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from analyses.whitebox.analysis import _models, _queries_and_candidates, analyse, options
+    from analyses.whitebox.analysis import _models, queries_and_candidates, analyse, options
     from datamodules.sources import load_dataset
     from pipeline.config import compose
     from pipeline.io import write_json
@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
     module = next(iter(_models(cfg, not args.ckpt, False).values()))
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed))
-    qids, qtexts, cands, _ = _queries_and_candidates(ds, dc, opts, s["seed"])
+    qids, qtexts, cands, _ = queries_and_candidates(ds, dc, opts, s["seed"])
     peer = peer_removal(module, qids, qtexts, cands, ds, args.peer_queries)
 
     stages = {**result["timings_s"], **{f"{label}: {k}": v for k, v in res["timings_s"].items()}}

@@ -82,3 +82,12 @@ def test_tk_composes_with_the_papers_settings():
 def test_tk_bad_values_are_errors(argv, key):
     with pytest.raises(InputError, match=rf"config key '{key}'"):
         compose(["model=tk", *argv])
+
+
+@pytest.mark.parametrize("argv,key", [(["model.length_buckets=0"], "model.length_buckets"),
+                                      (["model=repbert", "model.doc_max_len=0"], "model.doc_max_len"),
+                                      (["model=tk", "model.query_max_len=-3"], "model.query_max_len")])
+def test_ranker_lengths_and_buckets_must_be_positive(argv, key):
+    with pytest.raises(InputError, match=rf"config key '{key}'.*expected a positive integer"):
+        compose(argv)
+    assert compose(["model.length_buckets=1"]).model.length_buckets == 1

@@ -228,7 +228,7 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
 def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
     """Reads and checks all input, runs every model; nothing is written here."""
     from analyses.vocab.mlm_head import load_mlm_head
-    from analyses.whitebox.analysis import _queries_and_candidates
+    from analyses.whitebox.analysis import queries_and_candidates
     from datamodules.sources import load_dataset
     from pipeline.run import data_config
 
@@ -246,7 +246,7 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     t0 = time.perf_counter()
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed))
-    qids, qtexts, cands, depth = _queries_and_candidates(ds, dc, opts, seed)
+    qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed)
     gold = gold_passages(ds, qids, cands)
     if not gold:
         raise InputError("analysis.split", f"no query of split '{opts.split}' of {ds.name} has a relevant passage")

@@ -127,10 +127,10 @@ def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConf
 
 
 def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], dict, dict, dict]:
-    from analyses.whitebox.analysis import _queries_and_candidates
+    from analyses.whitebox.analysis import queries_and_candidates
 
     shim = types.SimpleNamespace(split=split, candidate_depth=depth, max_queries=None)
-    qids, texts, cands, _ = _queries_and_candidates(ds, dc, shim, 0)
+    qids, texts, cands, _ = queries_and_candidates(ds, dc, shim, 0)
     qrels = ds.split(split).qrels
     qids = [q for q in qids if any(g > 0 for g in qrels.get(q, {}).values())]
     if not qids:

@@ -78,7 +78,7 @@ class WhiteboxConfig(AnalysisConfig):
 
 
 # ---- input --------------------------------------------------------------------------------------------------
-def _queries_and_candidates(ds, dc, opts: WhiteboxConfig, seed: int) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
+def queries_and_candidates(ds, dc, opts: WhiteboxConfig, seed: int) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
     """(qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, a
     seeded sample of `max_queries` of them, sorted."""
     from datamodules.bm25 import bm25_candidates
@@ -236,7 +236,7 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     models = _models(cfg, model_from_cli, opts.with_backbone)
     timings["load_models_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    qids, qtexts, cands, depth = _queries_and_candidates(ds, dc, opts, seed)
+    qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed)
     timings["candidates_s"] = time.perf_counter() - t0
     if opts.spectral_passages == "collection" and "spectral" in opts.statistics:
         doc_ids = sorted(ds.docs)

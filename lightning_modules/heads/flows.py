@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 from torch.distributions import Transform, constraints
 from zuko.flows import GeneralCouplingTransform, UnconditionalTransform
 from zuko.lazy import LazyComposedTransform, LazyTransform
-from zuko.transforms import AdditiveTransform, DependentTransform, LULinearTransform, MonotonicAffineTransform
+from zuko.transforms import AdditiveTransform, CouplingTransform, DependentTransform, LULinearTransform, MonotonicAffineTransform
 
 from lightning_modules.heads import HEADS
 from lightning_modules.heads.base import HeadConfig, IsotropyHead
@@ -46,6 +47,50 @@ def _lu(lu: Tensor) -> Transform:
     return LULinearTransform(lu)
 
 
+class _HalvesCoupling(CouplingTransform):
+    """zuko's coupling with x_a = one contiguous half of the features and x_b = the other.
+
+    zuko splits by a boolean mask through index gathers and an index_put merge; with contiguous halves the split
+    is two views and the merge one `cat`, which makes a Glow training step at 768 dims ~1.5x faster (the gathers,
+    scatters and their zero-filled gradients were ~40 % of the step). Which features form x_a is a free choice
+    for Glow (the invertible linear map before each coupling mixes all features; Glow itself splits channels into
+    halves) and, for NICE, a fixed permutation of its alternating partition."""
+
+    def __init__(self, meta, k: int, a_first: bool):
+        Transform.__init__(self)
+        self.meta, self.k, self.a_first = meta, k, a_first
+
+    def split(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        # `split`, not two slices: its backward concatenates the two gradients, where two slices' backward would
+        # each zero-fill a full-size gradient
+        head, tail = x.split([self.k, x.shape[-1] - self.k], -1)
+        return (head, tail) if self.a_first else (tail, head)
+
+    def merge(self, x_a: Tensor, x_b: Tensor, shape) -> Tensor:
+        return torch.cat([x_a, x_b] if self.a_first else [x_b, x_a], -1)
+
+
+class HalvesCouplingTransform(GeneralCouplingTransform):
+    """`GeneralCouplingTransform` whose mask is a prefix (x_a = the first features) or a suffix of the features,
+    applied with `_HalvesCoupling`. A mask loaded from an older checkpoint that is neither (the alternating
+    even/odd masks heads were first trained with) still works, through zuko's gather/scatter coupling."""
+
+    def forward(self, c: Tensor | None = None) -> Transform:
+        mask = self.mask
+        k = int(mask.sum())
+        if bool(mask[:k].all()):
+            return _HalvesCoupling(partial(self.meta, c), k, a_first=True)
+        if bool(mask[-k:].all()):
+            return _HalvesCoupling(partial(self.meta, c), mask.numel() - k, a_first=False)
+        return CouplingTransform(partial(self.meta, c), mask)
+
+
+def _halves_mask(dim: int, i: int) -> Tensor:
+    """Coupling i conditions on the first half of the features when i is even, on the second half when odd."""
+    first = torch.arange(dim) < dim // 2
+    return first if i % 2 == 0 else ~first
+
+
 class _OnFirst(Transform):
     """`inner` applied to x[..., :k], the other features passed through (Glow's factored-out half)."""
 
@@ -57,18 +102,24 @@ class _OnFirst(Transform):
         super().__init__()
         self.inner, self.k = inner, k
 
+    def _halves(self, x: Tensor) -> list[Tensor]:
+        return list(x.split([self.k, x.shape[-1] - self.k], -1))  # see _HalvesCoupling.split
+
     def _call(self, x: Tensor) -> Tensor:
-        return torch.cat([self.inner(x[..., : self.k]), x[..., self.k :]], -1)
+        a, b = self._halves(x)
+        return torch.cat([self.inner(a), b], -1)
 
     def _inverse(self, y: Tensor) -> Tensor:
-        return torch.cat([self.inner.inv(y[..., : self.k]), y[..., self.k :]], -1)
+        a, b = self._halves(y)
+        return torch.cat([self.inner.inv(a), b], -1)
 
     def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
-        return self.inner.log_abs_det_jacobian(x[..., : self.k], y[..., : self.k])
+        return self.inner.log_abs_det_jacobian(self._halves(x)[0], self._halves(y)[0])
 
     def call_and_ladj(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        y, ladj = self.inner.call_and_ladj(x[..., : self.k])
-        return torch.cat([y, x[..., self.k :]], -1), ladj
+        a, b = self._halves(x)
+        y, ladj = self.inner.call_and_ladj(a)
+        return torch.cat([y, b], -1), ladj
 
 
 class OnFirst(LazyTransform):
@@ -128,8 +179,7 @@ class NICEConfig(HeadConfig):
 def build_nice(dim: int, couplings: int = 4, hidden_layers: int = 5, hidden_units: int = 1000) -> FlowHead:
     transforms: list[LazyTransform] = [_actnorm(dim)]  # input scaling (data-initialised), see init_from
     for i in range(couplings):
-        mask = torch.arange(dim) % 2 == i % 2
-        transforms.append(GeneralCouplingTransform(dim, mask=mask, univariate=AdditiveTransform, shapes=[()],
+        transforms.append(HalvesCouplingTransform(dim, mask=_halves_mask(dim, i), univariate=AdditiveTransform, shapes=[()],
                                                    hidden_features=[hidden_units] * hidden_layers))
     transforms.append(_actnorm(dim))  # NICE's diagonal scaling layer
     return FlowHead(dim, transforms)
@@ -145,11 +195,10 @@ class GlowConfig(HeadConfig):
 
 
 def _glow_step(dim: int, i: int, hidden: list[int]) -> list[LazyTransform]:
-    mask = torch.arange(dim) % 2 == i % 2
     return [
         _actnorm(dim),
         UnconditionalTransform(_lu, torch.eye(dim)),  # starts at the identity: L = tril(I), U = I
-        GeneralCouplingTransform(dim, mask=mask, univariate=MonotonicAffineTransform, shapes=[(), ()], hidden_features=hidden),
+        HalvesCouplingTransform(dim, mask=_halves_mask(dim, i), univariate=MonotonicAffineTransform, shapes=[(), ()], hidden_features=hidden),
     ]
 
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from lightning_modules.rankers.backbone import load_backbone
 from lightning_modules.rankers.dropout import use_fast_dropout
+from pipeline.errors import InputError
 
 
 @dataclass
@@ -43,6 +44,12 @@ class RankerConfig:
     # longest (the batch and the scores stay the same; training batches of 32 SQuAD passages at 180 tokens are ~24 %
     # padding as one block). 1: one block.
     length_buckets: int = 4
+
+    def __post_init__(self):
+        for key in ("query_max_len", "doc_max_len", "length_buckets"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"config key 'model.{key}'", f"is {value!r}; expected a positive integer")
 
 
 @dataclass

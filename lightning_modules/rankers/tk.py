@@ -83,6 +83,7 @@ class TKConfig(RankerConfig):
     kernel_lr_scale: float = 10.0  # only when kernel_lr is null
 
     def __post_init__(self):
+        super().__post_init__()
         positive = {"layers": self.layers, "heads": self.heads, "head_dim": self.head_dim, "ff_dim": self.ff_dim,
                     "sigma": self.sigma, "kernel_lr_scale": self.kernel_lr_scale,
                     "contextualization_lr": self.contextualization_lr, "kernel_lr": self.kernel_lr}

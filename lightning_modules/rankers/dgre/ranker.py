@@ -66,6 +66,7 @@ class DGReConfig(RankerConfig):
     layers_lr_scale: float = 5.0
 
     def __post_init__(self):
+        super().__post_init__()
         check_choice("model.masking", self.masking, MASKINGS)
         check_choice("model.inf_norm", self.inf_norm, INF_NORMS)
         check_choice("model.ggnn_input", self.ggnn_input, GGNN_INPUTS)
