@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_modules.oom import halving
 from lightning_modules.rankers.base import BiEncoder, Encoded
 from lightning_modules.rankers.tokenization import PairTokenizer
 from pipeline.errors import InputError
@@ -153,7 +154,8 @@ def encode_texts(
         ids = [i for i, _ in batch]
         tok = {k: v.to(dev, non_blocking=True) for k, v in tokenize([t for _, t in batch]).items()}
         with torch.inference_mode(), eval_mode(ranker), autocast(dev, precision):
-            enc = encode(tok)
+            # out of GPU memory on a batch of long passages: retried in halves (rows are independent at inference)
+            enc = halving(encode, tok, f"encoding {side} for an index")
         del tok
         want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
         if want == "sequence":

@@ -330,3 +330,33 @@ def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     rc = main(["model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
                f"output_dir={out}", "--index-type", "ivf", "--nlist", "5000"])
     assert rc == 2
+
+
+@pytest.mark.parametrize("name", ["repbert", "colbert"])
+def test_index_encoding_out_of_memory_retried_in_halves(rankers, name, monkeypatch):
+    """Encoding for an index: every encode call on more than 3 rows raises torch.OutOfMemoryError (as CUDA would);
+    the batch is retried in halves, with a warning, and the vectors equal an encoding that never ran out."""
+    ranker = rankers[name]
+    ref = {i: v for ids, vs in encode_docs(ranker, None, DOCS, batch_size=16) for i, v in zip(ids, _rows(vs))}
+    real, calls = type(ranker).encode_docs, []
+
+    def limited(self, batch):
+        calls.append(next(v for k, v in batch.items() if k.endswith("input_ids")).shape[0])
+        if calls[-1] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, batch)
+
+    monkeypatch.setattr(type(ranker), "encode_docs", limited)
+    with pytest.warns(UserWarning, match=r"out of memory encoding docs for an index on 16 rows; retrying in halves of 8 and 8"):
+        got = {i: v for ids, vs in encode_docs(ranker, None, DOCS, batch_size=16) for i, v in zip(ids, _rows(vs))}
+    assert max(calls) == 16 and min(calls) <= 3
+    assert got.keys() == ref.keys()
+    for i in ref:
+        torch.testing.assert_close(got[i], ref[i], rtol=0, atol=1e-5)
+
+
+def _rows(vs):
+    """Per-row vectors: pooled [D], or a ColBERT passage's real token vectors [n, D] (padding dropped)."""
+    if isinstance(vs, torch.Tensor):
+        return list(vs)
+    return [t[m] for t, m in zip(vs.tokens, vs.mask)]
