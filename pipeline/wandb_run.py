@@ -86,3 +86,30 @@ def wandb_logger(cfg: DictConfig, name: str):
     except Exception as e:
         warnings.warn(f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); training without a logger")
         return False
+
+
+def log_results_table(logger, rows: dict[str, dict], key: str = "test/results") -> bool:
+    """A run's test results as the W&B table `key`: one row per label of `rows` (e.g. "before training" and "after
+    training", or "Ft" and "Ft -> glow", the isotropy paper's rows), one column per measure, the values of
+    `metrics.json`; the same under the summary key `results` (`results.<row>.<measure>` columns in the runs table).
+    False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a W&B
+    failure here is a warning, not a lost run."""
+    if not logger or not hasattr(logger, "log_table"):
+        return False
+    columns: list[str] = []
+    for values in rows.values():
+        columns += [k for k in values if k not in columns and isinstance(values[k], (int, float))]
+    data = [[label, *[None if values.get(c) is None else float(values[c]) for c in columns]] for label, values in rows.items()]
+    try:
+        logger.log_table(key=key, columns=["run", *columns], data=data)
+        logger.experiment.summary.update({"results": {label: dict(zip(columns, line[1:])) for label, line in zip(rows, data)}})
+    except Exception as e:  # noqa: BLE001 - the results are on disk already
+        warnings.warn(f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them")
+        return False
+    return True
+
+
+def head_rows(before: dict, after: dict, head: str) -> dict[str, dict]:
+    """The rows of a test with an isotropy head: "Ft" and "Ft -> <head>" (the `*_raw` isotropy values of the head
+    run are the Ft row's, so they are not repeated as columns)."""
+    return {"Ft": before, f"Ft -> {head}": {k: v for k, v in after.items() if not k.endswith("_raw")}}
