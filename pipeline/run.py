@@ -31,7 +31,8 @@ def data_config(cfg: DictConfig):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg.data))
 
 
-def build_logger(cfg: DictConfig, name: str):
+def build_logger(cfg: DictConfig, name: str, job: str | None = None):
+    """The configured logger (`job`: the W&B job type, else from the run: train, head or eval)."""
     lc = cfg.logger
     out = Path(cfg.output_dir)
     if lc.name == "none":
@@ -43,7 +44,7 @@ def build_logger(cfg: DictConfig, name: str):
     if lc.name == "wandb":
         from pipeline.wandb_run import wandb_logger
 
-        return wandb_logger(cfg, name)
+        return wandb_logger(cfg, name, job)
     raise InputError("logger.name", f"unknown logger '{lc.name}'; expected wandb, csv or none")
 
 

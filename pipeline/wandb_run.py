@@ -5,7 +5,8 @@ Dashboard layout (what `wandb_init_args` sets):
   `<row>-<train>-<eval>-<replicate>`.
 - group: `logger.group`, else `<model>-<data>` (e.g. `colbert-squad`), so runs of one ranker on one collection sit
   together; grids group by grid name.
-- job_type: `train`, `head` (stage=head) or `eval`, to filter the runs table.
+- job_type: `train`, `head` (stage=head), `eval`, `analysis` (analyses/, named `<analysis>-<output folder>`) or
+  `grid-table` (a grid's results table), to filter the runs table.
 - tags: the ranker, the collection, the head when there is one, plus `logger.tags`.
 
 Faults: the run is created when the logger is built (not lazily inside the Trainer), so a W&B server that cannot
@@ -30,9 +31,9 @@ def key_configured() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
-def wandb_init_args(cfg: DictConfig, name: str) -> dict:
+def wandb_init_args(cfg: DictConfig, name: str, job: str | None = None) -> dict:
     lc = cfg.logger
-    job = "eval" if name.startswith("eval-") else ("head" if cfg.get("stage") == "head" else "train")
+    job = job or ("eval" if name.startswith("eval-") else ("head" if cfg.get("stage") == "head" else "train"))
     model, data = cfg.model.name, cfg.data.get("source", "data")
     head = cfg.get("head", {}).get("name", "none") if cfg.get("head") is not None else "none"
     tags = [model, data] + ([head] if head != "none" else []) + [t for t in lc.tags if t not in (model, data, head)]
@@ -61,11 +62,11 @@ def _try(args: dict, save_dir: Path, mode: str, config: dict):
         return e
 
 
-def wandb_logger(cfg: DictConfig, name: str):
+def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
     mode = cfg.logger.mode
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if key_configured() else "offline")
-    args, config, out = wandb_init_args(cfg, name), OmegaConf.to_container(cfg), Path(cfg.output_dir)
+    args, config, out = wandb_init_args(cfg, name, job), OmegaConf.to_container(cfg), Path(cfg.output_dir)
     first = _try(args, out, mode, config)
     if not isinstance(first, Exception):
         return first

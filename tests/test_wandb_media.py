@@ -191,3 +191,19 @@ def test_histogram_cosines_average_to_avgcos():
     assert len(cos) == 299 * 298 // 2
     assert float(cos.mean()) == pytest.approx(float(avg_cos(x)), abs=1e-10)
     assert float(cos.min()) >= -1 - 1e-12 and float(cos.max()) <= 1 + 1e-12
+
+
+def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
+    from pipeline.config import compose
+    from pipeline.wandb_run import wandb_init_args
+
+    a = wandb_init_args(compose(["output_dir=outputs/x"]), "whitebox-x", job="analysis")
+    assert (a["name"], a["group"], a["job_type"]) == ("whitebox-x", "colbert-synthetic", "analysis")
+    out = tmp_path / "pos"
+    run_script("-m", "analyses.answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
+               "--epochs", "1", env=offline_env(tmp_path))
+    run, summary, meta = offline_run(out)
+    assert meta == {"name": "answer_positions-pos", "group": "colbert-synthetic", "job_type": "analysis"}
+    (png,) = images(run, "answer_positions/histogram")
+    assert png.read_bytes() == (out / "answer_positions.png").read_bytes()
+    assert summary["answer_positions/histogram"]["_type"] == "images/separated"
