@@ -103,7 +103,9 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results") 
     data = [[label, *[None if values.get(c) is None else float(values[c]) for c in columns]] for label, values in rows.items()]
     try:
         logger.log_table(key=key, columns=["run", *columns], data=data)
-        logger.experiment.summary.update({"results": {label: dict(zip(columns, line[1:])) for label, line in zip(rows, data)}})
+        # a value a row lacks (no ATS of the raw vectors, say) is an empty cell in the table, and no summary key
+        logger.experiment.summary.update({"results": {label: {c: v for c, v in zip(columns, line[1:]) if v is not None}
+                                                      for label, line in zip(rows, data)}})
     except Exception as e:  # noqa: BLE001 - the results are on disk already
         warnings.warn(f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them")
         return False

@@ -140,6 +140,7 @@ def test_head_stage_and_evaluation_log_isotropy_figures_and_tables(tmp_path, fin
     assert_row(rows["Ft"], metrics["before_head"])
     assert_row(rows["Ft -> glow"], {k: v for k, v in metrics.items() if not k.endswith("_raw")})
     assert summary["results"]["Ft -> glow"]["iw"] == pytest.approx(metrics["iw"], rel=1e-12)
+    assert "mats" in summary["results"]["Ft -> glow"] and "mats" not in summary["results"]["Ft"]  # no empty values
     assert summary["test/iw_raw"] == pytest.approx(metrics["before_head"]["iw"], abs=1e-6)
 
     ev = tmp_path / "ev"
