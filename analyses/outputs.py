@@ -32,7 +32,9 @@ def log_analysis(cfg, name: str, scalars: dict[str, float] | None = None, tables
     the logger is W&B. Nothing with logger=none."""
     from pipeline.run import build_logger
 
-    logger = build_logger(cfg, name)
+    # one run per analysis and output folder, filtered on the dashboard by job type "analysis"
+    folder = Path(cfg.output_dir).name
+    logger = build_logger(cfg, name if name.endswith(folder) else f"{name}-{folder}", job="analysis")
     if not logger:
         return
     if scalars:

@@ -13,28 +13,47 @@ the same four are logged for the raw representations under `*_raw` (the "Ft" col
 tables next to "Ft -> head"), from the same backbone pass.
 The metric states are torchmetrics states: under DDP each rank encodes its shard and `compute()` syncs.
 Cross-encoders have no separate query/passage representations and are skipped.
+
+With a head, every validation and test also draws the isotropy "before/after" figure (`cosine_figure`): histograms
+of the pairwise cosine similarities (the quantity Eq. 4 averages) of the raw ("Ft") and head ("Ft -> head")
+vectors, token vectors and sequence vectors side by side, with the I(W) and avgcos of the whole probe set in the
+legend. The histograms are of a seeded uniform sample of at most `figure_vectors` vectors, the same tokens before
+and after the head (one random key per token, the smallest keys kept), so the figure costs a few million dot
+products. Written to `<output_dir>/isotropy_<split>.png` (atomically; a validation overwrites the previous
+epoch's) and logged to W&B as the image `<split>/isotropy_cosines`. Under DDP the figure shows rank 0's shard of
+the probe set (the numbers in its legend are over all ranks).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 from pytorch_lightning import Callback
+from torch import Tensor
 
 from callbacks.metrics.isotropy import AvgCos, IsotropyIW
 from lightning_modules.rankers.base import masked_mean
 
 
 class IsotropyCallback(Callback):
-    def __init__(self, batch_size: int = 32, max_vectors: int = 20000):
+    def __init__(self, batch_size: int = 32, max_vectors: int = 20000, figure_vectors: int = 2000, seed: int = 0):
         self.batch_size = batch_size
         self.max_vectors = max_vectors
+        self.figure_vectors, self.seed = figure_vectors, seed
+        self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
 
     @torch.inference_mode()
     def measure(self, trainer, module) -> dict[str, float]:
         ranker = module.ranker
+        self.sample = {}
         if ranker.kind != "bi":
             return {}
         has_head = ranker.token_head is not None or ranker.sequence_head is not None
         variants = ("", "_raw") if has_head else ("",)
+        # the figure's sample: the same seeded keys at every validation, shared by both variants (paired tokens)
+        keys = {kind: _KeptSample(self.figure_vectors, torch.Generator().manual_seed(self.seed + i))
+                for i, kind in enumerate(("tokens", "sequence"))} if has_head else {}
         metrics = {}
         for v in variants:
             metrics.update({
@@ -54,6 +73,7 @@ class IsotropyCallback(Callback):
                 with trainer.precision_plugin.forward_context():
                     raw = ranker.token_representations(ids, mask, side=side)
                     encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
+                vectors = {}
                 for v, enc in encodings.items():
                     scored = ranker.scoring_vectors(enc.tokens.float())
                     tokens = scored[enc.mask]
@@ -62,7 +82,13 @@ class IsotropyCallback(Callback):
                     metrics[f"avgcos{v}"].update(tokens)
                     metrics[f"iw_sequence{v}"].update(seq)
                     metrics[f"avgcos_sequence{v}"].update(seq)
+                    vectors[v] = {"tokens": tokens, "sequence": seq}
+                for kind, kept in keys.items():
+                    kept.add({v: vectors[v][kind] for v in variants})
         ranker.train(was_training)
+        for kind, kept in keys.items():
+            for v, x in kept.rows.items():
+                self.sample.setdefault(v, {})[kind] = x
         return {k: float(m.compute()) for k, m in metrics.items()}
 
     def _log(self, trainer, module, split: str) -> None:
@@ -70,6 +96,19 @@ class IsotropyCallback(Callback):
         module.results.setdefault(split, {})["isotropy"] = values
         for k, v in values.items():
             module.log(f"{split}/{k}", v, sync_dist=False)
+        if self.sample and trainer.is_global_zero:
+            self._figure(trainer, module, split, values)
+
+    def _figure(self, trainer, module, split: str, values: dict[str, float]) -> None:
+        from analyses.outputs import save_figure
+
+        head = getattr(module, "head_cfg", None)
+        name = head.name if head is not None else "head"
+        title = f"Isotropy before/after the {name} head ({split}, step {trainer.global_step}; probe texts of the validation split)"
+        png = save_figure(cosine_figure(self.sample, values, title, name), Path(trainer.default_root_dir) / f"isotropy_{split}.png")
+        logger = trainer.logger
+        if logger is not None and hasattr(logger, "log_image"):  # W&B
+            logger.log_image(key=f"{split}/isotropy_cosines", images=[str(png)], step=trainer.global_step)
 
     def on_validation_epoch_end(self, trainer, module) -> None:
         if not trainer.sanity_checking:
@@ -77,3 +116,58 @@ class IsotropyCallback(Callback):
 
     def on_test_epoch_end(self, trainer, module) -> None:
         self._log(trainer, module, "test")
+
+
+class _KeptSample:
+    """A seeded uniform sample of at most `size` rows of a stream of batches: each row gets a random key and the
+    rows with the smallest keys are kept, so the sample does not depend on the batch sizes and memory stays O(size).
+    Several parallel streams (raw and head vectors of the same rows) share the keys and keep the same rows."""
+
+    def __init__(self, size: int, generator: torch.Generator):
+        self.size, self.generator = size, generator
+        self.keys = torch.empty(0)
+        self.rows: dict[str, Tensor] = {}
+
+    def add(self, batch: dict[str, Tensor]) -> None:
+        n = next(iter(batch.values())).shape[0]
+        keys = torch.cat([self.keys, torch.rand(n, generator=self.generator)])
+        keep = torch.argsort(keys)[: self.size].sort().values  # stream order, so the sample reads like the probe
+        self.keys = keys[keep]
+        for v, x in batch.items():
+            old = self.rows.get(v)
+            rows = x.detach().float().cpu()
+            self.rows[v] = (rows if old is None else torch.cat([old, rows]))[keep]
+
+
+def pairwise_cosines(x: Tensor) -> Tensor:
+    """cos(w_i, w_j) for the unordered pairs i < j of the rows of x (zero rows left out, as avgcos does)."""
+    x = x.double()
+    x = x[x.norm(dim=1) > 0]
+    u = x / x.norm(dim=1, keepdim=True)
+    i, j = torch.triu_indices(len(u), len(u), offset=1)
+    return (u @ u.T)[i, j]
+
+
+def cosine_figure(sample: dict[str, dict[str, Tensor]], values: dict[str, float], title: str, head: str = "head"):
+    """Histograms of pairwise cosine similarities, raw ("Ft", `sample["_raw"]`) vs with the head (`sample[""]`), of
+    token vectors and sequence vectors; `values` the callback's I(W) and avgcos (legend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, kind, suffix, label in ((axes[0], "tokens", "", "token vectors"), (axes[1], "sequence", "_sequence", "sequence vectors")):
+        bins = np.linspace(-1, 1, 81)
+        for v, name, colour in (("_raw", "Ft", "tab:blue"), ("", f"Ft -> {head}", "tab:orange")):
+            x = sample[v][kind]
+            cos = pairwise_cosines(x).numpy()
+            iw, avg = values.get(f"iw{suffix}{v}", float("nan")), values.get(f"avgcos{suffix}{v}", float("nan"))
+            ax.hist(cos, bins=bins, density=True, alpha=0.5, color=colour, label=f"{name}: I(W) {iw:.3f}, avgcos {avg:.3f}")
+        ax.set_xlabel("cosine similarity of a pair")
+        ax.set_ylabel("density")
+        ax.set_title(f"{label} ({len(x)} sampled)", fontsize=9)
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    return fig

@@ -28,6 +28,7 @@ from lightning_modules.heads.cache import RepresentationCache, cache_key
 from lightning_modules.heads.whitening import MomentAccumulator
 from pipeline.errors import InputError
 from pipeline.io import atomic_open
+from pipeline.wandb_run import head_rows, log_results_table
 
 
 def _trainer_for_head(cfg: DictConfig) -> DictConfig:
@@ -141,6 +142,7 @@ def train_head(cfg: DictConfig) -> dict | None:
         return None
     before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")
+    log_results_table(trainer.logger, head_rows(before, after, cfg.head.name))
     print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
     return after
 

@@ -21,6 +21,7 @@ from lightning_modules.module import RankingModule
 from lightning_modules.rankers import UNTRAINED
 from pipeline.errors import InputError
 from pipeline.io import atomic_open, write_json
+from pipeline.wandb_run import head_rows, log_results_table
 
 MONITOR = "val/ndcg_cut_10"
 
@@ -30,7 +31,8 @@ def data_config(cfg: DictConfig):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg.data))
 
 
-def build_logger(cfg: DictConfig, name: str):
+def build_logger(cfg: DictConfig, name: str, job: str | None = None):
+    """The configured logger (`job`: the W&B job type, else from the run: train, head or eval)."""
     lc = cfg.logger
     out = Path(cfg.output_dir)
     if lc.name == "none":
@@ -42,13 +44,13 @@ def build_logger(cfg: DictConfig, name: str):
     if lc.name == "wandb":
         from pipeline.wandb_run import wandb_logger
 
-        return wandb_logger(cfg, name)
+        return wandb_logger(cfg, name, job)
     raise InputError("logger.name", f"unknown logger '{lc.name}'; expected wandb, csv or none")
 
 
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     t = OmegaConf.to_container(cfg.trainer)
-    callbacks: list = [IsotropyCallback()]
+    callbacks: list = [IsotropyCallback(seed=int(cfg.seed))]
     if cfg.eval.ats_passages > 0:
         callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed))
     if checkpoints:
@@ -216,6 +218,7 @@ def train(cfg: DictConfig) -> dict | None:
     if not trainer.is_global_zero:
         return None
     after = write_results(cfg, module, before)
+    log_results_table(trainer.logger, {"before training": before, "after training": after} if before else {"after training": after})
     print_table(after, before)
     return after
 
@@ -278,9 +281,11 @@ def evaluate_module(cfg: DictConfig, module: RankingModule) -> dict | None:
         return None
     if not hasattr(module, "results_without_head"):
         after = write_results(cfg, module)
+        log_results_table(trainer.logger, {"test": after})
         print_table(after)
         return after
     before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")
+    log_results_table(trainer.logger, head_rows(before, after, cfg.head.name))
     print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
     return after

@@ -5,7 +5,8 @@ Dashboard layout (what `wandb_init_args` sets):
   `<row>-<train>-<eval>-<replicate>`.
 - group: `logger.group`, else `<model>-<data>` (e.g. `colbert-squad`), so runs of one ranker on one collection sit
   together; grids group by grid name.
-- job_type: `train`, `head` (stage=head) or `eval`, to filter the runs table.
+- job_type: `train`, `head` (stage=head), `eval`, `analysis` (analyses/, named `<analysis>-<output folder>`) or
+  `grid-table` (a grid's results table), to filter the runs table.
 - tags: the ranker, the collection, the head when there is one, plus `logger.tags`.
 
 Faults: the run is created when the logger is built (not lazily inside the Trainer), so a W&B server that cannot
@@ -30,9 +31,9 @@ def key_configured() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
-def wandb_init_args(cfg: DictConfig, name: str) -> dict:
+def wandb_init_args(cfg: DictConfig, name: str, job: str | None = None) -> dict:
     lc = cfg.logger
-    job = "eval" if name.startswith("eval-") else ("head" if cfg.get("stage") == "head" else "train")
+    job = job or ("eval" if name.startswith("eval-") else ("head" if cfg.get("stage") == "head" else "train"))
     model, data = cfg.model.name, cfg.data.get("source", "data")
     head = cfg.get("head", {}).get("name", "none") if cfg.get("head") is not None else "none"
     tags = [model, data] + ([head] if head != "none" else []) + [t for t in lc.tags if t not in (model, data, head)]
@@ -61,11 +62,11 @@ def _try(args: dict, save_dir: Path, mode: str, config: dict):
         return e
 
 
-def wandb_logger(cfg: DictConfig, name: str):
+def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
     mode = cfg.logger.mode
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if key_configured() else "offline")
-    args, config, out = wandb_init_args(cfg, name), OmegaConf.to_container(cfg), Path(cfg.output_dir)
+    args, config, out = wandb_init_args(cfg, name, job), OmegaConf.to_container(cfg), Path(cfg.output_dir)
     first = _try(args, out, mode, config)
     if not isinstance(first, Exception):
         return first
@@ -86,3 +87,32 @@ def wandb_logger(cfg: DictConfig, name: str):
     except Exception as e:
         warnings.warn(f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); training without a logger")
         return False
+
+
+def log_results_table(logger, rows: dict[str, dict], key: str = "test/results") -> bool:
+    """A run's test results as the W&B table `key`: one row per label of `rows` (e.g. "before training" and "after
+    training", or "Ft" and "Ft -> glow", the isotropy paper's rows), one column per measure, the values of
+    `metrics.json`; the same under the summary key `results` (`results.<row>.<measure>` columns in the runs table).
+    False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a W&B
+    failure here is a warning, not a lost run."""
+    if not logger or not hasattr(logger, "log_table"):
+        return False
+    columns: list[str] = []
+    for values in rows.values():
+        columns += [k for k in values if k not in columns and isinstance(values[k], (int, float))]
+    data = [[label, *[None if values.get(c) is None else float(values[c]) for c in columns]] for label, values in rows.items()]
+    try:
+        logger.log_table(key=key, columns=["run", *columns], data=data)
+        # a value a row lacks (no ATS of the raw vectors, say) is an empty cell in the table, and no summary key
+        logger.experiment.summary.update({"results": {label: {c: v for c, v in zip(columns, line[1:]) if v is not None}
+                                                      for label, line in zip(rows, data)}})
+    except Exception as e:  # noqa: BLE001 - the results are on disk already
+        warnings.warn(f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them")
+        return False
+    return True
+
+
+def head_rows(before: dict, after: dict, head: str) -> dict[str, dict]:
+    """The rows of a test with an isotropy head: "Ft" and "Ft -> <head>" (the `*_raw` isotropy values of the head
+    run are the Ft row's, so they are not repeated as columns)."""
+    return {"Ft": before, f"Ft -> {head}": {k: v for k, v in after.items() if not k.endswith("_raw")}}
