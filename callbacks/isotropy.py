@@ -1,7 +1,7 @@
 """Logs I(W) (isotropy paper Eq. 3) and avgcos (Eq. 4) of a ranker's representations at every validation and test.
 
-Measured on a fixed, seeded probe set (validation queries and candidate passages, `RankingDataModule.probe_texts`)
-so the curves over training compare like with like:
+Measured on a fixed, seeded probe set (queries and candidate passages of the validation split at every validation,
+of the test split at test: `RankingDataModule.probe_texts`) so the curves over training compare like with like:
 - `iw`, `avgcos`: token vectors of queries and passages (padding excluded), the vectors ColBERT scores with;
 - `iw_sequence`, `avgcos_sequence`: one vector per text (the ranker's pooled vector; the mean of its unit
   token vectors for ColBERT).
@@ -44,7 +44,7 @@ class IsotropyCallback(Callback):
         self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
 
     @torch.inference_mode()
-    def measure(self, trainer, module) -> dict[str, float]:
+    def measure(self, trainer, module, split: str = "val") -> dict[str, float]:
         ranker = module.ranker
         self.sample = {}
         if ranker.kind != "bi":
@@ -63,7 +63,7 @@ class IsotropyCallback(Callback):
         for m in metrics.values():
             m.to(module.device)
         tok = module.pair_tokenizer
-        queries, docs = trainer.datamodule.probe_texts()
+        queries, docs = trainer.datamodule.probe_texts(split)
         was_training = ranker.training
         ranker.eval()
         for texts, tokenize, side in ((queries, tok.queries, "query"), (docs, tok.docs, "doc")):
@@ -92,7 +92,7 @@ class IsotropyCallback(Callback):
         return {k: float(m.compute()) for k, m in metrics.items()}
 
     def _log(self, trainer, module, split: str) -> None:
-        values = self.measure(trainer, module)
+        values = self.measure(trainer, module, split)
         module.results.setdefault(split, {})["isotropy"] = values
         for k, v in values.items():
             module.log(f"{split}/{k}", v, sync_dist=False)
@@ -104,7 +104,7 @@ class IsotropyCallback(Callback):
 
         head = getattr(module, "head_cfg", None)
         name = head.name if head is not None else "head"
-        title = f"Isotropy before/after the {name} head ({split}, step {trainer.global_step}; probe texts of the validation split)"
+        title = f"Isotropy before/after the {name} head ({split} probe texts, step {trainer.global_step})"
         png = save_figure(cosine_figure(self.sample, values, title, name), Path(trainer.default_root_dir) / f"isotropy_{split}.png")
         logger = trainer.logger
         if logger is not None and hasattr(logger, "log_image"):  # W&B

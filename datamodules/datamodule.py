@@ -272,10 +272,11 @@ class RankingDataModule(pl.LightningDataModule):
         return self.eval_dataloader("test")
 
     # ---- isotropy probe ------------------------------------------------------------------------------------
-    def probe_texts(self) -> tuple[list[str], list[str]]:
-        """A fixed, seeded probe set (validation queries and candidate passages), this rank's shard: I(W) and
-        avgcos are measured on the same texts at every validation, and DDP ranks split it without overlap."""
-        split = self.eval_splits["val"]
+    def probe_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
+        """A fixed, seeded probe set (queries and candidate passages of `split`: "val" at every validation, "test"
+        at test), this rank's shard: I(W) and avgcos are measured on the same texts at every validation, and DDP
+        ranks split it without overlap. A split the source does not have falls back to the validation split."""
+        split = self.eval_splits[split if split in self.eval_splits else "val"]
         rng = np.random.default_rng([self.seed, 3])
         qi = np.sort(rng.permutation(len(split.qids))[: self.probe_queries])
         di = np.sort(rng.permutation(len(split.dtexts))[: self.probe_docs])

@@ -230,3 +230,21 @@ def test_metrics_gather_across_ddp_ranks(tmp_path):
     assert iw_value == pytest.approx(isotropy_iw(W_gathered), abs=1e-12)
     assert iw_value == pytest.approx(isotropy_iw(W), abs=1e-9)
     assert ac_value == pytest.approx(avg_cos(W), abs=1e-12)
+
+
+def test_probe_texts_come_from_the_split_measured(tmp_path):
+    """`test/iw` and `test/avgcos` are measured on the test split's queries and passages, `val/...` on the validation
+    split's: the probe of each split holds only that split's texts, and the same ones at every call."""
+    from datamodules.datamodule import RankingDataModule
+    from datamodules.sources.synthetic import SyntheticConfig
+
+    cfg = SyntheticConfig(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4,
+                          cache_dir=str(tmp_path))
+    dm = RankingDataModule(cfg, tokenizer=None, seed=5)
+    dm.setup()
+    for split in ("val", "test"):
+        queries, docs = dm.probe_texts(split)
+        s = dm.eval_splits[split]
+        assert queries and set(queries) <= set(s.qtexts) and set(docs) <= set(s.dtexts)
+        assert (queries, docs) == dm.probe_texts(split)
+    assert set(dm.probe_texts("val")[0]).isdisjoint(dm.probe_texts("test")[0])
