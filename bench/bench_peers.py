@@ -4,6 +4,7 @@
                                 [--precision bf16] [--threads 2] [--rounds 2] [--steps 3] [--warmup 1]
                                 [--passages 128] [--rerank-queries 4] [--candidates 100] [--out bench/results/peers.json]
     python bench/bench_peers.py --tasks quality [--quality-steps 20] [--quality-queries 100] [--quality-depth 20]
+                                [--quality-untrained ours,pylate,lightning-ir] [--quality-ours-compress-dim 128]
 
 Every tool runs in its own process: ours with this interpreter (bench/peers/ours.py), each peer with the python of
 its own venv (bench/peers/<peer>_driver.py; venvs from bench/requirements-<peer>.txt, default /work/venvs/<peer>).
@@ -25,9 +26,12 @@ Tasks (each tool's own API, tokenisation inside the timed unit):
   from a --seed shuffle), batch, lengths, lr (constant, no warm-up) and precision, then scores the same candidate
   lists (--quality-queries SQuAD val-split questions, each with its BM25 top --quality-depth paragraphs, from the
   same data module). Each tool's scores become a TREC run (callbacks/metrics/trec.py) and our evaluator
-  (callbacks/metrics/ir.py, pytrec_eval) gives NDCG@10 etc. against the same qrels. Reference rows: the
-  candidates' BM25 order, and the untrained backbone (our ColBERT after 0 steps: MiniLM's token vectors, MaxSim).
-  One run per tool (not timed against each other; wall times are printed for information).
+  (callbacks/metrics/ir.py, pytrec_eval) gives NDCG@10 etc. against the same qrels, with a two-tailed paired
+  t-test of per-query NDCG@10 against ours (pipeline/stats.py). Reference rows: the candidates' BM25 order, each
+  tool after 0 steps (--quality-untrained; ours then is the untrained backbone itself: MiniLM's token vectors,
+  MaxSim, while PyLate and Lightning IR start with a random 384 -> 128 projection), and ours with the same kind of
+  projection (`model.compress_dim`, --quality-ours-compress-dim). One run per row, not alternated (wall times are
+  printed for information only).
 
 GFLOP/s: nominal FLOPs of the work unit at the maximum lengths (32 / 180 tokens; training = 3 x forward), per
 second, and as a fraction of a plain n x n matmul of the same precision measured in this run (start and end). Peak
@@ -218,15 +222,23 @@ def scores_to_run(scores: dict, lists: dict) -> dict[str, dict[str, float]]:
     return run
 
 
-def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> dict:
+def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict, dict]:
     """Write `run` as a TREC run file, read it back and evaluate it with our evaluator against the lists' qrels
-    (so the numbers are those of the file: what trec_eval would print for it)."""
+    (so the numbers are those of the file: what trec_eval would print for it): (means, {qid: NDCG@10})."""
     from callbacks.metrics.ir import evaluate_run
     from callbacks.metrics.trec import read_trec_run, write_trec_run
 
     write_trec_run(path, run, tag)
-    means, _ = evaluate_run(read_trec_run(path), lists["qrels"], QUALITY_MEASURES)
-    return means
+    means, per_query = evaluate_run(read_trec_run(path), lists["qrels"], QUALITY_MEASURES)
+    return means, {q: v["ndcg_cut_10"] for q, v in per_query.items()}
+
+
+def paired_p(ours: dict, other: dict) -> float:
+    """Two-tailed paired t-test p of per-query NDCG@10, ours against another row's (pipeline/stats.py)."""
+    from pipeline.stats import pair_by_query, paired_test
+
+    a, b, _ = pair_by_query(ours, other)
+    return paired_test(a, b, "t_test_two_tailed")
 
 
 def bm25_order_run(lists: dict) -> dict[str, dict[str, float]]:
@@ -243,46 +255,57 @@ def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: P
     out = {"data": data["source"], "steps": args.quality_steps, "queries": len(lists["qids"]), "depth": args.quality_depth,
            "distinct_passages": n_docs, "lr": args.lr, "precision": args.precision[0], "rows": []}
     run_dir.mkdir(parents=True, exist_ok=True)
-    means = evaluate_quality(bm25_order_run(lists), lists, run_dir / "bm25.run", "bm25")
-    out["rows"].append({"name": "BM25 (candidate order)", "tool": "bm25", "steps": 0, **means})
-    jobs = [("ours", 0)] if args.quality_untrained else []
-    jobs += [(t, args.quality_steps) for t in tools]
+    means, per_query = evaluate_quality(bm25_order_run(lists), lists, run_dir / "bm25.run", "bm25")
+    out["rows"].append({"name": "BM25 (candidate order)", "tool": "bm25", "steps": 0, **means, "per_query": per_query})
+    # (tool, steps, our model overrides): each tool's starting point (0 steps; PyLate and Lightning IR add a
+    # randomly initialised 384 -> 128 projection, ours by default none), then every tool after the same steps
+    jobs = [(t, 0, {}) for t in tools if t in args.quality_untrained]
+    jobs += [(t, args.quality_steps, {}) for t in tools]
+    if args.quality_ours_compress_dim and "ours" in tools:  # ours with the peers' projection (ColBERT's 128-d vectors)
+        jobs += [("ours", s, {"compress_dim": args.quality_ours_compress_dim}) for s in (0, args.quality_steps)]
     with tempfile.TemporaryDirectory(prefix="bench_quality.") as tmp:
         wd = Path(tmp)
         (wd / "data.json").write_text(json.dumps({"triplets": data["triplets"], "eval": lists}))
-        for tool, steps in jobs:
+        for tool, steps, overrides in jobs:
             spec = dict(data=str(wd / "data.json"), backbone=backbone, threads=args.threads, seed=args.seed, lr=args.lr,
                         warmup=0, encode_batch=args.encode_batch, query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN,
-                        task=QUALITY, precision=args.precision[0], train_steps=steps)
+                        task=QUALITY, precision=args.precision[0], train_steps=steps, model_overrides=overrides)
             r = run_driver(tool, pythons[tool], spec, wd, args.timeout)
-            name = f"{tool}, {steps} steps" if steps else "untrained backbone (ours, 0 steps)"
+            variant = "".join(f", {k} {v}" for k, v in overrides.items())
+            name = f"{tool}{variant}, {steps} steps" + (" (untrained)" if steps == 0 else "")
             if "error" in r:
                 print(f"  quality {name}: {r['error']}", flush=True)
                 out["rows"].append({"name": name, "tool": tool, "steps": steps, "error": r["error"]})
                 continue
-            tag = f"{tool}-{steps}steps"
-            means = evaluate_quality(scores_to_run(r["scores"], lists), lists, run_dir / f"{tag}.run", tag)
-            row = {"name": name, "tool": tool, "steps": steps, **means, "losses": r.get("losses", []),
-                   "train_s": sum(r["times"]), "score_s": r["score_s"], "peak_rss_mib": r["peak_rss_mib"],
-                   "others_cores": r["others_cores"], "loadavg_1min": r["loadavg_1min"]}
+            tag = f"{tool}{''.join(f'-{k}{v}' for k, v in overrides.items())}-{steps}steps"
+            means, per_query = evaluate_quality(scores_to_run(r["scores"], lists), lists, run_dir / f"{tag}.run", tag)
+            row = {"name": name, "tool": tool, "steps": steps, "overrides": overrides, **means, "per_query": per_query,
+                   "losses": r.get("losses", []), "train_s": sum(r["times"]), "score_s": r["score_s"],
+                   "peak_rss_mib": r["peak_rss_mib"], "others_cores": r["others_cores"], "loadavg_1min": r["loadavg_1min"]}
             out["rows"].append(row)
             print(f"  quality {name}: NDCG@10 {means['ndcg_cut_10']:.4f}, MRR@10 {means['mrr_10']:.4f} "
                   f"(train {row['train_s']:.0f} s, scoring {row['score_s']:.0f} s, others {r['others_cores']:.2f} cores)", flush=True)
+    ref = next((r for r in out["rows"] if r["tool"] == "ours" and r["steps"] == args.quality_steps and not r.get("overrides")
+                and "error" not in r), None)
+    for r in out["rows"]:
+        if ref is not None and r is not ref and "error" not in r:
+            r["p_vs_ours"] = paired_p(ref["per_query"], r["per_query"])
     out["run_dir"] = str(run_dir)
     return out
 
 
 def quality_markdown(q: dict) -> str:
-    lines = ["| ranker | steps | NDCG@10 | MRR@10 | recall@10 | mean loss, first / last 5 steps | train s | scoring s |",
+    lines = ["| ranker | NDCG@10 | p (paired t, vs ours) | MRR@10 | recall@10 | mean loss, first / last 5 steps | train s | scoring s |",
              "|---|---:|---:|---:|---:|---|---:|---:|"]
     for r in q["rows"]:
         if "error" in r:
-            lines.append(f"| {r['name']} | {r['steps']} | error: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['name']} | error: {r['error'][:80]} | | | | | | |")
             continue
         ls = r.get("losses") or []
         loss = f"{statistics.mean(ls[:5]):.3f} / {statistics.mean(ls[-5:]):.3f}" if ls else "—"
         t = (f"{r['train_s']:.0f}", f"{r['score_s']:.0f}") if "train_s" in r else ("—", "—")
-        lines.append(f"| {r['name']} | {r['steps']} | {r['ndcg_cut_10']:.4f} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} | {t[0]} | {t[1]} |")
+        p = f"{r['p_vs_ours']:.3g}" if "p_vs_ours" in r else "—"
+        lines.append(f"| {r['name']} | {r['ndcg_cut_10']:.4f} | {p} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} | {t[0]} | {t[1]} |")
     return "\n".join(lines)
 
 
@@ -311,10 +334,16 @@ def parse_args(argv=None):
     ap.add_argument("--quality-steps", type=int, default=20, help="quality: optimiser steps of every tool")
     ap.add_argument("--quality-queries", type=int, default=100, help="quality: SQuAD val-split questions scored")
     ap.add_argument("--quality-depth", type=int, default=20, help="quality: BM25 candidates per question")
-    ap.add_argument("--quality-untrained", action=argparse.BooleanOptionalAction, default=True,
-                    help="quality: also score the untrained backbone (ours after 0 steps) as a reference row")
+    ap.add_argument("--quality-untrained", default="ours,pylate,lightning-ir",
+                    help="quality: tools also scored after 0 steps, as reference rows ('' for none); ours after 0 "
+                         "steps is the untrained backbone itself (MiniLM's token vectors, MaxSim)")
+    ap.add_argument("--quality-ours-compress-dim", type=int, default=128,
+                    help="quality: also ours with model.compress_dim (the peers' 128-d projection), 0 and N steps; 0: no such rows")
     ap.add_argument("--out", default=str(REPO / "bench/results/peers.json"))
     a = ap.parse_args(argv)
+    a.quality_untrained = [v.strip() for v in a.quality_untrained.split(",") if v.strip()]
+    if set(a.quality_untrained) - set(TOOLS):
+        ap.error(f"--quality-untrained: unknown {sorted(set(a.quality_untrained) - set(TOOLS))}; choose from {list(TOOLS)}")
     for name, allowed in (("tools", TOOLS), ("tasks", (*TASKS, QUALITY)), ("precision", ("fp32", "bf16"))):
         vals = [v.strip() for v in getattr(a, name).split(",") if v.strip()]
         bad = [v for v in vals if v not in allowed]
@@ -323,8 +352,10 @@ def parse_args(argv=None):
         setattr(a, name, vals)
     if min(a.rounds, a.steps, a.passages, a.rerank_queries, a.repeats) < 1 or a.warmup < 0 or a.candidates < 2:
         ap.error("--rounds, --steps, --passages, --rerank-queries, --repeats must be >= 1, --warmup >= 0, --candidates >= 2")
-    if QUALITY in a.tasks and (min(a.quality_steps, a.quality_queries, a.quality_depth) < 1 or len(a.precision) != 1):
-        ap.error("--tasks quality: --quality-steps, --quality-queries, --quality-depth must be >= 1 and --precision one value")
+    if QUALITY in a.tasks and (min(a.quality_steps, a.quality_queries, a.quality_depth) < 1 or a.quality_ours_compress_dim < 0
+                               or len(a.precision) != 1):
+        ap.error("--tasks quality: --quality-steps, --quality-queries, --quality-depth must be >= 1, "
+                 "--quality-ours-compress-dim >= 0 and --precision one value")
     return a
 
 

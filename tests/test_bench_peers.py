@@ -91,14 +91,30 @@ def test_quality_run_file_is_scored_by_our_evaluator(tmp_path):
     # q1: relevant d1 ranked 2nd -> NDCG@10 = 1 / log2(3), RR 1/2; q2: relevant d2 ranked 1st -> 1, 1
     run = bench_peers.scores_to_run({"q1": [0.9, 0.5, 0.1], "q2": [0.7, 0.2]}, lists)
     assert run == {"q1": {"d0": 0.9, "d1": 0.5, "d2": 0.1}, "q2": {"d2": 0.7, "d0": 0.2}}
-    means = bench_peers.evaluate_quality(run, lists, tmp_path / "x.run", "x")
+    means, per_query = bench_peers.evaluate_quality(run, lists, tmp_path / "x.run", "x")
+    assert per_query == pytest.approx({"q1": 1 / np.log2(3), "q2": 1.0})
     assert means["ndcg_cut_10"] == pytest.approx((1 / np.log2(3) + 1) / 2)
     assert means["mrr_10"] == pytest.approx(0.75)
     lines = (tmp_path / "x.run").read_text().splitlines()
     assert lines[0].split() == ["q1", "Q0", "d0", "1", "0.9", "x"] and len(lines) == 5
     # the BM25 reference row: the lists' own order (q1: d1 second, q2: d2 first)
-    bm25 = bench_peers.evaluate_quality(bench_peers.bm25_order_run(lists), lists, tmp_path / "b.run", "bm25")
+    bm25, _ = bench_peers.evaluate_quality(bench_peers.bm25_order_run(lists), lists, tmp_path / "b.run", "bm25")
     assert bm25["ndcg_cut_10"] == pytest.approx(means["ndcg_cut_10"])
+
+
+def test_paired_p_against_scipy():
+    from scipy import stats
+
+    ours = {"a": 0.9, "b": 0.5, "c": 0.7, "d": 0.2}
+    other = {"a": 0.6, "b": 0.5, "c": 0.1, "d": 0.3}
+    want = stats.ttest_rel([0.9, 0.5, 0.7, 0.2], [0.6, 0.5, 0.1, 0.3]).pvalue
+    assert bench_peers.paired_p(ours, other) == pytest.approx(want)
+
+
+def test_quality_untrained_tools_are_checked():
+    assert bench_peers.parse_args(["--tasks", "quality", "--quality-untrained", ""]).quality_untrained == []
+    with pytest.raises(SystemExit):
+        bench_peers.parse_args(["--tasks", "quality", "--quality-untrained", "ours,colbertv9"])
 
 
 def test_quality_scores_must_cover_exactly_the_candidates():
@@ -131,11 +147,12 @@ def test_quality_task_of_ours_matches_rerank_texts(tiny_bert, tmp_path, monkeypa
     batches = [(["who?", "what?"], ["b", "c"], ["a", "a"])]
     monkeypatch.setattr(bench_peers, "quality_data", lambda args: {"source": "test", "triplets": batches, "eval": lists})
     args = bench_peers.parse_args(["--tools", "ours", "--tasks", "quality", "--quality-steps", "1", "--batch", "2",
-                                   "--precision", "fp32", "--backbone", tiny_bert])
+                                   "--precision", "fp32", "--backbone", tiny_bert, "--quality-ours-compress-dim", "0"])
     q = bench_peers.run_quality(args, ["ours"], {"ours": sys.executable}, tiny_bert, tmp_path)
     names = [r["name"] for r in q["rows"]]
-    assert names == ["BM25 (candidate order)", "untrained backbone (ours, 0 steps)", "ours, 1 steps"], q["rows"]
+    assert names == ["BM25 (candidate order)", "ours, 0 steps (untrained)", "ours, 1 steps"], q["rows"]
     assert len(q["rows"][2]["losses"]) == 1 and "error" not in q["rows"][1]
+    assert "p_vs_ours" in q["rows"][1] and "p_vs_ours" not in q["rows"][2]
     # the untrained row's run file holds what the module's own re-ranking call gives for each candidate list
     from callbacks.metrics.trec import read_trec_run
 
