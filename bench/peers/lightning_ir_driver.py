@@ -4,13 +4,17 @@ colbert_train: `BiEncoderModule` with `ColConfig` (late interaction, l2-normalis
 ours), single_train: `DprConfig` with mean pooling and cosine (RepBERT's scoring); both one optimiser step of
 `training_step` on a `TrainBatch` (query, [positive, negative]) with `InBatchCrossEntropy` (in-batch negatives,
 like ours), backward, AdamW step. encode: `forward(IndexBatch)` in batches. rerank: `BiEncoderModule.score` of
-one query and its candidates.
+one query and its candidates. quality: `train_steps` colbert_train steps, then `BiEncoderModule.score` of each
+query and its candidate passages (Lightning IR's re-ranking call; it encodes a passage again for every query that
+lists it, so its scoring time is not comparable with the others').
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from common import autocast, load_spec, time_rerank, timed, write
+from common import autocast, load_spec, scores_by_query, time_rerank, timed, write
 
 
 def main() -> None:
@@ -29,7 +33,9 @@ def main() -> None:
         config = ColConfig(query_length=q_len, doc_length=d_len, similarity_function="dot", normalization_strategy="l2")
     module = BiEncoderModule(spec["backbone"], config=config, loss_functions=[InBatchCrossEntropy()])
     res = {"tool": "lightning-ir", "task": task, "doc_max_len": d_len}
-    if task in ("colbert_train", "single_train"):
+    if task == "quality":
+        data["triplets"] = data["triplets"][: spec["train_steps"]]
+    if task in ("colbert_train", "single_train", "quality"):
         module.train()
         opt = torch.optim.AdamW(module.parameters(), lr=spec["lr"])
         losses = []
@@ -46,7 +52,15 @@ def main() -> None:
             losses.append(float(loss))
 
         res["times"], _ = timed(step, list(enumerate(data["triplets"])), spec["warmup"])
-        res["units"], res["losses"] = len(data["triplets"][0][0]), losses
+        res["units"], res["losses"] = len(data["triplets"][0][0]) if data["triplets"] else 0, losses
+        if task == "quality":
+            module.eval()
+            lists, t0, per_query = data["eval"], time.perf_counter(), []
+            with torch.inference_mode(), autocast(prec):
+                for q, cands in zip(lists["queries"], lists["candidates"]):
+                    scores = module.score(q, [lists["docs"][j] for j in cands]).scores.float().tolist()
+                    per_query.append(dict(zip(cands, scores)))
+            res["scores"], res["score_s"] = scores_by_query(lists, per_query), time.perf_counter() - t0
     elif task == "encode":
         module.eval()
         n, b = len(data["passages"]), spec["encode_batch"]

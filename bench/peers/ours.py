@@ -4,7 +4,9 @@ colbert_train / single_train: `RankingModule.training_step` (ColBERT; RepBERT fo
 mean pooling, cosine, CE with in-batch negatives), backward, the module's own AdamW and schedule step, with the
 batch tokenised inside the timed step by `PairTokenizer.triplets` (the peers tokenise inside theirs too).
 encode: `RankingModule.encode_texts` (what evaluation uses). rerank: one query and its candidates through
-`RankingModule.rerank_texts`.
+`RankingModule.rerank_texts`. quality: `train_steps` ColBERT steps as colbert_train (constant lr, no warm-up, like
+the peers' plain AdamW), then the evaluation path: every query and every distinct candidate passage encoded once
+(`encode_texts`), each (query, candidate) pair scored by the ranker's `score_indexed` (MaxSim).
 """
 from __future__ import annotations
 
@@ -27,7 +29,27 @@ def build(name: str, spec: dict):
     torch.manual_seed(spec.get("seed", 0))
     model = dict(name=name, backbone=spec["backbone"], query_max_len=spec["query_max_len"], doc_max_len=spec["doc_max_len"],
                  **spec.get("model_overrides", {}))
-    return RankingModule(model=model, optim=dict(lr=spec["lr"]))
+    return RankingModule(model=model, optim=dict(lr=spec["lr"], **spec.get("optim_overrides", {})))
+
+
+def score_lists(module, lists: dict, prec: str, batch_size: int) -> tuple[dict, float]:
+    """{qid: [score of each candidate, in the lists' order]} and the seconds it took."""
+    import time
+
+    import torch
+
+    t0 = time.perf_counter()
+    pairs = [(qi, d) for qi, cands in enumerate(lists["candidates"]) for d in cands]
+    iq, id_ = (torch.tensor(col, dtype=torch.long) for col in zip(*pairs))
+    with torch.inference_mode(), autocast(prec):
+        q = module.encode_texts(lists["queries"], side="query", batch_size=batch_size)
+        d = module.encode_texts(lists["docs"], side="doc", batch_size=batch_size)
+        flat = torch.cat([module.ranker.score_indexed(q, d, iq[s : s + 512], id_[s : s + 512]).float()
+                          for s in range(0, len(pairs), 512)]).tolist()
+    scores, k = {}, 0
+    for qid, cands in zip(lists["qids"], lists["candidates"]):
+        scores[qid], k = flat[k : k + len(cands)], k + len(cands)
+    return scores, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -41,10 +63,15 @@ def main() -> None:
 
     task, prec = spec["task"], spec["precision"]
     res = {"tool": "ours", "task": task}
-    if task in ("colbert_train", "single_train"):
-        module = build("colbert" if task == "colbert_train" else "repbert", spec)
+    if task == "quality":
+        # the peers step a plain AdamW at a constant lr: ours the same (the default warm-up of 10 steps would
+        # leave half of a 20-step run at a lower lr than theirs)
+        spec["optim_overrides"] = dict(schedule="constant", warmup_steps=0)
+        data["triplets"] = data["triplets"][: spec["train_steps"]]
+    if task in ("colbert_train", "single_train", "quality"):
+        module = build("repbert" if task == "single_train" else "colbert", spec)
         module.train()
-        opt, sched, res["optimizer"] = build_optimizer(module, len(data["triplets"]))
+        opt, sched, res["optimizer"] = build_optimizer(module, max(1, len(data["triplets"])))
         tok = module.pair_tokenizer
         losses = []
 
@@ -53,7 +80,10 @@ def main() -> None:
             losses.append(float(train_step(module, tok.triplets(q, pos, neg), i, opt, sched, prec)))
 
         res["times"], _ = timed(step, list(enumerate(data["triplets"])), spec["warmup"])
-        res["units"], res["losses"] = len(data["triplets"][0][0]), losses
+        res["units"], res["losses"] = len(data["triplets"][0][0]) if data["triplets"] else 0, losses
+        if task == "quality":
+            module.eval()
+            res["scores"], res["score_s"] = score_lists(module, data["eval"], prec, spec["encode_batch"])
     elif task == "encode":
         module = build("colbert", spec).eval()
         chunks = [data["passages"]] * (spec["warmup"] + spec["repeats"])

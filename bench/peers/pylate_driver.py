@@ -4,13 +4,17 @@ colbert_train: one optimiser step as PyLate's trainer takes it: `ColBERT.tokeniz
 to query_length with [MASK], PyLate's default) and passages (padded to document_length, as its collator does),
 `losses.Contrastive` (in-batch negatives over every
 passage of the batch, like ours), backward, AdamW step. encode: `ColBERT.encode(is_query=False)`. rerank: one
-query and its candidates encoded, then `rank.rerank`.
+query and its candidates encoded, then `rank.rerank`. quality: `train_steps` colbert_train steps, then every query
+and every distinct candidate passage encoded once (`ColBERT.encode`) and each query's candidates scored by
+`rank.rerank` (MaxSim).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from common import autocast, load_spec, time_rerank, timed, write
+from common import autocast, load_spec, scores_by_query, time_rerank, timed, write
 
 
 def main() -> None:
@@ -20,7 +24,9 @@ def main() -> None:
     q_len, d_len = spec["query_max_len"], spec["doc_max_len"]
     model = models.ColBERT(spec["backbone"], query_length=q_len, document_length=d_len, device="cpu")
     task, prec, res = spec["task"], spec["precision"], {"tool": "pylate", "task": spec["task"]}
-    if task == "colbert_train":
+    if task == "quality":
+        data["triplets"] = data["triplets"][: spec["train_steps"]]
+    if task in ("colbert_train", "quality"):
         model.train()
         loss_fn = losses.Contrastive(model)
         opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
@@ -38,7 +44,18 @@ def main() -> None:
             losses_seen.append(float(loss))
 
         res["times"], _ = timed(step, data["triplets"], spec["warmup"])
-        res["units"], res["losses"] = len(data["triplets"][0][0]), losses_seen
+        res["units"], res["losses"] = len(data["triplets"][0][0]) if data["triplets"] else 0, losses_seen
+        if task == "quality":
+            model.eval()
+            lists, t0 = data["eval"], time.perf_counter()
+            with torch.inference_mode(), autocast(prec):
+                qe = model.encode(lists["queries"], is_query=True, batch_size=spec["encode_batch"], show_progress_bar=False)
+                de = model.encode(lists["docs"], is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False)
+                ranked = rank.rerank(documents_ids=lists["candidates"], queries_embeddings=qe,
+                                     documents_embeddings=[[de[j] for j in c] for c in lists["candidates"]])
+            # rerank returns each list sorted by score: back to {candidate index: score}
+            res["scores"] = scores_by_query(lists, [{r["id"]: r["score"] for r in rs} for rs in ranked])
+            res["score_s"] = time.perf_counter() - t0
     elif task == "encode":
         model.eval()
         chunks = [data["passages"]] * (spec["warmup"] + spec["repeats"])
