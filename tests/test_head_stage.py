@@ -161,3 +161,18 @@ def test_glow_stage_ddp_two_processes_match_one(tmp_path, finetuned):
         if k != "iw_raw":
             assert m2["before_head"][k] == pytest.approx(m1["before_head"][k], abs=1e-4), k
     assert len(list((tmp_path / "cache" / "representations").iterdir())) == 1
+
+
+def test_bf16_mixed_with_gradient_clipping_trains_both_stages(tmp_path, tiny_bert, finetuned):
+    """trainer.precision=bf16-mixed with the default gradient clipping and the fused optimizers: fine-tuning and the
+    Glow head stage both train (Lightning's mixed-precision plugin refuses to clip for any fused optimizer, even under
+    bf16 where nothing is scaled; RankingModule clips itself when there is no GradScaler)."""
+    ft = tmp_path / "ft-bf16"
+    run_script("train.py", *SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=2",
+               "trainer.val_check_interval=2", "eval.before_training=false", "trainer.precision=bf16-mixed",
+               "trainer.gradient_clip_val=1.0", f"output_dir={ft}")
+    assert metrics(ft)["ndcg_cut_10"] >= 0.0
+    head = tmp_path / "glow-bf16"
+    run_script("train.py", *SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=1", "trainer.precision=bf16-mixed",
+               f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={head}")
+    assert (head / "metrics.json").exists()

@@ -141,3 +141,37 @@ def test_bf16_autocast_training_step_close_to_fp32(tiny_bert):
     assert torch.isfinite(loss16) and loss16.item() == pytest.approx(loss32.item(), abs=0.05)
     grads = [p.grad for p in m.ranker.encoder.parameters() if p.requires_grad]
     assert all(g is not None and g.dtype == torch.float32 for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clipping_without_a_scaler_equals_torch_clipping(tiny_bert, algorithm):
+    """With no GradScaler (fp32, bf16-mixed) the module clips the gradients itself, as torch's clip_grad_norm_ /
+    clip_grad_value_ over the optimizer's parameters do; the optimizer is fused then."""
+    m = module(tiny_bert, "colbert")
+    groups = m.optimizer_groups()
+    assert m.fused_optimizer([p for g in groups for p in g["params"]]) is True  # no trainer, so no GradScaler
+    opt = torch.optim.AdamW(groups, fused=True)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    gen = torch.Generator().manual_seed(0)
+    for p in params:
+        p.grad = 10 * torch.randn(p.shape, generator=gen)
+    ref = [p.grad.clone() for p in params]
+    clip = torch.nn.utils.clip_grad_norm_ if algorithm == "norm" else torch.nn.utils.clip_grad_value_
+    clip(_with_grads(ref), 0.5)
+    m.configure_gradient_clipping(opt, 0.5, algorithm)
+    for p, r in zip(params, ref):
+        torch.testing.assert_close(p.grad, r, rtol=0, atol=1e-7)
+    if algorithm == "norm":
+        assert float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) == pytest.approx(0.5, rel=1e-5)
+    else:
+        assert max(float(p.grad.abs().max()) for p in params) <= 0.5
+
+
+def _with_grads(grads: list[torch.Tensor]) -> list[torch.nn.Parameter]:
+    """Stand-in parameters holding `grads` (clipped in place, so `grads` becomes the reference)."""
+    out = []
+    for g in grads:
+        q = torch.nn.Parameter(torch.zeros_like(g))
+        q.grad = g
+        out.append(q)
+    return out
