@@ -227,7 +227,7 @@ class RankingModule(pl.LightningModule):
 
     def _grad_scaler(self):
         """The precision plugin's GradScaler (fp16 mixed precision), None otherwise (fp32, bf16)."""
-        return getattr(self.trainer.precision_plugin, "scaler", None) if self._trainer is not None else None
+        return getattr(getattr(self._trainer, "precision_plugin", None), "scaler", None)
 
     def fused_optimizer(self, params) -> bool | None:
         """Whether to use one fused optimizer kernel over all tensors (on CPU too: ~3x faster than foreach for
