@@ -30,7 +30,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.errors import InputError
-from pipeline.io import _umask
+from pipeline.io import AtomicDir, _umask
 
 FORMAT = "isorank-export-1"
 ENCODER = "ranker.encoder."
@@ -89,7 +89,6 @@ def model_card(info: dict, run: Path) -> str:
 def export(cfg: DictConfig, out: str) -> Path:
     from safetensors.torch import save_file
 
-    from retrieval.dense import AtomicDir
     from pipeline.head_stage import load_head_module
     from pipeline.run import load_module
 
@@ -112,7 +111,7 @@ def export(cfg: DictConfig, out: str) -> Path:
         "source": {"ckpt": str(Path(base).resolve()), "head_ckpt": str(Path(cfg.head_ckpt).resolve()) if cfg.head_ckpt else None},
     }
     source = _run_dir(cfg.head_ckpt or base)
-    with AtomicDir(out_path) as tmp:
+    with AtomicDir(out_path, marker="isorank.json", kind="an isorank export") as tmp:
         if info["encoder"]:
             ranker.encoder.save_pretrained(tmp)
         ranker.tokenizer.save_pretrained(tmp)

@@ -46,7 +46,8 @@ in its folder. Every cell's config is composed and checked before anything runs.
 reported, the other cells go on, and the grid exits 1.
 
 At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
-(long format, per query; qid `all` = the run's mean), and pipeline/tables.py renders `<name>/table.md` (printed,
+(long format, per query; qid `all` = the run's mean), and pipeline/tables.py renders `<name>/table.md` (against another
+baseline given on the command line, `baseline=<row>`: `<name>/table-<row>.md`; printed,
 and logged as a wandb.Table into a `<name>-table` run of the group when the cells log to W&B).
 
 Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_root=...`, `action=...`) override the
@@ -115,6 +116,7 @@ class GridSpec:
     compare_to: dict[str, str] = field(default_factory=dict)  # row -> the row its table cells compare with (default: baseline)
     delta_eval: list[str] = field(default_factory=list)  # two eval_data labels: the position-bias paper's Table 3-4 layout
     only: list[str] = field(default_factory=list)  # run only cells whose label matches one of these globs
+    file_baseline: str = ""  # the grid file's own baseline (`baseline=` on the command line may name another)
 
     def trains_on(self, row: str, train: str) -> bool:
         return train in self.train_on.get(row, self.train_data)
@@ -125,6 +127,13 @@ class GridSpec:
     @property
     def dir(self) -> Path:
         return Path(self.output_root) / self.name
+
+    @property
+    def table_path(self) -> Path:
+        """`table.md` against the file's baseline; `table-<row>.md` against another (`baseline=<row>`), so the
+        Table 3 / 4 / 5 layouts of one grid sit side by side instead of overwriting each other."""
+        own = not self.file_baseline or self.baseline == self.file_baseline
+        return self.dir / ("table.md" if own else f"table-{self.baseline}.md")
 
     def replicates(self) -> list[tuple[str, int | None, int | None]]:
         """[(replicate id, seed or None, fold or None)]."""
@@ -295,6 +304,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     name = _label(raw.get("name") or path.stem, where("name"))
     rows = _labelled(raw["rows"], where("rows"), None)
     baseline = str(raw["baseline"])
+    file_baseline = str(OmegaConf.to_container(OmegaConf.load(path)).get("baseline"))
     if baseline not in rows:
         raise InputError(where("baseline"), f"'{baseline}' is not a row; rows are {list(rows)}")
     train_data = _labelled(raw["train_data"], where("train_data"), "data")
@@ -342,7 +352,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
         raise InputError(where("only"), f"is {raw.get('only')!r}; expected cell-label globs, e.g. [\"*/fold0\"] or [\"bert_cat/*\"]")
     spec = GridSpec(name=name, baseline=baseline, rows=rows, train_data=train_data, eval_data=eval_data, seeds=seeds,
                     folds=folds, common=common, measures=list(measures), test=test, output_root=str(raw.get("output_root") or "outputs/grids"),
-                    source=str(path), only=list(only), **picked, **_transfer_keys(raw, rows, train_data, eval_data, where))
+                    source=str(path), only=list(only), file_baseline=file_baseline, **picked, **_transfer_keys(raw, rows, train_data, eval_data, where))
     init_references(spec)  # checks every `init_ckpt=@row/train`
     return spec, extra
 
@@ -776,10 +786,10 @@ def run(argv: list[str], out=None) -> GridReport:
     report.results_path = write_results(results, spec.dir)
     from pipeline.tables import write_table
 
-    report.table = write_table(results, spec.dir / "table.md")
+    report.table = write_table(results, spec.table_path)
     say("")
     say(report.table)
-    say(f"results: {spec.dir / 'results.json'}, {spec.dir / 'results.csv'}, table: {spec.dir / 'table.md'}")
+    say(f"results: {spec.dir / 'results.json'}, {spec.dir / 'results.csv'}, table: {spec.table_path}")
     missing = [c for c in results["cells"] if c["status"] != "done"]
     if missing:
         say(f"{len(missing)} of {len(results['cells'])} result cells are not finished")

@@ -1,12 +1,17 @@
-"""Atomic file writes: a crash never leaves a half-written metrics file, run or checkpoint behind."""
+"""Atomic file and folder writes: a crash never leaves a half-written metrics file, run, checkpoint, index or export
+behind."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
+
+from pipeline.errors import InputError
 
 
 @contextmanager
@@ -38,3 +43,46 @@ def write_json(path: str | os.PathLike, obj) -> None:
     with atomic_open(path) as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+def _fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicDir:
+    """`with AtomicDir(path) as tmp:` write files into `tmp`; on success they are fsynced and `tmp` replaces `path`
+    (an existing directory of the same kind is swapped out and deleted); on error `tmp` is removed and `path` is
+    untouched. A non-empty `path` without the file `marker` (an index's manifest.json) is never replaced: it is not
+    ours to delete."""
+
+    def __init__(self, path: str | os.PathLike, marker: str = "manifest.json", kind: str = "an index directory"):
+        self.path, self.marker, self.kind = Path(path), marker, kind
+
+    def __enter__(self) -> Path:
+        p = self.path
+        if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not (p / self.marker).exists())):
+            raise InputError(str(p), f"exists and is not {self.kind} (no {self.marker}); refusing to replace it")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        for f in self.tmp.iterdir():
+            _fsync_path(f)
+        _fsync_path(self.tmp)
+        old = None
+        if self.path.exists():
+            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(self.path, old)
+        os.rename(self.tmp, self.path)
+        _fsync_path(self.path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return False

@@ -49,10 +49,7 @@ import datetime as dt
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
-import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sized
 from dataclasses import asdict, dataclass, fields, is_dataclass
@@ -65,6 +62,7 @@ import torch
 from lightning_modules.rankers.base import SingleVectorEncoder, cosine_normalize
 from pipeline import cli
 from pipeline.errors import InputError
+from pipeline.io import AtomicDir
 from retrieval.encode import encode_docs, encode_queries, module_from_checkpoint, pair_tokenizer_for
 
 __all__ = [
@@ -288,54 +286,12 @@ def run_from_hits(qids: list, scores: np.ndarray, rows: np.ndarray, doc_ids: lis
 
 
 # ---- atomic directories ----------------------------------------------------------------------------------------
-def _fsync_path(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_file(path: Path, obj) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-class AtomicDir:
-    """`with AtomicDir(path) as tmp:` write files into `tmp`; on success they are fsynced and `tmp` replaces `path`
-    (an existing index directory is swapped out and deleted); on error `tmp` is removed and `path` is untouched.
-    A non-empty `path` that holds no manifest.json is never replaced."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-
-    def __enter__(self) -> Path:
-        p = self.path
-        if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not (p / "manifest.json").exists())):
-            raise InputError(str(p), "exists and is not an index directory (no manifest.json); refusing to replace it")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
-        for f in self.tmp.iterdir():
-            _fsync_path(f)
-        _fsync_path(self.tmp)
-        old = None
-        if self.path.exists():
-            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(self.path, old)
-        os.rename(self.tmp, self.path)
-        _fsync_path(self.path.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return False
 
 
 def read_manifest(path: Path, fmt: str) -> dict:

@@ -82,6 +82,12 @@ def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
     assert table == report.table
     assert "| colbert (baseline) |" in table and "### trained on syn, evaluated on syn_start" in table
 
+    # another baseline (Tables 3-5 of one grid): its own table-<row>.md, table.md untouched
+    report = run([f"grid={gfile}", "action=table", "baseline=repbert"], out=io.StringIO())
+    assert (root / "table.md").read_text() == table
+    other = (root / "table-repbert.md").read_text()
+    assert other == report.table and "| repbert (baseline) |" in other and other != table
+
     # rerun: every cell skipped, nothing rewritten
     mtimes = {d: (d / "metrics.json").stat().st_mtime_ns for d in trains + evals}
     log = io.StringIO()
