@@ -39,7 +39,8 @@ row with the same overrides without `head...` (which must exist; it is run first
 head_ckpt=<its best head>`, so "Ft" and "Ft -> head" share one fine-tuned model per seed (isotropy paper Tables 1-3).
 
 Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (run.py writes them atomically when the
-run is over), a training cell with a `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact
+run is over; `cell.json` keeps the overrides it started with, and a started cell whose overrides differ from what the
+grid plans now, other than logging ones, stops the run instead of being reused), a training cell with a `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact
 resume; a run already at max_steps only repeats its test), any other cell runs from scratch. Delete a cell's folder
 to recompute it from scratch. With the subprocess launcher each cell's output goes to `train.log` / `evaluate.log`
 in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell (exit code 2) stops the grid; another failure is
@@ -525,6 +526,44 @@ def best_checkpoint(train_dir: Path) -> Path | None:
     return None
 
 
+CELL_FILE = "cell.json"  # the overrides a cell was started with
+# Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.
+NEUTRAL = ("logger", "trainer.enable_progress_bar", "trainer.log_every_n_steps", "data.cache_dir", "data.num_workers")
+
+
+def _settings(argv) -> list[str]:
+    return [a for a in argv if not a.split("=", 1)[0].startswith(NEUTRAL)]
+
+
+def _other_settings(cell: Cell) -> str | None:
+    """For a cell started before (finished or resumable) with other overrides than planned now, what differs; else
+    None. Cells from before `cell.json` existed are not checked (the grid-level warning covers them)."""
+    path = cell.dir / CELL_FILE
+    if not path.is_file():
+        return None
+    try:
+        before = _settings(json.loads(path.read_text())["argv"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path} is unreadable"
+    now = _settings(cell.argv)
+    if before == now:
+        return None
+    gone = [a for a in before if a not in now]
+    new = [a for a in now if a not in before]
+    if not gone and not new:
+        return "the same overrides in another order (a later one wins)"
+    return "; ".join(filter(None, [f"ran with {gone}" if gone else "", f"now {new}" if new else ""]))
+
+
+def _check_settings(spec: GridSpec, cells: list[Cell]) -> None:
+    """A grid never mixes cells of different settings in one table: started cells whose overrides differ from the
+    plan (the grid file or the command line changed) stop the run with what differs."""
+    stale = [(c, d) for c in cells if spec.selected(c) and (c.done or _state(c) != "todo") and (d := _other_settings(c))]
+    if stale:
+        c, d = stale[0]
+        raise InputError(f"grid {spec.name}", f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); delete those cells' folders under {spec.dir} to recompute them, or run with another output_root")
+
+
 def _state(cell: Cell) -> str:
     if cell.done:
         return "done"
@@ -627,6 +666,7 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
         script = "evaluate.py"
     cell.dir.mkdir(parents=True, exist_ok=True)
+    write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv)})
     rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log")
     if rc == 2:
         return "input-error", err
@@ -761,10 +801,11 @@ def run(argv: list[str], out=None) -> GridReport:
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
     if spec.action == "list":
         for c in cells:
-            report.status[c.label] = _state(c)
+            report.status[c.label] = _state(c) + (" (other settings)" if _state(c) != "todo" and _other_settings(c) else "")
             say(f"  {c.label}: {report.status[c.label]}")
         return report
     if spec.action == "run":
+        _check_settings(spec, cells)
         _record_spec(spec, extra, cells, say)
         for i, cell in enumerate(cells, 1):
             tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
@@ -782,6 +823,9 @@ def run(argv: list[str], out=None) -> GridReport:
                 raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
             report.status[cell.label] = status
             say(f"{tag}: {status} in {_fmt(time.monotonic() - t0)}" + (f" ({msg})" if msg else ""))
+    stale = [c.label for c in cells if c.done and _other_settings(c)]
+    if stale:
+        say(f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)")
     results = collect(spec, cells)
     report.results_path = write_results(results, spec.dir)
     from pipeline.tables import write_table
