@@ -135,6 +135,15 @@ def evaluate_untrained(cfg: DictConfig) -> dict:
     after = run_bm25(cfg, "test", int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))
     save_config(cfg)
     print_table(after)
+    # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
+    # after the files are written: a logging failure cannot lose the results
+    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
+    if logger:
+        logger.log_metrics({f"test/{k}": float(v) for k, v in after.items()}, step=0)
+        log_results_table(logger, {"test": after})
+        logger.save()
+        if hasattr(logger, "log_image"):
+            logger.experiment.finish()
     return after
 
 

@@ -208,3 +208,34 @@ def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
     (png,) = images(run, "answer_positions/histogram")
     assert png.read_bytes() == (out / "answer_positions.png").read_bytes()
     assert summary["answer_positions/histogram"]["_type"] == "images/separated"
+
+
+def test_grid_table_is_logged_as_its_own_run(tmp_path):
+    """experiments.py with cells logging to W&B: the grid's table goes into a `<grid>-table` run of the grid's group
+    (job type grid-table), one line per (train, eval, method), the same means and changes as results.json."""
+    grid = {"name": "tbl", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"], "bm25_k": ["model=bm25", "model.depth=20", "model.k1=0.6"]},
+            "train_data": {"syn": ["data=synthetic", "data.data_seed=3", "data.num_docs=120", "data.num_train_queries=30",
+                                    "data.num_val_queries=8", "data.num_test_queries=16", "data.num_topics=6"]},
+            "seeds": [1, 2], "measures": ["ndcg_cut_10"], "output_root": str(tmp_path / "grids"), "launcher": "subprocess",
+            "common": ["logger=wandb", f"data.cache_dir={tmp_path / 'c'}"]}
+    gfile = tmp_path / "tbl.yaml"
+    gfile.write_text(json.dumps(grid))
+    run_script("experiments.py", f"grid={gfile}", env=offline_env(tmp_path))
+    root = tmp_path / "grids" / "tbl"
+    run, summary, meta = offline_run(root)
+    assert meta == {"name": "tbl-table", "group": "tbl", "job_type": "grid-table"}
+    (f,) = (run / "files" / "media" / "table").glob("results_table_*.table.json")
+    t = json.loads(f.read_text())
+    rows = {r[2]: dict(zip(t["columns"], r)) for r in t["data"]}
+    cells = json.loads((root / "results.json").read_text())["cells"]
+    mean = {r: sum(c["metrics"]["ndcg_cut_10"] for c in cells if c["row"] == r) / 2 for r in ("bm25", "bm25_k")}
+    assert set(rows) == {"bm25", "bm25_k"} and rows["bm25"]["train"] == "syn" and rows["bm25"]["eval"] == "syn"
+    assert rows["bm25_k"]["ndcg_cut_10"] == pytest.approx(mean["bm25_k"], rel=1e-9)
+    assert rows["bm25_k"]["ndcg_cut_10 change %"] == pytest.approx(100 * (mean["bm25_k"] - mean["bm25"]) / mean["bm25"], rel=1e-9)
+    # each cell is a run of the grid's group named after its cell, BM25 evaluations included, with its results
+    cell = root / "bm25_k" / "syn" / "seed2"
+    crun, csummary, cell_meta = offline_run(cell)
+    assert cell_meta == {"name": "bm25_k-syn-syn-seed2", "group": "tbl", "job_type": "eval"}
+    metrics = json.loads((cell / "metrics.json").read_text())
+    assert csummary["test/ndcg_cut_10"] == pytest.approx(metrics["ndcg_cut_10"], rel=1e-9)
+    assert_row(table(crun, "test/results")["test"], metrics)
