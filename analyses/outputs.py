@@ -38,7 +38,8 @@ def log_analysis(cfg, name: str, scalars: dict[str, float] | None = None, tables
     if not logger:
         return
     if scalars:
-        logger.log_metrics({k: float(v) for k, v in scalars.items()})
+        # one value per analysis run: step 0, the x of every panel (no training steps here)
+        logger.log_metrics({k: float(v) for k, v in scalars.items()}, step=0)
     is_wandb = hasattr(logger, "log_image")
     if is_wandb:
         for key, (columns, rows) in (tables or {}).items():
