@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Callable
 
 from pipeline.errors import InputError, TrainingStopped
@@ -15,6 +16,9 @@ def main(argv: list[str], job: Callable) -> int:
     """`job(cfg, model_from_cli)` on the config composed from `key=value` args; `model_from_cli`: the command line
     picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
+    # would otherwise head every run's log
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
     from callbacks.preemption import Interrupted
     from pipeline.config import compose, to_yaml
 
