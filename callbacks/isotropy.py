@@ -20,8 +20,9 @@ vectors, token vectors and sequence vectors side by side, with the I(W) and avgc
 legend. The histograms are of a seeded uniform sample of at most `figure_vectors` vectors, the same tokens before
 and after the head (one random key per token, the smallest keys kept), so the figure costs a few million dot
 products. Written to `<output_dir>/isotropy_<split>.png` (atomically; a validation overwrites the previous
-epoch's) and logged to W&B as the image `<split>/isotropy_cosines`. Under DDP the figure shows rank 0's shard of
-the probe set (the numbers in its legend are over all ranks).
+epoch's) and logged to W&B as the image `<split>/isotropy_cosines`. Under DDP the figure's sample is drawn over all
+ranks' shards of the probe set (each rank samples its shard with its own seeded keys; the smallest keys of all
+ranks are kept), like the numbers in its legend.
 """
 from __future__ import annotations
 
@@ -29,11 +30,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from pytorch_lightning import Callback
 from torch import Tensor
 
 from callbacks.metrics.isotropy import AvgCos, IsotropyIW
 from lightning_modules.rankers.base import masked_mean
+
+
+RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
 
 
 class IsotropyCallback(Callback):
@@ -51,8 +56,10 @@ class IsotropyCallback(Callback):
             return {}
         has_head = ranker.token_head is not None or ranker.sequence_head is not None
         variants = ("", "_raw") if has_head else ("",)
-        # the figure's sample: the same seeded keys at every validation, shared by both variants (paired tokens)
-        keys = {kind: _KeptSample(self.figure_vectors, torch.Generator().manual_seed(self.seed + i))
+        # the figure's sample: the same seeded keys at every validation, shared by both variants (paired tokens);
+        # each DDP rank draws its own keys over its shard, and merged() keeps the smallest of all ranks
+        rank = dist.get_rank() if _distributed() else 0
+        keys = {kind: _KeptSample(self.figure_vectors, torch.Generator().manual_seed(self.seed + i + RANK_STRIDE * rank))
                 for i, kind in enumerate(("tokens", "sequence"))} if has_head else {}
         metrics = {}
         for v in variants:
@@ -87,7 +94,7 @@ class IsotropyCallback(Callback):
                     kept.add({v: vectors[v][kind] for v in variants})
         ranker.train(was_training)
         for kind, kept in keys.items():
-            for v, x in kept.rows.items():
+            for v, x in kept.merged().items():
                 self.sample.setdefault(v, {})[kind] = x
         return {k: float(m.compute()) for k, m in metrics.items()}
 
@@ -137,6 +144,22 @@ class _KeptSample:
             old = self.rows.get(v)
             rows = x.detach().float().cpu()
             self.rows[v] = (rows if old is None else torch.cat([old, rows]))[keep]
+
+    def merged(self) -> dict[str, Tensor]:
+        """The rows with the `size` smallest keys over every DDP rank's sample (in rank, then stream order): under
+        DDP each rank sees only its shard of the probe texts, so the figure is drawn from all ranks' rows, like the
+        numbers in its legend. Without DDP, this rank's rows. A collective: every rank must call it."""
+        if not _distributed() or dist.get_world_size() == 1:
+            return self.rows
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (self.keys, self.rows))
+        keys = torch.cat([k for k, _ in parts])
+        keep = torch.argsort(keys)[: self.size].sort().values
+        return {v: torch.cat([rows[v] for _, rows in parts])[keep] for v in self.rows}
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 def pairwise_cosines(x: Tensor) -> Tensor:

@@ -179,6 +179,51 @@ def test_figure_sample_is_uniform_paired_and_independent_of_batching():
         assert torch.equal(rows["_raw"], expect) and torch.equal(rows[""], 2 * expect)
 
 
+def _merge_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from callbacks.isotropy import RANK_STRIDE, _KeptSample
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        x = torch.arange(300 * 3, dtype=torch.float32).view(300, 3)
+        kept = _KeptSample(40, torch.Generator().manual_seed(5 + RANK_STRIDE * rank))
+        shard = x[rank::world]
+        for chunk in shard.split(23):
+            kept.add({"": chunk, "_raw": -chunk})
+        merged = kept.merged()
+        if rank == 0:
+            torch.save(merged, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_figure_sample_is_drawn_over_all_ddp_ranks(tmp_path):
+    """Under DDP the figure's sample comes from every rank's shard: the 40 rows whose keys (each rank's own seeded
+    stream over its shard) are smallest over both ranks, raw and head rows paired; brute force over all keys."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from callbacks.isotropy import RANK_STRIDE
+
+    out = tmp_path / "merged.pt"
+    mp.spawn(_merge_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    merged = torch.load(out)
+    x = torch.arange(300 * 3, dtype=torch.float32).view(300, 3)
+    rows, keys = [], []
+    for rank in range(2):
+        shard = x[rank::2]
+        rows.append(shard)
+        keys.append(torch.rand(len(shard), generator=torch.Generator().manual_seed(5 + RANK_STRIDE * rank)))
+    rows, keys = torch.cat(rows), torch.cat(keys)
+    smallest = sorted(range(len(keys)), key=lambda i: keys[i].item())[:40]
+    expect = rows[sorted(smallest)]
+    assert torch.equal(merged[""], expect) and torch.equal(merged["_raw"], -expect)
+    firsts = {int(r[0].item()) // 3 % 2 for r in merged[""]}  # row index parity = the rank it came from
+    assert firsts == {0, 1}
+
+
 def test_histogram_cosines_average_to_avgcos():
     """The figure histograms the pairs whose mean is avgcos (isotropy paper Eq. 4): their mean equals the metric's."""
     import torch
