@@ -45,33 +45,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-
-# ---- load of other processes -----------------------------------------------------------------------------------
-def _jiffies() -> tuple[int, int] | None:
-    try:
-        vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        busy = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)
-        st = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        return busy, int(st[11]) + int(st[12])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class Meter:
-    """Wall time, and the CPU (in cores) other processes used meanwhile."""
-
-    def __enter__(self):
-        self.j0, self.t0 = _jiffies(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = time.perf_counter() - self.t0
-        j1 = _jiffies()
-        self.others_cores = None
-        if self.j0 and j1:
-            hz = os.sysconf("SC_CLK_TCK")
-            self.others_cores = round(max(0.0, ((j1[0] - self.j0[0]) - (j1[1] - self.j0[1])) / hz / max(self.wall, 1e-9)), 2)
-        return False
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_speed import Meter  # noqa: E402,F401  (wall time and other processes' CPU; bench_ats / bench_heads import it from here)
 
 
 def machine() -> dict:

@@ -93,12 +93,13 @@ def machine_info(threads: int) -> dict:
 
 
 def _cpu_jiffies() -> tuple[int, int]:
-    """(system-wide busy jiffies, this process's jiffies incl. all threads)."""
+    """(system-wide busy jiffies, this process's jiffies incl. all threads and its finished children). The children
+    count as ours: a measured driver run as a subprocess (bench_peers.py) is not "another process"."""
     parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     vals = [int(x) for x in parts]
     busy = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)  # minus idle and iowait
     st = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    return busy, int(st[11]) + int(st[12])  # utime + stime
+    return busy, sum(int(x) for x in st[11:15])  # utime + stime + cutime + cstime (children waited for)
 
 
 class Meter:
@@ -108,7 +109,7 @@ class Meter:
         self._t0 = time.perf_counter()
         try:
             self._j0 = _cpu_jiffies()
-        except OSError:
+        except (OSError, IndexError, ValueError):
             self._j0 = None
         return self
 
@@ -116,9 +117,12 @@ class Meter:
         self.wall = time.perf_counter() - self._t0
         self.others_cores = None
         if self._j0 is not None:
-            busy, own = _cpu_jiffies()
+            try:
+                busy, own = _cpu_jiffies()
+            except (OSError, IndexError, ValueError):
+                return False
             hz = os.sysconf("SC_CLK_TCK")
-            self.others_cores = max(0.0, ((busy - self._j0[0]) - (own - self._j0[1])) / hz / max(self.wall, 1e-9))
+            self.others_cores = round(max(0.0, ((busy - self._j0[0]) - (own - self._j0[1])) / hz / max(self.wall, 1e-9)), 2)
         return False
 
 

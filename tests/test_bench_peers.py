@@ -165,3 +165,18 @@ def test_quality_task_of_ours_matches_rerank_texts(tiny_bert, tmp_path, monkeypa
         assert got == pytest.approx(want, abs=1e-5)
     trained = read_trec_run(tmp_path / "ours-1steps.run")
     assert trained["q1"] != run["q1"]  # one optimiser step moved the scores
+
+
+def test_meter_counts_the_measured_driver_subprocess_as_its_own_cpu():
+    """bench_peers.py meters each tool's driver, a subprocess: the driver's CPU is the measured work, so it must count
+    as this process's (children waited for), not as "other processes" (which flags a measurement as contended)."""
+    import os
+    import subprocess
+
+    from bench_speed import _cpu_jiffies
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
+    _, own0 = _cpu_jiffies()
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    _, own1 = _cpu_jiffies()
+    assert (own1 - own0) / os.sysconf("SC_CLK_TCK") >= 0.5
