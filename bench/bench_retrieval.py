@@ -31,7 +31,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

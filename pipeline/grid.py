@@ -288,6 +288,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
         raise InputError(str(path), f"is not valid YAML ({' '.join(str(e).split())})") from e
     if not isinstance(node, DictConfig):
         raise InputError(str(path), "expected a mapping of grid keys")
+    file_baseline = str(node.get("baseline"))  # before `baseline=` from the command line: names table.md
     try:
         node = OmegaConf.merge(node, OmegaConf.from_dotlist(grid_over))
     except Exception as e:
@@ -305,7 +306,6 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     name = _label(raw.get("name") or path.stem, where("name"))
     rows = _labelled(raw["rows"], where("rows"), None)
     baseline = str(raw["baseline"])
-    file_baseline = str(OmegaConf.to_container(OmegaConf.load(path)).get("baseline"))
     if baseline not in rows:
         raise InputError(where("baseline"), f"'{baseline}' is not a row; rows are {list(rows)}")
     train_data = _labelled(raw["train_data"], where("train_data"), "data")
@@ -558,7 +558,7 @@ def _other_settings(cell: Cell) -> str | None:
 def _check_settings(spec: GridSpec, cells: list[Cell]) -> None:
     """A grid never mixes cells of different settings in one table: started cells whose overrides differ from the
     plan (the grid file or the command line changed) stop the run with what differs."""
-    stale = [(c, d) for c in cells if spec.selected(c) and (c.done or _state(c) != "todo") and (d := _other_settings(c))]
+    stale = [(c, d) for c in cells if spec.selected(c) and _state(c) != "todo" and (d := _other_settings(c))]
     if stale:
         c, d = stale[0]
         raise InputError(f"grid {spec.name}", f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); delete those cells' folders under {spec.dir} to recompute them, or run with another output_root")
@@ -801,7 +801,8 @@ def run(argv: list[str], out=None) -> GridReport:
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
     if spec.action == "list":
         for c in cells:
-            report.status[c.label] = _state(c) + (" (other settings)" if _state(c) != "todo" and _other_settings(c) else "")
+            state = _state(c)
+            report.status[c.label] = state + (" (other settings)" if state != "todo" and _other_settings(c) else "")
             say(f"  {c.label}: {report.status[c.label]}")
         return report
     if spec.action == "run":
