@@ -101,8 +101,12 @@ class _GuardedIter:
                 m = re.match(r"(.*?) (\d+)( in DataLoader worker \d+)?: (.*)", inner.group(1))
                 if m:
                     raise ExampleError(m.group(1), int(m.group(2)), m.group(4), _worker_of(msg)) from None
-            if "exited unexpectedly" in msg:
-                dead = {int(p) for p in re.findall(r"\d+", msg.split("pid(s)")[-1].split(")")[0])}
+            # PyTorch names a dead worker two ways, depending on which notices first: its SIGCHLD handler
+            # ("DataLoader worker (pid 123) is killed by signal: Killed." / "... exited unexpectedly with exit code
+            # 1") or the queue poll ("DataLoader worker (pid(s) 123, 124) exited unexpectedly")
+            died = re.search(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal)", msg)
+            if died:
+                dead = {int(p) for p in re.findall(r"\d+", died.group(1))}
                 slots, pids = self.loader._slots, self.loader._pids
                 loading = [(w, int(slots[w])) for w in range(len(slots)) if slots[w] >= 0 and pids[w] in dead]
                 if loading:

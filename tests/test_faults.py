@@ -464,6 +464,29 @@ def test_dataloader_worker_killed_names_the_example_without_hanging():
     assert "training example 13 in DataLoader worker" in str(e.value) and "died while loading it" in str(e.value)
 
 
+@pytest.mark.parametrize("message", [
+    "DataLoader worker (pid 4242) is killed by signal: Killed. ",
+    "DataLoader worker (pid 4242) exited unexpectedly with exit code 1. Details are lost due to multiprocessing.",
+    "DataLoader worker (pid(s) 4241, 4242) exited unexpectedly",
+])
+def test_dead_worker_message_forms_name_the_example(message):
+    """PyTorch reports a dead worker from its SIGCHLD handler or from its queue poll, whichever notices first (the
+    test above hits either, by timing): every form is mapped to the example the dead worker was loading."""
+    from datamodules.guarded import ExampleError, GuardedLoader, _GuardedIter
+
+    loader = GuardedLoader(_Examples(), num_workers=2, what="training example")
+    loader._pids[0], loader._slots[0] = 4240, 7      # a live worker, busy with another example
+    loader._pids[1], loader._slots[1] = 4242, 13
+
+    def dying():
+        raise RuntimeError(message)
+        yield
+
+    with pytest.raises(ExampleError) as e:
+        next(_GuardedIter(dying(), loader))
+    assert e.value.example == 13 and str(e.value).startswith("training example 13 in DataLoader worker 1: the worker process died")
+
+
 # ---- DDP: one rank raising ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("rank", [0, 1])
 def test_ddp_one_rank_raising_stops_all_ranks(tmp_path, tiny_bert, rank):
