@@ -21,7 +21,10 @@ class DataConfig:
     # When a split has no candidate lists: re-rank the BM25 top-k (bm25s) of each query.
     candidate_depth: int = 100
     max_train_triples: int | None = None
+    # At most this many judged queries per evaluation split, sampled from `eval_sample_seed`; null there = the run
+    # seed (each seed tests its own sample), an integer = every seed tests the same queries (paired across seeds).
     max_eval_queries: int | None = None
+    eval_sample_seed: int | None = None
     # Rotation debiasing (position-bias paper Eq. 7), separately for training and evaluation passages.
     rotate_train: bool = False
     rotate_eval: bool = False

@@ -214,7 +214,8 @@ class RankingDataModule(pl.LightningDataModule):
         # Only judged queries can be scored; trec_eval ignores the others anyway.
         qids = sorted(q for q in cands if split.qrels.get(q))
         if self.cfg.max_eval_queries is not None and len(qids) > self.cfg.max_eval_queries:
-            pick = np.random.default_rng([self.seed, 2]).permutation(len(qids))[: self.cfg.max_eval_queries]
+            sample_seed = self.seed if self.cfg.eval_sample_seed is None else self.cfg.eval_sample_seed
+            pick = np.random.default_rng([sample_seed, 2]).permutation(len(qids))[: self.cfg.max_eval_queries]
             qids = sorted(qids[i] for i in pick)
         doc_ids = sorted({d for q in qids for d in cands[q]})
         didx = {d: i for i, d in enumerate(doc_ids)}

@@ -25,7 +25,8 @@ Queries without any relevant document are left out (they give no training signal
 
 What the source does before pooling still applies (SQuAD's `max_questions_per_split` caps each of its own splits
 first), and so does what the data module does after (`data.max_eval_queries` samples the val/test folds with the
-run seed): leave `max_eval_queries` null for every query to be tested exactly once over the k runs.
+run seed, or with `data.eval_sample_seed` when set): leave `max_eval_queries` null for every query to be tested
+exactly once over the k runs.
 """
 from __future__ import annotations
 
