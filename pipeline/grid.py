@@ -767,6 +767,12 @@ def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
 CELL_KEYS = ("rows", "train_data", "eval_data", "seeds", "folds", "common", "extra_overrides", "train_on")
 
 
+def _cell_setting(grid: dict, key: str):
+    # logging overrides (NEUTRAL) leave finished cells valid, so adding or dropping one is no change to warn about
+    value = grid.get(key)
+    return _settings(value) if key in ("common", "extra_overrides") and isinstance(value, list) else value
+
+
 def _record_spec(spec: GridSpec, extra: list[str], cells: list[Cell], say) -> None:
     """Write `<grid>/grid.yaml`; warn when finished cells came from other cell settings (rows, data, seeds, ...)."""
     spec.dir.mkdir(parents=True, exist_ok=True)
@@ -777,7 +783,7 @@ def _record_spec(spec: GridSpec, extra: list[str], cells: list[Cell], say) -> No
             old = OmegaConf.to_container(OmegaConf.load(path))
         except Exception:  # noqa: BLE001 - only for a warning
             old = {}
-        changed = [k for k in CELL_KEYS if old.get(k) != now.get(k)]
+        changed = [k for k in CELL_KEYS if _cell_setting(old, k) != _cell_setting(now, k)]
         if changed:
             say(f"warning: {', '.join(changed)} differ from {path}; finished cells are reused as they are")
     with atomic_open(path) as f:
