@@ -33,7 +33,8 @@ for p in (str(REPO), str(REPO / "bench")):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_retrieval import Meter, machine  # noqa: E402
+from bench_retrieval import machine  # noqa: E402
+from bench_speed import Meter  # noqa: E402
 
 
 def synthetic(tokens: int, dim: int, vocab: int, zipf: float, seed: int = 0):

@@ -47,7 +47,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_retrieval import Meter, machine  # noqa: E402
+from bench_retrieval import machine  # noqa: E402
+from bench_speed import Meter  # noqa: E402
 
 
 def squad_texts(n_par: int, n_q: int, skip: int = 0) -> tuple[list[str], list[str]]:

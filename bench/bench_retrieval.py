@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_speed import Meter  # noqa: E402,F401  (wall time and other processes' CPU; bench_ats / bench_heads import it from here)
+from bench_speed import Meter  # noqa: E402  (wall time and the CPU other processes used meanwhile)
 
 
 def machine() -> dict:

@@ -33,7 +33,8 @@ sys.path[:0] = [p for p in (str(REPO), str(REPO / "bench")) if p not in sys.path
 
 import torch  # noqa: E402
 
-from bench_retrieval import Meter, machine  # noqa: E402
+from bench_retrieval import machine  # noqa: E402
+from bench_speed import Meter  # noqa: E402
 from bench_whitebox import DATA, PATHS  # noqa: E402  (importing it also sets the offline environment)
 
 

@@ -45,7 +45,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-from bench_retrieval import Meter, machine  # noqa: E402
+from bench_retrieval import machine  # noqa: E402
+from bench_speed import Meter  # noqa: E402
 
 
 def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
