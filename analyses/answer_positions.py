@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 from analyses.registry import ANALYSES, AnalysisConfig
+from core.errors import InputError
 from datamodules.corpus import SPLITS
 from pipeline.cli import run_tool
-from pipeline.errors import InputError
 
 JSON_NAME = "answer_positions.json"
 PNG_NAME = "answer_positions.png"
@@ -93,8 +93,7 @@ def analyse(cfg, opts: Options) -> dict:
     from analyses.position_stats import summarize
     from analyses.positions import relative_starts
     from datamodules.answer_bias import apply_answer_bias
-    from datamodules.sources import load_dataset
-    from pipeline.run import data_config
+    from datamodules.sources import data_config, load_dataset
 
     opts.check()
     dc = data_config(cfg)
@@ -141,7 +140,7 @@ def analyse(cfg, opts: Options) -> dict:
 def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
     """The PNG, then the JSON (last, so a JSON means a finished analysis), both atomically."""
     from analyses.position_plot import plot_histograms
-    from pipeline.io import write_json
+    from core.io import write_json
 
     out = Path(out)
     s, settings = result["series"], result["settings"]

@@ -4,7 +4,7 @@ and MATS (position-bias paper section 5, Eq. 8-9, Table 2, Figure 2) of a ranker
 Passages: a seeded sample of `analysis.passages` passages of the collection (all with `passages: null`), as the
 evaluation sees them (Eq. 7-rotated with `data.rotate_eval=true`). Term vectors: `lightning_modules/rankers/terms.py`
 (TK's p^ of its Eq. 4, the BERT bi-encoders' last layer, BERT_CAT's passage-side tokens with a query of
-`analysis.split`, cycled). ATS and MATS: callbacks/metrics/ats.py (seeded cap of `max_occurrences` per term).
+`analysis.split`, cycled). ATS and MATS: metrics/ats.py (seeded cap of `max_occurrences` per term).
 `analysis.compare` adds further checkpoints (e.g. {debiased: PATH}) measured on the same passages and overlaid
 in the figure, as the paper's Figure 2 compares original and debiased training.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from analyses.registry import ANALYSES, AnalysisConfig
-from pipeline.errors import InputError, check_choice
+from core.errors import InputError, check_choice
 
 JSON_NAME = "ats.json"
 PNG_NAME = "ats.png"
@@ -69,7 +69,7 @@ def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
     """{label: RankingModule}: `ckpt` (or the untrained `model`), then each `compare` checkpoint (any ranker)."""
     from omegaconf import OmegaConf
 
-    from pipeline.run import load_module
+    from lightning_modules.loading import load_module
 
     first = opts.label or ("trained" if cfg.ckpt else "untrained")
     models = {first: load_module(cfg, model_from_cli)}
@@ -91,11 +91,10 @@ def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
 def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     import torch
 
-    from callbacks.metrics.ats import average_term_similarity
     from datamodules.datamodule import eval_rotation_key, passage_text
-    from datamodules.sources import load_dataset
+    from datamodules.sources import data_config, load_dataset
     from lightning_modules.rankers.terms import passage_terms
-    from pipeline.run import data_config
+    from metrics.ats import average_term_similarity
 
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     dc = data_config(cfg)
@@ -151,7 +150,8 @@ def plot(result: dict):
 
 
 def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
-    from analyses.outputs import log_analysis, save_figure, write_result
+    from analyses.outputs import log_analysis, write_result
+    from core.io import save_figure
 
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)

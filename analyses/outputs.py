@@ -4,25 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from callbacks.loggers import build_logger
+from core.io import save_figure, write_json
+
+__all__ = ["log_analysis", "save_figure", "write_result"]
+
 
 def write_result(out: str | Path, json_name: str, result: dict) -> Path:
-    from pipeline.io import write_json
-
     path = Path(out) / json_name
     write_json(path, result)
-    return path
-
-
-def save_figure(fig, path: str | Path) -> Path:
-    """A matplotlib figure to PNG via a temp file and rename (no half-written image), then closed."""
-    import matplotlib.pyplot as plt
-
-    from pipeline.io import atomic_open
-
-    path = Path(path)
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=150, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
@@ -30,8 +20,6 @@ def log_analysis(cfg, name: str, scalars: dict[str, float] | None = None, tables
                  images: dict[str, str | Path] | None = None, summary: dict | None = None) -> None:
     """Scalars to any logger; `tables` ({key: (columns, rows)}), `images` ({key: png path}) and `summary` only where
     the logger is W&B. Nothing with logger=none."""
-    from pipeline.run import build_logger
-
     # one run per analysis and output folder, filtered on the dashboard by job type "analysis"
     folder = Path(cfg.output_dir).name
     logger = build_logger(cfg, name if name.endswith(folder) else f"{name}-{folder}", job="analysis")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import atomic_open
+from core.io import atomic_open
 
 # series name -> (label, style) in a panel
 STYLES = {"original": ("original", dict(color="C0", linewidth=2.0)),

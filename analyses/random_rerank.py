@@ -6,7 +6,7 @@
 Reads the run (any TREC run: its documents per query are the candidates, their scores are ignored), the qrels of
 `--split` of the configured data (same `key=value` config as train.py, validated), shuffles each query's candidates
 `--permutations` times (numpy, seeded) and prints the mean and standard deviation over permutations of every
-measure in `eval.measures` (trec_eval semantics, callbacks/metrics/ir.py). A neural re-ranker of the BM25 top k
+measure in `eval.measures` (trec_eval semantics, metrics/ir.py). A neural re-ranker of the BM25 top k
 that lands near these numbers has learnt little about the ranking yet.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pipeline.cli import run_tool
 def random_rerank(candidates: Mapping[str, list[str]], qrels: Mapping[str, Mapping[str, int]], measures: list[str],
                   permutations: int, seed: int = 0) -> dict[str, dict[str, float]]:
     """{measure: {"mean", "std"}} over `permutations` random orders of every query's candidates."""
-    from callbacks.metrics.ir import evaluate_run
+    from metrics.ir import evaluate_run
 
     rng = np.random.default_rng(seed)
     values: dict[str, list[float]] = {m: [] for m in measures}
@@ -46,10 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
 
     def job(cfg, opts) -> None:
-        from callbacks.metrics.trec import read_trec_run
-        from datamodules.sources import load_dataset
-        from pipeline.errors import InputError
-        from pipeline.run import data_config
+        from core.errors import InputError
+        from datamodules.sources import data_config, load_dataset
+        from metrics.trec import read_trec_run
 
         if opts.permutations < 1:
             raise InputError("--permutations", f"is {opts.permutations}; expected at least 1")

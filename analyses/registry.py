@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from pipeline.registry import Registry
+from core.registry import Registry
 
 ANALYSES: Registry = Registry("analysis")
 

@@ -1,4 +1,4 @@
-"""ATS / MATS (position-bias paper Eq. 8-9, callbacks/metrics/ats.py) over 1M synthetic token vectors, and a
+"""ATS / MATS (position-bias paper Eq. 8-9, metrics/ats.py) over 1M synthetic token vectors, and a
 brute-force loop over occurrence pairs on a subsample as the peer.
 
     python bench/bench_ats.py [--tokens 1000000] [--dim 384] [--vocab 30522] [--zipf 1.07] [--cap 100]
@@ -18,7 +18,6 @@ capped 1M-token set by its pair count. Each timing records the CPU that other pr
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,7 +31,6 @@ for p in (str(REPO), str(REPO / "bench")):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from bench_retrieval import machine  # noqa: E402
 from bench_speed import Meter  # noqa: E402
 
@@ -83,7 +81,7 @@ def brute_force(x: np.ndarray, terms: np.ndarray, positions: np.ndarray, passage
 
 
 def main(argv=None) -> dict:
-    from callbacks.metrics.ats import average_term_similarity
+    from metrics.ats import average_term_similarity
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1_000_000)
@@ -130,7 +128,7 @@ def main(argv=None) -> dict:
               "peer_subsample_s": peer.wall, "peer_others_cores": peer.others_cores, "ratio_subsample": peer.wall / ours_sub.wall,
               "peer_extrapolated_full_s": extrapolated, "max_abs_difference": diff}
     if args.out:
-        from pipeline.io import write_json
+        from core.io import write_json
 
         write_json(args.out, record)
         print(f"wrote {args.out}")

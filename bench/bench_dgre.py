@@ -31,7 +31,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from bench.bench_speed import Meter, autocast, build_optimizer, machine_info, write_json_atomic  # noqa: E402
+from bench.bench_speed import (  # noqa: E402
+    Meter,
+    autocast,
+    build_optimizer,
+    machine_info,
+    write_json_atomic,
+)
 
 RANKERS = ("bert_cat", "dgre")
 

@@ -46,7 +46,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from bench_retrieval import machine  # noqa: E402
 from bench_speed import Meter  # noqa: E402
 
@@ -106,11 +105,11 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 
+    from core.io import write_json
     from lightning_modules.heads import build_head
     from lightning_modules.heads.cache import RepresentationCache
     from lightning_modules.heads.flows import GlowConfig, NICEConfig
     from lightning_modules.module import RankingModule
-    from pipeline.io import write_json
 
     scratch = tempfile.TemporaryDirectory()
     backbone = bert_base_shape(Path(scratch.name)) if a.backbone == "bert-base-shape" else a.backbone

@@ -25,9 +25,9 @@ Tasks (each tool's own API, tokenisation inside the timed unit):
   a negative drawn from their BM25 top-k: the project's RankingDataModule with `data.source: squad`, batches
   from a --seed shuffle), batch, lengths, lr (constant, no warm-up) and precision, then scores the same candidate
   lists (--quality-queries SQuAD val-split questions, each with its BM25 top --quality-depth paragraphs, from the
-  same data module). Each tool's scores become a TREC run (callbacks/metrics/trec.py) and our evaluator
-  (callbacks/metrics/ir.py, pytrec_eval) gives NDCG@10 etc. against the same qrels, with a two-tailed paired
-  t-test of per-query NDCG@10 against ours (pipeline/stats.py). Reference rows: the candidates' BM25 order, each
+  same data module). Each tool's scores become a TREC run (metrics/trec.py) and our evaluator
+  (metrics/ir.py, pytrec_eval) gives NDCG@10 etc. against the same qrels, with a two-tailed paired
+  t-test of per-query NDCG@10 against ours (metrics/significance.py). Reference rows: the candidates' BM25 order, each
   tool after 0 steps (--quality-untrained; ours then is the untrained backbone itself: MiniLM's token vectors,
   MaxSim, while PyLate and Lightning IR start with a random 384 -> 128 projection), and ours with the same kind of
   projection (`model.compress_dim`, --quality-ours-compress-dim). One run per row, not alternated (wall times are
@@ -48,13 +48,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_speed import DOC_MAX_LEN, QUERY_MAX_LEN, Meter, load_corpus, matmul_reference, triplet_texts, write_json_atomic  # noqa: E402
+from bench_speed import (  # noqa: E402
+    DOC_MAX_LEN,
+    QUERY_MAX_LEN,
+    Meter,
+    load_corpus,
+    matmul_reference,
+    triplet_texts,
+    write_json_atomic,
+)
 
 PEERS = REPO / "bench" / "peers"
 TOOLS = {  # tool -> (driver, default interpreter, tasks it has)
@@ -225,8 +232,8 @@ def scores_to_run(scores: dict, lists: dict) -> dict[str, dict[str, float]]:
 def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict, dict]:
     """Write `run` as a TREC run file, read it back and evaluate it with our evaluator against the lists' qrels
     (so the numbers are those of the file: what trec_eval would print for it): (means, {qid: NDCG@10})."""
-    from callbacks.metrics.ir import evaluate_run
-    from callbacks.metrics.trec import read_trec_run, write_trec_run
+    from metrics.ir import evaluate_run
+    from metrics.trec import read_trec_run, write_trec_run
 
     write_trec_run(path, run, tag)
     means, per_query = evaluate_run(read_trec_run(path), lists["qrels"], QUALITY_MEASURES)
@@ -234,8 +241,8 @@ def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict
 
 
 def paired_p(ours: dict, other: dict) -> float:
-    """Two-tailed paired t-test p of per-query NDCG@10, ours against another row's (pipeline/stats.py)."""
-    from pipeline.stats import pair_by_query, paired_test
+    """Two-tailed paired t-test p of per-query NDCG@10, ours against another row's (metrics/significance.py)."""
+    from metrics.significance import pair_by_query, paired_test
 
     a, b, _ = pair_by_query(ours, other)
     return paired_test(a, b, "t_test_two_tailed")

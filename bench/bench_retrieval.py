@@ -115,9 +115,9 @@ def main(argv=None) -> dict:
 
     import faiss
 
-    from lightning_modules.rankers import build_ranker
+    from core.io import write_json
     from lightning_modules.module import ranker_config
-    from pipeline.io import write_json
+    from lightning_modules.rankers import build_ranker
     from retrieval.dense import DenseIndex, FaissBuilder, IndexOptions
 
     torch.set_num_threads(args.threads)

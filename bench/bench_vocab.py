@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(REPO), str(REPO / "bench")) if p not in sys.path]
 
 import torch  # noqa: E402
-
 from bench_retrieval import machine  # noqa: E402
 from bench_speed import Meter  # noqa: E402
 from bench_whitebox import DATA, PATHS  # noqa: E402  (importing it also sets the offline environment)
@@ -67,13 +66,13 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    import tempfile
+
     from analyses.vocab import analysis as vp
     from analyses.vocab import lexical_enrichment as le
     from analyses.vocab.mlm_head import load_mlm_head
+    from core.io import write_json
     from pipeline.config import compose
-    from pipeline.io import write_json
-
-    import tempfile
 
     cache = tempfile.mkdtemp(prefix="bench-vocab-")  # BM25 and s_t computed afresh, both timed
     common = [f"data={args.data}", f"data.path={args.data_dir / PATHS[args.data]}", f"data.cache_dir={cache}", "logger=none",

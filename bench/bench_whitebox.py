@@ -44,7 +44,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
-
 from bench_retrieval import machine  # noqa: E402
 from bench_speed import Meter  # noqa: E402
 
@@ -104,11 +103,15 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from analyses.whitebox.analysis import _models, queries_and_candidates, analyse, options
-    from datamodules.sources import load_dataset
+    from analyses.whitebox.analysis import (
+        _models,
+        analyse,
+        options,
+        queries_and_candidates,
+    )
+    from core.io import write_json
+    from datamodules.sources import data_config, load_dataset
     from pipeline.config import compose
-    from pipeline.io import write_json
-    from pipeline.run import data_config
 
     overrides = [f"data={args.data}", f"data.path={args.data_dir / PATHS[args.data]}", f"data.cache_dir={REPO / '.cache'}",
                  "analysis=whitebox", f"analysis.split={args.split}", f"analysis.candidate_depth={args.depth}",

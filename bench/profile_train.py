@@ -22,9 +22,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
+from bench_speed import (  # noqa: E402
+    DOC_MAX_LEN,
+    QUERY_MAX_LEN,
+    build_optimizer,
+    load_corpus,
+    train_step,
+    triplet_texts,
+)
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-from bench_speed import DOC_MAX_LEN, QUERY_MAX_LEN, build_optimizer, load_corpus, train_step, triplet_texts  # noqa: E402
 
 
 def setup(plain: bool, a, texts):

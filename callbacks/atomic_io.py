@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from pipeline.io import atomic_open
+from core.io import atomic_open
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

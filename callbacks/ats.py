@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from pytorch_lightning import Callback
 
-from callbacks.metrics.ats import ATSResult, AverageTermSimilarity
 from lightning_modules.rankers.terms import passage_terms
+from metrics.ats import ATSResult, AverageTermSimilarity
 
 
 def ats_sample(n_passages: int, n_queries: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

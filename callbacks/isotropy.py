@@ -34,9 +34,8 @@ import torch.distributed as dist
 from pytorch_lightning import Callback
 from torch import Tensor
 
-from callbacks.metrics.isotropy import AvgCos, IsotropyIW
 from lightning_modules.rankers.base import masked_mean
-
+from metrics.isotropy import AvgCos, IsotropyIW
 
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
 
@@ -107,7 +106,7 @@ class IsotropyCallback(Callback):
             self._figure(trainer, module, split, values)
 
     def _figure(self, trainer, module, split: str, values: dict[str, float]) -> None:
-        from analyses.outputs import save_figure
+        from core.io import save_figure
 
         head = getattr(module, "head_cfg", None)
         name = head.name if head is not None else "head"

@@ -28,9 +28,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from core.errors import InputError
 from datamodules.corpus import IRDataset, Split
 from datamodules.rotation import relative_answer_positions
-from pipeline.errors import InputError
 
 
 def question_answer_starts(ds: IRDataset, qid: str, judged: dict[str, int]) -> list[float]:

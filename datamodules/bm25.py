@@ -13,7 +13,7 @@ least one term with it (score > 0), best first, ties broken by doc id, at most k
 on dict order and is the same in every process.
 
 Cache: `<cache_dir>/bm25/<key>-<digest>.json`, digest = SHA-256 of (collection content, queries, tokenizer and
-stemmer settings, BM25 variant and parameters, k). Written atomically (pipeline.io.atomic_open), so concurrent DDP
+stemmer settings, BM25 variant and parameters, k). Written atomically (core.io.atomic_open), so concurrent DDP
 ranks and crashes never leave a half-written file; a later call with the same inputs reads it.
 """
 from __future__ import annotations
@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_modules.rankers.bm25 import METHODS
-from pipeline.errors import check_choice
-from pipeline.io import atomic_open
+from core.errors import check_choice
+from core.io import atomic_open
 
+# bm25s variants (Kamphuis et al. 2020)
+METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 STOPWORDS = "en"
 CACHE_VERSION = 2  # 2: scores kept with the doc ids

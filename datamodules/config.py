@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import InputError, check_choice
+from core.errors import InputError, check_choice
 
 
 @dataclass

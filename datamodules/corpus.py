@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 SPLITS = ("train", "val", "test")
 
@@ -94,7 +94,9 @@ def locate(origin: str | None, *ids: str) -> str | None:
     path = Path(origin)
     if not path.is_file():
         return origin
-    from datamodules.sources.tsv import iter_lines  # the shared reader (gzip, UTF-8); imported late: tsv imports us
+    from datamodules.sources.tsv import (
+        iter_lines,  # the shared reader (gzip, UTF-8); imported late: tsv imports us
+    )
 
     try:
         for lineno, line in iter_lines(path):

@@ -13,17 +13,21 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from core.errors import InputError
 from datamodules import rotation
 from datamodules.bm25 import bm25_candidates
 from datamodules.config import passage_window
 from datamodules.corpus import IRDataset
 from datamodules.guarded import GuardedLoader
-from datamodules.passages import expand_pairs, training_passage
 from datamodules.negatives import sample_triples
-from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader, shard_range
+from datamodules.passages import expand_pairs, training_passage
+from datamodules.samplers import (
+    DistributedTrainBatchSampler,
+    ResumableLoader,
+    shard_range,
+)
 from datamodules.sources import load_dataset
-from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import InputError
+from datamodules.tokenization import PairTokenizer
 
 
 def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> str:

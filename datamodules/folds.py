@@ -33,8 +33,8 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable, Mapping
 
+from core.errors import InputError
 from datamodules.corpus import SPLITS, IRDataset, Split
-from pipeline.errors import InputError
 
 __all__ = ["check_fold_config", "fold_key", "assign_folds", "fold_roles", "query_groups", "pooled_queries", "apply_folds"]
 

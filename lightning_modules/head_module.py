@@ -15,15 +15,14 @@ the frozen ranker is rebuilt from `base_ckpt`, never copied into every head chec
 """
 from __future__ import annotations
 
-
 import torch
-from torch import Tensor
 from omegaconf import OmegaConf
+from torch import Tensor
 
+from core.errors import InputError
 from lightning_modules.heads import HEADS, build_head
 from lightning_modules.module import RankingModule
 from lightning_modules.rankers.base import Encoded
-from pipeline.errors import InputError
 
 HEAD_PREFIXES = ("ranker.token_head.", "ranker.sequence_head.")
 

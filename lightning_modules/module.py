@@ -25,12 +25,12 @@ from omegaconf import OmegaConf
 from pytorch_lightning.utilities.seed import _collect_rng_states, _set_rng_states
 from torch import Tensor
 
-from callbacks.metrics.ir import RetrievalRun, evaluate_run
+from core.errors import InputError, check_choice
+from datamodules.tokenization import PairTokenizer
 from lightning_modules.oom import halving
 from lightning_modules.rankers import RANKERS, build_ranker
 from lightning_modules.rankers.base import Encoded, TripletOutput, take
-from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import InputError, check_choice
+from metrics.ir import RetrievalRun, evaluate_run
 
 
 @dataclass
@@ -168,7 +168,7 @@ class RankingModule(pl.LightningModule):
         if not bad > 0:
             return False
         if self.optim_cfg.nonfinite == "stop":
-            from pipeline.errors import TrainingStopped
+            from core.errors import TrainingStopped
 
             last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") if self._trainer is not None else ""
             good = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
@@ -186,7 +186,7 @@ class RankingModule(pl.LightningModule):
         if not grads or torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
             return
         if self.optim_cfg.nonfinite == "stop":
-            from pipeline.errors import TrainingStopped
+            from core.errors import TrainingStopped
 
             last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
             raise TrainingStopped(f"non-finite gradients at step {self.global_step} (optim.nonfinite=stop); nothing was trained on them; "

@@ -9,7 +9,7 @@ import sys
 import warnings
 from typing import Callable
 
-from pipeline.errors import InputError, TrainingStopped
+from core.errors import InputError, TrainingStopped
 
 
 def main(argv: list[str], job: Callable) -> int:

@@ -25,12 +25,11 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.errors import InputError
-from pipeline.io import AtomicDir, _umask
+from core.errors import InputError
+from core.io import AtomicDir, _umask
 
 FORMAT = "isorank-export-1"
 ENCODER = "ranker.encoder."
@@ -89,8 +88,8 @@ def model_card(info: dict, run: Path) -> str:
 def export(cfg: DictConfig, out: str) -> Path:
     from safetensors.torch import save_file
 
+    from lightning_modules.loading import load_module
     from pipeline.head_stage import load_head_module
-    from pipeline.run import load_module
 
     out_path = Path(out)
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):

@@ -79,10 +79,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import InputError
+from core.io import atomic_open, write_json
+from metrics.significance import TESTS
 from pipeline.config import CONFIG_DIR
-from pipeline.errors import InputError
-from pipeline.io import atomic_open, write_json
-from pipeline.stats import TESTS
 from pipeline.tables import RUN_LEVEL
 
 __all__ = ["GridSpec", "Cell", "GridReport", "load_grid", "plan", "run", "collect", "main"]

@@ -21,14 +21,14 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.loggers import head_rows, log_results_table
 from callbacks.preemption import interruptible
+from core.errors import InputError
+from core.io import atomic_open
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
 from lightning_modules.heads.cache import RepresentationCache, cache_key
 from lightning_modules.heads.whitening import MomentAccumulator
-from pipeline.errors import InputError
-from pipeline.io import atomic_open
-from pipeline.wandb_run import head_rows, log_results_table
 
 
 def _trainer_for_head(cfg: DictConfig) -> DictConfig:
@@ -39,7 +39,7 @@ def _trainer_for_head(cfg: DictConfig) -> DictConfig:
 
 
 def build_module(cfg: DictConfig) -> HeadModule:
-    from pipeline.run import read_checkpoint
+    from core.checkpoints import read_checkpoint
 
     if not cfg.ckpt:
         raise InputError("ckpt", "stage=head needs ckpt=<checkpoint of the fine-tuned ranker> to put the head on")
@@ -93,7 +93,7 @@ def save_head(module: HeadModule, path: Path) -> None:
 
 def check_head_resume(cfg: DictConfig) -> None:
     """`ckpt_path` must be a flow head's training checkpoint of the same head on the same base ranker."""
-    from pipeline.run import read_checkpoint
+    from core.checkpoints import read_checkpoint
 
     ck = read_checkpoint(cfg.ckpt_path, "ckpt_path")
     if "base_ckpt" not in ck:
@@ -108,7 +108,14 @@ def check_head_resume(cfg: DictConfig) -> None:
 
 
 def train_head(cfg: DictConfig) -> dict | None:
-    from pipeline.run import build_logger, build_trainer, load_data, print_table, save_config, write_results
+    from callbacks.loggers import build_logger
+    from pipeline.run import (
+        build_trainer,
+        load_data,
+        print_table,
+        save_config,
+        write_results,
+    )
 
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
@@ -150,7 +157,7 @@ def train_head(cfg: DictConfig) -> dict | None:
 def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
     """The HeadModule of `head_ckpt` on its base ranker (`ckpt`, else the head's recorded `base_ckpt`), and the base's
     path; sets `cfg.model` and `cfg.head` to the checkpoints' own."""
-    from pipeline.run import read_checkpoint
+    from core.checkpoints import read_checkpoint
 
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
     if "base_ckpt" not in head_ckpt:

@@ -6,46 +6,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytorch_lightning as pl
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from callbacks.ats import ATSCallback
 from callbacks.atomic_io import AtomicCheckpointIO
+from callbacks.ats import ATSCallback
 from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
-from callbacks.metrics.trec import write_trec_run
+from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption, interruptible
+from core.checkpoints import check_same_ranker, read_checkpoint
+from core.errors import InputError
+from core.io import atomic_open, write_json
 from datamodules.datamodule import RankingDataModule
-from datamodules.sources import SOURCES
+from datamodules.sources import data_config
+from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
 from lightning_modules.rankers import UNTRAINED
-from pipeline.errors import InputError
-from pipeline.io import atomic_open, write_json
-from pipeline.wandb_run import head_rows, log_results_table
+from metrics.trec import write_trec_run
 
 MONITOR = "val/ndcg_cut_10"
-
-
-def data_config(cfg: DictConfig):
-    schema = SOURCES.get(cfg.data.source, "data.source").schema
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg.data))
-
-
-def build_logger(cfg: DictConfig, name: str, job: str | None = None):
-    """The configured logger (`job`: the W&B job type, else from the run: train, head or eval)."""
-    lc = cfg.logger
-    out = Path(cfg.output_dir)
-    if lc.name == "none":
-        return False
-    if lc.name == "csv":
-        from pytorch_lightning.loggers import CSVLogger
-
-        return CSVLogger(save_dir=str(out), name="csv")
-    if lc.name == "wandb":
-        from pipeline.wandb_run import wandb_logger
-
-        return wandb_logger(cfg, name, job)
-    raise InputError("logger.name", f"unknown logger '{lc.name}'; expected wandb, csv or none")
 
 
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
@@ -70,25 +49,6 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
         # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
         use_distributed_sampler=False, enable_checkpointing=checkpoints, plugins=[AtomicCheckpointIO()],
     )
-
-
-def read_checkpoint(path: str, key: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(key, f"checkpoint '{path}' does not exist")
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise InputError(key, f"cannot read checkpoint '{path}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is truncated or not a torch file") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model" not in ckpt.get("hyper_parameters", {}):
-        raise InputError(key, f"'{path}' is not a checkpoint of this pipeline (no ranker hyper-parameters)")
-    return ckpt
-
-
-def check_same_ranker(ckpt: dict, cfg: DictConfig, key: str, path: str) -> None:
-    saved = ckpt["hyper_parameters"]["model"]["name"]
-    if saved != cfg.model.name:
-        raise InputError(key, f"checkpoint '{path}' holds ranker '{saved}' but model.name is '{cfg.model.name}'")
 
 
 def init_weights(module: RankingModule, cfg: DictConfig) -> None:
@@ -230,25 +190,6 @@ def train(cfg: DictConfig) -> dict | None:
     log_results_table(trainer.logger, {"before training": before, "after training": after} if before else {"after training": after})
     print_table(after, before)
     return after
-
-
-def load_module(cfg: DictConfig, model_from_cli: bool) -> RankingModule:
-    """The RankingModule of `cfg.ckpt` (its ranker config wins over `cfg.model`, which it replaces), or of
-    `cfg.model` untrained (the backbone as pre-trained) when no checkpoint is given."""
-    hparams = {"model": OmegaConf.to_container(cfg.model), "optim": OmegaConf.to_container(cfg.optim)}
-    ckpt = None
-    if cfg.ckpt:
-        ckpt = read_checkpoint(cfg.ckpt, "ckpt")
-        if model_from_cli:
-            check_same_ranker(ckpt, cfg, "ckpt", cfg.ckpt)
-        hparams = ckpt["hyper_parameters"]
-        cfg.model = hparams["model"]
-    module = RankingModule(hparams["model"], hparams["optim"], list(cfg.eval.measures))
-    if ckpt is not None:
-        missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
-        if missing or unexpected:
-            raise InputError("ckpt", f"'{cfg.ckpt}' does not match ranker '{cfg.model.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return module
 
 
 def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:

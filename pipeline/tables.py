@@ -5,7 +5,7 @@ and one column per measure. A cell reads `0.8282 (+3.1%)**`:
 
 - the mean over the seeds / folds (the mean of the runs' test means);
 - in brackets the relative change against the baseline row's mean, in %;
-- `*` p <= 0.05, `**` p <= 0.01: the grid's paired test (pipeline/stats.py) of method against baseline, on per-query
+- `*` p <= 0.05, `**` p <= 0.01: the grid's paired test (metrics/significance.py) of method against baseline, on per-query
   values (each query's mean over the runs that tested it; `paired_by: query`) or on the runs' means paired by seed /
   fold (`paired_by: replicate`).
 
@@ -28,9 +28,15 @@ import math
 import os
 from typing import Any
 
-from pipeline.io import atomic_open
-from pipeline.stats import (check_test, pair_by_query, pair_by_replicate, paired_test, per_query_means,
-                            significance_mark)
+from core.io import atomic_open
+from metrics.significance import (
+    check_test,
+    pair_by_query,
+    pair_by_replicate,
+    paired_test,
+    per_query_means,
+    significance_mark,
+)
 
 __all__ = ["summarize", "summarize_delta", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
 

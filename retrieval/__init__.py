@@ -5,8 +5,8 @@
   (exact, default), ivf, hnsw, pq, ivfpq; faiss-gpu when present. `python -m retrieval.dense ckpt=... data=...`.
 - `retrieval.colbert_e2e`: `ColBERTIndex`, ColBERT end-to-end: token-level faiss candidates, exact Eq. 1 re-scoring.
 
-Runs are `{qid: {doc id: score}}`, the pipeline's run form: `callbacks.metrics.trec.write_trec_run` writes them,
-`callbacks.metrics.ir.evaluate_run` scores them.
+Runs are `{qid: {doc id: score}}`, the pipeline's run form: `metrics.trec.write_trec_run` writes them,
+`metrics.ir.evaluate_run` scores them.
 """
 from retrieval.colbert_e2e import ColBERTIndex, colbert_index_from_checkpoint
 from retrieval.dense import INDEX_TYPES, DenseIndex, IndexOptions, index_from_checkpoint

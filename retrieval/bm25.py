@@ -16,10 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from core.errors import InputError
 from datamodules.bm25 import METHODS, BM25Params, bm25_run, settings
 from datamodules.corpus import SPLITS
 from pipeline.cli import run_tool
-from pipeline.errors import InputError
 
 __all__ = ["split_queries", "run_bm25", "main"]
 
@@ -38,11 +38,10 @@ def split_queries(ds, split: str) -> tuple[dict[str, str], dict[str, dict[str, i
 
 
 def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = BM25Params()) -> dict[str, float]:
-    from callbacks.metrics.ir import evaluate_run
-    from callbacks.metrics.trec import write_trec_run
-    from datamodules.sources import load_dataset
-    from pipeline.io import write_json
-    from pipeline.run import data_config
+    from core.io import write_json
+    from datamodules.sources import data_config, load_dataset
+    from metrics.ir import evaluate_run
+    from metrics.trec import write_trec_run
 
     if split not in (*SPLITS, "all"):
         raise InputError("--split", f"is '{split}'; expected one of {[*SPLITS, 'all']}")

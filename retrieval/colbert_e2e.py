@@ -35,15 +35,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.errors import InputError
+from core.io import AtomicDir
 from lightning_modules.rankers.base import Encoded, cosine_normalize
 from lightning_modules.rankers.colbert import ColBERT
-from pipeline.errors import InputError
-from pipeline.io import AtomicDir
 from retrieval.dense import (
-    GPU_MAX_K, FaissBuilder, IndexOptions, Placement, _faiss, base_manifest, check_ranker_matches,
-    read_doc_ids, read_faiss, read_manifest, write_json_file,
+    GPU_MAX_K,
+    FaissBuilder,
+    IndexOptions,
+    Placement,
+    _faiss,
+    base_manifest,
+    check_ranker_matches,
+    read_doc_ids,
+    read_faiss,
+    read_manifest,
+    write_json_file,
 )
-from retrieval.encode import encode_docs, encode_queries, module_from_checkpoint, pair_tokenizer_for
+from retrieval.encode import (
+    encode_docs,
+    encode_queries,
+    module_from_checkpoint,
+    pair_tokenizer_for,
+)
 
 __all__ = ["ColBERTIndex", "colbert_index_from_checkpoint", "candidates_from_hits"]
 

@@ -59,11 +59,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.errors import InputError
+from core.io import AtomicDir
 from lightning_modules.rankers.base import SingleVectorEncoder, cosine_normalize
 from pipeline import cli
-from pipeline.errors import InputError
-from pipeline.io import AtomicDir
-from retrieval.encode import encode_docs, encode_queries, module_from_checkpoint, pair_tokenizer_for
+from retrieval.encode import (
+    encode_docs,
+    encode_queries,
+    module_from_checkpoint,
+    pair_tokenizer_for,
+)
 
 __all__ = [
     "INDEX_TYPES", "IndexOptions", "FaissBuilder", "DenseIndex", "index_from_checkpoint", "run_from_hits",
@@ -554,12 +559,12 @@ def retrieve(cfg, opts, model_from_cli: bool) -> dict:
     """The command-line job: module (checkpoint or untrained), data, index, run, metrics."""
     from omegaconf import OmegaConf
 
-    from callbacks.metrics.ir import evaluate_run
-    from callbacks.metrics.trec import write_trec_run
-    from datamodules.sources import load_dataset
+    from core.checkpoints import check_same_ranker, read_checkpoint
+    from core.io import write_json
+    from datamodules.sources import data_config, load_dataset
     from lightning_modules.module import RankingModule
-    from pipeline.io import write_json
-    from pipeline.run import check_same_ranker, data_config, read_checkpoint
+    from metrics.ir import evaluate_run
+    from metrics.trec import write_trec_run
 
     out = Path(cfg.output_dir)
     if cfg.ckpt:

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from core.errors import InputError
+from datamodules.tokenization import PairTokenizer
 from lightning_modules.oom import halving
 from lightning_modules.rankers.base import BiEncoder, Encoded
-from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import InputError
 
 __all__ = [
     "PRECISIONS", "iter_items", "batches", "encode_docs", "encode_queries", "encode_texts", "pair_tokenizer_for",
@@ -179,8 +179,8 @@ def encode_queries(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64,
 def module_from_checkpoint(ckpt_path: str | Path, key: str = "ckpt", measures: list[str] | None = None, device=None) -> Any:
     """The RankingModule of a checkpoint of this pipeline, in eval mode: rebuilt from its `hyper_parameters`
     (ranker config, optimiser config) and loaded with its `state_dict`, as `pipeline.run.evaluate` does."""
+    from core.checkpoints import read_checkpoint
     from lightning_modules.module import RankingModule
-    from pipeline.run import read_checkpoint
 
     ckpt = read_checkpoint(str(ckpt_path), key)
     hp = ckpt["hyper_parameters"]

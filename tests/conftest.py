@@ -58,8 +58,9 @@ def crash_when(monkeypatch):
     """`crash_when(predicate)`: every Trainer that pipeline.run builds from now on raises RuntimeError("simulated
     crash") at the end of the first training batch where predicate(trainer) holds, as a killed job would stop
     (no checkpoint written on the way out). Undone at the end of the test, or by calling the returned `undo`."""
-    import pipeline.run
     from pytorch_lightning import Callback
+
+    import pipeline.run
 
     def install(predicate):
         class Crash(Callback):

@@ -22,8 +22,9 @@ sys.path.insert(0, str(REPO))
 
 def _at_step(step: int, act) -> None:
     """`act(trainer)` at the end of the training batch that reaches global step `step`."""
-    import pipeline.run
     from pytorch_lightning import Callback
+
+    import pipeline.run
 
     class Act(Callback):
         def on_train_batch_end(self, trainer, *args):
@@ -42,8 +43,9 @@ def _at_step(step: int, act) -> None:
 
 def signal_in_validation(sig: signal.Signals, step: int) -> None:
     """The signal arrives after the first batch of the validation at global step `step`."""
-    import pipeline.run
     from pytorch_lightning import Callback
+
+    import pipeline.run
 
     class Send(Callback):
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
@@ -74,9 +76,9 @@ def raise_on_rank(rank: int, step: int) -> None:
 
 def kill_in_write(name: str, nth: int) -> None:
     """The nth atomic write of a file called `name` dies (SIGKILL) after writing half of its bytes."""
-    import pipeline.io
+    import core.io
 
-    real = pipeline.io.atomic_open
+    real = core.io.atomic_open
     count = {"n": 0}
 
     class HalfThenDie:
@@ -103,7 +105,7 @@ def kill_in_write(name: str, nth: int) -> None:
                     return
             yield f
 
-    pipeline.io.atomic_open = dying
+    core.io.atomic_open = dying
     import callbacks.atomic_io
 
     callbacks.atomic_io.atomic_open = dying

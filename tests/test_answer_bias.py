@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from conftest import shared_data
+
+from core.errors import InputError
 from datamodules.answer_bias import apply_answer_bias, late_kept
 from datamodules.corpus import IRDataset, Split
 from datamodules.datamodule import RankingDataModule
@@ -15,7 +16,6 @@ from datamodules.sources import load_dataset
 from datamodules.sources.squad import SquadConfig
 from datamodules.sources.synthetic import SyntheticConfig
 from pipeline.config import compose
-from pipeline.errors import InputError
 
 
 def _word_position(text: str, start: int) -> float:

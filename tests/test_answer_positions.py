@@ -10,17 +10,23 @@ import os
 
 import numpy as np
 import pytest
+from conftest import run_script, shared_data
 
-from analyses.answer_positions import JSON_NAME, PNG_NAME, Options, analyse, write_outputs
+from analyses.answer_positions import (
+    JSON_NAME,
+    PNG_NAME,
+    Options,
+    analyse,
+    write_outputs,
+)
 from analyses.position_stats import summarize
 from analyses.positions import Unit, eval_units, relative_starts, train_units
-from conftest import run_script, shared_data
+from core.errors import InputError
 from datamodules.corpus import IRDataset, Split
 from datamodules.datamodule import RankingDataModule, TripletDataset, passage_text
 from datamodules.rotation import rotate, rotation_index
 from datamodules.sources.synthetic import SyntheticConfig
 from pipeline.config import compose
-from pipeline.errors import InputError
 
 DOC = "The quick  brown fox\njumps"  # 5 words; "quick" is word 1, "fox" word 3
 
@@ -128,12 +134,12 @@ def test_outputs_are_written_atomically_with_the_expected_keys(tmp_path, monkeyp
 
     # a failure while writing leaves the previous files whole and no temp file behind
     before = js.read_bytes(), png.read_bytes()
-    import pipeline.io
+    import core.io
 
     def broken_dump(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(pipeline.io.json, "dump", broken_dump)
+    monkeypatch.setattr(core.io.json, "dump", broken_dump)
     result["series"]["original"]["mean"] = 0.0
     with pytest.raises(RuntimeError, match="disk full"):
         write_outputs(result, out)
@@ -213,7 +219,7 @@ def test_evaluate_analysis_entry_matches_the_module_command(tmp_path):
 
 
 def test_registry_refuses_two_definitions_under_one_name():
-    from pipeline.registry import Registry
+    from core.registry import Registry
 
     reg = Registry("thing")
 

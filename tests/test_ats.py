@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.metrics.ats import AverageTermSimilarity, average_term_similarity, mats_from_curve
+from metrics.ats import AverageTermSimilarity, average_term_similarity, mats_from_curve
 
 
 def brute_force_ats(vectors, terms, positions, passages):
@@ -151,7 +151,7 @@ def _ranker(name: str, tiny_bert: str):
 
 
 def _pair_tokenizer(ranker):
-    from lightning_modules.rankers.tokenization import PairTokenizer
+    from datamodules.tokenization import PairTokenizer
 
     return PairTokenizer(ranker.tokenizer, ranker.kind, ranker.cfg.query_max_len, ranker.cfg.doc_max_len)
 
@@ -220,9 +220,10 @@ def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation
     import json
 
     from callbacks.ats import ats_sample
+    from lightning_modules.loading import load_module
     from lightning_modules.rankers.terms import passage_terms
     from pipeline.config import compose
-    from pipeline.run import load_data, load_module, train
+    from pipeline.run import load_data, train
 
     model = ["model=tk", f"model.backbone={tiny_bert}", "model.heads=2", "model.head_dim=8", "model.ff_dim=24"]
     out = tmp_path / "run"
@@ -289,12 +290,12 @@ def _save_checkpoint(path, model: dict, seed: int):
 def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation(tmp_path, tiny_bert):
     import json
 
-    from callbacks.metrics.ats import average_term_similarity as ats_fn
     from datamodules.datamodule import eval_rotation_key, passage_text
-    from datamodules.sources import load_dataset
+    from datamodules.sources import data_config, load_dataset
     from lightning_modules.rankers.terms import passage_terms
+    from metrics.ats import average_term_similarity as ats_fn
     from pipeline.config import compose
-    from pipeline.run import data_config, evaluate
+    from pipeline.run import evaluate
 
     tk = {"name": "tk", "backbone": tiny_bert, "heads": 2, "head_dim": 8, "ff_dim": 24, "query_max_len": 16, "doc_max_len": 40}
     cat = {"name": "bert_cat", "backbone": tiny_bert, "query_max_len": 16, "doc_max_len": 40}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from callbacks.metrics.ir import evaluate_run
-from conftest import REPO, run_script, shared_data
-from datamodules.bm25 import BM25Params, bm25_run
+from conftest import run_script, shared_data
 from test_negatives import DOCS, QUERIES, brute_force_bm25
+
+from datamodules.bm25 import BM25Params, bm25_run
+from metrics.ir import evaluate_run
 
 
 @pytest.mark.parametrize("k1,b", [(1.5, 0.75), (0.9, 0.4), (1.2, 1.0)])
@@ -26,7 +26,7 @@ def test_run_scores_equal_formula(k1, b):
 
 
 def test_bad_method_is_one_line():
-    from pipeline.errors import InputError
+    from core.errors import InputError
 
     with pytest.raises(InputError, match="bm25.method"):
         BM25Params("bm26")

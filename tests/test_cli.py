@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
+from core.errors import InputError
 from pipeline.cli import main, run_tool, tool_args
-from pipeline.errors import InputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,9 +57,9 @@ def test_main_says_whether_the_command_line_picks_the_model(argv, expected):
 def test_dry_run_validates_and_prints_the_resolved_config_without_loading_models(capsys, tmp_path, monkeypatch):
     """train.py / evaluate.py --dry-run: exit 0 with the composed config as YAML (what the run would save as
     config.yaml), no model built (a backbone path that does not exist is not touched), nothing written."""
-    import lightning_modules.rankers
     from omegaconf import OmegaConf
 
+    import lightning_modules.rankers
     from pipeline.config import compose
 
     def no_model(*a, **k):

@@ -1,8 +1,8 @@
 """Config composition: defaults, group choice, overrides, and one-line errors for bad keys, groups and types."""
 import pytest
 
+from core.errors import InputError
 from pipeline.config import compose
-from pipeline.errors import InputError
 
 
 def test_defaults_compose_to_colbert_on_synthetic():

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import InputError
 from datamodules.sources import load_dataset
 from datamodules.sources.beir import BeirConfig
 from datamodules.sources.classic import CacmConfig, CranfieldConfig, VaswaniConfig
 from datamodules.sources.squad import SquadConfig
 from datamodules.sources.synthetic import SyntheticConfig
 from datamodules.sources.tsv import TsvConfig
-from pipeline.errors import InputError
 
 COLLECTION = "d1\tthe cat sat\nd2\tdogs bark\nd3\ta cat and a dog\n"
 QUERIES = "q1\tcat\nq2\tdogs\n"

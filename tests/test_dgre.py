@@ -11,17 +11,22 @@ import pytest
 import torch
 import yaml
 
+from core.errors import InputError
+from datamodules.tokenization import PairTokenizer
 from lightning_modules.rankers import build_ranker
 from lightning_modules.rankers.dgre import DGReConfig
 from lightning_modules.rankers.dgre.decomposition import Decomposition
 from lightning_modules.rankers.dgre.ggnn import GGNN, RefinementAttention
 from lightning_modules.rankers.dgre.losses import cosine_distance, distance_loss
 from lightning_modules.rankers.dgre.masking import (
-    adaptive_scores, disentangled_graph, heuristic_mask, infinity_normalise, modified_softmax, segments,
+    adaptive_scores,
+    disentangled_graph,
+    heuristic_mask,
+    infinity_normalise,
+    modified_softmax,
+    segments,
 )
 from lightning_modules.rankers.dgre.mi import MINE, MutualInformation
-from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import InputError
 from tests.conftest import REPO, run_script
 
 QUERIES = ["what is heat transfer", "slab", "boundary layer flow at high speed"]

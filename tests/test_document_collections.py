@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import InputError
 from datamodules.folds import assign_folds
-from datamodules.sources import load_dataset
+from datamodules.sources import data_config, load_dataset
 from pipeline.config import compose
-from pipeline.errors import InputError
-from pipeline.run import data_config
 
 N_QUERIES = 20
 WORDS = ["crime", "international", "organized", "trade", "policy", "river", "storm", "market", "vaccine", "election"]

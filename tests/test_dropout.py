@@ -6,7 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.rankers.dropout import FastDropout, attention, fast_dropout, drop_mask, use_fast_dropout
+from lightning_modules.rankers.dropout import (
+    FastDropout,
+    attention,
+    drop_mask,
+    fast_dropout,
+    use_fast_dropout,
+)
 
 
 def test_drop_mask_rate_and_exact_probability():

@@ -3,7 +3,6 @@ in one line that names the key or file, exit code 2, and no partial output."""
 import json
 
 import pytest
-
 from conftest import run_script, shared_data
 
 FAST = ["logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",

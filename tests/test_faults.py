@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, run_script
 
 SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
@@ -546,8 +545,8 @@ def test_wandb_folder_unwritable_falls_back_to_a_temporary_folder(tmp_path, tiny
 
 
 def test_wandb_names_groups_and_tags():
+    from callbacks.loggers import wandb_init_args
     from pipeline.config import compose
-    from pipeline.wandb_run import wandb_init_args
 
     a = wandb_init_args(compose(["model=repbert", "data=synthetic", "output_dir=outputs/x"]), "x")
     assert (a["name"], a["group"], a["job_type"], a["tags"]) == ("x", "repbert-synthetic", "train", ["repbert", "synthetic"])

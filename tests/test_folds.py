@@ -3,8 +3,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, shared_data
+
+from core.errors import InputError
 from datamodules.corpus import IRDataset, Split
 from datamodules.folds import apply_folds, assign_folds, fold_roles
 from datamodules.sources import load_dataset
@@ -12,7 +13,6 @@ from datamodules.sources.classic import CranfieldConfig
 from datamodules.sources.squad import SquadConfig
 from datamodules.sources.synthetic import SyntheticConfig
 from datamodules.sources.tsv import TsvConfig
-from pipeline.errors import InputError
 
 SMALL_SYN = dict(num_docs=120, num_train_queries=30, num_val_queries=7, num_test_queries=13, num_topics=6, data_seed=5)
 

@@ -4,10 +4,10 @@ import json
 import math
 
 import pytest
+from conftest import REPO, run_script
 from scipy import stats
 
-from conftest import REPO, run_script
-from pipeline.errors import InputError
+from core.errors import InputError
 from pipeline.grid import load_grid, plan, run
 from pipeline.tables import render_markdown, summarize
 

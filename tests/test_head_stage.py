@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_script
 
 SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",

@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.metrics.isotropy import avg_cos, isotropy_iw
+from core.errors import InputError
 from lightning_modules.heads import HeadConfig, build_head
 from lightning_modules.heads.flows import GlowConfig, NICEConfig, build_glow, build_nice
-from lightning_modules.heads.whitening import MomentAccumulator, Whitening, WhiteningConfig
-from pipeline.errors import InputError
+from lightning_modules.heads.whitening import (
+    MomentAccumulator,
+    Whitening,
+    WhiteningConfig,
+)
+from metrics.isotropy import avg_cos, isotropy_iw
 
 
 def anisotropic(n: int, d: int, seed: int = 0) -> torch.Tensor:

@@ -1,15 +1,14 @@
 """IR measures (trec_eval semantics) against values computed by hand, RetrievalRun, and TREC run files."""
 from __future__ import annotations
 
-import math
 from math import log2
 
 import pytest
 import torch
 
-from callbacks.metrics.ir import RetrievalRun, evaluate_run, rank_documents, truncate_run
-from callbacks.metrics.trec import read_trec_run, write_trec_run
-from pipeline.errors import InputError
+from core.errors import InputError
+from metrics.ir import RetrievalRun, evaluate_run, rank_documents, truncate_run
+from metrics.trec import read_trec_run, write_trec_run
 
 # Graded qrels. q4 has no relevant document (left out of the means); q5 is not in the run (scores 0);
 # q6 is in the run but none of its retrieved documents is relevant.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
+from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
 
 
 # ---------------------------------------------------------------- references (no torch, no tricks)

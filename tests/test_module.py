@@ -100,7 +100,7 @@ def test_ce_loss_divides_scores_by_temperature(tiny_bert, name, temperature, wan
 
 
 def test_temperature_must_be_positive(tiny_bert):
-    from pipeline.errors import InputError
+    from core.errors import InputError
 
     with pytest.raises(InputError, match="optim.temperature"):
         module(tiny_bert, "repbert", temperature=0.0)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import datamodules.bm25 as bm25
-from datamodules.corpus import Split
 from datamodules.bm25 import bm25_candidates
+from datamodules.corpus import Split
 from datamodules.negatives import sample_triples
 from datamodules.sources import load_dataset
 from datamodules.sources.synthetic import SyntheticConfig

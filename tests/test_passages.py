@@ -7,12 +7,17 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.datamodule import RankingDataModule, TripletDataset
-from datamodules.passages import expand_pairs, passage_index, split_passages, window_starts
+from datamodules.passages import (
+    expand_pairs,
+    passage_index,
+    split_passages,
+    window_starts,
+)
 from datamodules.sources.synthetic import SyntheticConfig
 from lightning_modules.module import RankingModule
-from pipeline.errors import InputError
 
 
 @pytest.mark.parametrize("n,size,stride", [(0, 4, 2), (3, 4, 2), (4, 4, 2), (5, 4, 2), (10, 4, 2), (11, 4, 3), (20, 5, 5), (7, 3, 1)])

@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from core.errors import InputError
+from datamodules.tokenization import PairTokenizer
 from lightning_modules.rankers import build_ranker
 from lightning_modules.rankers.base import Encoded
 from lightning_modules.rankers.bert_cat import BertCatConfig
@@ -17,8 +19,6 @@ from lightning_modules.rankers.bert_dot import BertDotConfig
 from lightning_modules.rankers.colbert import ColBERTConfig
 from lightning_modules.rankers.repbert import RepBERTConfig
 from lightning_modules.rankers.tk import TKConfig
-from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import InputError
 
 ATOL = 1e-5
 

@@ -12,13 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.metrics.trec import read_trec_run, write_trec_run
+from core.errors import InputError
 from lightning_modules.rankers import build_ranker
 from lightning_modules.rankers.bert_dot import BertDotConfig
 from lightning_modules.rankers.colbert import ColBERTConfig
 from lightning_modules.rankers.repbert import RepBERTConfig
-from pipeline.errors import InputError
-from retrieval.colbert_e2e import ColBERTIndex, candidates_from_hits, colbert_index_from_checkpoint
+from metrics.trec import read_trec_run, write_trec_run
+from retrieval.colbert_e2e import (
+    ColBERTIndex,
+    candidates_from_hits,
+    colbert_index_from_checkpoint,
+)
 from retrieval.dense import DenseIndex, index_from_checkpoint, main
 from retrieval.encode import encode_docs, pair_tokenizer_for
 

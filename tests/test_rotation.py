@@ -9,10 +9,17 @@ import subprocess
 import sys
 
 import numpy as np
+from conftest import REPO, shared_data
 from scipy import stats
 
-from conftest import REPO, shared_data
-from datamodules.rotation import normalize, relative_answer_positions, rotate, rotate_seeded, rotation_index, word_starts
+from datamodules.rotation import (
+    normalize,
+    relative_answer_positions,
+    rotate,
+    rotate_seeded,
+    rotation_index,
+    word_starts,
+)
 from datamodules.sources import load_dataset
 from datamodules.sources.synthetic import SyntheticConfig
 

@@ -13,19 +13,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import REPO, shared_data
 from omegaconf import OmegaConf
 
-from conftest import REPO, shared_data
+from core.errors import InputError
 from datamodules.corpus import SPLITS, IRDataset
 from datamodules.rotation import relative_answer_positions
 from datamodules.sources import SOURCES, load_dataset
 from datamodules.sources.beir import BeirConfig
-from datamodules.sources.classic import CacmConfig, CisiConfig, CranfieldConfig, VaswaniConfig
+from datamodules.sources.classic import (
+    CacmConfig,
+    CisiConfig,
+    CranfieldConfig,
+    VaswaniConfig,
+)
 from datamodules.sources.ir_datasets_source import IrDatasetsConfig
 from datamodules.sources.squad import SquadConfig
-from datamodules.sources.synthetic import FUNCTION_WORDS, QUESTION_WORDS, SyntheticConfig
+from datamodules.sources.synthetic import (
+    FUNCTION_WORDS,
+    QUESTION_WORDS,
+    SyntheticConfig,
+)
 from datamodules.sources.tsv import TsvConfig
-from pipeline.errors import InputError
 
 ALL_SOURCES = ["synthetic", "squad", "cranfield", "vaswani", "cisi", "cacm", "tsv", "beir", "ir_datasets"]
 
@@ -354,7 +363,13 @@ def test_beir_only_test(tmp_path):
 
 def _register_local(tmp_path: Path, with_pairs: bool = True) -> str:
     import ir_datasets
-    from ir_datasets.formats import TrecQrels, TrecScoredDocs, TsvDocPairs, TsvDocs, TsvQueries
+    from ir_datasets.formats import (
+        TrecQrels,
+        TrecScoredDocs,
+        TsvDocPairs,
+        TsvDocs,
+        TsvQueries,
+    )
     from ir_datasets.util import LocalDownload
 
     docs = _write(tmp_path / "docs.tsv", "".join(f"p{i}\tpassage number {i} about topic {i % 3}\n" for i in range(10)))

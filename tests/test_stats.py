@@ -1,4 +1,4 @@
-"""pipeline/stats.py: p-values equal scipy.stats on the same numbers; degenerate inputs give p = 1."""
+"""metrics/significance.py: p-values equal scipy.stats on the same numbers; degenerate inputs give p = 1."""
 import math
 import warnings
 
@@ -6,9 +6,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.errors import InputError
-from pipeline.stats import (TESTS, pair_by_query, pair_by_replicate, paired_test, per_query_means,
-                            significance_mark)
+from core.errors import InputError
+from metrics.significance import (
+    TESTS,
+    pair_by_query,
+    pair_by_replicate,
+    paired_test,
+    per_query_means,
+    significance_mark,
+)
 
 rng = np.random.default_rng(0)
 BASE = rng.uniform(0, 1, 40)

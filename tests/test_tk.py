@@ -12,14 +12,14 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_script
+
+from core.errors import InputError
+from datamodules.tokenization import PairTokenizer
 from lightning_modules.rankers import build_ranker
 from lightning_modules.rankers.base import Encoded
 from lightning_modules.rankers.kernel_pooling import MIN_SOFT_TF
 from lightning_modules.rankers.tk import TKConfig
-from lightning_modules.rankers.tokenization import PairTokenizer
-from pipeline.errors import InputError
 
 QUERIES = ["what is dense retrieval", "isotropy", "how do kernel pooling models score a query against a passage"]
 DOCS = [

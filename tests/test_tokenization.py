@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from lightning_modules.rankers.tokenization import PairTokenizer
+from datamodules.tokenization import PairTokenizer
 
 QM, DM = 6, 10
 QUERIES = ["what is dense retrieval", "isotropy", "a long query about late interaction and cosine similarity of tokens"]

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_script
 
 # A small synthetic collection; steps chosen so that resume crosses an epoch boundary (5 batches per epoch).

@@ -56,8 +56,8 @@ def test_bad_init_checkpoint_is_one_line_error(tmp_path, tiny_bert, case, needle
         save_checkpoint(ckpt, {"name": "bert_dot", "backbone": tiny_bert, "compress_dim": None if case == "other_ranker" else 8}, 0)
     elif case == "unreadable":
         ckpt.write_bytes(b"not a checkpoint")
+    from core.errors import InputError
     from pipeline.config import compose
-    from pipeline.errors import InputError
     from pipeline.run import train
 
     with pytest.raises(InputError) as e:

@@ -9,10 +9,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from analyses.vocab.enrichment import enrich, lexical_vectors, single_token_embeddings, whiten
-from analyses.vocab.mlm_head import MLMHead
 from test_vocab_projections import head_and_repbert
+
+from analyses.vocab.enrichment import (
+    enrich,
+    lexical_vectors,
+    single_token_embeddings,
+    whiten,
+)
+from analyses.vocab.mlm_head import MLMHead
 
 
 def test_eq5_against_numpy():
@@ -86,11 +91,10 @@ def test_unreachable_items_keep_their_last_vector():
 @pytest.mark.slow
 def test_analysis_end_to_end(tmp_path, tiny_bert_nodropout):
     from analyses.registry import run_analysis
-    from callbacks.metrics.ir import evaluate_run
-    from datamodules.sources import load_dataset
+    from datamodules.sources import data_config, load_dataset
     from lightning_modules.module import RankingModule
+    from metrics.ir import evaluate_run
     from pipeline.config import compose
-    from pipeline.run import data_config
 
     head, ckpt = head_and_repbert(tmp_path, tiny_bert_nodropout)
     args = ["analysis=lexical_enrichment", "logger=none", "data.num_val_queries=10", "data.num_test_queries=12",

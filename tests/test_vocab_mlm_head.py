@@ -9,11 +9,23 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from analyses.vocab.fit_mlm_head import FitOptions, fit, mask_passages, masked_accuracy, train_head
-from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, load_fitted, load_mlm_head, save_head
 from conftest import run_script
-from pipeline.errors import InputError
+
+from analyses.vocab.fit_mlm_head import (
+    FitOptions,
+    fit,
+    mask_passages,
+    masked_accuracy,
+    train_head,
+)
+from analyses.vocab.mlm_head import (
+    MLMHead,
+    backbone_embeddings,
+    load_fitted,
+    load_mlm_head,
+    save_head,
+)
+from core.errors import InputError
 
 DOCS = {f"d{i}": t for i, t in enumerate([
     "the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",

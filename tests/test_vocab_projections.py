@@ -8,10 +8,22 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from analyses.vocab.projections import (PairStats, amnesia_row, amnesia_summary, coverage, expansion, expansion_tokens,
-                                        is_content, project, rank_in, ranks_of, token_mrr, top_tokens)
 from conftest import fake_checkpoint, run_script
+
+from analyses.vocab.projections import (
+    PairStats,
+    amnesia_row,
+    amnesia_summary,
+    coverage,
+    expansion,
+    expansion_tokens,
+    is_content,
+    project,
+    rank_in,
+    ranks_of,
+    token_mrr,
+    top_tokens,
+)
 
 
 def test_ranks_and_top_tokens():
@@ -150,8 +162,8 @@ def test_evaluate_command_end_to_end(tmp_path, tiny_bert_nodropout):
                      f"output_dir={tmp_path / 'x'}", check=False)
     assert bad.returncode == 2 and "fit_mlm_head" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-800:]
     from analyses.registry import run_analysis
+    from core.errors import InputError
     from pipeline.config import compose
-    from pipeline.errors import InputError
 
     for args, needle in [(["model=bert_cat", f"model.backbone={tiny_bert_nodropout}"], "model.name"),
                          (["model=colbert", "model.compress_dim=8", f"model.backbone={tiny_bert_nodropout}"], "model.compress_dim"),

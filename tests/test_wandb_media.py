@@ -9,7 +9,6 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from conftest import run_script
 
 SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
@@ -229,7 +228,7 @@ def test_histogram_cosines_average_to_avgcos():
     import torch
 
     from callbacks.isotropy import pairwise_cosines
-    from callbacks.metrics.isotropy import avg_cos
+    from metrics.isotropy import avg_cos
 
     x = torch.randn(300, 8) + 0.5
     x[7] = 0  # no direction: left out by both
@@ -240,8 +239,8 @@ def test_histogram_cosines_average_to_avgcos():
 
 
 def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
+    from callbacks.loggers import wandb_init_args
     from pipeline.config import compose
-    from pipeline.wandb_run import wandb_init_args
 
     a = wandb_init_args(compose(["output_dir=outputs/x"]), "whitebox-x", job="analysis")
     assert (a["name"], a["group"], a["job_type"]) == ("whitebox-x", "colbert-synthetic", "analysis")

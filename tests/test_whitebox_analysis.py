@@ -11,13 +11,18 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import fake_checkpoint, run_script
 
 from analyses.whitebox.analysis import JSON_NAME
-from analyses.whitebox.collect import analyse_query, encode_texts, query_maxsim, spectral_by_subword
-from analyses.whitebox.spectral import sample_rows, spectral_ratio
-from analyses.whitebox.tau_ap import tau_ap_b
+from analyses.whitebox.collect import (
+    analyse_query,
+    encode_texts,
+    query_maxsim,
+    spectral_by_subword,
+)
 from analyses.whitebox.words import query_words
-from conftest import fake_checkpoint, run_script
+from metrics.spectral import sample_rows, spectral_ratio
+from metrics.tau_ap import tau_ap_b
 
 QUERIES = ["where is the cat sitting", "symptoms of shingles", "who wrote the book of the cat"]
 PASSAGES = ["the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",

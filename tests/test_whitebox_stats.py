@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.whitebox.delta_es import DeltaES, pair_difference
 from analyses.whitebox.idf import bm25_idf, collection_idf
 from analyses.whitebox.maxsim import max_sim
-from analyses.whitebox.spectral import sample_rows, spectral_ratio
-from analyses.whitebox.tau_ap import break_ties, correlation, tau_ap, tau_ap_a, tau_ap_b
 from analyses.whitebox.words import Word, query_words
+from metrics.delta_es import DeltaES, pair_difference
+from metrics.spectral import sample_rows, spectral_ratio
+from metrics.tau_ap import break_ties, correlation, tau_ap, tau_ap_a, tau_ap_b
 
 
 # ---- tau_AP ---------------------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def test_idf_by_hand(tokenizer):
 
 
 def test_query_words(tokenizer):
-    from lightning_modules.rankers.tokenization import PairTokenizer
+    from datamodules.tokenization import PairTokenizer
 
     texts = ["When did Family Feud come out?", "causes of left ventricular hypertrophy"]
     ids, words = query_words(tokenizer, texts, max_len=32)

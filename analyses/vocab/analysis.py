@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from analyses.registry import ANALYSES, AnalysisConfig
-from pipeline.errors import InputError, check_choice
+from core.errors import InputError, check_choice
 
 JSON_NAME = "vocab_projections.json"
 RANKERS = ("repbert", "bert_dot", "colbert")
@@ -76,8 +76,8 @@ def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
     """label -> RankingModule in eval mode: the checkpoint's ranker (or untrained), and its untrained backbone."""
     from omegaconf import OmegaConf
 
+    from lightning_modules.loading import load_module
     from lightning_modules.module import RankingModule
-    from pipeline.run import load_module
 
     module = load_module(cfg, model_from_cli)
     check_ranker(module.model_cfg)
@@ -153,8 +153,19 @@ def gold_passages(ds, qids, cands) -> dict[str, str]:
 
 
 def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjectionsConfig, label: str) -> dict:
-    from analyses.vocab.projections import (PairStats, amnesia_row, amnesia_summary, coverage, expansion, is_content,
-                                            project, rank_in, ranks_of, token_mrr, top_tokens)
+    from analyses.vocab.projections import (
+        PairStats,
+        amnesia_row,
+        amnesia_summary,
+        coverage,
+        expansion,
+        is_content,
+        project,
+        rank_in,
+        ranks_of,
+        token_mrr,
+        top_tokens,
+    )
 
     ranker, c = module.ranker, module.model_cfg
     tok = ranker.tokenizer
@@ -229,10 +240,8 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     """Reads and checks all input, runs every model; nothing is written here."""
     from analyses.vocab.mlm_head import load_mlm_head
     from analyses.whitebox.analysis import queries_and_candidates
-    from datamodules.sources import load_dataset
-    from pipeline.run import data_config
-
-    from pipeline.run import read_checkpoint
+    from core.checkpoints import read_checkpoint
+    from datamodules.sources import data_config, load_dataset
 
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     if not cfg.ckpt:
@@ -285,7 +294,7 @@ def plots(result: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analyses.outputs import save_figure
+    from core.io import save_figure
 
     s = result["settings"]
     sub = f"{s['dataset']} {s['split']}, {s['pairs']} pairs"

@@ -16,7 +16,6 @@ Writes the head (`--out`, atomically) and the report next to it (`<out>.json`).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
-from pipeline.errors import InputError
+from core.errors import InputError
 
 
 @dataclass
@@ -229,9 +228,8 @@ def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tup
 
 
 def run(cfg, opts: FitOptions) -> dict:
-    from datamodules.sources import load_dataset
-    from pipeline.io import write_json
-    from pipeline.run import data_config
+    from core.io import write_json
+    from datamodules.sources import data_config, load_dataset
 
     backbone = str(cfg.model.backbone)
     ds = load_dataset(data_config(cfg), int(cfg.seed))

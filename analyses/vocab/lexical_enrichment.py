@@ -21,11 +21,10 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from analyses.registry import ANALYSES, AnalysisConfig
-from pipeline.errors import InputError, check_choice
+from core.errors import InputError, check_choice
 
 JSON_NAME = "lexical_enrichment.json"
 ABLATIONS = ("no_idf", "static", "no_whitening", "no_normalization")
@@ -56,7 +55,7 @@ class LexicalEnrichmentConfig(AnalysisConfig):
     batch_size: int = 64
 
     def __post_init__(self):
-        from pipeline.stats import check_test
+        from metrics.significance import check_test
 
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
         check_test(self.significance, "analysis.significance")
@@ -98,7 +97,7 @@ def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConf
     """s_t (Eq. 4) of `token_ids` [n, d] in that order, optimising only items not in the cache (keyed by the head's
     weights and the optimisation settings); and a summary (items, reached, steps)."""
     from analyses.vocab.enrichment import single_token_embeddings
-    from pipeline.io import atomic_open
+    from core.io import atomic_open
 
     key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
     path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None
@@ -139,7 +138,7 @@ def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], di
 
 
 def _evaluate(ranker, eq, ep, qids, cands, prow, qrels, measure) -> tuple[float, dict[str, float]]:
-    from callbacks.metrics.ir import evaluate_run
+    from metrics.ir import evaluate_run
 
     qv, pv = ranker.scoring_vectors(eq), ranker.scoring_vectors(ep)
     run = {}
@@ -153,12 +152,19 @@ def _evaluate(ranker, eq, ep, qids, cands, prow, qrels, measure) -> tuple[float,
 
 def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
     from analyses.vocab.analysis import check_ranker, encode, load_models
-    from analyses.vocab.enrichment import enrich, idf_weights, lexical_vectors, text_tokens, vocabulary_of, whiten
+    from analyses.vocab.enrichment import (
+        enrich,
+        idf_weights,
+        lexical_vectors,
+        text_tokens,
+        vocabulary_of,
+        whiten,
+    )
     from analyses.vocab.mlm_head import load_mlm_head
     from analyses.whitebox.idf import collection_idf
-    from datamodules.sources import load_dataset
-    from pipeline.run import data_config, read_checkpoint
-    from pipeline.stats import paired_test, significance_mark
+    from core.checkpoints import read_checkpoint
+    from datamodules.sources import data_config, load_dataset
+    from metrics.significance import paired_test, significance_mark
 
     timings = {}
     t0 = time.perf_counter()
@@ -244,7 +250,7 @@ def plot(result: dict, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analyses.outputs import save_figure
+    from core.io import save_figure
 
     s = result["settings"]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 FORMAT = "isorank-mlm-head-v1"
 
@@ -128,7 +128,7 @@ def _from_hf(backbone: str) -> MLMHead | None:
 
 def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> Path:
     """g and b with what they were fitted for, atomically (a crash leaves no half-written file)."""
-    from pipeline.io import atomic_open
+    from core.io import atomic_open
 
     path = Path(path)
     payload = {"format": FORMAT, "backbone": backbone, "vocab_size": head.vocab_size,

@@ -17,9 +17,9 @@ from collections import defaultdict
 import numpy as np
 
 from analyses.whitebox.collect import QueryResult, SpectralResult
-from analyses.whitebox.delta_es import DeltaES
 from analyses.whitebox.idf import CollectionIDF
 from analyses.whitebox.words import STOPWORDS, Word
+from metrics.delta_es import DeltaES
 
 
 def _finite(v) -> float | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from analyses.registry import ANALYSES, AnalysisConfig
-from pipeline.errors import InputError, check_choice
+from core.errors import InputError, check_choice
 
 JSON_NAME = "whitebox.json"
 STATISTICS = ("term_importance", "delta_es", "spectral")
@@ -116,8 +116,8 @@ def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
     import torch
     from omegaconf import OmegaConf
 
+    from lightning_modules.loading import load_module
     from lightning_modules.module import RankingModule
-    from pipeline.run import load_module
 
     module = load_module(cfg, model_from_cli)
     _check_colbert(module.model_cfg.name)
@@ -138,8 +138,19 @@ def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts: WhiteboxConfig, seed: int,
                   label: str = "") -> dict:
     """Every statistic for one ranker (rows, correlations, per-query values, timings)."""
-    from analyses.whitebox.aggregate import correlations, delta_es_of, subword_rows, word_rows
-    from analyses.whitebox.collect import QueryResult, analyse_query, encode_texts, query_maxsim, spectral_by_subword
+    from analyses.whitebox.aggregate import (
+        correlations,
+        delta_es_of,
+        subword_rows,
+        word_rows,
+    )
+    from analyses.whitebox.collect import (
+        QueryResult,
+        analyse_query,
+        encode_texts,
+        query_maxsim,
+        spectral_by_subword,
+    )
     from analyses.whitebox.words import query_words
 
     ranker, c = module.ranker, module.model_cfg
@@ -221,8 +232,7 @@ def _num(v):
 def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     """Reads and checks all input, runs every model; nothing is written here."""
     from analyses.whitebox.idf import collection_idf
-    from datamodules.sources import load_dataset
-    from pipeline.run import data_config
+    from datamodules.sources import data_config, load_dataset
 
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     timings: dict[str, float] = {}

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from analyses.whitebox.delta_es import pair_difference
 from analyses.whitebox.maxsim import MaxSim, max_sim
-from analyses.whitebox.spectral import sample_rows, spectral_ratio
-from analyses.whitebox.tau_ap import correlation
 from analyses.whitebox.words import Word
+from metrics.delta_es import pair_difference
+from metrics.spectral import sample_rows, spectral_ratio
+from metrics.tau_ap import correlation
 
 
 @dataclass

@@ -25,7 +25,7 @@ def scatter(statistic: str, models: dict[str, dict], out: str | Path, subtitle: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analyses.outputs import save_figure
+    from core.io import save_figure
 
     name, rows_key, ykey, ylabel, xlabel, title = FIGURES[statistic]
     fig, ax = plt.subplots(figsize=(6.4, 4.8))

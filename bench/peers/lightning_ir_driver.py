@@ -13,13 +13,17 @@ from __future__ import annotations
 import time
 
 import torch
-
 from common import autocast, load_spec, scores_by_query, time_rerank, timed, write
 
 
 def main() -> None:
     spec, data, out = load_spec()
-    from lightning_ir import BiEncoderModule, InBatchCrossEntropy, IndexBatch, TrainBatch
+    from lightning_ir import (
+        BiEncoderModule,
+        InBatchCrossEntropy,
+        IndexBatch,
+        TrainBatch,
+    )
     from lightning_ir.models import ColConfig, DprConfig
 
     q_len, task, prec = spec["query_max_len"], spec["task"], spec["precision"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from common import autocast, load_spec, scores_by_query, time_rerank, timed, write
 
 

@@ -1,5 +1,7 @@
 """Data source registry: `data.source` in YAML picks one. Each source is `build(cfg, seed) -> IRDataset`."""
-from pipeline.registry import Registry
+from omegaconf import OmegaConf
+
+from core.registry import Registry
 
 SOURCES: Registry = Registry("data source")
 
@@ -25,3 +27,9 @@ def load_dataset(cfg, seed: int):
         ds = apply_answer_bias(ds, float(cfg.answer_bias_keep_first), float(cfg.answer_bias_late_keep), int(cfg.answer_bias_seed))
         rank_zero_info(describe(ds.answer_bias))
     return ds
+
+
+def data_config(cfg):
+    """The run config's `data` group as the typed schema of its source (a dataclass instance)."""
+    schema = SOURCES.get(cfg.data.source, "data.source").schema
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg.data))

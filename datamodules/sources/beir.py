@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
 from datamodules.sources.tsv import iter_rows, parse_int, read_jsonl, resolve_path
-from pipeline.errors import InputError
 
 
 @dataclass

@@ -37,11 +37,19 @@ from pathlib import Path
 
 import numpy as np
 
+from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
-from datamodules.sources.tsv import iter_lines, iter_rows, parse_int, read_jsonl, read_text, read_trec_qrels, resolve_path
-from pipeline.errors import InputError
+from datamodules.sources.tsv import (
+    iter_lines,
+    iter_rows,
+    parse_int,
+    read_jsonl,
+    read_text,
+    read_trec_qrels,
+    resolve_path,
+)
 
 _log = logging.getLogger(__name__)
 

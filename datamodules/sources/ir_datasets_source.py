@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.errors import InputError
 from datamodules.answer_matching import match_answer_spans
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
-from pipeline.errors import InputError
 
 
 @dataclass

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
 from datamodules.sources.tsv import resolve_path
-from pipeline.errors import InputError
 
 
 @dataclass

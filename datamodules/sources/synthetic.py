@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
-from pipeline.errors import InputError
 
 
 @dataclass

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources import SOURCES
-from pipeline.errors import InputError
 
 # --------------------------------------------------------------------------------------------------------------
 # Shared readers (also used by the beir, classic, squad and ir_datasets sources)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pipeline.errors import InputError, check_choice
+from core.errors import InputError, check_choice
 
 LOG_2PI = math.log(2 * math.pi)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.errors import InputError
-from pipeline.io import write_json
+from core.errors import InputError
+from core.io import write_json
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 

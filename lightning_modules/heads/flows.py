@@ -30,7 +30,13 @@ from torch import Tensor
 from torch.distributions import Transform, constraints
 from zuko.flows import GeneralCouplingTransform, UnconditionalTransform
 from zuko.lazy import LazyComposedTransform, LazyTransform
-from zuko.transforms import AdditiveTransform, CouplingTransform, DependentTransform, LULinearTransform, MonotonicAffineTransform
+from zuko.transforms import (
+    AdditiveTransform,
+    CouplingTransform,
+    DependentTransform,
+    LULinearTransform,
+    MonotonicAffineTransform,
+)
 
 from lightning_modules.heads import HEADS
 from lightning_modules.heads.base import HeadConfig, IsotropyHead

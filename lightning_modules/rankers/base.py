@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from core.errors import InputError
 from lightning_modules.rankers.backbone import load_backbone
 from lightning_modules.rankers.dropout import use_fast_dropout
-from pipeline.errors import InputError
 
 
 @dataclass

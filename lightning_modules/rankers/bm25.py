@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.errors import InputError, check_choice
+from datamodules.bm25 import METHODS
 from lightning_modules.rankers import RANKERS
-from pipeline.errors import InputError, check_choice
-
-METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
 
 @dataclass

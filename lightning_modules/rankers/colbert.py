@@ -13,7 +13,12 @@ import torch
 from torch import Tensor, nn
 
 from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize
+from lightning_modules.rankers.base import (
+    BiEncoder,
+    Encoded,
+    RankerConfig,
+    cosine_normalize,
+)
 
 
 @dataclass

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEncoder, masked_mean
+from lightning_modules.rankers.base import (
+    Encoded,
+    RankerConfig,
+    SingleVectorEncoder,
+    masked_mean,
+)
 
 
 @dataclass

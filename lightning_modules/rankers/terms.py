@@ -1,5 +1,5 @@
 """Passage term occurrences with their contextual vectors: the input of ATS / MATS (position-bias paper Eq. 8-9,
-callbacks/metrics/ats.py), from any ranker that has term representations.
+metrics/ats.py), from any ranker that has term representations.
 
 - Bi-encoders (TK, ColBERT, RepBERT, BERT_DOT): `token_representations(side="doc")`, the hook the isotropy callback
   and heads use (TK: p^ of its Eq. 4; BERT rankers: the backbone's last layer, ColBERT after its optional

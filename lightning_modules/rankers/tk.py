@@ -50,12 +50,23 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from core.errors import InputError
 from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import BiEncoder, Encoded, ParamGroup, RankerConfig, cosine_normalize, take
+from lightning_modules.rankers.base import (
+    BiEncoder,
+    Encoded,
+    ParamGroup,
+    RankerConfig,
+    cosine_normalize,
+    take,
+)
 from lightning_modules.rankers.contextualizer import Contextualizer
 from lightning_modules.rankers.kernel_pooling import kernel_means, kernel_pooling
-from lightning_modules.rankers.word_vectors import WordVectors, from_backbone, from_glove
-from pipeline.errors import InputError
+from lightning_modules.rankers.word_vectors import (
+    WordVectors,
+    from_backbone,
+    from_glove,
+)
 
 SIDES = ("query", "doc")
 

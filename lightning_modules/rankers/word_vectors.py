@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 KEY = "model.embeddings"
 

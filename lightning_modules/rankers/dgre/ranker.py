@@ -33,13 +33,27 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_modules.rankers.base import CrossEncoder, ParamGroup, RankerConfig, TripletOutput, masked_mean
-from lightning_modules.rankers.dgre.decomposition import DECOMPOSITION_NORMS, Decomposition
+from core.errors import InputError, check_choice
+from lightning_modules.rankers.base import (
+    CrossEncoder,
+    ParamGroup,
+    RankerConfig,
+    TripletOutput,
+    masked_mean,
+)
+from lightning_modules.rankers.dgre.decomposition import (
+    DECOMPOSITION_NORMS,
+    Decomposition,
+)
 from lightning_modules.rankers.dgre.ggnn import GGNN, GGNN_INPUTS, RefinementAttention
 from lightning_modules.rankers.dgre.losses import DISTANCES, distance_loss
-from lightning_modules.rankers.dgre.masking import INF_NORMS, MASKINGS, disentangled_graph, segments
+from lightning_modules.rankers.dgre.masking import (
+    INF_NORMS,
+    MASKINGS,
+    disentangled_graph,
+    segments,
+)
 from lightning_modules.rankers.dgre.mi import MutualInformation
-from pipeline.errors import InputError, check_choice
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "none": nn.Identity}
 

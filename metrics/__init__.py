@@ -1,7 +1,13 @@
 """Metrics: isotropy (I(W), avgcos), IR effectiveness with trec_eval semantics, TREC run files."""
-from callbacks.metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run, rank_documents, truncate_run
-from callbacks.metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
-from callbacks.metrics.trec import read_trec_run, write_trec_run
+from metrics.ir import (
+    DEFAULT_MEASURES,
+    RetrievalRun,
+    evaluate_run,
+    rank_documents,
+    truncate_run,
+)
+from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
+from metrics.trec import read_trec_run, write_trec_run
 
 __all__ = [
     "AvgCos", "DEFAULT_MEASURES", "IsotropyIW", "RetrievalRun", "avg_cos", "evaluate_run", "isotropy_iw",

@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 __all__ = ["TESTS", "check_test", "paired_test", "per_query_means", "pair_by_query", "pair_by_replicate", "significance_mark"]
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 
 @contextmanager
@@ -86,3 +86,14 @@ class AtomicDir:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return False
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """A matplotlib figure to PNG via a temp file and rename (no half-written image), then closed."""
+    import matplotlib.pyplot as plt  # heavy, and only analyses and figure callbacks draw
+
+    path = Path(path)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return path

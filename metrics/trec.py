@@ -3,7 +3,7 @@
 ``write_trec_run`` orders each query's documents the way trec_eval ranks them (score descending, ties broken
 by docid descending), so the rank column agrees with what trec_eval computes from the scores. Queries are
 written in sorted qid order; scores with ``repr`` of the float, which reads back to the same float64.
-The file is written atomically (``pipeline.io.atomic_open``): a crash leaves the old file or none.
+The file is written atomically (``core.io.atomic_open``): a crash leaves the old file or none.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import math
 import os
 from typing import Mapping
 
-from callbacks.metrics.ir import rank_documents
-from pipeline.errors import InputError
-from pipeline.io import atomic_open
+from core.errors import InputError
+from core.io import atomic_open
+from metrics.ir import rank_documents
 
 __all__ = ["write_trec_run", "read_trec_run"]
 

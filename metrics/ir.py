@@ -37,7 +37,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 __all__ = ["DEFAULT_MEASURES", "evaluate_run", "rank_documents", "truncate_run", "RetrievalRun"]
 

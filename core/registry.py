@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
-from pipeline.errors import InputError
+from core.errors import InputError
 
 T = TypeVar("T")
 

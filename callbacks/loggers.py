@@ -23,6 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import InputError
+
 
 def key_configured() -> bool:
     if os.environ.get("WANDB_API_KEY"):
@@ -116,3 +118,18 @@ def head_rows(before: dict, after: dict, head: str) -> dict[str, dict]:
     """The rows of a test with an isotropy head: "Ft" and "Ft -> <head>" (the `*_raw` isotropy values of the head
     run are the Ft row's, so they are not repeated as columns)."""
     return {"Ft": before, f"Ft -> {head}": {k: v for k, v in after.items() if not k.endswith("_raw")}}
+
+
+def build_logger(cfg: DictConfig, name: str, job: str | None = None):
+    """The configured logger (`job`: the W&B job type, else from the run: train, head or eval)."""
+    lc = cfg.logger
+    out = Path(cfg.output_dir)
+    if lc.name == "none":
+        return False
+    if lc.name == "csv":
+        from pytorch_lightning.loggers import CSVLogger
+
+        return CSVLogger(save_dir=str(out), name="csv")
+    if lc.name == "wandb":
+        return wandb_logger(cfg, name, job)
+    raise InputError("logger.name", f"unknown logger '{lc.name}'; expected wandb, csv or none")

@@ -1,0 +1,1 @@
+"""Bottom layer: errors, name registries, atomic file writes, checkpoint reading (imports nothing of ours)."""
