@@ -1,2 +1,3 @@
-"""Analyses of datasets and models, each a `python -m analyses.<name>` command with the same `key=value` config as
-train.py (pipeline/config.py), writing JSON and figures into `output_dir`."""
+"""Analyses of datasets and models, each an `analysis` config option run by evaluate.py
+(`python evaluate.py analysis=<name> [analysis.key=value ...]`, analyses/registry.py, configs/analysis/<name>.yaml),
+writing JSON and figures into `output_dir`."""

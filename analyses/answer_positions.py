@@ -2,11 +2,11 @@
 start positions in the relevant passages of a split, before and after rotation (Eq. 7), and of the
 position-biased training split when one is configured.
 
-    python -m analyses.answer_positions data=squad_biased output_dir=outputs/answer-positions-squad
-                                        [--split train] [--epochs 1] [--bins 20] [--spans all|first]
+    python evaluate.py analysis=answer_positions data=squad_biased output_dir=outputs/answer-positions-squad
+                       [analysis.split=train] [analysis.epochs=1] [analysis.bins=20] [analysis.spans=all|first]
 
-Any source with answer spans (`squad`, `synthetic`, `ir_datasets` with answer strings such as msmarco-qna), with
-the same `key=value` config as train.py (keys validated). Series, for the chosen split:
+Any source with answer spans (`squad`, `synthetic`, `ir_datasets` with answer strings such as msmarco-qna); the keys
+are configs/analysis/answer_positions.yaml, validated like every group's. Series, for the chosen split:
 
 - `original`: the passages as they are, with `data.answer_bias_keep_first` switched off (the whole split);
 - `rotated`: the same units, rotated as training (`data.rotate_train`, per triple and epoch) or evaluation
@@ -24,15 +24,20 @@ atomically: `answer_positions.png` (Figure 1 layout: one panel per training set,
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
+from analyses.outputs import log_analysis
+from analyses.position_plot import plot_histograms
+from analyses.position_stats import summarize
+from analyses.positions import SPAN_MODES, eval_units, relative_starts, train_units
 from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError
+from core.io import write_json
+from datamodules.answer_bias import apply_answer_bias, describe
 from datamodules.corpus import SPLITS
-from pipeline.cli import run_tool
+from datamodules.datamodule import RankingDataModule
+from datamodules.sources import data_config, load_dataset
 
 JSON_NAME = "answer_positions.json"
 PNG_NAME = "answer_positions.png"
@@ -46,10 +51,8 @@ class Options:
     bins: int = 20
     spans: str = "all"
 
-    def check(self, prefix: str = "--") -> None:
-        """`prefix`: how the user spelt the options (`--split` on the command line, `analysis.split` in config)."""
-        from analyses.positions import SPAN_MODES
-
+    def check(self, prefix: str = "analysis.") -> None:
+        """`prefix`: how the options are named in errors (the config keys `analysis.split`, ...)."""
         if self.split not in SPLITS:
             raise InputError(f"{prefix}split", f"is '{self.split}'; expected one of {list(SPLITS)}")
         if self.epochs < 1:
@@ -62,8 +65,7 @@ class Options:
 
 @dataclasses.dataclass
 class AnswerPositionsConfig(AnalysisConfig):
-    """`python evaluate.py analysis=answer_positions data=...` (configs/analysis/answer_positions.yaml): the same
-    options as the `python -m analyses.answer_positions` flags."""
+    """`python evaluate.py analysis=answer_positions data=...` (configs/analysis/answer_positions.yaml)."""
 
     name: str = "answer_positions"
     split: str = "train"
@@ -79,9 +81,6 @@ class AnswerPositionsConfig(AnalysisConfig):
 
 
 def _units(dc, ds, split: str, seed: int):
-    from analyses.positions import eval_units, train_units
-    from datamodules.datamodule import RankingDataModule
-
     if split != "train":
         return eval_units(ds, split)
     # the triples training builds (BM25 or random negatives, max_train_triples), so the rotation keys match
@@ -90,11 +89,6 @@ def _units(dc, ds, split: str, seed: int):
 
 def analyse(cfg, opts: Options) -> dict:
     """Every series' statistics (module doc); reads and checks all input before anything is written."""
-    from analyses.position_stats import summarize
-    from analyses.positions import relative_starts
-    from datamodules.answer_bias import apply_answer_bias
-    from datamodules.sources import data_config, load_dataset
-
     opts.check()
     dc = data_config(cfg)
     seed = int(cfg.seed)
@@ -139,9 +133,6 @@ def analyse(cfg, opts: Options) -> dict:
 
 def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
     """The PNG, then the JSON (last, so a JSON means a finished analysis), both atomically."""
-    from analyses.position_plot import plot_histograms
-    from core.io import write_json
-
     out = Path(out)
     s, settings = result["series"], result["settings"]
     split = settings["split"]
@@ -171,8 +162,6 @@ def flat_metrics(result: dict) -> dict[str, float]:
 
 def log_result(cfg, result: dict, png: Path) -> None:
     """Statistics (and, on W&B, the figure) to the configured logger; nothing with logger=none."""
-    from analyses.outputs import log_analysis
-
     log_analysis(cfg, "answer_positions", scalars=flat_metrics(result), images={"answer_positions/histogram": png},
                  summary={"answer_positions": result["series"]})
 
@@ -183,20 +172,7 @@ def print_summary(result: dict) -> None:
         print(f"{name:<16}{s['count']:>8,}{s['mean']:>8.3f}{s['median']:>8.3f}{s['share_first_10']:>8.3f}"
               f"{s['share_first_25']:>8.3f}{s['ks_uniform']['statistic']:>8.3f}")
     if result["answer_bias"]:
-        from datamodules.answer_bias import describe
-
         print(describe(result["answer_bias"]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m analyses.answer_positions", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", default="train", help="train (default), val or test")
-    ap.add_argument("--epochs", type=int, default=1, help="rotated epochs pooled (training rotates anew every epoch)")
-    ap.add_argument("--bins", type=int, default=20, help="equal-width histogram bins over [0, 1)")
-    ap.add_argument("--spans", default="all", help="all (every annotated span, as the paper counts) or first")
-
-    return run_tool(ap, argv, lambda cfg, opts: run(cfg, Options(opts.split, opts.epochs, opts.bins, opts.spans)))
 
 
 def run(cfg, opts: Options) -> dict:
@@ -211,7 +187,3 @@ def run(cfg, opts: Options) -> dict:
 @ANALYSES.register("answer_positions", schema=AnswerPositionsConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
     return run(cfg, AnswerPositionsConfig(**{k: v for k, v in cfg.analysis.items() if k != "name"}).options())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

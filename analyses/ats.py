@@ -19,9 +19,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
+from omegaconf import OmegaConf
 
+from analyses.outputs import log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError, check_choice
+from core.io import save_figure
+from datamodules.datamodule import eval_rotation_key, passage_text
+from datamodules.sources import data_config, load_dataset
+from lightning_modules.loading import load_module
+from lightning_modules.rankers.terms import passage_terms
+from metrics.ats import average_term_similarity
 
 JSON_NAME = "ats.json"
 PNG_NAME = "ats.png"
@@ -58,8 +67,6 @@ class ATSConfig(AnalysisConfig):
 
 
 def options(cfg) -> ATSConfig:
-    from omegaconf import OmegaConf
-
     raw = cfg.analysis
     raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
     return ATSConfig(**{k: v for k, v in raw.items() if k != "name"})
@@ -67,9 +74,6 @@ def options(cfg) -> ATSConfig:
 
 def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
     """{label: RankingModule}: `ckpt` (or the untrained `model`), then each `compare` checkpoint (any ranker)."""
-    from omegaconf import OmegaConf
-
-    from lightning_modules.loading import load_module
 
     first = opts.label or ("trained" if cfg.ckpt else "untrained")
     models = {first: load_module(cfg, model_from_cli)}
@@ -89,13 +93,6 @@ def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
 
 
 def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
-    import torch
-
-    from datamodules.datamodule import eval_rotation_key, passage_text
-    from datamodules.sources import data_config, load_dataset
-    from lightning_modules.rankers.terms import passage_terms
-    from metrics.ats import average_term_similarity
-
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     dc = data_config(cfg)
     models = _models(cfg, opts, model_from_cli)  # before the data: a bad checkpoint fails fast
@@ -127,10 +124,10 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
 
 
 def plot(result: dict):
-    import matplotlib
+    import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, r in result["models"].items():
@@ -150,9 +147,6 @@ def plot(result: dict):
 
 
 def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
-    from analyses.outputs import log_analysis, write_result
-    from core.io import save_figure
-
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,10 +18,10 @@ STYLES = {"original": ("original", dict(color="C0", linewidth=2.0)),
 def plot_histograms(panels: list[tuple[str, dict[str, dict]]], path: str | Path, bins: int, title: str) -> Path:
     """`panels`: (panel title, {"original": summary, "rotated": summary}) with summaries from position_stats;
     one panel per entry, side by side, same y axis. Returns the path written."""
-    import matplotlib
+    import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), sharey=True, squeeze=False)
     edges = np.linspace(0.0, 1.0, bins + 1)

@@ -1,31 +1,57 @@
 """The floor a re-ranker must clear: the expected effectiveness of a RANDOM order of the same candidate lists.
 
-    python -m analyses.random_rerank --run outputs/grids/dgre_cranfield/bert_cat/cranfield/fold0/run.trec \
-        data=cranfield data.num_folds=5 data.fold=0 [--split test] [--permutations 200] [--seed 0]
+    python evaluate.py analysis=random_rerank analysis.run=outputs/grids/dgre_cranfield/bert_cat/cranfield/fold0/run.trec \
+        data=cranfield data.num_folds=5 data.fold=0 output_dir=outputs/random-cranfield-fold0 \
+        [analysis.split=test] [analysis.permutations=200] [analysis.seed=0]
 
 Reads the run (any TREC run: its documents per query are the candidates, their scores are ignored), the qrels of
-`--split` of the configured data (same `key=value` config as train.py, validated), shuffles each query's candidates
-`--permutations` times (numpy, seeded) and prints the mean and standard deviation over permutations of every
-measure in `eval.measures` (trec_eval semantics, metrics/ir.py). A neural re-ranker of the BM25 top k
-that lands near these numbers has learnt little about the ranking yet.
+`analysis.split` of the configured data, shuffles each query's candidates `analysis.permutations` times (numpy,
+seeded with `analysis.seed`) and reports the mean and standard deviation over permutations of every measure in
+`eval.measures` (trec_eval semantics, metrics/ir.py): printed, written to `<output_dir>/random_rerank.json` and
+logged as `random_rerank/<measure>/mean|std`. A neural re-ranker of the BM25 top k that lands near these numbers
+has learnt little about the ranking yet. Keys: configs/analysis/random_rerank.yaml.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from pipeline.cli import run_tool
+from analyses.outputs import log_analysis, write_result
+from analyses.registry import ANALYSES, AnalysisConfig
+from core.errors import InputError, check_choice
+from datamodules.corpus import SPLITS
+from datamodules.sources import data_config, load_dataset
+from metrics.ir import evaluate_run
+from metrics.trec import read_trec_run
+
+JSON_NAME = "random_rerank.json"
+
+
+@dataclass
+class RandomRerankConfig(AnalysisConfig):
+    """configs/analysis/random_rerank.yaml."""
+
+    name: str = "random_rerank"
+    run: str | None = None  # the TREC run whose documents per query are the candidates (required)
+    split: str = "test"  # the split whose qrels judge the run: train | val | test
+    permutations: int = 200  # random orders per query
+    seed: int = 0  # of the permutations
+
+    def __post_init__(self):
+        if not self.run:
+            raise InputError("config key 'analysis.run'", "is not set; expected the TREC run whose candidates are shuffled (analysis.run=PATH)")
+        check_choice("analysis.split", self.split, SPLITS)
+        if self.permutations < 1:
+            raise InputError("config key 'analysis.permutations'", f"is {self.permutations}; expected at least 1")
 
 
 def random_rerank(candidates: Mapping[str, list[str]], qrels: Mapping[str, Mapping[str, int]], measures: list[str],
                   permutations: int, seed: int = 0) -> dict[str, dict[str, float]]:
     """{measure: {"mean", "std"}} over `permutations` random orders of every query's candidates."""
-    from metrics.ir import evaluate_run
-
     rng = np.random.default_rng(seed)
     values: dict[str, list[float]] = {m: [] for m in measures}
     qrels = {q: dict(qrels[q]) for q in candidates if q in qrels}
@@ -37,32 +63,27 @@ def random_rerank(candidates: Mapping[str, list[str]], qrels: Mapping[str, Mappi
     return {m: {"mean": float(np.mean(v)), "std": float(np.std(v))} for m, v in values.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m analyses.random_rerank", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", required=True, help="TREC run whose documents per query are the candidates")
-    ap.add_argument("--split", default="test", help="the split whose qrels judge the run (default test)")
-    ap.add_argument("--permutations", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-
-    def job(cfg, opts) -> None:
-        from core.errors import InputError
-        from datamodules.sources import data_config, load_dataset
-        from metrics.trec import read_trec_run
-
-        if opts.permutations < 1:
-            raise InputError("--permutations", f"is {opts.permutations}; expected at least 1")
-        run = read_trec_run(opts.run)
-        split = load_dataset(data_config(cfg), cfg.seed).split(opts.split)
-        missing = sorted(set(run) - set(split.qrels))
-        if missing:
-            raise InputError(opts.run, f"query '{missing[0]}' has no qrels in split {opts.split} of the configured data; expected the run of that split")
-        candidates = {q: sorted(docs) for q, docs in run.items()}
-        result = random_rerank(candidates, split.qrels, list(cfg.eval.measures), opts.permutations, opts.seed)
-        print(json.dumps({"run": opts.run, "queries": len(candidates), "permutations": opts.permutations, "random_order": result}, indent=1))
-
-    return run_tool(ap, argv, job)
+def run(cfg, opts: RandomRerankConfig) -> dict:
+    """Check the run against the split's qrels (nothing written before), then the random-order statistics."""
+    if not Path(opts.run).is_file():
+        raise InputError("config key 'analysis.run'", f"'{opts.run}' does not exist; expected a TREC run")
+    trec = read_trec_run(opts.run)
+    split = load_dataset(data_config(cfg), cfg.seed).split(opts.split)
+    missing = sorted(set(trec) - set(split.qrels))
+    if missing:
+        raise InputError(opts.run, f"query '{missing[0]}' has no qrels in split {opts.split} of the configured data; expected the run of that split")
+    candidates = {q: sorted(docs) for q, docs in trec.items()}
+    result = random_rerank(candidates, split.qrels, list(cfg.eval.measures), opts.permutations, opts.seed)
+    doc = {"run": opts.run, "split": opts.split, "queries": len(candidates), "permutations": opts.permutations,
+           "seed": opts.seed, "random_order": result}
+    path = write_result(cfg.output_dir, JSON_NAME, doc)
+    log_analysis(cfg, "random_rerank", scalars={f"random_rerank/{m}/{stat}": v[stat] for m, v in result.items() for stat in ("mean", "std")},
+                 summary={"random_rerank": doc})
+    print(json.dumps(doc, indent=1))
+    print(f"wrote {path}")
+    return doc
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@ANALYSES.register("random_rerank", schema=RandomRerankConfig)
+def _from_config(cfg, model_from_cli: bool = False) -> dict:
+    return run(cfg, RandomRerankConfig(**cfg.analysis))

@@ -22,6 +22,8 @@ MODULES = (
     "analyses.ats",
     "analyses.vocab.analysis",
     "analyses.vocab.lexical_enrichment",
+    "analyses.vocab.fit_mlm_head",
+    "analyses.random_rerank",
 )
 
 

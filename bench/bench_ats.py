@@ -1,38 +1,47 @@
 """ATS / MATS (position-bias paper Eq. 8-9, metrics/ats.py) over 1M synthetic token vectors, and a
 brute-force loop over occurrence pairs on a subsample as the peer.
 
-    python bench/bench_ats.py [--tokens 1000000] [--dim 384] [--vocab 30522] [--zipf 1.07] [--cap 100]
-                              [--peer-passages 40] [--threads 2] [--out PATH.json]
+    python -m bench.bench_ats [tokens=1000000] [dim=384] [vocab=30522] [zipf=1.07] [cap=100]
+                              [peer_passages=40] [threads=2] [out=PATH.json]
 
-Data: passages of 60-180 tokens (uniform) until `--tokens` occurrences; term ids drawn from a Zipf law over the
+Data: passages of 60-180 tokens (uniform) until `tokens` occurrences; term ids drawn from a Zipf law over the
 WordPiece vocabulary (rank r with probability ~ 1/r^1.07, the exponent of natural-language word frequencies), so a
 few terms hold most occurrences as in real text; vectors = the term's random embedding + noise + a sinusoidal
 position code (the values do not change the cost). d = 384 (TK on MiniLM's embeddings).
 
 Timed: `average_term_similarity` on all tokens with the per-term cap (the default 100); then, on the first
-`--peer-passages` passages with no cap, ours vs the peer (a Python loop over every pair of same-term occurrences in
+`peer_passages` passages with no cap, ours vs the peer (a Python loop over every pair of same-term occurrences in
 different passages, one float64 NumPy cosine each, per-(term, delta) means then Eq. 8's mean over terms). Both give
 the same curve (checked to 1e-9); the script prints both times, their ratio, and the peer's time extrapolated to the
 capped 1M-token set by its pair count. Each timing records the CPU that other processes used meanwhile.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "bench")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_retrieval import machine  # noqa: E402
-from bench_speed import Meter  # noqa: E402
+from bench import options
+from bench.bench_retrieval import machine
+from bench.bench_speed import Meter
+from core.io import write_json
+from metrics.ats import average_term_similarity
+
+
+@dataclass
+class Options:
+    tokens: int = 1_000_000
+    dim: int = 384
+    vocab: int = 30522
+    zipf: float = 1.07
+    cap: int = 100
+    peer_passages: int = 40
+    threads: int = 2
+    out: str | None = None
 
 
 def synthetic(tokens: int, dim: int, vocab: int, zipf: float, seed: int = 0):
@@ -81,18 +90,7 @@ def brute_force(x: np.ndarray, terms: np.ndarray, positions: np.ndarray, passage
 
 
 def main(argv=None) -> dict:
-    from metrics.ats import average_term_similarity
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=1_000_000)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--vocab", type=int, default=30522)
-    ap.add_argument("--zipf", type=float, default=1.07)
-    ap.add_argument("--cap", type=int, default=100)
-    ap.add_argument("--peer-passages", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = options.parse(Options, argv, __doc__)
     torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
@@ -128,8 +126,6 @@ def main(argv=None) -> dict:
               "peer_subsample_s": peer.wall, "peer_others_cores": peer.others_cores, "ratio_subsample": peer.wall / ours_sub.wall,
               "peer_extrapolated_full_s": extrapolated, "max_abs_difference": diff}
     if args.out:
-        from core.io import write_json
-
         write_json(args.out, record)
         print(f"wrote {args.out}")
     return record

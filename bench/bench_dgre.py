@@ -1,52 +1,64 @@
 """Cost of a DGRe training step against a BERT_CAT step on the same batch (issue 6: target <= 2x).
 
-    python bench/bench_dgre.py [--data-path ../shared/data/cranfield] [--batch 8] [--steps 6] [--rounds 3]
-                               [--precision fp32,bf16] [--threads 2] [--profile] [--out bench/results/dgre.json]
+    python -m bench.bench_dgre [data_path=../shared/data/cranfield] [batch=8] [steps=6] [rounds=3]
+                               [precision=fp32,bf16] [threads=2] [profile=true] [out=bench/results/dgre.json]
 
 Both rankers on all-MiniLM-L6-v2, query 32 / document 180 tokens, optim.loss=hinge (DGRe: Eq. 25 on sigmoid
 outputs plus lambda x (triangle distance + MINE terms), every switch at its default). A step is what the trainer
 does: `RankingModule.training_step` (forward, losses), backward, AdamW step (the module's own optimiser groups),
-schedule step, zero_grad. The batches are tokenised once and are the SAME tensors for both rankers: `--batch`
+schedule step, zero_grad. The batches are tokenised once and are the SAME tensors for both rankers: `batch`
 triplets = 2 x batch (query, document) pairs, sampled from the collection's judged queries (a relevant and a random
 document; Cranfield by default, the seeded synthetic collection when the folder is missing). The two alternate:
-BERT_CAT for `--steps` steps, DGRe for `--steps` steps, `--rounds` times (the first step of each block is a
+BERT_CAT for `steps` steps, DGRe for `steps` steps, `rounds` times (the first step of each block is a
 warm-up and not timed); the medians and their ratio are printed. For every timing the JSON records the CPU time that
-other processes used meanwhile (a shared machine inflates both arms, not necessarily alike). `--profile` adds
+other processes used meanwhile (a shared machine inflates both arms, not necessarily alike). `profile=true` adds
 torch.profiler's table of the most expensive operators of one DGRe step.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import random
 import statistics
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-
-from bench.bench_speed import (  # noqa: E402
+from bench import options
+from bench.bench_speed import (
     Meter,
     autocast,
     build_optimizer,
     machine_info,
     write_json_atomic,
 )
+from datamodules.sources import load_dataset
+from datamodules.sources.classic import CranfieldConfig
+from datamodules.sources.synthetic import SyntheticConfig
+from lightning_modules.module import RankingModule
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RANKERS = ("bert_cat", "dgre")
 
 
-def sample_triplets(data_path: str, n_batches: int, batch: int, seed: int) -> tuple[list, str]:
-    from datamodules.sources import load_dataset
-    from datamodules.sources.classic import CranfieldConfig
-    from datamodules.sources.synthetic import SyntheticConfig
+@dataclass
+class Options:
+    data_path: str = field(default_factory=lambda: str(REPO.parent / "shared" / "data" / "cranfield"))
+    batch: int = 8  # triplets per step (2x as many pairs)
+    steps: int = 6  # steps per block (the first is not timed)
+    rounds: int = 3
+    precision: str = "fp32,bf16"  # comma-separated
+    threads: int = 2
+    seed: int = 0
+    profile: bool = False
+    out: str = field(default_factory=lambda: str(REPO / "bench" / "results" / "dgre.json"))
 
+
+def sample_triplets(data_path: str, n_batches: int, batch: int, seed: int) -> tuple[list, str]:
     if Path(data_path).is_dir():
         ds, source = load_dataset(CranfieldConfig(path=data_path), seed), f"cranfield ({data_path})"
     else:
@@ -66,8 +78,6 @@ def sample_triplets(data_path: str, n_batches: int, batch: int, seed: int) -> tu
 
 
 def build(name: str, seed: int):
-    from lightning_modules.module import RankingModule
-
     torch.manual_seed(seed)
     m = RankingModule(model=dict(name=name, backbone="minilm", query_max_len=32, doc_max_len=180), optim=dict(loss="hinge", margin=1.0))
     m.log = lambda *a, **k: None  # no trainer to log to
@@ -94,8 +104,6 @@ def run_block(module, opt, sched, batches, precision: str, first_index: int) -> 
 
 
 def profile_step(module, opt, batch, precision: str, rows: int = 25) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with autocast(precision):
             loss = module.training_step(batch, 0)
@@ -106,17 +114,7 @@ def profile_step(module, opt, batch, precision: str, rows: int = 25) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-path", default=str(REPO.parent / "shared" / "data" / "cranfield"))
-    ap.add_argument("--batch", type=int, default=8, help="triplets per step (2x as many pairs)")
-    ap.add_argument("--steps", type=int, default=6, help="steps per block (the first is not timed)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--precision", default="fp32,bf16")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "dgre.json"))
-    args = ap.parse_args(argv)
+    args = options.parse(Options, argv, __doc__)
     torch.set_num_threads(args.threads)
     texts, source = sample_triplets(args.data_path, args.steps * args.rounds, args.batch, args.seed)
     result = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(args.threads), "data": source,

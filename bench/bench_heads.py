@@ -1,14 +1,14 @@
 """Post-hoc head training speed: flow epochs from the on-disk representation cache vs re-encoding every epoch.
 
-    python bench/bench_heads.py [--head glow] [--backbone minilm|bert-base-shape|HF id or dir] [--paragraphs 150]
-                                [--questions 300] [--epochs 3] [--precision bf16] [--batch-size 1024] [--threads 2]
-                                [--out bench/results/heads.json]
+    python -m bench.bench_heads [head=glow] [backbone=minilm|bert-base-shape|HF id or dir] [paragraphs=150]
+                                [questions=300] [epochs=3] [precision=bf16] [batch_size=1024] [threads=2]
+                                [out=bench/results/heads.json]
 
 The isotropy paper's code stacks the flow on the frozen BERT and re-encodes the training texts in every flow
 epoch; `train.py stage=head` encodes them once into `lightning_modules/heads/cache.py`'s memory-mapped cache and
 trains from it. Both arms here train the same head (same config, seed, batch size and learning rate) on the token
 vectors of the same SQuAD paragraphs and questions (../shared/data), with the frozen ColBERT's backbone
-(`--backbone`): all-MiniLM-L6-v2 (6 layers, 384 dims; ours), or `bert-base-shape`, the paper's BERT-base
+(`backbone`): all-MiniLM-L6-v2 (6 layers, 384 dims; ours), or `bert-base-shape`, the paper's BERT-base
 architecture (12 layers, 768 dims) with random weights and the same uncased vocabulary, built offline from its config:
 its encoding costs what bert-base-uncased costs, which is what the ratio depends on (the likelihoods are then of
 random-BERT vectors, compared between the arms only):
@@ -26,7 +26,6 @@ not to cost likelihood. The CPU may be shared: each timing records what other pr
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import gzip
@@ -35,19 +34,43 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench import options
+from bench.bench_retrieval import machine
+from bench.bench_speed import Meter
+from core.io import write_json
+from lightning_modules.heads import build_head
+from lightning_modules.heads.cache import RepresentationCache, _vectors
+from lightning_modules.heads.flows import GlowConfig, NICEConfig
+from lightning_modules.module import RankingModule
+from lightning_modules.rankers.backbone import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 SQUAD = REPO.parent / "shared" / "data" / "squad_v1.1_dev" / "dev-v1.1.json.gz"
-for p in (str(REPO), str(REPO / "bench")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_retrieval import machine  # noqa: E402
-from bench_speed import Meter  # noqa: E402
+
+@dataclass
+class Options:
+    head: str = field(default="glow", metadata={"choices": ("glow", "nice")})
+    backbone: str = "minilm"  # minilm | bert-base-shape | an HF id or local model dir
+    paragraphs: int = 150
+    questions: int = 300
+    heldout_paragraphs: int = 30
+    epochs: int = 3
+    batch_size: int = 1024
+    lr: float = 1e-4
+    encode_batch: int = 32
+    # encoding and flow-training precision, both arms
+    precision: str = field(default="fp32", metadata={"choices": ("fp32", "bf16")})
+    threads: int = 2
+    seed: int = 0
+    out: str = field(default_factory=lambda: str(REPO / "bench" / "results" / "heads.json"))
 
 
 def squad_texts(n_par: int, n_q: int, skip: int = 0) -> tuple[list[str], list[str]]:
@@ -61,9 +84,8 @@ def squad_texts(n_par: int, n_q: int, skip: int = 0) -> tuple[list[str], list[st
 def bert_base_shape(folder: Path) -> str:
     """BERT-base (bert-base-uncased's config: 12 layers, 768 dims, 12 heads) with seeded random weights and MiniLM's
     uncased 30,522-token tokenizer, saved to `folder`: the paper's backbone cost without a hub download."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from transformers import AutoTokenizer, BertConfig, BertModel  # lazy: heavy, only model building needs it
 
-    from lightning_modules.rankers.backbone import resolve
 
     torch.manual_seed(0)
     BertModel(BertConfig(), add_pooling_layer=False).save_pretrained(folder)
@@ -88,28 +110,8 @@ def train_step(head, opt, x: torch.Tensor, autocast=None) -> float:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--head", default="glow", choices=("glow", "nice"))
-    ap.add_argument("--backbone", default="minilm", help="minilm | bert-base-shape | an HF id or local model dir")
-    ap.add_argument("--paragraphs", type=int, default=150)
-    ap.add_argument("--questions", type=int, default=300)
-    ap.add_argument("--heldout-paragraphs", type=int, default=30)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=1024)
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--encode-batch", type=int, default=32)
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="encoding and flow-training precision, both arms")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "heads.json"))
-    a = ap.parse_args(argv)
+    a = options.parse(Options, argv, __doc__)
     torch.set_num_threads(a.threads)
-
-    from core.io import write_json
-    from lightning_modules.heads import build_head
-    from lightning_modules.heads.cache import RepresentationCache
-    from lightning_modules.heads.flows import GlowConfig, NICEConfig
-    from lightning_modules.module import RankingModule
 
     scratch = tempfile.TemporaryDirectory()
     backbone = bert_base_shape(Path(scratch.name)) if a.backbone == "bert-base-shape" else a.backbone
@@ -143,7 +145,6 @@ def main(argv=None) -> dict:
 
         # The three arms train side by side, one epoch of each in turn (A B C A B C ...), so that a change in what
         # else runs on the machine falls on all of them alike.
-        from lightning_modules.heads.cache import _vectors
 
         head_c, opt_c = new_head(sample)  # arm 1: from the cache
         head_m, opt_m = new_head(sample)  # the bound: the same batches from a float32 tensor already in RAM

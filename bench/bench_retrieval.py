@@ -1,12 +1,12 @@
 """Full-ranking speed on MiniLM: index building passages/s (fp32, bf16) and search queries/s (flat, hnsw).
 
-    python bench/bench_retrieval.py [--docs 2000] [--queries 93] [--ranker repbert] [--precision fp32,bf16]
-                                    [--index-types flat,hnsw] [--k 100] [--batch-size 64] [--threads 2]
-                                    [--repeats 3] [--colbert] [--out bench/results/retrieval.json]
+    python -m bench.bench_retrieval [docs=2000] [queries=93] [ranker=repbert] [precision=fp32,bf16]
+                                    [index_types=flat,hnsw] [k=100] [batch_size=64] [threads=2]
+                                    [repeats=3] [colbert=true] [out=bench/results/retrieval.json]
 
 Data: the Vaswani (NPL) abstracts and queries (../shared/data/vaswani_npl, read by the pipeline's own source
-parser `datamodules.sources.classic.load_vaswani`), the first `--docs` passages in DOCNO order.
-Model: `--ranker` (repbert: cosine, or bert_dot) on the packaged all-MiniLM-L6-v2 (`backbone="minilm"`, offline),
+parser `datamodules.sources.classic.load_vaswani`), the first `docs` passages in DOCNO order.
+Model: `ranker` (repbert: cosine, or bert_dot) on the packaged all-MiniLM-L6-v2 (`backbone="minilm"`, offline),
 untrained heads; speed does not depend on the weights.
 
 Measured, in one process:
@@ -15,9 +15,9 @@ Measured, in one process:
    Then, per other index type, the faiss-only build time from the fp32 vectors (HNSW graph construction, IVF
    training...), since encoding is the same for every type.
 2. Search, per index type (fp32 vectors): `index.search(queries, k)` end to end (query encoding + faiss) and
-   faiss alone on pre-encoded query vectors -> queries/s; median of `--repeats`. For approximate types, recall@k
+   faiss alone on pre-encoded query vectors -> queries/s; median of `repeats`. For approximate types, recall@k
    against the flat index's top k; for bf16, the top-10 overlap with fp32.
-3. `--colbert`: ColBERT end-to-end on the same passages: `ColBERTIndex.build` passages/s and `search` queries/s
+3. `colbert=true`: ColBERT end-to-end on the same passages: `ColBERTIndex.build` passages/s and `search` queries/s
    (k_tokens 64, depth 256, k 100).
 
 The CPU may be shared: each timing records the CPU that *other* processes used meanwhile (cores, from /proc/stat).
@@ -25,27 +25,29 @@ The JSON (written atomically) holds machine info, settings and every number.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import platform
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench import options
+from bench.bench_speed import Meter  # wall time and the CPU other processes used meanwhile
+from core.io import write_json
+from datamodules.sources.classic import load_vaswani as parse
+from lightning_modules.module import ranker_config
+from lightning_modules.rankers import build_ranker
+from retrieval.colbert_e2e import ColBERTIndex
+from retrieval.dense import DenseIndex, FaissBuilder, IndexOptions
 
 REPO = Path(__file__).resolve().parents[1]
 VASWANI = REPO.parent / "shared" / "data" / "vaswani_npl"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_speed import Meter  # noqa: E402  (wall time and the CPU other processes used meanwhile)
 
 
 def machine() -> dict:
@@ -57,8 +59,8 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    import faiss
-    import transformers
+    import faiss  # lazy: faiss-cpu or faiss-gpu, only dense retrieval needs it
+    import transformers  # lazy: heavy, only model building needs it
 
     info.update(faiss=getattr(faiss, "__version__", "?"), transformers=transformers.__version__,
                 faiss_gpus=faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0,
@@ -68,8 +70,6 @@ def machine() -> dict:
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
 def load_vaswani(folder: Path, n_docs: int, n_queries: int):
-    from datamodules.sources.classic import load_vaswani as parse
-
     docs, queries, _, _ = parse(folder)
     order = sorted(docs, key=lambda d: (0, int(d), d) if d.isdigit() else (1, 0, d))
     qorder = sorted(queries, key=lambda q: (0, int(q), q) if q.isdigit() else (1, 0, q))
@@ -97,33 +97,31 @@ def median_timing(fn, repeats: int) -> tuple[float, list[float], list]:
 
 
 # ---- main ------------------------------------------------------------------------------------------------------
+@dataclass
+class Options:
+    docs: int = 2000  # passages indexed (the first N by DOCNO)
+    queries: int = 93  # queries searched (Vaswani has 93)
+    ranker: str = field(default="repbert", metadata={"choices": ("repbert", "bert_dot")})
+    precision: str = "fp32,bf16"  # comma-separated
+    index_types: str = "flat,hnsw"  # comma-separated
+    k: int = 100
+    batch_size: int = 64
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    repeats: int = 3
+    colbert: bool = False  # also ColBERT end-to-end
+    data: Path = VASWANI
+    out: Path = REPO / "bench" / "results" / "retrieval.json"
+
+
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=int, default=2000, help="passages indexed (the first N by DOCNO)")
-    ap.add_argument("--queries", type=int, default=93, help="queries searched (Vaswani has 93)")
-    ap.add_argument("--ranker", default="repbert", choices=("repbert", "bert_dot"))
-    ap.add_argument("--precision", default="fp32,bf16")
-    ap.add_argument("--index-types", default="flat,hnsw")
-    ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--colbert", action="store_true", help="also ColBERT end-to-end")
-    ap.add_argument("--data", type=Path, default=VASWANI)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "retrieval.json")
-    args = ap.parse_args(argv)
+    args = options.parse(Options, argv, __doc__)
 
-    import faiss
-
-    from core.io import write_json
-    from lightning_modules.module import ranker_config
-    from lightning_modules.rankers import build_ranker
-    from retrieval.dense import DenseIndex, FaissBuilder, IndexOptions
+    import faiss  # lazy: faiss-cpu or faiss-gpu, only dense retrieval needs it
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     if not args.data.exists():
-        sys.exit(f"error: --data: '{args.data}' does not exist; expected the Vaswani folder (doc-text.trec.gz, query-text.trec)")
+        sys.exit(f"error: data: '{args.data}' does not exist; expected the Vaswani folder (doc-text.trec.gz, query-text.trec)")
     docs, queries = load_vaswani(args.data, args.docs, args.queries)
     precisions = [p for p in args.precision.split(",") if p]
     types = [t for t in args.index_types.split(",") if t]
@@ -192,8 +190,6 @@ def main(argv=None) -> dict:
 
     # 3. ColBERT end-to-end
     if args.colbert:
-        from retrieval.colbert_e2e import ColBERTIndex
-
         torch.manual_seed(0)
         colbert = build_ranker(ranker_config({"name": "colbert", "backbone": "minilm"})).eval()
         with Meter() as m:

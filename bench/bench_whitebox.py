@@ -1,12 +1,12 @@
 """White-box ColBERT analyses over a ~10k-passage collection: the time of each stage, and the per-word removal on
 the max-sim matrix against re-scoring through the ranker.
 
-    python bench/bench_whitebox.py [--data vaswani|squad|cranfield] [--data-dir ../shared/data] [--ckpt PATH] [--queries N] [--depth 100]
-                                   [--spectral-passages collection|candidates] [--batch-size 64] [--threads 2]
-                                   [--peer-queries 10] [--out bench/results/whitebox.json]
+    python -m bench.bench_whitebox [data=vaswani|squad|cranfield] [data_dir=../shared/data] [ckpt=PATH] [queries=N] [depth=100]
+                                   [spectral_passages=collection|candidates] [batch_size=64] [threads=2]
+                                   [peer_queries=10] [out=bench/results/whitebox.json]
 
 Default: Vaswani/NPL (11,429 abstracts, 93 queries, ../shared/data/vaswani_npl), MiniLM ColBERT (untrained unless
-`--ckpt`; the cost does not depend on the weights), all three statistics, BM25 top-100 candidates, and the spectral
+`ckpt`; the cost does not depend on the weights), all three statistics, BM25 top-100 candidates, and the spectral
 ratio over the contextual vectors of the WHOLE collection (`spectral_passages: collection`, so every passage is
 encoded once). It runs `analyses.whitebox.analysis.analyse` as `python evaluate.py analysis=whitebox` does (without
 writing figures) and prints each stage's seconds: model and data loading, BM25 candidates, collection IDF,
@@ -18,7 +18,7 @@ Peers, measured in the same run on the same encoded vectors:
   whole analysis / that encoding.
 - per-word removal: ours computes each query's [Lq, |S_q|] max-sim matrix once and subtracts a word's rows; the
   peer re-scores the candidates through the ranker's `score_all` with the word's query tokens masked out, once per
-  word (already without re-encoding anything). On `--peer-queries` queries; the script prints both per query and
+  word (already without re-encoding anything). On `peer_queries` queries; the script prints both per query and
   their ratio (the scores agree; checked).
 
 The CPU may be shared: each timing records the CPU that other processes used meanwhile (cores, /proc/stat). The
@@ -26,35 +26,34 @@ JSON (written atomically) holds machine info, settings and every number.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
+
+from analyses.whitebox.analysis import _models, analyse, options, queries_and_candidates
+from analyses.whitebox.collect import encode_texts, query_maxsim
+from analyses.whitebox.words import query_words
+from bench import options as bench_options  # `options` is the whitebox analysis' own
+from bench.bench_retrieval import machine
+from bench.bench_speed import Meter
+from core.io import write_json
+from datamodules.sources import data_config, load_dataset
+from lightning_modules.rankers.base import Encoded
+from pipeline.config import compose
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 PATHS = {"vaswani": "vaswani_npl", "cranfield": "cranfield", "squad": "squad_v1.1_dev/dev-v1.1.json.gz"}
-for p in (str(REPO), str(REPO / "bench")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
-
-import torch  # noqa: E402
-from bench_retrieval import machine  # noqa: E402
-from bench_speed import Meter  # noqa: E402
 
 
 def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
     """Per-word removal on a few queries, ours (one max-sim matrix, rows subtracted) vs the ranker's score_all
     with the word's tokens masked (passages encoded once for both)."""
-    from analyses.whitebox.collect import encode_texts, query_maxsim
-    from analyses.whitebox.words import query_words
-    from lightning_modules.rankers.base import Encoded
-
     ranker, c, tok = module.ranker, module.model_cfg, module.ranker.tokenizer
     qids = qids[:n_queries]
     q_ids, q_words = query_words(tok, [qtexts[q] for q in qids], c.query_max_len)
@@ -87,31 +86,24 @@ def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
             "rescoring_over_ours": peer.wall / max(ours.wall, 1e-9), "max_abs_score_difference": max_diff}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="vaswani", choices=sorted(PATHS))
-    ap.add_argument("--data-dir", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
-    ap.add_argument("--ckpt", default=None, help="a ColBERT checkpoint (default: MiniLM untrained)")
-    ap.add_argument("--queries", type=int, default=None, help="analysed queries (default: all of --split)")
-    ap.add_argument("--split", default="all", choices=("train", "val", "test", "all"))
-    ap.add_argument("--depth", type=int, default=100, help="|S_q|, BM25 top-k")
-    ap.add_argument("--spectral-passages", default="collection", choices=("collection", "candidates"))
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--peer-queries", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "whitebox.json")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+@dataclass
+class Options:
+    data: str = field(default="vaswani", metadata={"choices": tuple(sorted(PATHS))})
+    data_dir: Path = DATA  # the shared data folder (default ../shared/data)
+    ckpt: str | None = None  # a ColBERT checkpoint (default: MiniLM untrained)
+    queries: int | None = None  # analysed queries (default: all of `split`)
+    split: str = field(default="all", metadata={"choices": ("train", "val", "test", "all")})
+    depth: int = 100  # |S_q|, BM25 top-k
+    spectral_passages: str = field(default="collection", metadata={"choices": ("collection", "candidates")})
+    batch_size: int = 64
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    peer_queries: int = 10
+    out: Path = REPO / "bench" / "results" / "whitebox.json"
 
-    from analyses.whitebox.analysis import (
-        _models,
-        analyse,
-        options,
-        queries_and_candidates,
-    )
-    from core.io import write_json
-    from datamodules.sources import data_config, load_dataset
-    from pipeline.config import compose
+
+def main(argv=None) -> dict:
+    args = bench_options.parse(Options, argv, __doc__)
+    torch.set_num_threads(args.threads)
 
     overrides = [f"data={args.data}", f"data.path={args.data_dir / PATHS[args.data]}", f"data.cache_dir={REPO / '.cache'}",
                  "analysis=whitebox", f"analysis.split={args.split}", f"analysis.candidate_depth={args.depth}",

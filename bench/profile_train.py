@@ -1,28 +1,25 @@
 """torch.profiler summary of our ColBERT training steps (MiniLM, 16 SQuAD triplets, query 32 / passage 180 tokens).
 
-    python bench/profile_train.py [--plain] [--precision bf16] [--steps 2] [--threads 2] [--rows 12]
-    python bench/profile_train.py --ab 4      # no profiler: plain and default steps alternating, medians and ratio
+    python -m bench.profile_train [plain=true] [precision=bf16] [steps=2] [threads=2] [rows=12]
+    python -m bench.profile_train ab=4      # no profiler: plain and default steps alternating, medians and ratio
 
---plain profiles the path before the speed work of issue 9 (model.fast_dropout=false: PyTorch's Bernoulli dropout and
+plain=true profiles the path before the speed work of issue 9 (model.fast_dropout=false: PyTorch's Bernoulli dropout and
 SDPA's math path; AdamW without fused=True; model.length_buckets=1), to set the two tables side by side. Prints
-operators by self CPU time. --ab N times N steps of each path, alternating (fair under a shared machine's load).
+operators by self CPU time. ab=N times N steps of each path, alternating (fair under a shared machine's load).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
+from dataclasses import dataclass, field
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-from bench_speed import (  # noqa: E402
+from bench import options
+from bench.bench_speed import (
     DOC_MAX_LEN,
     QUERY_MAX_LEN,
     build_optimizer,
@@ -30,13 +27,21 @@ from bench_speed import (  # noqa: E402
     train_step,
     triplet_texts,
 )
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from lightning_modules.module import RankingModule
+
+
+@dataclass
+class Options:
+    plain: bool = False  # the path before issue 9's speed work
+    precision: str = field(default="bf16", metadata={"choices": ("fp32", "bf16")})
+    steps: int = 2
+    threads: int = 2
+    rows: int = 12
+    ab: int = 0  # alternate N plain and N default steps, no profiler
 
 
 def setup(plain: bool, a, texts):
     """(module, tokenised batches, optimiser, schedule) of the plain or the default path, warmed up by one step."""
-    from lightning_modules.module import RankingModule
-
     torch.manual_seed(0)
     extra = dict(fast_dropout=False, length_buckets=1) if plain else {}
     m = RankingModule(dict(name="colbert", backbone="minilm", query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN,
@@ -52,17 +57,10 @@ def setup(plain: bool, a, texts):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plain", action="store_true")
-    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rows", type=int, default=12)
-    ap.add_argument("--ab", type=int, default=0, help="alternate N plain and N default steps, no profiler")
-    a = ap.parse_args(argv)
+    a = options.parse(Options, argv, __doc__)
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: heavy, only model building needs it
 
     hf_logging.set_verbosity_error()
     paras, qs, _ = load_corpus(0)

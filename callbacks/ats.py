@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from pytorch_lightning import Callback
 
+from datamodules.samplers import shard_range
 from lightning_modules.rankers.terms import passage_terms
 from metrics.ats import ATSResult, AverageTermSimilarity
 
@@ -36,8 +37,6 @@ class ATSCallback(Callback):
         self.passages, self.max_occurrences, self.seed, self.batch_size = passages, max_occurrences, seed, batch_size
 
     def measure(self, trainer, module, split: str) -> ATSResult | None:
-        from datamodules.samplers import shard_range
-
         ranker = module.ranker
         data = trainer.datamodule.eval_splits.get(split) if trainer.datamodule is not None else None
         if self.passages <= 0 or ranker.kind not in ("bi", "cross") or data is None:
@@ -68,7 +67,7 @@ class ATSCallback(Callback):
             module.log(f"{split}/{k}", v, sync_dist=False)  # every rank computed the same value
         logger = trainer.logger
         if trainer.is_global_zero and logger is not None and hasattr(logger, "log_image"):  # W&B
-            import wandb
+            import wandb  # lazy: heavy, only W&B logging needs it
 
             rows = [[int(d), float(a)] for d, a in zip(result.deltas, result.ats) if np.isfinite(a)]
             table = wandb.Table(data=rows, columns=["delta", "ats"])

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from pytorch_lightning import Callback
 from torch import Tensor
 
+from core.io import save_figure
 from lightning_modules.rankers.base import masked_mean
 from metrics.isotropy import AvgCos, IsotropyIW
 
@@ -106,8 +107,6 @@ class IsotropyCallback(Callback):
             self._figure(trainer, module, split, values)
 
     def _figure(self, trainer, module, split: str, values: dict[str, float]) -> None:
-        from core.io import save_figure
-
         head = getattr(module, "head_cfg", None)
         name = head.name if head is not None else "head"
         title = f"Isotropy before/after the {name} head ({split} probe texts, step {trainer.global_step})"
@@ -173,10 +172,10 @@ def pairwise_cosines(x: Tensor) -> Tensor:
 def cosine_figure(sample: dict[str, dict[str, Tensor]], values: dict[str, float], title: str, head: str = "head"):
     """Histograms of pairwise cosine similarities, raw ("Ft", `sample["_raw"]`) vs with the head (`sample[""]`), of
     token vectors and sequence vectors; `values` the callback's I(W) and avgcos (legend)."""
-    import matplotlib
+    import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, kind, suffix, label in ((axes[0], "tokens", "", "token vectors"), (axes[1], "sequence", "_sequence", "sequence vectors")):

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
 from core.errors import InputError
 
@@ -50,9 +51,7 @@ def _first_line(e: BaseException) -> str:
 
 def _try(args: dict, save_dir: Path, mode: str, config: dict):
     """A WandbLogger whose run is already initialised (so failures happen here), or the exception."""
-    import wandb
-    from pytorch_lightning.loggers import WandbLogger
-
+    import wandb  # lazy: heavy, only W&B logging needs it
     try:
         (save_dir / "wandb").mkdir(parents=True, exist_ok=True)
         logger = WandbLogger(**args, save_dir=str(save_dir), mode=mode, config=config)
@@ -80,8 +79,6 @@ def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
                           f"sync it later with `wandb sync {save_dir / 'wandb'}/offline-run-*`")
             return logger
     try:
-        from pytorch_lightning.loggers import CSVLogger
-
         logger = CSVLogger(save_dir=str(out), name="csv")
         Path(logger.log_dir).mkdir(parents=True, exist_ok=True)
         warnings.warn(f"W&B unavailable ({_first_line(first)}), offline too; logging to CSV in {logger.log_dir}")
@@ -127,8 +124,6 @@ def build_logger(cfg: DictConfig, name: str, job: str | None = None):
     if lc.name == "none":
         return False
     if lc.name == "csv":
-        from pytorch_lightning.loggers import CSVLogger
-
         return CSVLogger(save_dir=str(out), name="csv")
     if lc.name == "wandb":
         return wandb_logger(cfg, name, job)

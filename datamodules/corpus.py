@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import InputError
+from datamodules.textfiles import iter_lines
 
 SPLITS = ("train", "val", "test")
 
@@ -94,10 +95,6 @@ def locate(origin: str | None, *ids: str) -> str | None:
     path = Path(origin)
     if not path.is_file():
         return origin
-    from datamodules.sources.tsv import (
-        iter_lines,  # the shared reader (gzip, UTF-8); imported late: tsv imports us
-    )
-
     try:
         for lineno, line in iter_lines(path):
             fields = set(line.split())

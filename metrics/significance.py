@@ -40,7 +40,7 @@ def check_test(name: str, where: str = "test") -> str:
 
 def paired_test(method: Sequence[float], baseline: Sequence[float], test: str = "t_test_one_tailed") -> float:
     """p-value of `test` on paired samples (method[i] with baseline[i]); one-tailed tests ask "method > baseline"."""
-    from scipy import stats
+    from scipy import stats  # lazy: scipy.stats loads slowly, only significance tests need it
 
     check_test(test)
     a = np.asarray(method, dtype=np.float64)

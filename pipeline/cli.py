@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Callable
 
+from callbacks.preemption import Interrupted
 from core.errors import InputError, TrainingStopped
+from pipeline.config import compose, parse_args, to_yaml
 
 
 def main(argv: list[str], job: Callable) -> int:
@@ -19,9 +22,6 @@ def main(argv: list[str], job: Callable) -> int:
     # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
     # would otherwise head every run's log
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
-    from callbacks.preemption import Interrupted
-    from pipeline.config import compose, to_yaml
-
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
     try:
@@ -48,32 +48,16 @@ DRY_RUN = ("--dry-run", "--print-config")
 
 def check_files(cfg) -> None:
     """`--dry-run`: the checkpoints a run would read exist (the config keys are checked by compose); nothing loaded."""
-    from pathlib import Path
-
     for key in ("ckpt", "ckpt_path", "head_ckpt"):
-        if cfg.get(key) and not Path(cfg[key]).is_file():
+        path = Path(cfg[key]) if cfg.get(key) else None
+        # ckpt= may also be a folder from `train.py stage=export` (evaluate.py reads its isorank.json)
+        exported = key == "ckpt" and path is not None and (path / "isorank.json").is_file()
+        if path is not None and not path.is_file() and not exported:
             raise InputError(key, f"checkpoint '{cfg[key]}' does not exist")
 
 
 def model_from_cli(argv: list[str]) -> bool:
     """Whether the `key=value` args pick the model (`model=...` or a `model.` key)."""
-    from pipeline.config import parse_args
-
     choices, overrides = parse_args(argv)
     return "model" in choices or any(o.startswith("model.") for o in overrides)
 
-
-def tool_args(ap, argv: list[str]):
-    """(argparse options, `key=value` config args) of a `python -m` tool; an unknown `--option` is an argparse error
-    (exit 2), not a config key."""
-    opts, rest = ap.parse_known_args(argv)
-    bad = [a for a in rest if a.startswith("-")]
-    if bad:
-        ap.error(f"unrecognised option {bad[0]}")
-    return opts, rest
-
-
-def run_tool(ap, argv: list[str], job: Callable) -> int:
-    """A `python -m` tool with `--options` (argparse `ap`) and config overrides: `job(cfg, opts)` under `main`."""
-    opts, rest = tool_args(ap, argv)
-    return main(rest, lambda cfg, _model_from_cli: job(cfg, opts))

@@ -9,6 +9,7 @@ wrong-typed value stops the run with one line naming the key.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from analyses.registry import load_all
 from core.errors import InputError, check_choice
+from datamodules.sources import SOURCES
+from lightning_modules.heads import HEADS
+from lightning_modules.module import OptimConfig
+from lightning_modules.rankers import RANKERS
+from metrics.ir import DEFAULT_MEASURES
+from retrieval.config import schema as retrieval_schema
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-GROUPS = ("model", "data", "trainer", "logger", "head", "analysis")
+GROUPS = ("model", "data", "trainer", "logger", "head", "analysis", "retrieval")
 
 
 @dataclass
@@ -62,7 +70,7 @@ class LoggerConfig:
 
 @dataclass
 class EvalConfig:
-    measures: list[str] = field(default_factory=lambda: ["ndcg_cut_10", "ndcg_cut_20", "P_20", "mrr_10", "recall_100"])
+    measures: list[str] = field(default_factory=lambda: list(DEFAULT_MEASURES))
     before_training: bool = True  # test once before fine-tuning too, for the before/after table
     probe_queries: int = 32  # fixed probe set for I(W) and avgcos
     probe_docs: int = 64
@@ -77,10 +85,6 @@ class EvalConfig:
 
 
 def _group_schemas():
-    from datamodules.sources import SOURCES
-    from lightning_modules.module import OptimConfig
-    from lightning_modules.rankers import RANKERS
-
     return RANKERS, SOURCES, OptimConfig
 
 
@@ -95,14 +99,16 @@ class RunConfig:
     seed: int = 42
     output_dir: str = "outputs/default"
     ckpt_path: str | None = None  # train.py: resume this run (optimiser, schedule, step, data order)
-    ckpt: str | None = None  # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker
-    head_ckpt: str | None = None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`
-    stage: str = "finetune"  # train.py: finetune (the ranker) | head (post-hoc isotropy head on a frozen ranker)
+    ckpt: str | None = None  # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker; stage=export: the one exported
+    head_ckpt: str | None = None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`; stage=export: the head exported
+    # train.py: finetune (the ranker) | head (post-hoc isotropy head on a frozen ranker) | export (ckpt= or head_ckpt=
+    # as a Hugging Face folder into output_dir, pipeline/export.py)
+    stage: str = "finetune"
     experiment: str | None = None
     init_ckpt: str | None = None  # train.py: ranker weights from this checkpoint, optimiser and step fresh (transfer)
 
     def __post_init__(self):
-        check_choice("stage", self.stage, ("finetune", "head"))
+        check_choice("stage", self.stage, ("finetune", "head", "export"))
 
 
 def _load_yaml(path: Path, where: str) -> DictConfig:
@@ -123,25 +129,37 @@ def _option(group: str, option: str) -> DictConfig:
     return _load_yaml(path, f"{group}={option}")
 
 
-def _translate(e: OmegaConfBaseException, prefix: str = "") -> InputError:
+def _config_key(key: str) -> str:
+    return f"config key '{key}'"
+
+
+def _failed_key(e: OmegaConfBaseException, prefix: str) -> str:
     key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
-    key = f"{prefix}{key}" if prefix and not str(key).startswith(prefix) else key
+    return f"{prefix}{key}" if prefix and not str(key).startswith(prefix) else str(key)
+
+
+def _translate(e: OmegaConfBaseException, prefix: str = "", where: Callable[[str], str] = _config_key) -> InputError:
+    """OmegaConf's error as one line; `where(key)` names the failed key's place (default: config key '<key>')."""
     msg = str(e).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not" in msg:
-        return InputError(f"config key '{key}'", "unknown key")
-    return InputError(f"config key '{key}'", msg)
+        return InputError(where(_failed_key(e, prefix)), "unknown key")
+    return InputError(where(_failed_key(e, prefix)), msg)
 
 
-def _structured(schema: type, *layers: DictConfig, prefix: str) -> DictConfig:
+def _structured(schema: type, *layers: DictConfig, prefix: str, where: Callable[[str], str] = _config_key,
+                unknown: Callable[[str], InputError] | None = None) -> DictConfig:
+    """`layers` merged in order onto `schema`, each value checked against its field's type (pipeline/grid_config.py
+    reuses this for grid files); a key the schema lacks is the error `unknown(key)` (default: names the schema)."""
     node = OmegaConf.structured(schema)
     for layer in layers:
         try:
             node = OmegaConf.merge(node, layer)
         except OmegaConfBaseException as e:
             known = sorted(OmegaConf.structured(schema).keys())
-            err = _translate(e, prefix)
+            err = _translate(e, prefix, where)
             if "unknown key" in err.problem:
-                err = InputError(err.where, f"unknown key; {prefix.rstrip('.')} '{getattr(schema, '__name__', schema)}' accepts {known}")
+                err = unknown(_failed_key(e, prefix)) if unknown else InputError(
+                    err.where, f"unknown key; {prefix.rstrip('.')} '{getattr(schema, '__name__', schema)}' accepts {known}")
             raise err from e
     return node
 
@@ -191,13 +209,11 @@ def compose(argv: list[str]) -> DictConfig:
         elif group == "data":
             schema = sources.get(str(raw.get("source")), "data.source").schema
         elif group == "head":
-            from lightning_modules.heads import HEADS
-
             schema = HEADS.get(str(raw.get("name")), "head.name").schema
         elif group == "analysis":
-            from analyses.registry import load_all
-
             schema = load_all().get(str(raw.get("name")), "analysis.name").schema
+        elif group == "retrieval":
+            schema = retrieval_schema(str(raw.get("name")))
         else:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
         groups[group] = _structured(schema, *stack, prefix=f"{group}.")

@@ -1,10 +1,10 @@
 """Export a trained ranker (and its isotropy head) as a Hugging Face folder, and evaluate from that folder.
 
-    python -m pipeline.export ckpt=outputs/run/checkpoints/best-60.ckpt --out exported/colbert
-    python -m pipeline.export head_ckpt=outputs/run-glow/checkpoints/best-3.ckpt --out exported/colbert-glow
+    python train.py stage=export ckpt=outputs/run/checkpoints/best-60.ckpt output_dir=exported/colbert
+    python train.py stage=export head_ckpt=outputs/run-glow/checkpoints/best-3.ckpt output_dir=exported/colbert-glow
     python evaluate.py ckpt=exported/colbert data=cranfield output_dir=outputs/exported-on-cranfield
 
-The folder (written atomically: a temporary sibling renamed into place):
+The folder (`output_dir`, new or empty; written atomically: a temporary sibling renamed into place):
 
 | file | what |
 |---|---|
@@ -20,16 +20,19 @@ the tokenizer, and loading rebuilds TK from its recorded `backbone` before repla
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
 
 from core.errors import InputError
 from core.io import AtomicDir, _umask
+from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
+from lightning_modules.loading import load_module
+from lightning_modules.module import RankingModule
+from pipeline.head_stage import load_head_module
 
 FORMAT = "isorank-export-1"
 ENCODER = "ranker.encoder."
@@ -37,8 +40,6 @@ ENCODER = "ranker.encoder."
 
 def _split_state(module) -> tuple[dict, dict]:
     """(ranker weights outside the backbone, isotropy head weights) of a RankingModule / HeadModule."""
-    from lightning_modules.head_module import HEAD_PREFIXES
-
     rest, head = {}, {}
     for k, v in module.state_dict().items():
         if k.startswith(ENCODER) or k.startswith("runs."):
@@ -86,14 +87,11 @@ def model_card(info: dict, run: Path) -> str:
 
 
 def export(cfg: DictConfig, out: str) -> Path:
-    from safetensors.torch import save_file
-
-    from lightning_modules.loading import load_module
-    from pipeline.head_stage import load_head_module
-
+    """`ckpt=` (or `head_ckpt=`, with its head) into the new or empty folder `out` (`train.py stage=export`:
+    `output_dir`)."""
     out_path = Path(out)
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
-        raise InputError("--out", f"'{out}' exists and is not empty; export into a new folder")
+        raise InputError("output_dir", f"'{out}' exists and is not empty; export into a new folder")
     if cfg.head_ckpt:
         module, base = load_head_module(cfg)
         head_cfg = OmegaConf.to_container(cfg.head) if isinstance(cfg.head, DictConfig) else dict(cfg.head)
@@ -143,11 +141,6 @@ def read_info(folder: str | Path) -> dict:
 
 def load_exported(folder: str | Path, measures: list[str] | None = None):
     """The RankingModule (or HeadModule, with the head attached) of an exported folder, weights as exported."""
-    from safetensors.torch import load_file
-
-    from lightning_modules.head_module import HeadModule
-    from lightning_modules.module import RankingModule
-
     folder = Path(folder).resolve()
     info = read_info(folder)
     model = dict(info["model"])
@@ -167,14 +160,3 @@ def load_exported(folder: str | Path, measures: list[str] | None = None):
     module.hparams["model"] = model
     return module
 
-
-def main(argv: list[str]) -> int:
-    from pipeline.cli import run_tool
-
-    ap = argparse.ArgumentParser(prog="python -m pipeline.export", description="Export a trained ranker (and head) in Hugging Face format")
-    ap.add_argument("--out", required=True, help="new folder to write")
-    return run_tool(ap, argv, lambda cfg, opts: print(f"exported to {export(cfg, opts.out)}"))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

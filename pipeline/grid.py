@@ -1,6 +1,6 @@
 """Grids of experiments: `python experiments.py grid=NAME [key=value ...]` runs `configs/grid/NAME.yaml`.
 
-A grid file (see configs/grid/squad_3seeds.yaml):
+A grid file (see configs/grid/squad_3seeds.yaml; its schema and checks: pipeline/grid_config.py):
 
     name: squad_3seeds            # folder and W&B group (default: the file name)
     baseline: colbert             # the row the table compares against
@@ -64,11 +64,9 @@ collection).
 from __future__ import annotations
 
 import csv
-import fnmatch
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -81,76 +79,25 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import InputError
 from core.io import atomic_open, write_json
-from metrics.significance import TESTS
-from pipeline.config import CONFIG_DIR
-from pipeline.tables import RUN_LEVEL
+from lightning_modules.rankers import UNTRAINED
+from pipeline.cli import model_from_cli
+from pipeline.config import compose
+from pipeline.grid_config import INIT_REF, GridSpec, grid_key, load_grid
+from pipeline.run import evaluate as evaluate_run
+from pipeline.run import train as train_run
+from pipeline.tables import RUN_LEVEL, log_wandb_table, write_table
 
-__all__ = ["GridSpec", "Cell", "GridReport", "load_grid", "plan", "run", "collect", "main"]
+__all__ = ["Cell", "GridReport", "GridSpec", "collect", "load_grid", "main", "plan", "run"]
 
 REPO = Path(__file__).resolve().parents[1]
-GRID_DIR = CONFIG_DIR / "grid"
-GRID_KEYS = ("name", "baseline", "rows", "train_data", "eval_data", "seeds", "folds", "common", "measures", "test",
-             "paired_by", "launcher", "output_root", "action", "train_on", "compare_to", "delta_eval", "only")
-# set by the grid for every cell
-RESERVED = ("seed", "output_dir", "ckpt_path", "ckpt", "logger.group", "logger.run_name")
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+CELL_FILE = "cell.json"  # the overrides a cell was started with
+# Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.
+NEUTRAL = ("logger", "trainer.enable_progress_bar", "trainer.log_every_n_steps", "data.cache_dir", "data.num_workers")
+DONE, PARTIAL, TODO = "done", "partial (resumable)", "todo"
 
 
-@dataclass
-class GridSpec:
-    name: str
-    baseline: str
-    rows: dict[str, list[str]]
-    train_data: dict[str, list[str]]
-    eval_data: dict[str, list[str]]
-    seeds: list[int | None]
-    folds: int | None
-    common: list[str]
-    measures: list[str]
-    test: str = "t_test_one_tailed"
-    paired_by: str = "query"
-    launcher: str = "subprocess"
-    output_root: str = "outputs/grids"
-    action: str = "run"
-    source: str = ""  # the grid file
-    train_on: dict[str, list[str]] = field(default_factory=dict)  # row -> the training data it trains on (default: all)
-    compare_to: dict[str, str] = field(default_factory=dict)  # row -> the row its table cells compare with (default: baseline)
-    delta_eval: list[str] = field(default_factory=list)  # two eval_data labels: the position-bias paper's Table 3-4 layout
-    only: list[str] = field(default_factory=list)  # run only cells whose label matches one of these globs
-    file_baseline: str = ""  # the grid file's own baseline (`baseline=` on the command line may name another)
-
-    def trains_on(self, row: str, train: str) -> bool:
-        return train in self.train_on.get(row, self.train_data)
-
-    def selected(self, cell: "Cell") -> bool:
-        return not self.only or any(fnmatch.fnmatchcase(cell.label, p) for p in self.only)
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.output_root) / self.name
-
-    @property
-    def table_path(self) -> Path:
-        """`table.md` against the file's baseline; `table-<row>.md` against another (`baseline=<row>`), so the
-        Table 3 / 4 / 5 layouts of one grid sit side by side instead of overwriting each other."""
-        own = not self.file_baseline or self.baseline == self.file_baseline
-        return self.dir / ("table.md" if own else f"table-{self.baseline}.md")
-
-    def replicates(self) -> list[tuple[str, int | None, int | None]]:
-        """[(replicate id, seed or None, fold or None)]."""
-        out = []
-        for seed in self.seeds:
-            for fold in (range(self.folds) if self.folds else [None]):
-                parts = []
-                if seed is not None and (fold is None or len(self.seeds) > 1):
-                    parts.append(f"seed{seed}")
-                if fold is not None:
-                    parts.append(f"fold{fold}")
-                out.append(("-".join(parts) or "run", seed, fold))
-        return out
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only")}
+def _settings(argv) -> list[str]:
+    return [a for a in argv if not a.split("=", 1)[0].startswith(NEUTRAL)]
 
 
 @dataclass(frozen=True)
@@ -181,6 +128,39 @@ class Cell:
     def train_dir(self) -> Path:
         return self.dir if self.kind == "train" else self.dir.parent
 
+    @property
+    def last_ckpt(self) -> Path:
+        return self.dir / "checkpoints" / "last.ckpt"
+
+    # The resume decision, for run, table and list alike: a done cell is skipped, a partial one resumes from its
+    # last.ckpt, a todo one runs from scratch; a started one (done or partial) with other settings stops the run.
+    @property
+    def state(self) -> str:
+        """done | partial (resumable): a training cell killed after a checkpoint | todo."""
+        if self.done:
+            return DONE
+        return PARTIAL if self.kind == "train" and self.last_ckpt.is_file() else TODO
+
+    def other_settings(self) -> str | None:
+        """For a started cell whose overrides in cell.json differ from the planned ones, logging ones (NEUTRAL)
+        aside: what differs; else None. Cells from before `cell.json` existed are not checked (the grid-level warning
+        of _record_spec covers them)."""
+        path = self.dir / CELL_FILE
+        if self.state == TODO or not path.is_file():
+            return None
+        try:
+            before = _settings(json.loads(path.read_text())["argv"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{path} is unreadable"
+        now = _settings(self.argv)
+        if before == now:
+            return None
+        gone = [a for a in before if a not in now]
+        new = [a for a in now if a not in before]
+        if not gone and not new:
+            return "the same overrides in another order (a later one wins)"
+        return "; ".join(filter(None, [f"ran with {gone}" if gone else "", f"now {new}" if new else ""]))
+
 
 @dataclass
 class GridReport:
@@ -192,215 +172,6 @@ class GridReport:
     @property
     def failed(self) -> list[str]:
         return [k for k, v in self.status.items() if v in ("failed", "blocked")]
-
-
-# ------------------------------------------------------------------------------------------------ grid file
-
-
-def _grid_path(value: str) -> Path:
-    if value.endswith((".yaml", ".yml")) or "/" in value or os.sep in value:
-        path = Path(value)
-        if not path.is_file():
-            raise InputError("grid", f"grid file '{value}' does not exist")
-        return path
-    path = GRID_DIR / f"{value}.yaml"
-    if not path.is_file():
-        options = sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
-        raise InputError("grid", f"no grid '{value}' in {GRID_DIR}; expected one of {options} or a path to a .yaml file")
-    return path
-
-
-def _overrides(value: Any, where: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = value.split()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InputError(where, f"is {value!r}; expected a list of overrides like [model=repbert, optim.lr=2e-5]")
-    for v in value:
-        if "=" not in v:
-            raise InputError(where, f"override '{v}' is not key=value")
-        key = v.split("=", 1)[0]
-        if key in RESERVED:
-            raise InputError(where, f"override '{v}': '{key}' is set by the grid for every cell")
-    return list(value)
-
-
-def _label(label: Any, where: str) -> str:
-    label = str(label)
-    if not _LABEL.match(label):
-        raise InputError(where, f"label '{label}' must be letters, digits and _ . + - (it names a folder)")
-    return label
-
-
-def _labelled(value: Any, where: str, group: str | None) -> dict[str, list[str]]:
-    """{label: overrides} from a mapping, or a list of option names / one-key mappings; for data, a label with no
-    `data=` override picks the data option of that name."""
-    items: list[tuple[Any, Any]] = []
-    if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, list):
-        for v in value:
-            if isinstance(v, dict) and len(v) == 1:
-                items.append(next(iter(v.items())))
-            elif isinstance(v, str):
-                items.append((v, None))
-            else:
-                raise InputError(where, f"entry {v!r}; expected an option name or {{label: [overrides]}}")
-    else:
-        raise InputError(where, f"is {value!r}; expected a list or a mapping")
-    out: dict[str, list[str]] = {}
-    for label, ov in items:
-        label = _label(label, where)
-        if label in out:
-            raise InputError(where, f"label '{label}' appears twice")
-        ov = _overrides(ov, f"{where}.{label}")
-        if group and not any(o.split("=", 1)[0] == group for o in ov):
-            ov = [f"{group}={label}"] + ov
-        out[label] = ov
-    if not out:
-        raise InputError(where, "is empty")
-    return out
-
-
-def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
-    """(spec, extra pipeline overrides) from `grid=NAME [key=value ...]`."""
-    grid, grid_over, extra, only_cli = None, [], [], None
-    for arg in argv:
-        if "=" not in arg:
-            raise InputError(f"argument '{arg}'", "expected key=value (e.g. grid=squad_3seeds or seeds=[1,2])")
-        key = arg.split("=", 1)[0]
-        if key == "grid":
-            grid = arg.split("=", 1)[1]
-        elif key == "only":  # globs are not YAML ('*' starts an alias): read `only=a/*,*/fold0` or `only=[...]` as text
-            only_cli = [p.strip().strip("'\"") for p in arg.split("=", 1)[1].strip().strip("[]").split(",") if p.strip()]
-        elif key in GRID_KEYS:
-            grid_over.append(arg)
-        else:
-            extra.append(arg)
-    if not grid:
-        options = sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
-        raise InputError("grid", f"missing; usage: python experiments.py grid=NAME [key=value ...], NAME one of {options}")
-    path = _grid_path(grid)
-    try:
-        node = OmegaConf.load(path)
-    except Exception as e:
-        raise InputError(str(path), f"is not valid YAML ({' '.join(str(e).split())})") from e
-    if not isinstance(node, DictConfig):
-        raise InputError(str(path), "expected a mapping of grid keys")
-    file_baseline = str(node.get("baseline"))  # before `baseline=` from the command line: names table.md
-    try:
-        node = OmegaConf.merge(node, OmegaConf.from_dotlist(grid_over))
-    except Exception as e:
-        raise InputError("command line", f"cannot parse grid overrides {grid_over}: {e}") from e
-    raw = OmegaConf.to_container(node, resolve=True)
-    if only_cli is not None:
-        raw["only"] = only_cli
-    unknown = sorted(set(raw) - set(GRID_KEYS))
-    if unknown:
-        raise InputError(f"{path}", f"unknown grid key '{unknown[0]}'; a grid accepts {list(GRID_KEYS)}")
-    where = lambda k: f"{path}: {k}"  # noqa: E731
-    for k in ("baseline", "rows", "train_data"):
-        if raw.get(k) is None:
-            raise InputError(where(k), "is missing")
-    name = _label(raw.get("name") or path.stem, where("name"))
-    rows = _labelled(raw["rows"], where("rows"), None)
-    baseline = str(raw["baseline"])
-    if baseline not in rows:
-        raise InputError(where("baseline"), f"'{baseline}' is not a row; rows are {list(rows)}")
-    train_data = _labelled(raw["train_data"], where("train_data"), "data")
-    eval_data = _labelled(raw["eval_data"], where("eval_data"), "data") if raw.get("eval_data") is not None else dict(train_data)
-    for label, ov in eval_data.items():
-        if label in train_data and ov != train_data[label]:
-            raise InputError(where("eval_data"), f"'{label}' has other overrides than in train_data; use another label for a different setting")
-    seeds = raw.get("seeds")
-    if seeds is None:
-        seeds = [None]
-    elif isinstance(seeds, int) and not isinstance(seeds, bool):
-        seeds = [seeds]
-    if not isinstance(seeds, list) or not seeds or not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
-        raise InputError(where("seeds"), f"is {raw.get('seeds')!r}; expected a list of integer seeds, e.g. [1, 2, 3]")
-    if len(set(seeds)) != len(seeds):
-        raise InputError(where("seeds"), f"{seeds} repeats a seed")
-    folds = raw.get("folds")
-    if folds is not None and (isinstance(folds, bool) or not isinstance(folds, int) or folds < 3):
-        raise InputError(where("folds"), f"is {folds!r}; expected an integer >= 3 (data.num_folds) or null")
-    common = _overrides(raw.get("common"), where("common"))
-    extra = _overrides(extra, "command line")
-    if folds:
-        for ov in [*common, *extra, *(o for d in (rows, train_data, eval_data) for v in d.values() for o in v)]:
-            if ov.split("=", 1)[0] in ("data.num_folds", "data.fold"):
-                raise InputError(where("folds"), f"is {folds}: the grid sets data.num_folds and data.fold per cell; remove '{ov}'")
-    measures = raw.get("measures") or []
-    if isinstance(measures, str):
-        measures = [measures]
-    if not isinstance(measures, list) or not all(isinstance(m, str) for m in measures):
-        raise InputError(where("measures"), f"is {measures!r}; expected a list of measure names")
-    test = str(raw.get("test") or "t_test_one_tailed")
-    if test not in TESTS:
-        raise InputError(where("test"), f"unknown significance test '{test}'; expected one of {list(TESTS)}")
-    choices = {"paired_by": ("query", "replicate"), "launcher": ("subprocess", "inprocess"), "action": ("run", "table", "list")}
-    picked = {}
-    for key, allowed in choices.items():
-        value = str(raw.get(key) or allowed[0])
-        if value not in allowed:
-            raise InputError(where(key), f"is '{value}'; expected one of {list(allowed)}")
-        picked[key] = value
-    only = raw.get("only") or []
-    if isinstance(only, str):
-        only = [only]
-    if not isinstance(only, list) or not all(isinstance(p, str) and p for p in only):
-        raise InputError(where("only"), f"is {raw.get('only')!r}; expected cell-label globs, e.g. [\"*/fold0\"] or [\"bert_cat/*\"]")
-    spec = GridSpec(name=name, baseline=baseline, rows=rows, train_data=train_data, eval_data=eval_data, seeds=seeds,
-                    folds=folds, common=common, measures=list(measures), test=test, output_root=str(raw.get("output_root") or "outputs/grids"),
-                    source=str(path), only=list(only), file_baseline=file_baseline, **picked, **_transfer_keys(raw, rows, train_data, eval_data, where))
-    init_references(spec)  # checks every `init_ckpt=@row/train`
-    return spec, extra
-
-
-def _transfer_keys(raw: dict, rows: dict, train_data: dict, eval_data: dict, where) -> dict:
-    """train_on, compare_to and delta_eval, checked against the rows and data labels."""
-    train_on = raw.get("train_on") or {}
-    if not isinstance(train_on, dict):
-        raise InputError(where("train_on"), f"is {train_on!r}; expected {{row: [training data labels]}}")
-    for row, labels in train_on.items():
-        labels = [labels] if isinstance(labels, str) else labels
-        if row not in rows:
-            raise InputError(where(f"train_on.{row}"), f"'{row}' is not a row; rows are {list(rows)}")
-        if not isinstance(labels, list) or not labels or any(lb not in train_data for lb in labels):
-            raise InputError(where(f"train_on.{row}"), f"is {labels!r}; expected a non-empty list of train_data labels {list(train_data)}")
-        train_on[row] = list(labels)
-    compare_to = raw.get("compare_to") or {}
-    if not isinstance(compare_to, dict):
-        raise InputError(where("compare_to"), f"is {compare_to!r}; expected {{row: row to compare with}}")
-    for row, other in compare_to.items():
-        if row not in rows or other not in rows:
-            raise InputError(where(f"compare_to.{row}"), f"'{row}: {other}' names a row that does not exist; rows are {list(rows)}")
-    delta_eval = raw.get("delta_eval") or []
-    if delta_eval and (not isinstance(delta_eval, list) or len(delta_eval) != 2 or any(e not in eval_data for e in delta_eval)):
-        raise InputError(where("delta_eval"), f"is {delta_eval!r}; expected two eval_data labels of {list(eval_data)}")
-    return {"train_on": dict(train_on), "compare_to": dict(compare_to), "delta_eval": list(delta_eval)}
-
-
-INIT_REF = "init_ckpt=@"
-
-
-def init_references(spec: GridSpec) -> dict[str, tuple[str, str]]:
-    """row -> (row, train) of its `init_ckpt=@row/train` override: that cell's best checkpoint initialises the row's
-    training cells (same replicate). InputError when the referenced row or training data does not exist, or when the
-    referenced row does not train on it."""
-    refs = {}
-    for row, ov in spec.rows.items():
-        for o in ov:
-            if not o.startswith(INIT_REF):
-                continue
-            target = o[len(INIT_REF):].split("/")
-            if len(target) != 2 or target[0] not in spec.rows or target[1] not in spec.train_data:
-                raise InputError(f"{spec.source}: rows.{row}", f"'{o}': expected init_ckpt=@<row>/<train_data> with a row of {list(spec.rows)} and training data of {list(spec.train_data)}")
-            if target[0] == row or not spec.trains_on(target[0], target[1]):
-                raise InputError(f"{spec.source}: rows.{row}", f"'{o}': row '{target[0]}' does not train on '{target[1]}' (or refers to itself)")
-            refs[row] = (target[0], target[1])
-    return refs
 
 
 # ------------------------------------------------------------------------------------------------ cells
@@ -418,11 +189,11 @@ def head_bases(spec: GridSpec) -> dict[str, str]:
         if not any(_is_head_override(o) for o in ov):
             continue
         if not any(o.split("=", 1)[0] == "head" for o in ov):
-            raise InputError(f"{spec.source}: rows.{row}", "sets head.* keys without head=<whitening|nice|glow>")
+            raise InputError(grid_key(spec.source, f"rows.{row}"), "sets head.* keys without head=<whitening|nice|glow>")
         rest = [o for o in ov if not _is_head_override(o) and not o.startswith("head=")]
         base = [r for r, o in spec.rows.items() if r != row and o == rest]
         if not base:
-            raise InputError(f"{spec.source}: rows.{row}", f"has a head but no row with its other overrides {rest} to fine-tune first; add one")
+            raise InputError(grid_key(spec.source, f"rows.{row}"), f"has a head but no row with its other overrides {rest} to fine-tune first; add one")
         bases[row] = base[0]
     return bases
 
@@ -432,7 +203,7 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
     replicate, head rows after the rows they build on."""
     cells = []
     bases = head_bases(spec)
-    refs = init_references(spec)
+    refs = spec.init_references()
     rows = [r for r in spec.rows if r not in bases] + [r for r in spec.rows if r in bases]
     for rep, seed, fold in spec.replicates():
         start = len(cells)
@@ -489,8 +260,6 @@ def _after_references(cells: list[Cell]) -> list[Cell]:
 def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
     """Compose every distinct cell config (a misspelt key or option stops here, before anything runs) and check the
     table's measures; returns the first cell's config."""
-    from pipeline.config import compose
-
     first = None
     seen = set()
     for cell in cells:
@@ -510,7 +279,7 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
             spec.measures = list(cfg.eval.measures)
         missing = [m for m in spec.measures if m not in cfg.eval.measures and m not in RUN_LEVEL]
         if missing:
-            raise InputError(f"{spec.source}: measures", f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common")
+            raise InputError(grid_key(spec.source, "measures"), f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common")
     return first
 
 
@@ -526,66 +295,25 @@ def best_checkpoint(train_dir: Path) -> Path | None:
     return None
 
 
-CELL_FILE = "cell.json"  # the overrides a cell was started with
-# Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.
-NEUTRAL = ("logger", "trainer.enable_progress_bar", "trainer.log_every_n_steps", "data.cache_dir", "data.num_workers")
-
-
-def _settings(argv) -> list[str]:
-    return [a for a in argv if not a.split("=", 1)[0].startswith(NEUTRAL)]
-
-
-def _other_settings(cell: Cell) -> str | None:
-    """For a cell started before (finished or resumable) with other overrides than planned now, what differs; else
-    None. Cells from before `cell.json` existed are not checked (the grid-level warning covers them)."""
-    path = cell.dir / CELL_FILE
-    if not path.is_file():
-        return None
-    try:
-        before = _settings(json.loads(path.read_text())["argv"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{path} is unreadable"
-    now = _settings(cell.argv)
-    if before == now:
-        return None
-    gone = [a for a in before if a not in now]
-    new = [a for a in now if a not in before]
-    if not gone and not new:
-        return "the same overrides in another order (a later one wins)"
-    return "; ".join(filter(None, [f"ran with {gone}" if gone else "", f"now {new}" if new else ""]))
-
-
-def _check_settings(spec: GridSpec, cells: list[Cell]) -> None:
+def _stop_if_other_settings(spec: GridSpec, cells: list[Cell]) -> None:
     """A grid never mixes cells of different settings in one table: started cells whose overrides differ from the
     plan (the grid file or the command line changed) stop the run with what differs."""
-    stale = [(c, d) for c in cells if spec.selected(c) and _state(c) != "todo" and (d := _other_settings(c))]
+    stale = [(c, d) for c in cells if spec.selected(c) and (d := c.other_settings())]
     if stale:
         c, d = stale[0]
         raise InputError(f"grid {spec.name}", f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); delete those cells' folders under {spec.dir} to recompute them, or run with another output_root")
 
 
-def _state(cell: Cell) -> str:
-    if cell.done:
-        return "done"
-    if cell.kind == "train" and (cell.dir / "checkpoints" / "last.ckpt").is_file():
-        return "partial (resumable)"
-    return "todo"
-
-
 def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tuple[int, str]:
     """Run train.py / evaluate.py with `argv`; (exit code, the error line or the log's tail)."""
     if launcher == "inprocess":  # what pipeline/cli.py does, keeping the error message
-        from pipeline.cli import model_from_cli
-        from pipeline.config import compose
-        from pipeline.run import evaluate, train
-
         rc, err = 0, ""
         try:
             cfg = compose(argv)
             if script == "train.py":
-                train(cfg)
+                train_run(cfg)
             else:
-                evaluate(cfg, model_from_cli(argv))
+                evaluate_run(cfg, model_from_cli(argv))
         except InputError as e:
             rc, err = 2, str(e)
         except Exception as e:  # noqa: BLE001 - a failed cell must not stop the other cells
@@ -614,55 +342,45 @@ def _finish_wandb() -> None:
 
 
 def _untrained(argv: list[str]) -> bool:
-    from lightning_modules.rankers import UNTRAINED
-    from pipeline.config import compose
-
     return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
 
 
+def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
+    """The best checkpoint of the finished training cell `train_dir`; else (None, why `what` blocks the cell)."""
+    if not (train_dir / "metrics.json").is_file():
+        return None, f"{what} did not finish"
+    ckpt = best_checkpoint(train_dir)
+    return (ckpt, "") if ckpt is not None else (None, f"no checkpoint in {train_dir / 'checkpoints'}")
+
+
 def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
-    """Run one cell; (status, message). Status: ran | resumed | failed | input-error | blocked."""
+    """Run one unfinished cell; (status, message). Status: ran | resumed | failed | input-error | blocked."""
     argv = list(cell.argv)
     status = "ran"
     if _untrained(argv):  # e.g. a BM25 row: evaluated on each cell's data as it is, no training, no checkpoint
         script = "evaluate.py"
-    elif cell.base_dir is not None and cell.kind == "train":  # a head on the base row's fine-tuned ranker
-        if not (cell.base_dir / "metrics.json").is_file():
-            return "blocked", f"its base cell {cell.base_dir} did not finish"
-        base = best_checkpoint(cell.base_dir)
-        if base is None:
-            return "blocked", f"no checkpoint in {cell.base_dir / 'checkpoints'}"
-        argv.append(f"ckpt={base}")
-        last = cell.dir / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            argv.append(f"ckpt_path={last}")
+    elif cell.kind == "train":
+        if cell.base_dir is not None:  # a head on the base row's fine-tuned ranker
+            ckpt, why = _finished_checkpoint(cell.base_dir, f"its base cell {cell.base_dir}")
+            if ckpt is None:
+                return "blocked", why
+            argv.append(f"ckpt={ckpt}")
+        elif cell.init_dir is not None:  # init_ckpt=@row/train: that cell's best checkpoint
+            ckpt, why = _finished_checkpoint(cell.init_dir, f"the cell it is initialised from, {cell.init_dir},")
+            if ckpt is None:
+                return "blocked", why
+            argv = [f"init_ckpt={ckpt}" if a.startswith(INIT_REF) else a for a in argv]
+        if cell.state == PARTIAL:
+            argv.append(f"ckpt_path={cell.last_ckpt}")
             status = "resumed"
         else:
-            for stale in (cell.dir / "checkpoints").glob("*.ckpt"):
-                stale.unlink()
-        script = "train.py"
-    elif cell.kind == "train":
-        if cell.init_dir is not None:  # init_ckpt=@row/train: that cell's best checkpoint
-            if not (cell.init_dir / "metrics.json").is_file():
-                return "blocked", f"the cell it is initialised from, {cell.init_dir}, did not finish"
-            init = best_checkpoint(cell.init_dir)
-            if init is None:
-                return "blocked", f"no checkpoint in {cell.init_dir / 'checkpoints'}"
-            argv = [f"init_ckpt={init}" if a.startswith(INIT_REF) else a for a in argv]
-        last = cell.dir / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            argv.append(f"ckpt_path={last}")
-            status = "resumed"
-        elif any((cell.dir / "checkpoints").glob("*.ckpt")):
             for stale in (cell.dir / "checkpoints").glob("*.ckpt"):  # a dead run's best without last: start afresh
                 stale.unlink()
         script = "train.py"
     else:
-        if not (cell.train_dir / "metrics.json").is_file():
-            return "blocked", "its training cell did not finish"
-        ckpt = best_checkpoint(cell.train_dir)
+        ckpt, why = _finished_checkpoint(cell.train_dir, "its training cell")
         if ckpt is None:
-            return "blocked", f"no checkpoint in {cell.train_dir / 'checkpoints'}"
+            return "blocked", why
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
         script = "evaluate.py"
     cell.dir.mkdir(parents=True, exist_ok=True)
@@ -740,9 +458,7 @@ def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
     if cfg is None or cfg.logger.name != "wandb" or os.environ.get("WANDB_MODE") == "disabled":
         return
     try:
-        import wandb
-
-        from pipeline.tables import log_wandb_table
+        import wandb  # optional and slow to import: only when the cells log to W&B
 
         lc = cfg.logger
         mode = lc.mode
@@ -807,12 +523,11 @@ def run(argv: list[str], out=None) -> GridReport:
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
     if spec.action == "list":
         for c in cells:
-            state = _state(c)
-            report.status[c.label] = state + (" (other settings)" if state != "todo" and _other_settings(c) else "")
+            report.status[c.label] = c.state + (" (other settings)" if c.other_settings() else "")
             say(f"  {c.label}: {report.status[c.label]}")
         return report
     if spec.action == "run":
-        _check_settings(spec, cells)
+        _stop_if_other_settings(spec, cells)
         _record_spec(spec, extra, cells, say)
         for i, cell in enumerate(cells, 1):
             tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
@@ -830,13 +545,11 @@ def run(argv: list[str], out=None) -> GridReport:
                 raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
             report.status[cell.label] = status
             say(f"{tag}: {status} in {_fmt(time.monotonic() - t0)}" + (f" ({msg})" if msg else ""))
-    stale = [c.label for c in cells if c.done and _other_settings(c)]
+    stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:
         say(f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)")
     results = collect(spec, cells)
     report.results_path = write_results(results, spec.dir)
-    from pipeline.tables import write_table
-
     report.table = write_table(results, spec.table_path)
     say("")
     say(report.table)

@@ -21,14 +21,22 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from callbacks.loggers import head_rows, log_results_table
+from callbacks.loggers import build_logger
 from callbacks.preemption import interruptible
+from core.checkpoints import read_checkpoint
 from core.errors import InputError
 from core.io import atomic_open
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
 from lightning_modules.heads.cache import RepresentationCache, cache_key
 from lightning_modules.heads.whitening import MomentAccumulator
+from pipeline.stages import (
+    build_trainer,
+    evaluate_module,
+    load_data,
+    report_head_results,
+    save_config,
+)
 
 
 def _trainer_for_head(cfg: DictConfig) -> DictConfig:
@@ -39,8 +47,6 @@ def _trainer_for_head(cfg: DictConfig) -> DictConfig:
 
 
 def build_module(cfg: DictConfig) -> HeadModule:
-    from core.checkpoints import read_checkpoint
-
     if not cfg.ckpt:
         raise InputError("ckpt", "stage=head needs ckpt=<checkpoint of the fine-tuned ranker> to put the head on")
     if cfg.head.name == "none":
@@ -93,8 +99,6 @@ def save_head(module: HeadModule, path: Path) -> None:
 
 def check_head_resume(cfg: DictConfig) -> None:
     """`ckpt_path` must be a flow head's training checkpoint of the same head on the same base ranker."""
-    from core.checkpoints import read_checkpoint
-
     ck = read_checkpoint(cfg.ckpt_path, "ckpt_path")
     if "base_ckpt" not in ck:
         raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a fine-tuning checkpoint, not a head checkpoint of stage=head")
@@ -108,15 +112,6 @@ def check_head_resume(cfg: DictConfig) -> None:
 
 
 def train_head(cfg: DictConfig) -> dict | None:
-    from callbacks.loggers import build_logger
-    from pipeline.run import (
-        build_trainer,
-        load_data,
-        print_table,
-        save_config,
-        write_results,
-    )
-
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
@@ -147,18 +142,12 @@ def train_head(cfg: DictConfig) -> dict | None:
             trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
-    before = module.results_without_head()
-    after = write_results(cfg, module, before, before_key="before_head")
-    log_results_table(trainer.logger, head_rows(before, after, cfg.head.name))
-    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
-    return after
+    return report_head_results(cfg, module, trainer.logger)
 
 
 def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
     """The HeadModule of `head_ckpt` on its base ranker (`ckpt`, else the head's recorded `base_ckpt`), and the base's
     path; sets `cfg.model` and `cfg.head` to the checkpoints' own."""
-    from core.checkpoints import read_checkpoint
-
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
     if "base_ckpt" not in head_ckpt:
         raise InputError("head_ckpt", f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=")
@@ -181,8 +170,6 @@ def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
 def evaluate_with_head(cfg: DictConfig) -> dict | None:
     """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
     out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
-    from pipeline.run import evaluate_module
-
     pl.seed_everything(cfg.seed, workers=True)
     module, _ = load_head_module(cfg)
     return evaluate_module(cfg, module)

@@ -1,6 +1,16 @@
 """What `train.py` and `evaluate.py` do, once: build the module, data and trainer from a composed config, run
 Lightning, and write `metrics.json`, `per_query.json`, `run.trec` and the resolved `config.yaml` into
-`output_dir` (every file written atomically, by global rank 0 only)."""
+`output_dir` (every file written atomically, by global rank 0 only).
+
+Jobs by config (every one `key=value` overrides, validated by the schemas of pipeline/config.py):
+
+- `train.py` (`stage=finetune`): fine-tune; `stage=head`: an isotropy head on the frozen ranker (pipeline/head_stage.py);
+  `stage=export ckpt=... output_dir=DIR`: the ranker (and head, with `head_ckpt=`) as a Hugging Face folder
+  (pipeline/export.py).
+- `evaluate.py`: the test metrics of `ckpt=` (re-ranking); `model=bm25`: full-collection BM25 over `model.split`
+  (retrieval/bm25.py); `retrieval=dense`: full ranking with a faiss index (retrieval/retrieve.py); `analysis=NAME`:
+  an analysis (analyses/registry.py).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,47 +18,28 @@ from pathlib import Path
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
-from callbacks.atomic_io import AtomicCheckpointIO
-from callbacks.ats import ATSCallback
-from callbacks.checkpoint import RankingCheckpoint
-from callbacks.isotropy import IsotropyCallback
-from callbacks.loggers import build_logger, head_rows, log_results_table
-from callbacks.preemption import Preemption, interruptible
+from analyses.registry import run_analysis
+from callbacks.loggers import build_logger, log_results_table
+from callbacks.preemption import interruptible
 from core.checkpoints import check_same_ranker, read_checkpoint
 from core.errors import InputError
-from core.io import atomic_open, write_json
-from datamodules.datamodule import RankingDataModule
-from datamodules.sources import data_config
+from datamodules.bm25 import BM25Params
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
 from lightning_modules.rankers import UNTRAINED
-from metrics.trec import write_trec_run
-
-MONITOR = "val/ndcg_cut_10"
-
-
-def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
-    t = OmegaConf.to_container(cfg.trainer)
-    callbacks: list = [IsotropyCallback(seed=int(cfg.seed))]
-    if cfg.eval.ats_passages > 0:
-        callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed))
-    if checkpoints:
-        callbacks += [RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR), Preemption()]
-    if logger:
-        from pytorch_lightning.callbacks import LearningRateMonitor
-
-        callbacks.append(LearningRateMonitor(logging_interval="step"))
-    if t.get("enable_progress_bar"):
-        from pytorch_lightning.callbacks import RichProgressBar
-
-        callbacks.append(RichProgressBar())
-    if t.get("limit_val_batches") is None:
-        t.pop("limit_val_batches", None)
-    return pl.Trainer(
-        **t, logger=logger, callbacks=callbacks, default_root_dir=cfg.output_dir,
-        # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
-        use_distributed_sampler=False, enable_checkpointing=checkpoints, plugins=[AtomicCheckpointIO()],
-    )
+from pipeline.export import export, load_exported
+from pipeline.head_stage import evaluate_with_head, train_head
+from pipeline.stages import (
+    build_trainer,
+    evaluate_module,
+    load_data,
+    print_table,
+    save_config,
+    test_results,
+    write_results,
+)
+from retrieval.bm25 import run_bm25
+from retrieval.retrieve import retrieve
 
 
 def init_weights(module: RankingModule, cfg: DictConfig) -> None:
@@ -71,30 +62,14 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
     print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
 
 
-def load_data(cfg: DictConfig, module: RankingModule, cls: type = RankingDataModule) -> RankingDataModule:
-    """The data module with its data read and validated, before anything is written into `output_dir`: bad data
-    stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
-    dm = cls(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
-    dm.setup()
-    test = dm.eval_splits["test"]
-    if len(test.pairs) == 0:
-        # e.g. a fold or fraction that leaves no judged test query, or no BM25 candidate for any of them; without
-        # this the run would train and then fail with no test results to write
-        raise InputError(f"data '{cfg.data.source}', split 'test'", f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates); check the split settings (test_fraction, folds) and data.candidate_depth")
-    return dm
-
-
 def evaluate_untrained(cfg: DictConfig) -> dict:
-    """`model=bm25`: full-collection BM25 over the test split, into the same files as any evaluation."""
-    from datamodules.bm25 import BM25Params
-    from retrieval.bm25 import run_bm25
-
+    """`model=bm25`: full-collection BM25 over `model.split` (default test), into the same files as any evaluation."""
     if cfg.ckpt:
         raise InputError("ckpt", f"model '{cfg.model.name}' takes no checkpoint")
     m = cfg.model
-    after = run_bm25(cfg, "test", int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))
+    after = run_bm25(cfg, str(m.split), int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))
     save_config(cfg)
-    print_table(after)
+    print_table(after, title=f"{m.split} metrics")
     # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
     # after the files are written: a logging failure cannot lose the results
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
@@ -107,51 +82,43 @@ def evaluate_untrained(cfg: DictConfig) -> dict:
     return after
 
 
-def save_config(cfg: DictConfig) -> None:
-    with atomic_open(Path(cfg.output_dir) / "config.yaml") as f:
-        f.write(OmegaConf.to_yaml(cfg))
+def export_stage(cfg: DictConfig) -> Path:
+    """`train.py stage=export ckpt=<ranker checkpoint> output_dir=DIR` (or `head_ckpt=<head checkpoint>`): the
+    Hugging Face folder of pipeline/export.py, written into `output_dir` (which must be new or empty)."""
+    for key in ("ckpt_path", "init_ckpt"):
+        if cfg.get(key):
+            raise InputError(key, "is for fine-tuning; stage=export exports ckpt= (or head_ckpt=) into output_dir")
+    out = export(cfg, cfg.output_dir)
+    print(f"exported to {out}")
+    return out
 
 
-def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training") -> dict:
-    out = Path(cfg.output_dir)
-    test = module.results["test"]
-    metrics = {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
-    doc = dict(metrics)
-    if before is not None:
-        doc[before_key] = before
-    # metrics.json last: its presence marks a finished run (experiments.py skips such cells)
-    write_json(out / "per_query.json", test["per_query"])
-    write_trec_run(out / "run.trec", test["run"], tag=f"{cfg.model.name}")
-    write_json(out / "metrics.json", doc)
-    return metrics
+def _only_evaluate(cfg: DictConfig) -> None:
+    """train.py refuses what only evaluate.py runs (instead of silently training without it)."""
+    if cfg.retrieval.name != "none":
+        raise InputError("retrieval", f"'{cfg.retrieval.name}' runs from evaluate.py: `python evaluate.py retrieval={cfg.retrieval.name} ckpt=...`")
+    if cfg.analysis.name != "none":
+        raise InputError("analysis", f"'{cfg.analysis.name}' runs from evaluate.py: `python evaluate.py analysis={cfg.analysis.name} ...`")
 
 
-def print_table(after: dict, before: dict | None = None, before_title: str = "before training", after_title: str = "after") -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="test metrics")
-    table.add_column("metric")
-    if before is not None:
-        table.add_column(before_title, justify="right")
-    table.add_column(after_title if before is not None else "value", justify="right")
-    for k, v in after.items():
-        row = [k] + ([f"{before[k]:.4f}" if k in before else "-"] if before is not None else []) + [f"{v:.4f}"]
-        table.add_row(*row)
-    Console().print(table)
+def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
+    """`retrieval=dense`: full ranking over the collection (retrieval/retrieve.py), then the resolved config.yaml."""
+    if cfg.analysis.name != "none":
+        raise InputError("retrieval", f"'{cfg.retrieval.name}' and analysis '{cfg.analysis.name}' are two jobs; run them one at a time")
+    if cfg.head_ckpt:
+        raise InputError("head_ckpt", f"retrieval '{cfg.retrieval.name}' indexes a ranker checkpoint (ckpt=), not a head")
+    after = retrieve(cfg, model_from_cli)
+    save_config(cfg)
+    return after
 
 
-def _test_results(module: RankingModule) -> dict:
-    test = module.results["test"]
-    return {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
-
-
-def train(cfg: DictConfig) -> dict | None:
+def train(cfg: DictConfig) -> dict | Path | None:
+    _only_evaluate(cfg)
+    if cfg.stage == "export":
+        return export_stage(cfg)
     if cfg.stage == "head":
         if cfg.init_ckpt:
             raise InputError("init_ckpt", "initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker as ckpt=")
-        from pipeline.head_stage import train_head
-
         return train_head(cfg)
     if cfg.head.name != "none":
         raise InputError("head", f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`")
@@ -179,7 +146,7 @@ def train(cfg: DictConfig) -> dict | None:
     with interruptible(trainer):
         if cfg.eval.before_training and not cfg.ckpt_path:
             trainer.test(module, datamodule=dm, verbose=False)
-            before = _test_results(module)
+            before = test_results(module)
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -193,20 +160,18 @@ def train(cfg: DictConfig) -> dict | None:
 
 
 def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
+    if cfg.stage == "export":
+        raise InputError("stage", "export is a train.py stage: `python train.py stage=export ckpt=... output_dir=DIR`")
+    if cfg.retrieval.name != "none":
+        return evaluate_retrieval(cfg, model_from_cli)
     if cfg.analysis.name != "none":
-        from analyses.registry import run_analysis
-
         return run_analysis(cfg, model_from_cli)
     if cfg.model.name in UNTRAINED:
         return evaluate_untrained(cfg)
     if cfg.head_ckpt:
-        from pipeline.head_stage import evaluate_with_head
-
         return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)
-    if cfg.ckpt and Path(cfg.ckpt).is_dir():  # a folder from `python -m pipeline.export`
-        from pipeline.export import load_exported
-
+    if cfg.ckpt and Path(cfg.ckpt).is_dir():  # a folder from `python train.py stage=export`
         module = load_exported(cfg.ckpt, list(cfg.eval.measures))
         if model_from_cli:
             check_same_ranker({"hyper_parameters": module.hparams}, cfg, "ckpt", cfg.ckpt)
@@ -218,24 +183,3 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     return evaluate_module(cfg, module)
 
 
-def evaluate_module(cfg: DictConfig, module: RankingModule) -> dict | None:
-    """Test a loaded module on `cfg.data` and write the run's files; a HeadModule's results hold "Ft" (no head)
-    under `before_head`."""
-    dm = load_data(cfg, module)
-    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
-    trainer = build_trainer(cfg, logger, checkpoints=False)
-    if trainer.is_global_zero:
-        save_config(cfg)
-    trainer.test(module, datamodule=dm, verbose=False)
-    if not trainer.is_global_zero:
-        return None
-    if not hasattr(module, "results_without_head"):
-        after = write_results(cfg, module)
-        log_results_table(trainer.logger, {"test": after})
-        print_table(after)
-        return after
-    before = module.results_without_head()
-    after = write_results(cfg, module, before, before_key="before_head")
-    log_results_table(trainer.logger, head_rows(before, after, cfg.head.name))
-    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
-    return after

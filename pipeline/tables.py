@@ -214,7 +214,7 @@ def write_table(results: dict, path: str | os.PathLike, test: str | None = None,
 def log_wandb_table(results: dict, key: str = "results_table", test: str | None = None, paired_by: str | None = None) -> bool:
     """Log the summary as a wandb.Table to the active W&B run; False (nothing done) when none is active."""
     try:
-        import wandb
+        import wandb  # lazy: heavy, only W&B logging needs it
     except ImportError:
         return False
     if getattr(wandb, "run", None) is None:

@@ -1,18 +1,21 @@
 """First-stage / full ranking over a whole collection (no BM25 candidates).
 
-- `retrieval.encode`: streaming encoders (one batch of tokenisation at a time) and `module_from_checkpoint`.
+- `retrieval.encode`: streaming encoders (one batch of tokenisation at a time).
 - `retrieval.dense`: `DenseIndex`, faiss over the pooled vectors of RepBERT (cosine) and BERT_DOT (dot); flat
-  (exact, default), ivf, hnsw, pq, ivfpq; faiss-gpu when present. `python -m retrieval.dense ckpt=... data=...`.
+  (exact, default), ivf, hnsw, pq, ivfpq; faiss-gpu when present.
 - `retrieval.colbert_e2e`: `ColBERTIndex`, ColBERT end-to-end: token-level faiss candidates, exact Eq. 1 re-scoring.
+- `retrieval.config`, `retrieval.retrieve`: the `retrieval` config group and its job,
+  `python evaluate.py retrieval=dense ckpt=... data=... [retrieval.k=1000 ...]`.
+- `retrieval.bm25`: BM25 full-collection runs, `python evaluate.py model=bm25 data=... [model.split=all]`.
 
 Runs are `{qid: {doc id: score}}`, the pipeline's run form: `metrics.trec.write_trec_run` writes them,
 `metrics.ir.evaluate_run` scores them.
 """
 from retrieval.colbert_e2e import ColBERTIndex, colbert_index_from_checkpoint
 from retrieval.dense import INDEX_TYPES, DenseIndex, IndexOptions, index_from_checkpoint
-from retrieval.encode import encode_docs, encode_queries, module_from_checkpoint
+from retrieval.encode import encode_docs, encode_queries
 
 __all__ = [
     "DenseIndex", "ColBERTIndex", "IndexOptions", "INDEX_TYPES", "index_from_checkpoint", "colbert_index_from_checkpoint",
-    "encode_docs", "encode_queries", "module_from_checkpoint",
+    "encode_docs", "encode_queries",
 ]

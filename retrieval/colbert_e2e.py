@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from core.errors import InputError
-from core.io import AtomicDir
+from core.io import AtomicDir, write_json
+from lightning_modules.loading import module_from_checkpoint
 from lightning_modules.rankers.base import Encoded, cosine_normalize
 from lightning_modules.rankers.colbert import ColBERT
 from retrieval.dense import (
@@ -44,18 +45,17 @@ from retrieval.dense import (
     FaissBuilder,
     IndexOptions,
     Placement,
-    _faiss,
     base_manifest,
     check_ranker_matches,
+    ensure_ranker,
+    load_faiss,
     read_doc_ids,
     read_faiss,
     read_manifest,
-    write_json_file,
 )
 from retrieval.encode import (
     encode_docs,
     encode_queries,
-    module_from_checkpoint,
     pair_tokenizer_for,
 )
 
@@ -159,15 +159,7 @@ class ColBERTIndex:
 
     # -- searching
     def _ensure_ranker(self):
-        if self.ranker is None:
-            ckpt = self.manifest.get("checkpoint")
-            if not ckpt:
-                raise InputError("ranker", "this index was loaded without a ranker and records no checkpoint; pass ranker= to ColBERTIndex.load")
-            self.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
-            check_ranker_matches(self.ranker, self.manifest, ckpt)
-        if self.pair_tokenizer is None:
-            self.pair_tokenizer = pair_tokenizer_for(self.ranker)
-        return self.ranker
+        return ensure_ranker(self)
 
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
         p = self.manifest["params"]
@@ -240,11 +232,11 @@ class ColBERTIndex:
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
         with AtomicDir(path) as tmp:
-            _faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
+            load_faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
             np.save(tmp / "tokens.npy", np.asarray(self.tokens))
             np.save(tmp / "offsets.npy", self.offsets)
-            write_json_file(tmp / "doc_ids.json", self.doc_ids)
-            write_json_file(tmp / "manifest.json", self.manifest)
+            write_json(tmp / "doc_ids.json", self.doc_ids)
+            write_json(tmp / "manifest.json", self.manifest)
         return path
 
     @classmethod

@@ -33,15 +33,17 @@ On disk (`save`, atomic: written into a temporary sibling directory, fsynced, th
 `index.faiss`, `doc_ids.json` (row -> doc id), `manifest.json` (ranker, checkpoint, index type and parameters,
 dim, count, score, precision, faiss version).
 
-Command line (same `key=value` config syntax as evaluate.py, plus `--` options for retrieval):
+From the command line (retrieval/config.py, retrieval/retrieve.py):
 
-    python -m retrieval.dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \\
-        [--split test] [--k 1000] [--index-type hnsw] [--nlist N] [--nprobe N] [--hnsw-m M] [--ef-search N] \\
-        [--pq-m M] [--pq-nbits B] [--batch-size 64] [--precision bf16] [--device cuda] [--index-dir DIR] \\
-        [--k-tokens 256] [--depth 1000]
+    python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \\
+        [retrieval.split=test] [retrieval.k=1000] [retrieval.index_type=hnsw] [retrieval.nlist=N] [retrieval.nprobe=N] \\
+        [retrieval.hnsw_m=M] [retrieval.ef_search=N] [retrieval.pq_m=M] [retrieval.pq_nbits=B] [retrieval.batch_size=64] \\
+        [retrieval.precision=bf16] [retrieval.device=cuda] [retrieval.gpu_index=false] [retrieval.index_dir=DIR] \\
+        [retrieval.k_tokens=256] [retrieval.depth=1000]
 
 writes `run.trec`, `metrics.json` (the split's qrels, `eval.measures`) and the index (`<output_dir>/index` unless
-`--index-dir`). A ColBERT checkpoint is served by `retrieval.colbert_e2e` (end-to-end, `--k-tokens`, `--depth`).
+`retrieval.index_dir`). A ColBERT checkpoint is served by `retrieval.colbert_e2e` (end-to-end, `retrieval.k_tokens`,
+`retrieval.depth`).
 """
 from __future__ import annotations
 
@@ -49,7 +51,6 @@ import datetime as dt
 import json
 import math
 import os
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sized
 from dataclasses import asdict, dataclass, fields, is_dataclass
@@ -60,19 +61,18 @@ import numpy as np
 import torch
 
 from core.errors import InputError
-from core.io import AtomicDir
+from core.io import AtomicDir, write_json
+from lightning_modules.loading import module_from_checkpoint
 from lightning_modules.rankers.base import SingleVectorEncoder, cosine_normalize
-from pipeline import cli
 from retrieval.encode import (
     encode_docs,
     encode_queries,
-    module_from_checkpoint,
     pair_tokenizer_for,
 )
 
 __all__ = [
     "INDEX_TYPES", "IndexOptions", "FaissBuilder", "DenseIndex", "index_from_checkpoint", "run_from_hits",
-    "faiss_gpu_available", "main",
+    "faiss_gpu_available",
 ]
 
 INDEX_TYPES = ("flat", "ivf", "hnsw", "pq", "ivfpq")
@@ -83,14 +83,15 @@ FORMAT, VERSION = "isorank-dense-index", 1
 
 
 # ---- faiss index construction ----------------------------------------------------------------------------------
-def _faiss():
-    import faiss
+def load_faiss():
+    """The faiss module (faiss-cpu or faiss-gpu, whichever is installed)."""
+    import faiss  # lazy: faiss-cpu or faiss-gpu, only dense retrieval needs it
 
     return faiss
 
 
 def faiss_gpu_available() -> bool:
-    faiss = _faiss()
+    faiss = load_faiss()
     try:
         return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
     except Exception:  # a GPU build on a machine without a usable driver
@@ -168,7 +169,7 @@ def resolve_params(opts: IndexOptions, dim: int, n_train: int | None) -> dict:
 
 
 def make_cpu_index(dim: int, p: dict):
-    faiss = _faiss()
+    faiss = load_faiss()
     ip = faiss.METRIC_INNER_PRODUCT
     t = p["index_type"]
     if t == "flat":
@@ -199,7 +200,7 @@ class Placement:
     def place(self, cpu_index, index_type: str):
         if not self.want_gpu or index_type not in ON_GPU:
             return cpu_index
-        faiss = _faiss()
+        faiss = load_faiss()
         try:
             if self.resources is None:
                 self.resources = faiss.StandardGpuResources()
@@ -211,10 +212,10 @@ class Placement:
         return gpu_index
 
     def to_cpu(self, index):
-        return _faiss().index_gpu_to_cpu(index) if self.on_gpu else index
+        return load_faiss().index_gpu_to_cpu(index) if self.on_gpu else index
 
     def set_params(self, index, p: dict) -> None:
-        faiss = _faiss()
+        faiss = load_faiss()
         t = p["index_type"]
         if t in ("ivf", "ivfpq"):
             space = faiss.GpuParameterSpace() if self.on_gpu else faiss.ParameterSpace()
@@ -290,15 +291,6 @@ def run_from_hits(qids: list, scores: np.ndarray, rows: np.ndarray, doc_ids: lis
     return run
 
 
-# ---- atomic directories ----------------------------------------------------------------------------------------
-def write_json_file(path: Path, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def read_manifest(path: Path, fmt: str) -> dict:
     mpath = Path(path) / "manifest.json"
     if not mpath.is_file():
@@ -326,7 +318,7 @@ def read_faiss(path: Path, count: int):
     if not path.is_file():
         raise InputError(str(path), "missing faiss index file")
     try:
-        index = _faiss().read_index(str(path))
+        index = load_faiss().read_index(str(path))
     except Exception as e:
         raise InputError(str(path), f"cannot read faiss index ({str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})") from e
     if index.ntotal != count:
@@ -343,7 +335,7 @@ def base_manifest(fmt: str, ranker, checkpoint, params: dict, dim: int, count: i
         "format": fmt, "version": VERSION, "ranker": ranker.cfg.name, "ranker_config": _config_dict(ranker.cfg),
         "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None, "index_type": params["index_type"],
         "params": params, "dim": int(dim), "count": int(count), "precision": precision,
-        "faiss_version": getattr(_faiss(), "__version__", "?"),
+        "faiss_version": getattr(load_faiss(), "__version__", "?"),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -354,6 +346,22 @@ def check_ranker_matches(ranker, manifest: dict, path) -> None:
 
 
 # ---- the dense index -------------------------------------------------------------------------------------------
+
+
+def ensure_ranker(index):
+    """The ranker of a loaded index (DenseIndex or ColBERTIndex): the one given, else re-read from the checkpoint
+    its manifest records (checked against the manifest); its pair tokenizer likewise."""
+    if index.ranker is None:
+        ckpt = index.manifest.get("checkpoint")
+        if not ckpt:
+            raise InputError("ranker", f"this index was loaded without a ranker and records no checkpoint; pass ranker= to {type(index).__name__}.load")
+        index.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
+        check_ranker_matches(index.ranker, index.manifest, ckpt)
+    if index.pair_tokenizer is None:
+        index.pair_tokenizer = pair_tokenizer_for(index.ranker)
+    return index.ranker
+
+
 class DenseIndex:
     """A faiss index over the pooled vectors of a single-vector ranker, with the doc id of every row."""
 
@@ -448,15 +456,7 @@ class DenseIndex:
         self.placement.set_params(self.index, p)
 
     def _ensure_ranker(self):
-        if self.ranker is None:
-            ckpt = self.manifest.get("checkpoint")
-            if not ckpt:
-                raise InputError("ranker", "this index was loaded without a ranker and records no checkpoint; pass ranker= to DenseIndex.load")
-            self.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
-            check_ranker_matches(self.ranker, self.manifest, ckpt)
-        if self.pair_tokenizer is None:
-            self.pair_tokenizer = pair_tokenizer_for(self.ranker)
-        return self.ranker
+        return ensure_ranker(self)
 
     def search_vectors(self, vectors: np.ndarray | torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw faiss search of already-prepared vectors [Q, dim] -> (scores [Q, k'], rows [Q, k']), k' = min(k, count)."""
@@ -497,9 +497,9 @@ class DenseIndex:
         """Write the index directory atomically (see the module docstring); returns its path."""
         path = Path(path)
         with AtomicDir(path) as tmp:
-            _faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
-            write_json_file(tmp / "doc_ids.json", self.doc_ids)
-            write_json_file(tmp / "manifest.json", self.manifest)
+            load_faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
+            write_json(tmp / "doc_ids.json", self.doc_ids)
+            write_json(tmp / "manifest.json", self.manifest)
         return path
 
     @classmethod
@@ -527,90 +527,3 @@ def index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable
     `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...)."""
     module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)
     return DenseIndex.build(module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts)
-
-
-# ---- command line ----------------------------------------------------------------------------------------------
-def _parse(argv: list[str]):
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m retrieval.dense", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", default="test", help="which split's queries to retrieve for (train, val, test)")
-    ap.add_argument("--k", type=int, default=1000, help="documents retrieved per query")
-    ap.add_argument("--index-type", default="flat", choices=INDEX_TYPES)
-    ap.add_argument("--nlist", type=int)
-    ap.add_argument("--nprobe", type=int)
-    ap.add_argument("--hnsw-m", type=int, default=32)
-    ap.add_argument("--ef-construction", type=int, default=80)
-    ap.add_argument("--ef-search", type=int, default=128)
-    ap.add_argument("--pq-m", type=int)
-    ap.add_argument("--pq-nbits", type=int)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--no-gpu-index", action="store_true", help="keep the faiss index on the CPU")
-    ap.add_argument("--index-dir", default=None, help="where to save the index (default <output_dir>/index)")
-    ap.add_argument("--k-tokens", type=int, default=256, help="colbert: token hits per query token")
-    ap.add_argument("--depth", type=int, default=1000, help="colbert: candidates re-scored per query")
-    ap.add_argument("--store-dtype", default="float16", choices=("float16", "float32"), help="colbert: stored token vectors")
-    return cli.tool_args(ap, argv)
-
-
-def retrieve(cfg, opts, model_from_cli: bool) -> dict:
-    """The command-line job: module (checkpoint or untrained), data, index, run, metrics."""
-    from omegaconf import OmegaConf
-
-    from core.checkpoints import check_same_ranker, read_checkpoint
-    from core.io import write_json
-    from datamodules.sources import data_config, load_dataset
-    from lightning_modules.module import RankingModule
-    from metrics.ir import evaluate_run
-    from metrics.trec import write_trec_run
-
-    out = Path(cfg.output_dir)
-    if cfg.ckpt:
-        if model_from_cli:
-            check_same_ranker(read_checkpoint(cfg.ckpt, "ckpt"), cfg, "ckpt", cfg.ckpt)
-        module = module_from_checkpoint(cfg.ckpt, key="ckpt", measures=list(cfg.eval.measures), device=opts.device)
-    else:
-        module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)).eval()
-        if opts.device:
-            module.to(opts.device)
-    ds = load_dataset(data_config(cfg), cfg.seed)
-    split = ds.split(opts.split)
-    if not split.queries:
-        raise InputError("--split", f"split '{opts.split}' of dataset {ds.name} has no queries")
-    common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=opts.device,
-                  precision=opts.precision, checkpoint=cfg.ckpt or None)
-    use_gpu = False if opts.no_gpu_index else None
-    if module.ranker.cfg.name == "colbert":
-        from retrieval.colbert_e2e import ColBERTIndex
-
-        index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, index_type=opts.index_type,
-                                   nlist=opts.nlist, nprobe=opts.nprobe, hnsw_m=opts.hnsw_m, ef_construction=opts.ef_construction,
-                                   ef_search=opts.ef_search, pq_m=opts.pq_m, pq_nbits=opts.pq_nbits, use_gpu=use_gpu, **common)
-        run = index.search(split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size)
-    else:
-        index = DenseIndex.build(module.ranker, ds.docs, index_type=opts.index_type, nlist=opts.nlist, nprobe=opts.nprobe,
-                                 hnsw_m=opts.hnsw_m, ef_construction=opts.ef_construction, ef_search=opts.ef_search,
-                                 pq_m=opts.pq_m, pq_nbits=opts.pq_nbits, use_gpu=use_gpu, **common)
-        run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
-    index.save(opts.index_dir or out / "index")
-    tag = f"{module.ranker.cfg.name}-{opts.index_type}"
-    write_trec_run(out / "run.trec", run, tag=tag)
-    means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
-    write_json(out / "metrics.json", {**means, "retrieval": {"split": opts.split, "k": opts.k, "index": index.manifest["params"],
-                                                              "docs": len(index), "queries": len(run)}})
-    write_json(out / "per_query.json", per_query)
-    for name, v in means.items():
-        print(f"{name}\t{v:.4f}")
-    return means
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    opts, rest = _parse(argv)
-    return cli.main(rest, lambda cfg, model_from_cli: retrieve(cfg, opts, model_from_cli))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,15 +16,11 @@ Outputs, on the CPU in float32:
 The forward runs under `torch.inference_mode()`, in eval mode (the ranker's mode is restored after each batch),
 optionally under bf16 autocast (`precision="bf16"`; weights stay fp32).
 
-`module_from_checkpoint` rebuilds a `RankingModule` from a checkpoint of this pipeline the way `pipeline.run.evaluate`
-does (the ranker from the checkpoint's `hyper_parameters`, then its `state_dict`).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Hashable, Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,7 +32,7 @@ from lightning_modules.rankers.base import BiEncoder, Encoded
 
 __all__ = [
     "PRECISIONS", "iter_items", "batches", "encode_docs", "encode_queries", "encode_texts", "pair_tokenizer_for",
-    "eval_mode", "autocast", "resolve_device", "module_from_checkpoint",
+    "eval_mode", "autocast", "resolve_device",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -174,22 +170,3 @@ def encode_docs(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, de
 def encode_queries(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):
     """Queries, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
     return encode_texts(ranker, pair_tokenizer, texts_iterable, side="queries", batch_size=batch_size, device=device, precision=precision, **kw)
-
-
-def module_from_checkpoint(ckpt_path: str | Path, key: str = "ckpt", measures: list[str] | None = None, device=None) -> Any:
-    """The RankingModule of a checkpoint of this pipeline, in eval mode: rebuilt from its `hyper_parameters`
-    (ranker config, optimiser config) and loaded with its `state_dict`, as `pipeline.run.evaluate` does."""
-    from core.checkpoints import read_checkpoint
-    from lightning_modules.module import RankingModule
-
-    ckpt = read_checkpoint(str(ckpt_path), key)
-    hp = ckpt["hyper_parameters"]
-    module = RankingModule(hp["model"], hp.get("optim", {}), measures or hp.get("measures"))
-    missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
-    if missing or unexpected:
-        raise InputError(key, f"'{ckpt_path}' does not match ranker '{hp['model'].get('name')}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    del ckpt
-    module.eval()
-    if device is not None:
-        module.to(device)
-    return module

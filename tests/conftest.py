@@ -16,12 +16,44 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def require_shared_data(*relpaths: str) -> None:
+    """The one place that decides what a test does when data under ../shared/data is missing: in CI (env CI=true)
+    fail, since CI must run every data test; anywhere else skip, naming the missing path. `relpaths` are relative to
+    ../shared/data (none: the folder itself)."""
+    missing = [p for p in (SHARED_DATA.joinpath(r) for r in (relpaths or ("",))) if not p.exists()]
+    if not missing:
+        return
+    names = ", ".join(str(p) for p in missing)
+    if in_ci():
+        pytest.fail(f"shared data missing in CI (CI=true): {names}; CI must provide ../shared/data next to the repo",
+                    pytrace=False)
+    pytest.skip(f"shared data not present: {names}")
+
+
+def pytest_runtest_setup(item):
+    """`@pytest.mark.data("cranfield", ...)`: the test reads those paths under ../shared/data; when one is missing it
+    is skipped here, before its fixtures are built (outside CI)."""
+    for mark in item.iter_markers("data"):
+        if not in_ci():
+            require_shared_data(*mark.args)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    """In CI a missing data path fails the test itself (reported FAILED, with the missing path)."""
+    for mark in item.iter_markers("data"):
+        require_shared_data(*mark.args)
+
+
 def shared_data(*parts: str) -> Path:
-    """Path under ../shared/data, or skip the test with the reason when it is absent."""
-    p = SHARED_DATA.joinpath(*parts)
-    if not p.exists():
-        pytest.skip(f"shared data not present: {p}")
-    return p
+    """Path under ../shared/data; a test that reads it carries `@pytest.mark.data(...)` naming it. Missing anyway:
+    require_shared_data's skip or fail."""
+    require_shared_data(str(Path(*parts))) if parts else require_shared_data()
+    return SHARED_DATA.joinpath(*parts)
 
 
 def make_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.1) -> Path:
@@ -55,12 +87,14 @@ def tiny_bert_nodropout(tmp_path_factory) -> str:
 
 @pytest.fixture
 def crash_when(monkeypatch):
-    """`crash_when(predicate)`: every Trainer that pipeline.run builds from now on raises RuntimeError("simulated
+    """`crash_when(predicate)`: every Trainer that the pipeline builds from now on raises RuntimeError("simulated
     crash") at the end of the first training batch where predicate(trainer) holds, as a killed job would stop
     (no checkpoint written on the way out). Undone at the end of the test, or by calling the returned `undo`."""
     from pytorch_lightning import Callback
 
+    import pipeline.head_stage
     import pipeline.run
+    import pipeline.stages
 
     def install(predicate):
         class Crash(Callback):
@@ -68,14 +102,16 @@ def crash_when(monkeypatch):
                 if predicate(trainer):
                     raise RuntimeError("simulated crash")
 
-        build = pipeline.run.build_trainer
+        build = pipeline.stages.build_trainer
 
         def crashing(*args, **kwargs):
             trainer = build(*args, **kwargs)
             trainer.callbacks.append(Crash())
             return trainer
 
-        monkeypatch.setattr(pipeline.run, "build_trainer", crashing)
+        # every module that calls build_trainer holds its own name for it (fine-tuning, head stage, evaluation)
+        for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
+            monkeypatch.setattr(module, "build_trainer", crashing)
         return monkeypatch.undo
 
     return install

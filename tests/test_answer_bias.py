@@ -57,6 +57,7 @@ def test_filter_keeps_exactly_the_early_questions_synthetic(k):
     assert kept.qrels == {q: ds.splits["train"].qrels[q] for q in early}
 
 
+@pytest.mark.data("squad_v1.1_dev/dev-v1.1.json.gz")
 def test_filter_keeps_exactly_the_early_questions_squad():
     path = shared_data("squad_v1.1_dev", "dev-v1.1.json.gz")
     ds = load_dataset(SquadConfig(path=str(path)), 0)

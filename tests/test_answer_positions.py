@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import run_script, shared_data
+from conftest import run_script
 
 from analyses.answer_positions import (
     JSON_NAME,
@@ -152,16 +152,17 @@ def test_val_split_uses_the_evaluation_rotation_and_has_no_biased_series(tmp_pat
     result = analyse(cfg, Options(split="test", bins=10))
     assert set(result["series"]) == {"original", "rotated"} and result["answer_bias"] is None
     assert result["series"]["original"]["count"] == 60  # one answer per test question
-    with pytest.raises(InputError, match="--split"):
+    with pytest.raises(InputError, match="analysis.split"):
         analyse(cfg, Options(split="dev"))
 
 
+@pytest.mark.slow
 def test_cli_on_synthetic_writes_outputs_and_logs_to_wandb_offline(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", WANDB_DIR=str(tmp_path), HOME=str(tmp_path), PYTHONUNBUFFERED="1")
-    proc = run_script("-m", "analyses.answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
-                      "data.answer_bias_keep_first=0.25", "--epochs", "2", env=env)
+    proc = run_script("evaluate.py", "analysis=answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
+                      "data.answer_bias_keep_first=0.25", "analysis.epochs=2", env=env)
     assert "biased_rotated" in proc.stdout and "of 400 training questions kept" in proc.stdout
     saved = json.loads((out / JSON_NAME).read_text())
     assert saved["settings"]["epochs"] == 2
@@ -174,21 +175,24 @@ def test_cli_on_synthetic_writes_outputs_and_logs_to_wandb_offline(tmp_path):
 @pytest.mark.parametrize("args, key", [
     (["data.answer_bias_keep_first=1.5"], "data.answer_bias_keep_first"),
     (["data.answer_bias_keep_first=0"], "data.answer_bias_keep_first"),
-    (["--bins", "0"], "--bins"),
-    (["--spans", "last"], "--spans"),
+    (["analysis.bins=0"], "analysis.bins"),
+    (["analysis.spans=last"], "analysis.spans"),
+    (["analysis.epochs=0"], "analysis.epochs"),
     (["data.no_such_key=1"], "data.no_such_key"),
 ])
+@pytest.mark.slow
 def test_cli_bad_values_are_one_line_errors(tmp_path, args, key):
     out = tmp_path / "out"
-    proc = run_script("-m", "analyses.answer_positions", "logger=none", f"output_dir={out}", *args, check=False)
+    proc = run_script("evaluate.py", "analysis=answer_positions", "logger=none", f"output_dir={out}", *args, check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], proc.stderr
     assert not out.exists()  # nothing written before the input is valid
 
 
+@pytest.mark.data("squad_v1.1_dev/dev-v1.1.json.gz")
+@pytest.mark.slow
 def test_real_squad_rotation_flattens_and_the_biased_split_is_early(tmp_path):
-    shared_data("squad_v1.1_dev", "dev-v1.1.json.gz")
     cfg = compose(["data=squad_biased", "logger=none", f"data.cache_dir={tmp_path}"])
     s = analyse(cfg, Options())["series"]
     orig, rot, biased, debiased = s["original"], s["rotated"], s["biased"], s["biased_rotated"]
@@ -203,15 +207,15 @@ def test_real_squad_rotation_flattens_and_the_biased_split_is_early(tmp_path):
     assert rot["ks_uniform"]["statistic"] < 0.03 and 0.2 < rot["share_first_25"] < 0.3
 
 
-def test_evaluate_analysis_entry_matches_the_module_command(tmp_path):
-    """`python evaluate.py analysis=answer_positions` (the analysis config group) writes what `python -m
-    analyses.answer_positions` writes for the same options; its keys are validated like any group's."""
-    outs = {}
-    for how, args in {"evaluate": ["evaluate.py", "analysis=answer_positions", "analysis.epochs=2", "analysis.bins=10"],
-                      "module": ["-m", "analyses.answer_positions", "--epochs", "2", "--bins", "10"]}.items():
-        outs[how] = tmp_path / how
-        run_script(args[0], *args[1:], "logger=none", f"output_dir={outs[how]}", f"data.cache_dir={tmp_path / 'c'}")
-    a, b = (json.loads((o / JSON_NAME).read_text()) for o in outs.values())
+@pytest.mark.slow
+def test_evaluate_analysis_entry_matches_the_library_call(tmp_path):
+    """`python evaluate.py analysis=answer_positions` (the analysis config group; the only command line) writes what
+    `analyse` returns for the same options; its keys are validated like any group's."""
+    out = tmp_path / "evaluate"
+    args = ["logger=none", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}"]
+    run_script("evaluate.py", "analysis=answer_positions", "analysis.epochs=2", "analysis.bins=10", *args)
+    a = json.loads((out / JSON_NAME).read_text())
+    b = json.loads(json.dumps(analyse(compose(args), Options(epochs=2, bins=10))))
     assert a == b and a["settings"]["bins"] == 10
     bad = run_script("evaluate.py", "analysis=answer_positions", "analysis.bin=3", f"output_dir={tmp_path / 'x'}", check=False)
     assert bad.returncode == 2 and "analysis.bin" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

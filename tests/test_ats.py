@@ -213,6 +213,7 @@ FAST = ["logger=csv", "trainer.enable_progress_bar=false", "trainer.accelerator=
         "eval.ats_max_occurrences=20"]
 
 
+@pytest.mark.slow
 def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation(tmp_path, tiny_bert):
     """TK trained 2 steps: val/mats is logged at the validation, metrics.json holds the test split's MATS, and it
     equals ATS computed here from the checkpoint on the same seeded passages."""
@@ -287,6 +288,7 @@ def _save_checkpoint(path, model: dict, seed: int):
     return module
 
 
+@pytest.mark.slow
 def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation(tmp_path, tiny_bert):
     import json
 
@@ -327,6 +329,7 @@ def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation
         np.testing.assert_allclose(got, ref.ats, atol=1e-9, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_analysis_bad_compare_checkpoint_is_one_line_error(tmp_path):
     from conftest import run_script
 

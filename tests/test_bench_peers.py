@@ -1,16 +1,14 @@
-"""bench/bench_peers.py: the FLOP count it divides by, one alternation round of our driver end to end, and the
+"""bench/bench_peers.py (`python -m bench.bench_peers key=value ...`): the FLOP count it divides by, one alternation round of our driver end to end, and the
 quality guard's data export, run files and evaluation (the peers themselves are not tested here: their venvs are
 not part of CI)."""
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import bench_peers  # noqa: E402
+from bench import bench_peers
+from bench.peers.common import scores_by_query
 
 
 def test_forward_flops_by_hand():
@@ -28,17 +26,24 @@ def test_minilm_triplet_costs_about_25_gflop():
     assert bench_peers.unit_flops(cfg, "colbert_train", 100) / 1e9 == pytest.approx(26.79, abs=0.01)
 
 
-def test_unknown_tool_is_an_error():
-    with pytest.raises(SystemExit):
-        bench_peers.parse_args(["--tools", "ours,colbertv9"])
+def test_unknown_tool_is_an_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_peers.parse_args(["tools=ours,colbertv9"])
+    assert e.value.code == 2 and "colbertv9" in capsys.readouterr().err
+    for bad in (["--tools", "ours"], ["toolz=ours"], ["steps=many"]):  # `--options` are gone; keys are checked
+        with pytest.raises(SystemExit) as e:
+            bench_peers.parse_args(bad)
+        assert e.value.code == 2
+    args = bench_peers.parse_args(["tools=ours", "tasks=quality", "precision=fp32", "quality_untrained="])
+    assert args.tools == ["ours"] and args.tasks == ["quality"] and args.quality_untrained == []
 
 
 @pytest.mark.slow  # two driver processes (~30 s on the shared 2-core machine)
 def test_one_round_of_ours(tiny_bert, tmp_path, capsys):
     out = tmp_path / "peers.json"
-    res = bench_peers.main(["--tools", "ours", "--tasks", "colbert_train,rerank", "--backbone", tiny_bert, "--steps", "1",
-                            "--warmup", "0", "--rounds", "1", "--rerank-queries", "1", "--candidates", "3",
-                            "--matmul-n", "64", "--batch", "2", "--out", str(out)])
+    res = bench_peers.main(["tools=ours", "tasks=colbert_train,rerank", f"backbone={tiny_bert}", "steps=1",
+                            "warmup=0", "rounds=1", "rerank_queries=1", "candidates=3",
+                            "matmul_n=64", "batch=2", f"out={out}"])
     saved = json.loads(out.read_text())
     for task in ("colbert_train", "rerank"):
         s = saved["summary"][task]["bf16"]["ours"]
@@ -112,9 +117,10 @@ def test_paired_p_against_scipy():
 
 
 def test_quality_untrained_tools_are_checked():
-    assert bench_peers.parse_args(["--tasks", "quality", "--quality-untrained", ""]).quality_untrained == []
+    assert bench_peers.parse_args(["tasks=quality", "quality_untrained="]).quality_untrained == []
+    assert bench_peers.parse_args(["tasks=quality", "quality_untrained=ours"]).quality_untrained == ["ours"]
     with pytest.raises(SystemExit):
-        bench_peers.parse_args(["--tasks", "quality", "--quality-untrained", "ours,colbertv9"])
+        bench_peers.parse_args(["tasks=quality", "quality_untrained=ours,colbertv9"])
 
 
 def test_quality_scores_must_cover_exactly_the_candidates():
@@ -128,9 +134,6 @@ def test_quality_scores_must_cover_exactly_the_candidates():
 
 
 def test_drivers_scores_by_query_restores_the_lists_order():
-    sys.path.insert(0, str(Path(bench_peers.PEERS)))
-    from common import scores_by_query
-
     lists = _lists()
     # a peer's rerank answers sorted by score, keyed by candidate index
     got = scores_by_query(lists, [{2: 0.9, 0: 0.5, 1: 0.1}, {0: 0.3, 2: 0.2}])
@@ -146,8 +149,8 @@ def test_quality_task_of_ours_matches_rerank_texts(tiny_bert, tmp_path, monkeypa
     lists = _lists()
     batches = [(["who?", "what?"], ["b", "c"], ["a", "a"])]
     monkeypatch.setattr(bench_peers, "quality_data", lambda args: {"source": "test", "triplets": batches, "eval": lists})
-    args = bench_peers.parse_args(["--tools", "ours", "--tasks", "quality", "--quality-steps", "1", "--batch", "2",
-                                   "--precision", "fp32", "--backbone", tiny_bert, "--quality-ours-compress-dim", "0"])
+    args = bench_peers.parse_args(["tools=ours", "tasks=quality", "quality_steps=1", "batch=2",
+                                   "precision=fp32", f"backbone={tiny_bert}", "quality_ours_compress_dim=0"])
     q = bench_peers.run_quality(args, ["ours"], {"ours": sys.executable}, tiny_bert, tmp_path)
     names = [r["name"] for r in q["rows"]]
     assert names == ["BM25 (candidate order)", "ours, 0 steps (untrained)", "ours, 1 steps"], q["rows"]
@@ -173,7 +176,7 @@ def test_meter_counts_the_measured_driver_subprocess_as_its_own_cpu():
     import os
     import subprocess
 
-    from bench_speed import _cpu_jiffies
+    from bench.bench_speed import _cpu_jiffies
 
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
     _, own0 = _cpu_jiffies()

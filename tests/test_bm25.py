@@ -1,11 +1,11 @@
-"""BM25 as a ranker (datamodules/bm25.py `bm25_run`, `python -m retrieval.bm25`): scores equal the float64 formula for
-every variant parameter set, the CLI writes a trec_eval-consistent run, and real collections land in a sane range."""
+"""BM25 as a ranker (datamodules/bm25.py `bm25_run`, `python evaluate.py model=bm25`): scores equal the float64 formula
+for every variant parameter set, the CLI writes a trec_eval-consistent run, and real collections land in a sane range."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import run_script, shared_data
+from conftest import run_script
 from test_negatives import DOCS, QUERIES, brute_force_bm25
 
 from datamodules.bm25 import BM25Params, bm25_run
@@ -43,10 +43,12 @@ def _write_tsv(tmp_path):
     return ["data=tsv", *args, f"data.cache_dir={tmp_path / 'cache'}"], qs
 
 
+@pytest.mark.slow
 def test_cli_writes_run_metrics_per_query(tmp_path):
     data, qs = _write_tsv(tmp_path)
     out = tmp_path / "bm25"
-    proc = run_script("-m", "retrieval.bm25", *data, f"output_dir={out}", "--k", "5", "--k1", "0.9", "--b", "0.4")
+    proc = run_script("evaluate.py", "model=bm25", *data, "logger=none", f"output_dir={out}", "model.depth=5", "model.k1=0.9",
+                      "model.b=0.4")
     m = json.loads((out / "metrics.json").read_text())
     assert m["bm25"]["k1"] == 0.9 and m["bm25"]["b"] == 0.4 and m["bm25"]["queries"] == 3
     # run.trec re-read and scored independently gives the same numbers (trec_eval semantics)
@@ -66,22 +68,26 @@ def test_cli_writes_run_metrics_per_query(tmp_path):
     assert written.keys() == per_query.keys()
     for q in per_query:
         assert written[q] == pytest.approx(per_query[q], abs=1e-12), q
-    assert "ndcg_cut_10\t" in proc.stdout
+    assert "ndcg_cut_10" in proc.stdout and f"{m['ndcg_cut_10']:.4f}" in proc.stdout
+    assert m["bm25"]["split"] == "test" and m["bm25"]["k"] == 5
 
 
+@pytest.mark.slow
 def test_cli_bad_split_leaves_nothing(tmp_path):
     data, _ = _write_tsv(tmp_path)
-    proc = run_script("-m", "retrieval.bm25", *data, f"output_dir={tmp_path / 'o'}", "--split", "dev", check=False)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: --split:")
+    proc = run_script("evaluate.py", "model=bm25", *data, "logger=none", f"output_dir={tmp_path / 'o'}", "model.split=dev", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: config key 'model.split':")
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name,lo,hi", [("cranfield", 0.30, 0.45), ("vaswani", 0.35, 0.50)])
+@pytest.mark.parametrize("name,lo,hi", [pytest.param("cranfield", 0.30, 0.45, marks=pytest.mark.data("cranfield")),
+                                        pytest.param("vaswani", 0.35, 0.50, marks=pytest.mark.data("vaswani_npl"))])
+@pytest.mark.slow
 def test_classic_collections_in_published_range(tmp_path, name, lo, hi):
-    """All judged queries, as BM25 baselines are usually reported (README.md lists the figures)."""
-    shared_data(name if name != "vaswani" else "vaswani_npl")
+    """All judged queries, as BM25 baselines are usually reported (results/2026-11-22-bm25-baselines.md lists the figures)."""
     out = tmp_path / name
-    run_script("-m", "retrieval.bm25", f"data={name}", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}", "--split", "all")
+    run_script("evaluate.py", "model=bm25", f"data={name}", "logger=none", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
+               "model.split=all")
     m = json.loads((out / "metrics.json").read_text())
     assert lo < m["ndcg_cut_10"] < hi, m
     assert m["bm25"]["judged_queries"] == {"cranfield": 225, "vaswani": 93}[name]

@@ -1,45 +1,70 @@
-"""The shared command-line wrappers (pipeline/cli.py) that train.py, evaluate.py and the `python -m` tools
-(retrieval.bm25, retrieval.dense, analyses.answer_positions) run under: exit codes, one-line input errors, options
-kept apart from config keys."""
+"""The shared command-line wrapper (pipeline/cli.py) that train.py and evaluate.py run under, for every job
+(fine-tuning, stage=head, stage=export, evaluation, model=bm25, retrieval=dense, analysis=NAME): `key=value`
+arguments only, exit codes, one-line input errors, `--dry-run` through the same compose path."""
 from __future__ import annotations
-
-import argparse
 
 import pytest
 
 from core.errors import InputError
-from pipeline.cli import main, run_tool, tool_args
+from pipeline.cli import main
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tool")
-    ap.add_argument("--k", type=int, default=3)
-    return ap
-
-
-def test_options_and_config_args_are_split_and_unknown_options_are_argparse_errors(capsys):
-    opts, rest = tool_args(_parser(), ["logger=none", "--k", "7", "seed=1"])
-    assert opts.k == 7 and rest == ["logger=none", "seed=1"]
-    with pytest.raises(SystemExit) as e:
-        tool_args(_parser(), ["logger=none", "--kk", "7"])
-    assert e.value.code == 2 and "unrecognised option --kk" in capsys.readouterr().err
-
-
-def test_run_tool_gives_the_job_the_composed_config_and_its_options():
+def test_job_gets_the_composed_config():
     seen = []
-    assert run_tool(_parser(), ["logger=none", "seed=5", "--k", "9"], lambda cfg, opts: seen.append((cfg.seed, opts.k))) == 0
+    assert main(["logger=none", "seed=5", "retrieval=dense", "retrieval.k=9"], lambda cfg, _: seen.append((cfg.seed, cfg.retrieval.k))) == 0
     assert seen == [(5, 9)]
 
 
 def test_input_errors_are_one_line_and_exit_code_2(capsys):
-    def job(cfg, opts):
-        raise InputError("--k", "is 0; expected a positive number")
+    def job(cfg, _):
+        raise InputError("retrieval.k", "is 0; expected a positive number")
 
-    assert run_tool(_parser(), ["logger=none", "--k", "0"], job) == 2
-    assert capsys.readouterr().err == "error: --k: is 0; expected a positive number\n"
-    assert run_tool(_parser(), ["logger=none", "data.no_such_key=1"], lambda cfg, opts: None) == 2
+    assert main(["logger=none"], job) == 2
+    assert capsys.readouterr().err == "error: retrieval.k: is 0; expected a positive number\n"
+    assert main(["logger=none", "data.no_such_key=1"], lambda cfg, _: None) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "data.no_such_key" in err
+    # the old `--option` grammar is gone: an argument without `=` is an input error, not an option
+    assert main(["logger=none", "--k", "7"], lambda cfg, _: None) == 2
+    assert "argument '--k': expected key=value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["retrieval=dense", "retrieval.k=0"], "retrieval.k"),
+    (["retrieval=dense", "retrieval.index_type=annoy"], "retrieval.index_type"),
+    (["retrieval=dense", "retrieval.precision=fp8"], "retrieval.precision"),
+    (["retrieval=dense", "retrieval.pq_nbits=17"], "retrieval.pq_nbits"),
+    (["retrieval=dense", "retrieval.store_dtype=int8"], "retrieval.store_dtype"),
+    (["retrieval=dense", "retrieval.split=dev"], "retrieval.split"),
+    (["retrieval=dense", "retrieval.gpu_index=maybe"], "retrieval.gpu_index"),
+    (["retrieval=dense", "retrieval.no_gpu_index=true"], "retrieval.no_gpu_index"),
+    (["retrieval.k=5"], "retrieval.k"),  # retrieval=none has no keys
+    (["model=bm25", "model.split=dev"], "model.split"),
+    (["stage=publish"], "stage"),
+    (["analysis=random_rerank"], "analysis.run"),
+    (["analysis=random_rerank", "analysis.run=x.trec", "analysis.permutations=0"], "analysis.permutations"),
+    (["analysis=fit_mlm_head", "analysis.heldout=1.5"], "analysis.heldout"),
+    (["analysis=fit_mlm_head", "analysis.mask_rate=0"], "analysis.mask_rate"),
+])
+def test_dry_run_checks_every_job_key(capsys, argv, key):
+    """The jobs that were `python -m` tools with `--options` are config keys now, each checked when the config is
+    composed: `--dry-run` rejects what the run would, in one line naming the key."""
+    assert main(["--dry-run", *argv], lambda cfg, _: pytest.fail("ran")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and key in err, err
+
+
+def test_dry_run_prints_the_new_job_keys(capsys):
+    from omegaconf import OmegaConf
+
+    assert main(["--dry-run", "retrieval=dense", "retrieval.k=1000", "retrieval.precision=bf16", "retrieval.gpu_index=false"],
+                lambda cfg, _: pytest.fail("ran")) == 0
+    printed = OmegaConf.create(capsys.readouterr().out)
+    assert printed.retrieval.k == 1000 and printed.retrieval.precision == "bf16" and printed.retrieval.gpu_index is False
+    assert printed.retrieval.index_type == "flat" and printed.retrieval.depth == 1000
+    assert main(["--dry-run", "model=bm25", "model.split=all", "stage=export"], lambda cfg, _: None) == 0
+    printed = OmegaConf.create(capsys.readouterr().out)
+    assert printed.model.split == "all" and printed.stage == "export" and printed.retrieval.name == "none"
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -253,6 +253,7 @@ def test_bad_config_values():
     assert _error(SyntheticConfig(num_topics=400)).startswith("data.num_topics:")
 
 
+@pytest.mark.slow
 def test_test_split_without_scorable_pairs_stops_before_any_output(tmp_path, tiny_bert):
     """A test split whose judged queries have no candidates (here the run file ranks only an unjudged query) would
     otherwise train and then fail with nothing to write: one line naming the split, exit 2, no output folder."""

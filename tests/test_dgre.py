@@ -431,6 +431,7 @@ def test_graph_layer_out_of_range_is_input_error(tiny_bert):
 # ------------------------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow
 def test_train_py_runs_dgre_without_nan(tiny_bert, tmp_path):
     import json
 

@@ -95,6 +95,7 @@ def test_pool_ids_need_num_folds(tmp_path):
         load_dataset(data_config(cfg), 0)
 
 
+@pytest.mark.slow
 def test_dgre_maxp_on_the_robust04_standin_end_to_end(tmp_path, tiny_bert):
     """train.py's code path in-process (the stand-in is registered in this process): DGRe, MaxP passages of 12 words,
     BM25 candidates, fold 1, the paper's measures."""

@@ -19,8 +19,10 @@ def colbert_ckpt(tmp_path_factory, tiny_bert):
 
 @pytest.mark.parametrize(
     "data,extra",
-    [("squad", ["data.max_questions_per_split=200"]), ("cranfield", [])],
+    [pytest.param("squad", ["data.max_questions_per_split=200"], marks=pytest.mark.data("squad_v1.1_dev/dev-v1.1.json.gz")),
+     pytest.param("cranfield", [], marks=pytest.mark.data("cranfield"))],
 )
+@pytest.mark.slow
 def test_train_then_evaluate_on_real_collections(tmp_path, tiny_bert, data, extra):
     path = shared_data("squad_v1.1_dev", "dev-v1.1.json.gz") if data == "squad" else shared_data("cranfield")
     path_key = f"data.path={path}"
@@ -47,6 +49,7 @@ def one_line_error(proc, *needles):
     return err[0]
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_ranker(tmp_path, colbert_ckpt):
     out = tmp_path / "ev"
     proc = run_script("evaluate.py", *FAST, "model=repbert", f"ckpt={colbert_ckpt}", f"output_dir={out}", check=False)
@@ -54,12 +57,14 @@ def test_checkpoint_of_another_ranker(tmp_path, colbert_ckpt):
     assert not (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_of_another_ranker(tmp_path, colbert_ckpt, tiny_bert):
     proc = run_script("train.py", *FAST, "model=bert_dot", f"model.backbone={tiny_bert}", f"ckpt_path={colbert_ckpt}",
                       f"output_dir={tmp_path / 'x'}", check=False)
     one_line_error(proc, "ckpt_path", "colbert", "bert_dot")
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint(tmp_path, colbert_ckpt):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(colbert_ckpt.read_bytes()[:5000])
@@ -68,17 +73,20 @@ def test_truncated_checkpoint(tmp_path, colbert_ckpt):
     assert not (tmp_path / "ev" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_missing_checkpoint(tmp_path):
     proc = run_script("evaluate.py", *FAST, f"ckpt={tmp_path / 'nope.ckpt'}", check=False)
     one_line_error(proc, "ckpt", "does not exist")
 
 
+@pytest.mark.slow
 def test_missing_data_path(tmp_path):
     proc = run_script("evaluate.py", *FAST, "data=squad", f"data.path={tmp_path / 'no.json'}", f"output_dir={tmp_path / 'ev'}", check=False)
     one_line_error(proc, "data.path", "no.json")
     assert not (tmp_path / "ev").exists()  # not even config.yaml or wandb/
 
 
+@pytest.mark.slow
 def test_malformed_data_file_leaves_no_output(tmp_path, tiny_bert):
     """Bad data through the entry point: one line naming file:line, and nothing written (data is read and checked
     before config.yaml, the logger folder or any checkpoint)."""
@@ -110,12 +118,14 @@ def test_malformed_data_file_leaves_no_output(tmp_path, tiny_bert):
         (["data.rotate_train=sometimes"], ["data.rotate_train"]),
     ],
 )
+@pytest.mark.slow
 def test_bad_config_on_the_command_line(tmp_path, args, needles):
     proc = run_script("train.py", *args, f"output_dir={tmp_path / 'o'}", check=False)
     one_line_error(proc, *needles)
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_output_dir_with_checkpoints_is_not_overwritten(tmp_path, colbert_ckpt, tiny_bert):
     run_dir = colbert_ckpt.parent.parent
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())

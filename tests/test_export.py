@@ -1,4 +1,4 @@
-"""`python -m pipeline.export`: a trained ranker (and its head) as a Hugging Face folder with a model card, which
+"""`python train.py stage=export`: a trained ranker (and its head) as a Hugging Face folder with a model card, which
 evaluate.py scores exactly as it scores the checkpoints it came from."""
 from __future__ import annotations
 
@@ -29,18 +29,21 @@ def _evaluate(args: list[str]) -> Path:
 
 
 def _export(args: list[str]) -> int:
-    from pipeline.export import main as export_main
+    """`python train.py stage=export ...` (the folder is `output_dir=`)."""
+    from pipeline.run import train
 
-    return export_main(args)
+    return main(["stage=export", *args], lambda cfg, _: train(cfg))
 
 
 @pytest.mark.parametrize("model", [["model=colbert", "model.compress_dim=16"], ["model=bert_cat"]])
+@pytest.mark.slow
 def test_export_ranker_scores_identically(tmp_path, tiny_bert, model):
     run = tmp_path / "run"
     _train([*SMALL, *model, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={run}"])
     ckpt = run / "checkpoints" / "last.ckpt"
     out = tmp_path / "exported"
-    assert _export([f"ckpt={ckpt}", "--out", str(out)]) == 0
+    assert _export([f"ckpt={ckpt}", f"output_dir={out}"]) == 0
+    assert main(["--dry-run", *SMALL, f"ckpt={out}"], lambda cfg, _: pytest.fail("ran")) == 0  # an export is a ckpt=
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "ranker.safetensors", "isorank.json", "README.md"} <= names
 
@@ -65,6 +68,7 @@ def test_export_ranker_scores_identically(tmp_path, tiny_bert, model):
     assert ma == mb
 
 
+@pytest.mark.slow
 def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, tiny_bert, capsys):
     run, head = tmp_path / "run", tmp_path / "head"
     _train([*SMALL, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={run}"])
@@ -72,7 +76,7 @@ def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, 
             f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={head}"])
     head_ckpt = head / "checkpoints" / "head.ckpt"
     out = tmp_path / "exported"
-    assert _export([f"head_ckpt={head_ckpt}", "--out", str(out)]) == 0
+    assert _export([f"head_ckpt={head_ckpt}", f"output_dir={out}"]) == 0
     assert (out / "isotropy_head.safetensors").is_file()
     info = json.loads((out / "isorank.json").read_text())
     assert info["head"]["name"] == "whitening" and "| metric | before head | this model |" in (out / "README.md").read_text()
@@ -84,5 +88,8 @@ def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, 
     assert ma == mb and mb["before_head"]["ndcg_cut_10"] == ma["before_head"]["ndcg_cut_10"]
 
     capsys.readouterr()
-    assert _export([f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "--out", str(out)]) == 2
-    assert capsys.readouterr().err == f"error: --out: '{out}' exists and is not empty; export into a new folder\n"
+    assert _export([f"ckpt={run / 'checkpoints' / 'last.ckpt'}", f"output_dir={out}"]) == 2
+    assert capsys.readouterr().err == f"error: output_dir: '{out}' exists and is not empty; export into a new folder\n"
+    assert _export([f"ckpt={run / 'checkpoints' / 'last.ckpt'}", f"init_ckpt={run / 'checkpoints' / 'last.ckpt'}",
+                    f"output_dir={tmp_path / 'other'}"]) == 2
+    assert capsys.readouterr().err.startswith("error: init_ckpt: is for fine-tuning") and not (tmp_path / "other").exists()

@@ -1,9 +1,10 @@
-"""Faults a real run meets, each injected here, with what must be observed (README "Faults and operations").
+"""Faults a real run meets, each injected here, with what must be observed (docs/reliability.md).
 
 Signals and kills go to a separate process (tests/fault_driver.py), as a scheduler or the kernel would send them."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -70,6 +71,7 @@ def val_history(out: Path, version: int = 0) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.slow
 def test_signal_mid_epoch_writes_resumable_checkpoint(tmp_path, tiny_bert, uninterrupted, sig):
     """The signal arrives after step 7 (mid-epoch 2, between validations at 4 and 8): last.ckpt of step 7 is written,
     the process exits 128 + signal number with the resume command, and resuming ends bit-identical to the
@@ -89,6 +91,7 @@ def test_signal_mid_epoch_writes_resumable_checkpoint(tmp_path, tiny_bert, unint
         assert mr[k] == m[k], k
 
 
+@pytest.mark.slow
 def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterrupted):
     """SIGTERM during the step-8 validation: the validation completes (logged with the uninterrupted run's value; the
     same best checkpoint is chosen), then the run stops with last.ckpt of step 8 and resumes to identical weights."""
@@ -108,6 +111,7 @@ def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterru
     assert metrics(out)["ndcg_cut_10"] == metrics(uninterrupted)["ndcg_cut_10"]
 
 
+@pytest.mark.slow
 def test_preemption_handles_sanity_validation(tmp_path, tiny_bert):
     """The callback sees validation hooks before training starts (Lightning's sanity check): no signal, no effect."""
     out = tmp_path / "run"
@@ -116,6 +120,7 @@ def test_preemption_handles_sanity_validation(tmp_path, tiny_bert):
     assert load(out / "checkpoints" / "last.ckpt")["global_step"] == 2 and (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
     """Glow head, 3 epochs over the cached vectors (batch 64): SIGTERM one step into epoch 2 writes a head-only
     last.ckpt that resumes to the uninterrupted head, bit for bit."""
@@ -140,6 +145,7 @@ def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
 
 
 # ---- a crash while writing a checkpoint or a results file --------------------------------------------------------
+@pytest.mark.slow
 def test_kill_during_checkpoint_write_keeps_previous(tmp_path, tiny_bert, uninterrupted):
     """SIGKILL half-way through the second write of last.ckpt (step 8): the step-4 last.ckpt stays whole, the
     half-written bytes sit in a temp file no reader looks at, and resuming ends as the uninterrupted run."""
@@ -157,6 +163,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path, tiny_bert, uninte
     assert_identical(load(uninterrupted / "checkpoints" / "last.ckpt")["state_dict"], load(last)["state_dict"])
 
 
+@pytest.mark.slow
 def test_kill_during_results_write_leaves_run_unfinished(tmp_path, tiny_bert):
     """SIGKILL half-way through metrics.json: no metrics.json (the grid runner's "finished" mark) exists, so the run
     counts as unfinished; resuming from last.ckpt writes complete results."""
@@ -171,8 +178,18 @@ def test_kill_during_results_write_leaves_run_unfinished(tmp_path, tiny_bert):
     assert not (out / "metrics.json").exists() and list(out.glob(".metrics.json.*.tmp"))
     cell = Cell(kind="train", row="r", train="t", eval="", replicate="s", seed=None, fold=None, dir=out, argv=())
     assert not cell.done
+    # the killed run wrote per_query.json and run.trec (atomically) before metrics.json: what it had computed
+    killed_per_query = json.loads((out / "per_query.json").read_text())
+    killed_run = (out / "run.trec").read_text()
     train(compose([*args, f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"]))
-    assert json.loads((out / "metrics.json").read_text())["ndcg_cut_10"] >= 0
+    assert cell.done
+    # the resumed run (already at max_steps: only its test repeats) writes the killed run's results, and metrics.json
+    # holds their mean over the judged test queries
+    assert json.loads((out / "per_query.json").read_text()) == killed_per_query
+    assert (out / "run.trec").read_text() == killed_run
+    per_query = [q["ndcg_cut_10"] for q in killed_per_query.values()]
+    assert len(per_query) > 0
+    assert metrics(out)["ndcg_cut_10"] == pytest.approx(math.fsum(per_query) / len(per_query), abs=1e-12)
 
 
 # ---- corrupted, truncated or foreign checkpoints -----------------------------------------------------------------
@@ -185,6 +202,7 @@ def _error(capsys, script_main, argv) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_one_line_error_nothing_overwritten(tmp_path, capsys, uninterrupted):
     from pipeline.run import evaluate, train
 
@@ -272,6 +290,7 @@ def _with_callback(monkeypatch, cb) -> None:
     monkeypatch.setattr(pipeline.run, "build_trainer", building)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     """optim.nonfinite=skip: the NaN batch changes no weight (no optimiser step), is warned about and counted; the
     run reaches max_steps on finite weights."""
@@ -293,6 +312,7 @@ def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
     """A finite loss whose gradients overflow (one gradient set to inf after backward at step 2): no weight moves on
     that step, it is warned about and counted, training goes on to finite weights."""
@@ -319,6 +339,7 @@ def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
     assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stop(tmp_path, tiny_bert, monkeypatch, capsys):
     """optim.nonfinite=stop: one line naming the step and the last good checkpoint (the step-4 validation's), exit 3,
     and that checkpoint is not overwritten with anything trained on the NaN batch."""
@@ -336,6 +357,7 @@ def test_nonfinite_loss_stop(tmp_path, tiny_bert, monkeypatch, capsys):
     assert load(last)["global_step"] == 4 and not (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
     """Glow head whose log-det turns NaN at step 1: that step is skipped (the head unchanged) and counted."""
     from lightning_modules.heads.flows import FlowHead
@@ -375,6 +397,7 @@ def _run_scores(out: Path) -> dict[tuple[str, str], float]:
     ("colbert", "lightning_modules.rankers.colbert:ColBERT", ("encode_queries", "encode_docs")),
     ("bert_cat", "lightning_modules.rankers.bert_cat:BertCat", ("score",)),
 ])
+@pytest.mark.slow
 def test_oom_during_evaluation_retried_in_halves(tmp_path, tiny_bert, monkeypatch, model, cls, methods):
     """Every call on more than 3 rows raises torch.OutOfMemoryError (as CUDA would): each batch is retried in halves
     down to 3 rows, with a warning per split, and the scores equal an evaluation that never ran out of memory."""
@@ -448,6 +471,7 @@ def test_dataloader_example_exception_names_the_example(workers):
     assert str(e.value).endswith("ValueError: unparseable passage in example 13") and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_dataloader_worker_killed_names_the_example_without_hanging():
     """The worker loading example 13 is SIGKILLed: within PyTorch's worker check (seconds), not a hang, the run
     stops with the example index."""
@@ -488,6 +512,7 @@ def test_dead_worker_message_forms_name_the_example(message):
 
 # ---- DDP: one rank raising ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.slow
 def test_ddp_one_rank_raising_stops_all_ranks(tmp_path, tiny_bert, rank):
     """Two gloo ranks; one raises after step 2. The other rank's next collective fails ("Connection closed by
     peer") instead of waiting, so the job exits non-zero well inside the limit and no rank process is left over."""
@@ -519,6 +544,7 @@ WB = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_int
       "logger=wandb", "trainer.log_every_n_steps=1"]
 
 
+@pytest.mark.slow
 def test_wandb_unreachable_falls_back_to_offline(tmp_path, tiny_bert):
     """logger.mode=online with a server that refuses connections: a warning, an offline run in <output_dir>/wandb that
     `wandb sync` can upload later, and the training finishes."""
@@ -531,6 +557,7 @@ def test_wandb_unreachable_falls_back_to_offline(tmp_path, tiny_bert):
     assert list(run.glob("run-*.wandb")) and (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_wandb_folder_unwritable_falls_back_to_a_temporary_folder(tmp_path, tiny_bert):
     """<output_dir>/wandb cannot be created (a file is in the way; permissions do not stop root): the run logs offline
     into a fresh temporary folder, says where, and finishes."""

@@ -68,6 +68,7 @@ def test_synthetic_folds_cover_every_query_once():
     assert [len(ds.splits[n].queries) for n in ("train", "val", "test")] == [30, 10, 10]
 
 
+@pytest.mark.slow
 def test_fold_assignment_independent_of_run_seed_and_stable_across_processes():
     cfg = SyntheticConfig(**SMALL_SYN, num_folds=5, fold=2)
     a, b = load_dataset(cfg, 0), load_dataset(cfg, 123)  # data_seed fixed: same collection, same folds
@@ -82,6 +83,7 @@ def test_fold_assignment_independent_of_run_seed_and_stable_across_processes():
     assert qsets(c) != qsets(a)
 
 
+@pytest.mark.data("cranfield")
 def test_cranfield_folds():
     path = str(shared_data("cranfield"))
     plain = load_dataset(CranfieldConfig(path=path), 0)
@@ -92,6 +94,7 @@ def test_cranfield_folds():
     assert ds.docs == plain.docs
 
 
+@pytest.mark.data("squad_v1.1_dev/dev-v1.1.json.gz")
 def test_squad_folds_keep_articles_apart():
     path = str(shared_data("squad_v1.1_dev", "dev-v1.1.json.gz"))
     tests, pooled = check_cover(lambda f: SquadConfig(path=path, num_folds=5, fold=f), 5)

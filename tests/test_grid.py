@@ -39,6 +39,7 @@ def write_grid(path, tiny_bert, out, cache):
     return path
 
 
+@pytest.mark.slow
 def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
     gfile = write_grid(tmp_path / "tiny.yaml", tiny_bert, tmp_path / "grids", tmp_path / "cache")
     log = io.StringIO()
@@ -213,6 +214,7 @@ def test_grid_file_errors_and_cell_layout(tmp_path):
         load_grid([f"grid={grid(only=5)}"])
 
 
+@pytest.mark.slow
 def test_experiments_cli_one_line_error(tmp_path):
     g = tmp_path / "g.yaml"
     g.write_text(json.dumps({"baseline": "a", "rows": {"a": ["model=colbert"]}, "train_data": ["synthetic"],
@@ -234,6 +236,7 @@ def test_example_grid_composes():
     check(spec, cells)  # every cell's config composes (BM25's row has no training keys it does not know)
 
 
+@pytest.mark.slow
 def test_head_rows_build_on_their_base_row(tmp_path, tiny_bert):
     """A row with head=whitening reuses its base row's fine-tuned checkpoint (stage=head) and evaluates out of
     distribution with its head; its 'before_head' equals the base row's own test metrics (same model, no head)."""

@@ -131,6 +131,7 @@ def test_halves_coupling_equals_zukos_gather_scatter_coupling(name, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["nice", "glow"])
+@pytest.mark.slow
 def test_training_lowers_heldout_nll_and_raises_isotropy(name):
     torch.manual_seed(0)
     d = 8

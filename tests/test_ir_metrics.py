@@ -204,6 +204,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_retrieval_run_gathers_across_ddp_ranks(tmp_path):
     import torch.multiprocessing as mp
 

@@ -3,6 +3,7 @@ no login) and CSV."""
 import csv
 import os
 
+import pytest
 from conftest import run_script
 
 RUN = ["data.max_train_triples=16", "data.max_eval_queries=8", "data.candidate_depth=10", "data.batch_size=8",
@@ -10,6 +11,7 @@ RUN = ["data.max_train_triples=16", "data.max_eval_queries=8", "data.candidate_d
        "eval.probe_queries=8", "eval.probe_docs=16", "eval.before_training=false", "trainer.log_every_n_steps=1"]
 
 
+@pytest.mark.slow
 def test_csv_logger_records_validation_metrics(tmp_path, tiny_bert):
     out = tmp_path / "run"
     run_script("train.py", *RUN, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}")
@@ -23,6 +25,7 @@ def test_csv_logger_records_validation_metrics(tmp_path, tiny_bert):
     assert any(r.get("train/loss") for r in rows) and any(r.get("lr-AdamW/pg1") for r in rows)
 
 
+@pytest.mark.slow
 def test_wandb_offline_without_login(tmp_path, tiny_bert):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_DIR=str(tmp_path), HOME=str(tmp_path), PYTHONUNBUFFERED="1")  # no API key anywhere

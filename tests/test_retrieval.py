@@ -23,7 +23,9 @@ from retrieval.colbert_e2e import (
     candidates_from_hits,
     colbert_index_from_checkpoint,
 )
-from retrieval.dense import DenseIndex, index_from_checkpoint, main
+from pipeline.cli import main
+from pipeline.run import evaluate
+from retrieval.dense import DenseIndex, index_from_checkpoint
 from retrieval.encode import encode_docs, pair_tokenizer_for
 
 ATOL = 1e-5
@@ -320,20 +322,42 @@ def test_colbert_checkpoint(tiny_bert, tmp_path):
 
 
 def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
+    """`python evaluate.py retrieval=dense ...` (retrieval/retrieve.py; the keys of retrieval/config.py)."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    rc = main(["model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
+    rc = main(["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
                "data.num_train_queries=10", "data.num_val_queries=3", "data.num_test_queries=6", "logger=none",
-               f"output_dir={out}", "--k", "20", "--index-type", "hnsw"])
+               f"output_dir={out}", "retrieval.k=20", "retrieval.index_type=hnsw"], evaluate)
     assert rc == 0
     run = read_trec_run(out / "run.trec")
     assert len(run) == 6 and all(len(d) == 20 for d in run.values())
     metrics = json.loads((out / "metrics.json").read_text())
     assert "ndcg_cut_10" in metrics and metrics["retrieval"]["docs"] == 60
     assert DenseIndex.load(out / "index").index_type == "hnsw"
-    rc = main(["model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
-               f"output_dir={out}", "--index-type", "ivf", "--nlist", "5000"])
+    assert (out / "config.yaml").is_file() and (out / "per_query.json").is_file()
+    rc = main(["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
+               f"output_dir={out}", "retrieval.index_type=ivf", "retrieval.nlist=5000"], evaluate)
     assert rc == 2
+
+
+def test_cli_colbert_end_to_end_from_a_checkpoint(tiny_bert, tmp_path, monkeypatch):
+    """`python evaluate.py retrieval=dense ckpt=<ColBERT checkpoint>`: served end to end by retrieval/colbert_e2e.py,
+    with every token covered and no depth cap (`retrieval.depth=null`), so the run is exact ColBERT's top k."""
+    from lightning_modules.module import RankingModule
+
+    monkeypatch.chdir(tmp_path)
+    module = RankingModule({"name": "colbert", "backbone": tiny_bert, "doc_max_len": 24}, {})
+    ckpt = tmp_path / "c.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
+    out = tmp_path / "out"
+    rc = main(["retrieval=dense", f"ckpt={ckpt}", "data=synthetic", "data.num_docs=40", "data.num_train_queries=4",
+               "data.num_val_queries=2", "data.num_test_queries=5", "logger=none", f"output_dir={out}", "retrieval.k=5",
+               "retrieval.k_tokens=100000", "retrieval.depth=null", "retrieval.store_dtype=float32", "retrieval.batch_size=16"], evaluate)
+    assert rc == 0
+    run = read_trec_run(out / "run.trec")
+    assert len(run) == 5 and all(len(d) == 5 for d in run.values())
+    assert json.loads((out / "metrics.json").read_text())["retrieval"]["docs"] == 40
+    assert (out / "run.trec").read_text().split("\n")[0].endswith("colbert-flat")
 
 
 @pytest.mark.parametrize("name", ["repbert", "colbert"])

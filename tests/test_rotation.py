@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import REPO, shared_data
 from scipy import stats
 
@@ -111,6 +112,7 @@ def _ks_uniform(values) -> float:
     return stats.kstest(values, "uniform").pvalue
 
 
+@pytest.mark.data("squad_v1.1_dev/dev-v1.1.json.gz")
 def test_rotation_makes_squad_answer_positions_uniform():
     path = shared_data("squad_v1.1_dev", "dev-v1.1.json.gz")
     raw = json.load(gzip.open(path))

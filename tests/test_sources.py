@@ -149,6 +149,7 @@ def test_synthetic_answer_position_start_vs_uniform():
 # ------------------------------------------------------------------------------------------------ SQuAD
 
 
+@pytest.mark.data("squad_v1.1_dev/dev-v1.1.json.gz")
 def test_squad_paragraph_retrieval_split_by_article(monkeypatch):
     path = shared_data("squad_v1.1_dev", "dev-v1.1.json.gz")
     monkeypatch.chdir(REPO)  # the default path is relative to the repo root
@@ -193,6 +194,7 @@ def _split_sanity(ds: IRDataset, n_queries: int):
             assert any(g > 0 for g in s.qrels[q].values())
 
 
+@pytest.mark.data("cranfield")
 def test_cranfield(monkeypatch):
     folder = shared_data("cranfield")
     monkeypatch.chdir(REPO)
@@ -217,8 +219,8 @@ def test_cranfield(monkeypatch):
     assert (len(ds.splits["val"].queries), len(ds.splits["test"].queries)) == (34, 56)  # round(.15/.25 * 225)
 
 
+@pytest.mark.data("vaswani_npl")
 def test_vaswani(monkeypatch):
-    shared_data("vaswani_npl")
     monkeypatch.chdir(REPO)
     ds = load_dataset(VaswaniConfig(), 0)
     assert len(ds.docs) == 11429
@@ -232,9 +234,8 @@ def test_vaswani(monkeypatch):
     assert qrels["1"]["1239"] == 1 and qrels["1"]["4462"] == 1  # first qrels lines
 
 
+@pytest.mark.data("cisi", "cacm")
 def test_cisi_and_cacm(monkeypatch):
-    shared_data("cisi")
-    shared_data("cacm")
     monkeypatch.chdir(REPO)
     cisi = load_dataset(CisiConfig(), 0)
     assert len(cisi.docs) == 1460
@@ -250,8 +251,8 @@ def test_cisi_and_cacm(monkeypatch):
     assert "CACM-756" in cacm.docs  # collection "CACM-0756" == qrels "CACM-756"
 
 
+@pytest.mark.data("cranfield")
 def test_classic_split_is_seeded_and_fractional(monkeypatch):
-    shared_data("cranfield")
     monkeypatch.chdir(REPO)
     a = load_dataset(CranfieldConfig(), 0)
     b = load_dataset(CranfieldConfig(), 99)

@@ -400,6 +400,7 @@ RUN = ["logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=
        "trainer.max_steps=3", "trainer.val_check_interval=3"]
 
 
+@pytest.mark.slow
 def test_train_then_evaluate_tk_writes_metrics(tmp_path, tiny_bert):
     out, ev = tmp_path / "run", tmp_path / "eval"
     run_script("train.py", "model=tk", f"model.backbone={tiny_bert}", "model.heads=2", "model.head_dim=8",

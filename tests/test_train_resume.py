@@ -28,6 +28,7 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0):
         assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=0), f"{k} differs by {(a[k].float()-b[k].float()).abs().max()}"
 
 
+@pytest.mark.slow
 def test_train_then_evaluate(tmp_path, tiny_bert):
     out = tmp_path / "run"
     args = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=4", "trainer.val_check_interval=2",
@@ -50,6 +51,7 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
     assert (ev / "run.trec").read_text() == (out / "run.trec").read_text()
 
 
+@pytest.mark.slow
 def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
     """A run that dies at step 10 (past warm-up, mid-epoch 2) resumes from the last.ckpt of its step-8 validation,
     with the same max_steps (so the same LR schedule), and ends with the same weights and metrics, bit for bit."""
@@ -78,6 +80,7 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
 
 
 @pytest.mark.parametrize("model", ["colbert", "repbert"])  # token-vector and pooled-vector gathers
+@pytest.mark.slow
 def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
     """Global batch 8: one process with batch 8 vs two gloo ranks with batch 4 each. The ranks see disjoint halves
     of the same global batches and in-batch negatives are gathered, so the loss, the weights and the test

@@ -69,6 +69,7 @@ def test_bad_init_checkpoint_is_one_line_error(tmp_path, tiny_bert, case, needle
     assert not (tmp_path / "out" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_weights_with_a_fresh_step(tmp_path, tiny_bert):
     """Before training the test metrics are the init checkpoint's (evaluate.py on it); the run counts its own steps."""
     from pipeline.config import compose

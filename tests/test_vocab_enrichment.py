@@ -64,6 +64,7 @@ def tiny_head(vocab=40, d=48, seed=0):
     return head.eval()
 
 
+@pytest.mark.slow
 def test_single_token_embeddings_reach_the_threshold_and_are_batch_independent():
     head = tiny_head()
     ids = list(range(40))

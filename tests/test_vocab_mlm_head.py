@@ -78,6 +78,7 @@ def test_fit_ties_decoder_freezes_encoder_and_counts_accuracy(tiny_bert_nodropou
     assert report["heldout"]["random_head"]["total"] == total
 
 
+@pytest.mark.slow
 def test_train_head_learns_a_decodable_signal_through_the_tied_decoder(tiny_bert):
     """Vectors that point at their token's embedding (plus noise): fitting g and b must decode them, and the
     random head must not."""
@@ -135,11 +136,18 @@ def test_save_load_and_the_checkpoints_own_head(tmp_path, tiny_bert):
 @pytest.mark.slow
 def test_command_line(tmp_path, tiny_bert):
     out = tmp_path / "head.pt"
-    proc = run_script("-m", "analyses.vocab.fit_mlm_head", f"model.backbone={tiny_bert}", "data=synthetic", "--max-passages", "40",
-                      "logger=none", "--epochs", "1", "--out", str(out))
+    """`python evaluate.py analysis=fit_mlm_head` (configs/analysis/fit_mlm_head.yaml)."""
+    proc = run_script("evaluate.py", "analysis=fit_mlm_head", f"model.backbone={tiny_bert}", "data=synthetic", "analysis.max_passages=40",
+                      "logger=none", "analysis.epochs=1", f"analysis.out={out}", f"output_dir={tmp_path / 'o'}")
     report = json.loads(out.with_name("head.pt.json").read_text())
     assert "held-out masked-token accuracy" in proc.stdout and report["passages"]["heldout"] == 4
+    assert report["settings"]["epochs"] == 1 and report["settings"]["max_passages"] == 40
     assert load_fitted(out, tiny_bert).vocab_size == 30522
-    bad = run_script("-m", "analyses.vocab.fit_mlm_head", f"model.backbone={tiny_bert}", "--heldout", "1.5", "--out", str(tmp_path / "x.pt"), check=False)
-    assert bad.returncode == 2 and "--heldout" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = run_script("evaluate.py", "analysis=fit_mlm_head", f"model.backbone={tiny_bert}", "analysis.heldout=1.5",
+                     f"analysis.out={tmp_path / 'x.pt'}", check=False)
+    assert bad.returncode == 2 and "analysis.heldout" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.pt").exists()
+    # no analysis.out: the head goes into output_dir
+    run_script("evaluate.py", "analysis=fit_mlm_head", f"model.backbone={tiny_bert}", "data=synthetic", "analysis.max_passages=10",
+               "logger=none", "analysis.epochs=1", f"output_dir={tmp_path / 'default'}")
+    assert load_fitted(tmp_path / "default" / "mlm_head.pt", tiny_bert).vocab_size == 30522

@@ -95,6 +95,7 @@ def finetuned(tmp_path_factory, tiny_bert) -> Path:
     return out / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow
 def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
     out = tmp_path / "ft"
     run_script("train.py", *SMALL, "logger=wandb", f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=2",
@@ -118,6 +119,7 @@ def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
     assert not list(out.glob("isotropy_*.png")) and not list((run / "files").rglob("isotropy_cosines_*"))
 
 
+@pytest.mark.slow
 def test_head_stage_and_evaluation_log_isotropy_figures_and_tables(tmp_path, finetuned):
     out = tmp_path / "glow"
     env = offline_env(tmp_path)
@@ -198,6 +200,7 @@ def _merge_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_figure_sample_is_drawn_over_all_ddp_ranks(tmp_path):
     """Under DDP the figure's sample comes from every rank's shard: the 40 rows whose keys (each rank's own seeded
     stream over its shard) are smallest over both ranks, raw and head rows paired; brute force over all keys."""
@@ -238,6 +241,7 @@ def test_histogram_cosines_average_to_avgcos():
     assert float(cos.min()) >= -1 - 1e-12 and float(cos.max()) <= 1 + 1e-12
 
 
+@pytest.mark.slow
 def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
     from callbacks.loggers import wandb_init_args
     from pipeline.config import compose
@@ -245,8 +249,8 @@ def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
     a = wandb_init_args(compose(["output_dir=outputs/x"]), "whitebox-x", job="analysis")
     assert (a["name"], a["group"], a["job_type"]) == ("whitebox-x", "colbert-synthetic", "analysis")
     out = tmp_path / "pos"
-    run_script("-m", "analyses.answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
-               "--epochs", "1", env=offline_env(tmp_path))
+    run_script("evaluate.py", "analysis=answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
+               "analysis.epochs=1", env=offline_env(tmp_path))
     run, summary, meta = offline_run(out)
     assert meta == {"name": "answer_positions-pos", "group": "colbert-synthetic", "job_type": "analysis"}
     (png,) = images(run, "answer_positions/histogram")
@@ -254,6 +258,7 @@ def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
     assert summary["answer_positions/histogram"]["_type"] == "images/separated"
 
 
+@pytest.mark.slow
 def test_grid_table_is_logged_as_its_own_run(tmp_path):
     """experiments.py with cells logging to W&B: the grid's table goes into a `<grid>-table` run of the grid's group
     (job type grid-table), one line per (train, eval, method), the same means and changes as results.json."""

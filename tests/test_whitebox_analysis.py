@@ -47,6 +47,7 @@ def encoded(module):
 
 
 @torch.inference_mode()
+@pytest.mark.slow
 def test_eq1_is_the_rankers_score_and_removal_masks_query_rows(colbert):
     queries, q_words, docs = encoded(colbert)
     r, pt = colbert.ranker, colbert.pair_tokenizer
@@ -121,6 +122,7 @@ def run_inprocess(*args):
 COMMON = ["analysis=whitebox", "logger=none", "data.num_test_queries=12", "data.candidate_depth=15"]
 
 
+@pytest.mark.slow
 def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodropout):
     ckpt = fake_checkpoint(tmp_path / "ft.ckpt", tiny_bert_nodropout)
     cache = f"data.cache_dir={tmp_path / 'c'}"
@@ -154,6 +156,7 @@ def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodr
         assert all(any(ch.isalnum() for ch in w["word"]) for w in res["words"])  # punctuation skipped
 
 
+@pytest.mark.slow
 def test_command_line_and_one_line_errors(tmp_path, tiny_bert):
     out = tmp_path / "o"
     run_script("evaluate.py", *COMMON, "model=colbert", f"model.backbone={tiny_bert}", "analysis.statistics=[spectral]",

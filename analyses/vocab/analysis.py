@@ -22,9 +22,33 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
+from analyses.outputs import log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.vocab.mlm_head import load_mlm_head
+from analyses.vocab.projections import (
+    PairStats,
+    amnesia_row,
+    amnesia_summary,
+    coverage,
+    expansion,
+    is_content,
+    project,
+    rank_in,
+    ranks_of,
+    token_mrr,
+    top_tokens,
+)
+from analyses.whitebox.analysis import queries_and_candidates
+from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
+from core.io import save_figure
+from datamodules.sources import data_config, load_dataset
+from datamodules.tokenization import length_sorted_batches
+from lightning_modules.loading import load_module
+from lightning_modules.module import RankingModule
+from lightning_modules.rankers.maxsim import c_star
 
 JSON_NAME = "vocab_projections.json"
 RANKERS = ("repbert", "bert_dot", "colbert")
@@ -74,11 +98,6 @@ def check_ranker(cfg_model, where: str = "model.name") -> None:
 
 def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
     """label -> RankingModule in eval mode: the checkpoint's ranker (or untrained), and its untrained backbone."""
-    from omegaconf import OmegaConf
-
-    from lightning_modules.loading import load_module
-    from lightning_modules.module import RankingModule
-
     module = load_module(cfg, model_from_cli)
     check_ranker(module.model_cfg)
     models = {("trained" if cfg.ckpt else "untrained"): module}
@@ -102,8 +121,6 @@ class Encoded:
 @torch.inference_mode()
 def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> Encoded:
     """Encode tokenised texts (with [CLS]/[SEP]) in length-sorted batches; kept on the CPU in input order."""
-    from analyses.whitebox.collect import length_sorted_batches
-
     multi = ranker.cfg.name == "colbert"
     device = next(ranker.parameters()).device
     lens = np.array([len(x) for x in ids])
@@ -133,8 +150,8 @@ def candidate_scores(q: Encoded, k: int, docs: Encoded, index: list[int]) -> np.
     if q.mask is None:
         return (docs.scoring[idx] @ q.scoring[k]).double().numpy()
     qv = q.scoring[k][q.mask[k]]  # [Lq, d]
-    sim = torch.einsum("id,pjd->pij", qv, docs.scoring[idx]).masked_fill(~docs.mask[idx][:, None, :], float("-inf"))
-    return sim.max(-1).values.sum(-1).double().numpy()
+    best = c_star(torch.einsum("id,pjd->pij", qv, docs.scoring[idx]), docs.mask[idx][:, None, :])  # [n, Lq]
+    return best.sum(-1).double().numpy()
 
 
 def gold_passages(ds, qids, cands) -> dict[str, str]:
@@ -153,20 +170,6 @@ def gold_passages(ds, qids, cands) -> dict[str, str]:
 
 
 def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjectionsConfig, label: str) -> dict:
-    from analyses.vocab.projections import (
-        PairStats,
-        amnesia_row,
-        amnesia_summary,
-        coverage,
-        expansion,
-        is_content,
-        project,
-        rank_in,
-        ranks_of,
-        token_mrr,
-        top_tokens,
-    )
-
     ranker, c = module.ranker, module.model_cfg
     tok = ranker.tokenizer
     special = set(tok.all_special_ids)
@@ -238,11 +241,6 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
 
 def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
     """Reads and checks all input, runs every model; nothing is written here."""
-    from analyses.vocab.mlm_head import load_mlm_head
-    from analyses.whitebox.analysis import queries_and_candidates
-    from core.checkpoints import read_checkpoint
-    from datamodules.sources import data_config, load_dataset
-
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     if not cfg.ckpt:
         check_ranker(cfg.model)
@@ -289,12 +287,11 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
 
 
 def plots(result: dict, out: Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
-    from core.io import save_figure
 
     s = result["settings"]
     sub = f"{s['dataset']} {s['split']}, {s['pairs']} pairs"
@@ -345,8 +342,6 @@ def plots(result: dict, out: Path) -> list[Path]:
 
 
 def log_result(cfg, result: dict, pngs: list[Path]) -> None:
-    from analyses.outputs import log_analysis
-
     scalars, tables = {}, {}
     for label, res in result["models"].items():
         for k in ("20", "100"):
@@ -391,8 +386,6 @@ def print_summary(result: dict, written: list[Path]) -> None:
 
 
 def run(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
-    from analyses.outputs import write_result
-
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)
     pngs = plots(result, out)
@@ -404,7 +397,5 @@ def run(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict
 
 @ANALYSES.register("vocab_projections", schema=VocabProjectionsConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    from omegaconf import OmegaConf
-
     raw = cfg.analysis if isinstance(cfg.analysis, dict) else OmegaConf.to_container(cfg.analysis)
     return run(cfg, VocabProjectionsConfig(**{k: v for k, v in raw.items() if k != "name"}), model_from_cli)

@@ -1,22 +1,22 @@
 """Fit the MLM head of Eq. 1 for a backbone shipped without one (the offline all-MiniLM-L6-v2):
 
-    python -m analyses.vocab.fit_mlm_head model.backbone=minilm data=squad --out outputs/mlm-head-minilm.pt
+    python evaluate.py analysis=fit_mlm_head model.backbone=minilm data=squad analysis.out=outputs/mlm-head-minilm.pt
 
 The encoder stays frozen and the decoder stays tied to its input embeddings v_i; only BERT's transform g (dense,
 activation, LayerNorm) and the decoder bias b are fitted, by cross-entropy on masked tokens of the data config's
 passages (BERT's masking: 15 % of the non-special tokens, replaced by [MASK] 80 % / a random token 10 % / kept
-10 %). Because the encoder is frozen, every passage is encoded once per masking (`--masks` maskings) and the head
-trains on the stored vectors at the masked positions.
+10 %). Because the encoder is frozen, every passage is encoded once per masking (`analysis.masks` maskings) and the
+head trains on the stored vectors at the masked positions.
 
-A seeded `--heldout` share of the passages is never fitted on; its tokens are masked with [MASK] only, and the
+A seeded `analysis.heldout` share of the passages is never fitted on; its tokens are masked with [MASK] only, and the
 report gives the masked-token accuracy (argmax = the original token) of the fitted head, of a randomly initialised
 head (BERT's init; the near-chance reference) and of always predicting the most frequent fitted token.
-Writes the head (`--out`, atomically) and the report next to it (`<out>.json`).
+Writes the head (`analysis.out`, default `<output_dir>/mlm_head.pt`, atomically) and the report next to it
+(`<out>.json`). Keys: configs/analysis/fit_mlm_head.yaml.
 """
 from __future__ import annotations
 
-import argparse
-import sys
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,13 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from analyses.registry import ANALYSES
 from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 from core.errors import InputError
+from core.io import write_json
+from datamodules.sources import data_config, load_dataset
+from lightning_modules.rankers.backbone import load_backbone
 
 
 @dataclass
 class FitOptions:
-    out: str
+    """How the head is fitted (errors name the config keys `analysis.<key>` of `analysis=fit_mlm_head`)."""
+
+    out: str | None = None  # where the head is written (.pt; the report goes to <out>.json); None = <output_dir>/mlm_head.pt
     heldout: float = 0.1  # share of passages held out for the accuracy
     max_passages: int | None = None  # a seeded sample of the collection; None = all
     max_len: int = 128  # WordPiece tokens per passage (truncated)
@@ -47,14 +53,28 @@ class FitOptions:
 
     def __post_init__(self):
         if not 0.0 < self.heldout < 1.0:
-            raise InputError("--heldout", f"is {self.heldout}; expected a share in (0, 1)")
+            raise InputError("config key 'analysis.heldout'", f"is {self.heldout}; expected a share in (0, 1)")
         if not 0.0 < self.mask_rate < 1.0:
-            raise InputError("--mask-rate", f"is {self.mask_rate}; expected a share in (0, 1)")
+            raise InputError("config key 'analysis.mask_rate'", f"is {self.mask_rate}; expected a share in (0, 1)")
+        if self.lr <= 0:
+            raise InputError("config key 'analysis.lr'", f"is {self.lr}; expected a positive learning rate")
         for k in ("masks", "epochs", "batch_size", "encode_batch_size", "max_len"):
             if getattr(self, k) < 1:
-                raise InputError(f"--{k.replace('_', '-')}", f"is {getattr(self, k)}; expected >= 1")
+                raise InputError(f"config key 'analysis.{k}'", f"is {getattr(self, k)}; expected >= 1")
         if self.max_passages is not None and self.max_passages < 2:
-            raise InputError("--max-passages", f"is {self.max_passages}; expected >= 2 (fitted and held-out passages)")
+            raise InputError("config key 'analysis.max_passages'", f"is {self.max_passages}; expected >= 2 (fitted and held-out passages)")
+
+
+@dataclass
+class FitMLMHeadConfig(FitOptions):
+    """`python evaluate.py analysis=fit_mlm_head model.backbone=... data=... [analysis.out=PATH]`
+    (configs/analysis/fit_mlm_head.yaml): the FitOptions keys."""
+
+    name: str = "fit_mlm_head"
+
+    def options(self, output_dir: str) -> FitOptions:
+        keys = {k: v for k, v in asdict(self).items() if k != "name"}
+        return FitOptions(**{**keys, "out": self.out or str(Path(output_dir) / "mlm_head.pt")})
 
 
 @dataclass
@@ -125,8 +145,6 @@ def masked_accuracy(head: MLMHead, hidden: Tensor, targets: Tensor, batch_size: 
 def train_head(head: MLMHead, hidden: Tensor, targets: Tensor, epochs: int, lr: float, batch_size: int, seed: int,
                log=print, bf16: bool = False) -> list[float]:
     """Adam on g and b (the tied embeddings are a buffer, so they cannot move); mean training loss per epoch."""
-    import contextlib
-
     opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     losses = []
@@ -173,8 +191,6 @@ def split_passages(doc_ids: list[str], heldout: float, max_passages: int | None,
 
 def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tuple[MLMHead, dict, dict]:
     """(fitted head, report, held-out data {"hidden", "targets", "examples"}) for `backbone` on the passages `docs`."""
-    from lightning_modules.rankers.backbone import load_backbone
-
     t0 = time.perf_counter()
     torch.manual_seed(opts.seed)
     encoder, tok = load_backbone(backbone)
@@ -228,14 +244,11 @@ def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tup
 
 
 def run(cfg, opts: FitOptions) -> dict:
-    from core.io import write_json
-    from datamodules.sources import data_config, load_dataset
-
     backbone = str(cfg.model.backbone)
     ds = load_dataset(data_config(cfg), int(cfg.seed))
     head, report, _ = fit(backbone, ds.docs, opts, log=lambda m: print(f"[fit_mlm_head] {m}", flush=True))
     report["dataset"] = ds.name
-    out = save_head(head, opts.out, backbone, report)
+    out = save_head(head, opts.out or str(Path(cfg.output_dir) / "mlm_head.pt"), backbone, report)
     write_json(Path(str(out) + ".json"), report)
     h = report["heldout"]
     print(f"held-out masked-token accuracy on {ds.name} ({h['fitted_head']['total']:,} tokens): fitted head "
@@ -246,26 +259,6 @@ def run(cfg, opts: FitOptions) -> dict:
     return report
 
 
-def _bool(s: str) -> bool:
-    if s not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"got {s!r}; expected true or false")
-    return s == "true"
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pipeline.cli import run_tool
-
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m analyses.vocab.fit_mlm_head", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="where the head is written (a .pt file; the report goes to <out>.json)")
-    d = FitOptions(out="")
-    for k, v in asdict(d).items():
-        if k == "out":
-            continue
-        typ = (lambda s: None if s == "null" else int(s)) if k == "max_passages" else _bool if isinstance(v, bool) else type(v)
-        ap.add_argument(f"--{k.replace('_', '-')}", type=typ, default=v)
-    return run_tool(ap, argv, lambda cfg, o: run(cfg, FitOptions(**vars(o))))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+@ANALYSES.register("fit_mlm_head", schema=FitMLMHeadConfig)
+def _from_config(cfg, model_from_cli: bool = False) -> dict:
+    return run(cfg, FitMLMHeadConfig(**cfg.analysis).options(cfg.output_dir))

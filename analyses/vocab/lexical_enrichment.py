@@ -22,9 +22,29 @@ import types
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
+from analyses.outputs import log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.vocab.analysis import check_ranker, encode, load_models
+from analyses.vocab.enrichment import (
+    enrich,
+    idf_weights,
+    lexical_vectors,
+    single_token_embeddings,
+    text_tokens,
+    vocabulary_of,
+    whiten,
+)
+from analyses.vocab.mlm_head import load_mlm_head
+from analyses.whitebox.analysis import queries_and_candidates
+from analyses.whitebox.idf import collection_idf
+from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
+from core.io import atomic_open, save_figure
+from datamodules.sources import data_config, load_dataset
+from metrics.ir import evaluate_run
+from metrics.significance import check_test, paired_test, significance_mark
 
 JSON_NAME = "lexical_enrichment.json"
 ABLATIONS = ("no_idf", "static", "no_whitening", "no_normalization")
@@ -55,8 +75,6 @@ class LexicalEnrichmentConfig(AnalysisConfig):
     batch_size: int = 64
 
     def __post_init__(self):
-        from metrics.significance import check_test
-
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
         check_test(self.significance, "analysis.significance")
         if not self.lambdas or 0.0 not in [float(x) for x in self.lambdas] or any(float(x) < 0 for x in self.lambdas):
@@ -96,9 +114,6 @@ def _head_digest(head) -> str:
 def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConfig, cache_dir) -> tuple[torch.Tensor, dict]:
     """s_t (Eq. 4) of `token_ids` [n, d] in that order, optimising only items not in the cache (keyed by the head's
     weights and the optimisation settings); and a summary (items, reached, steps)."""
-    from analyses.vocab.enrichment import single_token_embeddings
-    from core.io import atomic_open
-
     key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
     path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None
     store = torch.load(path, weights_only=False) if path is not None and path.exists() else {"ids": [], "vectors": None, "ce": None, "steps": None}
@@ -126,8 +141,6 @@ def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConf
 
 
 def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], dict, dict, dict]:
-    from analyses.whitebox.analysis import queries_and_candidates
-
     shim = types.SimpleNamespace(split=split, candidate_depth=depth, max_queries=None)
     qids, texts, cands, _ = queries_and_candidates(ds, dc, shim, 0)
     qrels = ds.split(split).qrels
@@ -138,8 +151,6 @@ def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], di
 
 
 def _evaluate(ranker, eq, ep, qids, cands, prow, qrels, measure) -> tuple[float, dict[str, float]]:
-    from metrics.ir import evaluate_run
-
     qv, pv = ranker.scoring_vectors(eq), ranker.scoring_vectors(ep)
     run = {}
     for k, q in enumerate(qids):
@@ -151,21 +162,6 @@ def _evaluate(ranker, eq, ep, qids, cands, prow, qrels, measure) -> tuple[float,
 
 
 def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
-    from analyses.vocab.analysis import check_ranker, encode, load_models
-    from analyses.vocab.enrichment import (
-        enrich,
-        idf_weights,
-        lexical_vectors,
-        text_tokens,
-        vocabulary_of,
-        whiten,
-    )
-    from analyses.vocab.mlm_head import load_mlm_head
-    from analyses.whitebox.idf import collection_idf
-    from core.checkpoints import read_checkpoint
-    from datamodules.sources import data_config, load_dataset
-    from metrics.significance import paired_test, significance_mark
-
     timings = {}
     t0 = time.perf_counter()
     if not cfg.ckpt:
@@ -245,12 +241,11 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
 
 
 def plot(result: dict, out: Path) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
-    from core.io import save_figure
 
     s = result["settings"]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -266,8 +261,6 @@ def plot(result: dict, out: Path) -> Path:
 
 
 def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
-    from analyses.outputs import log_analysis, write_result
-
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)
     png = plot(result, out)
@@ -289,7 +282,5 @@ def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dic
 
 @ANALYSES.register("lexical_enrichment", schema=LexicalEnrichmentConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    from omegaconf import OmegaConf
-
     raw = cfg.analysis if isinstance(cfg.analysis, dict) else OmegaConf.to_container(cfg.analysis)
     return run(cfg, LexicalEnrichmentConfig(**{k: v for k, v in raw.items() if k != "name"}), model_from_cli)

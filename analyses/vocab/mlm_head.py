@@ -8,7 +8,7 @@ BERT's head does, and the projections use the head as pre-trained.
 
 Two sources (`load_mlm_head`):
 - the backbone checkpoint's own head (BERT's `cls.predictions`, RoBERTa/MPNet's `lm_head`) when it has one;
-- a file written by `python -m analyses.vocab.fit_mlm_head` (g and b fitted with the encoder frozen; for
+- a file written by `python evaluate.py analysis=fit_mlm_head` (g and b fitted with the encoder frozen; for
   backbones shipped without a head, such as the offline all-MiniLM-L6-v2).
 
 v always comes from the pre-trained backbone, never from a fine-tuned ranker's encoder: the projections read a
@@ -16,12 +16,16 @@ fine-tuned ranker through the head of the model it was initialised from (section
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import Tensor, nn
 
 from core.errors import InputError
+from core.io import atomic_open
+from lightning_modules.rankers.backbone import load_backbone, resolve
 
 FORMAT = "isorank-mlm-head-v1"
 
@@ -30,7 +34,9 @@ class MLMHead(nn.Module):
     """g and b trainable, the tied decoder weight (the input embeddings) frozen and not part of `state_dict`."""
 
     def __init__(self, embeddings: Tensor, act: str = "gelu", eps: float = 1e-12):
-        from transformers.activations import ACT2FN
+        from transformers.activations import (
+            ACT2FN,  # lazy: heavy, only model building needs it
+        )
 
         super().__init__()
         vocab, hidden = embeddings.shape
@@ -63,8 +69,6 @@ class MLMHead(nn.Module):
 
 def backbone_embeddings(backbone: str) -> tuple[Tensor, object]:
     """(the pre-trained input embeddings [V, d], the HF config) of a backbone name (`minilm`, an HF id, a path)."""
-    from lightning_modules.rankers.backbone import load_backbone
-
     encoder, _ = load_backbone(backbone)
     return encoder.get_input_embeddings().weight.detach().clone(), encoder.config
 
@@ -72,9 +76,6 @@ def backbone_embeddings(backbone: str) -> tuple[Tensor, object]:
 def has_mlm_weights(backbone: str) -> bool | None:
     """Whether a local checkpoint's weight files hold MLM-head tensors, read from the file index without loading
     the model; None when that cannot be told (a hub id, an unknown file layout)."""
-    import json
-
-    from lightning_modules.rankers.backbone import resolve
 
     d = Path(resolve(backbone))
     if not d.is_dir():
@@ -83,8 +84,6 @@ def has_mlm_weights(backbone: str) -> bool | None:
     for index in d.glob("*.safetensors.index.json"):
         names += list(json.loads(index.read_text())["weight_map"])
     if not names and (d / "model.safetensors").is_file():
-        from safetensors import safe_open
-
         with safe_open(str(d / "model.safetensors"), "pt") as f:
             names = list(f.keys())
     if not names:
@@ -94,9 +93,10 @@ def has_mlm_weights(backbone: str) -> bool | None:
 
 def _from_hf(backbone: str) -> MLMHead | None:
     """The checkpoint's own MLM head, or None when the checkpoint has no MLM weights."""
-    from transformers import AutoModelForMaskedLM
+    from transformers import (
+        AutoModelForMaskedLM,  # lazy: heavy, only model building needs it
+    )
 
-    from lightning_modules.rankers.backbone import resolve
 
     if has_mlm_weights(backbone) is False:
         return None
@@ -128,8 +128,6 @@ def _from_hf(backbone: str) -> MLMHead | None:
 
 def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> Path:
     """g and b with what they were fitted for, atomically (a crash leaves no half-written file)."""
-    from core.io import atomic_open
-
     path = Path(path)
     payload = {"format": FORMAT, "backbone": backbone, "vocab_size": head.vocab_size,
                "hidden_size": head.dense.in_features, "act": head.act_name, "eps": head.norm.eps,
@@ -142,7 +140,7 @@ def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> P
 def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head") -> MLMHead:
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"config key '{where}'", f"file '{path}' does not exist; expected a head written by python -m analyses.vocab.fit_mlm_head")
+        raise InputError(f"config key '{where}'", f"file '{path}' does not exist; expected a head written by python evaluate.py analysis=fit_mlm_head")
     try:
         payload = torch.load(p, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
@@ -166,5 +164,5 @@ def load_mlm_head(backbone: str, path: str | None = None, where: str = "analysis
     head = _from_hf(backbone)
     if head is None:
         raise InputError(f"config key '{where}'", f"is null and backbone '{backbone}' has no MLM head; fit one with "
-                                                  f"python -m analyses.vocab.fit_mlm_head model.backbone={backbone} data=squad --out PATH and set {where}=PATH")
+                                                  f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH and set {where}=PATH")
     return head, f"{backbone} (pre-trained MLM head)"

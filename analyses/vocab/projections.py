@@ -139,7 +139,9 @@ def amnesia_row(p: PairStats, ranker_rank: int, top: int = 5) -> dict | None:
 def amnesia_summary(rows: list[dict]) -> dict:
     """Per group (retrieved / missed by the ranker): count and the median over queries of each rank statistic; a
     one-sided Mann-Whitney U p-value that the missed group's ranks are larger."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import (
+        mannwhitneyu,  # lazy: scipy.stats loads slowly, only significance tests need it
+    )
 
     keys = ("max_rank_P", "median_rank_P", "max_rank_Q", "median_rank_Q")
     out: dict = {}

@@ -28,7 +28,10 @@ def _finite(v) -> float | None:
 
 def correlate(x, y) -> dict:
     """Pearson r (and p) and Spearman rho of the finite (x, y) pairs; r = None with fewer than 3 or a constant."""
-    from scipy.stats import pearsonr, spearmanr
+    from scipy.stats import (  # lazy: scipy.stats loads slowly, only significance tests need it
+        pearsonr,
+        spearmanr,
+    )
 
     pts = [(a, b) for a, b in zip(x, y) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
     out = {"n": len(pts), "pearson_r": None, "p_value": None, "spearman_rho": None}

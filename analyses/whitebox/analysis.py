@@ -28,9 +28,32 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
+from omegaconf import OmegaConf
 
+from analyses.outputs import log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.whitebox.aggregate import (
+    correlations,
+    delta_es_of,
+    subword_rows,
+    word_rows,
+)
+from analyses.whitebox.collect import (
+    QueryResult,
+    analyse_query,
+    encode_texts,
+    query_maxsim,
+    spectral_by_subword,
+)
+from analyses.whitebox.idf import collection_idf
+from analyses.whitebox.plots import scatter
+from analyses.whitebox.words import query_words
 from core.errors import InputError, check_choice
+from datamodules.bm25 import bm25_candidates
+from datamodules.sources import data_config, load_dataset
+from lightning_modules.loading import load_module
+from lightning_modules.module import RankingModule
 
 JSON_NAME = "whitebox.json"
 STATISTICS = ("term_importance", "delta_es", "spectral")
@@ -81,8 +104,6 @@ class WhiteboxConfig(AnalysisConfig):
 def queries_and_candidates(ds, dc, opts: WhiteboxConfig, seed: int) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
     """(qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, a
     seeded sample of `max_queries` of them, sorted."""
-    from datamodules.bm25 import bm25_candidates
-
     depth = int(opts.candidate_depth or dc.candidate_depth)
     names = [s for s in ("train", "val", "test") if s in ds.splits] if opts.split == "all" else [opts.split]
     texts: dict[str, str] = {}
@@ -113,12 +134,6 @@ def _check_colbert(name: str) -> None:
 
 def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
     """label -> RankingModule in eval mode: the checkpoint's ranker (or the untrained one), and the backbone."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from lightning_modules.loading import load_module
-    from lightning_modules.module import RankingModule
-
     module = load_module(cfg, model_from_cli)
     _check_colbert(module.model_cfg.name)
     models = {("fine-tuned" if cfg.ckpt else "untrained"): module}
@@ -138,21 +153,6 @@ def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts: WhiteboxConfig, seed: int,
                   label: str = "") -> dict:
     """Every statistic for one ranker (rows, correlations, per-query values, timings)."""
-    from analyses.whitebox.aggregate import (
-        correlations,
-        delta_es_of,
-        subword_rows,
-        word_rows,
-    )
-    from analyses.whitebox.collect import (
-        QueryResult,
-        analyse_query,
-        encode_texts,
-        query_maxsim,
-        spectral_by_subword,
-    )
-    from analyses.whitebox.words import query_words
-
     ranker, c = module.ranker, module.model_cfg
     tok = ranker.tokenizer
     stats = list(opts.statistics)
@@ -231,9 +231,6 @@ def _num(v):
 # ---- the whole analysis -------------------------------------------------------------------------------------
 def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     """Reads and checks all input, runs every model; nothing is written here."""
-    from analyses.whitebox.idf import collection_idf
-    from datamodules.sources import data_config, load_dataset
-
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     timings: dict[str, float] = {}
     if not cfg.ckpt and cfg.model.name != "colbert":
@@ -290,9 +287,6 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
 
 def write_outputs(result: dict, out: str | Path) -> tuple[list[Path], Path]:
     """The figures, then the JSON (last, so a JSON means a finished analysis), each atomically."""
-    from analyses.outputs import write_result
-    from analyses.whitebox.plots import scatter
-
     out = Path(out)
     s = result["settings"]
     sub = f"{s['dataset']} {s['split']}, {s['queries']} queries, |S_q| <= {s['candidate_depth']}"
@@ -302,8 +296,6 @@ def write_outputs(result: dict, out: str | Path) -> tuple[list[Path], Path]:
 
 
 def log_result(cfg, result: dict, pngs: list[Path]) -> None:
-    from analyses.outputs import log_analysis
-
     scalars, tables = {}, {}
     for label, res in result["models"].items():
         for stat, c in res["correlations"].items():
@@ -350,8 +342,6 @@ def run(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
 
 
 def options(cfg) -> WhiteboxConfig:
-    from omegaconf import OmegaConf
-
     raw = cfg.analysis
     raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
     return WhiteboxConfig(**{k: v for k, v in raw.items() if k != "name"})

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from analyses.whitebox.maxsim import MaxSim, max_sim
 from analyses.whitebox.words import Word
+from datamodules.tokenization import length_sorted_batches
 from metrics.delta_es import pair_difference
 from metrics.spectral import sample_rows, spectral_ratio
 from metrics.tau_ap import correlation
@@ -47,21 +48,6 @@ class Encodings:
         mask_t = torch.from_numpy(mask)
         vecs = self.vecs[rows] * mask_t[..., None].to(self.vecs.dtype)
         return vecs, mask_t, torch.where(mask_t, self.ids[rows], torch.zeros_like(rows))
-
-
-def length_sorted_batches(ids: list[list[int]], batch_size: int, pad_id: int):
-    """(indices into `ids`, padded input ids, attention mask) per batch, longest texts first (little padding)."""
-    lens = np.array([len(x) for x in ids], dtype=np.int64)
-    order = np.argsort(-lens, kind="stable")
-    for s in range(0, len(order), batch_size):
-        chunk = order[s : s + batch_size]
-        length = int(lens[chunk].max())
-        inp = torch.full((len(chunk), length), pad_id, dtype=torch.long)
-        att = torch.zeros((len(chunk), length), dtype=torch.long)
-        for r, k in enumerate(chunk):
-            inp[r, : lens[k]] = torch.tensor(ids[k])
-            att[r, : lens[k]] = 1
-        yield chunk, inp, att
 
 
 @torch.inference_mode()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_modules.rankers.maxsim import c_star
+
 
 @dataclass
 class MaxSim:
@@ -41,8 +43,7 @@ def max_sim(q_vecs: Tensor, q_ids: Tensor, d_vecs: Tensor, d_mask: Tensor, d_ids
     d_ids [n, Ld]. C_ij in float32 whatever the storage type."""
     sim = torch.einsum("id,njd->inj", q_vecs.float(), d_vecs.float())  # [Lq, n, Ld] = C_ij per candidate
     valid = d_mask[None, :, :]
-    sim = sim.masked_fill(~valid, float("-inf"))
-    c_star = sim.max(dim=-1).values
+    best = c_star(sim, valid)
     same = (d_ids[None, :, :] == q_ids[:, None, None]) & valid
-    exact_best = sim.masked_fill(~same, float("-inf")).max(dim=-1).values
-    return MaxSim(c_star=c_star, exact=same.any(-1) & (exact_best == c_star))
+    exact_best = c_star(sim, same)  # the best similarity among the passage's copies of query token i
+    return MaxSim(c_star=best, exact=same.any(-1) & (exact_best == best))

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.io import save_figure
+
 FIGURES = {
     # statistic: (file, rows ("words" / "subwords"), y key, y label, x label, title)
     "term_importance": ("whitebox_term_importance.png", "words", "tau_ap", "ColBERT term importance: mean tau_AP",
@@ -20,12 +22,11 @@ COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
 
 def scatter(statistic: str, models: dict[str, dict], out: str | Path, subtitle: str = "") -> Path:
     """`models`: label -> that model's result (with "words", "subwords", "correlations")."""
-    import matplotlib
+    import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
-    from core.io import save_figure
 
     name, rows_key, ykey, ylabel, xlabel, title = FIGURES[statistic]
     fig, ax = plt.subplots(figsize=(6.4, 4.8))

@@ -1,8 +1,9 @@
 """What every benchmark driver shares (stdlib + torch only: each peer's driver runs in that peer's own venv).
 
-A driver is `python <driver>.py SPEC.json OUT.json`. SPEC (written by bench/bench_peers.py) names one task, the
-precision, the thread count, the backbone directory and the data file; the driver times that task and writes
-{"times": [seconds per unit of work], "units": texts per timed unit, "peak_rss_mib": ..., ...} to OUT.
+A driver is `python -m bench.peers.<driver> SPEC.json OUT.json`, run from the repository root by bench/bench_peers.py
+(a peer's with the python of its venv: importing `bench` and `bench.peers` needs only the standard library). SPEC
+names one task, the precision, the thread count, the backbone directory and the data file; the driver times that
+task and writes {"times": [seconds per unit of work], "units": texts per timed unit, "peak_rss_mib": ..., ...} to OUT.
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import resource
 import sys
 import time
 
+import torch
+
 
 def load_spec() -> tuple[dict, dict, str]:
     spec_path, out_path = sys.argv[1], sys.argv[2]
     spec = json.loads(open(spec_path, encoding="utf-8").read())
     data = json.loads(open(spec["data"], encoding="utf-8").read())
-    import torch
 
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(spec.get("seed", 0))
@@ -26,8 +28,6 @@ def load_spec() -> tuple[dict, dict, str]:
 
 
 def autocast(precision: str):
-    import torch
-
     if precision == "bf16":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()

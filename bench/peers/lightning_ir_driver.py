@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 import torch
-from common import autocast, load_spec, scores_by_query, time_rerank, timed, write
+
+from bench.peers.common import autocast, load_spec, scores_by_query, time_rerank, timed, write
 
 
 def main() -> None:
@@ -23,8 +24,8 @@ def main() -> None:
         InBatchCrossEntropy,
         IndexBatch,
         TrainBatch,
-    )
-    from lightning_ir.models import ColConfig, DprConfig
+    )  # lazy: exists only in the peer's environment
+    from lightning_ir.models import ColConfig, DprConfig  # lazy: exists only in the peer's environment
 
     q_len, task, prec = spec["query_max_len"], spec["task"], spec["precision"]
     # Lightning IR pads to a multiple of 8 and refuses a truncation length that is not one: 180 -> 176, the

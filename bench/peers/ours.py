@@ -10,21 +10,17 @@ the peers' plain AdamW), then the evaluation path: every query and every distinc
 """
 from __future__ import annotations
 
-import sys
+import time
 import warnings
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+import torch
 
-from common import autocast, load_spec, time_rerank, timed, write  # noqa: E402
+from bench.bench_speed import build_optimizer, train_step
+from bench.peers.common import autocast, load_spec, time_rerank, timed, write
+from lightning_modules.module import RankingModule
 
 
 def build(name: str, spec: dict):
-    import torch
-
-    from lightning_modules.module import RankingModule
 
     torch.manual_seed(spec.get("seed", 0))
     model = dict(name=name, backbone=spec["backbone"], query_max_len=spec["query_max_len"], doc_max_len=spec["doc_max_len"],
@@ -34,10 +30,6 @@ def build(name: str, spec: dict):
 
 def score_lists(module, lists: dict, prec: str, batch_size: int) -> tuple[dict, float]:
     """{qid: [score of each candidate, in the lists' order]} and the seconds it took."""
-    import time
-
-    import torch
-
     t0 = time.perf_counter()
     pairs = [(qi, d) for qi, cands in enumerate(lists["candidates"]) for d in cands]
     iq, id_ = (torch.tensor(col, dtype=torch.long) for col in zip(*pairs))
@@ -54,13 +46,10 @@ def score_lists(module, lists: dict, prec: str, batch_size: int) -> tuple[dict, 
 
 def main() -> None:
     spec, data, out = load_spec()
-    import torch
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: heavy, only model building needs it
 
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=".*self.log.*")  # training_step logs; there is no Trainer here
-    from bench_speed import build_optimizer, train_step
-
     task, prec = spec["task"], spec["precision"]
     res = {"tool": "ours", "task": task}
     if task == "quality":

@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 
 import torch
-from common import autocast, load_spec, scores_by_query, time_rerank, timed, write
+
+from bench.peers.common import autocast, load_spec, scores_by_query, time_rerank, timed, write
 
 
 def main() -> None:
     spec, data, out = load_spec()
-    from pylate import losses, models, rank
+    from pylate import losses, models, rank  # lazy: exists only in the peer's environment
 
     q_len, d_len = spec["query_max_len"], spec["doc_max_len"]
     model = models.ColBERT(spec["backbone"], query_length=q_len, document_length=d_len, device="cpu")

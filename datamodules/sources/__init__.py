@@ -1,23 +1,21 @@
-"""Data source registry: `data.source` in YAML picks one. Each source is `build(cfg, seed) -> IRDataset`."""
+"""Data sources: `data.source` in YAML picks one (the registry: sources/registry.py; one module per source).
+`load_dataset` builds, validates and splits the configured one."""
 from omegaconf import OmegaConf
+from pytorch_lightning.utilities import rank_zero_info
 
-from core.registry import Registry
+from datamodules.answer_bias import apply_answer_bias, describe
+from datamodules.folds import apply_folds, check_fold_config
+from datamodules.sources import beir, classic, ir_datasets_source, squad, synthetic, tsv  # noqa: F401 (they register)
+from datamodules.sources.ir_datasets_source import folds_given_by_source
+from datamodules.sources.registry import SOURCES
 
-SOURCES: Registry = Registry("data source")
-
-from datamodules.sources import beir, classic, ir_datasets_source, squad, synthetic, tsv  # noqa: E402,F401
+__all__ = ["SOURCES", "data_config", "load_dataset"]
 
 
 def load_dataset(cfg, seed: int):
     """Build and validate the dataset of `cfg`; with `data.num_folds` set, its judged queries re-split into
     cross-validation folds (datamodules/folds.py; unless the source's own folds were used: ir_datasets fold_ids); with `data.answer_bias_keep_first` set, the training split (of
     the fold) cut to the position-biased questions (datamodules/answer_bias.py)."""
-    from pytorch_lightning.utilities import rank_zero_info
-
-    from datamodules.answer_bias import apply_answer_bias, describe
-    from datamodules.folds import apply_folds, check_fold_config
-    from datamodules.sources.ir_datasets_source import folds_given_by_source
-
     num_folds = check_fold_config(cfg)
     ds = SOURCES.get(cfg.source, "data.source").build(cfg, seed)
     ds.validate()

@@ -22,8 +22,8 @@ import numpy as np
 from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
-from datamodules.sources import SOURCES
-from datamodules.sources.tsv import iter_rows, parse_int, read_jsonl, resolve_path
+from datamodules.sources.registry import SOURCES
+from datamodules.textfiles import iter_rows, parse_int, read_jsonl, resolve_path
 
 
 @dataclass

@@ -40,8 +40,8 @@ import numpy as np
 from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
-from datamodules.sources import SOURCES
-from datamodules.sources.tsv import (
+from datamodules.sources.registry import SOURCES
+from datamodules.textfiles import (
     iter_lines,
     iter_rows,
     parse_int,

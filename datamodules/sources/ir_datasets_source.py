@@ -41,7 +41,8 @@ from core.errors import InputError
 from datamodules.answer_matching import match_answer_spans
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
-from datamodules.sources import SOURCES
+from datamodules.folds import fold_roles
+from datamodules.sources.registry import SOURCES
 
 
 @dataclass
@@ -65,7 +66,7 @@ def _text(obj) -> str:
 
 
 def _load(dataset_id: str, key: str):
-    import ir_datasets
+    import ir_datasets  # lazy: heavy, only the ir_datasets source needs it
 
     try:
         return ir_datasets.load(dataset_id)
@@ -184,8 +185,6 @@ def _multi_id_splits(cfg: IrDatasetsConfig, answer_texts) -> tuple[dict[str, Spl
     if multi == "pool_ids":
         splits = {"train": merge_splits(parts), "val": Split(), "test": Split()}
     else:
-        from datamodules.folds import fold_roles
-
         roles = fold_roles(int(cfg.fold), k)
         splits = {name: merge_splits([parts[f] for f in roles[name]]) for name in ("train", "val", "test")}
     return splits, [(multi, i) for i in ids]

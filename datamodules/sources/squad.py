@@ -24,8 +24,8 @@ import numpy as np
 from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
-from datamodules.sources import SOURCES
-from datamodules.sources.tsv import resolve_path
+from datamodules.sources.registry import SOURCES
+from datamodules.textfiles import resolve_path
 
 
 @dataclass

@@ -31,7 +31,7 @@ import numpy as np
 from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
-from datamodules.sources import SOURCES
+from datamodules.sources.registry import SOURCES
 
 
 @dataclass
@@ -105,7 +105,7 @@ def build(cfg: SyntheticConfig, seed: int) -> IRDataset:
     counts = {"train": int(cfg.num_train_queries), "val": int(cfg.num_val_queries), "test": int(cfg.num_test_queries)}
     n_queries = sum(counts.values())
 
-    from bm25s.stopwords import STOPWORDS_EN
+    from bm25s.stopwords import STOPWORDS_EN  # lazy: only BM25 needs it
 
     # pseudo-words never collide with real function words (BM25 would drop a key term that is a stopword)
     reserved = set(FUNCTION_WORDS) | set(QUESTION_WORDS) | set(STOPWORDS_EN)

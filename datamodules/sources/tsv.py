@@ -1,4 +1,4 @@
-"""MS MARCO-style local files (`data.source: tsv`), plus the line readers every file-based source shares.
+"""MS MARCO-style local files (`data.source: tsv`); the line readers are in datamodules/textfiles.py.
 
 Files (each may be gzip-compressed, `.gz`):
 
@@ -18,153 +18,21 @@ first malformed line; nothing is written.
 """
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from core.errors import InputError
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
-from datamodules.sources import SOURCES
-
-# --------------------------------------------------------------------------------------------------------------
-# Shared readers (also used by the beir, classic, squad and ir_datasets sources)
-# --------------------------------------------------------------------------------------------------------------
-
-
-def resolve_path(value: str | None, key: str, what: str = "file", must_be_dir: bool = False) -> Path:
-    """Config path -> existing Path. Relative paths are taken relative to the current working directory.
-
-    A null or missing path raises InputError naming the config key (`data.<key>`) and the path."""
-    if value is None or str(value).strip() == "":
-        raise InputError(f"data.{key}", f"is not set; expected the path of the {what}")
-    p = Path(str(value)).expanduser()
-    if not p.exists():
-        raise InputError(f"data.{key}", f"path '{value}' does not exist (resolved to {p.absolute()}); expected the {what}")
-    if must_be_dir and not p.is_dir():
-        raise InputError(f"data.{key}", f"path '{value}' is not a directory; expected the {what}")
-    if not must_be_dir and p.is_dir():
-        raise InputError(f"data.{key}", f"path '{value}' is a directory; expected the {what} (a file)")
-    return p
-
-
-def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line without its newline) for a UTF-8 text file, gzip-compressed when named *.gz.
-
-    Undecodable bytes or a corrupt gzip stream raise InputError naming the file (and line)."""
-    path = Path(path)
-    lineno = 0
-    try:
-        raw = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
-        with raw as f:
-            for lineno, bline in enumerate(f, start=1):
-                try:
-                    line = bline.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise InputError(f"{path}:{lineno}", f"is not valid UTF-8 ({e.reason} at byte {e.start}); expected UTF-8 text") from e
-                yield lineno, line.rstrip("\r\n")
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise InputError(f"{path}:{lineno + 1}", f"is not a valid gzip stream ({e}); expected a gzip-compressed text file") from e
-
-
-def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterator[tuple[int, list[str]]]:
-    """(line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False); a line with
-    another number of columns raises InputError naming file:line and the expected columns."""
-    sep, kind = ("\t", "tab") if tabs else (None, "whitespace")
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        cols = line.split(sep)
-        if len(cols) != len(columns):
-            raise InputError(f"{path}:{lineno}", f"expected {len(columns)} {kind}-separated columns ({', '.join(columns)}), got {len(cols)}")
-        yield lineno, cols
-
-
-def read_text(path: Path) -> str:
-    return "\n".join(line for _, line in iter_lines(path))
-
-
-def read_id_text_tsv(path: Path, kind: str, into: dict[str, str] | None = None) -> dict[str, str]:
-    """`id<TAB>text` lines -> {id: text}. kind = "passage" or "query" (for messages). Blank lines are skipped."""
-    out: dict[str, str] = {} if into is None else into
-    first_line: dict[str, int] = {}
-    for lineno, cols in iter_rows(path, (f"{kind} id", f"{kind} text")):
-        ident, text = cols[0].strip(), cols[1]
-        if not ident:
-            raise InputError(f"{path}:{lineno}", f"empty {kind} id; expected '{kind} id<TAB>{kind} text'")
-        if not text.strip():
-            raise InputError(f"{path}:{lineno}", f"empty {kind} text for id '{ident}'; expected a non-empty {kind}")
-        if ident in out:
-            where = f" (first at line {first_line[ident]})" if ident in first_line else ""
-            raise InputError(f"{path}:{lineno}", f"duplicate {kind} id '{ident}'{where}; expected unique ids")
-        first_line[ident] = lineno
-        out[ident] = text
-    return out
-
-
-def parse_int(value: str, where: str, what: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(where, f"{what} '{value}' is not an integer") from None
-
-
-def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
-    """TREC qrels `qid iter docid rel` (columns=4) or `qid docid rel` (columns=3) -> {qid: {docid: rel}}.
-    A pair listed twice keeps its highest grade."""
-    qrels: dict[str, dict[str, int]] = {}
-    layout = ("qid", "iter", "docid", "rel") if columns == 4 else ("qid", "docid", "rel")
-    for lineno, cols in iter_rows(path, layout, tabs=False):
-        qid, did, rel = (cols[0], cols[2], cols[3]) if columns == 4 else (cols[0], cols[1], cols[2])
-        grade = parse_int(rel, f"{path}:{lineno}", "relevance")
-        judged = qrels.setdefault(qid, {})
-        judged[did] = max(grade, judged.get(did, grade))
-    return qrels
-
-
-def read_trec_run(path: Path) -> dict[str, list[str]]:
-    """TREC run `qid Q0 docid rank score tag` -> {qid: [docid, ...]} ordered by score (desc), then rank (asc).
-    A doc listed twice for a query keeps its first (best) position."""
-    rows: dict[str, list[tuple[float, int, str]]] = {}
-    for lineno, cols in iter_rows(path, ("qid", "Q0", "docid", "rank", "score", "tag"), tabs=False):
-        qid, _, did, rank, score, _ = cols
-        r = parse_int(rank, f"{path}:{lineno}", "rank")
-        try:
-            s = float(score)
-        except ValueError:
-            raise InputError(f"{path}:{lineno}", f"score '{score}' is not a number") from None
-        if s != s:
-            raise InputError(f"{path}:{lineno}", "score is NaN; expected a number")
-        rows.setdefault(qid, []).append((-s, r, did))
-    out: dict[str, list[str]] = {}
-    for qid, lst in rows.items():
-        lst.sort(key=lambda t: (t[0], t[1]))
-        seen: set[str] = set()
-        out[qid] = [d for _, _, d in lst if not (d in seen or seen.add(d))]
-    return out
-
-
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; a malformed line or a non-object raises InputError."""
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{lineno}", f"malformed JSON ({e.msg} at column {e.colno}); expected one JSON object a line") from None
-        if not isinstance(obj, dict):
-            raise InputError(f"{path}:{lineno}", f"expected a JSON object, got {type(obj).__name__}")
-        yield lineno, obj
-
-
-def content_id(prefix: str, text: str) -> str:
-    return prefix + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
-
+from datamodules.sources.registry import SOURCES
+from datamodules.textfiles import (
+    content_id,
+    iter_rows,
+    read_id_text_tsv,
+    read_trec_qrels,
+    read_trec_run,
+    resolve_path,
+)
 
 # --------------------------------------------------------------------------------------------------------------
 # The tsv source

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from core.errors import InputError, check_choice
+from lightning_modules.heads import HEADS
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -59,7 +60,5 @@ class IsotropyHead(nn.Module):
 
 def build_head(cfg, dim: int) -> IsotropyHead | None:
     """The head of `cfg` for vectors of width `dim`; None for `name: none`."""
-    from lightning_modules.heads import HEADS
-
     return HEADS.get(cfg.name, "head.name").build(cfg, dim)
 

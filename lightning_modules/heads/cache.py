@@ -19,15 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from core.errors import InputError
-from core.io import write_json
+from core.io import AtomicDir, write_json
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -85,34 +83,28 @@ class RepresentationCache:
             cached = cls(path)
             if cached.manifest.get("key") == key:
                 return cached
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.mkdir(parents=True)
         was_training = ranker.training
         try:
-            count, dim = 0, None
-            ranker.eval()
-            device = next(ranker.parameters()).device
-            with open(tmp / "vectors.bin", "wb") as f:
-                for texts, side in ((queries, pair_tokenizer.queries), (docs, pair_tokenizer.docs)):
-                    for s in range(0, len(texts), batch_size):
-                        batch = {k: v.to(device) for k, v in side(texts[s : s + batch_size]).items()}
-                        with autocast() if autocast else torch.autocast(device.type, enabled=False):
-                            v = _vectors(ranker, batch, granularity)
-                        v = v.float().cpu().numpy().astype(DTYPES[dtype])
-                        if not np.isfinite(v).all():
-                            raise FloatingPointError(f"non-finite representation while caching (texts {s}..{s + batch_size})")
-                        f.write(np.ascontiguousarray(v).tobytes())
-                        count, dim = count + len(v), v.shape[1]
-                f.flush()
-                os.fsync(f.fileno())
-            write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
-                                               "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs)})
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            # written into a temporary sibling and renamed into place: a crash leaves the old cache or none
+            with AtomicDir(path, kind="a representation cache") as tmp:
+                count, dim = 0, None
+                ranker.eval()
+                device = next(ranker.parameters()).device
+                with open(tmp / "vectors.bin", "wb") as f:
+                    for texts, side in ((queries, pair_tokenizer.queries), (docs, pair_tokenizer.docs)):
+                        for s in range(0, len(texts), batch_size):
+                            batch = {k: v.to(device) for k, v in side(texts[s : s + batch_size]).items()}
+                            with autocast() if autocast else torch.autocast(device.type, enabled=False):
+                                v = _vectors(ranker, batch, granularity)
+                            v = v.float().cpu().numpy().astype(DTYPES[dtype])
+                            if not np.isfinite(v).all():
+                                raise FloatingPointError(f"non-finite representation while caching (texts {s}..{s + batch_size})")
+                            f.write(np.ascontiguousarray(v).tobytes())
+                            count, dim = count + len(v), v.shape[1]
+                    f.flush()
+                    os.fsync(f.fileno())
+                write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
+                                                   "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs)})
         finally:
             ranker.train(was_training)
         return cls(path)

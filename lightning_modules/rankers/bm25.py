@@ -2,7 +2,9 @@
 
 Not an nn.Module and nothing to train: the entry carries only the config schema, so `model=bm25` composes and is
 validated like any ranker. `pipeline.run.evaluate` hands it to `retrieval.bm25.run_bm25` (full-collection
-retrieval with bm25s over the test split, scored with trec_eval semantics); `train.py model=bm25` is an input error.
+retrieval with bm25s over `model.split`, scored with trec_eval semantics); `train.py model=bm25` is an input error.
+
+    python evaluate.py model=bm25 data=cranfield model.split=all model.depth=1000 output_dir=outputs/bm25-cranfield
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 from core.errors import InputError, check_choice
 from datamodules.bm25 import METHODS
+from datamodules.corpus import SPLITS
 from lightning_modules.rankers import RANKERS
 
 
@@ -20,9 +23,13 @@ class BM25Config:
     k1: float = 1.5
     b: float = 0.75
     depth: int = 1000  # documents retrieved per query
+    # whose queries: train | val | test (the split neural rankers are tested on, so rows compare) | all (every judged
+    # query of every split, the usual setting for published BM25 figures on the classic collections)
+    split: str = "test"
 
     def __post_init__(self):
         check_choice("model.method", self.method, METHODS)
+        check_choice("model.split", self.split, (*SPLITS, "all"))
         if self.depth <= 0:
             raise InputError("config key 'model.depth'", f"is {self.depth}; expected a positive number of documents")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from lightning_modules.rankers import RANKERS
@@ -19,6 +18,7 @@ from lightning_modules.rankers.base import (
     RankerConfig,
     cosine_normalize,
 )
+from lightning_modules.rankers.maxsim import maxsim_all, maxsim_pairs
 
 
 @dataclass
@@ -42,18 +42,10 @@ class ColBERT(BiEncoder):
         return cosine_normalize(x)
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
-        qn, dn = cosine_normalize(q.tokens), cosine_normalize(d.tokens)
-        sim = torch.einsum("bid,bjd->bij", qn, dn)  # [B, Lq, Ld]
-        sim = sim.masked_fill(~d.mask[:, None, :], float("-inf"))
-        best = sim.max(dim=-1).values  # [B, Lq]
-        return (best * q.mask.to(best.dtype)).sum(-1)
+        return maxsim_pairs(cosine_normalize(q.tokens), q.mask, cosine_normalize(d.tokens), d.mask)
 
     def score_all(self, q: Encoded, d: Encoded) -> Tensor:
-        qn, dn = cosine_normalize(q.tokens), cosine_normalize(d.tokens)
-        sim = torch.einsum("qid,pjd->qpij", qn, dn)  # [Bq, Bd, Lq, Ld]
-        sim = sim.masked_fill(~d.mask[None, :, None, :], float("-inf"))
-        best = sim.max(dim=-1).values  # [Bq, Bd, Lq]
-        return (best * q.mask[:, None, :].to(best.dtype)).sum(-1)
+        return maxsim_all(cosine_normalize(q.tokens), q.mask, cosine_normalize(d.tokens), d.mask)
 
 
 @RANKERS.register("colbert", schema=ColBERTConfig)

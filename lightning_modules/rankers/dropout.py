@@ -65,7 +65,9 @@ class FastDropout(nn.Dropout):
 def attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, dropout: float = 0.0,
               scaling: float | None = None, **kwargs):
     """transformers attention interface: SDPA, or with dropout on CPU the math path with `fast_dropout`."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import (
+        sdpa_attention_forward,  # lazy: heavy, only model building needs it
+    )
 
     if dropout == 0.0 or query.is_cuda or kwargs.get("position_bias") is not None or getattr(module, "is_causal", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -93,8 +95,13 @@ def use_fast_dropout(encoder: nn.Module) -> nn.Module:
                 setattr(child, attr, FastDropout(sub.p, sub.inplace))
     config = getattr(encoder, "config", None)
     if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers import (
+            AttentionInterface,  # lazy: heavy, only model building needs it
+        )
+        from transformers.masking_utils import (  # lazy: heavy, only model building needs it
+            AttentionMaskInterface,
+            sdpa_mask,
+        )
 
         AttentionInterface.register(ATTENTION_NAME, attention)
         AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the mask SDPA gets, for both paths

@@ -35,7 +35,7 @@ Choices, each with the paper's wording where it has one:
 - Scale. The sinusoids have norm sqrt(d/2) and TF's LayerNorm'd output about sqrt(d), while BERT input word
   vectors are short (MiniLM's WordPiece vectors ~1.07, against 13.9 and ~20 at d = 384). Taken as they are, q^ of
   Eq. 4 is mostly position and TF, exactly matching terms start at cosine ~0.2 instead of 1, and TK did not learn
-  in a short run (README). GloVe 300-d vectors are several times longer than BERT's, closer to the sinusoids. So
+  in a short run (docs/position-bias.md). GloVe 300-d vectors are several times longer than BERT's, closer to the sinusoids. So
   `embedding_scale=auto` multiplies backbone vectors by one factor that gives them a mean norm of sqrt(d) (the
   sqrt(d_model) factor of Vaswani et al.'s embedding layer, whose positional encodings the paper takes), keeping
   their relative norms; a GloVe file is used as it is. A number sets the factor (1.0: the raw backbone vectors).

@@ -1,0 +1,124 @@
+"""The steps every run shares (train.py, evaluate.py, the head stage): read the data before anything is written,
+build the Lightning trainer with this pipeline's callbacks, test a module, and write its result directory and
+resolved config into `output_dir` (atomically, by global rank 0 only)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import LearningRateMonitor, RichProgressBar
+from rich.console import Console
+from rich.table import Table
+
+from callbacks.atomic_io import AtomicCheckpointIO
+from callbacks.ats import ATSCallback
+from callbacks.checkpoint import RankingCheckpoint
+from callbacks.isotropy import IsotropyCallback
+from callbacks.loggers import build_logger, head_rows, log_results_table
+from callbacks.preemption import Preemption
+from core.errors import InputError
+from core.io import atomic_open
+from datamodules.datamodule import RankingDataModule
+from datamodules.sources import data_config
+from lightning_modules.module import RankingModule
+from metrics.results import write_result_dir
+
+MONITOR = "val/ndcg_cut_10"
+
+
+def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
+    t = OmegaConf.to_container(cfg.trainer)
+    callbacks: list = [IsotropyCallback(seed=int(cfg.seed))]
+    if cfg.eval.ats_passages > 0:
+        callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed))
+    if checkpoints:
+        callbacks += [RankingCheckpoint(str(Path(cfg.output_dir) / "checkpoints"), monitor=MONITOR), Preemption()]
+    if logger:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if t.get("enable_progress_bar"):
+        callbacks.append(RichProgressBar())
+    if t.get("limit_val_batches") is None:
+        t.pop("limit_val_batches", None)
+    return pl.Trainer(
+        **t, logger=logger, callbacks=callbacks, default_root_dir=cfg.output_dir,
+        # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
+        use_distributed_sampler=False, enable_checkpointing=checkpoints, plugins=[AtomicCheckpointIO()],
+    )
+
+
+def load_data(cfg: DictConfig, module: RankingModule, cls: type = RankingDataModule) -> RankingDataModule:
+    """The data module with its data read and validated, before anything is written into `output_dir`: bad data
+    stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
+    dm = cls(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm.setup()
+    test = dm.eval_splits["test"]
+    if len(test.pairs) == 0:
+        # e.g. a fold or fraction that leaves no judged test query, or no BM25 candidate for any of them; without
+        # this the run would train and then fail with no test results to write
+        raise InputError(f"data '{cfg.data.source}', split 'test'", f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates); check the split settings (test_fraction, folds) and data.candidate_depth")
+    return dm
+
+
+def save_config(cfg: DictConfig) -> None:
+    with atomic_open(Path(cfg.output_dir) / "config.yaml") as f:
+        f.write(OmegaConf.to_yaml(cfg))
+
+
+def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training") -> dict:
+    """The test results of `module` into `output_dir` (metrics/results.py); `before`: a run's results before
+    training or without a head, kept in metrics.json under `before_key`."""
+    test = module.results["test"]
+    metrics = test_results(module)
+    doc = dict(metrics)
+    if before is not None:
+        doc[before_key] = before
+    write_result_dir(cfg.output_dir, doc, test["per_query"], test["run"], tag=f"{cfg.model.name}")
+    return metrics
+
+
+def print_table(after: dict, before: dict | None = None, before_title: str = "before training", after_title: str = "after",
+                title: str = "test metrics") -> None:
+    table = Table(title=title)
+    table.add_column("metric")
+    if before is not None:
+        table.add_column(before_title, justify="right")
+    table.add_column(after_title if before is not None else "value", justify="right")
+    for k, v in after.items():
+        row = [k] + ([f"{before[k]:.4f}" if k in before else "-"] if before is not None else []) + [f"{v:.4f}"]
+        table.add_row(*row)
+    Console().print(table)
+
+
+def test_results(module: RankingModule) -> dict:
+    test = module.results["test"]
+    return {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
+
+
+def evaluate_module(cfg: DictConfig, module: RankingModule) -> dict | None:
+    """Test a loaded module on `cfg.data` and write the run's files; a HeadModule's results hold "Ft" (no head)
+    under `before_head`."""
+    dm = load_data(cfg, module)
+    logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
+    trainer = build_trainer(cfg, logger, checkpoints=False)
+    if trainer.is_global_zero:
+        save_config(cfg)
+    trainer.test(module, datamodule=dm, verbose=False)
+    if not trainer.is_global_zero:
+        return None
+    if not hasattr(module, "results_without_head"):
+        after = write_results(cfg, module)
+        log_results_table(trainer.logger, {"test": after})
+        print_table(after)
+        return after
+    return report_head_results(cfg, module, trainer.logger)
+
+
+def report_head_results(cfg: DictConfig, module, logger) -> dict:
+    """A HeadModule's test results into `output_dir`, the logger and the console: "Ft" (the ranker without the
+    head) under `before_head`, "Ft -> head" as the run's metrics."""
+    before = module.results_without_head()
+    after = write_results(cfg, module, before, before_key="before_head")
+    log_results_table(logger, head_rows(before, after, cfg.head.name))
+    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
+    return after

@@ -1,0 +1,94 @@
+"""The `retrieval` config group: full ranking over the whole collection from evaluate.py instead of re-ranking.
+
+    python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \\
+        retrieval.k=1000 retrieval.index_type=hnsw retrieval.precision=bf16
+
+`retrieval=none` (configs/retrieval/none.yaml, the default): evaluate.py re-ranks as always. `retrieval=dense`
+(configs/retrieval/dense.yaml): retrieval/run.py `retrieve` indexes the collection with the checkpoint's ranker
+(faiss; RepBERT / BERT_DOT through retrieval/dense.py, ColBERT end-to-end through retrieval/colbert_e2e.py) and
+retrieves the top `k` of every query of `split`. Every key is checked here (a one-line InputError naming it), when
+the config is composed, so `--dry-run` rejects what the run would.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from core.errors import InputError, check_choice
+from datamodules.corpus import SPLITS
+from retrieval.colbert_e2e import STORE_DTYPES
+from retrieval.dense import INDEX_TYPES
+from retrieval.encode import PRECISIONS
+
+__all__ = ["RetrievalConfig", "DenseRetrievalConfig", "SCHEMAS", "schema"]
+
+DEVICE = re.compile(r"(cpu|mps|cuda(:\d+)?)")
+
+
+def _key(name: str) -> str:
+    return f"config key 'retrieval.{name}'"
+
+
+@dataclass
+class RetrievalConfig:
+    """`retrieval=none`: no full ranking; evaluate.py evaluates (re-ranks) as usual."""
+
+    name: str = "none"
+
+
+@dataclass
+class DenseRetrievalConfig(RetrievalConfig):
+    """`retrieval=dense` (configs/retrieval/dense.yaml); index keys as in retrieval.dense.IndexOptions."""
+
+    name: str = "dense"
+    split: str = "test"  # whose queries are retrieved for: train | val | test
+    k: int = 1000  # documents retrieved per query
+    index_type: str = "flat"  # flat | ivf | hnsw | pq | ivfpq
+    nlist: int | None = None  # ivf, ivfpq: inverted lists; null = min(4 sqrt(n), n / 39)
+    nprobe: int | None = None  # ivf, ivfpq: lists visited per query; null = min(nlist, 16)
+    hnsw_m: int = 32  # hnsw: neighbours per node
+    ef_construction: int = 80  # hnsw: candidate list while building
+    ef_search: int = 128  # hnsw: candidate list while searching
+    pq_m: int | None = None  # pq, ivfpq: sub-quantizers (must divide dim); null = largest divisor of dim <= dim / 8
+    pq_nbits: int | None = None  # pq, ivfpq: bits per code, <= 16; null = 8 (fewer for a tiny collection)
+    batch_size: int = 64  # texts per encoder forward pass
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16: CUDA only)
+    device: str | None = None  # cpu | cuda | cuda:N | mps; null = where the checkpoint loads (CPU)
+    gpu_index: bool = True  # faiss-gpu when present; false keeps the faiss index on the CPU
+    index_dir: str | None = None  # where the index is saved; null = <output_dir>/index
+    k_tokens: int = 256  # colbert: token hits per query token
+    depth: int | None = 1000  # colbert: candidates re-scored per query; null = every candidate
+    store_dtype: str = "float16"  # colbert: stored token vectors, float16 | float32
+
+    def __post_init__(self):
+        check_choice("retrieval.split", self.split, SPLITS)
+        check_choice("retrieval.index_type", self.index_type, INDEX_TYPES)
+        check_choice("retrieval.precision", self.precision, PRECISIONS)
+        check_choice("retrieval.store_dtype", self.store_dtype, tuple(STORE_DTYPES))
+        for key in ("k", "hnsw_m", "ef_construction", "ef_search", "batch_size", "k_tokens"):
+            if getattr(self, key) < 1:
+                raise InputError(_key(key), f"is {getattr(self, key)}; expected a positive integer")
+        for key in ("nlist", "nprobe", "pq_m", "pq_nbits", "depth"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                raise InputError(_key(key), f"is {v}; expected a positive integer or null")
+        if self.pq_nbits is not None and self.pq_nbits > 16:
+            raise InputError(_key("pq_nbits"), f"is {self.pq_nbits}; expected at most 16")
+        if self.device is not None and not DEVICE.fullmatch(self.device):
+            raise InputError(_key("device"), f"is {self.device!r}; expected cpu, cuda, cuda:N, mps or null")
+
+    def index_options(self) -> dict:
+        """Keyword arguments of `DenseIndex.build` / `ColBERTIndex.build` for the faiss index."""
+        return dict(index_type=self.index_type, nlist=self.nlist, nprobe=self.nprobe, hnsw_m=self.hnsw_m,
+                    ef_construction=self.ef_construction, ef_search=self.ef_search, pq_m=self.pq_m,
+                    pq_nbits=self.pq_nbits, use_gpu=None if self.gpu_index else False)
+
+
+SCHEMAS: dict[str, type] = {"none": RetrievalConfig, "dense": DenseRetrievalConfig}
+
+
+def schema(name: str) -> type:
+    """The schema of `retrieval.name`."""
+    if name not in SCHEMAS:
+        raise InputError("retrieval.name", f"unknown retrieval '{name}'; expected one of {sorted(SCHEMAS)}")
+    return SCHEMAS[name]

@@ -1,0 +1,54 @@
+"""Full ranking as an evaluate.py job: `python evaluate.py retrieval=dense ckpt=PATH data=... [retrieval.key=value ...]`
+(keys: retrieval/config.py, configs/retrieval/dense.yaml).
+
+The module comes from `ckpt=` (or is built untrained from `model=`); RepBERT / BERT_DOT are indexed by
+`retrieval.dense.DenseIndex`, ColBERT end-to-end by `retrieval.colbert_e2e.ColBERTIndex`. Writes into `output_dir`:
+the index (`<output_dir>/index` unless `retrieval.index_dir`), `run.trec`, `per_query.json` and `metrics.json` (the
+split's qrels, `eval.measures`, plus the retrieval settings), metrics.json last.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from core.errors import InputError
+from datamodules.sources import data_config, load_dataset
+from lightning_modules.loading import load_module
+from metrics.ir import evaluate_run
+from metrics.results import write_result_dir
+from retrieval.colbert_e2e import ColBERTIndex
+from retrieval.config import DenseRetrievalConfig
+from retrieval.dense import DenseIndex
+
+__all__ = ["retrieve"]
+
+
+def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict:
+    """Module (checkpoint or untrained), data, index, run, metrics; `model_from_cli`: the command line picked the
+    model, so the checkpoint's ranker must match it."""
+    opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
+    out = Path(cfg.output_dir)
+    module = load_module(cfg, model_from_cli).eval()
+    if opts.device:
+        module.to(opts.device)
+    ds = load_dataset(data_config(cfg), cfg.seed)
+    split = ds.split(opts.split)
+    if not split.queries:
+        raise InputError("retrieval.split", f"split '{opts.split}' of dataset {ds.name} has no queries")
+    common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=opts.device,
+                  precision=opts.precision, checkpoint=cfg.ckpt or None, **opts.index_options())
+    if module.ranker.cfg.name == "colbert":
+        index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, **common)
+        run = index.search(split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size)
+    else:
+        index = DenseIndex.build(module.ranker, ds.docs, **common)
+        run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
+    index.save(opts.index_dir or out / "index")
+    means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
+    write_result_dir(out, {**means, "retrieval": {"split": opts.split, "k": opts.k, "index": index.manifest["params"],
+                                                  "docs": len(index), "queries": len(run)}},
+                     per_query, run, tag=f"{module.ranker.cfg.name}-{opts.index_type}")
+    for name, v in means.items():
+        print(f"{name}\t{v:.4f}")
+    return means
