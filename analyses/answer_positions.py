@@ -9,11 +9,16 @@ Any source with answer spans (`squad`, `synthetic`, `ir_datasets` with answer st
 are configs/analysis/answer_positions.yaml, validated like every group's. Series, for the chosen split:
 
 - `original`: the passages as they are, with `data.answer_bias_keep_first` switched off (the whole split);
-- `rotated`: the same units, rotated as training (`data.rotate_train`, per triple and epoch) or evaluation
-  (`data.rotate_eval`, per doc id at epoch 0) rotates them, with the run `seed`;
+- `rotated`: the same units, rotated as training (`data.rotate_train`) or evaluation (`data.rotate_eval`) rotates
+  them, with the run `seed`: with `data.rotation=per_passage` (default, the paper's one debiased instance per
+  passage) one cut per doc id in training and evaluation alike; with `per_epoch` training cuts per triple and epoch;
 - `biased`, `biased_rotated` (train split, when `data.answer_bias_keep_first` is set): the position-biased training
   split of datamodules/answer_bias.py, as is ("original (biased)" training) and rotated ("debiased" training:
   the same config with data.rotate_train=true).
+
+`analysis.epochs` pools the rotated series of epochs 0..epochs-1. Only `per_epoch` training differs between epochs:
+with `data.rotation=per_passage` (default), and for val/test under either setting, every epoch is identical to
+epoch 0, so `epochs=N` repeats each position N times (counts scale by N; the shape and every share are unchanged).
 
 Definitions: analyses/positions.py (word-based relative start, all spans vs first, units) and
 analyses/position_stats.py (statistics, KS / chi-square / KL against uniform). Writes into `output_dir`, each file
@@ -84,7 +89,7 @@ def _units(dc, ds, split: str, seed: int):
     if split != "train":
         return eval_units(ds, split)
     # the triples training builds (BM25 or random negatives, max_train_triples), so the rotation keys match
-    return train_units(ds, RankingDataModule(dc, tokenizer=None, seed=seed).train_triples(ds))
+    return train_units(ds, RankingDataModule(dc, tokenizer=None, seed=seed).train_triples(ds), dc.rotation)
 
 
 def analyse(cfg, opts: Options) -> dict:
@@ -117,13 +122,15 @@ def analyse(cfg, opts: Options) -> dict:
             "relative_start": "index of the whitespace word holding the answer span's first character / number of words "
                               "of the whitespace-normalized passage, in [0, 1) (analyses/positions.py)",
             "spans": opts.spans,
-            "units": "training triples' positives with answer spans, rotated per triple and epoch (data.rotate_train)"
-                     if opts.split == "train" else "(question, relevant passage) pairs with answer spans, rotated per doc id at epoch 0 (data.rotate_eval)",
+            "units": ("training triples' positives with answer spans, rotated as data.rotate_train rotates them: "
+                      + ("one cut per doc id, the same at every epoch (data.rotation=per_passage)" if dc.rotation == "per_passage"
+                         else "a cut per triple and epoch (data.rotation=per_epoch)"))
+                     if opts.split == "train" else "(question, relevant passage) pairs with answer spans, one cut per doc id (data.rotate_eval)",
             "uniform_tests": "ks_uniform: Kolmogorov-Smirnov D to U(0,1); chi2_uniform: Pearson chi-square of the bin counts; "
                              "kl_uniform_nats: KL(binned || uniform)",
         },
-        "settings": {"source": dc.source, "dataset": ds.name, "split": opts.split, "seed": seed, "epochs": opts.epochs,
-                     "bins": opts.bins, "answer_bias_keep_first": k,
+        "settings": {"source": dc.source, "dataset": ds.name, "split": opts.split, "seed": seed, "rotation": dc.rotation,
+                     "epochs": opts.epochs, "bins": opts.bins, "answer_bias_keep_first": k,
                      "answer_bias_late_keep": dc.answer_bias_late_keep if k is not None else None},
         "answer_bias": bias_counts,
         "series": series,

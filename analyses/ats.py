@@ -2,9 +2,11 @@
 and MATS (position-bias paper section 5, Eq. 8-9, Table 2, Figure 2) of a ranker's passage term vectors.
 
 Passages: a seeded sample of `analysis.passages` passages of the collection (all with `passages: null`), as the
-evaluation sees them (Eq. 7-rotated with `data.rotate_eval=true`). Term vectors: `lightning_modules/rankers/terms.py`
-(TK's p^ of its Eq. 4, the BERT bi-encoders' last layer, BERT_CAT's passage-side tokens with a query of
-`analysis.split`, cycled). ATS and MATS: metrics/ats.py (seeded cap of `max_occurrences` per term).
+evaluation sees them (Eq. 7-rotated with `data.rotate_eval=true`, one cut per passage). Term vectors:
+`lightning_modules/rankers/terms.py` (TK's p^ of its Eq. 4, the BERT bi-encoders' last layer, BERT_CAT's
+passage-side tokens with a query of `analysis.split`, cycled). ATS and MATS: metrics/ats.py (seeded cap of
+`max_occurrences` per term); MATS as `eval.mats` says, the key the training-time callback reads: `paper` (default,
+Eq. 9 as printed) or `mean`.
 `analysis.compare` adds further checkpoints (e.g. {debiased: PATH}) measured on the same passages and overlaid
 in the figure, as the paper's Figure 2 compares original and debiased training.
 
@@ -26,7 +28,7 @@ from analyses.outputs import log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError, check_choice
 from core.io import save_figure
-from datamodules.datamodule import eval_rotation_key, passage_text
+from datamodules.datamodule import passage_text, rotation_draw
 from datamodules.sources import data_config, load_dataset
 from lightning_modules.loading import load_module
 from lightning_modules.rankers.terms import passage_terms
@@ -36,8 +38,10 @@ JSON_NAME = "ats.json"
 PNG_NAME = "ats.png"
 DEFINITION = ("ATS(da) (position-bias paper Eq. 8): mean over terms of the mean cosine of the term's occurrence pairs "
               "in different passages at positional distance da (positions counted over the passage's WordPiece terms, "
-              "special tokens excluded). MATS (Eq. 9): mean over da >= 1 of ATS(0) - ATS(da). std: standard deviation "
-              "of the pooled pair cosines per da (Figure 2's band); mats_std: std over da of ATS(0) - ATS(da).")
+              "special tokens excluded). MATS (Eq. 9), over the K deltas da >= 1 with a value: mats_mode 'paper' = "
+              "sum of ATS(0) - ATS(da) / (K - 1) (as printed, 1/(max da - 1) x a sum of max da terms), 'mean' = their "
+              "mean. std: standard deviation of the pooled pair cosines per da (Figure 2's band); mats_std: std over "
+              "da of ATS(0) - ATS(da).")
 
 
 @dataclasses.dataclass
@@ -101,7 +105,7 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     rng = np.random.default_rng([seed, 8])
     if opts.passages is not None and opts.passages < len(doc_ids):
         doc_ids = [doc_ids[i] for i in np.sort(rng.permutation(len(doc_ids))[: opts.passages])]
-    texts = [passage_text(ds.docs[d], dc.rotate_eval, int(cfg.seed), 0, eval_rotation_key(d)) for d in doc_ids]
+    texts = [passage_text(ds.docs[d], dc.rotate_eval, int(cfg.seed), *rotation_draw(dc.rotation, 0, d)) for d in doc_ids]
     split = ds.split(opts.split)
     qids = sorted(split.queries)
     queries = [split.queries[qids[i]] for i in rng.permutation(len(qids))]
@@ -114,11 +118,12 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
                               batch_size=opts.batch_size, device=device)
         t1 = time.perf_counter()
         result = average_term_similarity(terms.vectors, terms.terms, terms.positions, terms.passages,
-                                         opts.max_occurrences, seed, opts.max_delta)
+                                         opts.max_occurrences, seed, opts.max_delta, mats=str(cfg.eval.mats))
         module.cpu()
         out[label] = {"model": module.model_cfg.name, **result.to_dict(), "tokens": len(terms.terms),
                       "timings_s": {"encode": t1 - t0, "ats": time.perf_counter() - t1}}
     settings = {**dataclasses.asdict(opts), "seed": seed, "data": cfg.data.get("source"), "rotate_eval": bool(dc.rotate_eval),
+                "mats": str(cfg.eval.mats),
                 "ckpt": cfg.ckpt, "passages_used": len(texts)}
     return {"definition": DEFINITION, "settings": settings, "models": out}
 

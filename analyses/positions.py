@@ -13,9 +13,12 @@ Definition (chosen to follow the paper and `datamodules/rotation.py`):
   pair, as the paper "counted all matches"; `spans="first"` counts only the span that starts first (one position
   per pair). Relevant passages without spans (e.g. synthetic grade-1 passages) contribute nothing.
 - units: the training split is analysed as training sees it: one unit per training triple whose positive has
-  answer spans, rotated with that triple's key (`train_rotation_key(i, positive)`) at epochs 0..epochs-1, as
-  `data.rotate_train` does; val/test: one unit per (question, relevant passage) pair with spans, rotated once
-  (epoch 0) by doc id, as `data.rotate_eval` does. The rotated series of `epochs` epochs pools all of them.
+  answer spans, cut as `data.rotate_train` cuts it under `data.rotation` (`rotation_draw`): with `per_passage`
+  (default) once per passage (doc id), the same cut at every epoch; with `per_epoch` by that triple's key
+  (`train_rotation_key(i, positive)`) at each epoch 0..epochs-1. val/test: one unit per (question, relevant passage)
+  pair with spans, cut once by doc id, as `data.rotate_eval` does under either setting. The rotated series of
+  `epochs` epochs pools all of them; only per_epoch training units differ between epochs (with per_passage, and
+  for val/test, every epoch repeats epoch 0).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from datamodules.corpus import IRDataset
-from datamodules.datamodule import eval_rotation_key, train_rotation_key
+from datamodules.datamodule import eval_rotation_key, rotation_draw
 from datamodules.rotation import answer_start_words, rotation_index
 
 SPAN_MODES = ("all", "first")
@@ -37,11 +40,15 @@ class Unit:
     qid: str
     doc_id: str
     key: str  # its rotation key
+    per_epoch: bool = False  # its cut is redrawn every epoch (data.rotation=per_epoch training); else epoch 0's always
 
 
-def train_units(ds: IRDataset, triples: list[tuple[str, str, str]]) -> list[Unit]:
-    """Positives of the training triples (in training order) that have answer spans."""
-    return [Unit(q, pos, train_rotation_key(i, pos)) for i, (q, pos, _) in enumerate(triples) if ds.answers.get((q, pos))]
+def train_units(ds: IRDataset, triples: list[tuple[str, str, str]], rotation_mode: str = "per_passage") -> list[Unit]:
+    """Positives of the training triples (in training order) that have answer spans, keyed as `data.rotation`
+    = `rotation_mode` cuts them (`rotation_draw`)."""
+    per_epoch = rotation_mode == "per_epoch"
+    return [Unit(q, pos, rotation_draw(rotation_mode, 0, pos, i)[1], per_epoch) for i, (q, pos, _) in enumerate(triples)
+            if ds.answers.get((q, pos))]
 
 
 def eval_units(ds: IRDataset, split: str) -> list[Unit]:
@@ -62,10 +69,11 @@ def start_words(ds: IRDataset, unit: Unit, spans: str = "all") -> tuple[list[int
 def relative_starts(ds: IRDataset, units: list[Unit], spans: str = "all", rotate: bool = False, seed: int = 0,
                     epochs: int = 1) -> np.ndarray:
     """Relative answer starts of `units`: in the original passages, or (rotate=True) in the passages rotated with
-    the run seed at each epoch 0..epochs-1 (epoch-major order)."""
+    the run seed at each epoch 0..epochs-1 (epoch-major order; a unit that is not `per_epoch` has its epoch-0 cut
+    at every epoch)."""
     words = [start_words(ds, u, spans) for u in units]
     if not rotate:
         return np.array([w / n for ws, n in words for w in ws], dtype=np.float64)
-    out = [((w - rotation_index(seed, epoch, u.key, n)) % n) / n
+    out = [((w - rotation_index(seed, epoch if u.per_epoch else 0, u.key, n)) % n) / n
            for epoch in range(epochs) for u, (ws, n) in zip(units, words) for w in ws]
     return np.array(out, dtype=np.float64)

@@ -5,6 +5,8 @@ Passages: a fixed, seeded sample of `eval.ats_passages` passages of the split be
 candidates at validation, test candidates at test, as the data module gives them: rotated with
 `data.rotate_eval=true`); cross-encoders pair passage i with a seeded sample of the split's queries, cycled. The
 same passages at every validation, so the curves over training compare like with like.
+MATS: as `eval.mats` says (metrics/ats.py): `paper` (default), Eq. 9 as printed, 1/(max da - 1) times the sum of the
+max da drops ATS(0) - ATS(i); `mean`, their plain mean. `mats_std`: the standard deviation of those drops.
 Logged: `<split>/mats`, `<split>/mats_std`, `<split>/ats0` (scalars, every logger), the curve as a W&B line plot
 `<split>/ats_curve` (delta vs ATS) when the logger is W&B; `module.results[split]["ats"]` holds the scalars, so
 `metrics.json` and the grids' tables get `mats` per run.
@@ -33,8 +35,10 @@ def ats_sample(n_passages: int, n_queries: int, count: int, seed: int) -> tuple[
 
 
 class ATSCallback(Callback):
-    def __init__(self, passages: int = 256, max_occurrences: int = 100, seed: int = 0, batch_size: int = 32):
+    def __init__(self, passages: int = 256, max_occurrences: int = 100, seed: int = 0, batch_size: int = 32,
+                 mats: str = "paper"):
         self.passages, self.max_occurrences, self.seed, self.batch_size = passages, max_occurrences, seed, batch_size
+        self.mats = mats  # metrics.ats.MATS_MODES (eval.mats)
 
     def measure(self, trainer, module, split: str) -> ATSResult | None:
         ranker = module.ranker
@@ -46,7 +50,7 @@ class ATSCallback(Callback):
         if len(docs) < max(2, world):
             return None
         shard = shard_range(len(docs), rank, world)
-        metric = AverageTermSimilarity(self.max_occurrences, self.seed).to(module.device)
+        metric = AverageTermSimilarity(self.max_occurrences, self.seed, mats=self.mats).to(module.device)
         terms = passage_terms(
             ranker, module.pair_tokenizer, [data.dtexts[i] for i in docs[shard.start : shard.stop]],
             queries=[data.qtexts[i] for i in queries] if ranker.kind == "cross" else None, batch_size=self.batch_size,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.trainer.states import TrainerFn
 
@@ -22,6 +23,28 @@ class RankingCheckpoint(ModelCheckpoint):
             auto_insert_metric_name=False,
         )
         self._last_step_written = -1
+        self.start_model_path = ""  # best-0.ckpt while the starting model is the best (add_start_candidate)
+
+    def add_start_candidate(self, trainer, score: float) -> str:
+        """The model before fine-tuning as the first candidate for "best": its validation (`score` of the monitored
+        metric at step 0) enters the ranking like any later validation, so the best checkpoint by validation never
+        loses to the starting model. Written as `best-0.ckpt` and replaced, as any best, when a validation beats it.
+        Called between trainer.validate and trainer.fit, on every rank (saving is a collective)."""
+        path = str(Path(self.dirpath) / f"best-{trainer.global_step}{self.FILE_EXTENSION}")
+        trainer.save_checkpoint(path)
+        value = torch.tensor(float(score))
+        self.best_k_models = {path: value}
+        self.kth_best_model_path, self.kth_value = path, value
+        self.best_model_path, self.best_model_score = path, value
+        self.start_model_path = path
+        return path
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "start_model_path": self.start_model_path}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.start_model_path = state_dict.get("start_model_path", "")
 
     def write_last(self, trainer) -> str:
         """Write (or keep, if this step's is written) the resumable `last.ckpt`; returns its path."""

@@ -26,27 +26,35 @@ ranks are kept), like the numbers in its legend.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from pytorch_lightning import Callback
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from core.io import save_figure
+from core.io import atomic_open, save_figure
+from datamodules.tokenization import length_order
 from lightning_modules.rankers.base import masked_mean
-from metrics.isotropy import AvgCos, IsotropyIW
+from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
 
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
 
 
 class IsotropyCallback(Callback):
-    def __init__(self, batch_size: int = 32, max_vectors: int = 20000, figure_vectors: int = 2000, seed: int = 0):
+    def __init__(self, batch_size: int = 32, max_vectors: int = 20000, figure_vectors: int = 2000, seed: int = 0,
+                 batch_pairs: int = 16, dump_dir: str | Path | None = None):
         self.batch_size = batch_size
         self.max_vectors = max_vectors
         self.figure_vectors, self.seed = figure_vectors, seed
+        self.batch_pairs = batch_pairs  # the `paper` protocol's test batch (eval.isotropy_batch_pairs)
+        self.group_batches = 64  # test batches whose distinct texts are encoded together (bounds the memory)
+        self.dump_dir = Path(dump_dir) if dump_dir else None  # eval.dump_isotropy: <output_dir>/isotropy_batches
         self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
+        self._warned_rank_deficient = False
 
     @torch.inference_mode()
     def measure(self, trainer, module, split: str = "val") -> dict[str, float]:
@@ -96,10 +104,89 @@ class IsotropyCallback(Callback):
         for kind, kept in keys.items():
             for v, x in kept.merged().items():
                 self.sample.setdefault(v, {})[kind] = x
+        self._warn_rank_deficient(metrics["iw_sequence"], split)
         return {k: float(m.compute()) for k, m in metrics.items()}
+
+    def _warn_rank_deficient(self, metric: IsotropyIW, split: str) -> None:
+        """The probe's sequence set (one vector per probe text) is smaller than the dimension for most backbones
+        (96 texts, 384 dimensions): W^T W is then rank-deficient and I(W) measures mostly its null space. Said
+        once per run, loudly; the `paper` protocol is the one to compare with the isotropy paper."""
+        local = sum(int(x.shape[0]) for x in metric.vectors) if isinstance(metric.vectors, list) else int(metric.vectors.shape[0])
+        dim = int(metric.vectors[0].shape[1]) if isinstance(metric.vectors, list) and metric.vectors else 0
+        n = torch.tensor([local], dtype=torch.long)
+        if _distributed():
+            n = n.to(metric.device)
+            dist.all_reduce(n)
+        if 0 < int(n) < dim and not self._warned_rank_deficient:
+            self._warned_rank_deficient = True
+            rank_zero_warn(f"isotropy probe ({split}): iw_sequence is computed from {int(n)} vectors in {dim} dimensions, "
+                           f"so W^T W is rank-deficient; it is a training curve, not the isotropy paper's measure "
+                           f"(that is iw_paper*, per test batch: docs/isotropy.md)")
+
+    @torch.inference_mode()
+    def measure_paper(self, trainer, module, split: str = "test") -> dict[str, float]:
+        """The isotropy paper's protocol (Sec. 3.2, "averaging the metric values of the entire test batches"): I(W)
+        (Eq. 3) and avgcos (Eq. 4) of each test batch of `batch_pairs` (query, passage) pairs, on the vectors as
+        the scorer sees them (`scoring_vectors`, padding removed, uncentred), for the queries' vectors, the
+        passages' and both together; then the mean and standard deviation over all batches. Token vectors always;
+        pooled vectors (`_sequence`) where the ranker pools. Under DDP each rank measures its share of the batches
+        and the per-batch values (not the vectors) are gathered, so the result equals one process's."""
+        ranker = module.ranker
+        if ranker.kind != "bi" or not hasattr(trainer.datamodule, "pair_batches"):
+            return {}
+        variants = ("", "_raw") if (ranker.token_head is not None or ranker.sequence_head is not None) else ("",)
+        was_training = ranker.training
+        ranker.eval()
+        per_batch: list[tuple[int, dict[str, float]]] = []
+        batches = trainer.datamodule.pair_batches(split, self.batch_pairs)
+        for g in range(0, len(batches), self.group_batches):
+            group = batches[g : g + self.group_batches]
+            # each distinct text of the group encoded once, in length-sorted batches as the evaluation encodes them
+            # (a batch of 16 pairs mostly repeats one query, and candidates recur across queries)
+            encoded = {name: self._encode_distinct(trainer, module, sorted({t for b in group for t in b[i]}), side, variants)
+                       for i, side, name in ((1, "query", "query"), (2, "doc", "passage"))}
+            for k, qtexts, ptexts in group:
+                vectors = {(v, name, kind): torch.cat([encoded[name][t][(v, kind)] for t in texts])
+                           for name, texts in (("query", qtexts), ("passage", ptexts))
+                           for v, kind in encoded[name][texts[0]]}
+                per_batch.append((k, paper_batch_values(vectors)))
+                if self.dump_dir is not None and split == "test":
+                    dump_batch(self.dump_dir / f"{k}.npz", {f"{name}{kind}": x for (v, name, kind), x in vectors.items() if v == ""})
+        ranker.train(was_training)
+        if _distributed() and dist.get_world_size() > 1:
+            parts: list = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, per_batch)
+            per_batch = [b for part in parts for b in part]
+        return aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
+
+    def _encode_distinct(self, trainer, module, texts: list[str], side: str, variants) -> dict[str, dict[tuple[str, str], Tensor]]:
+        """{text: {(variant, "" | "_sequence"): its scored vectors, padding removed ([tokens, d] or [1, d])}}."""
+        ranker, tok = module.ranker, module.pair_tokenizer
+        ids = tok.ids(texts, side)
+        out: dict[str, dict[tuple[str, str], Tensor]] = {}
+        order = length_order([len(x) for x in ids])
+        for s in range(0, len(order), self.batch_size):
+            chunk = order[s : s + self.batch_size]
+            batch = tok.pad([ids[i] for i in chunk], side)
+            input_ids, mask = (v.to(module.device) for v in batch.values())
+            with trainer.precision_plugin.forward_context():
+                raw = ranker.token_representations(input_ids, mask, side=side)
+                encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
+            for v, enc in encodings.items():
+                tokens = ranker.scoring_vectors(enc.tokens.float()).float().cpu()
+                tmask = enc.mask.cpu()
+                seq = ranker.scoring_vectors(enc.sequence.float()).float().cpu() if enc.sequence is not None else None
+                for r, i in enumerate(chunk):
+                    entry = out.setdefault(texts[i], {})
+                    entry[(v, "")] = tokens[r][tmask[r]]
+                    if seq is not None:
+                        entry[(v, "_sequence")] = seq[r : r + 1]
+        return out
 
     def _log(self, trainer, module, split: str) -> None:
         values = self.measure(trainer, module, split)
+        if split == "test":
+            values.update(self.measure_paper(trainer, module, split))
         module.results.setdefault(split, {})["isotropy"] = values
         for k, v in values.items():
             module.log(f"{split}/{k}", v, sync_dist=False)
@@ -121,6 +208,38 @@ class IsotropyCallback(Callback):
 
     def on_test_epoch_end(self, trainer, module) -> None:
         self._log(trainer, module, "test")
+
+
+def paper_batch_values(vectors: dict[tuple[str, str, str], Tensor]) -> dict[str, float]:
+    """I(W) and avgcos of one test batch: `vectors` {(variant, "query" | "passage", "" | "_sequence"): [n, d]} ->
+    {iw_paper<side><kind><variant>: value, avgcos_paper...}, side "" (queries and passages concatenated), "_query"
+    or "_passage"."""
+    values = {}
+    for v, kind in sorted({(v, kind) for v, _, kind in vectors}):
+        q, p = vectors[(v, "query", kind)], vectors[(v, "passage", kind)]
+        for side, W in (("", torch.cat([q, p])), ("_query", q), ("_passage", p)):
+            values[f"iw_paper{side}{kind}{v}"] = isotropy_iw(W)
+            values[f"avgcos_paper{side}{kind}{v}"] = avg_cos(W)
+    return values
+
+
+def aggregate_batches(batches: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over the test batches (the paper's number) and the standard deviation over them (`<key>_std`,
+    population, ddof 0). A value a batch cannot define (avgcos of fewer than two non-zero vectors, e.g. the pooled
+    query of a last batch of one pair) is left out of that key's mean and std."""
+    out = {}
+    for key in sorted({k for b in batches for k in b}):
+        vals = np.array([b[key] for b in batches if key in b], dtype=np.float64)
+        vals = vals[np.isfinite(vals)]
+        out[key] = float(vals.mean()) if len(vals) else math.nan
+        out[f"{key}_std"] = float(vals.std()) if len(vals) else math.nan
+    return out
+
+
+def dump_batch(path: Path, arrays: dict[str, Tensor]) -> None:
+    """One test batch's vectors as scored (float32, padding removed) for recomputation: `eval.dump_isotropy`."""
+    with atomic_open(path, "wb") as f:
+        np.savez(f, **{k: x.numpy().astype(np.float32) for k, x in arrays.items()})
 
 
 class _KeptSample:

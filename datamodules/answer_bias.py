@@ -21,7 +21,8 @@ How the split is built (`data.answer_bias_keep_first` = k, `data.answer_bias_lat
    are cut to the kept questions, before training triples are sampled. Val and test are untouched, so biased
    and unbiased training are tested on the same questions.
 
-Debiased training on the biased split is the same config with `data.rotate_train=true` (Eq. 7 per epoch).
+Debiased training on the biased split is the same config with `data.rotate_train=true` (Eq. 7: one cut per
+passage with the default `data.rotation=per_passage`, a new cut every epoch with `per_epoch`).
 """
 from __future__ import annotations
 

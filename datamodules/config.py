@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import InputError, check_choice
+from datamodules.rotation import ROTATIONS
 
 
 @dataclass
@@ -28,6 +29,10 @@ class DataConfig:
     # Rotation debiasing (position-bias paper Eq. 7), separately for training and evaluation passages.
     rotate_train: bool = False
     rotate_eval: bool = False
+    # Which cut (datamodules/rotation.py): "per_passage" = one seeded cut per passage, the same in training,
+    # evaluation and every epoch (the paper's debiased data set, Sec. 4.2); "per_epoch" = training redraws the cut
+    # every epoch and per triple (evaluation is cut per passage either way).
+    rotation: str = "per_passage"
     cache_dir: str = ".cache"
     # k-fold cross-validation over the judged queries of all splits (datamodules/folds.py), for sources without
     # training triples and candidate lists: test = fold `fold`, val = fold (fold + 1) % num_folds, train = the rest.
@@ -54,6 +59,7 @@ class DataConfig:
 
     def __post_init__(self):
         check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))
+        check_choice("data.rotation", self.rotation, ROTATIONS)
         check_answer_bias(self)
         check_passages(self)
 

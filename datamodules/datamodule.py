@@ -1,6 +1,11 @@
 """The LightningDataModule: training triplets and evaluation candidates from any source, optionally
 rotation-debiased (position-bias paper Eq. 7), sharded over DDP ranks without padding or dropping.
 
+Rotation (`data.rotate_train`, `data.rotate_eval`, `data.rotation`; datamodules/rotation.py): with `per_passage`
+(default, the paper's "debiased instance" of each passage) a passage has one cut, from (seed, doc id), in every
+triple, every epoch and every evaluation; with `per_epoch` training redraws it per (seed, epoch, triple, doc id).
+`rotation_draw` is the one place that says which (epoch, key) a cut is hashed from.
+
 Every passage goes through `rotation.normalize` whether rotated or not, so rotated and original text differ
 only in word order, never in spacing.
 """
@@ -31,6 +36,8 @@ from datamodules.tokenization import PairTokenizer
 
 
 def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> str:
+    """The whitespace-normalized passage, rotated (Eq. 7) at `rotation_index(seed, epoch, key)` when `rotate`; take
+    (epoch, key) from `rotation_draw`."""
     words = rotation.normalize(text, [])[0]
     if not rotate:
         return words
@@ -39,41 +46,58 @@ def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> st
 
 
 def train_rotation_key(index: int, doc_id: str) -> str:
-    """The rotation key of a training passage: triple index and doc id, so the positive and the negative of one
-    triple, and the same passage in two triples, are cut independently (and analyses reproduce the cuts)."""
+    """The key of a training example's passage: triple index and doc id. The `per_epoch` rotation key (the positive
+    and the negative of one triple, and the same passage in two triples, are cut independently, and analyses
+    reproduce the cuts), and the key of the per-epoch passage-window draw (datamodules/passages.py)."""
     return f"{index}:{doc_id}"
 
 
 def eval_rotation_key(doc_id: str) -> str:
-    """The rotation key of an evaluation passage (cut at epoch 0): its doc id, so a passage is cut alike for every
-    query and at every evaluation."""
+    """The rotation key of a passage cut once (at epoch 0): its doc id, so a passage is cut alike for every query and
+    at every evaluation, and with `per_passage` also in every training triple and epoch
+    (`rotation.passage_rotation_index`)."""
     return doc_id
 
 
+def rotation_draw(rotation_mode: str, epoch: int, doc_id: str, index: int | None = None) -> tuple[int, str]:
+    """(epoch, key) whose `rotation.rotation_index` is the Eq. 7 cut of passage `doc_id`: `per_passage` (and any
+    evaluation passage, `index=None`) -> (0, doc id) at every epoch; `per_epoch` training passage of triple `index`
+    -> (epoch, "index:doc id")."""
+    if rotation_mode not in rotation.ROTATIONS:
+        raise ValueError(f"rotation mode {rotation_mode!r}; expected one of {list(rotation.ROTATIONS)}")
+    if rotation_mode == "per_epoch" and index is not None:
+        return int(epoch), train_rotation_key(index, doc_id)
+    return 0, eval_rotation_key(doc_id)
+
+
 class TripletDataset(Dataset):
-    """(query, positive, negative) texts of triplet i at an epoch. With `window` (size, stride) each document is
-    replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or the first)."""
+    """(query, positive, negative) texts of triplet i at an epoch. With `rotate`, each passage is cut as
+    `rotation_mode` says (`rotation_draw`: once per passage, or per epoch and triple). With `window` (size, stride)
+    each document is replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or
+    the first), cut from the rotated document."""
 
     def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int,
-                 window: tuple[int, int] | None = None, train_passage: str = "random"):
+                 window: tuple[int, int] | None = None, train_passage: str = "random", rotation_mode: str = "per_passage"):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
         self.rotate, self.seed = rotate, seed
         self.window, self.train_passage = window, train_passage
+        rotation_draw(rotation_mode, 0, "")  # a bad mode fails here, not in a dataloader worker
+        self.rotation_mode = rotation_mode
 
     def __len__(self) -> int:
         return len(self.triples)
 
     def _text(self, doc_id: str, epoch: int, i: int) -> str:
-        key = train_rotation_key(i, doc_id)
-        text = passage_text(self.docs[doc_id], self.rotate, self.seed, epoch, key)
+        cut_epoch, cut_key = rotation_draw(self.rotation_mode, epoch, doc_id, i)
+        text = passage_text(self.docs[doc_id], self.rotate, self.seed, cut_epoch, cut_key)
         if self.window is None:
             return text
-        return training_passage(text, *self.window, self.train_passage, self.seed, epoch, key)
+        return training_passage(text, *self.window, self.train_passage, self.seed, epoch, train_rotation_key(i, doc_id))
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str]:
         epoch, i = item
         qid, pos, neg = self.triples[i]
-        # Positive and negative are rotated alike, each at its own cut (Eq. 7 applies to every passage).
+        # Positive and negative are both rotated, each at its own passage's cut (Eq. 7 applies to every passage).
         return self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i)
 
 
@@ -191,7 +215,8 @@ class RankingDataModule(pl.LightningDataModule):
 
     def train_triples(self, ds: IRDataset) -> list[tuple[str, str, str]]:
         """The training triplets of `ds` in training order: the source's, or sampled from its qrels (BM25 or random
-        negatives), then cut to `max_train_triples`. Index i of this list is the i of `train_rotation_key`."""
+        negatives), then cut to `max_train_triples`. Index i of this list is the i of `train_rotation_key`
+        (the `per_epoch` rotation key)."""
         cfg = self.cfg
         train = ds.split("train")
         triples = train.triples
@@ -224,7 +249,7 @@ class RankingDataModule(pl.LightningDataModule):
         doc_ids = sorted({d for q in qids for d in cands[q]})
         didx = {d: i for i, d in enumerate(doc_ids)}
         pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands[q]], dtype=np.int64).reshape(-1, 2)
-        dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, 0, eval_rotation_key(d)) for d in doc_ids]
+        dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, *rotation_draw(self.cfg.rotation, 0, d)) for d in doc_ids]
         unit_doc = None
         window = passage_window(self.cfg)
         if window is not None:
@@ -247,7 +272,7 @@ class RankingDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
         ds = TripletDataset(self.dataset, self.triples, self.dataset.split("train").queries, self.cfg.rotate_train, self.seed,
-                            passage_window(self.cfg), self.cfg.train_passage)
+                            passage_window(self.cfg), self.cfg.train_passage, self.cfg.rotation)
         sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
         return ResumableLoader(
             ds, batch_sampler=sampler, collate_fn=TripletCollate(self.tokenizer), num_workers=self.cfg.num_workers,
@@ -277,6 +302,21 @@ class RankingDataModule(pl.LightningDataModule):
         return self.eval_dataloader("test")
 
     # ---- isotropy probe ------------------------------------------------------------------------------------
+    def pair_batches(self, split: str, batch_pairs: int) -> list[tuple[int, list[str], list[str]]]:
+        """The split's (query, candidate) pairs in split order (queries in order, candidates in their order), cut into
+        consecutive batches of `batch_pairs` pairs, as an evaluation loop of that batch size would see them (the
+        isotropy paper's test mini-batches, Sec. 3.2): [(k, query texts, passage texts)], this rank's share (batch k
+        goes to rank k mod world size), so DDP ranks split the batches without overlap and k names each one."""
+        es = self.eval_splits[split]
+        rank, world = self._rank_world()
+        out = []
+        for k, start in enumerate(range(0, len(es.pairs), batch_pairs)):
+            if k % world != rank:
+                continue
+            chunk = es.pairs[start : start + batch_pairs]
+            out.append((k, [es.qtexts[q] for q in chunk[:, 0]], [es.dtexts[u] for u in chunk[:, 1]]))
+        return out
+
     def probe_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
         """A fixed, seeded probe set (queries and candidate passages of `split`: "val" at every validation, "test"
         at test), this rank's shard: I(W) and avgcos are measured on the same texts at every validation, and DDP

@@ -15,6 +15,9 @@ the BERT-MaxP baseline of the DGRe paper), for any ranker (`data.passage_words`,
   their passages, drawn per (run seed, epoch, triplet index, document) (`random`, so over the epochs every passage
   of a document is seen and DDP ranks and resumed runs draw the same passage), or always their first passage
   (`first`, FirstP's training).
+- Rotation (position-bias paper Eq. 7, `data.rotate_train` / `data.rotate_eval`) applies to the whole document
+  before it is cut into windows, in training and evaluation alike; with `data.rotation=per_passage` a document's
+  cut is the same everywhere, so its windows are too (only the `random` window draw changes with the epoch).
 """
 from __future__ import annotations
 

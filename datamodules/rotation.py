@@ -13,8 +13,20 @@ Answer spans are character spans [start, end) and are mapped through both steps.
 (the space before word r) is split into two spans in the rotated text: the part from word r on (now at the start
 of the passage) and the part before word r (now at the end); spans are returned sorted by start.
 
-The rotation index is a pure function of (seed, epoch, example key) through SHA-256, identical in every process
-(DDP ranks, dataloader workers, a resumed run) and independent of the order examples are visited in.
+Which cut a passage gets (`data.rotation`, `ROTATIONS`):
+
+- `per_passage` (default, the paper's reading): "for each passage p_{1:n} in the collection we create a debiased
+  instance p~_{1:n}" (Sec. 4.2), i.e. a debiased *data set*: ONE cut r per passage, a pure function of (run seed,
+  passage id) (`passage_rotation_index`). The same passage gets the same rotation in training (`data.rotate_train`)
+  and evaluation (`data.rotate_eval`), at every epoch, in every triple it appears in, on every DDP rank and
+  dataloader worker, and after a resume.
+- `per_epoch` (our earlier behaviour, a data augmentation the paper does not describe): training redraws the cut
+  every epoch and per training example, from (seed, epoch, triple index, passage id); evaluation still cuts each
+  passage once (by passage id, as `per_passage`), so `rotate_eval` is the same under both settings.
+
+Both go through `rotation_index`, SHA-256 of (seed, epoch, key): identical in every process and independent of the
+order examples are visited in. `per_passage` is `rotation_index(seed, 0, passage id)`, which is also the cut
+evaluation has always used, so rotated evaluation sets are unchanged by the switch.
 """
 from __future__ import annotations
 
@@ -25,6 +37,8 @@ from typing import Sequence
 
 Span = tuple[int, int]
 _WORD = re.compile(r"\S+")
+# `data.rotation`: one cut per passage (the paper's debiased data set, default) | a new cut per epoch and example
+ROTATIONS = ("per_passage", "per_epoch")
 
 
 def normalize(text: str, spans: Sequence[Span] = ()) -> tuple[str, list[Span]]:
@@ -104,6 +118,12 @@ def rotation_index(seed: int, epoch: int, key: str, n_words: int) -> int:
         return 0
     digest = hashlib.sha256(f"rotation|{int(seed)}|{int(epoch)}|{key}".encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % int(n_words)
+
+
+def passage_rotation_index(seed: int, passage_id: str, n_words: int) -> int:
+    """The `per_passage` cut (Sec. 4.2: one debiased instance per passage): r in [0, n_words) from (seed, passage id)
+    alone, `rotation_index(seed, 0, passage_id, n_words)`; no epoch, no example, no process enters it."""
+    return rotation_index(seed, 0, str(passage_id), n_words)
 
 
 def rotate_seeded(text: str, seed: int, epoch: int, key: str, spans: Sequence[Span] = ()) -> tuple[str, list[Span]]:

@@ -26,7 +26,8 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 
 class DistributedTrainBatchSampler(Sampler[list]):
     """Yields lists of (epoch, example index); the dataset uses the epoch to seed per-example randomness
-    (rotation debiasing), which keeps that randomness a function of (seed, epoch, example)."""
+    (`data.rotation=per_epoch` rotation debiasing, passage-window draws), which keeps that randomness a function of
+    (seed, epoch, example)."""
 
     def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
         if n < world_size:

@@ -3,22 +3,35 @@ Eq. 8-9 (shared/papers/position-bias-passage-reranking.txt).
 
     ATS(da)  = 1/|T| sum_{t in T} 1/|C_{t,da}| sum_{(r^t_a1, r^t_a2) in C_{t,da}} cos(r^t_a1, r^t_a2)        (Eq. 8)
     C_{t,da} = {(r^t_a1, r^t_a2) : da = |a1 - a2|, occurrences of t in different passages}
-    MATS     = mean_{i = 1 .. max(da)} ( ATS(0) - ATS(i) )                                                  (Eq. 9)
+    MATS     = 1/(max(da) - 1) * sum_{i = 1}^{max(da)} ( ATS(0) - ATS(i) )                                  (Eq. 9)
+
+MATS, as printed and as computed (`mats_from_curve`; the switch `eval.mats`, `MATS_MODES`):
+- The paper prints Eq. 9 with the factor 1/(max(da) - 1) in front of a sum over i = 1 .. max(da), i.e. max(da)
+  terms over max(da) - 1: not quite a mean (the text calls MATS "the mean ATS difference to the first point").
+- `paper` (default) computes the printed formula: with I = the deltas i in 1 .. max(da) at which ATS(i) has a value
+  (at least one pair) and K = |I|,
+      MATS_paper = 1/(K - 1) * sum_{i in I} ( ATS(0) - ATS(i) ),
+  where max(da) is the largest delta with a value (after `max_delta`). When every delta 1 .. max(da) has pairs
+  (the usual case; gaps appear only in thin samples, near the longest passages' length), K = max(da) and this is
+  Eq. 9 verbatim. A delta without any pair has no ATS(i), so it is left out of the sum and K counts only the deltas
+  summed (the printed factor applied to the deltas present); counting it in max(da) instead would score it as a
+  zero drop, i.e. as unbiased. K = 1 gives 1/0: NaN.
+- `mean` (our earlier reading): MATS_mean = 1/K * sum_{i in I} ( ATS(0) - ATS(i) ), the plain mean drop. So
+  MATS_paper = MATS_mean * K / (K - 1), higher by 1/(K - 1): 0.5 % at K = 200, 3.6 % at K = 29.
+- `mats_std` (both switches) is the standard deviation over i in I of the drops ATS(0) - ATS(i) (population std,
+  1/K), around their mean MATS_mean: how uneven the curve's fall is (our reading of Table 2's "Std.dev." column,
+  which the paper does not define).
 
 Conventions taken here (the paper leaves them open):
 - A pair is two occurrences of the same term in *different* passages ("occurrences of the same term t across
   different passages"), counted once (unordered; cos is symmetric, so the mean is that of ordered pairs).
 - T in Eq. 8 is, for each da, the terms that have at least one pair at that delta (a term with no pair at da has
   no mean to average), so ATS(da) is the mean over those terms of their per-term mean cosine.
-- Eq. 9 prints 1/(max(da) - 1) in front of a sum over i = 1 .. max(da), which is not a mean (the sum has max(da)
-  terms). We take the mean over the deltas 1 .. max(da) that have pairs: the "mean ATS difference to the first
-  point" the text defines; for max(da) ~ 200 the two differ by 0.5 %.
 - Occurrences per term are capped at `max_occurrences` by a seeded uniform sample (Zipf: a few terms hold most
   tokens, and their pairs grow quadratically). Input order does not matter: occurrences are first put in
   (passage, position) order, so the sample is the same whatever order (or DDP rank) they came from.
 - `std` per delta is the standard deviation of the pooled pair cosines at that delta (the shaded band of the
-  paper's Figure 2, "standard deviation of same-term occurrences"); `mats_std` is the standard deviation of
-  ATS(0) - ATS(i) over i (our reading of Table 2's "Std.dev." column).
+  paper's Figure 2, "standard deviation of same-term occurrences"); `mats_std` is that of the drops (above).
 
 Computation: every term's (sampled) occurrences form one row of a padded [terms, m, d] batch, grouped into buckets
 of m = powers of two so that padding stays below half, and one batched matrix product gives all its pair cosines;
@@ -36,7 +49,10 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-__all__ = ["ATSResult", "average_term_similarity", "mats_from_curve", "AverageTermSimilarity"]
+__all__ = ["ATSResult", "MATS_MODES", "average_term_similarity", "mats_from_curve", "AverageTermSimilarity"]
+
+# `eval.mats`: Eq. 9 as printed, 1/(K - 1) * sum of K drops (default) | the plain mean of the K drops
+MATS_MODES = ("paper", "mean")
 
 # Bound on one chunk's [terms, m, m] pair tensor (float64: 64 MiB).
 _CHUNK_PAIRS = 2**23
@@ -50,10 +66,11 @@ class ATSResult:
     std: np.ndarray  # [D+1] std of the pooled pair cosines
     terms: np.ndarray  # [D+1] terms with a pair at the delta
     pairs: np.ndarray  # [D+1] pairs at the delta
-    mats: float  # Eq. 9
-    mats_std: float
+    mats: float  # Eq. 9, as `mats_mode` computes it
+    mats_std: float  # std of the drops ATS(0) - ATS(i) over the deltas i >= 1 with a value (either mode)
     occurrences: int  # occurrences used (after the cap)
     vocabulary: int  # terms with at least two of them
+    mats_mode: str = "paper"  # MATS_MODES
 
     @property
     def deltas(self) -> np.ndarray:
@@ -61,22 +78,32 @@ class ATSResult:
 
     def to_dict(self) -> dict:
         nan = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731 - JSON has no NaN
-        return {"mats": nan(self.mats), "mats_std": nan(self.mats_std), "ats0": nan(float(self.ats[0])) if len(self.ats) else None,
+        return {"mats": nan(self.mats), "mats_std": nan(self.mats_std), "mats_mode": self.mats_mode,
+                "ats0": nan(float(self.ats[0])) if len(self.ats) else None,
                 "occurrences": self.occurrences, "vocabulary": self.vocabulary,
                 "delta": self.deltas.tolist(), "ats": [nan(float(v)) for v in self.ats],
                 "std": [nan(float(v)) for v in self.std], "terms": self.terms.tolist(), "pairs": self.pairs.tolist()}
 
 
-def mats_from_curve(ats: np.ndarray) -> tuple[float, float]:
-    """(MATS, std over i of ATS(0) - ATS(i)) over the deltas i >= 1 that have a value (Eq. 9)."""
+def mats_from_curve(ats: np.ndarray, mode: str = "paper") -> tuple[float, float]:
+    """(MATS, mats_std) of an ATS curve (index = delta) by Eq. 9 over the K deltas i >= 1 that have a value:
+    `paper` = sum of the K drops ATS(0) - ATS(i) / (K - 1) (the printed 1/(max(da) - 1); NaN for K = 1), `mean` =
+    their mean; mats_std = their standard deviation (1/K) in both modes. See the module doc."""
+    if mode not in MATS_MODES:
+        raise ValueError(f"MATS mode {mode!r}; expected one of {list(MATS_MODES)}")
     ats = np.asarray(ats, dtype=np.float64)
     if len(ats) < 2 or not math.isfinite(ats[0]):
         return math.nan, math.nan
     drops = ats[0] - ats[1:]
     drops = drops[np.isfinite(drops)]
-    if len(drops) == 0:
+    k = len(drops)
+    if k == 0:
         return math.nan, math.nan
-    return float(drops.mean()), float(drops.std())
+    if mode == "mean":
+        mats = float(drops.mean())
+    else:
+        mats = float(drops.sum() / (k - 1)) if k > 1 else math.nan
+    return mats, float(drops.std())
 
 
 def _sample(terms: Tensor, positions: Tensor, passages: Tensor, cap: int | None, seed: int) -> Tensor:
@@ -98,12 +125,14 @@ def _sample(terms: Tensor, positions: Tensor, passages: Tensor, cap: int | None,
 
 
 def average_term_similarity(vectors, terms, positions, passages, max_occurrences: int | None = 100, seed: int = 0,
-                            max_delta: int | None = None) -> ATSResult:
+                            max_delta: int | None = None, mats: str = "paper") -> ATSResult:
     """ATS (Eq. 8) and MATS (Eq. 9) of occurrence vectors.
 
     vectors [N, d]: contextualised representations; terms [N]: term ids; positions [N]: absolute positions in the
     passage; passages [N]: passage ids (pairs inside one passage are not counted). `max_occurrences`: seeded cap
-    per term (None: all); `max_delta`: deltas above it are dropped (None: all)."""
+    per term (None: all); `max_delta`: deltas above it are dropped (None: all); `mats`: MATS_MODES (module doc)."""
+    if mats not in MATS_MODES:
+        raise ValueError(f"MATS mode {mats!r}; expected one of {list(MATS_MODES)}")
     x = torch.as_tensor(vectors)
     terms, positions, passages = (torch.as_tensor(v).long().cpu().reshape(-1) for v in (terms, positions, passages))
     if x.ndim != 2 or not (len(x) == len(terms) == len(positions) == len(passages)):
@@ -161,9 +190,9 @@ def average_term_similarity(vectors, terms, positions, passages, max_occurrences
         ats = (ats_sum / n_terms).numpy()
         mean = (pair_sum / pair_n).numpy()
         var = np.maximum((pair_sq / pair_n).numpy() - mean * mean, 0.0)
-    mats, mats_std = mats_from_curve(ats)
-    return ATSResult(ats=ats, std=np.sqrt(var), terms=n_terms.long().numpy(), pairs=pair_n.long().numpy(), mats=mats,
-                     mats_std=mats_std, occurrences=int(counts.sum()), vocabulary=len(counts))
+    mats_value, mats_std = mats_from_curve(ats, mats)
+    return ATSResult(ats=ats, std=np.sqrt(var), terms=n_terms.long().numpy(), pairs=pair_n.long().numpy(), mats=mats_value,
+                     mats_std=mats_std, occurrences=int(counts.sum()), vocabulary=len(counts), mats_mode=mats)
 
 
 class AverageTermSimilarity(Metric):
@@ -173,9 +202,12 @@ class AverageTermSimilarity(Metric):
 
     full_state_update = False
 
-    def __init__(self, max_occurrences: int | None = 100, seed: int = 0, max_delta: int | None = None, **kwargs):
+    def __init__(self, max_occurrences: int | None = 100, seed: int = 0, max_delta: int | None = None, mats: str = "paper",
+                 **kwargs):
         super().__init__(**kwargs)
-        self.max_occurrences, self.seed, self.max_delta = max_occurrences, seed, max_delta
+        if mats not in MATS_MODES:
+            raise ValueError(f"MATS mode {mats!r}; expected one of {list(MATS_MODES)}")
+        self.max_occurrences, self.seed, self.max_delta, self.mats = max_occurrences, seed, max_delta, mats
         for name in ("vectors", "terms", "positions", "passages"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
@@ -190,4 +222,4 @@ class AverageTermSimilarity(Metric):
             raise ValueError("AverageTermSimilarity.compute() before any update")
         return average_term_similarity(dim_zero_cat(self.vectors).cpu(), dim_zero_cat(self.terms).cpu(),
                                        dim_zero_cat(self.positions).cpu(), dim_zero_cat(self.passages).cpu(),
-                                       self.max_occurrences, self.seed, self.max_delta)
+                                       self.max_occurrences, self.seed, self.max_delta, self.mats)

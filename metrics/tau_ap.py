@@ -29,10 +29,11 @@ is concordant when both rankings order it strictly the same way.
   tied with i in y are neither above nor below it, and a pair tied in x is not concordant. Equals the mean of
   tau_ap(x, y) and tau_ap(y, x) without ties. Undefined (NaN) when either ranking is all one tie.
 
-Which one the term-importance analysis uses (`analysis.tau_ap`): `b` by default, because the two rankings come from
-the same model and either may hold ties (duplicate passages tie in both; a masked ranking can tie passages that
-differed only through the removed word), and `a` requires a reference without ties; with `a`, ties in the
-reference are broken by candidate order (the BM25 rank), which is what a sort would do.
+The white-box paper does not say which variant it used, and they differ (without ties, a is Yilmaz's tau_AP and b
+the mean of its two directions), so the term-importance analysis reports both (`correlations`: one pass over the
+pairwise matrices). `b` takes ties in both rankings as they are (duplicate passages tie in both; a masked ranking can
+tie passages that differed only through the removed word); `a` needs a reference without ties, so ties in the
+original ranking are broken by candidate order (the BM25 rank), which is what a sort would do.
 
 The pairwise comparisons are vectorised ([n, n] boolean matrices: candidate sets are at most a few thousand);
 tests check them against a literal walk down the ranking and against published values of Urbano's implementation.
@@ -62,11 +63,11 @@ def _above(v: np.ndarray) -> np.ndarray:
     return v[None, :] > v[:, None]
 
 
-def _directed_b(x: np.ndarray, y: np.ndarray) -> float:
-    """tau_AP,b(x -> y): walk y's ranking (tied groups by their first rank), concordance judged by x."""
-    ay = _above(y)
+def _directed_b(ax: np.ndarray, ay: np.ndarray) -> float:
+    """tau_AP,b(x -> y) from `_above(x)`, `_above(y)`: walk y's ranking (tied groups by their first rank),
+    concordance judged by x."""
     n_above = ay.sum(1)  # p_i - 1
-    c = (ay & _above(x)).sum(1)
+    c = (ay & ax).sum(1)
     counted = n_above > 0
     if not counted.any():
         return float("nan")
@@ -80,7 +81,7 @@ def tau_ap(x, y) -> float:
         raise ValueError("tau_ap needs rankings without ties; use tau_ap_a or tau_ap_b")
     if len(x) < 2:
         return float("nan")
-    return _directed_b(x, y)  # without ties p_i - 1 = i - 1 and every item but the first counts
+    return _directed_b(_above(x), _above(y))  # without ties p_i - 1 = i - 1 and every item but the first counts
 
 
 def tau_ap_a(x, y) -> float:
@@ -89,13 +90,17 @@ def tau_ap_a(x, y) -> float:
     x, y = _as_pair(x, y)
     if _has_ties(x):
         raise ValueError("tau_ap_a needs a reference x without ties; use tau_ap_b")
-    n = len(x)
-    if n < 2:
+    if len(x) < 2:
         return float("nan")
-    ay = _above(y)
+    return _tau_ap_a(_above(x), _above(y), y)
+
+
+def _tau_ap_a(ax: np.ndarray, ay: np.ndarray, y: np.ndarray) -> float:
+    """tau_AP,a from `_above(x)` (x without ties), `_above(y)` and y (n >= 2)."""
+    n = len(y)
     a = ay.sum(1)  # items strictly above i's tied group
     t = (y[None, :] == y[:, None]).sum(1)  # size of i's tied group
-    c = (ay & _above(x)).sum(1)
+    c = (ay & ax).sum(1)
     harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1))])  # H_0..H_n
     # term I: (1/t) sum_{k=1..t} 1/(a + k - 1) = (H_{a+t-1} - H_{a-1}) / t, for a >= 1 (a = 0 has c = 0)
     ok = a > 0
@@ -111,7 +116,8 @@ def tau_ap_b(x, y) -> float:
     x, y = _as_pair(x, y)
     if len(x) < 2:
         return float("nan")
-    return 0.5 * (_directed_b(x, y) + _directed_b(y, x))
+    ax, ay = _above(x), _above(y)
+    return 0.5 * (_directed_b(ax, ay) + _directed_b(ay, ax))
 
 
 def break_ties(scores, order_key=None) -> np.ndarray:
@@ -126,9 +132,20 @@ def break_ties(scores, order_key=None) -> np.ndarray:
 
 
 def correlation(x, y, variant: str = "b") -> float:
-    """The term-importance correlation of the module doc: `b` as is, `a` with ties in x broken by position."""
+    """One term-importance correlation of the module doc: `b` as is, `a` with ties in x broken by position."""
     if variant == "b":
         return tau_ap_b(x, y)
     if variant == "a":
         return tau_ap_a(break_ties(x), y)
     raise ValueError(f"tau_AP variant {variant!r}; expected one of {VARIANTS}")
+
+
+def correlations(x, y) -> dict[str, float]:
+    """Both term-importance correlations, {"a": correlation(x, y, "a"), "b": correlation(x, y, "b")}, sharing the
+    pairwise matrices (NaN for n < 2)."""
+    x, y = _as_pair(x, y)
+    if len(x) < 2:
+        return {v: float("nan") for v in VARIANTS}
+    ax, ay = _above(x), _above(y)
+    ax_broken = _above(break_ties(x)) if _has_ties(x) else ax
+    return {"a": _tau_ap_a(ax_broken, ay, y), "b": 0.5 * (_directed_b(ax, ay) + _directed_b(ay, ax))}

@@ -3,7 +3,9 @@
     python train.py model=repbert data=squad trainer.max_steps=300 optim.lr=2e-5
 
 `group=option` picks `configs/<group>/<option>.yaml`; `a.b=value` overrides one key (YAML-typed). Precedence:
-config.yaml < group YAML < experiment < command line. Each group is validated against the dataclass schema of
+config.yaml < group YAML < experiment < command line. A model YAML may also hold an `optim:` block, that ranker's
+optim defaults (DGRe: its paper's Eq. 25 loss), ranked like the group YAML: above config.yaml's `optim`, below the
+experiment's and the command line's. Each group is validated against the dataclass schema of
 the entry it names (the ranker for `model`, the source for `data`), so an unknown key, group option or a
 wrong-typed value stops the run with one line naming the key.
 """
@@ -23,6 +25,7 @@ from datamodules.sources import SOURCES
 from lightning_modules.heads import HEADS
 from lightning_modules.module import OptimConfig
 from lightning_modules.rankers import RANKERS
+from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES
 from retrieval.config import schema as retrieval_schema
 
@@ -72,16 +75,25 @@ class LoggerConfig:
 class EvalConfig:
     measures: list[str] = field(default_factory=lambda: list(DEFAULT_MEASURES))
     before_training: bool = True  # test once before fine-tuning too, for the before/after table
-    probe_queries: int = 32  # fixed probe set for I(W) and avgcos
+    start_candidate: bool = True  # validate at step 0 too: the starting model is a candidate for the best checkpoint
+    probe_queries: int = 32  # `probe` isotropy protocol: a fixed probe set for the I(W) and avgcos training curves
     probe_docs: int = 64
+    isotropy_batch_pairs: int = 16  # `paper` isotropy protocol (test metrics iw_paper*): pairs per test batch
+    dump_isotropy: bool = False  # write each test batch's scored vectors to <output_dir>/isotropy_batches/<k>.npz
     ats_passages: int = 128  # ATS / MATS (callbacks/ats.py) over this many passages of the split; 0 = off
     ats_max_occurrences: int = 100  # seeded cap on the occurrences per term
+    # MATS (Eq. 9, metrics/ats.py), here and in analysis=ats: "paper" = as printed, 1/(max da - 1) times the sum of
+    # the max da drops ATS(0) - ATS(i); "mean" = the plain mean of those drops (a factor (max da - 1)/max da lower)
+    mats: str = "paper"
 
     def __post_init__(self):
+        if self.isotropy_batch_pairs < 1:
+            raise InputError("config key 'eval.isotropy_batch_pairs'", f"is {self.isotropy_batch_pairs}; expected >= 1 (the isotropy paper's is 16)")
         if self.ats_passages < 0:
             raise InputError("config key 'eval.ats_passages'", f"is {self.ats_passages}; expected >= 0 (0 = off)")
         if self.ats_max_occurrences < 2:
             raise InputError("config key 'eval.ats_max_occurrences'", f"is {self.ats_max_occurrences}; expected >= 2 (pairs need two)")
+        check_choice("eval.mats", self.mats, MATS_MODES)
 
 
 def _group_schemas():
@@ -197,11 +209,14 @@ def compose(argv: list[str]) -> DictConfig:
         return [node.get(group, OmegaConf.create()) for node in (base, exp, cli)]
 
     groups: dict[str, DictConfig] = {}
+    model_optim = OmegaConf.create()
     for group in GROUPS:
         option = defaults.get(group)
         if option is None:
             raise InputError("configs/config.yaml", f"defaults has no option for group '{group}'")
         picked = _option(group, str(option))
+        if group == "model" and "optim" in picked:
+            model_optim = picked.pop("optim")  # the ranker's optim defaults, merged into `optim` below
         stack = [picked, *layers(group)]
         raw = OmegaConf.merge(*[OmegaConf.create(OmegaConf.to_container(s)) for s in stack])
         if group == "model":
@@ -221,7 +236,8 @@ def compose(argv: list[str]) -> DictConfig:
 
     rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
     top = _structured(RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix="")
-    optim = _structured(optim_schema, *[n.get("optim", OmegaConf.create()) for n in rest], prefix="optim.")
+    base_optim, *later_optim = [n.get("optim", OmegaConf.create()) for n in rest]
+    optim = _structured(optim_schema, base_optim, model_optim, *later_optim, prefix="optim.")
     OmegaConf.to_object(optim)
     OmegaConf.to_object(top)  # RunConfig.__post_init__: stage
     with_flag = OmegaConf.to_container(top)

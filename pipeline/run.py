@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities import rank_zero_warn
 
 from analyses.registry import run_analysis
 from callbacks.loggers import build_logger, log_results_table
@@ -30,6 +31,7 @@ from lightning_modules.rankers import UNTRAINED
 from pipeline.export import export, load_exported
 from pipeline.head_stage import evaluate_with_head, train_head
 from pipeline.stages import (
+    MONITOR,
     build_trainer,
     evaluate_module,
     load_data,
@@ -147,9 +149,15 @@ def train(cfg: DictConfig) -> dict | Path | None:
         if cfg.eval.before_training and not cfg.ckpt_path:
             trainer.test(module, datamodule=dm, verbose=False)
             before = test_results(module)
+        if cfg.eval.start_candidate and not cfg.ckpt_path:
+            start = trainer.validate(module, datamodule=dm, verbose=False)[0][MONITOR]
+            trainer.checkpoint_callback.add_start_candidate(trainer, start)
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if best and best == trainer.checkpoint_callback.start_model_path:
+            rank_zero_warn(f"no validation beat the model before fine-tuning ({MONITOR} at step 0 stays the best): "
+                           f"the test uses the starting weights, {Path(best).name}")
         trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None

@@ -24,7 +24,7 @@ from analyses.positions import Unit, eval_units, relative_starts, train_units
 from core.errors import InputError
 from datamodules.corpus import IRDataset, Split
 from datamodules.datamodule import RankingDataModule, TripletDataset, passage_text
-from datamodules.rotation import rotate, rotation_index
+from datamodules.rotation import passage_rotation_index, rotate, rotation_index
 from datamodules.sources.synthetic import SyntheticConfig
 from pipeline.config import compose
 
@@ -51,7 +51,9 @@ def test_relative_starts_hand_computed():
     mid = IRDataset(name="m", docs={"d": DOC}, splits={}, answers={("q", "d"): [(6, 9), (9, 14)]})
     assert relative_starts(mid, units).tolist() == [0.2, 0.4]
     assert eval_units(ds, "val") == [Unit("q", "d", "d")]  # judged non-relevant "other" is not a unit
-    assert train_units(ds, [("q", "d", "other"), ("q", "other", "d")]) == [Unit("q", "d", "0:d")]
+    # per_passage (default): keyed by the doc id, one cut for every epoch; per_epoch: by triple and doc id, per epoch
+    assert train_units(ds, [("q", "d", "other"), ("q", "other", "d")]) == [Unit("q", "d", "d")]
+    assert train_units(ds, [("q", "d", "other"), ("q", "other", "d")], "per_epoch") == [Unit("q", "d", "0:d", True)]
 
 
 def test_rotation_moves_positions_as_computed_by_hand():
@@ -60,24 +62,29 @@ def test_rotation_moves_positions_as_computed_by_hand():
     # Eq. 7: "brown fox jumps The quick": "quick" is now word 4, "fox" word 1
     assert passage_text(DOC, True, seed, 0, "0:d") == "brown fox jumps The quick"
     assert relative_starts(ds, [Unit("q", "d", "0:d")], rotate=True, seed=seed).tolist() == [0.8, 0.2]
-    # epochs pool: epoch-major, each epoch its own cut
-    two = relative_starts(ds, [Unit("q", "d", "0:d")], rotate=True, seed=seed, epochs=2)
+    # epochs pool: epoch-major; a per_epoch unit has each epoch's own cut, any other unit its epoch-0 cut every epoch
+    two = relative_starts(ds, [Unit("q", "d", "0:d", per_epoch=True)], rotate=True, seed=seed, epochs=2)
     r1 = rotation_index(seed, 1, "0:d", 5)
     assert two.tolist() == [0.8, 0.2, ((1 - r1) % 5) / 5, ((3 - r1) % 5) / 5]
+    assert relative_starts(ds, [Unit("q", "d", "0:d")], rotate=True, seed=seed, epochs=2).tolist() == [0.8, 0.2, 0.8, 0.2]
 
 
-def test_rotated_positions_are_where_the_training_text_has_the_answer(tmp_path):
+@pytest.mark.parametrize("rotation", ["per_passage", "per_epoch"])
+def test_rotated_positions_are_where_the_training_text_has_the_answer(tmp_path, rotation):
     """Synthetic data through the data module with rotate_train: the analysis's rotated position of every answer is
-    the word of the rotated training passage (TripletDataset) where rotation.rotate maps the answer span."""
+    the word of the rotated training passage (TripletDataset) where rotation.rotate maps the answer span, under
+    either `data.rotation`: per_passage cuts a passage at passage_rotation_index(seed, doc id) every epoch,
+    per_epoch at rotation_index(seed, epoch, "triple:doc id")."""
     cfg = SyntheticConfig(num_docs=120, num_train_queries=60, num_val_queries=8, num_test_queries=8, num_topics=4,
-                          rotate_train=True, cache_dir=str(tmp_path))
+                          rotate_train=True, rotation=rotation, cache_dir=str(tmp_path))
     dm = RankingDataModule(cfg, tokenizer=None, seed=9)
     dm.setup()
     ds = dm.dataset
-    tds = TripletDataset(ds, dm.triples, ds.split("train").queries, True, 9)
-    units = train_units(ds, dm.triples)
+    tds = TripletDataset(ds, dm.triples, ds.split("train").queries, True, 9, rotation_mode=rotation)
+    units = train_units(ds, dm.triples, rotation)
     assert len(units) == 60  # one positive with an answer per question (grade-1 positives have none)
     got = relative_starts(ds, units, rotate=True, seed=9, epochs=2).reshape(2, -1)
+    assert (got[0] == got[1]).all() == (rotation == "per_passage")  # per_passage: every epoch is the same data set
     for epoch in range(2):
         expected = []
         for i, (qid, pos, _) in enumerate(dm.triples):
@@ -85,7 +92,8 @@ def test_rotated_positions_are_where_the_training_text_has_the_answer(tmp_path):
                 continue
             text = tds[(epoch, i)][1]
             (s, e), = ds.answers[(qid, pos)]
-            r = rotation_index(9, epoch, f"{i}:{pos}", len(text.split()))
+            n = len(text.split())
+            r = passage_rotation_index(9, pos, n) if rotation == "per_passage" else rotation_index(9, epoch, f"{i}:{pos}", n)
             rotated, spans = rotate(ds.docs[pos], r, [(s, e)])
             assert rotated == text
             start = spans[-1][0]  # a span split by the cut keeps its first word at the end

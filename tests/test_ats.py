@@ -1,5 +1,5 @@
-"""ATS / MATS (position-bias paper Eq. 8-9) against a brute-force double loop, and on encoders with and without
-positional information."""
+"""ATS / MATS (position-bias paper Eq. 8-9) against a brute-force double loop and a loop over Eq. 9's printed sum
+(both `eval.mats` switches), and on encoders with and without positional information."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from metrics.ats import AverageTermSimilarity, average_term_similarity, mats_from_curve
+from metrics.ats import MATS_MODES, AverageTermSimilarity, average_term_similarity, mats_from_curve
 
 
 def brute_force_ats(vectors, terms, positions, passages):
@@ -28,8 +28,31 @@ def brute_force_ats(vectors, terms, positions, passages):
         per_term = [np.mean(v) for (t, dd), v in sums.items() if dd == d]
         if per_term:
             ats[d] = np.mean(per_term)
-    drops = [ats[0] - ats[i] for i in range(1, max_d + 1) if not np.isnan(ats[i])]
-    return ats, float(np.mean(drops))
+    return ats, reference_mats(ats, "paper")[0]
+
+
+def reference_mats(ats, mode: str) -> tuple[float, float]:
+    """Eq. 9 from the paper's text, by a loop in float64:
+
+        MATS = 1 / (max(da) - 1) * sum_{i=1}^{max(da)} ATS(0) - ATS(i)
+
+    max(da) = the largest delta whose ATS has a value. A delta in 1..max(da) without a value (no pair) is skipped
+    and not counted, so "max(da)" in the factor is the count of the terms summed. `paper`: divide the sum by that
+    count - 1, as printed; `mean`: by the count. The std is that of the summed terms (1/count)."""
+    ats = [float(a) for a in ats]
+    max_da = max(i for i in range(len(ats)) if not math.isnan(ats[i]))
+    total, count, terms = 0.0, 0, []
+    for i in range(1, max_da + 1):
+        if math.isnan(ats[i]):
+            continue
+        total += ats[0] - ats[i]
+        count += 1
+        terms.append(ats[0] - ats[i])
+    mean = total / count
+    std = math.sqrt(sum((t - mean) ** 2 for t in terms) / count)
+    if mode == "paper":
+        return (total / (count - 1) if count > 1 else math.nan), std
+    return mean, std
 
 
 def hand_made_set(seed=0, passages=12, length=15, vocab=6, dim=5):
@@ -51,7 +74,13 @@ def test_ats_equals_brute_force_double_loop():
     assert len(got.ats) >= len(ref)
     np.testing.assert_allclose(got.ats[: len(ref)], ref, atol=1e-6, equal_nan=True)
     assert np.isnan(got.ats[len(ref):]).all()
-    assert abs(got.mats - ref_mats) < 1e-6
+    assert abs(got.mats - ref_mats) < 1e-6 and got.mats_mode == "paper"
+    mean = average_term_similarity(torch.tensor(vectors, dtype=torch.float64), terms, positions, passages, max_occurrences=None,
+                                   mats="mean")
+    np.testing.assert_array_equal(mean.ats, got.ats)
+    assert abs(mean.mats - reference_mats(ref, "mean")[0]) < 1e-6 and mean.mats < got.mats
+    assert mean.mats_std == pytest.approx(got.mats_std, abs=1e-15)  # the spread of the drops, whichever MATS
+    assert got.mats_std == pytest.approx(reference_mats(ref, "paper")[1], abs=1e-6)
     # a cap above every term's count changes nothing (each term in one bucket, padded)
     capped = average_term_similarity(torch.tensor(vectors), terms, positions, passages, max_occurrences=10_000)
     np.testing.assert_allclose(capped.ats, got.ats, atol=1e-12, equal_nan=True)
@@ -123,9 +152,68 @@ def test_mats_of_bag_of_words_is_zero_and_positive_with_positions():
     assert biased.ats[0] > biased.ats[1] > biased.ats[10]  # similarity falls with the positional delta
 
 
+def test_mats_from_curve_equals_the_printed_equation_9_for_both_switches():
+    """The printed Eq. 9 (`paper`, default) and the mean of the drops (`mean`) against `reference_mats`, on curves
+    without and with deltas lacking a value, and a hand-computed example."""
+    # hand-computed: drops 0.1, 0.2, 0.3 (delta 3 has no pair): paper 0.6 / (3 - 1), mean 0.6 / 3
+    curve = np.array([1.0, 0.9, 0.8, np.nan, 0.7, np.nan])
+    assert mats_from_curve(curve) == pytest.approx((0.3, math.sqrt(2 / 300)))
+    assert mats_from_curve(curve, "mean") == pytest.approx((0.2, math.sqrt(2 / 300)))
+    # no gaps: exactly 1/(max(da) - 1) * sum_{i=1}^{max(da)}, max(da) = 4
+    full = np.array([0.9, 0.85, 0.8, 0.8, 0.7])
+    assert mats_from_curve(full)[0] == pytest.approx((0.05 + 0.1 + 0.1 + 0.2) / 3, abs=1e-15)
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        ats = 1 - np.cumsum(rng.uniform(-0.01, 0.05, size=int(rng.integers(2, 60))))
+        if trial % 2:
+            ats[1:][rng.uniform(size=len(ats) - 1) < 0.3] = np.nan
+        if not np.isfinite(ats[1:]).any():
+            continue
+        for mode in MATS_MODES:
+            want = reference_mats(ats, mode)
+            got = mats_from_curve(ats, mode)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15, equal_nan=True)
+        k = int(np.isfinite(ats[1:]).sum())
+        if k > 1:
+            assert mats_from_curve(ats)[0] == pytest.approx(mats_from_curve(ats, "mean")[0] * k / (k - 1), rel=1e-12)
+    # one delta: the printed 1/(max(da) - 1) is 1/0
+    assert math.isnan(mats_from_curve(np.array([1.0, 0.5]))[0])
+    assert mats_from_curve(np.array([1.0, 0.5]), "mean") == (0.5, 0.0)
+
+
 def test_mats_from_curve_and_bad_input():
-    assert mats_from_curve(np.array([1.0, 0.5, np.nan, 0.0])) == pytest.approx((0.75, 0.25))
+    assert mats_from_curve(np.array([1.0, 0.5, np.nan, 0.0])) == pytest.approx((1.5, 0.25))
+    assert mats_from_curve(np.array([1.0, 0.5, np.nan, 0.0]), "mean") == pytest.approx((0.75, 0.25))
     assert math.isnan(mats_from_curve(np.array([np.nan, 0.5]))[0])
+    assert all(math.isnan(v) for v in mats_from_curve(np.array([1.0, np.nan, np.nan])))
+    with pytest.raises(ValueError, match="MATS mode"):
+        mats_from_curve(np.array([1.0, 0.5, 0.2]), "printed")
+    with pytest.raises(ValueError, match="MATS mode"):
+        AverageTermSimilarity(mats="avg")
+
+
+def test_eval_mats_reaches_the_callback_and_the_metric(tmp_path):
+    """`eval.mats` (default `paper`) is validated at composition and handed to ATSCallback, whose metric computes
+    with it; the metric class gives what the function gives."""
+    from callbacks.ats import ATSCallback
+    from core.errors import InputError
+    from pipeline.config import compose
+    from pipeline.stages import build_trainer
+
+    assert compose([]).eval.mats == "paper"
+    for mode in MATS_MODES:
+        cfg = compose([f"eval.mats={mode}", "logger=none", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false",
+                       f"output_dir={tmp_path}"])
+        (cb,) = [c for c in build_trainer(cfg, False, False).callbacks if isinstance(c, ATSCallback)]
+        assert cb.mats == mode
+    with pytest.raises(InputError, match=r"eval\.mats"):
+        compose(["eval.mats=printed"])
+    vectors, terms, positions, passages = hand_made_set(seed=5)
+    for mode in MATS_MODES:
+        m = AverageTermSimilarity(max_occurrences=None, mats=mode)
+        m.update(torch.tensor(vectors), torch.tensor(terms), torch.tensor(positions), torch.tensor(passages))
+        want = average_term_similarity(torch.tensor(vectors, dtype=torch.float32), terms, positions, passages, None, mats=mode)
+        assert m.compute().mats == pytest.approx(want.mats, abs=1e-12) and want.mats_mode == mode
     with pytest.raises(ValueError, match="max_occurrences"):
         average_term_similarity(torch.zeros(2, 2), [0, 0], [0, 1], [0, 1], max_occurrences=1)
     with pytest.raises(ValueError, match=r"vectors \[N, d\]"):
@@ -306,10 +394,11 @@ def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation
     out = tmp_path / "ats"
     cfg = compose(["analysis=ats", "logger=none", f"ckpt={tmp_path / 'tk.ckpt'}", "analysis.label=tk",
                    f"analysis.compare.cat={tmp_path / 'cat.ckpt'}", "analysis.passages=30", "analysis.max_occurrences=12",
-                   "data.rotate_eval=true", f"output_dir={out}"])
+                   "data.rotate_eval=true", "eval.mats=mean", f"output_dir={out}"])
     evaluate(cfg, model_from_cli=False)
     saved = json.loads((out / "ats.json").read_text())
     assert (out / "ats.png").stat().st_size > 0 and set(saved["models"]) == {"tk", "cat"}
+    assert saved["settings"]["mats"] == "mean" and {m["mats_mode"] for m in saved["models"].values()} == {"mean"}
 
     dc = data_config(cfg)
     ds = load_dataset(dc, cfg.seed)
@@ -323,7 +412,7 @@ def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation
     queries = [ds.split("test").queries[qids[i]] for i in rng.permutation(len(qids))]
     for label, module in (("tk", tk_module), ("cat", cat_module)):
         terms = passage_terms(module.ranker, module.pair_tokenizer, texts, queries=queries if label == "cat" else None)
-        ref = ats_fn(terms.vectors, terms.terms, terms.positions, terms.passages, 12, cfg.seed)
+        ref = ats_fn(terms.vectors, terms.terms, terms.positions, terms.passages, 12, cfg.seed, mats="mean")
         assert saved["models"][label]["mats"] == pytest.approx(ref.mats, abs=1e-9)
         got = np.array([np.nan if v is None else v for v in saved["models"][label]["ats"]])
         np.testing.assert_allclose(got, ref.ats, atol=1e-9, equal_nan=True)

@@ -192,30 +192,36 @@ def test_ggnn_step_equals_a_hand_written_gru_update(mode):
     np.testing.assert_allclose(np_(ggnn(h0, a)[0]), h, rtol=0, atol=1e-12)
 
 
-def test_refinement_attention_eq12():
+@pytest.mark.parametrize("scale", [None, False, True], ids=["default", "printed", "scaled"])
+def test_refinement_attention_eq12(scale):
+    """Eq. 12 as printed by default (no 1/sqrt(d)); scale=True divides the logits by sqrt(d)."""
     torch.manual_seed(1)
-    att = RefinementAttention(4, scale=True).double()
+    att = (RefinementAttention(4) if scale is None else RefinementAttention(4, scale=scale)).double()
     h = torch.randn(1, 5, 4, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     got = np_(att(h, mask)[0])
     wa, wb, hn = np_(att.w_a.weight), np_(att.w_b.weight), np_(h[0])
+    div = 2.0 if scale else 1.0  # sqrt(4) = 2
     for i in range(4):
-        logits = np.array([(wa @ hn[i]) @ (wb @ hn[j]) / 2.0 for j in range(4)])  # sqrt(4) = 2; padding excluded
+        logits = np.array([(wa @ hn[i]) @ (wb @ hn[j]) / div for j in range(4)])  # padding excluded
         p = np.exp(logits - logits.max())
         p /= p.sum()
         np.testing.assert_allclose(got[i], sum(p[j] * hn[j] for j in range(4)), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("norm", ["mean", "sum"])
-def test_decomposition_eq14_15(norm):
+@pytest.mark.parametrize("norm,scale", [(None, None), ("sum", False), ("mean", False), ("sum", True), ("mean", True)],
+                         ids=["default", "printed", "mean", "scaled", "mean-scaled"])
+def test_decomposition_eq14_15(norm, scale):
+    """Eq. 14-15 as printed by default: Z_dr = sigmoid((W_1 Z_q)(W_2 Z_d)^T) Z_d, a sum over the document words with
+    raw dot products; norm=mean divides by the n document words, scale=True the logits by sqrt(d)."""
     torch.manual_seed(2)
-    dec = Decomposition(4, norm=norm, scale=True).double()
+    dec = (Decomposition(4) if norm is None else Decomposition(4, norm=norm, scale=scale)).double()
     z = torch.randn(1, 9, 4, dtype=torch.float64)
     out = dec(z, QUERY, DOC)
     w1, w2, zn = np_(dec.w_1.weight), np_(dec.w_2.weight), np_(z[0])
     qi, di = np.flatnonzero(QUERY[0].numpy()), np.flatnonzero(DOC[0].numpy())
     for i in qi:
-        p = np.array([sig((w1 @ zn[i]) @ (w2 @ zn[j]) / 2.0) for j in di])
+        p = np.array([sig((w1 @ zn[i]) @ (w2 @ zn[j]) / (2.0 if scale else 1.0)) for j in di])  # sqrt(4) = 2
         div = len(di) if norm == "mean" else 1
         np.testing.assert_allclose(np_(out.related[0, i]), sum(p[k] * zn[j] for k, j in enumerate(di)) / div, atol=1e-12)
         np.testing.assert_allclose(np_(out.unrelated[0, i]), sum((1 - p[k]) * zn[j] for k, j in enumerate(di)) / div, atol=1e-12)
@@ -394,18 +400,174 @@ def test_dgre_layers_train_at_their_own_learning_rate(tiny_bert):
     assert layer_params == {id(p) for n, p in m.ranker.named_parameters() if not n.startswith("encoder.")}
 
 
+# ------------------------------------------------------------------------------------------------ printed vs tuned
+
+# The switches whose defaults are the printed equations, and the values of configs/model/dgre_tuned.yaml (the grids
+# behind results/2026-11-23-dgre-cranfield-cacm.md).
+PRINTED = {"attention_scale": False, "decomposition_norm": "sum", "activation": "none", "dropout": 0.0}
+TUNED = {"attention_scale": True, "decomposition_norm": "mean", "activation": "relu", "dropout": 0.1}
+# Every other DGRe key, the same in both files.
+SHARED = {"masking": "adaptive", "inf_norm": "entry", "graph_layer": -1, "ggnn_steps": 2, "ggnn_input": "concat",
+          "refined_pool": "mean", "distance": "triangle", "mi": True, "mi_hidden": 128, "aux_lambda": 0.01,
+          "hinge_on": "probability", "layers_lr": None, "layers_lr_scale": 5.0}
+
+
+def ref_eq12_to_16(r, h: np.ndarray, real: np.ndarray, query: np.ndarray, doc: np.ndarray, cls: np.ndarray,
+                   attention_scale: bool, decomposition_norm: str, activation: str):
+    """Float64 loops from the GGNN output h^T [B, L, d] to g (one sequence at a time), with r's weights:
+    Z^l = softmax((W_a h)(W_b h)^T) h over the real tokens (Eq. 12), Z_dr = sigmoid((W_1 Z_q)(W_2 Z_d)^T) Z_d (Eq. 14),
+    g = w_2 act(W_1 [mean_q Z_dr, mean Z^l, E^L(0)] + b_1) + b_2 (Eq. 16); each switch as named."""
+    wa, wb = np_(r.refine.w_a.weight), np_(r.refine.w_b.weight)
+    w1, w2 = np_(r.decomposition.w_1.weight), np_(r.decomposition.w_2.weight)
+    p1, p2 = r.predict[1], r.predict[3]
+    act = {"none": lambda x: x, "relu": lambda x: np.maximum(x, 0), "tanh": np.tanh}[activation]
+    scale = 1 / math.sqrt(h.shape[-1]) if attention_scale else 1.0
+    zs, related, logits = [], [], []
+    for b in range(h.shape[0]):
+        ri, qi, di = np.flatnonzero(real[b]), np.flatnonzero(query[b]), np.flatnonzero(doc[b])
+        z = np.zeros_like(h[b])
+        for i in ri:
+            a = np.array([(wa @ h[b, i]) @ (wb @ h[b, j]) * scale for j in ri])
+            p = np.exp(a - a.max())
+            p /= p.sum()
+            z[i] = sum(p[k] * h[b, j] for k, j in enumerate(ri))
+        dr = []
+        for i in qi:
+            zdr = sum(sig((w1 @ z[i]) @ (w2 @ z[j]) * scale) * z[j] for j in di)
+            dr.append(zdr / len(di) if decomposition_norm == "mean" else zdr)
+        x = np.concatenate([np.mean(dr, 0), z[ri].mean(0), cls[b]])
+        hidden = act(np_(p1.weight) @ x + np_(p1.bias))
+        logits.append(np_(p2.weight)[0] @ hidden + np_(p2.bias)[0])
+        zs.append(z)
+        related.append(np.mean(dr, 0))
+    return np.array(zs), np.array(related), np.array(logits)
+
+
+def forward_with_ggnn_output(r, batch):
+    """The ranker's forward in float64 (eval: no dropout) and the GGNN's output h^T it computed."""
+    captured = {}
+    handle = r.ggnn.register_forward_hook(lambda mod, args, out: captured.setdefault("h", out))
+    try:
+        with torch.no_grad():
+            out = r.forward(batch)
+    finally:
+        handle.remove()
+    return out, np_(captured["h"])
+
+
+def test_the_defaults_are_the_printed_equations():
+    cfg = DGReConfig()
+    assert {k: getattr(cfg, k) for k in PRINTED} == PRINTED
+    assert {k: getattr(cfg, k) for k in SHARED} == SHARED
+
+
+@pytest.mark.parametrize("switches", [
+    {}, {"attention_scale": True}, {"decomposition_norm": "mean"}, {"activation": "relu"}, {"activation": "tanh"},
+    {k: v for k, v in TUNED.items() if k != "dropout"},
+], ids=["printed", "attention_scale", "decomposition_norm=mean", "activation=relu", "activation=tanh", "tuned"])
+def test_ranker_computes_eq12_to_16_as_printed_and_each_switch_as_named(tiny_bert, switches):
+    """The ranker with the default config (`{}`) against float64 loops of Eq. 12, 14-15 and 16 as printed, from the
+    GGNN output it computed; each switch against the same loops with that switch, and different from the printed
+    result on the same weights (the tiny BERT's d = 32: the scale is 1/sqrt(32))."""
+    r = make(tiny_bert, **switches).double().eval()
+    batch = PairTokenizer(r.tokenizer, "cross", 8, 16).pairs(QUERIES, DOCS)
+    out, h = forward_with_ggnn_output(r, batch)
+    masks = (np_(batch["attention_mask"]) > 0, out.query_mask.numpy(), out.doc_mask.numpy())
+    cfg = {k: switches.get(k, PRINTED[k]) for k in ("attention_scale", "decomposition_norm", "activation")}
+    z, related, logits = ref_eq12_to_16(r, h, *masks, np_(out.cls), **cfg)
+    real = masks[0]
+    np.testing.assert_allclose(np_(out.refined)[real], z[real], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np_(out.related), related, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(np_(out.logits), logits, rtol=1e-10, atol=1e-10)
+    if switches:
+        _, _, printed = ref_eq12_to_16(r, h, *masks, np_(out.cls), **{k: PRINTED[k] for k in cfg})
+        assert not np.allclose(printed, logits, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_eq16_dropout_is_off_as_printed_and_on_when_set(tiny_bert, dropout):
+    """The default (printed) prediction layer has no dropout: in training mode it gives the eval-mode numbers;
+    dropout=0.1 (tuned) drops inputs of W_1 in training mode."""
+    r = make(tiny_bert) if dropout == 0.0 else make(tiny_bert, dropout=dropout)
+    assert r.predict[0].p == dropout
+    x = torch.randn(64, 3 * r.hidden_size)
+    torch.manual_seed(3)
+    trained, evaluated = r.predict.train()(x), r.predict.eval()(x)
+    assert torch.equal(trained, evaluated) == (dropout == 0.0)
+
+
 # ------------------------------------------------------------------------------------------------ config
 
 
-def test_yaml_holds_every_schema_key_and_composes():
+@pytest.mark.parametrize("option", ["dgre", "dgre_tuned"])
+def test_yaml_holds_every_schema_key_and_composes(option):
     from dataclasses import fields
 
     from pipeline.config import compose
 
-    raw = yaml.safe_load((REPO / "configs" / "model" / "dgre.yaml").read_text())
-    assert set(raw) == {f.name for f in fields(DGReConfig)}
-    cfg = compose(["model=dgre", "model.masking=heuristic", "model.distance=pair", "model.mi=false"])
-    assert (cfg.model.masking, cfg.model.distance, cfg.model.mi) == ("heuristic", "pair", False)
+    raw = yaml.safe_load((REPO / "configs" / "model" / f"{option}.yaml").read_text())
+    assert set(raw) - {"optim"} == {f.name for f in fields(DGReConfig)} and raw["name"] == "dgre"
+    assert raw["optim"] == {"loss": "hinge", "margin": 1.0}  # Eq. 25
+    cfg = compose([f"model={option}", "model.masking=heuristic", "model.distance=pair", "model.mi=false"])
+    assert (cfg.model.name, cfg.model.masking, cfg.model.distance, cfg.model.mi) == ("dgre", "heuristic", "pair", False)
+
+
+def test_model_dgre_is_the_printed_equations_and_dgre_tuned_our_settings():
+    """configs/model/dgre.yaml: every DGRe key at its schema default (the printed equations); dgre_tuned.yaml: the
+    same file but the four switches at the values of the grids behind results/2026-11-23-dgre-cranfield-cacm.md."""
+    from dataclasses import fields
+
+    from lightning_modules.rankers.base import RankerConfig
+    from pipeline.config import compose
+
+    own = {f.name for f in fields(DGReConfig)} - {f.name for f in fields(RankerConfig)}
+    printed, tuned = compose(["model=dgre"]).model, compose(["model=dgre_tuned"]).model
+    assert {k: printed[k] for k in own} == {k: getattr(DGReConfig(), k) for k in own} == {**SHARED, **PRINTED}
+    assert {k: tuned[k] for k in own} == {**SHARED, **TUNED}
+    assert {k: v for k, v in tuned.items() if k not in TUNED} == {k: v for k, v in printed.items() if k not in TUNED}
+
+
+def test_train_py_dry_run_shows_the_printed_dgre(capsys):
+    """`python train.py model=dgre --dry-run`, in process (train.py is pipeline.cli.main around the training job)."""
+    from pipeline.cli import main
+
+    assert main(["model=dgre", "--dry-run"], lambda cfg, _: pytest.fail("--dry-run must not train")) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["model"]["name"] == "dgre" and {k: cfg["model"][k] for k in PRINTED} == PRINTED
+    assert (cfg["optim"]["loss"], cfg["optim"]["margin"], cfg["model"]["hinge_on"]) == ("hinge", 1.0, "probability")
+
+
+@pytest.mark.parametrize("argv,loss", [(["model=dgre"], ("hinge", 1.0)), (["model=dgre_tuned"], ("hinge", 1.0)),
+                                       (["model=dgre", "optim.loss=ce"], ("ce", 1.0)),
+                                       (["model=dgre", "optim.margin=0.5"], ("hinge", 0.5)),
+                                       (["model=bert_cat"], ("ce", 1.0)), ([], ("ce", 1.0))])
+def test_model_dgre_trains_with_eq25_unless_the_command_line_says_otherwise(argv, loss):
+    """Eq. 25 (margin loss 1 on sigmoid outputs) is model=dgre's default through its YAML's `optim` block; the
+    command line overrides it; every other ranker keeps configs/config.yaml's `optim.loss: ce`."""
+    from pipeline.config import compose
+
+    optim = compose(argv).optim
+    assert (optim.loss, optim.margin) == loss
+
+
+@pytest.mark.parametrize("grid,switches", [("dgre_cranfield", TUNED), ("dgre_cacm", TUNED),
+                                           ("dgre_cranfield_literal", PRINTED)])
+def test_grids_train_dgre_rows_with_their_settings(grid, switches):
+    """The grids behind results/2026-11-23-dgre-cranfield-cacm.md train every DGRe row with the tuned settings
+    (model=dgre_tuned), as they did when model=dgre meant them; dgre_cranfield_literal with the printed equations.
+    Every cell keeps Eq. 25 (hinge, margin 1, on sigmoid outputs)."""
+    from pipeline.config import compose
+    from pipeline.grid import plan
+    from pipeline.grid_config import load_grid
+
+    spec, extra = load_grid([f"grid={grid}"])
+    cells = [c for c in plan(spec, extra) if c.fold == 0]
+    dgre = [c for c in cells if c.row.startswith("dgre")]
+    assert len(dgre) == (7 if grid != "dgre_cranfield_literal" else 4)
+    for cell in dgre:
+        cfg = compose(list(cell.argv))
+        assert cfg.model.name == "dgre" and {k: cfg.model[k] for k in switches} == switches, cell.label
+        assert (cfg.optim.loss, cfg.optim.margin, cfg.model.hinge_on) == ("hinge", 1.0, "probability"), cell.label
 
 
 @pytest.mark.parametrize("argv,key", [

@@ -1,5 +1,7 @@
 """Rotation debiasing (position-bias paper Eq. 7): word rotation, span mapping, deterministic rotation index,
-and the answer-position distribution before/after rotation (SQuAD from ../shared/data, synthetic "start")."""
+`data.rotation` (per_passage: one cut per passage across epochs, triples, ranks, workers, training and evaluation;
+per_epoch: a new cut every epoch), and the answer-position distribution before/after rotation (SQuAD from
+../shared/data, synthetic "start")."""
 from __future__ import annotations
 
 import gzip
@@ -15,6 +17,7 @@ from scipy import stats
 
 from datamodules.rotation import (
     normalize,
+    passage_rotation_index,
     relative_answer_positions,
     rotate,
     rotate_seeded,
@@ -97,10 +100,14 @@ def test_rotation_index_is_deterministic_across_processes():
     counts = np.bincount([rotation_index(0, 0, f"k{i}", 10) for i in range(5000)], minlength=10)
     assert stats.chisquare(counts).pvalue > 0.001
     assert rotation_index(0, 0, "x", 1) == 0 and rotation_index(0, 0, "x", 0) == 0
-    code = "from datamodules.rotation import rotation_index as f; print([f(42, 3, f'q{i}:d{i}', 50) for i in range(400)])"
+    # per_passage: (seed, passage id) only, the epoch-0 cut of the passage id
+    b = [passage_rotation_index(42, f"d{i}", 50) for i in range(400)]
+    assert b == [rotation_index(42, 0, f"d{i}", 50) for i in range(400)]
+    code = ("from datamodules.rotation import rotation_index as f, passage_rotation_index as g; "
+            "print([[f(42, 3, f'q{i}:d{i}', 50) for i in range(400)], [g(42, f'd{i}', 50) for i in range(400)]])")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == a
+    assert json.loads(out.stdout) == [a, b]
 
 
 def test_relative_answer_positions_are_word_based():
@@ -155,22 +162,52 @@ def test_rotation_debiases_synthetic_start_bias():
     assert _ks_uniform(after) > 0.01
 
 
+class _Indexed:
+    """A dataset that also returns the (epoch, index) it was asked for and the worker that answered."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, item):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        return item, self.ds[item], None if info is None else info.id
+
+
+def _as_list(items):
+    return items
+
+
+def _module(tmp_path, rotate_train: bool, rotate_eval: bool, seed: int = 5, rotation: str = "per_passage"):
+    from datamodules.datamodule import RankingDataModule
+
+    cfg = SyntheticConfig(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4,
+                          rotate_train=rotate_train, rotate_eval=rotate_eval, rotation=rotation, cache_dir=str(tmp_path))
+    dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
+    dm.setup()
+    return dm
+
+
+def _triplets(dm):
+    from datamodules.datamodule import TripletDataset
+
+    return TripletDataset(dm.dataset, dm.triples, dm.dataset.split("train").queries, dm.cfg.rotate_train, dm.seed,
+                          rotation_mode=dm.cfg.rotation)
+
+
 def test_datamodule_switches_rotate_train_and_eval_separately(tmp_path):
     """Through the data module: `rotate_train` rotates both passages of every training triplet, with a cut that
-    changes with the epoch and repeats with the seed; `rotate_eval` rotates the evaluation passages; each switch
-    leaves the other side as the normalised original (same spacing, word order untouched)."""
-    from datamodules.datamodule import RankingDataModule, TripletDataset
-
-    def module(rotate_train: bool, rotate_eval: bool, seed: int = 5) -> RankingDataModule:
-        cfg = SyntheticConfig(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4,
-                              rotate_train=rotate_train, rotate_eval=rotate_eval, cache_dir=str(tmp_path))
-        dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
-        dm.setup()
-        return dm
+    repeats with the seed and (per_epoch) changes with the epoch; `rotate_eval` rotates the evaluation passages;
+    each switch leaves the other side as the normalised original (same spacing, word order untouched)."""
+    def module(rotate_train: bool, rotate_eval: bool, seed: int = 5, rotation: str = "per_epoch"):
+        return _module(tmp_path, rotate_train, rotate_eval, seed, rotation)
 
     plain, train_only, eval_only = module(False, False), module(True, False), module(False, True)
-    def ds(dm: RankingDataModule) -> TripletDataset:
-        return TripletDataset(dm.dataset, dm.triples, dm.dataset.split("train").queries, dm.cfg.rotate_train, dm.seed)
+    ds = _triplets
 
     a, b = ds(plain), ds(train_only)
     changed_epoch = moved = 0
@@ -193,3 +230,70 @@ def test_datamodule_switches_rotate_train_and_eval_separately(tmp_path):
             assert any(rot.split(" ") == w[k:] + w[:k] for k in range(len(w)))
         assert train_only.eval_splits[split].dtexts == plain.eval_splits[split].dtexts
         assert sum(x != y for x, y in zip(plain.eval_splits[split].dtexts, eval_only.eval_splits[split].dtexts)) > 0
+
+
+def test_per_passage_is_one_cut_per_passage_everywhere(tmp_path):
+    """data.rotation=per_passage (default): every occurrence of a passage, in any triple, at any epoch, on either of
+    two DDP ranks, in any of two dataloader workers, in a fresh (resumed) process state, and in evaluation, is the
+    passage rotated at passage_rotation_index(seed, doc id): one debiased instance per passage (Sec. 4.2)."""
+    from torch.utils.data import DataLoader
+
+    from datamodules.samplers import DistributedTrainBatchSampler
+
+    dm = _module(tmp_path, True, True)
+    assert dm.cfg.rotation == "per_passage"
+
+    def instance(doc_id: str) -> str:
+        norm = normalize(dm.dataset.docs[doc_id])[0]
+        return rotate(norm, passage_rotation_index(dm.seed, doc_id, len(word_starts(norm))))[0]
+
+    tds = _triplets(dm)
+    visits, workers = 0, set()
+    for rank in range(2):
+        sampler = DistributedTrainBatchSampler(len(tds), 4, dm.seed, rank, 2)
+        loader = DataLoader(_Indexed(tds), batch_sampler=sampler, collate_fn=_as_list, num_workers=2)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                for (e, i), (_, pos_text, neg_text), worker in batch:
+                    _, pos, neg = dm.triples[i]
+                    assert e == epoch and pos_text == instance(pos) and neg_text == instance(neg), (rank, worker, e, i)
+                    visits += 1
+                    workers.add((rank, worker))
+    assert visits == 3 * len(tds)  # both ranks together saw every triple at every epoch
+    assert workers == {(r, w) for r in range(2) for w in range(2)}
+    moved = sum(instance(d) != normalize(dm.dataset.docs[d])[0] for d in dm.dataset.docs)
+    assert moved > len(dm.dataset.docs) // 2
+    for split in ("val", "test"):  # evaluation cuts the same passages alike
+        es = dm.eval_splits[split]
+        assert es.dtexts == [instance(d) for d in es.doc_ids]
+    # a resumed run (a new data module, a new dataset object) and the other rotation setting's evaluation agree
+    again = _triplets(_module(tmp_path, True, True))
+    assert [again[(7, i)] for i in range(len(dm.triples))] == [tds[(0, i)] for i in range(len(dm.triples))]
+    assert _module(tmp_path, True, True, rotation="per_epoch").eval_splits["test"].dtexts == dm.eval_splits["test"].dtexts
+
+
+def test_per_epoch_redraws_the_cut_every_epoch(tmp_path):
+    """data.rotation=per_epoch: training passages get a new cut every epoch (and per triple), reproducible from the
+    seed; a bad mode is a one-line config error naming the key."""
+    from core.errors import InputError
+    from pipeline.config import compose
+
+    dm = _module(tmp_path, True, False, rotation="per_epoch")
+    tds = _triplets(dm)
+    n = len(dm.triples)
+    per_epoch = [[tds[(epoch, i)][1] for i in range(n)] for epoch in range(3)]
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert sum(x != y for x, y in zip(per_epoch[a], per_epoch[b])) > n // 2
+    assert [_triplets(_module(tmp_path, True, False, rotation="per_epoch"))[(1, i)][1] for i in range(n)] == per_epoch[1]
+    # per_passage on the same module: every epoch equals epoch 0
+    per_passage = _module(tmp_path, True, False)
+    same = _triplets(per_passage)
+    assert all(same[(e, i)] == same[(0, i)] for e in (1, 2) for i in range(n))
+    # the training loader builds its dataset with the configured setting
+    for module in (dm, per_passage):
+        loader = module.train_dataloader()
+        assert loader.dataset.rotation_mode == module.cfg.rotation and loader.dataset[(2, 3)] == _triplets(module)[(2, 3)]
+    assert compose(["data.rotation=per_epoch"]).data.rotation == "per_epoch" and compose([]).data.rotation == "per_passage"
+    with pytest.raises(InputError, match=r"data\.rotation"):
+        compose(["data.rotation=per_triple"])

@@ -92,5 +92,8 @@ def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
     run_script("train.py", *base, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
     assert_same_weights(weights(one / "checkpoints" / "last.ckpt"), weights(two / "checkpoints" / "last.ckpt"), atol=1e-5)
     m1, m2 = metrics(one), metrics(two)
-    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos", "mats", "ats0"):  # ATS: occurrences gathered
+    # ATS: occurrences gathered; iw_paper*: per-batch values gathered (each rank measures its share of the batches)
+    paper = ["iw_paper", "iw_paper_std", "avgcos_paper", "iw_paper_query", "avgcos_paper_passage"]
+    paper += ["iw_paper_sequence", "avgcos_paper_sequence"] if model == "repbert" else []
+    for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos", "mats", "ats0", *paper):
         assert m2[k] == pytest.approx(m1[k], abs=1e-4), k

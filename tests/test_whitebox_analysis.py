@@ -1,8 +1,9 @@
 """The white-box analysis on a ColBERT ranker (tiny random BERT): Eq. 1 from the stored token vectors is the ranker's
 own score, removing a word's rows equals the ranker's score with those query tokens masked out, encoding once in
 length-sorted batches changes nothing, the spectral sample reads the right vectors; `python evaluate.py
-analysis=whitebox` for a checkpoint with its backbone, the JSON consistent with its per-query values, and one-line
-errors that write nothing."""
+analysis=whitebox` for a checkpoint with its backbone, the JSON consistent with its per-query values (both tau_AP
+variants, their Pearson r against IDF scipy's on the listed words, in every output), and one-line errors that write
+nothing."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from analyses.whitebox.collect import (
 )
 from analyses.whitebox.words import query_words
 from metrics.spectral import sample_rows, spectral_ratio
-from metrics.tau_ap import tau_ap_b
+from metrics.tau_ap import break_ties, tau_ap_a, tau_ap_b
 
 QUERIES = ["where is the cat sitting", "symptoms of shingles", "who wrote the book of the cat"]
 PASSAGES = ["the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",
@@ -82,13 +83,16 @@ def test_query_analysis_against_direct_computation(colbert):
     queries, q_words, docs = encoded(colbert)
     k = 2  # "who wrote the book of the cat": 'the' twice, removed together
     ms = query_maxsim(queries, k, docs, list(range(len(PASSAGES))))
-    res = analyse_query(ms, q_words[k], "b")
+    res = analyse_query(ms, q_words[k])
     c = ms.c_star.double().numpy()
     s = c.sum(0)
     the = [p for w in q_words[k] if w.key == "the" for p in w.positions]
-    assert len(the) == 2 and list(res.tau) == ["who", "wrote", "the", "book", "of", "cat"]
-    assert res.tau["the"] == pytest.approx(tau_ap_b(s, s - c[the].sum(0)))
-    assert s[0] == s[5]  # the duplicate passage ties, and tau_AP,b takes it
+    assert len(the) == 2 and list(res.tau) == ["a", "b"]
+    assert list(res.tau["a"]) == list(res.tau["b"]) == ["who", "wrote", "the", "book", "of", "cat"]
+    assert res.tau["b"]["the"] == pytest.approx(tau_ap_b(s, s - c[the].sum(0)))
+    # the duplicate passage ties in the original ranking: tau_AP,b takes it, tau_AP,a breaks it by candidate order
+    assert s[0] == s[5]
+    assert res.tau["a"]["the"] == pytest.approx(tau_ap_a(break_ties(s), s - c[the].sum(0)))
     for key, pos, tid, diff in res.differences:
         exact = ms.exact[pos].numpy()
         expected = c[pos][exact].mean() - c[pos][~exact].mean() if 0 < exact.sum() < len(exact) else float("nan")
@@ -122,6 +126,62 @@ def run_inprocess(*args):
 COMMON = ["analysis=whitebox", "logger=none", "data.num_test_queries=12", "data.candidate_depth=15"]
 
 
+TAU_AP_KEYS = ("tau_ap_a", "tau_ap_b")
+
+
+def check_tau_ap_outputs(res: dict) -> None:
+    """One model's JSON: each variant's word rows are the means of its per-query values, and its Pearson r against
+    IDF (with n) is scipy's on the word rows it lists."""
+    from scipy.stats import pearsonr
+
+    for key in TAU_AP_KEYS:
+        per_word: dict[str, list[float]] = {}
+        for q in res["queries"]:
+            for w in q["words"]:
+                if w[key] is not None:
+                    per_word.setdefault(w["word"], []).append(w[key])
+        rows = {w["word"]: w for w in res["words"]}
+        assert per_word and set(per_word) == {w for w, r in rows.items() if r[key] is not None}
+        for word, vals in per_word.items():
+            assert rows[word][key] == pytest.approx(np.mean(vals))
+        idf, tau = np.array([(w["idf"], w[key]) for w in res["words"] if w[key] is not None]).T
+        c = res["correlations"][key]
+        assert c["n"] == len(idf) >= 3
+        assert c["pearson_r"] == pytest.approx(pearsonr(idf, tau).statistic, abs=1e-12)
+        assert c["p_value"] == pytest.approx(pearsonr(idf, tau).pvalue, rel=1e-9)
+    assert "term_importance" not in res["correlations"] and "tau_ap" not in res["words"][0]
+
+
+def test_both_tau_ap_variants_in_every_output(tmp_path, tiny_bert_nodropout, monkeypatch, capsys):
+    """Term importance alone, one untrained model: the JSON (on disk), the logged scalars and tables, the printed
+    summary and the figure carry tau_AP,a and tau_AP,b."""
+    import analyses.whitebox.analysis as wb
+
+    logged = {}
+    monkeypatch.setattr(wb, "log_analysis", lambda cfg, name, **kw: logged.update(kw))
+    out = tmp_path / "o"
+    run_inprocess("analysis=whitebox", "logger=none", "data.num_test_queries=6", "data.candidate_depth=8",
+                  "analysis.statistics=[term_importance]", "model=colbert", f"model.backbone={tiny_bert_nodropout}",
+                  f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}")
+    on_disk = json.loads((out / JSON_NAME).read_text())
+    assert "tau_ap" not in on_disk["settings"] and on_disk["paper_pearson_r"]["tau_ap_a"] == -0.4
+    assert "tau_AP,a" in on_disk["definition"]["term_importance"] and "tau_AP,b" in on_disk["definition"]["term_importance"]
+    res = on_disk["models"]["untrained"]
+    assert list(res["correlations"]) == list(TAU_AP_KEYS)
+    check_tau_ap_outputs(res)
+    # the two variants differ on these rankings (ties from the tiny model, and b is symmetric)
+    assert any(w["tau_ap_a"] != pytest.approx(w["tau_ap_b"]) for w in res["words"])
+    for key in TAU_AP_KEYS:
+        assert logged["scalars"][f"whitebox/untrained/{key}/pearson_r"] == res["correlations"][key]["pearson_r"]
+        assert logged["scalars"][f"whitebox/untrained/{key}/n"] == res["correlations"][key]["n"]
+        assert f"{key}_std" in logged["tables"]["whitebox/untrained/words"][0]
+        assert all(f"{key}_undefined" in w for w in res["words"])
+    assert list(logged["images"]) == ["whitebox/term_importance"]
+    assert (out / "whitebox_term_importance.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "tau_AP,a vs IDF" in printed and "tau_AP,b vs IDF" in printed
+
+
 @pytest.mark.slow
 def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodropout):
     ckpt = fake_checkpoint(tmp_path / "ft.ckpt", tiny_bert_nodropout)
@@ -136,19 +196,9 @@ def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodr
     assert on_disk["settings"]["queries"] == 12 and on_disk["settings"]["candidate_depth"] == 15
     for name in ("whitebox_term_importance.png", "whitebox_delta_es.png", "whitebox_spectral.png"):
         assert (tmp_path / "a" / name).stat().st_size > 1000
-    # word rows are the per-query values aggregated; r is the Pearson r of those rows
+    # word rows are the per-query values aggregated; r is the Pearson r of those rows, for both tau_AP variants
     for res in (ft, bb):
-        per_word: dict[str, list[float]] = {}
-        for q in res["queries"]:
-            for w in q["words"]:
-                if w["tau_ap"] is not None:
-                    per_word.setdefault(w["word"], []).append(w["tau_ap"])
-        rows = {w["word"]: w for w in res["words"]}
-        for word, vals in per_word.items():
-            assert rows[word]["tau_ap"] == pytest.approx(np.mean(vals))
-        pts = np.array([(w["idf"], w["tau_ap"]) for w in res["words"] if w["tau_ap"] is not None])
-        assert res["correlations"]["term_importance"]["pearson_r"] == pytest.approx(np.corrcoef(pts.T)[0, 1])
-        assert res["correlations"]["term_importance"]["n"] == len(pts)
+        check_tau_ap_outputs(res)
         subs = {s["subword"]: s for s in res["subwords"]}
         for w in res["words"]:
             if w["delta_es"] is not None:  # Delta_ES(w) = sum of its subwords' Delta_ES(t)
@@ -166,7 +216,7 @@ def test_command_line_and_one_line_errors(tmp_path, tiny_bert):
     assert (out / "whitebox_spectral.png").exists() and not (out / "whitebox_delta_es.png").exists()
     for args, needle in [(["analysis.statistic=[spectral]"], "analysis.statistic"),
                          (["analysis.statistics=[tfidf]"], "analysis.statistics"),
-                         (["analysis.tau_ap=c"], "analysis.tau_ap"),
+                         (["analysis.tau_ap=b"], "analysis.tau_ap"),  # removed: both variants are reported
                          (["model=repbert", f"model.backbone={tiny_bert}"], "model.name")]:
         bad = run_script("evaluate.py", *COMMON, *args, f"output_dir={tmp_path / 'x'}", f"data.cache_dir={tmp_path / 'c'}", check=False)
         assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-500:]

@@ -16,7 +16,14 @@ from analyses.whitebox.maxsim import max_sim
 from analyses.whitebox.words import Word, query_words
 from metrics.delta_es import DeltaES, pair_difference
 from metrics.spectral import sample_rows, spectral_ratio
-from metrics.tau_ap import break_ties, correlation, tau_ap, tau_ap_a, tau_ap_b
+from metrics.tau_ap import (
+    break_ties,
+    correlation,
+    correlations,
+    tau_ap,
+    tau_ap_a,
+    tau_ap_b,
+)
 
 
 # ---- tau_AP ---------------------------------------------------------------------------------------------------
@@ -147,6 +154,62 @@ def test_tau_ap_a_is_the_expectation_over_tie_orders():
         x = rng.permutation(n).astype(float)
         y = rng.integers(0, 3, size=n).astype(float)
         assert tau_ap_a(x, y) == pytest.approx(expected_over_tie_orders(x, y), abs=1e-12)
+
+
+def position_broken(x) -> list[float]:
+    """x's ranking as distinct scores, ties broken by position (the earlier item above): what tau_AP,a's reference
+    gets in the analysis (the candidate order), written here without break_ties."""
+    order = sorted(range(len(x)), key=lambda k: (-x[k], k))
+    out = [0.0] * len(x)
+    for r, k in enumerate(order):
+        out[k] = float(-r)
+    return out
+
+
+def brute_tau_ap_a(x, y) -> float:
+    """tau_AP,a by its definition: the mean of Yilmaz's tau_AP (the literal walk) over every order of y's ties,
+    against x with its ties broken by position."""
+    return expected_over_tie_orders(position_broken(x), y)
+
+
+def brute_tau_ap_b(x, y) -> float:
+    """tau_AP,b by its definition: the mean of the two directed loops (NaN when either ranking is one tie)."""
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+    return 0.5 * (walk_tau_ap_b_directed(x, y) + walk_tau_ap_b_directed(y, x))
+
+
+def test_variants_differ_without_ties_by_hand():
+    """x: A > B > C > D, y: B > C > A > D. Walking y: C has B above (x agrees: 1/1), A has B, C above (0/2), D 3/3:
+    tau_AP(x, y) = 2/3 (1 + 0 + 1) - 1 = 1/3 = tau_AP,a. Walking x: B has A above (y disagrees: 0/1), C has A, B
+    (y agrees on B: 1/2), D 3/3: tau_AP(y, x) = 2/3 (0 + 1/2 + 1) - 1 = 0; tau_AP,b = (1/3 + 0) / 2 = 1/6."""
+    x, y = [4.0, 3.0, 2.0, 1.0], [2.0, 4.0, 3.0, 1.0]
+    assert correlations(x, y) == {"a": pytest.approx(1 / 3), "b": pytest.approx(1 / 6)}
+    assert tau_ap(x, y) == pytest.approx(1 / 3) and tau_ap(y, x) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("ties", ["none", "in y", "in x", "in both"])
+def test_both_variants_against_brute_force_definitions(ties):
+    """`correlations` (and `correlation` per variant) against the references above on small random lists, float64;
+    without ties also against Yilmaz's walk directly."""
+    rng = np.random.default_rng(["none", "in y", "in x", "in both"].index(ties))
+    for trial in range(40):
+        n = int(rng.integers(2, 8))
+        x = rng.integers(0, 3, size=n).astype(float) if ties in ("in x", "in both") else rng.normal(size=n)
+        y = rng.integers(0, 3, size=n).astype(float) if ties in ("in y", "in both") else rng.normal(size=n)
+        x, y = x.tolist(), y.tolist()
+        a, b = brute_tau_ap_a(x, y), brute_tau_ap_b(x, y)
+        got = correlations(x, y)
+        assert list(got) == ["a", "b"]
+        assert got["a"] == pytest.approx(a, abs=1e-12) and correlation(x, y, "a") == pytest.approx(a, abs=1e-12)
+        if math.isnan(b):
+            assert math.isnan(got["b"]) and math.isnan(correlation(x, y, "b"))
+        else:
+            assert got["b"] == pytest.approx(b, abs=1e-12) and correlation(x, y, "b") == pytest.approx(b, abs=1e-12)
+        if ties == "none":
+            assert got["a"] == pytest.approx(walk_tau_ap(x, y), abs=1e-12)
+            assert got["b"] == pytest.approx(0.5 * (walk_tau_ap(x, y) + walk_tau_ap(y, x)), abs=1e-12)
+    assert all(math.isnan(v) for v in correlations([1.0], [2.0]).values())
 
 
 def test_variant_a_breaks_reference_ties_by_position():

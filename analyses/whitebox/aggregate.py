@@ -1,13 +1,15 @@
 """From per-query results to the points of Figures 1-3 and their correlations with IDF.
 
-- words (Figures 1-2): one point per word type of the analysed queries. tau_AP: "when the term appears in several
-  queries, we consider the average" (mean over the queries holding it, NaN values, i.e. an all-tied ranking, left
-  out and counted). Delta_ES(w) = sum_{t in w} Delta_ES(t) (delta_es.py).
+- words (Figures 1-2): one point per word type of the analysed queries. tau_AP, as both tau_AP,a and tau_AP,b
+  (`tau_ap_a`, `tau_ap_b`: the paper does not say which, tau_ap.py): "when the term appears in several queries, we
+  consider the average" (mean over the queries holding it, NaN values, i.e. an all-tied ranking, left out and
+  counted). Delta_ES(w) = sum_{t in w} Delta_ES(t) (delta_es.py).
 - subwords (Figure 3): one point per WordPiece type of the analysed query words, with its Delta_ES(t) and spectral
   ratio.
-- correlations: Pearson r (scipy.stats.pearsonr, with its two-sided p-value) of each statistic against IDF, the
-  paper's measure, and Spearman rho beside it; also over the words that are not stopwords, since the paper's
-  Figure 1 discussion singles them out, and inside each query (`within_query`).
+- correlations: Pearson r (scipy.stats.pearsonr, with its two-sided p-value) of each statistic (`tau_ap_a`,
+  `tau_ap_b`, `delta_es`, `spectral`) against IDF, the paper's measure, and Spearman rho beside it; also over the
+  words that are not stopwords, since the paper's Figure 1 discussion singles them out, and inside each query
+  (`within_query`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ from analyses.whitebox.collect import QueryResult, SpectralResult
 from analyses.whitebox.idf import CollectionIDF
 from analyses.whitebox.words import STOPWORDS, Word
 from metrics.delta_es import DeltaES
+from metrics.tau_ap import VARIANTS
+
+# term importance (Figure 1): the word-row key and correlation key of each tau_AP variant
+TAU_AP_KEYS = {v: f"tau_ap_{v}" for v in VARIANTS}
 
 
 def _finite(v) -> float | None:
@@ -58,33 +64,37 @@ def word_rows(words_per_query: list[list[Word]], results: list[QueryResult], idf
     """One row per word type, sorted by IDF then word."""
     first: dict[str, Word] = {}
     queries: dict[str, int] = defaultdict(int)
-    taus: dict[str, list[float]] = defaultdict(list)
+    taus: dict[str, dict[str, list[float]]] = {v: defaultdict(list) for v in VARIANTS}
     shares: dict[str, list[float]] = defaultdict(list)
     for words, res in zip(words_per_query, results):
         for key in dict.fromkeys(w.key for w in words):
             queries[key] += 1
         for w in words:
             first.setdefault(w.key, w)
-        for key, t in res.tau.items():
-            taus[key].append(t)
+        for v in VARIANTS:
+            for key, t in res.tau.get(v, {}).items():
+                taus[v][key].append(t)
         for key, s in res.exact_share.items():
             shares[key].append(s)
     rows = []
     for key, w in first.items():
-        vals = [t for t in taus.get(key, []) if math.isfinite(t)]
-        rows.append({
+        row = {
             "word": key,
             "subwords": [tokens[t] for t in w.subwords],
             "df": int(idf.word_df.get(key, 0)),
             "idf": idf.word(key),
             "stopword": key in STOPWORDS,
             "queries": queries[key],
-            "tau_ap": float(np.mean(vals)) if vals else None,
-            "tau_ap_std": float(np.std(vals)) if len(vals) > 1 else None,
-            "tau_ap_undefined": len(taus.get(key, [])) - len(vals),
-            "delta_es": _finite(dES.word(w.subwords)) if dES is not None else None,
-            "exact_match_share": float(np.mean(shares[key])) if shares.get(key) else None,
-        })
+        }
+        for v, name in TAU_AP_KEYS.items():
+            got = taus[v].get(key, [])
+            vals = [t for t in got if math.isfinite(t)]
+            row[name] = float(np.mean(vals)) if vals else None
+            row[f"{name}_std"] = float(np.std(vals)) if len(vals) > 1 else None
+            row[f"{name}_undefined"] = len(got) - len(vals)
+        row["delta_es"] = _finite(dES.word(w.subwords)) if dES is not None else None
+        row["exact_match_share"] = float(np.mean(shares[key])) if shares.get(key) else None
+        rows.append(row)
     rows.sort(key=lambda r: (r["idf"], r["word"]))
     return rows
 
@@ -128,14 +138,16 @@ def within_query(queries: list[dict], words: list[dict], key: str) -> dict:
 
 
 def correlations(words: list[dict], subwords: list[dict], statistics: list[str], queries: list[dict] | None = None) -> dict[str, dict]:
-    """Pearson r against IDF of each computed statistic (the keys name the paper's figures' statistics)."""
+    """Pearson r against IDF of each computed statistic: `tau_ap_a` and `tau_ap_b` (Figure 1's term importance, both
+    variants), `delta_es` (Figure 2) and `spectral` (Figure 3)."""
     out: dict[str, dict] = {}
     content = [w for w in words if not w["stopword"]]
     queries = queries or []
     if "term_importance" in statistics:
-        out["term_importance"] = {**correlate([w["idf"] for w in words], [w["tau_ap"] for w in words]),
-                                  "without_stopwords": correlate([w["idf"] for w in content], [w["tau_ap"] for w in content]),
-                                  "within_query": within_query(queries, words, "tau_ap")}
+        for key in TAU_AP_KEYS.values():
+            out[key] = {**correlate([w["idf"] for w in words], [w[key] for w in words]),
+                        "without_stopwords": correlate([w["idf"] for w in content], [w[key] for w in content]),
+                        "within_query": within_query(queries, words, key)}
     if "delta_es" in statistics:
         out["delta_es"] = {**correlate([w["idf"] for w in words], [w["delta_es"] for w in words]),
                            "without_stopwords": correlate([w["idf"] for w in content], [w["delta_es"] for w in content]),

@@ -4,7 +4,8 @@ source's candidate lists, else the BM25 top-`candidate_depth`, the run the data 
 ranker's own Eq. 1.
 
 - term importance (section 3, Figure 1): per query word, tau_AP between the ranking of S_q and the ranking with the
-  word's subword rows removed from Eq. 1 (tau_ap.py, variant `tau_ap`), averaged per word over queries, vs word IDF;
+  word's subword rows removed from Eq. 1, averaged per word over queries, vs word IDF; in both of Urbano & Marrero's
+  variants, tau_AP,a (`tau_ap_a`) and tau_AP,b (`tau_ap_b`), since the paper does not say which (tau_ap.py);
 - exact vs soft matches (section 4, Eq. 2, Figure 2): Delta_ES(w) = sum of Delta_ES(t) over the word's subwords, vs
   word IDF (delta_es.py);
 - spectral ratio (section 4, Figure 3): lambda_1 / sum(lambda) of each query subword's contextual vectors in the
@@ -17,9 +18,11 @@ The model is the checkpoint's ranker (`ckpt=`) or `model=colbert` untrained (the
 `with_backbone: true` adds the untrained backbone (no projection layer, as the paper's "non fine-tuned version")
 to the same run, on the same queries and candidates, and the figures overlay both.
 
-Writes into `output_dir`: `whitebox_term_importance.png`, `whitebox_delta_es.png`, `whitebox_spectral.png`, then
-`whitebox.json` (definitions, settings, timings, and per model: correlations, every word, every subword, every
-query's per-word values); logs the r values (any logger), and on W&B the word and subword tables and the figures.
+Writes into `output_dir`: `whitebox_term_importance.png` (a panel per tau_AP variant), `whitebox_delta_es.png`,
+`whitebox_spectral.png`, then `whitebox.json` (definitions, settings, timings, and per model: correlations, every
+word, every subword, every query's per-word values); logs the r values (any logger: `whitebox/<model>/<statistic>/
+pearson_r` and `/n`, statistics `tau_ap_a`, `tau_ap_b`, `delta_es`, `spectral`), and on W&B the word and subword
+tables and the figures.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from omegaconf import OmegaConf
 from analyses.outputs import log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.whitebox.aggregate import (
+    TAU_AP_KEYS,
     correlations,
     delta_es_of,
     subword_rows,
@@ -58,10 +62,12 @@ from lightning_modules.module import RankingModule
 JSON_NAME = "whitebox.json"
 STATISTICS = ("term_importance", "delta_es", "spectral")
 SPLIT_CHOICES = ("train", "val", "test", "all")
-# The paper's Pearson r (TREC DL 2019+2020, BERT-base ColBERT): Figure 1, Figure 2 and Figure 3.
-PAPER_R = {"term_importance": -0.4, "delta_es": 0.667, "spectral": 0.77}
-LABELS = {"term_importance": "tau_AP vs IDF (words)", "delta_es": "Delta_ES vs IDF (words)",
-          "spectral": "spectral ratio vs IDF (subwords)"}
+# The correlations (keys of "correlations", "paper_pearson_r", W&B's whitebox/<model>/<key>/...) of each statistic.
+CORRELATIONS = {"term_importance": tuple(TAU_AP_KEYS.values()), "delta_es": ("delta_es",), "spectral": ("spectral",)}
+# The paper's Pearson r (TREC DL 2019+2020, BERT-base ColBERT): Figure 1 (one tau_AP, variant unstated), 2 and 3.
+PAPER_R = {"tau_ap_a": -0.4, "tau_ap_b": -0.4, "delta_es": 0.667, "spectral": 0.77}
+LABELS = {"tau_ap_a": "tau_AP,a vs IDF (words)", "tau_ap_b": "tau_AP,b vs IDF (words)",
+          "delta_es": "Delta_ES vs IDF (words)", "spectral": "spectral ratio vs IDF (subwords)"}
 
 
 @dataclasses.dataclass
@@ -73,7 +79,6 @@ class WhiteboxConfig(AnalysisConfig):
     split: str = "test"  # train | val | test | all (every split's queries)
     max_queries: int | None = None  # a seeded sample of the split's queries; null = all
     candidate_depth: int | None = None  # |S_q|; null = data.candidate_depth
-    tau_ap: str = "b"  # a | b (tau_ap.py)
     skip_punctuation: bool = True  # punctuation-only words are not analysed (their rows stay in Eq. 1)
     spectral_passages: str = "candidates"  # candidates (the union of the S_q) | collection (every passage)
     spectral_max_occurrences: int = 1000
@@ -87,7 +92,6 @@ class WhiteboxConfig(AnalysisConfig):
         if not self.statistics or any(s not in STATISTICS for s in self.statistics):
             raise InputError("config key 'analysis.statistics'", f"is {list(self.statistics)}; expected a non-empty subset of {list(STATISTICS)}")
         check_choice("analysis.split", self.split, SPLIT_CHOICES)
-        check_choice("analysis.tau_ap", self.tau_ap, ("a", "b"))
         check_choice("analysis.spectral_passages", self.spectral_passages, ("candidates", "collection"))
         for key in ("max_queries", "candidate_depth"):
             v = getattr(self, key)
@@ -181,15 +185,16 @@ def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts
         if not need_matches:
             break
         cand = [index[d] for d in cands[q]]
-        res = analyse_query(query_maxsim(queries, k, docs, cand), q_words[k], opts.tau_ap,
-                            "term_importance" in stats, "delta_es" in stats)
+        res = analyse_query(query_maxsim(queries, k, docs, cand), q_words[k], "term_importance" in stats,
+                            "delta_es" in stats)
         results.append(res)
         per_word_diff: dict[str, float] = {}
         for key, _pos, _tid, diff in res.differences:
             per_word_diff[key] = per_word_diff.get(key, 0.0) + diff  # NaN stays NaN
         per_query.append({"qid": q, "query": qtexts[q], "candidates": len(cand), "words": [
-            {"word": key, "tau_ap": _num(res.tau.get(key)), "delta_es": _num(per_word_diff.get(key)),
-             "exact_match_share": res.exact_share[key]} for key in dict.fromkeys(w.key for w in q_words[k])]})
+            {"word": key, **{name: _num(res.tau[v].get(key)) for v, name in TAU_AP_KEYS.items()},
+             "delta_es": _num(per_word_diff.get(key)), "exact_match_share": res.exact_share[key]}
+            for key in dict.fromkeys(w.key for w in q_words[k])]})
     timings["per_query_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -265,8 +270,13 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
             "words": "pre-tokens of the backbone tokenizer (lower-cased, split at whitespace and punctuation), keyed "
                      "by their WordPiece subwords joined; [CLS]/[SEP] never analysed"
                      + ("; punctuation-only words not analysed" if opts.skip_punctuation else ""),
-            "term_importance": f"tau_AP,{opts.tau_ap} (Urbano & Marrero) between the ranking of S_q and the ranking "
-                               "with every occurrence of the word's subword rows removed from Eq. 1; mean over queries",
+            "term_importance": "tau_AP between the ranking of S_q and the ranking with every occurrence of the word's "
+                               "subword rows removed from Eq. 1, mean over queries, in both of Urbano & Marrero's "
+                               "variants (the paper does not say which): tau_ap_a = tau_AP,a (the original ranking as "
+                               "the truth, its ties broken by candidate order; the expectation over orders of the "
+                               "masked ranking's ties; Yilmaz et al.'s tau_AP when there are no ties), tau_ap_b = "
+                               "tau_AP,b (symmetric, ties in both; without ties the mean of Yilmaz's tau_AP in both "
+                               "directions)",
             "delta_es": "Eq. 2 per subword type (mean over its query occurrences with both exact and soft matches in "
                         "S_q), summed over the word's subwords",
             "spectral": f"lambda_1 / sum(lambda), singular values of the subword's unit contextual vectors in the "
@@ -321,7 +331,7 @@ def print_summary(result: dict) -> None:
     print(f"white-box ColBERT: {s['dataset']} ({s['collection_passages']:,} passages), split {s['split']}, "
           f"{s['queries']} queries, |S_q| <= {s['candidate_depth']}")
     print(f"{'statistic':<34}{'model':<12}{'n':>6}{'Pearson r':>11}{'p':>10}{'Spearman':>10}{'paper r':>9}")
-    for stat in STATISTICS:
+    for stat in (key for s in STATISTICS for key in CORRELATIONS[s]):
         for label, res in result["models"].items():
             c = res["correlations"].get(stat)
             if c is None:

@@ -2,9 +2,9 @@
 
 Every passage and query is encoded once (`encode_texts`: the ranker's `encode` then `scoring_vectors`, i.e. the unit
 vectors Eq. 1 compares, in eval mode and without gradients); per query, its candidates' vectors give the C*_id and
-exact-match matrices (maxsim.py), from which every word's removal (tau_AP, section 3) and every query token's
-Eq. 2 term are computed (`analyse_query`); the spectral ratio reads the stored passage vectors of the query
-subwords (`spectral_by_subword`).
+exact-match matrices (maxsim.py), from which every word's removal (tau_AP,a and tau_AP,b, section 3) and every
+query token's Eq. 2 term are computed (`analyse_query`); the spectral ratio reads the stored passage vectors of the
+query subwords (`spectral_by_subword`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from analyses.whitebox.words import Word
 from datamodules.tokenization import length_sorted_batches
 from metrics.delta_es import pair_difference
 from metrics.spectral import sample_rows, spectral_ratio
-from metrics.tau_ap import correlation
+from metrics.tau_ap import VARIANTS, correlations
 
 
 @dataclass
@@ -79,17 +79,17 @@ def query_maxsim(queries: Encodings, k: int, docs: Encodings, candidates) -> Max
 
 @dataclass
 class QueryResult:
-    tau: dict[str, float] = field(default_factory=dict)  # word key -> tau_AP(ranking, ranking without the word)
+    # tau_AP variant ("a", "b") -> word key -> tau_AP(ranking, ranking without the word)
+    tau: dict[str, dict[str, float]] = field(default_factory=lambda: {v: {} for v in VARIANTS})
     # (word key, token position, token id, Eq. 2 pair difference) for every subword of every analysed word
     differences: list[tuple[str, int, int, float]] = field(default_factory=list)
     exact_share: dict[str, float] = field(default_factory=dict)  # word key -> share of (subword, candidate) exact
 
 
-def analyse_query(ms: MaxSim, words: list[Word], variant: str = "b", term_importance: bool = True,
-                  delta_es: bool = True) -> QueryResult:
+def analyse_query(ms: MaxSim, words: list[Word], term_importance: bool = True, delta_es: bool = True) -> QueryResult:
     """Term importance of every word type of the query (all its occurrences removed together, the word being
-    masked) and the Eq. 2 term of every subword occurrence. Float64 for the scores, so removing a row does not
-    create ties that float32 rounding would."""
+    masked), as tau_AP,a and tau_AP,b (tau_ap.correlations), and the Eq. 2 term of every subword occurrence.
+    Float64 for the scores, so removing a row does not create ties that float32 rounding would."""
     c_star = ms.c_star.double().numpy()
     exact = ms.exact.numpy()
     score = c_star.sum(0)
@@ -99,7 +99,8 @@ def analyse_query(ms: MaxSim, words: list[Word], variant: str = "b", term_import
         rows.setdefault(w.key, []).extend(w.positions)
     if term_importance:
         for key, r in rows.items():
-            out.tau[key] = correlation(score, score - c_star[r].sum(0), variant)
+            for variant, value in correlations(score, score - c_star[r].sum(0)).items():
+                out.tau[variant][key] = value
     for key, r in rows.items():
         out.exact_share[key] = float(exact[r].mean())
     if delta_es:

@@ -10,10 +10,12 @@ words are decomposed into a query-related and a query-unrelated part:
 both [m, d]: row i is the document as seen from query word i. Only Z_dr enters the prediction (E_Z[Z] = 1 x Z_dr
 + 0 x Z_du); Z_du exists for the mutual information terms (mi.py).
 
-Readings: `norm="mean"` (default) divides both products by the number n of document words, so that
-Z_dr + Z_du is the mean document word for every query word whatever the document's length (the literal sum grows
-with n, and with it the scale of everything downstream); `norm="sum"` is the literal product. `scale=True` divides
-the logits of P by sqrt(d) (as Eq. 5), since sigmoid of raw d = 384 dot products is 0 or 1 almost everywhere.
+Defaults are Eq. 14-15 as printed: `norm="sum"` (the product P Z_d) and `scale=False` (raw dot products in the
+sigmoid). Two switches (the ranker's `decomposition_norm`, `attention_scale`; both on in
+configs/model/dgre_tuned.yaml): `norm="mean"` divides both products by the number n of document words, so that
+Z_dr + Z_du is the mean document word for every query word whatever the document's length (the printed sum grows
+with n, and with it the scale of everything downstream); `scale=True` divides the logits of P by sqrt(d) (as
+Eq. 5), since sigmoid of raw d = 384 dot products is 0 or 1 almost everywhere.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class Decomposed:
 
 
 class Decomposition(nn.Module):
-    def __init__(self, dim: int, norm: str = "mean", scale: bool = True):
+    def __init__(self, dim: int, norm: str = "sum", scale: bool = False):
         super().__init__()
         if norm not in DECOMPOSITION_NORMS:
             raise ValueError(f"unknown decomposition norm {norm!r}; expected one of {DECOMPOSITION_NORMS}")

@@ -15,9 +15,9 @@ After T steps a self-attention over the refined words gives Z^l (Eq. 12):
 
     Z^l = softmax((W_a h^T)(W_b h^T)^T) h^T                                                     (Eq. 12)
 
-with padding excluded from the keys. The OCR shows no 1/sqrt(d) in Eq. 12; `scale=True` (default) divides the
-logits by sqrt(d) as Eq. 5 does, since unscaled dot products of d = 384 LayerNorm'd vectors saturate the softmax;
-`scale=False` is the literal reading.
+with padding excluded from the keys. Eq. 12 is printed without a 1/sqrt(d): `scale=False` (default, the ranker's
+`attention_scale=false`) is that equation; `scale=True` divides the logits by sqrt(d) as Eq. 5 does, since unscaled
+dot products of d = 384 LayerNorm'd vectors saturate the softmax (configs/model/dgre_tuned.yaml).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class GGNN(nn.Module):
 class RefinementAttention(nn.Module):
     """Eq. 12: single-head self-attention over the GGNN's output, keys restricted to real tokens."""
 
-    def __init__(self, dim: int, scale: bool = True):
+    def __init__(self, dim: int, scale: bool = False):
         super().__init__()
         self.w_a = nn.Linear(dim, dim, bias=False)
         self.w_b = nn.Linear(dim, dim, bias=False)

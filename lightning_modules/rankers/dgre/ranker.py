@@ -5,21 +5,28 @@
       -> GGNN over A~ for T steps, then self-attention: Z^l (ggnn.py, Eq. 11-12)
       -> decomposition of the document words into query-related Z_dr and unrelated Z_du parts (decomposition.py,
          Eq. 13-15)
-      -> g(q, d) = w_2 act(W_1 [Z_dr, Z^l, E^L(0)] + b_1) + b_2,  f = sigmoid(g)                 (Eq. 16-17)
+      -> g(q, d) = w_2 (W_1 [Z_dr, Z^l, E^L(0)] + b_1) + b_2,  f = sigmoid(g)                   (Eq. 16-17)
 
 Training (section 3.4): the pairwise margin loss on f (Eq. 25; RankingModule with optim.loss=hinge,
-optim.margin=1, through `hinge_scores`) plus lambda x (distance loss + L_mi) from `score_triplets`: the triangle
+optim.margin=1, through `hinge_scores`; the `optim` block of configs/model/dgre.yaml makes them model=dgre's defaults) plus lambda x (distance loss + L_mi) from `score_triplets`: the triangle
 distance or its parts (losses.py, Eq. 18-21; `distance`) and the MINE mutual information terms (mi.py, Eq. 22-24;
 `mi`). Every ablation of the paper's Tables 3-5 is a setting of `masking`, `distance` and `mi`.
+
+Defaults are the printed equations. Each addition of ours is a switch, off by default, on in
+configs/model/dgre_tuned.yaml (`model=dgre_tuned`, the settings of the Cranfield / CACM grids):
+`attention_scale` (1/sqrt(d) in Eq. 12 and Eq. 14-15), `decomposition_norm=mean` (Eq. 14-15 divided by the n
+document words), `activation` (relu between W_1 and w_2 of Eq. 16, printed as a linear combination) and `dropout`
+(on the input of Eq. 16). docs/dgre.md tabulates them per equation.
 
 Choices where the paper is silent (each also in its file):
 - The graph comes from one layer, `graph_layer` (default the last): its attention-like scores S (its own W_Q, W_K
   applied to its input, averaged over heads) and its output E_l as h^0. The paper derives a graph for every layer
-  but its prediction layer (Eq. 16) reads a single Z^l.
+  ("for each transformer layer l") but its prediction layer (Eq. 16) reads a single Z^l and never says how layers
+  would combine, so one layer is the printed Eq. 16; which one is not printed.
 - Pooling for Eq. 16 (whose inputs are matrices): Z_dr is averaged over the query words, Z^l over the real tokens
   (`refined_pool=mean`, "a final graph level representation for each query-document pair"; `cls` takes its [CLS]
-  row), E^L(0) is BERT's [CLS] vector. W_1 maps the 3d concatenation to d, `activation` (relu | tanh | none: the
-  literal "linear combination") follows, dropout before W_1.
+  row), E^L(0) is BERT's [CLS] vector. W_1 maps the 3d concatenation to d; `activation` (none: the printed "linear
+  combination" | relu | tanh) follows, `dropout` before W_1 (0: none, as printed).
 - Evaluation ranks by g, not f = sigmoid(g): the same order, but f rounds to ties near 0 and 1 in float32.
 - Learning rates: "the learning rate of BERT fine-tuning and DGRe is 1e-5 and 5e-5": BERT trains at optim.lr and
   DGRe's own layers (GGNN, attention, decomposition, prediction, MINE networks) at `layers_lr`, or when null at
@@ -63,14 +70,15 @@ class DGReConfig(RankerConfig):
     name: str = "dgre"
     masking: str = "adaptive"  # none | heuristic | adaptive (Table 3)
     inf_norm: str = "entry"  # Eq. 10: entry | row | induced (masking.py)
-    graph_layer: int = -1  # the transformer layer whose scores form the graph and whose output is h^0
-    ggnn_steps: int = 2  # T of Eq. 11
+    graph_layer: int = -1  # the l of Eq. 8-16: the transformer layer whose scores form the graph and whose output is h^0
+    ggnn_steps: int = 2  # T of Eq. 11 (the paper gives none)
     ggnn_input: str = "concat"  # concat: GRU([h, A~h], h) as Eq. 11 reads | message: GRU(A~h, h) (Li et al.)
-    attention_scale: bool = True  # 1/sqrt(d) in Eq. 12 and in the sigmoid of Eq. 14-15
-    decomposition_norm: str = "mean"  # Eq. 14-15: mean over document words | sum (literal)
+    # Defaults below are the printed equations; configs/model/dgre_tuned.yaml holds the settings of our grids.
+    attention_scale: bool = False  # Eq. 12 and Eq. 14-15 as printed (no scale) | true: logits / sqrt(d)
+    decomposition_norm: str = "sum"  # Eq. 14-15: sum: Z_dr = P Z_d as printed | mean: P Z_d / n
     refined_pool: str = "mean"  # Z^l in Eq. 16: mean over real tokens | cls
-    activation: str = "relu"  # between W_1 and w_2 of Eq. 16: relu | tanh | none
-    dropout: float = 0.1  # on the input of Eq. 16
+    activation: str = "none"  # between W_1 and w_2 of Eq. 16: none (printed: a linear combination) | relu | tanh
+    dropout: float = 0.0  # on the input of Eq. 16 (printed: none)
     distance: str = "triangle"  # none | point | pair | triangle (Table 4; losses.py)
     mi: bool = True  # mutual information regularisation L_mi (Table 5; mi.py)
     mi_hidden: int = 128  # width of the MINE statistics networks

@@ -1,0 +1,103 @@
+"""The isotropy paper's measurement protocol (`iw_paper*`, `avgcos_paper*`): I(W) and avgcos per test batch of
+query-passage pairs, averaged over the batches. Checked against a float64 NumPy formula written from the paper
+(Sec. 3.2, Eq. 3-4), recomputed from the vectors evaluate.py dumps with `eval.dump_isotropy=true`."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_script
+
+from callbacks.isotropy import aggregate_batches, paper_batch_values
+
+SMALL = [
+    "data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=6", "data.candidate_depth=10",
+    "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
+    "eval.probe_docs=16", "eval.ats_passages=0",
+]
+
+
+def iw_reference(W: np.ndarray) -> float:
+    """Eq. 3: min_a Z(a) / max_a Z(a), Z(a) = sum_i exp(w_i . a), a over the eigenvectors of W^T W (uncentred),
+    each eigenvector's sign fixed so that its largest-magnitude component is positive."""
+    W = np.asarray(W, dtype=np.float64)
+    _, E = np.linalg.eigh(W.T @ W)
+    for j in range(E.shape[1]):
+        if E[np.argmax(np.abs(E[:, j])), j] < 0:
+            E[:, j] = -E[:, j]
+    Z = [sum(math.exp(float(w @ E[:, j])) for w in W) for j in range(E.shape[1])]
+    return min(Z) / max(Z)
+
+
+def avgcos_reference(W: np.ndarray) -> float:
+    """Eq. 4: the mean cosine over the pairs i != j of non-zero rows (a double loop)."""
+    W = np.asarray(W, dtype=np.float64)
+    W = W[np.linalg.norm(W, axis=1) > 0]
+    total, n = 0.0, 0
+    for i in range(len(W)):
+        for j in range(len(W)):
+            if i != j:
+                total += W[i] @ W[j] / (np.linalg.norm(W[i]) * np.linalg.norm(W[j]))
+                n += 1
+    return total / n if n else math.nan
+
+
+def test_batch_values_and_aggregate_match_the_formulas():
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(3):
+        q, p = rng.normal(size=(7, 5)) + 0.3, rng.normal(size=(11, 5))
+        vecs = {("", "query", ""): torch.tensor(q, dtype=torch.float32), ("", "passage", ""): torch.tensor(p, dtype=torch.float32)}
+        values = paper_batch_values(vecs)
+        q32, p32 = q.astype(np.float32), p.astype(np.float32)
+        assert values["iw_paper"] == pytest.approx(iw_reference(np.concatenate([q32, p32])), abs=1e-9)
+        assert values["iw_paper_query"] == pytest.approx(iw_reference(q32), abs=1e-9)
+        assert values["avgcos_paper_passage"] == pytest.approx(avgcos_reference(p32), abs=1e-9)
+        batches.append(values)
+    agg = aggregate_batches(batches)
+    iws = [b["iw_paper"] for b in batches]
+    assert agg["iw_paper"] == pytest.approx(np.mean(iws), abs=1e-12)
+    assert agg["iw_paper_std"] == pytest.approx(np.std(iws), abs=1e-12)
+    # a batch that cannot define a value (NaN) is left out of that key only
+    agg = aggregate_batches([{"avgcos_paper": 0.5, "iw_paper": 0.1}, {"avgcos_paper": math.nan, "iw_paper": 0.3}])
+    assert agg["avgcos_paper"] == 0.5 and agg["iw_paper"] == pytest.approx(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["colbert", "repbert"])
+def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
+    """evaluate.py writes iw_paper* into metrics.json and, with eval.dump_isotropy=true, each test batch's scored
+    vectors; the paper's formula on the dump gives the same numbers (1e-6)."""
+    out = tmp_path / "eval"
+    run_script("evaluate.py", *SMALL, f"model={model}", f"model.backbone={tiny_bert}", "eval.isotropy_batch_pairs=16",
+               "eval.dump_isotropy=true", f"output_dir={out}")
+    m = json.loads((out / "metrics.json").read_text())
+    dumps = sorted((out / "isotropy_batches").glob("*.npz"), key=lambda p: int(p.stem))
+    assert [int(p.stem) for p in dumps] == list(range(len(dumps))) and len(dumps) >= 2
+    ref = {k: [] for k in ("iw_paper", "iw_paper_query", "iw_paper_passage", "avgcos_paper", "avgcos_paper_query", "avgcos_paper_passage")}
+    if model == "repbert":
+        ref.update({"iw_paper_sequence": [], "avgcos_paper_passage_sequence": []})
+    for path in dumps:
+        z = np.load(path)
+        q, p = z["query"], z["passage"]
+        assert q.dtype == np.float32 and q.ndim == 2 and len(p) > 0
+        assert np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)  # as scored: unit vectors, no padding rows
+        ref["iw_paper"].append(iw_reference(np.concatenate([q, p])))
+        ref["iw_paper_query"].append(iw_reference(q))
+        ref["iw_paper_passage"].append(iw_reference(p))
+        ref["avgcos_paper"].append(avgcos_reference(np.concatenate([q, p])))
+        ref["avgcos_paper_query"].append(avgcos_reference(q))
+        ref["avgcos_paper_passage"].append(avgcos_reference(p))
+        if model == "repbert":
+            qs, ps = z["query_sequence"], z["passage_sequence"]
+            assert len(qs) == len(ps) <= 16
+            ref["iw_paper_sequence"].append(iw_reference(np.concatenate([qs, ps])))
+            ref["avgcos_paper_passage_sequence"].append(avgcos_reference(ps))
+    for key, values in ref.items():
+        values = np.array(values)
+        values = values[np.isfinite(values)]
+        assert m[key] == pytest.approx(values.mean(), abs=1e-6), key
+        assert m[f"{key}_std"] == pytest.approx(values.std(), abs=1e-6), key
+    assert ("iw_paper_sequence" in m) == (model == "repbert")  # ColBERT does not pool
+    assert "iw" in m and "iw_sequence" in m  # the probe protocol's keys keep their names

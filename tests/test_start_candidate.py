@@ -1,0 +1,40 @@
+"""The validation at step 0 is a candidate for the best checkpoint (`eval.start_candidate`): "best by validation"
+never loses to the model before fine-tuning, and the run says so when the start wins."""
+import json
+
+import pytest
+import torch
+from conftest import run_script
+
+SMALL = [
+    "data=synthetic", "data.max_train_triples=24", "data.max_eval_queries=6", "data.candidate_depth=10",
+    "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=4",
+    "eval.probe_docs=8", "eval.ats_passages=0", "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=1",
+]
+
+
+@pytest.mark.slow
+def test_start_wins_when_training_cannot_improve(tmp_path, tiny_bert_nodropout):
+    """With a learning rate too small to move the weights, no validation beats step 0 (a tie is not a win): the
+    best checkpoint stays best-0.ckpt, the run warns, and the test after training scores the starting weights, so
+    it equals the test before training."""
+    out = tmp_path / "run"
+    proc = run_script("train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "optim.lr=1e-20", "optim.warmup_steps=0",
+                      f"output_dir={out}")
+    names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
+    assert names == ["best-0.ckpt", "last.ckpt"]
+    assert "no validation beat the model before fine-tuning" in proc.stdout + proc.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    for k in ("ndcg_cut_10", "mrr_10", "P_20"):
+        assert m[k] == m["before_training"][k], k
+    start = torch.load(out / "checkpoints" / "best-0.ckpt", map_location="cpu", weights_only=False)
+    assert start["global_step"] == 0
+
+
+@pytest.mark.slow
+def test_start_candidate_off_keeps_the_old_selection(tmp_path, tiny_bert_nodropout):
+    out = tmp_path / "run"
+    run_script("train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "optim.lr=1e-20", "optim.warmup_steps=0",
+               "eval.start_candidate=false", f"output_dir={out}")
+    names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
+    assert "best-0.ckpt" not in names and len([n for n in names if n.startswith("best-")]) == 1
