@@ -32,8 +32,8 @@ from bench.bench_speed import (
     autocast,
     build_optimizer,
     machine_info,
-    write_json_atomic,
 )
+from core.io import write_json
 from datamodules.sources import load_dataset
 from datamodules.sources.classic import CranfieldConfig
 from datamodules.sources.synthetic import SyntheticConfig
@@ -149,7 +149,7 @@ def main(argv=None) -> dict:
             result["precisions"][precision]["profile"] = table
             print(table, flush=True)
         del modules, opts
-    write_json_atomic(Path(args.out), result)
+    write_json(Path(args.out), result)
     print(f"wrote {args.out}")
     return result
 

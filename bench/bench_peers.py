@@ -62,8 +62,8 @@ from bench.bench_speed import (
     load_corpus,
     matmul_reference,
     triplet_texts,
-    write_json_atomic,
 )
+from core.io import write_json
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources.squad import SquadConfig
 from metrics.ir import evaluate_run
@@ -428,7 +428,7 @@ def main(argv=None) -> dict:
               f"{q['queries']} SQuAD val questions x BM25 top {q['depth']} ({q['distinct_passages']} passages); "
               f"TREC runs in {q['run_dir']}")
         print(result["quality_markdown"])
-    write_json_atomic(Path(args.out), result)
+    write_json(Path(args.out), result)
     print(f"\nJSON -> {args.out}")
     return result
 

@@ -39,7 +39,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ import numpy as np
 import torch
 
 from bench import options
+from core.io import write_json
 from lightning_modules.module import RankingModule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -426,21 +426,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _all_others(obj, acc):
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -539,7 +524,7 @@ def main(argv=None) -> dict:
     print()
     print(table)
     print(f"\nTotal {result['total_s']:.0f} s; JSON -> {args.out}")
-    write_json_atomic(Path(args.out), result)
+    write_json(Path(args.out), result)
     return result
 
 

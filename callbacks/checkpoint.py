@@ -9,6 +9,7 @@ of that epoch's batches.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,6 +25,12 @@ class RankingCheckpoint(ModelCheckpoint):
         )
         self._last_step_written = -1
         self.start_model_path = ""  # best-0.ckpt while the starting model is the best (add_start_candidate)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        with warnings.catch_warnings():
+            # best-0.ckpt (add_start_candidate) is ours: train.py refuses an output_dir that already holds checkpoints
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
 
     def add_start_candidate(self, trainer, score: float) -> str:
         """The model before fine-tuning as the first candidate for "best": its validation (`score` of the monitored

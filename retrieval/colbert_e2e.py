@@ -52,6 +52,7 @@ from retrieval.dense import (
     read_doc_ids,
     read_faiss,
     read_manifest,
+    record_doc_ids,
 )
 from retrieval.encode import (
     encode_docs,
@@ -134,12 +135,7 @@ class ColBERTIndex:
         chunks: list[np.ndarray] = []
         lengths: list[np.ndarray] = []
         for ids, enc in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"):
-            for i in ids:
-                s = str(i)
-                if s in seen:
-                    raise InputError("docs", f"duplicate doc id '{s}'")
-                seen.add(s)
-                doc_ids.append(s)
+            record_doc_ids(ids, doc_ids, seen)
             flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
             lengths.append(enc.mask.sum(1).numpy().astype(np.int64))
             x = np.ascontiguousarray(flat.numpy(), dtype=np.float32)

@@ -348,6 +348,17 @@ def check_ranker_matches(ranker, manifest: dict, path) -> None:
 # ---- the dense index -------------------------------------------------------------------------------------------
 
 
+def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
+    """Append an encoded batch's ids (as strings) to `doc_ids`, the index's row -> doc id map; a repeated id is an
+    input error (two rows could not be told apart in a run)."""
+    for i in ids:
+        s = str(i)
+        if s in seen:
+            raise InputError("docs", f"duplicate doc id '{s}'")
+        seen.add(s)
+        doc_ids.append(s)
+
+
 def ensure_ranker(index):
     """The ranker of a loaded index (DenseIndex or ColBERTIndex): the one given, else re-read from the checkpoint
     its manifest records (checked against the manifest); its pair tokenizer likewise."""
@@ -417,12 +428,7 @@ class DenseIndex:
         doc_ids: list[str] = []
         seen: set[str] = set()
         for ids, vecs in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence"):
-            for i in ids:
-                s = str(i)
-                if s in seen:
-                    raise InputError("docs", f"duplicate doc id '{s}'")
-                seen.add(s)
-                doc_ids.append(s)
+            record_doc_ids(ids, doc_ids, seen)
             builder.add(cls._prepare(vecs, ranker.cosine))
         del seen
         index, params = builder.finish()

@@ -102,7 +102,8 @@ def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterru
     last = out / "checkpoints" / "last.ckpt"
     assert load(last)["global_step"] == 8
     full = val_history(uninterrupted)
-    assert sorted(full) == [4, 8, 12] and val_history(out) == {4: full[4], 8: full[8]}
+    # 1: the validation at step 0 (eval.start_candidate), which trainer.validate logs as step 0
+    assert sorted(full) == [1, 4, 8, 12] and val_history(out) == {1: full[1], 4: full[4], 8: full[8]}
     best = lambda d: sorted(p.name for p in (d / "checkpoints").glob("best-*.ckpt"))  # noqa: E731
     full_best = best(uninterrupted)
     run_script("train.py", *args, f"ckpt_path={last}")
@@ -278,16 +279,20 @@ class Snapshots:
 
 
 def _with_callback(monkeypatch, cb) -> None:
+    import pipeline.head_stage
     import pipeline.run
+    import pipeline.stages
 
-    build = pipeline.run.build_trainer
+    build = pipeline.stages.build_trainer
 
     def building(*args, **kwargs):
         trainer = build(*args, **kwargs)
         trainer.callbacks.append(cb)
         return trainer
 
-    monkeypatch.setattr(pipeline.run, "build_trainer", building)
+    # every module that builds trainers holds its own name for build_trainer (fine-tuning, head stage, evaluation)
+    for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
+        monkeypatch.setattr(module, "build_trainer", building)
 
 
 @pytest.mark.slow

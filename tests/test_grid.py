@@ -322,6 +322,7 @@ def test_transfer_rows_plan_after_the_cell_they_start_from(tmp_path):
             load_grid([f"grid={transfer_grid(tmp_path, **kw)}"])
 
 
+@pytest.mark.slow
 def test_transfer_grid_fine_tunes_from_the_pretrained_checkpoint(tmp_path, tiny_bert):
     from pipeline.grid import best_checkpoint
 

@@ -18,7 +18,9 @@ def test_csv_logger_records_validation_metrics(tmp_path, tiny_bert):
     (metrics_csv,) = out.glob("csv/version_*/metrics.csv")
     rows = list(csv.DictReader(metrics_csv.open()))
     val_rows = [r for r in rows if r.get("val/ndcg_cut_10")]
-    assert [int(r["step"]) for r in val_rows] == [1, 3]  # after steps 2 and 4 (Lightning logs step - 1)
+    # the validation at step 0 (eval.start_candidate, trainer.validate logs it as step 0), then after steps 2 and 4
+    # (within fit Lightning logs step - 1)
+    assert [int(r["step"]) for r in val_rows] == [0, 1, 3]
     for r in val_rows:
         assert 0 < float(r["val/iw"]) <= 1 and -1 <= float(r["val/avgcos"]) <= 1
         assert float(r["val/iw_sequence"]) > 0

@@ -72,6 +72,9 @@ def brute_force_run(module, split, doc_texts, mode, size, stride):
     return run
 
 
+# Lightning's test loop plus a brute-force reference, four times: 2 s alone, 25-50 s inside the suite on the loaded
+# 2-core machine (OpenMP threads spin-waiting in the tiny linears once earlier tests have run)
+@pytest.mark.slow
 @pytest.mark.parametrize("name,mode", [("bert_cat", "max"), ("bert_cat", "first"), ("dgre", "max"), ("colbert", "max")])
 def test_firstp_maxp_through_the_evaluation_path(tiny_bert_nodropout, tmp_path, name, mode):
     module = RankingModule({"name": name, "backbone": tiny_bert_nodropout, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
