@@ -50,8 +50,10 @@ class IsotropyCallback(Callback):
         self.batch_size = batch_size
         self.max_vectors = max_vectors
         self.figure_vectors, self.seed = figure_vectors, seed
-        self.batch_pairs = batch_pairs  # the `paper` protocol's test batch (eval.isotropy_batch_pairs)
-        self.group_batches = 64  # test batches whose distinct texts are encoded together (bounds the memory)
+        self.batch_pairs = batch_pairs  # the `paper` protocol's test batch (eval.isotropy_batch_pairs); 0: no `paper`
+        # the distinct texts of consecutive test batches are encoded once and kept until those batches are measured;
+        # at most this many token vectors at a time (1.5 GB at d=384), so a split that fits is encoded exactly once
+        self.group_vectors = 1_000_000
         self.dump_dir = Path(dump_dir) if dump_dir else None  # eval.dump_isotropy: <output_dir>/isotropy_batches
         self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
         self._warned_rank_deficient = False
@@ -139,8 +141,7 @@ class IsotropyCallback(Callback):
         ranker.eval()
         per_batch: list[tuple[int, dict[str, float]]] = []
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs)
-        for g in range(0, len(batches), self.group_batches):
-            group = batches[g : g + self.group_batches]
+        for group in self._groups(batches, module.pair_tokenizer):
             # each distinct text of the group encoded once, in length-sorted batches as the evaluation encodes them
             # (a batch of 16 pairs mostly repeats one query, and candidates recur across queries)
             encoded = {name: self._encode_distinct(trainer, module, sorted({t for b in group for t in b[i]}), side, variants)
@@ -158,6 +159,25 @@ class IsotropyCallback(Callback):
             dist.all_gather_object(parts, per_batch)
             per_batch = [b for part in parts for b in part]
         return aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
+
+    def _groups(self, batches: list, tok) -> list[list]:
+        """Consecutive runs of test batches whose distinct texts hold at most `group_vectors` tokens together (a
+        batch is never split; one larger than the budget is a group of its own)."""
+        sides = ((1, "query"), (2, "doc"))
+        length = {}
+        for i, side in sides:
+            texts = sorted({t for b in batches for t in b[i]})
+            length.update({(side, t): len(x) for t, x in zip(texts, tok.ids(texts, side))})
+        groups, group, seen, size = [], [], set(), 0
+        for b in batches:
+            texts = {(side, t) for i, side in sides for t in b[i]}
+            if group and size + sum(length[x] for x in texts - seen) > self.group_vectors:
+                groups.append(group)
+                group, seen, size = [], set(), 0
+            size += sum(length[x] for x in texts - seen)
+            seen |= texts
+            group.append(b)
+        return groups + [group] if group else groups
 
     def _encode_distinct(self, trainer, module, texts: list[str], side: str, variants) -> dict[str, dict[tuple[str, str], Tensor]]:
         """{text: {(variant, "" | "_sequence"): its scored vectors, padding removed ([tokens, d] or [1, d])}}."""
@@ -185,7 +205,7 @@ class IsotropyCallback(Callback):
 
     def _log(self, trainer, module, split: str) -> None:
         values = self.measure(trainer, module, split)
-        if split == "test":
+        if split == "test" and self.batch_pairs > 0:
             values.update(self.measure_paper(trainer, module, split))
         module.results.setdefault(split, {})["isotropy"] = values
         for k, v in values.items():

@@ -78,6 +78,7 @@ class EvalConfig:
     start_candidate: bool = True  # validate at step 0 too: the starting model is a candidate for the best checkpoint
     probe_queries: int = 32  # `probe` isotropy protocol: a fixed probe set for the I(W) and avgcos training curves
     probe_docs: int = 64
+    isotropy_paper: bool = True  # the `paper` isotropy protocol at test (iw_paper*, avgcos_paper*); false skips it
     isotropy_batch_pairs: int = 16  # `paper` isotropy protocol (test metrics iw_paper*): pairs per test batch
     dump_isotropy: bool = False  # write each test batch's scored vectors to <output_dir>/isotropy_batches/<k>.npz
     ats_passages: int = 128  # ATS / MATS (callbacks/ats.py) over this many passages of the split; 0 = off
@@ -89,6 +90,8 @@ class EvalConfig:
     def __post_init__(self):
         if self.isotropy_batch_pairs < 1:
             raise InputError("config key 'eval.isotropy_batch_pairs'", f"is {self.isotropy_batch_pairs}; expected >= 1 (the isotropy paper's is 16)")
+        if self.dump_isotropy and not self.isotropy_paper:
+            raise InputError("config key 'eval.dump_isotropy'", "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches")
         if self.ats_passages < 0:
             raise InputError("config key 'eval.ats_passages'", f"is {self.ats_passages}; expected >= 0 (0 = off)")
         if self.ats_max_occurrences < 2:

@@ -8,6 +8,7 @@ A grid file (see configs/grid/squad_3seeds.yaml; its schema and checks: pipeline
       colbert: [model=colbert]
       repbert: [model=repbert]
       bm25: [model=bm25]          # untrained (lightning_modules.rankers.UNTRAINED): evaluate.py on each cell's data
+      colbert_backbone: [model=colbert]   # listed in `untrained`: the backbone at step 0, evaluated as it is
       colbert_white: [model=colbert, head=whitening]   # a head row: see "Head rows" below
     train_data: [squad]           # data options to train on; an entry may also be {label: [overrides]}
     eval_data: [squad]            # data options to test on (default: train_data)
@@ -18,6 +19,7 @@ A grid file (see configs/grid/squad_3seeds.yaml; its schema and checks: pipeline
     paired_by: query              # query (per-query values, mean over runs first) | replicate (per seed/fold means)
     launcher: subprocess          # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: outputs/grids
+    untrained: [colbert_backbone]           # optional: rows evaluated as they are (evaluate.py, no checkpoint)
     train_on: {colbert_ft: [squad]}         # optional: rows that train only on these train_data labels (default: all)
     compare_to: {colbert_ft: colbert}       # optional: the row a row's table cells compare with (default: baseline)
     delta_eval: [original, rotated]         # optional: two eval_data labels; adds the Tables 3-4 block (see tables.py)
@@ -113,6 +115,7 @@ class Cell:
     argv: tuple[str, ...]
     base_dir: Path | None = None  # head rows: the training cell of the base row (its best checkpoint is `ckpt`)
     init_dir: Path | None = None  # `init_ckpt=@row/train` rows: the training cell whose best checkpoint starts this one
+    untrained: bool = False  # evaluated as it is (grid key `untrained`, or an untrained model such as BM25)
 
     @property
     def label(self) -> str:
@@ -221,8 +224,9 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                 argv = [*spec.common, *data_ov, *row_ov, *extra, *grid_set]
                 if fold is not None:
                     argv += [f"data.num_folds={spec.folds}", f"data.fold={fold}"]
+                untrained = row in spec.untrained or _untrained(argv)
                 cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
-                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir, init_dir))
+                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir, init_dir, untrained))
                 for ev, eval_ov in spec.eval_data.items():
                     if ev == train:
                         continue
@@ -230,7 +234,7 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                     ev_ov = [o for o in row_ov if o != "stage=head" and not o.startswith("init_ckpt=")]
                     ev_argv = [*spec.common, *eval_ov, *ev_ov, *extra, *grid_set,
                                f"logger.run_name={row}-{train}-{ev}-{rep}", f"output_dir={ev_dir}"]
-                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir))
+                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir, untrained=untrained))
         cells[start:] = _after_references(cells[start:])
     return cells
 
@@ -357,7 +361,7 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
     """Run one unfinished cell; (status, message). Status: ran | resumed | failed | input-error | blocked."""
     argv = list(cell.argv)
     status = "ran"
-    if _untrained(argv):  # e.g. a BM25 row: evaluated on each cell's data as it is, no training, no checkpoint
+    if cell.untrained:  # a BM25 or backbone row: evaluated on each cell's data as it is, no training, no checkpoint
         script = "evaluate.py"
     elif cell.kind == "train":
         if cell.base_dir is not None:  # a head on the base row's fine-tuned ranker

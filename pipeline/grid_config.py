@@ -62,6 +62,7 @@ class GridSpec:
     launcher: str | None = "subprocess"  # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: str | None = "outputs/grids"
     action: str | None = "run"  # run | table | list
+    untrained: Any = None  # rows evaluated as they are, never trained: the backbone (0 steps) beside its fine-tuned row
     train_on: dict[str, Any] | None = None  # row -> the train_data labels it trains on (default: all)
     compare_to: dict[str, str] | None = None  # row -> the row its table cells compare with (default: baseline)
     delta_eval: list[str] | None = None  # two eval_data labels: the position-bias paper's Table 3-4 layout
@@ -99,6 +100,12 @@ class GridSpec:
                 raise InputError(key, f"unknown {what} '{getattr(self, key)}'; expected one of {list(allowed)}")
         self.only = _strings(self.only, "only", 'cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"]')
         self.train_on = {row: self._train_labels(row, labels) for row, labels in (self.train_on or {}).items()}
+        self.untrained = _strings(self.untrained, "untrained", "a list of row labels")
+        for row in self.untrained:
+            if row not in self.rows:
+                raise InputError("untrained", f"'{row}' is not a row; rows are {list(self.rows)}")
+            if any(o.startswith(("head=", "head.", INIT_REF, "stage=")) for o in self.rows[row]):
+                raise InputError(f"rows.{row}", "is listed in `untrained` (evaluated as it is) but sets a head, stage or init_ckpt")
         self.compare_to = dict(self.compare_to or {})
         for row, other in self.compare_to.items():
             if row not in self.rows or other not in self.rows:

@@ -40,8 +40,13 @@ from metrics.significance import (
 
 __all__ = ["summarize", "summarize_delta", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
 
-# metrics.json keys that are one number per run (callbacks/isotropy.py), usable as table columns
-ISOTROPY_LEVEL = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
+# metrics.json keys that are one number per run, usable as table columns: I(W) and avgcos of callbacks/isotropy.py,
+# by the `probe` protocol (iw, avgcos, iw_sequence, ...) and the `paper` one (iw_paper, iw_paper_query_std, ...: the
+# mean over the test batches and its `_std`), with `_raw` for the vectors under a head
+_PROBE = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
+_PAPER = tuple(f"{m}_paper{side}{kind}" for m in ("iw", "avgcos") for kind in ("", "_sequence") for side in ("", "_query", "_passage"))
+ISOTROPY_LEVEL = tuple(f"{k}{raw}{std}" for k in _PROBE + _PAPER for raw in ("", "_raw") for std in ("", "_std")
+                       if not (std and k in _PROBE))
 ATS_LEVEL = ("mats", "mats_std", "ats0")  # callbacks/ats.py
 RUN_LEVEL = ISOTROPY_LEVEL + ATS_LEVEL
 
@@ -134,8 +139,9 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     ]
     measures = list(results["measures"])
     if any(m in ISOTROPY_LEVEL for m in measures):
-        lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run (the test split's"
-                      " probe vectors as the ranker scores them), mean over the runs, untested.")
+        lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run, mean over the runs,"
+                      " untested; iw_paper* / avgcos_paper* by the paper's protocol (the mean over the test batches),"
+                      " iw / avgcos by the fixed `probe` (docs/isotropy.md).")
     if any(m in ATS_LEVEL for m in measures):
         lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
                       " test passages' term vectors: one value per run, mean over the runs, untested.")

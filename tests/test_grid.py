@@ -377,3 +377,41 @@ def test_delta_table_is_tables_3_4_with_wilcoxon_between_test_sets():
     # compare_to: n is its own reference (no change, no test), m stays the baseline
     rows = summarize(res)[0]["rows"]
     assert [r["row"] for r in rows] == ["m", "n"] and rows[1]["baseline"] and rows[1]["measures"]["ndcg_cut_10"]["p"] is None
+
+
+@pytest.mark.slow
+def test_untrained_row_is_the_backbone_evaluated_as_it_is(tmp_path, tiny_bert):
+    """A row listed in `untrained` runs evaluate.py with its overrides and no checkpoint (the backbone at step 0, the
+    isotropy tables' row beside Ft), on the training data and out of distribution; its numbers equal a direct
+    evaluate.py of the same model, and the fine-tuned row is tested against it."""
+    model = ["model=colbert", f"model.backbone={tiny_bert}"]
+    grid = {
+        "name": "backbone", "baseline": "colbert_backbone", "untrained": ["colbert_backbone"],
+        "rows": {"colbert_backbone": model, "colbert": model},
+        "train_data": {"syn": SYN}, "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
+        "seeds": [1], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"], "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess", "output_root": str(tmp_path / "grids"),
+    }
+    gfile = tmp_path / "backbone.yaml"
+    gfile.write_text(json.dumps(grid))
+    spec, _ = load_grid([f"grid={gfile}"])
+    assert [c.untrained for c in plan(spec)] == [True, True, False, False]
+    report = run([f"grid={gfile}"], out=io.StringIO())
+    assert set(report.status.values()) == {"ran"}, report.status
+    cell = tmp_path / "grids" / "backbone" / "colbert_backbone" / "syn" / "seed1"
+    assert not (cell / "checkpoints").exists()  # nothing trained
+    direct = tmp_path / "direct"
+    run_script("evaluate.py", *model, *SYN, *FAST, f"data.cache_dir={tmp_path / 'cache'}", "seed=1", f"output_dir={direct}")
+    assert json.loads((cell / "metrics.json").read_text())["ndcg_cut_10"] == json.loads((direct / "metrics.json").read_text())["ndcg_cut_10"]
+    res = json.loads((tmp_path / "grids" / "backbone" / "results.json").read_text())
+    assert {(c["row"], c["eval"]) for c in res["cells"] if c["status"] == "done"} == {
+        (r, e) for r in ("colbert_backbone", "colbert") for e in ("syn", "syn_start")}
+
+
+def test_untrained_key_is_checked(tmp_path):
+    for untrained, rows, msg in ((["nope"], {"a": ["model=colbert"]}, "'nope' is not a row"),
+                                 (["a"], {"a": ["model=colbert", "head=whitening"]}, "sets a head")):
+        g = tmp_path / "g.yaml"
+        g.write_text(json.dumps({"baseline": "a", "rows": rows, "train_data": ["synthetic"], "untrained": untrained}))
+        with pytest.raises(InputError, match=msg):
+            load_grid([f"grid={g}"])

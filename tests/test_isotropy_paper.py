@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import run_script
 
-from callbacks.isotropy import aggregate_batches, paper_batch_values
+from callbacks.isotropy import IsotropyCallback, aggregate_batches, paper_batch_values
 
 SMALL = [
     "data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=6", "data.candidate_depth=10",
@@ -101,3 +101,33 @@ def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
         assert m[f"{key}_std"] == pytest.approx(values.std(), abs=1e-6), key
     assert ("iw_paper_sequence" in m) == (model == "repbert")  # ColBERT does not pool
     assert "iw" in m and "iw_sequence" in m  # the probe protocol's keys keep their names
+
+
+class _WordTokenizer:
+    """ids = one per word: the token count `_groups` budgets with."""
+
+    def ids(self, texts, side):
+        return [t.split() for t in texts]
+
+
+def test_groups_encode_each_distinct_text_once_within_the_budget():
+    rng = np.random.default_rng(1)
+    docs = [" ".join(["w"] * int(n)) + f" d{i}" for i, n in enumerate(rng.integers(1, 30, size=40))]
+    batches = [(k, [f"q{k // 3}"] * 4, [docs[j] for j in rng.integers(0, 40, size=4)]) for k in range(30)]
+    cb = IsotropyCallback()
+    tok = _WordTokenizer()
+    length = {("doc", d): len(d.split()) for d in docs} | {("query", b[1][0]): 1 for b in batches}
+
+    def distinct_tokens(group):
+        return sum(length[x] for x in {(s, t) for b in group for s, texts in (("query", b[1]), ("doc", b[2])) for t in texts})
+
+    cb.group_vectors = 10**9  # the whole split fits: one group, every distinct text encoded once
+    assert cb._groups(batches, tok) == [batches]
+    for budget in (1, 60, 200):
+        cb.group_vectors = budget
+        groups = cb._groups(batches, tok)
+        assert [b for g in groups for b in g] == batches  # consecutive, in order, each batch once
+        for g in groups:  # within the budget, unless one batch alone exceeds it
+            assert distinct_tokens(g) <= budget or len(g) == 1
+        for g, nxt in zip(groups, groups[1:]):  # greedy: the next batch would not have fit
+            assert distinct_tokens(g + nxt[:1]) > budget
