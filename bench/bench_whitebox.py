@@ -71,9 +71,8 @@ def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
     max_diff = 0.0
     with Meter() as peer, torch.inference_mode():
         for k, q in enumerate(qids):
-            dv, dm, _ = docs.padded([index[d] for d in cands[q]])
-            d_enc = Encoded(dv, dm)
-            qv, _ = queries.text(k)
+            d_enc = docs.padded([index[d] for d in cands[q]])
+            qv = queries.tokens(k)
             for w in q_words[k]:
                 mask = torch.ones(1, len(qv), dtype=torch.bool)
                 mask[0, w.positions] = False

@@ -10,9 +10,9 @@ max da drops ATS(0) - ATS(i); `mean`, their plain mean. `mats_std`: the standard
 Logged: `<split>/mats`, `<split>/mats_std`, `<split>/ats0` (scalars, every logger), the curve as a W&B line plot
 `<split>/ats_curve` (delta vs ATS) when the logger is W&B; `module.results[split]["ats"]` holds the scalars, so
 `metrics.json` and the grids' tables get `mats` per run.
-DDP: each rank encodes its shard of the passages (global passage ids), `AverageTermSimilarity.compute()` gathers
-every rank's occurrences and computes on the whole set (pairs across ranks count), so the figures equal a single
-process's. BM25 (no nn.Module) and rankers without term vectors are skipped, and so are the validations of a frozen
+DDP: each rank encodes its shard of the passages (global passage ids; a shard may be empty), and
+`AverageTermSimilarity.compute()` gathers every rank's occurrences and computes on the whole set (pairs across ranks
+count), so the figures equal a single process's. BM25 (no nn.Module) and rankers without term vectors are skipped, and so are the validations of a frozen
 ranker (train.py stage=head: its term vectors do not change; the test still measures them).
 """
 from __future__ import annotations
@@ -47,16 +47,20 @@ class ATSCallback(Callback):
             return None
         docs, queries = ats_sample(len(data.dtexts), len(data.qtexts), self.passages, self.seed)
         world, rank = trainer.world_size, trainer.global_rank
-        if len(docs) < max(2, world):
+        if len(docs) < 2:
             return None
-        shard = shard_range(len(docs), rank, world)
+        shard = shard_range(len(docs), rank, world)  # empty on some ranks when there are fewer passages than ranks
         metric = AverageTermSimilarity(self.max_occurrences, self.seed, mats=self.mats).to(module.device)
         terms = passage_terms(
             ranker, module.pair_tokenizer, [data.dtexts[i] for i in docs[shard.start : shard.stop]],
             queries=[data.qtexts[i] for i in queries] if ranker.kind == "cross" else None, batch_size=self.batch_size,
             device=module.device, first_passage=shard.start, autocast=trainer.precision_plugin.forward_context)
-        metric.update(terms.vectors.to(module.device), terms.terms.to(module.device), terms.positions.to(module.device),
-                      terms.passages.to(module.device))
+        # A rank without passages has [0, 1] vectors (no width), which cannot join the others' gather of [n, d]:
+        # the ranks agree on d (max; one all-reduce, a no-op in one process).
+        width = trainer.strategy.reduce(torch.tensor(terms.vectors.shape[1] if len(terms.vectors) else 0, device=module.device),
+                                        reduce_op="max")
+        metric.update(terms.vectors.to(module.device).reshape(-1, int(width)), terms.terms.to(module.device),
+                      terms.positions.to(module.device), terms.passages.to(module.device))
         return metric.compute()
 
     def _log(self, trainer, module, split: str) -> None:

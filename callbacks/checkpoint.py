@@ -25,6 +25,7 @@ class RankingCheckpoint(ModelCheckpoint):
         )
         self._last_step_written = -1
         self.start_model_path = ""  # best-0.ckpt while the starting model is the best (add_start_candidate)
+        self.before_training: dict | None = None  # the test metrics before fine-tuning, for a resumed run's metrics.json
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         with warnings.catch_warnings():
@@ -47,11 +48,12 @@ class RankingCheckpoint(ModelCheckpoint):
         return path
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "start_model_path": self.start_model_path}
+        return {**super().state_dict(), "start_model_path": self.start_model_path, "before_training": self.before_training}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.start_model_path = state_dict.get("start_model_path", "")
+        self.before_training = state_dict.get("before_training")
 
     def write_last(self, trainer) -> str:
         """Write (or keep, if this step's is written) the resumable `last.ckpt`; returns its path."""

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from core.io import atomic_open, save_figure
 from datamodules.tokenization import length_order
-from lightning_modules.rankers.base import masked_mean
+from lightning_modules.rankers.base import Encoded, EncodedTexts, masked_mean
 from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
 
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
@@ -103,6 +103,13 @@ class IsotropyCallback(Callback):
                 for kind, kept in keys.items():
                     kept.add({v: vectors[v][kind] for v in variants})
         ranker.train(was_training)
+        # A DDP rank with no probe text (fewer probe texts than ranks) has seen no vectors, so its states have no
+        # width and could not join the others' gathers of [n, d] states: the ranks agree on each metric's width
+        # (max; one all-reduce, a no-op in one process) and give it an empty [0, d] update.
+        widths = trainer.strategy.reduce(torch.tensor([m.width for m in metrics.values()], device=module.device), reduce_op="max")
+        for m, width in zip(metrics.values(), widths.tolist()):
+            if width:
+                m.update(torch.zeros(0, width, device=module.device))
         for kind, kept in keys.items():
             for v, x in kept.merged().items():
                 self.sample.setdefault(v, {})[kind] = x
@@ -144,12 +151,19 @@ class IsotropyCallback(Callback):
         for group in self._groups(batches, module.pair_tokenizer):
             # each distinct text of the group encoded once, in length-sorted batches as the evaluation encodes them
             # (a batch of 16 pairs mostly repeats one query, and candidates recur across queries)
-            encoded = {name: self._encode_distinct(trainer, module, sorted({t for b in group for t in b[i]}), side, variants)
-                       for i, side, name in ((1, "query", "query"), (2, "doc", "passage"))}
+            encoded, row = {}, {}
+            for i, side, name in ((1, "query", "query"), (2, "doc", "passage")):
+                texts = sorted({t for b in group for t in b[i]})
+                encoded[name] = self._encode_distinct(trainer, module, texts, side, variants)
+                row[name] = {t: k for k, t in enumerate(texts)}
             for k, qtexts, ptexts in group:
-                vectors = {(v, name, kind): torch.cat([encoded[name][t][(v, kind)] for t in texts])
-                           for name, texts in (("query", qtexts), ("passage", ptexts))
-                           for v, kind in encoded[name][texts[0]]}
+                vectors = {}
+                for name, texts in (("query", qtexts), ("passage", ptexts)):
+                    rows = [row[name][t] for t in texts]
+                    for v, enc in encoded[name].items():
+                        vectors[(v, name, "")] = torch.cat([enc.tokens(r) for r in rows])
+                        if enc.sequence is not None:
+                            vectors[(v, name, "_sequence")] = enc.sequence[rows]
                 per_batch.append((k, paper_batch_values(vectors)))
                 if self.dump_dir is not None and split == "test":
                     dump_batch(self.dump_dir / f"{k}.npz", {f"{name}{kind}": x for (v, name, kind), x in vectors.items() if v == ""})
@@ -179,11 +193,13 @@ class IsotropyCallback(Callback):
             group.append(b)
         return groups + [group] if group else groups
 
-    def _encode_distinct(self, trainer, module, texts: list[str], side: str, variants) -> dict[str, dict[tuple[str, str], Tensor]]:
-        """{text: {(variant, "" | "_sequence"): its scored vectors, padding removed ([tokens, d] or [1, d])}}."""
+    def _encode_distinct(self, trainer, module, texts: list[str], side: str, variants) -> dict[str, EncodedTexts]:
+        """{variant: the texts' scored vectors as an EncodedTexts, padding removed}: one backbone pass, finished with
+        and without the heads, in length-sorted batches of the ranker's own tokenisation (query augmentation kept)."""
         ranker, tok = module.ranker, module.pair_tokenizer
         ids = tok.ids(texts, side)
-        out: dict[str, dict[tuple[str, str], Tensor]] = {}
+        parts: dict[str, list] = {v: [] for v in variants}
+        lengths = np.zeros(len(texts), dtype=np.int64)
         order = length_order([len(x) for x in ids])
         for s in range(0, len(order), self.batch_size):
             chunk = order[s : s + self.batch_size]
@@ -193,15 +209,10 @@ class IsotropyCallback(Callback):
                 raw = ranker.token_representations(input_ids, mask, side=side)
                 encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
             for v, enc in encodings.items():
-                tokens = ranker.scoring_vectors(enc.tokens.float()).float().cpu()
-                tmask = enc.mask.cpu()
-                seq = ranker.scoring_vectors(enc.sequence.float()).float().cpu() if enc.sequence is not None else None
-                for r, i in enumerate(chunk):
-                    entry = out.setdefault(texts[i], {})
-                    entry[(v, "")] = tokens[r][tmask[r]]
-                    if seq is not None:
-                        entry[(v, "_sequence")] = seq[r : r + 1]
-        return out
+                seq = None if enc.sequence is None else ranker.scoring_vectors(enc.sequence.float()).float().cpu()
+                parts[v].append((chunk, Encoded(ranker.scoring_vectors(enc.tokens.float()).float().cpu(), enc.mask.cpu(), seq)))
+            lengths[chunk] = enc.mask.sum(1).cpu().numpy()
+        return {v: EncodedTexts.collect(lengths, parts[v]) for v in variants}
 
     def _log(self, trainer, module, split: str) -> None:
         values = self.measure(trainer, module, split)
@@ -292,7 +303,9 @@ class _KeptSample:
         dist.all_gather_object(parts, (self.keys, self.rows))
         keys = torch.cat([k for k, _ in parts])
         keep = torch.argsort(keys)[: self.size].sort().values
-        return {v: torch.cat([rows[v] for _, rows in parts])[keep] for v in self.rows}
+        # a rank with no probe text added nothing: no rows, not even empty ones
+        names = sorted({v for _, rows in parts for v in rows})
+        return {v: torch.cat([rows[v] for _, rows in parts if v in rows])[keep] for v in names}
 
 
 def _distributed() -> bool:

@@ -2,9 +2,11 @@
 keys of its own files, so an unknown or misspelt key is an error for that source."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 
 from core.errors import InputError, check_choice
+from core.ranges import COUNT, NON_NEGATIVE, SEED, check_ranges
+from datamodules.folds import check_fold_config
 from datamodules.rotation import ROTATIONS
 
 
@@ -60,6 +62,9 @@ class DataConfig:
     def __post_init__(self):
         check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))
         check_choice("data.rotation", self.rotation, ROTATIONS)
+        check_ranges("data", self, batch_size=COUNT, eval_batch_size=COUNT, num_workers=NON_NEGATIVE, candidate_depth=COUNT,
+                     max_train_triples=COUNT, max_eval_queries=COUNT, eval_sample_seed=SEED, answer_bias_seed=SEED)
+        check_fold_config(self)
         check_answer_bias(self)
         check_passages(self)
 
@@ -96,3 +101,29 @@ def check_answer_bias(cfg: DataConfig) -> None:
         raise InputError("config key 'data.answer_bias_late_keep'", f"is {cfg.answer_bias_late_keep}; expected a probability in [0, 1]")
     if k is None and cfg.answer_bias_late_keep:
         raise InputError("config key 'data.answer_bias_late_keep'", f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); set both or neither")
+
+
+def split_settings(cfg: DataConfig, split: str) -> str:
+    """`data.key=value` of the keys that decide what `split` holds (its files or ids, counts and fractions, folds,
+    sampling), for the message of a split left empty."""
+    values = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+    when_set = ("max_questions_per_split", "max_queries_per_split", "num_folds", "fold_ids", "pool_ids",
+                *(("max_train_triples", "answer_bias_keep_first") if split == "train" else ("max_eval_queries",)))
+
+    def decides(key: str, value) -> bool:
+        if key in when_set:
+            return value is not None
+        if key.startswith("max_") or key == "train_passage":
+            return False
+        if key.startswith(f"{split}_") or f"_{split}_" in key or key.endswith(("_fraction", "_articles")):
+            return True  # shown even when null: an unset file or id is a common reason
+        if key == "fold":
+            return values.get("num_folds") is not None
+        return key == "candidate_depth" and split != "train"
+
+    return ", ".join(f"data.{k}={'null' if v is None else v}" for k, v in values.items() if decides(k, v))
+
+
+def empty_split(cfg: DataConfig, split: str, problem: str) -> InputError:
+    """The error for a split left with nothing to use: names the split and the settings that emptied it."""
+    return InputError(f"data '{cfg.source}', split '{split}'", f"{problem}; check {split_settings(cfg, split) or 'the data source'}")

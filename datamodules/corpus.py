@@ -53,8 +53,10 @@ class IRDataset:
 
         Raises InputError naming where the offending entry came from (`file:line` when the split records its
         file, else the config key, else the dataset and split): a qrels query missing from the queries, a triple
-        or candidate naming an unknown doc id, an empty passage or query.
+        or candidate naming an unknown doc id, an empty passage or query, a collection without passages.
         """
+        if not self.docs:
+            raise InputError(self.docs_origin or f"dataset {self.name}", "holds no passages; expected a collection of at least one passage")
         for doc_id, text in self.docs.items():
             if not text or not text.strip():
                 raise InputError(self.docs_origin or f"dataset {self.name}", f"document '{doc_id}' has empty text; expected a non-empty passage")

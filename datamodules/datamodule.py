@@ -174,6 +174,21 @@ class DocChunkDataset(Dataset):
         return batch
 
 
+class EmptyShard(Dataset):
+    """The evaluation loader of a DDP rank whose shard is empty (fewer chunks or pairs than ranks, e.g. a 1-query
+    split): one batch with no pairs, which `RankingModule` skips. Lightning's alternative,
+    `allow_zero_length_dataloader_with_multiple_devices`, skips the whole evaluation loop on that rank, epoch-end
+    hooks included, so the others would wait forever in the collectives there (the run gather, the isotropy and
+    ATS callbacks) and in the DDP wrapper's buffer sync on the first step: every rank must run the loop, and the
+    same collectives, once each."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"qidx": torch.zeros(0, dtype=torch.long), "didx": torch.zeros(0, dtype=torch.long)}
+
+
 @dataclass
 class EvalSplit:
     """Index space of one evaluation split: results are (qidx, didx, score) and map back through these lists."""
@@ -289,9 +304,13 @@ class RankingDataModule(pl.LightningDataModule):
             # Characters stand in for tokens (tokenising happens in the workers); strided shards give every rank
             # a similar mix of long and short chunks.
             chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size, np.array([len(t) for t in split.dtexts]))
+            if len(split.pairs) and not chunks[rank::world]:
+                return GuardedLoader(EmptyShard(), batch_size=None, shuffle=False, **common)
             ds = DocChunkDataset(chunks[rank::world], split.dtexts, self.tokenizer, split.unit_doc)
             return GuardedLoader(ds, batch_size=None, shuffle=False, **common)
         shard = shard_range(len(split.pairs), rank, world)
+        if len(split.pairs) and not len(shard):
+            return GuardedLoader(EmptyShard(), batch_size=None, shuffle=False, **common)
         ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc)
         return GuardedLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
 

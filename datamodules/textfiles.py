@@ -3,6 +3,7 @@ UTF-8 text, TSV rows, TREC qrels and candidate runs, JSONL; each raises `InputEr
 on the first malformed line."""
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
@@ -31,6 +32,7 @@ def resolve_path(value: str | None, key: str, what: str = "file", must_be_dir: b
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line without its newline) for a UTF-8 text file, gzip-compressed when named *.gz.
+    A leading byte-order mark is dropped.
 
     Undecodable bytes or a corrupt gzip stream raise InputError naming the file (and line)."""
     path = Path(path)
@@ -39,6 +41,9 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
         raw = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
         with raw as f:
             for lineno, bline in enumerate(f, start=1):
+                if lineno == 1:
+                    # Excel and many Windows tools start UTF-8 files with a BOM; it must not become part of the first id
+                    bline = bline.removeprefix(codecs.BOM_UTF8)
                 try:
                     line = bline.decode("utf-8")
                 except UnicodeDecodeError as e:
@@ -50,15 +55,20 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterator[tuple[int, list[str]]]:
     """(line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False); a line with
-    another number of columns raises InputError naming file:line and the expected columns."""
+    another number of columns, or a file without any line, raises InputError naming the file (and line)."""
     sep, kind = ("\t", "tab") if tabs else (None, "whitespace")
+    rows = 0
     for lineno, line in iter_lines(path):
         if not line.strip():
             continue
         cols = line.split(sep)
         if len(cols) != len(columns):
             raise InputError(f"{path}:{lineno}", f"expected {len(columns)} {kind}-separated columns ({', '.join(columns)}), got {len(cols)}")
+        rows += 1
         yield lineno, cols
+    if not rows:
+        # a configured file with nothing in it is a wrong path or a failed export, not a deliberate empty set
+        raise InputError(str(path), f"is empty; expected lines of {len(columns)} {kind}-separated columns ({', '.join(columns)})")
 
 
 def read_text(path: Path) -> str:
@@ -126,10 +136,13 @@ def read_trec_run(path: Path) -> dict[str, list[str]]:
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; a malformed line or a non-object raises InputError."""
+    """(line number, object) for every non-blank line; a malformed line, a non-object or an empty file raises
+    InputError."""
+    rows = 0
     for lineno, line in iter_lines(path):
         if not line.strip():
             continue
+        rows += 1
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
@@ -137,6 +150,8 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         if not isinstance(obj, dict):
             raise InputError(f"{path}:{lineno}", f"expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
+    if not rows:
+        raise InputError(str(path), "is empty; expected one JSON object a line")
 
 
 def content_id(prefix: str, text: str) -> str:

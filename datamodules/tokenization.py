@@ -39,6 +39,8 @@ class PairTokenizer:
     def ids(self, texts: list[str], side: str) -> list[list[int]]:
         """Token ids of each text (special tokens added, truncated to the side's budget), unpadded: tokenise once,
         then `pad` any grouping of them (e.g. batches of similar length)."""
+        if not texts:  # a DDP rank's share can be empty; Hugging Face tokenizers raise IndexError on []
+            return []
         max_len = self.query_max_len if side == "query" else self.doc_max_len
         return self.tokenizer(texts, truncation=True, max_length=max_len)["input_ids"]
 

@@ -117,19 +117,13 @@ class HeadModule(RankingModule):
         self._eval_queries = self.ranker.finish(raw)
         self._eval_queries_raw = self.ranker.finish(raw, heads=False) if split == "test" else None
 
-    def _eval_step_indexed(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
+    def _eval_step(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
         raw = self._raw_docs(batch, batch_idx, split)
         scores = self.score_chunk(self._eval_queries, batch, docs=self.ranker.finish(raw))
         self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
         if split == "test":
             scores = self.score_chunk(self._eval_queries_raw, batch, docs=self.ranker.finish(raw, heads=False))
             self.runs["test_raw"].update(batch["qidx"], batch["didx"], scores.float())
-
-    def validation_step(self, batch, batch_idx):
-        self._eval_step_indexed(batch, batch_idx, "val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step_indexed(batch, batch_idx, "test")
 
     def on_test_epoch_end(self) -> None:
         self._eval_epoch_end("test", "test_raw")

@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 from pytorch_lightning.utilities.seed import _collect_rng_states, _set_rng_states
 from torch import Tensor
 
-from core.errors import InputError, TrainingStopped, check_choice
+from core.errors import TrainingStopped, check_choice
+from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.tokenization import PairTokenizer, length_order
 from lightning_modules.oom import halving
 from lightning_modules.rankers import RANKERS, build_ranker
@@ -56,9 +57,9 @@ class OptimConfig:
     def __post_init__(self):
         check_choice("optim.loss", self.loss, ("ce", "hinge"))
         check_choice("optim.nonfinite", self.nonfinite, ("skip", "stop"))
-        if self.temperature is not None and not self.temperature > 0:
-            raise InputError("optim.temperature", f"expected a positive number or null, got {self.temperature}")
         check_choice("optim.schedule", self.schedule, ("linear", "constant"))
+        check_ranges("optim", self, lr=POSITIVE, weight_decay=NON_NEGATIVE, warmup_steps=NON_NEGATIVE, margin=NON_NEGATIVE,
+                     temperature=POSITIVE)
 
 
 
@@ -339,18 +340,30 @@ class RankingModule(pl.LightningModule):
     def on_test_epoch_start(self) -> None:
         self._eval_epoch_start("test")
 
-    def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
+    def _eval_step(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
+        """Score one evaluation batch into `runs[split]` (subclasses score differently)."""
         if "pair_d" in batch:
             scores = self.score_chunk(self._eval_queries, batch)
         else:
             scores = self.with_oom_retry(self.ranker.score, batch, "scoring pairs")
         self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
 
+    def _eval_batch(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
+        if len(batch["qidx"]):
+            self._eval_step(batch, batch_idx, split)
+            return
+        # The placeholder of a DDP rank with an empty shard (datamodule.EmptyShard): nothing to score. An empty
+        # update of every run changes none of them but counts as one, so this rank's states are int64 / float32 like
+        # the others' in the gather (untouched, torchmetrics would gather float32 placeholders) and torchmetrics does
+        # not warn that they were computed before any update.
+        for run in self.runs.values():
+            run.update(batch["qidx"], batch["didx"], torch.zeros(0, device=batch["qidx"].device))
+
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
+        self._eval_batch(batch, batch_idx, "val")
 
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
+        self._eval_batch(batch, batch_idx, "test")
 
     def _eval_epoch_end(self, split: str, key: str | None = None) -> None:
         """Evaluate the run gathered under `runs[key]` (default: the split's own) against the split's qrels."""

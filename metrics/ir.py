@@ -172,7 +172,8 @@ class RetrievalRun(Metric):
     ``to_run(qids, docids)`` maps indices back to string ids (``qids[qidx]``, ``docids[didx]``) and
     ``evaluate(qids, docids, qrels, measures)`` returns ``evaluate_run``'s (means, per_query) for the run.
     As with any torchmetrics state that starts empty, every rank must call ``update`` at least once before a
-    synced ``compute`` (a DistributedSampler guarantees it).
+    synced ``compute`` (a DistributedSampler guarantees it); an update with empty tensors counts (a rank with an
+    empty evaluation shard makes one: lightning_modules/module.py).
     """
 
     is_differentiable = False

@@ -218,15 +218,25 @@ class IsotropyIW(Metric):
                     )
                     self._warned = True
                 x = x[: max(room, 0)]
-        if x.shape[0] == 0:
+        # an empty first update is kept: its [0, d] state lets a DDP rank that saw no vectors join the others'
+        # gather of [n, d] states (`width`)
+        if x.shape[0] == 0 and self.vectors:
             return
         self.vectors.append(x)
         self._kept += x.shape[0]
+
+    @property
+    def width(self) -> int:
+        """d of the vectors seen so far (0 before any update)."""
+        v = self.vectors
+        return (int(v[0].shape[1]) if v else 0) if isinstance(v, list) else int(v.shape[-1])
 
     def compute(self) -> Tensor:
         if isinstance(self.vectors, list) and not self.vectors:
             return torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         W = dim_zero_cat(self.vectors)
+        if W.shape[0] == 0:
+            return torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         return torch.tensor(isotropy_iw(W, both_signs=self.both_signs), dtype=torch.float64, device=self.device)
 
     def reset(self) -> None:
@@ -256,13 +266,18 @@ class AvgCos(Metric):
     def update(self, vectors: Tensor, mask: Tensor | None = None) -> None:
         """vectors: [..., d]; mask: optional [...] bool, True on the rows to keep (e.g. real tokens)."""
         x = _rows(vectors, mask).detach()
-        if x.shape[0] == 0:
-            return
+        # an empty update still sets the width (unit_sum becomes zeros(d)): a DDP rank that saw no vectors then
+        # sums a [d] state like the others (`width`)
         if self.unit_sum.ndim == 1 and x.shape[1] != self.unit_sum.shape[0]:
             raise ValueError(f"vectors: dimension {x.shape[1]} differs from earlier updates ({self.unit_sum.shape[0]})")
         total, count = _unit_sum(x)
         self.unit_sum = self.unit_sum.to(torch.float64) + total.to(self.unit_sum.device)
         self.count = self.count + count
+
+    @property
+    def width(self) -> int:
+        """d of the vectors seen so far (0 before any update)."""
+        return int(self.unit_sum.shape[0]) if self.unit_sum.ndim == 1 else 0
 
     def compute(self) -> Tensor:
         value = _avg_cos_from_sum(self.unit_sum, int(self.count))

@@ -52,7 +52,8 @@ def read_trec_run(path: str | os.PathLike) -> dict[str, dict[str, float]]:
     trec_eval."""
     run: dict[str, dict[str, float]] = {}
     try:
-        f = open(path, encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Excel, Windows tools) must not become part of the first qid
+        f = open(path, encoding="utf-8-sig")
     except FileNotFoundError:
         raise InputError(str(path), "no such TREC run file") from None
     with f:

@@ -18,9 +18,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from pytorch_lightning.accelerators import AcceleratorRegistry
+from pytorch_lightning.strategies import StrategyRegistry
 
 from analyses.registry import load_all
 from core.errors import InputError, check_choice
+from core.ranges import COUNT, NON_NEGATIVE, SEED, Range, check_range, check_ranges
 from datamodules.sources import SOURCES
 from lightning_modules.heads import HEADS
 from lightning_modules.module import OptimConfig
@@ -31,6 +34,14 @@ from retrieval.config import schema as retrieval_schema
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("model", "data", "trainer", "logger", "head", "analysis", "retrieval")
+
+# Lightning's own names (from its registries where it has one), so a misspelt value stops the run at load, not
+# after the model is loaded
+ACCELERATORS = ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators()))
+STRATEGIES = ("auto", *StrategyRegistry.available_strategies())
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "transformer-engine",
+              "transformer-engine-float16", "32", "16", "bf16", "64")
+DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of device indices, e.g. [0, 1]")
 
 
 @dataclass
@@ -53,6 +64,27 @@ class TrainerConfig:
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
     deterministic: bool = False
+
+    def __post_init__(self):
+        check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        check_choice("trainer.strategy", self.strategy, STRATEGIES)
+        check_choice("trainer.precision", self.precision, PRECISIONS)
+        devices = self.devices
+        if isinstance(devices, list):
+            ok = bool(devices) and all(d in Range(0, integer=True) for d in devices)
+        else:
+            ok = devices is not None and devices in DEVICES
+        if not ok:
+            raise InputError("config key 'trainer.devices'", f"is {devices!r}; expected {DEVICES}")
+        check_ranges(
+            "trainer", self, num_nodes=COUNT, accumulate_grad_batches=COUNT, log_every_n_steps=COUNT,
+            check_val_every_n_epoch=COUNT, gradient_clip_val=NON_NEGATIVE,
+            # max_steps 0 is allowed: nothing is trained, the run tests the starting model
+            max_steps=Range(0, also=(-1,), note="-1: no limit"), max_epochs=Range(1, also=(-1,), note="-1: no limit"),
+            val_check_interval=(Range(1, integer=True, note="steps"), Range(0, 1, lo_open=True, note="a fraction of an epoch")),
+            limit_val_batches=(Range(0, integer=True, note="batches"), Range(0, 1, note="a fraction")),
+            num_sanity_val_steps=Range(0, also=(-1,), note="-1: all"),
+        )
 
 
 @dataclass
@@ -88,14 +120,10 @@ class EvalConfig:
     mats: str = "paper"
 
     def __post_init__(self):
-        if self.isotropy_batch_pairs < 1:
-            raise InputError("config key 'eval.isotropy_batch_pairs'", f"is {self.isotropy_batch_pairs}; expected >= 1 (the isotropy paper's is 16)")
+        check_ranges("eval", self, probe_queries=COUNT, probe_docs=COUNT, isotropy_batch_pairs=Range(1, note="the isotropy paper's is 16"),
+                     ats_passages=Range(0, note="0 = off"), ats_max_occurrences=Range(2, note="pairs need two"))
         if self.dump_isotropy and not self.isotropy_paper:
             raise InputError("config key 'eval.dump_isotropy'", "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches")
-        if self.ats_passages < 0:
-            raise InputError("config key 'eval.ats_passages'", f"is {self.ats_passages}; expected >= 0 (0 = off)")
-        if self.ats_max_occurrences < 2:
-            raise InputError("config key 'eval.ats_max_occurrences'", f"is {self.ats_max_occurrences}; expected >= 2 (pairs need two)")
         check_choice("eval.mats", self.mats, MATS_MODES)
 
 
@@ -124,6 +152,7 @@ class RunConfig:
 
     def __post_init__(self):
         check_choice("stage", self.stage, ("finetune", "head", "export"))
+        check_range("seed", self.seed, SEED)
 
 
 def _load_yaml(path: Path, where: str) -> DictConfig:

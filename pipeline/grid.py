@@ -85,6 +85,7 @@ from lightning_modules.rankers import UNTRAINED
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
 from pipeline.grid_config import INIT_REF, GridSpec, grid_key, load_grid
+from pipeline.record import write_record
 from pipeline.run import evaluate as evaluate_run
 from pipeline.run import train as train_run
 from pipeline.tables import RUN_LEVEL, log_wandb_table, write_table
@@ -194,7 +195,7 @@ def head_bases(spec: GridSpec) -> dict[str, str]:
         if not any(o.split("=", 1)[0] == "head" for o in ov):
             raise InputError(grid_key(spec.source, f"rows.{row}"), "sets head.* keys without head=<whitening|nice|glow>")
         rest = [o for o in ov if not _is_head_override(o) and not o.startswith("head=")]
-        base = [r for r, o in spec.rows.items() if r != row and o == rest]
+        base = [r for r, o in spec.rows.items() if r != row and o == rest and r not in spec.untrained]  # fine-tuned rows
         if not base:
             raise InputError(grid_key(spec.source, f"rows.{row}"), f"has a head but no row with its other overrides {rest} to fine-tune first; add one")
         bases[row] = base[0]
@@ -405,6 +406,13 @@ def _read_json(path: Path) -> Any:
         return json.load(f)
 
 
+def _cell_wall(cell: Cell) -> float | None:
+    try:
+        return json.loads((cell.dir / CELL_FILE).read_text()).get("wall_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def collect(spec: GridSpec, cells: list[Cell]) -> dict:
     """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data."""
     by_key = {(c.kind, c.row, c.train, c.eval, c.replicate): c for c in cells}
@@ -424,6 +432,7 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                             per_query = _read_json(cell.dir / "per_query.json")
                         except (OSError, ValueError) as e:
                             raise InputError(str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
+                        entry["wall_s"] = _cell_wall(cell)
                         entry["before_training"] = metrics.pop("before_training", None)
                         entry["before_head"] = metrics.pop("before_head", None)  # head rows: the same model without it
                         entry.update(status="done", metrics=metrics, per_query=per_query)
@@ -433,7 +442,8 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
         "measures": spec.measures, "rows": list(spec.rows), "train_data": list(spec.train_data),
         "eval_data": list(spec.eval_data), "replicates": [r for r, _, _ in spec.replicates()],
         "seeds": spec.seeds, "folds": spec.folds, "spec": spec.to_dict(), "cells": entries,
-        "train_on": spec.train_on, "compare_to": spec.compare_to, "delta_eval": spec.delta_eval,
+        "train_on": spec.train_on, "compare_to": spec.compare_to, "delta_eval": spec.delta_eval, "paper": spec.paper,
+        "paper_note": spec.paper_note,
     }
 
 
@@ -510,6 +520,27 @@ def _record_spec(spec: GridSpec, extra: list[str], cells: list[Cell], say) -> No
         f.write(OmegaConf.to_yaml(OmegaConf.create(now)))
 
 
+def _add_wall_time(cell: Cell, seconds: float) -> None:
+    """Add a run's wall time to its cell.json (`wall_s`; a resumed cell sums its runs) for the record."""
+    path = cell.dir / CELL_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    data["wall_s"] = float(data.get("wall_s", 0.0)) + seconds
+    write_json(path, data)
+
+
+def _write_record(spec: GridSpec, argv: list[str], results: dict, table: str) -> Path:
+    """results/<date>-<grid>.md: the table with the command, commit, machine and the cells' summed wall time."""
+    done = [c for c in results["cells"] if c["status"] == "done"]
+    timed = [c["wall_s"] for c in done if c.get("wall_s") is not None]
+    note = f" (sum over {len(timed)} cell runs" + (f"; {len(done) - len(timed)} finished cells have no recorded time)" if len(timed) < len(done) else ")")
+    body = table.replace(f"## {spec.name}\n", "", 1)
+    return write_record(spec.name.replace("_", "-"), f"Grid `{spec.name}`", "python experiments.py " + " ".join(argv),
+                        body, wall_s=sum(timed) if timed else None, note=note if timed else "")
+
+
 def _fmt(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
     return f"{m}m{s:02d}s" if m else f"{s}s"
@@ -548,7 +579,9 @@ def run(argv: list[str], out=None) -> GridReport:
                 report.status[cell.label] = "failed"
                 raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
             report.status[cell.label] = status
-            say(f"{tag}: {status} in {_fmt(time.monotonic() - t0)}" + (f" ({msg})" if msg else ""))
+            wall = time.monotonic() - t0
+            _add_wall_time(cell, wall)
+            say(f"{tag}: {status} in {_fmt(wall)}" + (f" ({msg})" if msg else ""))
     stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:
         say(f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)")
@@ -562,6 +595,8 @@ def run(argv: list[str], out=None) -> GridReport:
     if missing:
         say(f"{len(missing)} of {len(results['cells'])} result cells are not finished")
     _wandb_table(spec, cfg, results)
+    if spec.record:
+        say(f"record: {_write_record(spec, argv, results, report.table)}")
     if report.failed:
         say(f"failed: {', '.join(report.failed)}")
     return report

@@ -67,6 +67,10 @@ class GridSpec:
     compare_to: dict[str, str] | None = None  # row -> the row its table cells compare with (default: baseline)
     delta_eval: list[str] | None = None  # two eval_data labels: the position-bias paper's Table 3-4 layout
     only: Any = None  # run only the cells whose label matches one of these globs
+    record: bool = False  # also write the table as a dated record, results/<date>-<name>.md (pipeline/record.py)
+    # the paper's figures, shown under our rows: {eval_data label: {row: {measure: value}}}
+    paper: dict[str, Any] | None = None
+    paper_note: str | None = None  # whose figures `paper` holds (paper, table, data set, backbone)
 
     # not grid keys: set by load_grid
     source = ""  # the grid file
@@ -113,7 +117,21 @@ class GridSpec:
         self.delta_eval = list(self.delta_eval or [])
         if self.delta_eval and (len(self.delta_eval) != 2 or any(e not in self.eval_data for e in self.delta_eval)):
             raise InputError("delta_eval", f"is {self.delta_eval!r}; expected two eval_data labels of {list(self.eval_data)}")
+        self.paper = self._paper_figures(self.paper or {})
         self.init_references()
+
+    def _paper_figures(self, paper: dict) -> dict[str, dict[str, dict[str, float]]]:
+        for ev, rows in paper.items():
+            train, _, label = ev.rpartition("/")  # "<eval>" for every training data, "<train>/<eval>" for one
+            if label not in self.eval_data or (train and train not in self.train_data) or not isinstance(rows, dict):
+                raise InputError(f"paper.{ev}", f"expected an eval_data label of {list(self.eval_data)} (or <train_data label>/<eval_data label>) mapping rows to {{measure: value}}")
+            for row, figures in rows.items():
+                if row not in self.rows or not isinstance(figures, dict):
+                    raise InputError(f"paper.{ev}.{row}", f"expected a row of {list(self.rows)} mapping measures to numbers")
+                for m, v in figures.items():
+                    if (self.measures and m not in self.measures) or isinstance(v, bool) or not isinstance(v, (int, float)):
+                        raise InputError(f"paper.{ev}.{row}.{m}", f"is {v!r}; expected a number for a table measure {self.measures or ''}")
+        return {ev: {row: {m: float(v) for m, v in f.items()} for row, f in rows.items()} for ev, rows in paper.items()}
 
     def _train_labels(self, row: str, labels: Any) -> list[str]:
         labels = [labels] if isinstance(labels, str) else labels
@@ -178,7 +196,7 @@ class GridSpec:
         return out
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only")}
+        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only", "record")}
 
 
 GRID_KEYS = tuple(f.name for f in fields(GridSpec))

@@ -115,10 +115,11 @@ def train_head(cfg: DictConfig) -> dict | None:
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
+    dm = load_data(cfg, HeadDataModule, fit=True)  # read and validated before any weights are loaded or anything is written
     if cfg.ckpt_path:
         check_head_resume(cfg)
     module = build_module(cfg)
-    dm = load_data(cfg, module, HeadDataModule)  # read and validated before anything is written
+    dm.tokenizer = module.pair_tokenizer
     cache = build_cache(cfg, module, dm)
     dm.vectors, dm.head_batch_size = cache.vectors(), int(cfg.head.batch_size)
     cfg = _trainer_for_head(cfg)
@@ -171,5 +172,6 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
     """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
     out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
     pl.seed_everything(cfg.seed, workers=True)
+    dm = load_data(cfg)  # before any weights: bad data stops the run at once
     module, _ = load_head_module(cfg)
-    return evaluate_module(cfg, module)
+    return evaluate_module(cfg, module, dm)

@@ -24,6 +24,7 @@ from callbacks.loggers import build_logger, log_results_table
 from callbacks.preemption import interruptible
 from core.checkpoints import check_same_ranker, read_checkpoint
 from core.errors import InputError
+from core.lock import output_dir_lock
 from datamodules.bm25 import BM25Params
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
@@ -115,6 +116,12 @@ def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
 
 
 def train(cfg: DictConfig) -> dict | Path | None:
+    """train.py, every stage, holding `output_dir`'s lock (core/lock.py): one run per output directory."""
+    with output_dir_lock(cfg.output_dir):
+        return _train(cfg)
+
+
+def _train(cfg: DictConfig) -> dict | Path | None:
     _only_evaluate(cfg)
     if cfg.stage == "export":
         return export_stage(cfg)
@@ -126,34 +133,41 @@ def train(cfg: DictConfig) -> dict | Path | None:
         raise InputError("head", f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`")
     if cfg.model.name in UNTRAINED:
         raise InputError("model", f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`")
+    if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
+        # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
+        raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
     pl.seed_everything(cfg.seed, workers=True)
+    dm = load_data(cfg, fit=True)  # before any weights: bad data stops the run at once (reading it draws no global random numbers)
+    start_step = 0
     if cfg.ckpt_path:
         resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
         if "base_ckpt" in resumed:
             raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); resume it with stage=head ckpt={resumed['base_ckpt']}")
         check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
+        start_step = int(resumed.get("global_step", 0))
         del resumed
-    elif any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
-        # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
-        raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
     module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))
     if cfg.init_ckpt:
         init_weights(module, cfg)
-    dm = load_data(cfg, module)
+    dm.tokenizer = module.pair_tokenizer
+    if 0 <= cfg.trainer.max_steps <= start_step:  # Lightning would stop at once without a word
+        rank_zero_warn(f"nothing will be trained: trainer.max_steps={cfg.trainer.max_steps}"
+                       + (f" and ckpt_path is already at step {start_step}; raise trainer.max_steps to train on" if cfg.ckpt_path else ""))
     logger = build_logger(cfg, name=Path(cfg.output_dir).name)
     trainer = build_trainer(cfg, logger, checkpoints=True)
     if trainer.is_global_zero:
         save_config(cfg)
-    before = None
     with interruptible(trainer):
         if cfg.eval.before_training and not cfg.ckpt_path:
             trainer.test(module, datamodule=dm, verbose=False)
-            before = test_results(module)
+            # saved in every checkpoint from here on, so that a resumed run's metrics.json holds it too
+            trainer.checkpoint_callback.before_training = test_results(module)
         if cfg.eval.start_candidate and not cfg.ckpt_path:
             start = trainer.validate(module, datamodule=dm, verbose=False)[0][MONITOR]
             trainer.checkpoint_callback.add_start_candidate(trainer, start)
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=False)
+        before = trainer.checkpoint_callback.before_training  # resumed: restored from ckpt_path
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if best and best == trainer.checkpoint_callback.start_model_path:
             rank_zero_warn(f"no validation beat the model before fine-tuning ({MONITOR} at step 0 stays the best): "
@@ -168,6 +182,12 @@ def train(cfg: DictConfig) -> dict | Path | None:
 
 
 def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
+    """evaluate.py, every job, holding `output_dir`'s lock (core/lock.py): one run per output directory."""
+    with output_dir_lock(cfg.output_dir):
+        return _evaluate(cfg, model_from_cli)
+
+
+def _evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     if cfg.stage == "export":
         raise InputError("stage", "export is a train.py stage: `python train.py stage=export ckpt=... output_dir=DIR`")
     if cfg.retrieval.name != "none":
@@ -179,6 +199,7 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     if cfg.head_ckpt:
         return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)
+    dm = load_data(cfg)  # before any weights: bad data stops the run at once
     if cfg.ckpt and Path(cfg.ckpt).is_dir():  # a folder from `python train.py stage=export`
         module = load_exported(cfg.ckpt, list(cfg.eval.measures))
         if model_from_cli:
@@ -188,6 +209,6 @@ def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
             cfg.head = module.hparams["head"]
     else:
         module = load_module(cfg, model_from_cli)
-    return evaluate_module(cfg, module)
+    return evaluate_module(cfg, module, dm)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import LearningRateMonitor, RichProgressBar
+from pytorch_lightning.callbacks import LearningRateMonitor
+from pytorch_lightning.utilities import rank_zero_warn
 from rich.console import Console
 from rich.table import Table
 
@@ -17,8 +18,10 @@ from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
 from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption
-from core.errors import InputError
+from callbacks.progress import RankingProgressBar
 from core.io import atomic_open
+from datamodules.bm25 import no_candidates_warning
+from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import data_config
 from lightning_modules.module import RankingModule
@@ -39,7 +42,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if t.get("enable_progress_bar"):
-        callbacks.append(RichProgressBar())
+        callbacks.append(RankingProgressBar())
     if t.get("limit_val_batches") is None:
         t.pop("limit_val_batches", None)
     return pl.Trainer(
@@ -49,16 +52,29 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     )
 
 
-def load_data(cfg: DictConfig, module: RankingModule, cls: type = RankingDataModule) -> RankingDataModule:
-    """The data module with its data read and validated, before anything is written into `output_dir`: bad data
-    stops the run with one line and leaves no partial output (no config.yaml, no wandb/ folder)."""
-    dm = cls(data_config(cfg), module.pair_tokenizer, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False) -> RankingDataModule:
+    """The data module with its data read and validated, before any model weights are loaded and anything is
+    written into `output_dir`: bad data stops the run at once with one line and leaves no partial output (no
+    config.yaml, no wandb/ folder). Reading needs no tokenizer; the loaders do: set `dm.tokenizer =
+    module.pair_tokenizer` once the module is built. `fit`: the run trains, so the training and validation splits
+    must not be empty either."""
+    dm = cls(data_config(cfg), None, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
     dm.setup()
+    # e.g. a fold or fraction that leaves no judged query, or no BM25 candidate for any of them; without this the run
+    # would fail later, inside Lightning, or (test) train and then have no test results to write
     test = dm.eval_splits["test"]
     if len(test.pairs) == 0:
-        # e.g. a fold or fraction that leaves no judged test query, or no BM25 candidate for any of them; without
-        # this the run would train and then fail with no test results to write
-        raise InputError(f"data '{cfg.data.source}', split 'test'", f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates); check the split settings (test_fraction, folds) and data.candidate_depth")
+        raise empty_split(dm.cfg, "test", f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates)")
+    if fit and not dm.triples:
+        raise empty_split(dm.cfg, "train", f"has no training triple to train on ({len(dm.dataset.split('train').qrels)} judged queries)")
+    val = dm.eval_splits["val"]
+    if fit and len(val.pairs) == 0:  # validation picks the checkpoint that is tested
+        raise empty_split(dm.cfg, "val", f"has no (judged query, candidate) pair to validate on ({len(val.qids)} judged queries with candidates)")
+    for name, split in dm.eval_splits.items():
+        scored = set(split.pairs[:, 0].tolist())
+        empty = [q for i, q in enumerate(split.qids) if i not in scored and any(g > 0 for g in split.qrels[q].values())]
+        if empty:
+            rank_zero_warn(no_candidates_warning(f"data '{cfg.data.source}', split '{name}'", empty))
     return dm
 
 
@@ -97,10 +113,10 @@ def test_results(module: RankingModule) -> dict:
     return {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
 
 
-def evaluate_module(cfg: DictConfig, module: RankingModule) -> dict | None:
-    """Test a loaded module on `cfg.data` and write the run's files; a HeadModule's results hold "Ft" (no head)
-    under `before_head`."""
-    dm = load_data(cfg, module)
+def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModule) -> dict | None:
+    """Test a loaded module on the data `dm` read by load_data and write the run's files; a HeadModule's results
+    hold "Ft" (no head) under `before_head`."""
+    dm.tokenizer = module.pair_tokenizer
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     trainer = build_trainer(cfg, logger, checkpoints=False)
     if trainer.is_global_zero:

@@ -142,6 +142,9 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
         lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run, mean over the runs,"
                       " untested; iw_paper* / avgcos_paper* by the paper's protocol (the mean over the test batches),"
                       " iw / avgcos by the fixed `probe` (docs/isotropy.md).")
+    if results.get("paper"):
+        lines[-1] += (" ↳ paper: the figure the paper reports for that row (grid key `paper`), under its own setting"
+                      + (f": {results['paper_note']}." if results.get("paper_note") else "."))
     if any(m in ATS_LEVEL for m in measures):
         lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
                       " test passages' term vectors: one value per run, mean over the runs, untested.")
@@ -153,6 +156,10 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
             if row["runs"] < len(reps):
                 name += f" [{row['runs']}/{len(reps)} runs]"
             lines.append(f"| {name} | " + " | ".join(_cell(row["measures"][m], row["baseline"]) for m in measures) + " |")
+            paper = results.get("paper") or {}
+            figures = paper.get(f"{block['train']}/{block['eval']}", {}).get(row["row"]) or paper.get(block["eval"], {}).get(row["row"])
+            if figures:
+                lines.append("| ↳ paper | " + " | ".join(f"{figures[m]:.4f}" if m in figures else "" for m in measures) + " |")
     if results.get("delta_eval"):
         lines += render_delta(results, test, paired_by)
     return "\n".join(lines) + "\n"

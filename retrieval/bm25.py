@@ -13,8 +13,11 @@ datamodules/bm25.py; the config keys: lightning_modules/rankers/bm25.py (`BM25Co
 """
 from __future__ import annotations
 
+import warnings
+
 from core.errors import InputError
-from datamodules.bm25 import BM25Params, bm25_run, settings
+from datamodules.bm25 import BM25Params, bm25_run, no_candidates_warning, settings
+from datamodules.config import empty_split
 from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset
 from metrics.ir import evaluate_run
@@ -45,12 +48,15 @@ def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = BM25P
     dc = data_config(cfg)
     ds = load_dataset(dc, cfg.seed)  # validated before anything is written
     queries, qrels = split_queries(ds, split)
-    if not queries:
-        raise InputError("model.split", f"split '{split}' of dataset {ds.name} has no queries")
+    judged = sum(1 for q in qrels if any(g > 0 for g in qrels[q].values()))
+    if not judged:
+        raise empty_split(dc, split, f"has no judged query to evaluate ({len(queries)} queries, none with a relevant document)")
     rankings = bm25_run(ds.docs, queries, k, dc.cache_dir, f"{ds.name}-{split}-run", params)
     run = {q: dict(r) for q, r in rankings.items()}
+    empty = [q for q in sorted(queries) if not run[q] and any(g > 0 for g in qrels.get(q, {}).values())]
+    if empty:
+        warnings.warn(no_candidates_warning(f"model=bm25, split '{split}'", empty))
     means, per_query = evaluate_run(run, qrels, list(cfg.eval.measures))
-    judged = sum(1 for q in qrels if any(g > 0 for g in qrels[q].values()))
     write_result_dir(cfg.output_dir, {**means, "bm25": {**settings(params), "split": split, "k": k, "docs": len(ds.docs),
                                                         "queries": len(queries), "judged_queries": judged}},
                      per_query, run, tag=f"bm25-{params.method}")

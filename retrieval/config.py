@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from core.errors import InputError, check_choice
+from core.ranges import COUNT, Range, check_ranges
 from datamodules.corpus import SPLITS
 from retrieval.colbert_e2e import STORE_DTYPES
 from retrieval.dense import INDEX_TYPES
@@ -65,15 +66,8 @@ class DenseRetrievalConfig(RetrievalConfig):
         check_choice("retrieval.index_type", self.index_type, INDEX_TYPES)
         check_choice("retrieval.precision", self.precision, PRECISIONS)
         check_choice("retrieval.store_dtype", self.store_dtype, tuple(STORE_DTYPES))
-        for key in ("k", "hnsw_m", "ef_construction", "ef_search", "batch_size", "k_tokens"):
-            if getattr(self, key) < 1:
-                raise InputError(_key(key), f"is {getattr(self, key)}; expected a positive integer")
-        for key in ("nlist", "nprobe", "pq_m", "pq_nbits", "depth"):
-            v = getattr(self, key)
-            if v is not None and v < 1:
-                raise InputError(_key(key), f"is {v}; expected a positive integer or null")
-        if self.pq_nbits is not None and self.pq_nbits > 16:
-            raise InputError(_key("pq_nbits"), f"is {self.pq_nbits}; expected at most 16")
+        check_ranges("retrieval", self, k=COUNT, hnsw_m=COUNT, ef_construction=COUNT, ef_search=COUNT, batch_size=COUNT,
+                     k_tokens=COUNT, nlist=COUNT, nprobe=COUNT, pq_m=COUNT, pq_nbits=Range(1, 16), depth=COUNT)
         if self.device is not None and not DEVICE.fullmatch(self.device):
             raise InputError(_key("device"), f"is {self.device!r}; expected cpu, cuda, cuda:N, mps or null")
 

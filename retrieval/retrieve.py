@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import InputError
+from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset
 from lightning_modules.loading import load_module
 from metrics.ir import evaluate_run
@@ -29,13 +29,13 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     model, so the checkpoint's ranker must match it."""
     opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
     out = Path(cfg.output_dir)
+    ds = load_dataset(data_config(cfg), cfg.seed)  # before any weights: bad data stops the run at once
+    split = ds.split(opts.split)
+    if not any(g > 0 for judged in split.qrels.values() for g in judged.values()):
+        raise empty_split(data_config(cfg), opts.split, f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)")
     module = load_module(cfg, model_from_cli).eval()
     if opts.device:
         module.to(opts.device)
-    ds = load_dataset(data_config(cfg), cfg.seed)
-    split = ds.split(opts.split)
-    if not split.queries:
-        raise InputError("retrieval.split", f"split '{opts.split}' of dataset {ds.name} has no queries")
     common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=opts.device,
                   precision=opts.precision, checkpoint=cfg.ckpt or None, **opts.index_options())
     if module.ranker.cfg.name == "colbert":

@@ -326,7 +326,7 @@ def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation
     best = sorted((out / "checkpoints").glob("best-*.ckpt"))[-1]
     ev = compose([*FAST, f"ckpt={best}"])
     module = load_module(ev, model_from_cli=False)
-    split = load_data(ev, module).eval_splits["test"]
+    split = load_data(ev).eval_splits["test"]
     docs, _ = ats_sample(len(split.dtexts), len(split.qtexts), 24, ev.seed)
     terms = passage_terms(module.ranker, module.pair_tokenizer, [split.dtexts[i] for i in docs])
     ref = average_term_similarity(terms.vectors, terms.terms, terms.positions, terms.passages, max_occurrences=20, seed=ev.seed)

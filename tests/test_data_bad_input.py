@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import InputError
+from datamodules.corpus import IRDataset
 from datamodules.sources import load_dataset
 from datamodules.sources.beir import BeirConfig
 from datamodules.sources.classic import CacmConfig, CranfieldConfig, VaswaniConfig
@@ -83,7 +84,8 @@ def test_malformed_text_triples(tmp_path):
     assert "t.tsv:2:" in msg and "expected 3 tab-separated columns" in msg
     msg = _error(_tsv(tmp_path, train_triples=("t2.tsv", "cat\t \tdogs bark\n"), triples_format="text"))
     assert "t2.tsv:1:" in msg and "empty positive passage text" in msg
-    assert "data.triples_format" in _error(_tsv(tmp_path, triples_format="json"))
+    with pytest.raises(InputError, match="data.triples_format"):  # a choice: checked when the config is built
+        _tsv(tmp_path, triples_format="json")
 
 
 def test_missing_paths_name_the_config_key(tmp_path, monkeypatch):
@@ -270,3 +272,136 @@ def test_test_split_without_scorable_pairs_stops_before_any_output(tmp_path, tin
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]  # the model load logs to stderr too
     assert len(err) == 1 and "split 'test'" in err[0] and "no (judged query, candidate) pair" in err[0]
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------ byte-order marks
+
+BOM = "\ufeff"  # what Excel and many Windows tools write at the start of a UTF-8 file
+
+
+def test_bom_is_not_part_of_the_first_id(tmp_path):
+    """Every reader drops a leading BOM: TSV, gzip TSV, qrels, triples, runs, JSONL, SQuAD JSON, SMART, GloVe."""
+    cfg = _tsv(tmp_path, collection=str(tmp_path / "c.tsv.gz"), train_queries=("q.tsv", BOM + QUERIES),
+               train_qrels=("r.txt", BOM + QRELS), train_triples=("t.tsv", BOM + "q1\td1\td2\n"),
+               val_queries=("vq.tsv", BOM + QUERIES), val_run=("vr.txt", BOM + "q1 Q0 d1 1 2.0 r\n"))
+    _w(tmp_path / "c.tsv.gz", BOM + COLLECTION, gz=True)
+    ds = load_dataset(cfg, 0)
+    assert set(ds.docs) == {"d1", "d2", "d3"} and set(ds.splits["train"].queries) == {"q1", "q2"}
+    assert ds.splits["train"].qrels == {"q1": {"d1": 1}, "q2": {"d2": 1}} and ds.splits["train"].triples == [("q1", "d1", "d2")]
+    assert ds.splits["val"].candidates == {"q1": ["d1"]}
+
+    beir = load_dataset(_beir(tmp_path / "beir", corpus=BOM + '{"_id": "c1", "text": "cats"}\n', queries=BOM + '{"_id": "q1", "text": "cat"}\n',
+                              qrels=BOM + "query-id\tcorpus-id\tscore\nq1\tc1\t1\n"), 0)
+    assert set(beir.docs) == {"c1"} and beir.splits["test"].qrels == {"q1": {"c1": 1}}
+
+    squad = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "a", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}
+    ds = load_dataset(SquadConfig(path=_w(tmp_path / "squad.json", BOM + json.dumps(squad)), val_articles=0, test_articles=0), 0)
+    assert set(ds.docs) == {"0-0"}
+
+    ds = load_dataset(_cranfield(tmp_path / "cran", BOM + DOCS_SMART, BOM + QRY_SMART, BOM + "1 1 2\n"), 0)
+    assert set(ds.docs) == {"1", "2"} and ds.splits["train"].qrels["1"] == {"1": 3}
+
+    from lightning_modules.rankers.word_vectors import from_glove
+    from metrics.trec import read_trec_run
+
+    assert read_trec_run(_w(tmp_path / "run.trec", BOM + "q1 Q0 d1 1 2.0 r\n")) == {"q1": {"d1": 2.0}}
+    assert from_glove(_w(tmp_path / "g.txt", BOM + "the 1 2\ncat 3 4\n"), {"the": 0, "cat": 1}, 2).found == 2
+
+
+@pytest.mark.slow
+def test_bom_files_give_the_same_bm25_metrics(tmp_path):
+    """evaluate.py model=bm25 on BOM-prefixed collection, queries and qrels: the same metrics.json and run.trec."""
+    from conftest import run_script
+
+    outs = []
+    for bom in ("", BOM):
+        folder = tmp_path / ("bom" if bom else "plain")
+        c, q, r = (_w(folder / name, bom + text) for name, text in (("c.tsv", COLLECTION), ("q.tsv", QUERIES), ("r.txt", QRELS)))
+        files = [f"data.{split}_{kind}={path}" for split in ("train", "val", "test") for kind, path in (("queries", q), ("qrels", r))]
+        out = folder / "out"
+        run_script("evaluate.py", "model=bm25", "data=tsv", f"data.collection={c}", *files, "logger=none", f"output_dir={out}")
+        outs.append(out)
+    assert (outs[0] / "metrics.json").read_text() == (outs[1] / "metrics.json").read_text()
+    assert (outs[0] / "run.trec").read_text() == (outs[1] / "run.trec").read_text()
+    assert "\ufeff" not in (outs[1] / "run.trec").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ empty inputs
+
+
+@pytest.mark.parametrize("key,name,expect", [
+    ("collection", "collection.tsv", "2 tab-separated columns (passage id, passage text)"),
+    ("train_queries", "queries.tsv", "2 tab-separated columns (query id, query text)"),
+    ("train_qrels", "qrels.txt", "4 whitespace-separated columns (qid, iter, docid, rel)"),
+    ("train_triples", "triples.tsv", "3 tab-separated columns (qid, positive doc id, negative doc id)"),
+    ("val_run", "run.txt", "6 whitespace-separated columns (qid, Q0, docid, rank, score, tag)"),
+])
+@pytest.mark.parametrize("text", ["", "\n \n"], ids=["empty", "blank"])
+def test_empty_files_name_the_file(tmp_path, key, name, expect, text):
+    extra = {"val_queries": _w(tmp_path / "vq.tsv", QUERIES)} if key == "val_run" else {}
+    msg = _error(_tsv(tmp_path, **{key: (name, text)}, **extra))
+    assert msg == f"{tmp_path / name}: is empty; expected lines of {expect}", msg
+
+
+def test_empty_files_of_other_formats_name_the_file(tmp_path):
+    assert _error(_beir(tmp_path / "b1", corpus="\n")) == f"{tmp_path / 'b1' / 'corpus.jsonl'}: is empty; expected one JSON object a line"
+    assert _error(_beir(tmp_path / "b2", queries="\n")) == f"{tmp_path / 'b2' / 'queries.jsonl'}: is empty; expected one JSON object a line"
+    msg = _error(_cranfield(tmp_path / "c1", "", QRY_SMART, "1 1 2\n"))
+    assert msg == f"{tmp_path / 'c1' / 'cran.all.1400'}: is empty; expected SMART records starting with '.I <id>'"
+    # every record without text is left out (with a warning), and with it every judgement
+    msg = _error(_cranfield(tmp_path / "c2", ".I 1\n.T\n.W\n", QRY_SMART, "1 1 2\n"))
+    assert msg == f"data.path ({tmp_path / 'c2'}): has no judged query (a query with a relevant document in the qrels); expected at least one"
+    with pytest.raises(InputError, match=r"^c.tsv: holds no passages; expected a collection of at least one passage$"):
+        IRDataset("x", {}, {}, docs_origin="c.tsv").validate()  # the backstop for sources without a file of their own
+    (tmp_path / "v").mkdir()
+    _w(tmp_path / "v" / "doc-text.trec", "")
+    _w(tmp_path / "v" / "query-text.trec", "<top>\n<num>1</num><title>\nWING\n</title>\n</top>\n")
+    _w(tmp_path / "v" / "qrels", "1 0 1 1\n")
+    msg = _error(VaswaniConfig(path=str(tmp_path / "v"), val_fraction=0.0, test_fraction=0.0))
+    assert msg == f"{tmp_path / 'v' / 'doc-text.trec'}: is empty; expected <DOC> ... </DOC> records"
+
+
+SMALL_SYNTHETIC = ["data.num_docs=60", "data.num_train_queries=10", "data.num_val_queries=4", "data.num_test_queries=4",
+                   "data.num_topics=4"]
+
+
+@pytest.mark.parametrize("setting,split,problem", [
+    ("data.num_train_queries=0", "train", "has no training triple to train on (0 judged queries); check data.num_train_queries=0"),
+    ("data.num_val_queries=0", "val", "has no (judged query, candidate) pair to validate on (0 judged queries with candidates); "
+                                      "check data.candidate_depth=100, data.num_val_queries=0"),
+    ("data.num_test_queries=0", "test", "has no (judged query, candidate) pair to score (0 judged queries with candidates); "
+                                        "check data.candidate_depth=100, data.num_test_queries=0"),
+])
+def test_empty_split_names_the_split_and_its_settings(tmp_path, setting, split, problem):
+    """Training needs train, val and test; evaluation only test (an empty train or val split is fine there)."""
+    from pipeline.config import compose
+    from pipeline.stages import load_data
+
+    cfg = compose([*SMALL_SYNTHETIC, setting, f"data.cache_dir={tmp_path}", "data.candidate_depth=100"])
+    with pytest.raises(InputError) as e:
+        load_data(cfg, fit=True)
+    assert str(e.value) == f"data 'synthetic', split '{split}': {problem}"
+    if split != "test":
+        assert len(load_data(cfg).eval_splits["test"].pairs) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,args,expect", [
+    ("evaluate.py", ["model=bm25", "data=tsv", "data.collection={empty}"], "{empty}: is empty; expected lines of 2 tab-separated columns"),
+    ("train.py", [*SMALL_SYNTHETIC, "data.num_val_queries=0"], "data 'synthetic', split 'val': has no (judged query, candidate) pair"),
+], ids=["empty-collection", "empty-val-split"])
+def test_empty_inputs_stop_before_anything_is_written(tmp_path, script, args, expect):
+    from conftest import run_script
+
+    empty = _w(tmp_path / "empty.tsv", "")
+    for name, text in (("q.tsv", QUERIES), ("r.txt", QRELS)):
+        _w(tmp_path / name, text)
+    files = [f"data.{s}_{k}={tmp_path / n}" for s in ("train", "val", "test") for k, n in (("queries", "q.tsv"), ("qrels", "r.txt"))]
+    out = tmp_path / "out"
+    argv = [a.format(empty=empty) for a in args] + (files if "data=tsv" in args else []) + ["logger=none", f"output_dir={out}"]
+    proc = run_script(script, *argv, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]  # train.py logs "Seed set to 42" first
+    assert len(err) == 1 and err[0].startswith("error: " + expect.format(empty=empty)), err
+    assert "Traceback" not in proc.stderr and not out.exists()

@@ -415,3 +415,46 @@ def test_untrained_key_is_checked(tmp_path):
         g.write_text(json.dumps({"baseline": "a", "rows": rows, "train_data": ["synthetic"], "untrained": untrained}))
         with pytest.raises(InputError, match=msg):
             load_grid([f"grid={g}"])
+
+
+def test_table_record_with_paper_figures(tmp_path, monkeypatch):
+    """`action=table record=true` writes results/<date>-<name>.md with the command, commit, machine, the cells'
+    summed wall time and the table, the paper's figures under our rows; a second record does not overwrite it."""
+    import pipeline.record as record
+
+    monkeypatch.setattr(record, "RESULTS_DIR", tmp_path / "results")
+    grid = {"name": "rec", "baseline": "bm25", "rows": {"bm25": ["model=bm25"], "bm25_b": ["model=bm25", "model.b=0.5"]},
+            "train_data": ["synthetic"], "seeds": [1, 2], "measures": ["ndcg_cut_10"], "output_root": str(tmp_path / "grids"),
+            "paper": {"synthetic": {"bm25_b": {"ndcg_cut_10": 0.612}}}}
+    gfile = tmp_path / "rec.yaml"
+    gfile.write_text(json.dumps(grid))
+    spec, _ = load_grid([f"grid={gfile}"])
+    values = {("bm25", 1): [0.5, 0.6], ("bm25", 2): [0.5, 0.6], ("bm25_b", 1): [0.7, 0.8], ("bm25_b", 2): [0.6, 0.8]}
+    for c in plan(spec):  # finished cells as run.py leaves them, each with its wall time
+        c.dir.mkdir(parents=True)
+        v = values[(c.row, c.seed)]
+        (c.dir / "metrics.json").write_text(json.dumps({"ndcg_cut_10": sum(v) / 2}))
+        (c.dir / "per_query.json").write_text(json.dumps({"q1": {"ndcg_cut_10": v[0]}, "q2": {"ndcg_cut_10": v[1]}}))
+        (c.dir / "cell.json").write_text(json.dumps({"argv": list(c.argv), "wall_s": 90.0}))
+    report = run([f"grid={gfile}", "action=table", "record=true"], out=io.StringIO())
+    assert "| ↳ paper | 0.6120 |" in report.table
+    records = sorted((tmp_path / "results").glob("*-rec.md"))
+    assert len(records) == 1
+    text = records[0].read_text()
+    assert "- Wall time: 6 min 00 s (sum over 4 cell runs)" in text and "- Commit: " in text and "- Machine: " in text
+    assert f"python experiments.py grid={gfile} action=table record=true" in text
+    assert "| bm25_b | 0.7250 (+31.8%)" in text and "| ↳ paper | 0.6120 |" in text
+    run([f"grid={gfile}", "action=table", "record=true"], out=io.StringIO())
+    assert len(list((tmp_path / "results").glob("*-rec*.md"))) == 2  # the first one is kept
+    bad = dict(grid, paper={"synthetic": {"nope": {"ndcg_cut_10": 0.6}}})
+    gfile.write_text(json.dumps(bad))
+    with pytest.raises(InputError, match="paper.synthetic.nope"):
+        load_grid([f"grid={gfile}"])
+
+
+def test_head_rows_build_on_the_fine_tuned_row_not_the_backbone():
+    from pipeline.grid import head_bases
+
+    spec, _ = load_grid(["grid=squad_colbert_heads"])
+    assert spec.rows["colbert_backbone"] == spec.rows["colbert"] and spec.untrained == ["colbert_backbone"]
+    assert set(head_bases(spec).values()) == {"colbert"}

@@ -127,7 +127,8 @@ def test_one_backbone_pass_equals_separate_passes(tmp_path, finetuned):
     def scores(module, key="test"):  # {(qid, docid): score} of the module's last test
         return {(q, d): v for q, docs in module.results[key]["run"].items() for d, v in docs.items()}
 
-    dm = load_data(cfg, head_module)
+    dm = load_data(cfg)
+    dm.tokenizer = head_module.pair_tokenizer
     t = trainer()
     t.test(head_module, datamodule=dm, verbose=False)
     ft_head, ft = scores(head_module), scores(head_module, "test_raw")

@@ -54,12 +54,13 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
 @pytest.mark.slow
 def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
     """A run that dies at step 10 (past warm-up, mid-epoch 2) resumes from the last.ckpt of its step-8 validation,
-    with the same max_steps (so the same LR schedule), and ends with the same weights and metrics, bit for bit."""
+    with the same max_steps (so the same LR schedule), and ends with the same weights and metrics, bit for bit; its
+    metrics.json keeps the first run's `before_training` (carried in the checkpoint)."""
     import pipeline.run
     from pipeline.config import compose
 
     base = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.val_check_interval=4",
-            "trainer.max_steps=14", "optim.warmup_steps=2", "eval.before_training=false"]
+            "trainer.max_steps=14", "optim.warmup_steps=2"]
     full = tmp_path / "full"
     run_script("train.py", *base, f"output_dir={full}")
 
@@ -77,6 +78,7 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
     ma, mb = metrics(full), metrics(part)
     for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos"):
         assert mb[k] == pytest.approx(ma[k], abs=1e-9), k
+    assert mb.keys() == ma.keys() and mb["before_training"] == ma["before_training"]
 
 
 @pytest.mark.parametrize("model", ["colbert", "repbert"])  # token-vector and pooled-vector gathers

@@ -129,7 +129,7 @@ def test_candidate_scores_are_the_rankers(name, tiny_bert_nodropout):
     with torch.no_grad():
         ref = r.score_all(r.encode_queries(pt.queries(qs)), r.encode_docs(pt.docs(ps))).double().numpy()
     for k in range(2):
-        assert np.allclose(candidate_scores(q, k, d, [2, 0, 1]), ref[k, [2, 0, 1]], atol=1e-5)
+        assert np.allclose(candidate_scores(r, q, k, d, [2, 0, 1]), ref[k, [2, 0, 1]], atol=1e-5)
 
 
 def head_and_repbert(tmp_path, backbone):

@@ -72,11 +72,11 @@ def test_length_sorted_batches_change_nothing(colbert):
     for k, text in enumerate(PASSAGES):
         ids = tok([text], truncation=True, max_length=colbert.model_cfg.doc_max_len)["input_ids"]
         alone = encode_texts(colbert.ranker, ids, "doc", batch_size=1)
-        v, i = docs.text(k)
+        v, i = docs.tokens(k), docs.token_ids(k)
         assert i.tolist() == ids[0] and torch.allclose(v, alone.vecs, atol=1e-5)
         assert torch.allclose(v.norm(dim=-1), torch.ones(len(v)), atol=1e-5)  # the unit vectors Eq. 1 compares
-    vecs, mask, ids = docs.padded([3, 0])
-    assert mask.sum(1).tolist() == [len(docs.text(3)[1]), len(docs.text(0)[1])] and (vecs[~mask] == 0).all()
+    batch = docs.padded([3, 0])
+    assert batch.mask.sum(1).tolist() == [len(docs.token_ids(3)), len(docs.token_ids(0))] and (batch.tokens[~batch.mask] == 0).all()
 
 
 def test_query_analysis_against_direct_computation(colbert):

@@ -45,9 +45,9 @@ from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.sources import data_config, load_dataset
-from datamodules.tokenization import length_sorted_batches
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
+from lightning_modules.rankers.base import EncodedTexts
 from lightning_modules.rankers.maxsim import c_star
 
 JSON_NAME = "vocab_projections.json"
@@ -109,48 +109,29 @@ def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
     return models
 
 
-@dataclasses.dataclass
-class Encoded:
-    """Per text: the vector(s) Eq. 3 projects (pooled [N, d], or tokens [N, L, d] with mask) and the scoring ones."""
-
-    raw: torch.Tensor
-    mask: torch.Tensor | None
-    scoring: torch.Tensor  # [N, d] or [N, L, d] as the ranker's score compares them
+def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> EncodedTexts:
+    """The vectors Eq. 3 projects, as `encode` returns them: ColBERT's token vectors, the pooled vector of the
+    single-vector rankers (their token vectors are not kept)."""
+    return ranker.encode_collection(ids, side, batch_size, pad_id, scoring=False, tokens=ranker.cfg.name == "colbert")
 
 
-@torch.inference_mode()
-def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> Encoded:
-    """Encode tokenised texts (with [CLS]/[SEP]) in length-sorted batches; kept on the CPU in input order."""
-    multi = ranker.cfg.name == "colbert"
-    device = next(ranker.parameters()).device
-    lens = np.array([len(x) for x in ids])
-    width = int(lens.max()) if len(ids) else 1
-    d = ranker.hidden_size
-    raw = torch.zeros((len(ids), width, d) if multi else (len(ids), d))
-    mask = torch.zeros((len(ids), width), dtype=torch.bool) if multi else None
-    for chunk, inp, att in length_sorted_batches(ids, batch_size, pad_id):
-        length = inp.shape[1]
-        enc = ranker.encode(inp.to(device), att.to(device), side=side)
-        idx = torch.from_numpy(chunk)
-        if multi:
-            raw[idx, :length] = enc.tokens.float().cpu()
-            mask[idx, :length] = enc.mask.cpu()
-        else:
-            raw[idx] = enc.sequence.float().cpu()
-    scoring = ranker.scoring_vectors(raw)
-    if multi:
-        scoring = scoring * mask[..., None]
-    return Encoded(raw, mask, scoring)
+def project_texts(head, enc: EncodedTexts, rows) -> torch.Tensor:
+    """Eq. 3 of texts `rows`: their pooled vectors, or ColBERT's token vectors max-pooled (`project`)."""
+    if enc.sequence is not None:
+        return project(head, enc.sequence[torch.as_tensor(rows, dtype=torch.long)])
+    p = enc.padded(rows)
+    return project(head, p.tokens, p.mask)
 
 
-def candidate_scores(q: Encoded, k: int, docs: Encoded, index: list[int]) -> np.ndarray:
+def candidate_scores(ranker, q: EncodedTexts, k: int, docs: EncodedTexts, index: list[int]) -> np.ndarray:
     """The ranker's scores of query k against passages `index`: the dot of the scoring vectors (RepBERT's cosine,
     BERT_DOT's dot), or ColBERT's sum over query tokens of the max cosine over passage tokens."""
-    idx = torch.as_tensor(index, dtype=torch.long)
-    if q.mask is None:
-        return (docs.scoring[idx] @ q.scoring[k]).double().numpy()
-    qv = q.scoring[k][q.mask[k]]  # [Lq, d]
-    best = c_star(torch.einsum("id,pjd->pij", qv, docs.scoring[idx]), docs.mask[idx][:, None, :])  # [n, Lq]
+    if q.sequence is not None:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return (ranker.scoring_vectors(docs.sequence[idx]) @ ranker.scoring_vectors(q.sequence[k])).double().numpy()
+    d = docs.padded(index)
+    dv = ranker.scoring_vectors(d.tokens) * d.mask[..., None]
+    best = c_star(torch.einsum("id,pjd->pij", ranker.scoring_vectors(q.tokens(k)), dv), d.mask[:, None, :])  # [n, Lq]
     return best.sum(-1).double().numpy()
 
 
@@ -195,8 +176,7 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
     for s in range(0, len(pairs_q), opts.batch_size):
         sl = slice(s, s + opts.batch_size)
         qi, di = q_rows[sl], gold_rows[sl]
-        Q = project(head, queries.raw[qi], None if queries.mask is None else queries.mask[qi])
-        P = project(head, docs.raw[di], None if docs.mask is None else docs.mask[di])
+        Q, P = project_texts(head, queries, qi), project_texts(head, docs, di)
         for j, q in enumerate(pairs_q[sl]):
             tq = set(q_ids[qi[j]]) - special
             tp = set(d_ids[di[j]]) - special
@@ -220,7 +200,7 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
         if gold[q] not in cand[: opts.amnesia_top]:
             continue
         bm25_hits += 1
-        scores = candidate_scores(queries, qrow[q], docs, [row_of[d] for d in cand])
+        scores = candidate_scores(ranker, queries, qrow[q], docs, [row_of[d] for d in cand])
         row = amnesia_row(by_qid[q], rank_in(scores, cand.index(gold[q])), opts.amnesia_top)
         if row is not None:
             amnesia_rows.append(row)

@@ -41,6 +41,7 @@ from analyses.whitebox.analysis import queries_and_candidates
 from analyses.whitebox.idf import collection_idf
 from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
+from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from core.io import atomic_open, save_figure
 from datamodules.sources import data_config, load_dataset
 from metrics.ir import evaluate_run
@@ -84,8 +85,8 @@ class LexicalEnrichmentConfig(AnalysisConfig):
             raise InputError("config key 'analysis.ablations'", f"has {bad}; expected a subset of {list(ABLATIONS)}")
         for key in ("val_split", "test_split"):
             check_choice(f"analysis.{key}", getattr(self, key), ("train", "val", "test"))
-        if self.st_max_steps < 1 or self.st_batch_size < 1 or self.batch_size < 1 or self.st_lr <= 0 or self.st_threshold <= 0:
-            raise InputError("config key 'analysis.st_max_steps'", "st_max_steps, st_batch_size, batch_size must be >= 1 and st_lr, st_threshold > 0")
+        check_ranges("analysis", self, st_max_steps=COUNT, st_batch_size=COUNT, batch_size=COUNT, st_lr=POSITIVE,
+                     st_threshold=POSITIVE, lam=NON_NEGATIVE, candidate_depth=COUNT)
 
     def variant(self, ablation: str | None) -> dict:
         v = {"idf": self.idf, "single_token": self.single_token, "whitening": self.whitening, "normalize": self.normalize}
@@ -184,12 +185,12 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
     t0 = time.perf_counter()
     _say(f"encoding {len(doc_ids):,} passages and {sum(len(v[0]) for v in splits.values()):,} queries")
     p_tok = text_tokens(tok, [ds.docs[d] for d in doc_ids], c.doc_max_len)
-    ep = encode(ranker, tok([ds.docs[d] for d in doc_ids], truncation=True, max_length=c.doc_max_len)["input_ids"], "doc", opts.batch_size, tok.pad_token_id).raw
+    ep = encode(ranker, tok([ds.docs[d] for d in doc_ids], truncation=True, max_length=c.doc_max_len)["input_ids"], "doc", opts.batch_size, tok.pad_token_id).sequence
     enc_q, q_tok = {}, {}
     for s, (qids, texts, _, _) in splits.items():
         qt = [texts[q] for q in qids]
         q_tok[s] = text_tokens(tok, qt, c.query_max_len)
-        enc_q[s] = encode(ranker, tok(qt, truncation=True, max_length=c.query_max_len)["input_ids"], "query", opts.batch_size, tok.pad_token_id).raw
+        enc_q[s] = encode(ranker, tok(qt, truncation=True, max_length=c.query_max_len)["input_ids"], "query", opts.batch_size, tok.pad_token_id).sequence
     timings["encode_s"] = time.perf_counter() - t0
 
     vocab = vocabulary_of(p_tok + [x for v in q_tok.values() for x in v])

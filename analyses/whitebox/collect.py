@@ -12,69 +12,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from analyses.whitebox.maxsim import MaxSim, max_sim
 from analyses.whitebox.words import Word
-from datamodules.tokenization import length_sorted_batches
+from lightning_modules.rankers.base import EncodedTexts
 from metrics.delta_es import pair_difference
 from metrics.spectral import sample_rows, spectral_ratio
 from metrics.tau_ap import VARIANTS, correlations
 
 
-@dataclass
-class Encodings:
-    """The real tokens of K texts, flat: text k is rows offsets[k]:offsets[k + 1] of `vecs` / `ids`."""
-
-    vecs: Tensor  # [T, D] float32, unit length
-    ids: Tensor  # [T] WordPiece ids
-    offsets: np.ndarray  # [K + 1]
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def text(self, k: int) -> tuple[Tensor, Tensor]:
-        a, b = int(self.offsets[k]), int(self.offsets[k + 1])
-        return self.vecs[a:b], self.ids[a:b]
-
-    def padded(self, index) -> tuple[Tensor, Tensor, Tensor]:
-        """Texts `index` as [n, L, D] vectors, [n, L] mask and [n, L] ids, L = the longest of them."""
-        index = np.asarray(index, dtype=np.int64)
-        starts, lens = self.offsets[index], self.offsets[index + 1] - self.offsets[index]
-        length = int(lens.max()) if len(index) else 0
-        ar = np.arange(length)
-        mask = ar[None, :] < lens[:, None]
-        rows = torch.from_numpy(np.where(mask, starts[:, None] + ar[None, :], 0))
-        mask_t = torch.from_numpy(mask)
-        vecs = self.vecs[rows] * mask_t[..., None].to(self.vecs.dtype)
-        return vecs, mask_t, torch.where(mask_t, self.ids[rows], torch.zeros_like(rows))
+def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> EncodedTexts:
+    """The unit token vectors Eq. 1 compares, with their WordPiece ids (the ranker's `encode_collection`)."""
+    return ranker.encode_collection(ids, side, batch_size, pad_id, scoring=True, keep_ids=True)
 
 
-@torch.inference_mode()
-def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> Encodings:
-    """Token vectors of already tokenised texts (with [CLS]/[SEP]), in batches of similar length (less padding);
-    `side` as the ranker's `encode` takes it ("query" / "doc"). Encoded on the ranker's device, kept in CPU memory."""
-    device = next(ranker.parameters()).device
-    lens = np.array([len(x) for x in ids], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lens)])
-    vecs, flat_ids = None, torch.tensor([t for x in ids for t in x], dtype=torch.long)
-    for chunk, inp, att in length_sorted_batches(ids, batch_size, pad_id):
-        enc = ranker.encode(inp.to(device), att.to(device), side=side)
-        out = ranker.scoring_vectors(enc.tokens).float().cpu()
-        if vecs is None:
-            vecs = torch.empty((int(offsets[-1]), out.shape[-1]), dtype=torch.float32)
-        for r, k in enumerate(chunk):
-            vecs[offsets[k] : offsets[k + 1]] = out[r, : lens[k]]
-    if vecs is None:
-        vecs = torch.empty((0, 0))
-    return Encodings(vecs=vecs, ids=flat_ids, offsets=offsets)
-
-
-def query_maxsim(queries: Encodings, k: int, docs: Encodings, candidates) -> MaxSim:
+def query_maxsim(queries: EncodedTexts, k: int, docs: EncodedTexts, candidates) -> MaxSim:
     """Eq. 1's C*_id and exact matches of query k against its candidate passages (indices into `docs`)."""
-    qv, qi = queries.text(k)
-    dv, dm, di = docs.padded(candidates)
-    return max_sim(qv, qi, dv, dm, di)
+    d = docs.padded(candidates)
+    return max_sim(queries.tokens(k), queries.token_ids(k), d.tokens, d.mask, docs.padded_ids(candidates))
 
 
 @dataclass
@@ -118,7 +73,7 @@ class SpectralResult:
     ratio_equal: float | None  # over exactly `equal` vectors (None: fewer occurrences than that)
 
 
-def spectral_by_subword(docs: Encodings, token_ids, cap: int, min_occurrences: int, equal: int | None,
+def spectral_by_subword(docs: EncodedTexts, token_ids, cap: int, min_occurrences: int, equal: int | None,
                         seed: int) -> dict[int, SpectralResult]:
     """Spectral ratio (spectral.py) of each subword's contextual vectors in the encoded passages, over a seeded
     sample of at most `cap` occurrences; subwords with fewer than `min_occurrences` are left out."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputError
+from core.ranges import NON_NEGATIVE, SEED, check_ranges
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources.registry import SOURCES
@@ -34,8 +35,12 @@ class BeirConfig(DataConfig):
     val_split: str = "dev"
     test_split: str = "test"
     use_title: bool = True
-    val_fraction: float = 0.1  # of the train queries, when there is no dev qrels file
+    val_fraction: float = 0.1  # of the train queries, when there is no dev qrels file (>= 1: a count)
     split_seed: int = 13
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("data", self, val_fraction=NON_NEGATIVE, split_seed=SEED)
 
 
 def _find(folder: Path, stem: str) -> Path | None:

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputError
+from core.ranges import FRACTION, SEED, check_ranges
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources.registry import SOURCES
@@ -60,6 +61,10 @@ class ClassicConfig(DataConfig):
     val_fraction: float = 0.15
     test_fraction: float = 0.25
     split_seed: int = 13
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("data", self, val_fraction=FRACTION, test_fraction=FRACTION, split_seed=SEED)
 
 
 @dataclass
@@ -142,6 +147,8 @@ def parse_smart(path: Path, fields: str, after_text: str = "") -> list[tuple[int
                 raise InputError(f"{path}:{lineno}", f"text before any field marker; expected one of {['.' + f for f in fields]} after '.I'")
             continue
         records[-1][2][field].append(line)
+    if not records:
+        raise InputError(str(path), "is empty; expected SMART records starting with '.I <id>'")
     return [(ln, ident, {k: _clean(" ".join(v)) for k, v in flds.items()}) for ln, ident, flds in records]
 
 
@@ -186,6 +193,8 @@ def parse_trec_sgml(path: Path, record: str, id_tag: str) -> list[tuple[int, str
         seen[ident] = lineno
         out.append((lineno, ident, content))
     check_gap(pos, len(text))
+    if not out:
+        raise InputError(str(path), f"is empty; expected <{record}> ... </{record}> records")
     return out
 
 
@@ -276,13 +285,11 @@ def split_queries(queries: dict[str, str], qrels: dict[str, dict[str, int]], cfg
     def natural(q: str):
         return (0, int(q), q) if q.isdigit() else (1, 0, q)
 
-    for key in ("val_fraction", "test_fraction"):
-        v = float(getattr(cfg, key))
-        if not 0 <= v < 1:
-            raise InputError(f"data.{key}", f"is {v}; expected a fraction in [0, 1)")
     judged = sorted((q for q, d in qrels.items() if any(g > 0 for g in d.values()) and q in queries), key=natural)
     missing = sorted((q for q in qrels if q not in queries), key=natural)
     n = len(judged)
+    if not n:
+        raise InputError(f"data.path ({cfg.path})", "has no judged query (a query with a relevant document in the qrels); expected at least one")
     n_test = int(round(float(cfg.test_fraction) * n))
     n_val = int(round(float(cfg.val_fraction) * n))
     if n_test + n_val >= n:

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import InputError
+from core.ranges import COUNT, check_ranges
 from datamodules.answer_matching import match_answer_spans
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
@@ -57,6 +58,10 @@ class IrDatasetsConfig(DataConfig):
     only_referenced_docs: bool = False
     fold_ids: list[str] | None = None  # one id per predefined fold (module docstring)
     pool_ids: list[str] | None = None  # ids whose queries are pooled and re-split by data.num_folds
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("data", self, max_docpairs=COUNT, max_queries_per_split=COUNT)
 
 
 def _text(obj) -> str:

@@ -14,18 +14,20 @@ The file is `dev-v1.1.json(.gz)` (train-v1.1.json works too). SQuAD carries no t
 """
 from __future__ import annotations
 
-import gzip
 import json
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from core.errors import InputError
+from core.ranges import COUNT, SEED, Range, check_ranges
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources.registry import SOURCES
-from datamodules.textfiles import resolve_path
+from datamodules.textfiles import read_text, resolve_path
+
+
+ARTICLES = Range(0, note="< 1: a fraction of the articles; >= 1: a count")
 
 
 @dataclass
@@ -37,11 +39,13 @@ class SquadConfig(DataConfig):
     split_seed: int = 13
     max_questions_per_split: int | None = None
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("data", self, val_articles=ARTICLES, test_articles=ARTICLES, split_seed=SEED, max_questions_per_split=COUNT)
+
 
 def _count(value: float, n: int, key: str) -> int:
     v = float(value)
-    if v < 0:
-        raise InputError(f"data.{key}", f"is {value}; expected a fraction in [0, 1) or a count of articles >= 1")
     if v < 1:
         return max(1, int(round(v * n))) if v > 0 else 0
     if v != int(v):
@@ -50,17 +54,7 @@ def _count(value: float, n: int, key: str) -> int:
 
 
 def load_json(path) -> dict:
-    try:
-        raw = gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
-        with raw as f:
-            data = f.read()
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise InputError(str(path), f"is not a valid gzip file ({e}); expected SQuAD JSON, optionally gzip-compressed") from e
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise InputError(f"{path}:{line}", f"is not valid UTF-8 ({e.reason}); expected UTF-8 JSON") from e
+    text = read_text(path)  # the shared reader: gzip, UTF-8 and a leading BOM handled, errors name file:line
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import InputError
+from core.errors import InputError, check_choice
+from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, check_ranges
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources.registry import SOURCES
@@ -49,6 +50,13 @@ class SyntheticConfig(DataConfig):
     answer_position: str = "uniform"  # uniform | start
     start_beta: float = 6.0  # "start": relative answer position ~ Beta(1, start_beta)
     partial_relevance: float = 0.5  # probability of an extra grade-1 passage per query
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("data.answer_position", self.answer_position, ("uniform", "start"))
+        check_ranges("data", self, data_seed=SEED, num_docs=COUNT, num_topics=COUNT, topic_words=COUNT, passage_words_min=COUNT,
+                     passage_words_max=COUNT, num_train_queries=NON_NEGATIVE, num_val_queries=NON_NEGATIVE,
+                     num_test_queries=NON_NEGATIVE, start_beta=POSITIVE, partial_relevance=PROBABILITY)
 
 
 FUNCTION_WORDS = ["the", "of", "and", "in", "a", "to", "is", "for", "with", "on", "by", "as", "that", "from", "was",
@@ -76,20 +84,9 @@ def _pseudo_words(rng: np.random.Generator, n: int, exclude: set[str]) -> list[s
 
 
 def _check(cfg) -> None:
-    for key in ("num_docs", "num_topics", "topic_words", "passage_words_min", "passage_words_max"):
-        if int(getattr(cfg, key)) < 1:
-            raise InputError(f"data.{key}", f"is {getattr(cfg, key)}; expected a positive integer")
-    for key in ("num_train_queries", "num_val_queries", "num_test_queries"):
-        if int(getattr(cfg, key)) < 0:
-            raise InputError(f"data.{key}", f"is {getattr(cfg, key)}; expected an integer >= 0")
+    """What the single-key ranges of SyntheticConfig cannot say: how the sizes fit together."""
     if cfg.passage_words_max < cfg.passage_words_min:
         raise InputError("data.passage_words_max", f"is {cfg.passage_words_max} < passage_words_min {cfg.passage_words_min}")
-    if cfg.answer_position not in ("uniform", "start"):
-        raise InputError("data.answer_position", f"'{cfg.answer_position}' is not supported; expected 'uniform' or 'start'")
-    if not cfg.start_beta > 0:
-        raise InputError("data.start_beta", f"is {cfg.start_beta}; expected a positive number")
-    if not 0 <= cfg.partial_relevance <= 1:
-        raise InputError("data.partial_relevance", f"is {cfg.partial_relevance}; expected a probability in [0, 1]")
     total = cfg.num_train_queries + cfg.num_val_queries + cfg.num_test_queries
     if total > cfg.num_docs:
         raise InputError("data.num_docs", f"is {cfg.num_docs}; every query needs its own relevant passage, so expected >= {total} (the total number of queries)")

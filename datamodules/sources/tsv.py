@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import InputError
+from core.errors import InputError, check_choice
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources.registry import SOURCES
@@ -54,6 +54,10 @@ class TsvConfig(DataConfig):
     test_queries: str | None = None
     test_qrels: str | None = None
     test_run: str | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("data.triples_format", self.triples_format, ("ids", "text"))
 
 
 def _opt(cfg, key: str, what: str) -> Path | None:
@@ -98,9 +102,7 @@ def _read_triples_text(path: Path, docs: dict[str, str], queries: dict[str, str]
 
 @SOURCES.register("tsv", schema=TsvConfig)
 def build(cfg: TsvConfig, seed: int) -> IRDataset:
-    fmt = getattr(cfg, "triples_format", "ids")
-    if fmt not in ("ids", "text"):
-        raise InputError("data.triples_format", f"'{fmt}' is not supported; expected 'ids' or 'text'")
+    fmt = cfg.triples_format
     docs: dict[str, str] = {}
     if getattr(cfg, "collection", None) is None:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")

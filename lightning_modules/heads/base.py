@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from core.errors import InputError, check_choice
+from core.errors import check_choice
+from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from lightning_modules.heads import HEADS
 
 LOG_2PI = math.log(2 * math.pi)
@@ -31,8 +32,7 @@ class HeadConfig:
     def __post_init__(self):
         check_choice("head.granularity", self.granularity, ("token", "sequence"))
         check_choice("head.cache_dtype", self.cache_dtype, ("float16", "float32"))
-        if not self.val_memory_gib >= 0:
-            raise InputError("head.val_memory_gib", f"is {self.val_memory_gib}; expected a size in GiB >= 0")
+        check_ranges("head", self, epochs=COUNT, lr=POSITIVE, batch_size=COUNT, max_train_texts=COUNT, val_memory_gib=NON_NEGATIVE)
 
 
 class IsotropyHead(nn.Module):

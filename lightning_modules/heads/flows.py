@@ -38,6 +38,7 @@ from zuko.transforms import (
     MonotonicAffineTransform,
 )
 
+from core.ranges import COUNT, NON_NEGATIVE, check_ranges
 from lightning_modules.heads import HEADS
 from lightning_modules.heads.base import HeadConfig, IsotropyHead
 
@@ -192,6 +193,10 @@ class NICEConfig(HeadConfig):
     hidden_layers: int = 5
     hidden_units: int = 1000
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("head", self, couplings=COUNT, hidden_layers=NON_NEGATIVE, hidden_units=COUNT)
+
 
 def build_nice(dim: int, couplings: int = 4, hidden_layers: int = 5, hidden_units: int = 1000) -> FlowHead:
     transforms: list[LazyTransform] = [_actnorm(dim)]  # input scaling (data-initialised), see init_from
@@ -209,6 +214,10 @@ class GlowConfig(HeadConfig):
     depth: int = 3
     hidden_units: int = 32  # narrow coupling networks, as in BERT-flow's released Glow configurations (width 32)
     hidden_layers: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("head", self, levels=COUNT, depth=COUNT, hidden_units=COUNT, hidden_layers=NON_NEGATIVE)
 
 
 def _glow_step(dim: int, i: int, hidden: list[int]) -> list[LazyTransform]:

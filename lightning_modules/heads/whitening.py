@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from core.ranges import POSITIVE, check_ranges
 from lightning_modules.heads import HEADS
 from lightning_modules.heads.base import HeadConfig, IsotropyHead
 
@@ -26,6 +27,10 @@ from lightning_modules.heads.base import HeadConfig, IsotropyHead
 class WhiteningConfig(HeadConfig):
     name: str = "whitening"
     eps: float = 1e-6  # eigenvalue floor, relative to the largest eigenvalue
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("head", self, eps=POSITIVE)
 
 
 class MomentAccumulator:

@@ -20,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.errors import InputError
+from core.ranges import COUNT, check_ranges
+from datamodules.tokenization import length_sorted_batches
 from lightning_modules.rankers.backbone import load_backbone
 from lightning_modules.rankers.dropout import use_fast_dropout
 
@@ -46,10 +48,7 @@ class RankerConfig:
     length_buckets: int = 4
 
     def __post_init__(self):
-        for key in ("query_max_len", "doc_max_len", "length_buckets"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"config key 'model.{key}'", f"is {value!r}; expected a positive integer")
+        check_ranges("model", self, query_max_len=COUNT, doc_max_len=COUNT, length_buckets=COUNT)
 
 
 @dataclass
@@ -59,6 +58,69 @@ class Encoded:
     tokens: Tensor  # [B, L, D]
     mask: Tensor  # [B, L] bool, True on real tokens
     sequence: Tensor | None = None  # [B, D]
+
+
+@dataclass
+class EncodedTexts:
+    """A collection of encoded texts, the one container the analyses and the isotropy protocol keep (on the CPU):
+    the real tokens' vectors flat, text k at rows offsets[k]:offsets[k + 1] (no padding stored), with the tokens'
+    vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts
+    back as an `Encoded` batch for the scoring functions."""
+
+    vecs: Tensor  # [T, D]
+    offsets: np.ndarray  # [K + 1]
+    ids: Tensor | None = None  # [T] vocabulary ids of the tokens
+    sequence: Tensor | None = None  # [K, D]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def tokens(self, k: int) -> Tensor:
+        return self.vecs[int(self.offsets[k]) : int(self.offsets[k + 1])]
+
+    def token_ids(self, k: int) -> Tensor:
+        return self.ids[int(self.offsets[k]) : int(self.offsets[k + 1])]
+
+    def _rows(self, index) -> tuple[np.ndarray, Tensor, Tensor]:
+        index = np.asarray(index, dtype=np.int64)
+        starts, lens = self.offsets[index], self.offsets[index + 1] - self.offsets[index]
+        ar = np.arange(int(lens.max()) if len(index) else 0)
+        mask = ar[None, :] < lens[:, None]
+        return index, torch.from_numpy(np.where(mask, starts[:, None] + ar[None, :], 0)), torch.from_numpy(mask)
+
+    def padded(self, index) -> Encoded:
+        """Texts `index` as [n, L, D] token vectors (zero past each text's end) with their [n, L] mask, L = the
+        longest of them, and their pooled vectors."""
+        index, rows, mask = self._rows(index)
+        tokens = self.vecs[rows] * mask[..., None].to(self.vecs.dtype)
+        return Encoded(tokens, mask, None if self.sequence is None else self.sequence[torch.from_numpy(index)])
+
+    def padded_ids(self, index) -> Tensor:
+        """The vocabulary ids of `padded(index)`'s tokens, 0 on padding."""
+        _, rows, mask = self._rows(index)
+        return torch.where(mask, self.ids[rows], torch.zeros_like(rows))
+
+    @classmethod
+    def collect(cls, lengths, batches, ids: list[list[int]] | None = None, tokens: bool = True) -> EncodedTexts:
+        """From `batches` of (text indices, their Encoded batch) covering every text once, in any order: each
+        text's real tokens (its mask) and pooled vector, as float32 on the CPU in text order. `lengths`: each
+        text's token count; `ids`: the texts' token ids, kept when given; `tokens=False` keeps only the pooled
+        vectors (every text then holds 0 token rows)."""
+        lengths = np.asarray(lengths, dtype=np.int64) if tokens else np.zeros(len(lengths), dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        vecs = sequence = None
+        for chunk, enc in batches:
+            tokens_, mask = enc.tokens.float().cpu(), enc.mask.cpu()
+            if vecs is None:
+                vecs = torch.zeros((int(offsets[-1]), tokens_.shape[-1]))
+                if enc.sequence is not None:
+                    sequence = torch.zeros((len(offsets) - 1, enc.sequence.shape[-1]))
+            for r, k in enumerate(chunk if tokens else ()):
+                vecs[offsets[k] : offsets[k + 1]] = tokens_[r][mask[r]]
+            if sequence is not None:
+                sequence[torch.as_tensor(chunk)] = enc.sequence.float().cpu()
+        flat = None if ids is None or not tokens else torch.tensor([t for x in ids for t in x], dtype=torch.long)
+        return cls(torch.zeros((0, 0)) if vecs is None else vecs, offsets, flat, sequence)
 
 
 def masked_mean(tokens: Tensor, mask: Tensor) -> Tensor:
@@ -142,6 +204,23 @@ class BiEncoder(Ranker):
     def scoring_vectors(self, x: Tensor) -> Tensor:
         """Token or pooled vectors as the score function compares them (unit length for cosine rankers)."""
         return x
+
+    @torch.inference_mode()
+    def encode_collection(self, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0,
+                          scoring: bool = True, keep_ids: bool = False, tokens: bool = True) -> EncodedTexts:
+        """Tokenised texts (with [CLS]/[SEP]) encoded in length-sorted batches (`length_sorted_batches`: little
+        padding) into an `EncodedTexts` on the CPU: the vectors as the score compares them (`scoring_vectors`), or
+        as `encode` returns them (`scoring=False`: what the MLM head projects, vocabulary paper Eq. 3).
+        `tokens=False`: the pooled vectors only (single-vector rankers)."""
+        device = next(self.parameters()).device
+        prep = self.scoring_vectors if scoring else (lambda x: x)
+
+        def batches():
+            for chunk, inp, att in length_sorted_batches(ids, batch_size, pad_id):
+                enc = self.encode(inp.to(device), att.to(device), side=side)
+                yield chunk, Encoded(prep(enc.tokens), enc.mask, None if enc.sequence is None else prep(enc.sequence))
+
+        return EncodedTexts.collect([len(x) for x in ids], batches(), ids if keep_ids else None, tokens)
 
     def pool(self, enc: Encoded) -> Encoded:
         """Fill `enc.sequence` (single-vector rankers); multi-vector rankers keep it None."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from core.ranges import COUNT, check_ranges
 from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEncoder
 
@@ -14,6 +15,10 @@ from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEn
 class BertDotConfig(RankerConfig):
     name: str = "bert_dot"
     compress_dim: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("model", self, compress_dim=COUNT)
 
 
 class BertDot(SingleVectorEncoder):

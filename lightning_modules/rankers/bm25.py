@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import InputError, check_choice
+from core.ranges import COUNT, NON_NEGATIVE, PROBABILITY, check_ranges
 from datamodules.bm25 import METHODS
 from datamodules.corpus import SPLITS
 from lightning_modules.rankers import RANKERS
@@ -30,8 +31,7 @@ class BM25Config:
     def __post_init__(self):
         check_choice("model.method", self.method, METHODS)
         check_choice("model.split", self.split, (*SPLITS, "all"))
-        if self.depth <= 0:
-            raise InputError("config key 'model.depth'", f"is {self.depth}; expected a positive number of documents")
+        check_ranges("model", self, k1=NON_NEGATIVE, b=PROBABILITY, depth=COUNT)
 
 
 @RANKERS.register("bm25", schema=BM25Config)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from core.ranges import COUNT, check_ranges
 from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import (
     BiEncoder,
@@ -25,6 +26,10 @@ from lightning_modules.rankers.maxsim import maxsim_all, maxsim_pairs
 class ColBERTConfig(RankerConfig):
     name: str = "colbert"
     compress_dim: int | None = None  # e.g. 128 as in the original ColBERT; None keeps the backbone width
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_ranges("model", self, compress_dim=COUNT)
 
 
 class ColBERT(BiEncoder):

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from core.errors import InputError
+from core.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, check_ranges
 from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import (
     BiEncoder,
@@ -95,20 +95,10 @@ class TKConfig(RankerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        positive = {"layers": self.layers, "heads": self.heads, "head_dim": self.head_dim, "ff_dim": self.ff_dim,
-                    "sigma": self.sigma, "kernel_lr_scale": self.kernel_lr_scale,
-                    "contextualization_lr": self.contextualization_lr, "kernel_lr": self.kernel_lr}
-        for key, value in positive.items():
-            if value is not None and value <= 0:
-                raise InputError(f"config key 'model.{key}'", f"is {value}; expected a positive number")
-        if self.embedding_scale != "auto" and (isinstance(self.embedding_scale, (bool, str)) or not self.embedding_scale > 0):
-            raise InputError("config key 'model.embedding_scale'", f"is {self.embedding_scale!r}; expected 'auto' or a positive number")
-        if self.kernels < 2:
-            raise InputError("config key 'model.kernels'", f"is {self.kernels}; expected at least 2 (means from -1 to +1)")
-        if not 0 <= self.dropout < 1:
-            raise InputError("config key 'model.dropout'", f"is {self.dropout}; expected 0 <= dropout < 1")
-        if self.passage_position_offset < 0:
-            raise InputError("config key 'model.passage_position_offset'", f"is {self.passage_position_offset}; expected >= 0")
+        check_ranges("model", self, layers=COUNT, heads=COUNT, head_dim=COUNT, ff_dim=COUNT, sigma=POSITIVE,
+                     kernel_lr_scale=POSITIVE, contextualization_lr=POSITIVE, kernel_lr=POSITIVE,
+                     embedding_scale=Range(0, lo_open=True, also=("auto",)), kernels=Range(2, note="means from -1 to +1"),
+                     dropout=FRACTION, passage_position_offset=NON_NEGATIVE, gate_init=PROBABILITY)
 
 
 def embedding_scale(setting: str | int | float, vectors: WordVectors) -> float:

@@ -16,7 +16,6 @@ were found is printed and kept in `WordVectors.found` / `missing`.
 """
 from __future__ import annotations
 
-import gzip
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor
 
 from core.errors import InputError
+from datamodules.textfiles import iter_lines
 
 KEY = "model.embeddings"
 
@@ -44,10 +44,6 @@ def from_backbone(encoder) -> WordVectors:
     return WordVectors(weight, "backbone", found=weight.shape[0], missing=0)
 
 
-def _open(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
 def _is_header(fields: list[str]) -> bool:
     return len(fields) == 2 and all(f.isdigit() for f in fields)
 
@@ -58,28 +54,23 @@ def from_glove(path: str, vocab: dict[str, int], vocab_size: int) -> WordVectors
     if not p.is_file():
         raise InputError(KEY, f"'{path}' is neither 'backbone' nor an existing GloVe-format file")
     dim, vectors = None, {}
-    with _open(p) as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise InputError(f"{path}:{lineno}", f"not UTF-8 text ({e.reason} at byte {e.start})") from e
-            fields = line.split(" ")
-            if dim is None:
-                if lineno == 1 and _is_header(fields):
-                    continue
-                dim = len(fields) - 1
-                if dim < 1:
-                    raise InputError(f"{path}:{lineno}", "expected 'token v1 ... vd' (a token and its numbers); got one field")
-            if len(fields) < dim + 1:
-                raise InputError(f"{path}:{lineno}", f"expected 'token v1 ... v{dim}' (a token and {dim} numbers, as on the first line); got {len(fields)} fields")
-            token = " ".join(fields[:-dim])
-            if token not in vocab or token in vectors:
-                continue  # first occurrence wins
-            try:
-                vectors[token] = np.asarray(fields[-dim:], dtype=np.float32)
-            except ValueError as e:
-                raise InputError(f"{path}:{lineno}", f"expected {dim} numbers after the token '{token}' ({e})") from e
+    for lineno, line in iter_lines(p):  # the shared reader: gzip, UTF-8 and a leading BOM handled
+        fields = line.split(" ")
+        if dim is None:
+            if lineno == 1 and _is_header(fields):
+                continue
+            dim = len(fields) - 1
+            if dim < 1:
+                raise InputError(f"{path}:{lineno}", "expected 'token v1 ... vd' (a token and its numbers); got one field")
+        if len(fields) < dim + 1:
+            raise InputError(f"{path}:{lineno}", f"expected 'token v1 ... v{dim}' (a token and {dim} numbers, as on the first line); got {len(fields)} fields")
+        token = " ".join(fields[:-dim])
+        if token not in vocab or token in vectors:
+            continue  # first occurrence wins
+        try:
+            vectors[token] = np.asarray(fields[-dim:], dtype=np.float32)
+        except ValueError as e:
+            raise InputError(f"{path}:{lineno}", f"expected {dim} numbers after the token '{token}' ({e})") from e
     if dim is None:
         raise InputError(KEY, f"'{path}' holds no word vectors")
     if not vectors:

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from core.errors import InputError, check_choice
+from core.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, check_ranges
 from lightning_modules.rankers.base import (
     CrossEncoder,
     ParamGroup,
@@ -97,16 +98,9 @@ class DGReConfig(RankerConfig):
         check_choice("model.activation", self.activation, tuple(ACTIVATIONS))
         check_choice("model.distance", self.distance, DISTANCES)
         check_choice("model.hinge_on", self.hinge_on, ("probability", "logit"))
-        if self.ggnn_steps < 0:
-            raise InputError("config key 'model.ggnn_steps'", f"is {self.ggnn_steps}; expected an integer >= 0")
-        if not 0 <= self.dropout < 1:
-            raise InputError("config key 'model.dropout'", f"is {self.dropout}; expected 0 <= dropout < 1")
-        if not self.aux_lambda >= 0:  # also rejects NaN
-            raise InputError("config key 'model.aux_lambda'", f"is {self.aux_lambda}; expected a number >= 0")
-        for key in ("mi_hidden", "layers_lr_scale", "layers_lr"):
-            value = getattr(self, key)
-            if value is not None and not value > 0:
-                raise InputError(f"config key 'model.{key}'", f"is {value}; expected a positive number")
+        # graph_layer is checked against the backbone's depth when the ranker is built
+        check_ranges("model", self, ggnn_steps=NON_NEGATIVE, dropout=FRACTION, aux_lambda=NON_NEGATIVE, mi_hidden=COUNT,
+                     layers_lr_scale=POSITIVE, layers_lr=POSITIVE)
 
 
 @dataclass

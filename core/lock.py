@@ -1,0 +1,78 @@
+"""One run per output directory: an exclusive lock that a job holds from before its first write to its end.
+
+The lock is the file `.<name>.lock` beside the output directory `<name>`, not inside it: a run stopped by bad input
+must leave no folder behind, and `stage=export` renames a finished folder into place. The holder writes its pid and
+host into `.<name>.lock.pid` (not into the lock file, which every contender opens). filelock's FileLock is flock(2)
+on Linux, which the kernel drops when its holder dies, so a killed run (even by SIGKILL) never blocks the next one:
+its two leftover files are taken over. A job that ends, normally or by an exception, removes both files and the
+parent folders it created for them, if they stayed empty.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from filelock import FileLock, Timeout
+
+from core.errors import InputError
+from core.io import atomic_open
+
+# Set, and not 0, in every process of a distributed job but global rank 0 (Lightning's DDP children, torchrun,
+# SLURM tasks, the first process of another node). Only global rank 0 takes the lock: Lightning's DDP children
+# re-run the entry script while their parent holds it.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def lock_files(output_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """(lock file, pid file) of `output_dir`; resolved, so two spellings of one folder share a lock."""
+    out = Path(output_dir).resolve()
+    return out.parent / f".{out.name}.lock", out.parent / f".{out.name}.lock.pid"
+
+
+def global_rank_zero() -> bool:
+    return all(os.environ.get(v, "").strip() in ("", "0") for v in RANK_VARIABLES)
+
+
+@contextmanager
+def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold `output_dir`'s lock for the block; when another process holds it, InputError naming the folder and the
+    holder's pid."""
+    if not global_rank_zero():
+        yield
+        return
+    lock_path, pid_path = lock_files(output_dir)
+    created = [p for p in (lock_path.parent, *lock_path.parent.parents) if not p.exists()]
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError("output_dir", f"cannot create '{lock_path.parent}' ({e.strerror})") from e
+    lock = FileLock(lock_path, blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise InputError("output_dir", f"'{output_dir}' is in use by another run ({_holder(pid_path)}); wait for it to end or choose another output_dir") from None
+    try:
+        with atomic_open(pid_path) as f:
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        yield
+    finally:
+        pid_path.unlink(missing_ok=True)
+        # Unlinked while still held: filelock discards a lock won on an unlinked file, so a contender that opened
+        # this one just now retries on a fresh file instead of sharing the lock with the next holder.
+        lock_path.unlink(missing_ok=True)
+        lock.release()
+        for folder in created:  # deepest first; a folder that holds anything (the run's output) stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _holder(pid_path: Path) -> str:
+    try:
+        return pid_path.read_text().strip() or "pid not yet written"
+    except OSError:
+        return "pid not yet written"
