@@ -99,8 +99,8 @@ def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
 def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     dc = data_config(cfg)
-    models = _models(cfg, opts, model_from_cli)  # before the data: a bad checkpoint fails fast
-    ds = load_dataset(dc, int(cfg.seed))
+    ds = load_dataset(dc, int(cfg.seed))  # the data before the models: bad data fails before any weights load
+    models = _models(cfg, opts, model_from_cli)
     doc_ids = sorted(ds.docs)
     rng = np.random.default_rng([seed, 8])
     if opts.passages is not None and opts.passages < len(doc_ids):

@@ -43,6 +43,9 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     if not global_rank_zero():
         yield
         return
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        # checked here, before the first write of every job, not when the first results file fails to be written
+        raise InputError("output_dir", f"'{output_dir}' exists and is not a folder; choose another output_dir")
     lock_path, pid_path = lock_files(output_dir)
     created = [p for p in (lock_path.parent, *lock_path.parent.parents) if not p.exists()]
     try:

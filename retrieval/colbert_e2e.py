@@ -91,14 +91,9 @@ class ColBERTIndex:
 
     def __init__(self, index, tokens: np.ndarray, offsets: np.ndarray, doc_ids: list[str], manifest: dict,
                  ranker=None, pair_tokenizer=None, placement: Placement | None = None):
-        self.index = index
-        self.tokens = tokens
-        self.offsets = offsets
-        self.doc_ids = doc_ids
-        self.manifest = manifest
-        self.ranker = ranker
-        self.pair_tokenizer = pair_tokenizer
-        self.placement = placement or Placement(False)
+        self.index, self.doc_ids, self.manifest = index, doc_ids, manifest
+        self.tokens, self.offsets = tokens, offsets  # passage k's token vectors: tokens[offsets[k]:offsets[k + 1]]
+        self.ranker, self.pair_tokenizer, self.placement = ranker, pair_tokenizer, placement or Placement(False)
 
     def __len__(self) -> int:
         return len(self.doc_ids)

@@ -225,19 +225,19 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     if not cfg.ckpt:
         check_ranker(cfg.model)
     t0 = time.perf_counter()
-    # the head first: a missing head is a one-line error before any model is loaded
-    backbone = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"]["backbone"] if cfg.ckpt else cfg.model.backbone
-    head, head_source = load_mlm_head(backbone, opts.mlm_head)
-    models = load_models(cfg, model_from_cli, opts.with_backbone)
-    timings = {"load_models_s": time.perf_counter() - t0}
-    t0 = time.perf_counter()
+    # the data and the head first: bad data or a missing head is a one-line error before any model is loaded
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed))
     qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed)
     gold = gold_passages(ds, qids, cands)
     if not gold:
         raise InputError("analysis.split", f"no query of split '{opts.split}' of {ds.name} has a relevant passage")
-    timings["data_s"] = time.perf_counter() - t0
+    timings = {"data_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    backbone = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"]["backbone"] if cfg.ckpt else cfg.model.backbone
+    head, head_source = load_mlm_head(backbone, opts.mlm_head)
+    models = load_models(cfg, model_from_cli, opts.with_backbone)
+    timings["load_models_s"] = time.perf_counter() - t0
     per_model = {}
     for label, module in models.items():
         t0 = time.perf_counter()

@@ -170,13 +170,13 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
     model_cfg = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"] if cfg.ckpt else cfg.model
     if model_cfg["name"] not in ("repbert", "bert_dot"):
         raise InputError("model.name", f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: repbert or bert_dot")
+    dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
+    ds = load_dataset(dc, int(cfg.seed))
+    splits = {s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])}
     head, head_source = load_mlm_head(model_cfg["backbone"], opts.mlm_head)
     module = next(iter(load_models(cfg, model_from_cli, False).values()))
     ranker, c = module.ranker, module.model_cfg
     tok = ranker.tokenizer
-    dc = data_config(cfg)
-    ds = load_dataset(dc, int(cfg.seed))
-    splits = {s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])}
     doc_ids = sorted({d for qids, _, cands, _ in splits.values() for q in qids for d in cands[q]})
     prow = {d: i for i, d in enumerate(doc_ids)}
     idf = collection_idf(tok, [ds.docs[d] for d in sorted(ds.docs)])
