@@ -347,7 +347,12 @@ def _finish_wandb() -> None:
 
 
 def _untrained(argv: list[str]) -> bool:
-    return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
+    """Whether the cell's model has nothing to train (BM25). Overrides that do not compose count as trained here:
+    `check` reports them, naming the cell."""
+    try:
+        return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
+    except InputError:
+        return False
 
 
 def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
