@@ -41,6 +41,7 @@ from datamodules.tokenization import length_order
 from lightning_modules.rankers.base import Encoded, EncodedTexts, masked_mean
 from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
 
+SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
 
 
@@ -148,13 +149,18 @@ class IsotropyCallback(Callback):
         ranker.eval()
         per_batch: list[tuple[int, dict[str, float]]] = []
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs)
-        for group in self._groups(batches, module.pair_tokenizer):
+        tok = module.pair_tokenizer
+        ids = {}  # (side, text) -> token ids: each distinct text tokenised once, for the budget and the encoding
+        for i, side in SIDES:
+            texts = sorted({t for b in batches for t in b[i]})
+            ids.update({(side, t): x for t, x in zip(texts, tok.ids(texts, side))})
+        for group in self._groups(batches, ids):
             # each distinct text of the group encoded once, in length-sorted batches as the evaluation encodes them
             # (a batch of 16 pairs mostly repeats one query, and candidates recur across queries)
             encoded, row = {}, {}
-            for i, side, name in ((1, "query", "query"), (2, "doc", "passage")):
+            for (i, side), name in zip(SIDES, ("query", "passage")):
                 texts = sorted({t for b in group for t in b[i]})
-                encoded[name] = self._encode_distinct(trainer, module, texts, side, variants)
+                encoded[name] = self._encode_distinct(trainer, module, [ids[(side, t)] for t in texts], side, variants)
                 row[name] = {t: k for k, t in enumerate(texts)}
             for k, qtexts, ptexts in group:
                 vectors = {}
@@ -174,32 +180,27 @@ class IsotropyCallback(Callback):
             per_batch = [b for part in parts for b in part]
         return aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
 
-    def _groups(self, batches: list, tok) -> list[list]:
-        """Consecutive runs of test batches whose distinct texts hold at most `group_vectors` tokens together (a
-        batch is never split; one larger than the budget is a group of its own)."""
-        sides = ((1, "query"), (2, "doc"))
-        length = {}
-        for i, side in sides:
-            texts = sorted({t for b in batches for t in b[i]})
-            length.update({(side, t): len(x) for t, x in zip(texts, tok.ids(texts, side))})
+    def _groups(self, batches: list, ids: dict[tuple[str, str], list[int]]) -> list[list]:
+        """Consecutive runs of test batches whose distinct texts (`ids`: (side, text) -> token ids) hold at most
+        `group_vectors` tokens together (a batch is never split; one larger than the budget is a group of its own)."""
         groups, group, seen, size = [], [], set(), 0
         for b in batches:
-            texts = {(side, t) for i, side in sides for t in b[i]}
-            if group and size + sum(length[x] for x in texts - seen) > self.group_vectors:
+            texts = {(side, t) for i, side in SIDES for t in b[i]}
+            if group and size + sum(len(ids[x]) for x in texts - seen) > self.group_vectors:
                 groups.append(group)
                 group, seen, size = [], set(), 0
-            size += sum(length[x] for x in texts - seen)
+            size += sum(len(ids[x]) for x in texts - seen)
             seen |= texts
             group.append(b)
         return groups + [group] if group else groups
 
-    def _encode_distinct(self, trainer, module, texts: list[str], side: str, variants) -> dict[str, EncodedTexts]:
-        """{variant: the texts' scored vectors as an EncodedTexts, padding removed}: one backbone pass, finished with
-        and without the heads, in length-sorted batches of the ranker's own tokenisation (query augmentation kept)."""
+    def _encode_distinct(self, trainer, module, ids: list[list[int]], side: str, variants) -> dict[str, EncodedTexts]:
+        """{variant: the scored vectors of the texts tokenised as `ids` (the ranker's PairTokenizer), as an
+        EncodedTexts, padding removed}: one backbone pass, finished with and without the heads, in length-sorted
+        batches padded as evaluation pads them."""
         ranker, tok = module.ranker, module.pair_tokenizer
-        ids = tok.ids(texts, side)
         parts: dict[str, list] = {v: [] for v in variants}
-        lengths = np.zeros(len(texts), dtype=np.int64)
+        lengths = np.zeros(len(ids), dtype=np.int64)
         order = length_order([len(x) for x in ids])
         for s in range(0, len(order), self.batch_size):
             chunk = order[s : s + self.batch_size]

@@ -74,6 +74,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,13 @@ class Cell:
     argv: tuple[str, ...]
     base_dir: Path | None = None  # head rows: the training cell of the base row (its best checkpoint is `ckpt`)
     init_dir: Path | None = None  # `init_ckpt=@row/train` rows: the training cell whose best checkpoint starts this one
-    untrained: bool = False  # evaluated as it is (grid key `untrained`, or an untrained model such as BM25)
+    listed_untrained: bool = False  # its row is in the grid key `untrained`
+
+    @cached_property
+    def untrained(self) -> bool:
+        """Evaluated as it is, no training and no checkpoint: a row of the grid key `untrained` (the backbone) or a
+        model with nothing to train (BM25). Composed only when asked, once `check` has validated every cell."""
+        return self.listed_untrained or _untrained(self.argv)
 
     @property
     def label(self) -> str:
@@ -225,7 +232,7 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                 argv = [*spec.common, *data_ov, *row_ov, *extra, *grid_set]
                 if fold is not None:
                     argv += [f"data.num_folds={spec.folds}", f"data.fold={fold}"]
-                untrained = row in spec.untrained or _untrained(argv)
+                untrained = row in spec.untrained
                 cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
                     argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir, init_dir, untrained))
                 for ev, eval_ov in spec.eval_data.items():
@@ -235,7 +242,7 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                     ev_ov = [o for o in row_ov if o != "stage=head" and not o.startswith("init_ckpt=")]
                     ev_argv = [*spec.common, *eval_ov, *ev_ov, *extra, *grid_set,
                                f"logger.run_name={row}-{train}-{ev}-{rep}", f"output_dir={ev_dir}"]
-                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir, untrained=untrained))
+                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir, listed_untrained=untrained))
         cells[start:] = _after_references(cells[start:])
     return cells
 
@@ -347,12 +354,7 @@ def _finish_wandb() -> None:
 
 
 def _untrained(argv: list[str]) -> bool:
-    """Whether the cell's model has nothing to train (BM25). Overrides that do not compose count as trained here:
-    `check` reports them, naming the cell."""
-    try:
-        return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
-    except InputError:
-        return False
+    return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
 
 
 def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:

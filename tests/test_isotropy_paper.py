@@ -103,29 +103,22 @@ def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
     assert "iw" in m and "iw_sequence" in m  # the probe protocol's keys keep their names
 
 
-class _WordTokenizer:
-    """ids = one per word: the token count `_groups` budgets with."""
-
-    def ids(self, texts, side):
-        return [t.split() for t in texts]
-
-
 def test_groups_encode_each_distinct_text_once_within_the_budget():
     rng = np.random.default_rng(1)
     docs = [" ".join(["w"] * int(n)) + f" d{i}" for i, n in enumerate(rng.integers(1, 30, size=40))]
     batches = [(k, [f"q{k // 3}"] * 4, [docs[j] for j in rng.integers(0, 40, size=4)]) for k in range(30)]
     cb = IsotropyCallback()
-    tok = _WordTokenizer()
-    length = {("doc", d): len(d.split()) for d in docs} | {("query", b[1][0]): 1 for b in batches}
+    ids = {("doc", d): d.split() for d in docs} | {("query", b[1][0]): [b[1][0]] for b in batches}  # a token per word
+    length = {x: len(v) for x, v in ids.items()}
 
     def distinct_tokens(group):
         return sum(length[x] for x in {(s, t) for b in group for s, texts in (("query", b[1]), ("doc", b[2])) for t in texts})
 
     cb.group_vectors = 10**9  # the whole split fits: one group, every distinct text encoded once
-    assert cb._groups(batches, tok) == [batches]
+    assert cb._groups(batches, ids) == [batches]
     for budget in (1, 60, 200):
         cb.group_vectors = budget
-        groups = cb._groups(batches, tok)
+        groups = cb._groups(batches, ids)
         assert [b for g in groups for b in g] == batches  # consecutive, in order, each batch once
         for g in groups:  # within the budget, unless one batch alone exceeds it
             assert distinct_tokens(g) <= budget or len(g) == 1

@@ -471,5 +471,5 @@ def test_encode_collection_keeps_each_texts_real_tokens_in_order(name, tiny_bert
     assert batch.tokens.shape[:2] == batch.mask.shape == (2, len(ids[2]))
     assert batch.mask.sum(1).tolist() == [len(ids[2]), len(ids[0])] and not batch.tokens[1, len(ids[0]):].any()
     assert enc.padded_ids([2, 0])[1].tolist() == ids[0] + [0] * (len(ids[2]) - len(ids[0]))
-    pooled = r.encode_collection(ids, "doc", batch_size=2, pad_id=tok.pad_token_id, tokens=False)
+    pooled = r.encode_collection(ids, "doc", batch_size=2, pad_id=tok.pad_token_id, keep_tokens=False)
     assert pooled.vecs.shape[0] == 0 and (pooled.sequence is None) == (name == "colbert")

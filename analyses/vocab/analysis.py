@@ -112,7 +112,7 @@ def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> EncodedTexts:
     """The vectors Eq. 3 projects, as `encode` returns them: ColBERT's token vectors, the pooled vector of the
     single-vector rankers (their token vectors are not kept)."""
-    return ranker.encode_collection(ids, side, batch_size, pad_id, scoring=False, tokens=ranker.cfg.name == "colbert")
+    return ranker.encode_collection(ids, side, batch_size, pad_id, scoring=False, keep_tokens=ranker.cfg.name == "colbert")
 
 
 def project_texts(head, enc: EncodedTexts, rows) -> torch.Tensor:

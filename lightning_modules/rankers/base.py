@@ -101,25 +101,25 @@ class EncodedTexts:
         return torch.where(mask, self.ids[rows], torch.zeros_like(rows))
 
     @classmethod
-    def collect(cls, lengths, batches, ids: list[list[int]] | None = None, tokens: bool = True) -> EncodedTexts:
+    def collect(cls, lengths, batches, ids: list[list[int]] | None = None, keep_tokens: bool = True) -> EncodedTexts:
         """From `batches` of (text indices, their Encoded batch) covering every text once, in any order: each
         text's real tokens (its mask) and pooled vector, as float32 on the CPU in text order. `lengths`: each
-        text's token count; `ids`: the texts' token ids, kept when given; `tokens=False` keeps only the pooled
+        text's token count; `ids`: the texts' token ids, kept when given; `keep_tokens=False` keeps only the pooled
         vectors (every text then holds 0 token rows)."""
-        lengths = np.asarray(lengths, dtype=np.int64) if tokens else np.zeros(len(lengths), dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64) if keep_tokens else np.zeros(len(lengths), dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         vecs = sequence = None
         for chunk, enc in batches:
-            tokens_, mask = enc.tokens.float().cpu(), enc.mask.cpu()
+            tokens, mask = enc.tokens.float().cpu(), enc.mask.cpu()
             if vecs is None:
-                vecs = torch.zeros((int(offsets[-1]), tokens_.shape[-1]))
+                vecs = torch.zeros((int(offsets[-1]), tokens.shape[-1]))
                 if enc.sequence is not None:
                     sequence = torch.zeros((len(offsets) - 1, enc.sequence.shape[-1]))
-            for r, k in enumerate(chunk if tokens else ()):
-                vecs[offsets[k] : offsets[k + 1]] = tokens_[r][mask[r]]
+            for r, k in enumerate(chunk if keep_tokens else ()):
+                vecs[offsets[k] : offsets[k + 1]] = tokens[r][mask[r]]
             if sequence is not None:
                 sequence[torch.as_tensor(chunk)] = enc.sequence.float().cpu()
-        flat = None if ids is None or not tokens else torch.tensor([t for x in ids for t in x], dtype=torch.long)
+        flat = None if ids is None or not keep_tokens else torch.tensor([t for x in ids for t in x], dtype=torch.long)
         return cls(torch.zeros((0, 0)) if vecs is None else vecs, offsets, flat, sequence)
 
 
@@ -207,11 +207,11 @@ class BiEncoder(Ranker):
 
     @torch.inference_mode()
     def encode_collection(self, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0,
-                          scoring: bool = True, keep_ids: bool = False, tokens: bool = True) -> EncodedTexts:
+                          scoring: bool = True, keep_ids: bool = False, keep_tokens: bool = True) -> EncodedTexts:
         """Tokenised texts (with [CLS]/[SEP]) encoded in length-sorted batches (`length_sorted_batches`: little
         padding) into an `EncodedTexts` on the CPU: the vectors as the score compares them (`scoring_vectors`), or
         as `encode` returns them (`scoring=False`: what the MLM head projects, vocabulary paper Eq. 3).
-        `tokens=False`: the pooled vectors only (single-vector rankers)."""
+        `keep_tokens=False`: the pooled vectors only (single-vector rankers)."""
         device = next(self.parameters()).device
         prep = self.scoring_vectors if scoring else (lambda x: x)
 
@@ -220,7 +220,7 @@ class BiEncoder(Ranker):
                 enc = self.encode(inp.to(device), att.to(device), side=side)
                 yield chunk, Encoded(prep(enc.tokens), enc.mask, None if enc.sequence is None else prep(enc.sequence))
 
-        return EncodedTexts.collect([len(x) for x in ids], batches(), ids if keep_ids else None, tokens)
+        return EncodedTexts.collect([len(x) for x in ids], batches(), ids if keep_ids else None, keep_tokens)
 
     def pool(self, enc: Encoded) -> Encoded:
         """Fill `enc.sequence` (single-vector rankers); multi-vector rankers keep it None."""
