@@ -6,6 +6,10 @@ since 2.5 it refreshes `last.ckpt` only at validations that also produced a new 
 stops on `max_steps` between validations is not saved at all. The final save happens in `on_train_batch_end`,
 not `on_train_end`: by then Lightning has marked a cut-short epoch as finished, and a resume would skip the rest
 of that epoch's batches.
+
+Every validation while fitting (the step-0 candidate included) is kept with its step in `validations`, part of the
+checkpoint state so a resumed run keeps the curve; train.py writes it as `validation.json` and the tested
+checkpoint's step as `best_step` in metrics.json, which is how a learning-rate x steps sweep is read.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ class RankingCheckpoint(ModelCheckpoint):
         self._last_step_written = -1
         self.start_model_path = ""  # best-0.ckpt while the starting model is the best (add_start_candidate)
         self.before_training: dict | None = None  # the test metrics before fine-tuning, for a resumed run's metrics.json
+        self.validations: list[dict] = []  # {"step": global step, "val/...": value} per validation while fitting
+        self.best_step: int | None = None  # the step of best_model_path
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         with warnings.catch_warnings():
@@ -45,15 +51,31 @@ class RankingCheckpoint(ModelCheckpoint):
         self.kth_best_model_path, self.kth_value = path, value
         self.best_model_path, self.best_model_score = path, value
         self.start_model_path = path
+        self.best_step = trainer.global_step
+        self._keep_validation(trainer)
         return path
 
+    def curve(self) -> dict | None:
+        """validation.json: the monitor, the best checkpoint's step and every validation; None without one. Read it
+        before trainer.test(ckpt_path=best): loading a checkpoint restores this callback's state as it was saved."""
+        if not self.validations:
+            return None
+        return {"monitor": self.monitor, "best_step": self.best_step, "validations": [dict(v) for v in self.validations]}
+
+    def _keep_validation(self, trainer) -> None:
+        logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and torch.as_tensor(v).numel() == 1}
+        self.validations.append({"step": trainer.global_step, **dict(sorted(logged.items()))})
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "start_model_path": self.start_model_path, "before_training": self.before_training}
+        return {**super().state_dict(), "start_model_path": self.start_model_path, "before_training": self.before_training,
+                "validations": self.validations, "best_step": self.best_step}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.start_model_path = state_dict.get("start_model_path", "")
         self.before_training = state_dict.get("before_training")
+        self.validations = list(state_dict.get("validations", []))
+        self.best_step = state_dict.get("best_step")
 
     def write_last(self, trainer) -> str:
         """Write (or keep, if this step's is written) the resumable `last.ckpt`; returns its path."""
@@ -71,8 +93,12 @@ class RankingCheckpoint(ModelCheckpoint):
         self._last_step_written = trainer.global_step
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        best_before = self.best_model_path
         super().on_validation_end(trainer, pl_module)
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._keep_validation(trainer)
+            if self.best_model_path != best_before:
+                self.best_step = trainer.global_step
             if self._last_global_step_saved == trainer.global_step:  # a new best: Lightning wrote last.ckpt too
                 self._last_step_written = trainer.global_step
             self._write_last(trainer)

@@ -71,6 +71,7 @@ def model_card(info: dict, run: Path) -> str:
         m = json.loads(metrics.read_text())
         before_key = "before_head" if "before_head" in m else "before_training"
         before = m.get(before_key, {})
+        m.pop("best_step", None)  # a step, not a measure
         lines += ["## Test metrics of the run", ""]
         if before:
             lines += [f"| metric | {before_key.replace('_', ' ')} | this model |", "|---|---|---|"]

@@ -172,10 +172,11 @@ def _train(cfg: DictConfig) -> dict | Path | None:
         if best and best == trainer.checkpoint_callback.start_model_path:
             rank_zero_warn(f"no validation beat the model before fine-tuning ({MONITOR} at step 0 stays the best): "
                            f"the test uses the starting weights, {Path(best).name}")
+        curve = trainer.checkpoint_callback.curve()
         trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
-    after = write_results(cfg, module, before)
+    after = write_results(cfg, module, before, curve=curve)
     log_results_table(trainer.logger, {"before training": before, "after training": after} if before else {"after training": after})
     print_table(after, before)
     return after

@@ -19,7 +19,7 @@ from callbacks.isotropy import IsotropyCallback
 from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption
 from callbacks.progress import RankingProgressBar
-from core.io import atomic_open
+from core.io import atomic_open, write_json
 from datamodules.bm25 import no_candidates_warning
 from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
@@ -83,14 +83,19 @@ def save_config(cfg: DictConfig) -> None:
         f.write(OmegaConf.to_yaml(cfg))
 
 
-def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training") -> dict:
+def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training",
+                  curve: dict | None = None) -> dict:
     """The test results of `module` into `output_dir` (metrics/results.py); `before`: a run's results before
-    training or without a head, kept in metrics.json under `before_key`."""
+    training or without a head, kept in metrics.json under `before_key`; `curve`: a fine-tuning run's validations
+    (RankingCheckpoint.curve), written as validation.json, with the tested checkpoint's step as `best_step`."""
     test = module.results["test"]
     metrics = test_results(module)
     doc = dict(metrics)
     if before is not None:
         doc[before_key] = before
+    if curve is not None:
+        doc["best_step"] = curve["best_step"]
+        write_json(Path(cfg.output_dir) / "validation.json", curve)
     write_result_dir(cfg.output_dir, doc, test["per_query"], test["run"], tag=f"{cfg.model.name}")
     return metrics
 

@@ -48,7 +48,8 @@ _PAPER = tuple(f"{m}_paper{side}{kind}" for m in ("iw", "avgcos") for kind in ("
 ISOTROPY_LEVEL = tuple(f"{k}{raw}{std}" for k in _PROBE + _PAPER for raw in ("", "_raw") for std in ("", "_std")
                        if not (std and k in _PROBE))
 ATS_LEVEL = ("mats", "mats_std", "ats0")  # callbacks/ats.py
-RUN_LEVEL = ISOTROPY_LEVEL + ATS_LEVEL
+STEP_LEVEL = ("best_step",)  # the step of the tested checkpoint (validation.json): a learning-rate x steps sweep's steps axis
+RUN_LEVEL = ISOTROPY_LEVEL + ATS_LEVEL + STEP_LEVEL
 
 TEST_NAMES = {
     "t_test_one_tailed": "one-tailed paired t-test (method > baseline)",
@@ -106,7 +107,7 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
                     if r != target and mine and base and m not in RUN_LEVEL:
                         p, pairs = _test_cells(mine, base, m, test, paired_by)
                     entry["measures"][m] = {"mean": mean, "change_pct": change, "p": p, "pairs": pairs, "mark": significance_mark(p),
-                                            "run_level": m in RUN_LEVEL}
+                                            "run_level": m in RUN_LEVEL, "step": m in STEP_LEVEL}
                 rows.append(entry)
             blocks.append({"train": train, "eval": ev, "rows": rows})
     return blocks
@@ -115,7 +116,7 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
 def _cell(v: dict, is_baseline: bool) -> str:
     if v["mean"] is None:
         return "–"
-    text = f"{v['mean']:.4f}"
+    text = f"{v['mean']:g}" if v.get("step") else f"{v['mean']:.4f}"
     if not is_baseline and not v.get("run_level"):
         text += f" ({v['change_pct']:+.1f}%)" if v["change_pct"] is not None else " (n/a)"
         text += v["mark"]

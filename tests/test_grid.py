@@ -178,6 +178,16 @@ def test_run_level_isotropy_columns_are_means_without_test():
     assert "| 0.2000 |" in text and "untested" in text, text
 
 
+def test_best_step_column_is_the_mean_step_without_test():
+    res = results_fixture([[0.1, 0.2, 0.3]] * 2, [[0.2, 0.3, 0.4]] * 2)
+    for cell, step in zip(res["cells"], (0, 0, 100, 300)):
+        cell["metrics"]["best_step"] = step
+    res["measures"] = ["ndcg_cut_10", "best_step"]
+    rows = summarize(res)[0]["rows"]
+    assert rows[1]["measures"]["best_step"]["mean"] == 200 and rows[1]["measures"]["best_step"]["p"] is None
+    assert "| 0 |" in render_markdown(res) and "| 200 |" in render_markdown(res)
+
+
 def test_grid_file_errors_and_cell_layout(tmp_path):
     def grid(**kw):
         base = {"baseline": "a", "rows": {"a": ["model=colbert"], "b": ["model=repbert"]}, "train_data": ["synthetic"],

@@ -30,6 +30,11 @@ def test_start_wins_when_training_cannot_improve(tmp_path, tiny_bert_nodropout):
         assert m[k] == m["before_training"][k], k
     start = torch.load(out / "checkpoints" / "best-0.ckpt", map_location="cpu", weights_only=False)
     assert start["global_step"] == 0
+    # the validation curve: step 0 and each validation while fitting, and the tested checkpoint's step
+    curve = json.loads((out / "validation.json").read_text())
+    assert [v["step"] for v in curve["validations"]] == [0, 1, 2]
+    assert curve["best_step"] == m["best_step"] == 0
+    assert curve["validations"][0]["val/ndcg_cut_10"] == pytest.approx(m["before_training"]["ndcg_cut_10"], abs=0.2)
 
 
 @pytest.mark.slow
@@ -39,3 +44,9 @@ def test_start_candidate_off_keeps_the_old_selection(tmp_path, tiny_bert_nodropo
                "eval.start_candidate=false", f"output_dir={out}")
     names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
     assert "best-0.ckpt" not in names and len([n for n in names if n.startswith("best-")]) == 1
+    best = next(n for n in names if n.startswith("best-"))
+    curve = json.loads((out / "validation.json").read_text())
+    assert [v["step"] for v in curve["validations"]] == [1, 2]
+    assert f"best-{curve['best_step']}.ckpt" == best
+    scores = {v["step"]: v["val/ndcg_cut_10"] for v in curve["validations"]}
+    assert scores[curve["best_step"]] == max(scores.values())

@@ -79,6 +79,12 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
     for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos"):
         assert mb[k] == pytest.approx(ma[k], abs=1e-9), k
     assert mb.keys() == ma.keys() and mb["before_training"] == ma["before_training"]
+    # the validation curve survives the crash: the resumed run's validation.json has every step's, as the full one
+    ca, cb = (json.loads((d / "validation.json").read_text()) for d in (full, part))
+    assert [v["step"] for v in cb["validations"]] == [v["step"] for v in ca["validations"]] == [0, 4, 8, 12]
+    assert cb["best_step"] == ca["best_step"] == mb["best_step"]
+    for va, vb in zip(ca["validations"], cb["validations"]):
+        assert vb["val/ndcg_cut_10"] == pytest.approx(va["val/ndcg_cut_10"], abs=1e-9)
 
 
 @pytest.mark.parametrize("model", ["colbert", "repbert"])  # token-vector and pooled-vector gathers
