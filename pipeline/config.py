@@ -11,6 +11,8 @@ wrong-typed value stops the run with one line naming the key.
 """
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +43,7 @@ ACCELERATORS = ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerator
 STRATEGIES = ("auto", *StrategyRegistry.available_strategies())
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "transformer-engine",
               "transformer-engine-float16", "32", "16", "bf16", "64")
-DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of device indices, e.g. [0, 1]")
+DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of device indices, e.g. [0, 1] or 0,1")
 
 
 @dataclass
@@ -70,6 +72,8 @@ class TrainerConfig:
         check_choice("trainer.strategy", self.strategy, STRATEGIES)
         check_choice("trainer.precision", self.precision, PRECISIONS)
         devices = self.devices
+        if isinstance(devices, str) and re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)+,?\s*", devices):
+            devices = [int(d) for d in devices.split(",") if d.strip()]  # Lightning's "0,1": device indices
         if isinstance(devices, list):
             ok = bool(devices) and all(d in Range(0, integer=True) for d in devices)
         else:

@@ -160,6 +160,9 @@ def test_range_bounds_and_special_values_are_accepted():
     assert (cfg.trainer.devices, cfg.trainer.max_steps, cfg.trainer.val_check_interval) == (-1, -1, 0.5)
     assert compose(["trainer.devices=auto"]).trainer.devices == "auto"
     assert list(compose(["trainer.devices=[0,1]"]).trainer.devices) == [0, 1]
+    assert compose(["trainer.devices=0,1"]).trainer.devices == "0,1"  # Lightning's own form for device indices, passed on as it is
+    with pytest.raises(InputError, match="trainer.devices"):
+        compose(["trainer.devices=0,x"])
     assert compose(["trainer.max_steps=0"]).trainer.max_steps == 0  # tests the starting model only
     assert compose(["model=tk", "model.embedding_scale=auto", "model.dropout=0.0"]).model.dropout == 0.0
 
