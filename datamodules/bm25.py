@@ -149,16 +149,17 @@ def bm25_run(docs: dict[str, str], queries: dict[str, str], k: int, cache_dir=No
     return result
 
 
-def no_candidates_warning(where: str, qids: list[str]) -> str:
+def no_candidates_warning(where: str, qids: list[str], why: str = "no query term occurs in the collection") -> str:
     """The one-line warning listing the judged queries that have no candidate (BM25 finds none of their terms in the
     collection, e.g. a query of punctuation only), "" when there are none. Such queries score 0 on every measure and
     have no line in run.trec, which is what `trec_eval -c` does with them; trec_eval without -c leaves them out of
-    its means. The caller warns (once, on rank 0)."""
+    its means. `why`: for candidates from a given run, that the run ranks nothing for them. The caller warns (once,
+    on rank 0)."""
     if not qids:
         return ""
     shown = ", ".join(repr(q) for q in qids[:20]) + (f" and {len(qids) - 20} more" if len(qids) > 20 else "")
-    return (f"{where}: {len(qids)} judged quer{'y has' if len(qids) == 1 else 'ies have'} no candidate (no query term "
-            f"occurs in the collection): {shown}; scored 0 on every measure and absent from run.trec (as trec_eval -c "
+    return (f"{where}: {len(qids)} judged quer{'y has' if len(qids) == 1 else 'ies have'} no candidate ({why}): "
+            f"{shown}; scored 0 on every measure and absent from run.trec (as trec_eval -c "
             f"counts them)")
 
 

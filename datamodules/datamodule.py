@@ -255,15 +255,16 @@ class RankingDataModule(pl.LightningDataModule):
     def _eval_split(self, ds: IRDataset, name: str) -> EvalSplit:
         split = ds.split(name)
         cands = self._candidates(ds, name)
-        # Only judged queries can be scored; trec_eval ignores the others anyway.
-        qids = sorted(q for q in cands if split.qrels.get(q))
+        # Every judged query with a text is scored, also one that a given run leaves out: it has no candidate and
+        # scores 0 (trec_eval -c), as a query without BM25 candidates. Unjudged queries: trec_eval ignores them anyway.
+        qids = sorted(q for q in split.queries if split.qrels.get(q))
         if self.cfg.max_eval_queries is not None and len(qids) > self.cfg.max_eval_queries:
             sample_seed = self.seed if self.cfg.eval_sample_seed is None else self.cfg.eval_sample_seed
             pick = np.random.default_rng([sample_seed, 2]).permutation(len(qids))[: self.cfg.max_eval_queries]
             qids = sorted(qids[i] for i in pick)
-        doc_ids = sorted({d for q in qids for d in cands[q]})
+        doc_ids = sorted({d for q in qids for d in cands.get(q, ())})
         didx = {d: i for i, d in enumerate(doc_ids)}
-        pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands[q]], dtype=np.int64).reshape(-1, 2)
+        pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands.get(q, ())], dtype=np.int64).reshape(-1, 2)
         dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, *rotation_draw(self.cfg.rotation, 0, d)) for d in doc_ids]
         unit_doc = None
         window = passage_window(self.cfg)

@@ -74,7 +74,11 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
         scored = set(split.pairs[:, 0].tolist())
         empty = [q for i, q in enumerate(split.qids) if i not in scored and any(g > 0 for g in split.qrels[q].values())]
         if empty:
-            rank_zero_warn(no_candidates_warning(f"data '{cfg.data.source}', split '{name}'", empty))
+            where = f"data '{cfg.data.source}', split '{name}'"
+            if dm.dataset.split(name).candidates is not None:  # a given run (data.<split>_run), not BM25
+                rank_zero_warn(no_candidates_warning(where, empty, why="the given run ranks no document for it"))
+            else:
+                rank_zero_warn(no_candidates_warning(where, empty))
     return dm
 
 

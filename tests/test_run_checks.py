@@ -112,6 +112,18 @@ def test_query_without_candidates_warned_in_reranking(tmp_path):
     assert "q3" in test.qids and test.qids.index("q3") not in set(test.pairs[:, 0].tolist())
 
 
+def test_judged_query_left_out_of_a_given_run_is_scored_zero(tmp_path):
+    """A candidate run file (data.test_run) that ranks nothing for a judged query: the query stays in the split
+    (trec_eval -c), with the same warning as a query without BM25 candidates, not silently dropped."""
+    (tmp_path / "run.txt").write_text("q1 Q0 d1 1 2.0 x\nq1 Q0 d4 2 1.0 x\nq3 Q0 d3 1 1.0 x\n")  # no line for judged q2
+    args = [a for a in tsv(tmp_path) if not a.startswith("data.test_run=")] + [f"data.test_run={tmp_path / 'run.txt'}"]
+    with pytest.warns(UserWarning, match=r"data 'tsv', split 'test': 1 judged query has no candidate \(the given run ranks no document for it\): 'q2'"):
+        dm = load_data(compose(args))
+    test = dm.eval_splits["test"]
+    assert test.qids == ["q1", "q2", "q3"]
+    assert [test.qids[i] for i in test.pairs[:, 0]] == ["q1", "q1", "q3"]
+
+
 def test_query_without_candidates_in_bm25_run(tmp_path):
     out = tmp_path / "bm25"
     with pytest.warns(UserWarning, match=r"model=bm25, split 'test': 1 judged query has no candidate .*: 'q3'"):
