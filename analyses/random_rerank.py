@@ -25,8 +25,8 @@ from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError, check_choice
 from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset
+from datamodules.textfiles import read_trec_run
 from metrics.ir import evaluate_run
-from metrics.trec import read_trec_run
 
 JSON_NAME = "random_rerank.json"
 

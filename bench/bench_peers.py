@@ -66,9 +66,10 @@ from bench.bench_speed import (
 from core.io import write_json
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources.squad import SquadConfig
+from datamodules.textfiles import read_trec_run
 from metrics.ir import evaluate_run
 from metrics.significance import pair_by_query, paired_test
-from metrics.trec import read_trec_run, write_trec_run
+from metrics.trec import write_trec_run
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / "bench" / "peers"

@@ -7,6 +7,7 @@ import codecs
 import gzip
 import hashlib
 import json
+import math
 import zlib
 from pathlib import Path
 from typing import Iterator
@@ -113,26 +114,35 @@ def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def read_trec_run(path: Path) -> dict[str, list[str]]:
-    """TREC run `qid Q0 docid rank score tag` -> {qid: [docid, ...]} ordered by score (desc), then rank (asc).
-    A doc listed twice for a query keeps its first (best) position."""
-    rows: dict[str, list[tuple[float, int, str]]] = {}
+def read_trec_run(path: Path) -> dict[str, dict[str, float]]:
+    """TREC run `qid Q0 docid rank score tag` -> {qid: {docid: score}}, in file order: the one reader of run files
+    (candidate lists, and runs read back). The rank must be an integer and the score a finite number; a document
+    listed twice for a query is an error, as in trec_eval."""
+    return {qid: {d: score for d, (score, _) in docs.items()} for qid, docs in _run_rows(path).items()}
+
+
+def run_candidates(path: Path) -> dict[str, list[str]]:
+    """A TREC run as candidate lists, {qid: [docid, ...]}, best first: by score (descending), then rank."""
+    return {qid: sorted(docs, key=lambda d: (-docs[d][0], docs[d][1])) for qid, docs in _run_rows(path).items()}
+
+
+def _run_rows(path: Path) -> dict[str, dict[str, tuple[float, int]]]:
+    run: dict[str, dict[str, tuple[float, int]]] = {}
     for lineno, cols in iter_rows(path, ("qid", "Q0", "docid", "rank", "score", "tag"), tabs=False):
         qid, _, did, rank, score, _ = cols
-        r = parse_int(rank, f"{path}:{lineno}", "rank")
+        where = f"{path}:{lineno}"
+        r = parse_int(rank, where, "rank")
         try:
             s = float(score)
         except ValueError:
-            raise InputError(f"{path}:{lineno}", f"score '{score}' is not a number") from None
-        if s != s:
-            raise InputError(f"{path}:{lineno}", "score is NaN; expected a number")
-        rows.setdefault(qid, []).append((-s, r, did))
-    out: dict[str, list[str]] = {}
-    for qid, lst in rows.items():
-        lst.sort(key=lambda t: (t[0], t[1]))
-        seen: set[str] = set()
-        out[qid] = [d for _, _, d in lst if not (d in seen or seen.add(d))]
-    return out
+            raise InputError(where, f"score '{score}' is not a number") from None
+        if not math.isfinite(s):
+            raise InputError(where, f"score '{score}' is not finite; expected a number")
+        docs = run.setdefault(qid, {})
+        if did in docs:
+            raise InputError(where, f"document '{did}' listed twice for query '{qid}'")
+        docs[did] = (s, r)
+    return run
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:

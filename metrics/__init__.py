@@ -7,9 +7,9 @@ from metrics.ir import (
     truncate_run,
 )
 from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
-from metrics.trec import read_trec_run, write_trec_run
+from metrics.trec import write_trec_run
 
 __all__ = [
     "AvgCos", "DEFAULT_MEASURES", "IsotropyIW", "RetrievalRun", "avg_cos", "evaluate_run", "isotropy_iw",
-    "rank_documents", "read_trec_run", "truncate_run", "write_trec_run",
+    "rank_documents", "truncate_run", "write_trec_run",
 ]

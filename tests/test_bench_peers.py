@@ -157,7 +157,7 @@ def test_quality_task_of_ours_matches_rerank_texts(tiny_bert, tmp_path, monkeypa
     assert len(q["rows"][2]["losses"]) == 1 and "error" not in q["rows"][1]
     assert "p_vs_ours" in q["rows"][1] and "p_vs_ours" not in q["rows"][2]
     # the untrained row's run file holds what the module's own re-ranking call gives for each candidate list
-    from metrics.trec import read_trec_run
+    from datamodules.textfiles import read_trec_run
 
     run = read_trec_run(tmp_path / "ours-0steps.run")
     module = RankingModule(model=dict(name="colbert", backbone=tiny_bert, query_max_len=bench_peers.QUERY_MAX_LEN,

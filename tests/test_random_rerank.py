@@ -23,7 +23,7 @@ def test_evaluate_entry_on_a_bm25_run(tmp_path, capsys):
     import json
 
     from datamodules.sources import data_config, load_dataset
-    from metrics.trec import read_trec_run
+    from datamodules.textfiles import read_trec_run
     from pipeline.cli import main
     from pipeline.config import compose
     from pipeline.run import evaluate

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from core.errors import InputError
+from datamodules.textfiles import read_trec_run
 from lightning_modules.rankers import build_ranker
 from lightning_modules.rankers.bert_dot import BertDotConfig
 from lightning_modules.rankers.colbert import ColBERTConfig
 from lightning_modules.rankers.repbert import RepBERTConfig
-from metrics.trec import read_trec_run, write_trec_run
+from metrics.trec import write_trec_run
 from retrieval.colbert_e2e import (
     ColBERTIndex,
     candidates_from_hits,

@@ -301,6 +301,23 @@ def test_tsv_ids(tsv_files):
     assert test.queries == {} and test.qrels == {} and test.candidates is None
 
 
+def test_one_trec_run_reader_for_candidates_and_runs(tmp_path):
+    """datamodules.textfiles reads every run file: scores as written, candidates best first (score, then rank), and
+    the same errors for both uses, each naming the file and line (trec_eval refuses a document listed twice)."""
+    from datamodules.textfiles import read_trec_run, run_candidates
+
+    run = _write(tmp_path / "run.txt", "q1 Q0 d1 2 1.5 x\nq1 Q0 d3 1 2.5 x\nq1 Q0 d2 3 1.5 x\nq2 Q0 d1 1 -0.5 x\n")
+    assert read_trec_run(run) == {"q1": {"d1": 1.5, "d3": 2.5, "d2": 1.5}, "q2": {"d1": -0.5}}
+    assert run_candidates(run) == {"q1": ["d3", "d1", "d2"], "q2": ["d1"]}
+    for text, message in (("q1 Q0 d1 1 2.0 x\nq1 Q0 d1 2 1.0 x\n", r"run.bad:2: document 'd1' listed twice for query 'q1'"),
+                          ("q1 Q0 d1 1 nan x\n", r"run.bad:1: score 'nan' is not finite"),
+                          ("q1 Q0 d1 one 2.0 x\n", r"run.bad:1: rank 'one' is not an integer")):
+        bad = _write(tmp_path / "run.bad", text)
+        for reader in (read_trec_run, run_candidates):
+            with pytest.raises(InputError, match=message):
+                reader(bad)
+
+
 def test_tsv_text_triples(tmp_path, tsv_files):
     tsv_files["train_triples"] = _write(tmp_path / "triples.text.tsv",
                                         "where did the cat sit\tthe cat sat on the mat\ta brand new passage\n"

@@ -30,8 +30,8 @@ from datamodules.textfiles import (
     iter_rows,
     read_id_text_tsv,
     read_trec_qrels,
-    read_trec_run,
     resolve_path,
+    run_candidates,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         split = Split(queries=queries, qrels=read_trec_qrels(qrels_path) if qrels_path else {})
         split.origins.update({k: str(v) for k, v in (("queries", qpath), ("qrels", qrels_path), ("candidates", run_path)) if v})
         if run_path:
-            split.candidates = read_trec_run(run_path)
+            split.candidates = run_candidates(run_path)
         if name == "train":
             tpath = _opt(cfg, "train_triples", "training triples TSV")
             if tpath is not None:
