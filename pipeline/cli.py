@@ -22,6 +22,7 @@ def main(argv: list[str], job: Callable) -> int:
     # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
     # would otherwise head every run's log
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.formatwarning = _format_warning
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
     try:
@@ -44,6 +45,20 @@ def main(argv: list[str], job: Callable) -> int:
 
 
 DRY_RUN = ("--dry-run", "--print-config")
+_ROOT = Path(__file__).resolve().parent.parent
+_library_format = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """Our own warnings as one line, `warning: ...`, as errors print `error: ...`; the file:line and source line of
+    Python's format stay for warnings raised by libraries, where they help to find the cause."""
+    try:
+        ours = Path(filename).resolve().is_relative_to(_ROOT) and "site-packages" not in Path(filename).parts
+    except (OSError, ValueError):
+        ours = False
+    if ours and issubclass(category, UserWarning):
+        return f"warning: {message}\n"
+    return _library_format(message, category, filename, lineno, line)
 
 
 def check_files(cfg) -> None:

@@ -101,3 +101,16 @@ def test_dry_run_validates_and_prints_the_resolved_config_without_loading_models
     assert "config key 'optim.lrr': unknown key" in capsys.readouterr().err
     assert main(["--dry-run", f"ckpt={tmp_path / 'missing.ckpt'}"], no_model) == 2
     assert capsys.readouterr().err == f"error: ckpt: checkpoint '{tmp_path / 'missing.ckpt'}' does not exist\n"
+
+
+def test_our_warnings_print_as_one_line_library_warnings_keep_their_source():
+    import warnings
+
+    from pipeline import cli
+
+    ours = cli._format_warning(UserWarning("nothing will be trained"), UserWarning, cli.__file__, 10)
+    assert ours == "warning: nothing will be trained\n"
+    library = cli._format_warning(UserWarning("x"), UserWarning, warnings.__file__, 5)
+    assert library.startswith(f"{warnings.__file__}:5: UserWarning: x")
+    deprecation = cli._format_warning(DeprecationWarning("old"), DeprecationWarning, cli.__file__, 10)
+    assert "DeprecationWarning: old" in deprecation
