@@ -11,6 +11,7 @@ only in word order, never in spacing.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,15 +71,32 @@ def rotation_draw(rotation_mode: str, epoch: int, doc_id: str, index: int | None
     return 0, eval_rotation_key(doc_id)
 
 
+@dataclass(frozen=True)
+class TripletKeys:
+    """Which documents a triplet holds, for the in-batch negatives: `doc_key` of its positive and negative, and of
+    every document judged relevant to its query (another query's passage may be one of them)."""
+    pos: int
+    neg: int
+    relevant: tuple[int, ...]
+
+
+def doc_key(doc_id: str) -> int:
+    """A document id as a non-negative int64, the same in every process and DDP rank (Python's hash() is salted);
+    63 bits, so two different ids of one batch collide with probability 2^-63."""
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
 class TripletDataset(Dataset):
-    """(query, positive, negative) texts of triplet i at an epoch. With `rotate`, each passage is cut as
+    """(query, positive, negative) texts of triplet i at an epoch, with its TripletKeys. With `rotate`, each passage is cut as
     `rotation_mode` says (`rotation_draw`: once per passage, or per epoch and triple). With `window` (size, stride)
     each document is replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or
     the first), cut from the rotated document."""
 
     def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int,
-                 window: tuple[int, int] | None = None, train_passage: str = "random", rotation_mode: str = "per_passage"):
+                 window: tuple[int, int] | None = None, train_passage: str = "random", rotation_mode: str = "per_passage",
+                 qrels: dict[str, dict[str, int]] | None = None):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
+        self.qrels = qrels or {}
         self.rotate, self.seed = rotate, seed
         self.window, self.train_passage = window, train_passage
         rotation_draw(rotation_mode, 0, "")  # a bad mode fails here, not in a dataloader worker
@@ -94,20 +112,28 @@ class TripletDataset(Dataset):
             return text
         return training_passage(text, *self.window, self.train_passage, self.seed, epoch, train_rotation_key(i, doc_id))
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str]:
+    def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str, TripletKeys]:
         epoch, i = item
         qid, pos, neg = self.triples[i]
+        judged = tuple(doc_key(d) for d, grade in self.qrels.get(qid, {}).items() if grade > 0)
         # Positive and negative are both rotated, each at its own passage's cut (Eq. 7 applies to every passage).
-        return self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i)
+        return self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i), TripletKeys(doc_key(pos), doc_key(neg), judged)
 
 
 @dataclass
 class TripletCollate:
     tokenizer: PairTokenizer
 
-    def __call__(self, items: list[tuple[str, str, str]]) -> dict[str, torch.Tensor]:
-        q, p, n = map(list, zip(*items))
-        return self.tokenizer.triplets(q, p, n)
+    def __call__(self, items: list[tuple[str, str, str, TripletKeys]]) -> dict[str, torch.Tensor]:
+        q, p, n, keys = map(list, zip(*items))
+        batch = self.tokenizer.triplets(q, p, n)
+        # doc keys of the batch's passages and, per query, of its judged documents (-1 pads): the module masks an
+        # in-batch "negative" that is judged relevant to the query (optim.in_batch_mask_relevant)
+        batch["pos_doc"] = torch.tensor([k.pos for k in keys], dtype=torch.long)
+        batch["neg_doc"] = torch.tensor([k.neg for k in keys], dtype=torch.long)
+        width = max(1, max(len(k.relevant) for k in keys))
+        batch["relevant_docs"] = torch.tensor([list(k.relevant) + [-1] * (width - len(k.relevant)) for k in keys], dtype=torch.long)
+        return batch
 
 
 class PairDataset(Dataset):
@@ -287,8 +313,9 @@ class RankingDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
-        ds = TripletDataset(self.dataset, self.triples, self.dataset.split("train").queries, self.cfg.rotate_train, self.seed,
-                            passage_window(self.cfg), self.cfg.train_passage, self.cfg.rotation)
+        train = self.dataset.split("train")
+        ds = TripletDataset(self.dataset, self.triples, train.queries, self.cfg.rotate_train, self.seed,
+                            passage_window(self.cfg), self.cfg.train_passage, self.cfg.rotation, qrels=train.qrels)
         sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
         return ResumableLoader(
             ds, batch_sampler=sampler, collate_fn=TripletCollate(self.tokenizer), num_workers=self.cfg.num_workers,

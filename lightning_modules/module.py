@@ -3,7 +3,8 @@
 Losses over (query, positive, negative) triplets:
 - `ce`: softmax cross-entropy over the positive and the negatives, on scores / `optim.temperature`. For
   bi-encoders with `in_batch_negatives` the negatives are every other passage of the global batch, gathered across
-  DDP ranks with gradients.
+  DDP ranks with gradients, except those judged relevant to the query (`in_batch_mask_relevant`: another query's
+  positive may be this query's too).
 - `hinge`: pairwise margin loss max(0, margin - s(q, p+) + s(q, p-)) on each triplet's own negative, on the scores
   as `Ranker.hinge_scores` maps them (identity; DGRe: sigmoid probabilities, its Eq. 25).
 
@@ -44,6 +45,9 @@ class OptimConfig:
     loss: str = "ce"  # ce | hinge
     margin: float = 1.0  # hinge only
     in_batch_negatives: bool = True  # bi-encoders only
+    # in-batch negatives judged relevant to the query are left out of its softmax: on SQuAD several questions share a
+    # paragraph, so another query's positive is often this query's positive too (18% of batches of 16)
+    in_batch_mask_relevant: bool = True
     # ce only: logits = score / temperature. null = the ranker's own (Ranker.ce_temperature): 0.05 for RepBERT,
     # whose scores are single cosines in [-1, 1] (a softmax over them is near uniform, and the loss then pulls
     # every positive to cosine 1 and every negative to -1, wrecking the pre-trained geometry; 0.05 is the scale 20
@@ -118,6 +122,25 @@ class RankingModule(pl.LightningModule):
         mask = self.all_gather(mask).reshape(world * n_max, l_max)[valid]
         return Encoded(tokens=tok, mask=mask), start, start + n
 
+    def _judged_columns(self, batch: dict[str, Tensor], start: int) -> Tensor:
+        """[B, C] bool: column c of the global batch holds a document judged relevant to query i, other than the
+        query's own positive and negative (those stay: a bad triple is the data's to fix, not the loss's)."""
+        keys = torch.cat([batch["pos_doc"], batch["neg_doc"]])
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1:  # the columns' keys in _gather_docs's order: each rank's block, padding dropped
+            n = keys.shape[0]
+            sizes = self.all_gather(torch.tensor(n, device=keys.device)).reshape(world)
+            n_max = int(sizes.max())
+            gathered = self.all_gather(F.pad(keys, (0, n_max - n), value=-1)).reshape(world * n_max)
+            keys = gathered[torch.cat([torch.arange(int(s)) + i * n_max for i, s in enumerate(sizes.tolist())]).to(keys.device)]
+        relevant = batch["relevant_docs"]  # [B, R], -1 pads (doc keys are >= 0)
+        judged = (keys[None, :, None] == relevant[:, None, :]).any(-1)
+        b = relevant.shape[0]
+        ar = torch.arange(b, device=keys.device)
+        judged[ar, start + ar] = False
+        judged[ar, start + b + ar] = False
+        return judged
+
     def training_outputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, TripletOutput]:
         """(score matrix [B, C], target column [B], TripletOutput: s(q, p+) [B], s(q, own p-) [B] and the ranker's
         auxiliary losses and logs)."""
@@ -132,7 +155,12 @@ class RankingModule(pl.LightningModule):
         if self.optim_cfg.in_batch_negatives:
             d_all, start, _ = self._gather_docs(d)
             scores = r.score_all(q, d_all)  # positives of this rank sit at start + i, own negatives at start + b + i
-            return scores, start + ar, TripletOutput(scores[ar, start + ar], scores[ar, start + b + ar])
+            out = TripletOutput(scores[ar, start + ar], scores[ar, start + b + ar])
+            if self.optim_cfg.in_batch_mask_relevant and "relevant_docs" in batch:
+                judged = self._judged_columns(batch, start)
+                out.logs["masked_in_batch"] = judged.sum(1).float().mean()  # per query
+                scores = scores.masked_fill(judged, float("-inf"))
+            return scores, start + ar, out
         pos, neg = r.score_pairs(q, take(d, slice(0, b))), r.score_pairs(q, take(d, slice(b, None)))
         return torch.stack([pos, neg], 1), torch.zeros(b, dtype=torch.long, device=pos.device), TripletOutput(pos, neg)
 

@@ -64,6 +64,33 @@ def test_in_batch_ce_loss_matches_formula(tiny_bert, name):
     torch.testing.assert_close(s_neg, torch.stack([ref[0, 2], ref[1, 3]]), atol=1e-5, rtol=0)
 
 
+def test_in_batch_negatives_judged_relevant_are_masked(tiny_bert):
+    """Query 0's judged documents are its positive d0, query 1's positive d1 and query 2's negative d5; d0 is also
+    query 2's negative, and query 2 judges d0 relevant too. So query 0 loses the columns of d1, d5 and the second
+    copy of d0, query 2 loses query 0's positive d0 but keeps its own negative d0 (a triple's own columns stay: a
+    bad triple is the data's to fix); nothing else is masked. The loss equals the float64 formula over the rest."""
+    from datamodules.datamodule import TripletCollate, TripletKeys, doc_key
+
+    m = module(tiny_bert, "colbert", loss="ce", in_batch_negatives=True)
+    q, pos, neg = QUERIES, DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
+    ids_pos, ids_neg = ["d0", "d1", "d2"], ["d3", "d5", "d0"]
+    relevant = [["d0", "d1", "d5"], ["d1"], ["d2", "d0"]]
+    keys = [TripletKeys(doc_key(p), doc_key(n), tuple(doc_key(d) for d in r)) for p, n, r in zip(ids_pos, ids_neg, relevant)]
+    batch = TripletCollate(m.pair_tokenizer)(list(zip(q, pos, neg, keys)))
+    scores, target, s_pos, s_neg = m.triplet_scores(batch)
+    columns = ids_pos + ids_neg
+    masked = {(i, c) for i in range(3) for c in range(6) if columns[c] in relevant[i] and c not in (i, 3 + i)}
+    assert masked == {(0, 1), (0, 4), (0, 5), (2, 0)}
+    assert {(i, c) for i in range(3) for c in range(6) if scores[i, c] == float("-inf")} == masked
+    ref = reference_scores(m, q, pos + neg).detach().double().numpy()
+    want = np.mean([-ref[i, i] + np.log(sum(np.exp(ref[i, c]) for c in range(6) if (i, c) not in masked)) for i in range(3)])
+    assert F.cross_entropy(scores, target).item() == pytest.approx(want, abs=1e-5)
+    torch.testing.assert_close(s_neg, torch.tensor([ref[0, 3], ref[1, 4], ref[2, 5]], dtype=s_neg.dtype), atol=1e-5, rtol=0)
+    # switched off: every column stays
+    m.optim_cfg.in_batch_mask_relevant = False
+    assert torch.isfinite(m.triplet_scores(batch)[0]).all()
+
+
 @pytest.mark.parametrize("name", ["bert_cat", "bert_dot"])
 def test_pairwise_scores_without_in_batch(tiny_bert, name):
     m = module(tiny_bert, name, loss="hinge", margin=0.5, in_batch_negatives=False)

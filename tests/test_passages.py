@@ -115,7 +115,7 @@ def test_training_passages_are_seeded_per_epoch_and_cover_the_document(tmp_path)
     seen = {rnd[(epoch, 0)][1] for epoch in range(60)}
     assert seen == set(passages)  # every passage of the relevant document serves as a positive over the epochs
     for epoch in range(5):
-        q, pos, neg = rnd[(epoch, 0)]
+        q, pos, neg, _ = rnd[(epoch, 0)]
         key = f"0:{triples[0][1]}"
         assert pos == passages[passage_index(3, epoch, key, len(passages))]
         assert rnd[(epoch, 0)] == TripletDataset(ds, triples, queries, False, 3, (6, 3), "random")[(epoch, 0)]  # reproducible

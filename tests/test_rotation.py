@@ -195,8 +195,9 @@ def _module(tmp_path, rotate_train: bool, rotate_eval: bool, seed: int = 5, rota
 def _triplets(dm):
     from datamodules.datamodule import TripletDataset
 
-    return TripletDataset(dm.dataset, dm.triples, dm.dataset.split("train").queries, dm.cfg.rotate_train, dm.seed,
-                          rotation_mode=dm.cfg.rotation)
+    train = dm.dataset.split("train")
+    return TripletDataset(dm.dataset, dm.triples, train.queries, dm.cfg.rotate_train, dm.seed, rotation_mode=dm.cfg.rotation,
+                          qrels=train.qrels)
 
 
 def test_datamodule_switches_rotate_train_and_eval_separately(tmp_path):
@@ -212,8 +213,8 @@ def test_datamodule_switches_rotate_train_and_eval_separately(tmp_path):
     a, b = ds(plain), ds(train_only)
     changed_epoch = moved = 0
     for i in range(len(a)):
-        q0, p0, n0 = a[(0, i)]
-        q1, p1, n1 = b[(0, i)]
+        q0, p0, n0, _ = a[(0, i)]
+        q1, p1, n1, _ = b[(0, i)]
         assert q1 == q0
         for orig, rot in ((p0, p1), (n0, n1)):
             w, r = orig.split(" "), rot.split(" ")
@@ -255,7 +256,7 @@ def test_per_passage_is_one_cut_per_passage_everywhere(tmp_path):
         for epoch in range(3):
             sampler.set_epoch(epoch)
             for batch in loader:
-                for (e, i), (_, pos_text, neg_text), worker in batch:
+                for (e, i), (_, pos_text, neg_text, _), worker in batch:
                     _, pos, neg = dm.triples[i]
                     assert e == epoch and pos_text == instance(pos) and neg_text == instance(neg), (rank, worker, e, i)
                     visits += 1

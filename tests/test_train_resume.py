@@ -87,18 +87,40 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
         assert vb["val/ndcg_cut_10"] == pytest.approx(va["val/ndcg_cut_10"], abs=1e-9)
 
 
+def csv_column(run, name: str) -> list[str]:
+    """The non-empty values of one column of a run's CSVLogger metrics.csv, in step order."""
+    import csv
+
+    (path,) = run.glob("csv/*/metrics.csv")
+    with open(path, newline="") as f:
+        return [row[name] for row in csv.DictReader(f) if row.get(name)]
+
+
 @pytest.mark.parametrize("model", ["colbert", "repbert"])  # token-vector and pooled-vector gathers
 @pytest.mark.slow
 def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
-    """Global batch 8: one process with batch 8 vs two gloo ranks with batch 4 each. The ranks see disjoint halves
+    """Global batch 16: one process with batch 16 vs two gloo ranks with batch 8 each. The ranks see disjoint halves
     of the same global batches and in-batch negatives are gathered, so the loss, the weights and the test
-    metrics match the single-process run up to float summation order."""
+    metrics match the single-process run up to float summation order. The 16 training triples are one batch, in
+    which one query's judged document is another triple's positive: masked (optim.in_batch_mask_relevant) in both
+    runs alike, which the equal weights show (a mask that differed would change the gradients)."""
     base = [*SMALL, f"model={model}", f"model.backbone={tiny_bert_nodropout}", "trainer.max_steps=6", "trainer.val_check_interval=3",
             "eval.before_training=false"]
     one, two = tmp_path / "one", tmp_path / "two"
-    run_script("train.py", *base, "data.batch_size=8", f"output_dir={one}")
-    run_script("train.py", *base, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
+    base += ["data.max_train_triples=16", "logger=csv", "trainer.log_every_n_steps=1"]
+    run_script("train.py", *base, "data.batch_size=16", f"output_dir={one}")
+    run_script("train.py", *base, "data.batch_size=8", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
     assert_same_weights(weights(one / "checkpoints" / "last.ckpt"), weights(two / "checkpoints" / "last.ckpt"), atol=1e-5)
+    # masked per query, each step (all 16 triples are the batch), against a brute-force count over the triples
+    from pipeline.config import compose
+    from pipeline.stages import load_data
+
+    dm = load_data(compose([*base, "data.batch_size=16", f"output_dir={tmp_path / 'x'}"]), fit=True)
+    qrels = dm.dataset.split("train").qrels
+    columns = [t[1] for t in dm.triples] + [t[2] for t in dm.triples]
+    judged = sum(qrels[q].get(columns[c], 0) > 0 for i, (q, _, _) in enumerate(dm.triples) for c in range(32) if c not in (i, 16 + i))
+    assert judged > 0
+    assert [float(v) for v in csv_column(one, "train/masked_in_batch")] == pytest.approx([judged / 16] * 6)
     m1, m2 = metrics(one), metrics(two)
     # ATS: occurrences gathered; iw_paper*: per-batch values gathered (each rank measures its share of the batches)
     paper = ["iw_paper", "iw_paper_std", "avgcos_paper", "iw_paper_query", "avgcos_paper_passage"]
