@@ -127,6 +127,8 @@ def run_candidates(path: Path) -> dict[str, list[str]]:
 
 
 def _run_rows(path: Path) -> dict[str, dict[str, tuple[float, int]]]:
+    if not Path(path).is_file():
+        raise InputError(str(path), "no such TREC run file")
     run: dict[str, dict[str, tuple[float, int]]] = {}
     for lineno, cols in iter_rows(path, ("qid", "Q0", "docid", "rank", "score", "tag"), tabs=False):
         qid, _, did, rank, score, _ = cols

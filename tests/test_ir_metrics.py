@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from core.errors import InputError
+from datamodules.textfiles import read_trec_run
 from metrics.ir import RetrievalRun, evaluate_run, rank_documents, truncate_run
-from metrics.trec import read_trec_run, write_trec_run
+from metrics.trec import write_trec_run
 
 # Graded qrels. q4 has no relevant document (left out of the means); q5 is not in the run (scores 0);
 # q6 is in the run but none of its retrieved documents is relevant.
@@ -247,7 +248,7 @@ def test_trec_run_errors(tmp_path):
     assert not path.exists()
 
     path.write_text("q1 Q0 d1 1 0.5 t\n\nq1 Q0 d2 2 0.25\n")
-    with pytest.raises(InputError, match=r"bad.trec:3: expected 6 fields"):
+    with pytest.raises(InputError, match=r"bad.trec:3: expected 6 whitespace-separated columns"):
         read_trec_run(path)
     path.write_text("q1 Q0 d1 1 high t\n")
     with pytest.raises(InputError, match=r"bad.trec:1: score 'high' is not a number"):
