@@ -162,7 +162,7 @@ def _train(cfg: DictConfig) -> dict | Path | None:
             trainer.test(module, datamodule=dm, verbose=False)
             # saved in every checkpoint from here on, so that a resumed run's metrics.json holds it too
             trainer.checkpoint_callback.before_training = test_results(module)
-        if cfg.eval.start_candidate and not cfg.ckpt_path:
+        if cfg.eval.start_candidate and not cfg.ckpt_path and cfg.trainer.limit_val_batches != 0:  # 0: no validation, no candidate
             start = trainer.validate(module, datamodule=dm, verbose=False)[0][MONITOR]
             trainer.checkpoint_callback.add_start_candidate(trainer, start)
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.

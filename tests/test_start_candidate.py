@@ -51,3 +51,13 @@ def test_start_candidate_off_keeps_the_old_selection(tmp_path, tiny_bert_nodropo
     assert f"best-{curve['best_step']}.ckpt" == best
     scores = {v["step"]: v["val/ndcg_cut_10"] for v in curve["validations"]}
     assert scores[curve["best_step"]] == max(scores.values())
+
+
+@pytest.mark.slow
+def test_no_validation_means_no_start_candidate(tmp_path, tiny_bert_nodropout):
+    """trainer.limit_val_batches=0 (the DGRe grids: no validation, the last weights tested) trains and tests without
+    a step-0 candidate; it used to fail on the empty validation result."""
+    out = tmp_path / "run"
+    run_script("train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "trainer.limit_val_batches=0", f"output_dir={out}")
+    assert "ndcg_cut_10" in json.loads((out / "metrics.json").read_text())
+    assert not (out / "checkpoints" / "best-0.ckpt").exists()
