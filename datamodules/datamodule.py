@@ -96,7 +96,8 @@ class TripletDataset(Dataset):
                  window: tuple[int, int] | None = None, train_passage: str = "random", rotation_mode: str = "per_passage",
                  qrels: dict[str, dict[str, int]] | None = None):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
-        self.qrels = qrels or {}
+        qrels = qrels or {}
+        self.judged = {q: tuple(doc_key(d) for d, grade in qrels.get(q, {}).items() if grade > 0) for q in {t[0] for t in triples}}
         self.rotate, self.seed = rotate, seed
         self.window, self.train_passage = window, train_passage
         rotation_draw(rotation_mode, 0, "")  # a bad mode fails here, not in a dataloader worker
@@ -115,9 +116,9 @@ class TripletDataset(Dataset):
     def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str, TripletKeys]:
         epoch, i = item
         qid, pos, neg = self.triples[i]
-        judged = tuple(doc_key(d) for d, grade in self.qrels.get(qid, {}).items() if grade > 0)
         # Positive and negative are both rotated, each at its own passage's cut (Eq. 7 applies to every passage).
-        return self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i), TripletKeys(doc_key(pos), doc_key(neg), judged)
+        return (self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i),
+                TripletKeys(doc_key(pos), doc_key(neg), self.judged[qid]))
 
 
 @dataclass

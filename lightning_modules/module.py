@@ -101,39 +101,35 @@ class RankingModule(pl.LightningModule):
         return PairTokenizer(self.ranker.tokenizer, self.ranker.kind, c.query_max_len, c.doc_max_len)
 
     # ---- training ------------------------------------------------------------------------------------------
-    def _gather_docs(self, d: Encoded) -> tuple[Encoded, int, int]:
-        """All ranks' passages (with gradients), and where this rank's block starts and ends in them."""
+    def _gather_docs(self, d: Encoded, keys: Tensor | None = None) -> tuple[Encoded, Tensor | None, int]:
+        """All ranks' passages (with gradients), their doc keys (`keys`: this rank's, one per passage; None stays
+        None), and where this rank's block starts in them."""
         world = self.trainer.world_size if self._trainer is not None else 1
         n = d.tokens.shape[0]
         if world == 1:
-            return d, 0, n
+            return d, keys, 0
         dev = d.tokens.device
         sizes = self.all_gather(torch.tensor([n, d.tokens.shape[1]], device=dev)).reshape(world, 2)
         n_max, l_max = int(sizes[:, 0].max()), int(sizes[:, 1].max())
         start = int(sizes[: self.global_rank, 0].sum())
         valid = torch.cat([torch.arange(int(s)) + i * n_max for i, s in enumerate(sizes[:, 0].tolist())]).to(dev)
+        if keys is not None:
+            keys = self.all_gather(F.pad(keys, (0, n_max - n), value=-1)).reshape(world * n_max)[valid]
         if d.sequence is not None:  # single-vector rankers score with the pooled vector only
             seq = F.pad(d.sequence, (0, 0, 0, n_max - n))
             seq = self.all_gather(seq, sync_grads=True).reshape(world * n_max, -1)[valid]
-            return Encoded(tokens=seq[:, None], mask=torch.ones(len(seq), 1, dtype=torch.bool, device=dev), sequence=seq), start, start + n
+            return Encoded(tokens=seq[:, None], mask=torch.ones(len(seq), 1, dtype=torch.bool, device=dev), sequence=seq), keys, start
         tok = F.pad(d.tokens, (0, 0, 0, l_max - d.tokens.shape[1], 0, n_max - n))
         mask = F.pad(d.mask, (0, l_max - d.mask.shape[1], 0, n_max - n))
         tok = self.all_gather(tok, sync_grads=True).reshape(world * n_max, l_max, -1)[valid]
         mask = self.all_gather(mask).reshape(world * n_max, l_max)[valid]
-        return Encoded(tokens=tok, mask=mask), start, start + n
+        return Encoded(tokens=tok, mask=mask), keys, start
 
-    def _judged_columns(self, batch: dict[str, Tensor], start: int) -> Tensor:
-        """[B, C] bool: column c of the global batch holds a document judged relevant to query i, other than the
-        query's own positive and negative (those stay: a bad triple is the data's to fix, not the loss's)."""
-        keys = torch.cat([batch["pos_doc"], batch["neg_doc"]])
-        world = self.trainer.world_size if self._trainer is not None else 1
-        if world > 1:  # the columns' keys in _gather_docs's order: each rank's block, padding dropped
-            n = keys.shape[0]
-            sizes = self.all_gather(torch.tensor(n, device=keys.device)).reshape(world)
-            n_max = int(sizes.max())
-            gathered = self.all_gather(F.pad(keys, (0, n_max - n), value=-1)).reshape(world * n_max)
-            keys = gathered[torch.cat([torch.arange(int(s)) + i * n_max for i, s in enumerate(sizes.tolist())]).to(keys.device)]
-        relevant = batch["relevant_docs"]  # [B, R], -1 pads (doc keys are >= 0)
+    @staticmethod
+    def _judged_columns(keys: Tensor, relevant: Tensor, start: int) -> Tensor:
+        """[B, C] bool: column c of the global batch (doc key `keys[c]`) is judged relevant to query i (`relevant`:
+        [B, R] doc keys, -1 pads), other than the query's own positive and negative (those stay: a bad triple is the
+        data's to fix, not the loss's)."""
         judged = (keys[None, :, None] == relevant[:, None, :]).any(-1)
         b = relevant.shape[0]
         ar = torch.arange(b, device=keys.device)
@@ -153,11 +149,13 @@ class RankingModule(pl.LightningModule):
         b = q.tokens.shape[0]
         ar = torch.arange(b, device=q.tokens.device)
         if self.optim_cfg.in_batch_negatives:
-            d_all, start, _ = self._gather_docs(d)
+            mask = self.optim_cfg.in_batch_mask_relevant and "relevant_docs" in batch
+            keys = torch.cat([batch["pos_doc"], batch["neg_doc"]]) if mask else None
+            d_all, keys_all, start = self._gather_docs(d, keys)
             scores = r.score_all(q, d_all)  # positives of this rank sit at start + i, own negatives at start + b + i
             out = TripletOutput(scores[ar, start + ar], scores[ar, start + b + ar])
-            if self.optim_cfg.in_batch_mask_relevant and "relevant_docs" in batch:
-                judged = self._judged_columns(batch, start)
+            if mask:
+                judged = self._judged_columns(keys_all, batch["relevant_docs"], start)
                 out.logs["masked_in_batch"] = judged.sum(1).float().mean()  # per query
                 scores = scores.masked_fill(judged, float("-inf"))
             return scores, start + ar, out

@@ -12,7 +12,6 @@ wrong-typed value stops the run with one line naming the key.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -35,7 +35,7 @@ def test_start_wins_when_training_cannot_improve(tmp_path, tiny_bert_nodropout):
     curve = json.loads((out / "validation.json").read_text())
     assert [v["step"] for v in curve["validations"]] == [0, 1, 2]
     assert curve["best_step"] == m["best_step"] == 0
-    assert curve["validations"][0]["val/ndcg_cut_10"] == pytest.approx(m["before_training"]["ndcg_cut_10"], abs=0.2)
+    assert len({v["val/ndcg_cut_10"] for v in curve["validations"]}) == 1  # lr 1e-20: the same model at every step
 
 
 @pytest.mark.slow
