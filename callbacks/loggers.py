@@ -88,11 +88,12 @@ def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
         return False
 
 
-def log_results_table(logger, rows: dict[str, dict], key: str = "test/results") -> bool:
+def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", extra: dict | None = None) -> bool:
     """A run's test results as the W&B table `key`: one row per label of `rows` (e.g. "before training" and "after
     training", or "Ft" and "Ft -> glow", the isotropy paper's rows), one column per measure, the values of
     `metrics.json`; the same under the summary key `results` (`results.<row>.<measure>` columns in the runs table).
-    False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a W&B
+    `extra` goes into the summary as it is: values that are not measures of a row (`best_step`, the step of the
+    tested checkpoint, a column of the runs table beside the results). False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a W&B
     failure here is a warning, not a lost run."""
     if not logger or not hasattr(logger, "log_table"):
         return False
@@ -105,6 +106,8 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results") 
         # a value a row lacks (no ATS of the raw vectors, say) is an empty cell in the table, and no summary key
         logger.experiment.summary.update({"results": {label: {c: v for c, v in zip(columns, line[1:]) if v is not None}
                                                       for label, line in zip(rows, data)}})
+        if extra:
+            logger.experiment.summary.update(extra)
     except Exception as e:  # noqa: BLE001 - the results are on disk already
         warnings.warn(f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them")
         return False

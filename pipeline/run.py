@@ -177,7 +177,8 @@ def _train(cfg: DictConfig) -> dict | Path | None:
     if not trainer.is_global_zero:
         return None
     after = write_results(cfg, module, before, curve=curve)
-    log_results_table(trainer.logger, {"before training": before, "after training": after} if before else {"after training": after})
+    log_results_table(trainer.logger, {"before training": before, "after training": after} if before else {"after training": after},
+                      extra={"best_step": curve["best_step"]} if curve is not None else None)
     print_table(after, before)
     return after
 

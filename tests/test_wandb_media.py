@@ -109,6 +109,8 @@ def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
     assert_row(rows["before training"], metrics["before_training"])
     assert summary["results"]["after training"]["ndcg_cut_10"] == pytest.approx(metrics["ndcg_cut_10"], rel=1e-12)
     assert summary["test/results"]["_type"] == "table-file" and summary["test/results"]["nrows"] == 2
+    steps = [v["step"] for v in json.loads((out / "validation.json").read_text())["validations"]]
+    assert steps == [0, 2] and summary["best_step"] == metrics["best_step"] in steps  # the tested checkpoint's step
     assert summary["test/ndcg_cut_10"] == pytest.approx(metrics["ndcg_cut_10"], abs=1e-6)  # Lightning's scalar, as logged
     assert {"val/ndcg_cut_10", "val/iw", "val/avgcos", "train/loss", "test/mats"} <= set(summary)
     assert meta == {"name": "ft", "group": "colbert-synthetic", "job_type": "train"}
