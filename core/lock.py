@@ -74,6 +74,25 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
                 break
 
 
+@contextmanager
+def claim(lock_path: str | os.PathLike) -> Iterator[bool]:
+    """Hold the lock file `lock_path` for the block when no other process holds it (True), else do nothing (False),
+    without waiting: how several processes share a list of jobs, each taking the ones nobody has."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(lock_path, blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock_path.unlink(missing_ok=True)  # while held, as in output_dir_lock
+        lock.release()
+
+
 def _holder(pid_path: Path) -> str:
     try:
         return pid_path.read_text().strip() or "pid not yet written"

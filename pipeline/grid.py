@@ -44,7 +44,9 @@ Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (ru
 run is over; `cell.json` keeps the overrides it started with, and a started cell whose overrides differ from what the
 grid plans now, other than logging ones, stops the run instead of being reused), a training cell with a `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact
 resume; a run already at max_steps only repeats its test), any other cell runs from scratch. Delete a cell's folder
-to recompute it from scratch. With the subprocess launcher each cell's output goes to `train.log` / `evaluate.log`
+to recompute it from scratch. Several grid processes may run one grid at once (one per GPU, say): a process claims
+each cell with the lock file `.<cell>.grid.lock` beside it while it runs it, and skips (status busy) the cells another
+process holds, so no cell runs twice and no process deletes another's checkpoints. With the subprocess launcher each cell's output goes to `train.log` / `evaluate.log`
 in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell (exit code 2) stops the grid; another failure is
 reported, the other cells go on, and the grid exits 1.
 
@@ -82,6 +84,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import InputError
 from core.io import atomic_open, write_json
+from core.lock import claim
 from lightning_modules.rankers import UNTRAINED
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
@@ -176,7 +179,7 @@ class Cell:
 @dataclass
 class GridReport:
     spec: GridSpec
-    status: dict[str, str] = field(default_factory=dict)  # cell label -> ran | resumed | skipped | failed | blocked
+    status: dict[str, str] = field(default_factory=dict)  # cell label -> ran | resumed | skipped | busy | failed | blocked
     results_path: Path | None = None
     table: str = ""
 
@@ -575,19 +578,24 @@ def run(argv: list[str], out=None) -> GridReport:
             tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
             if not spec.selected(cell):
                 continue
-            if cell.done:
-                report.status[cell.label] = "skipped"
-                say(f"{tag}: skipped (metrics.json exists)")
-                continue
-            say(f"{tag}: running")
-            t0 = time.monotonic()
-            status, msg = run_cell(cell, spec)
-            if status == "input-error":
-                report.status[cell.label] = "failed"
-                raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
-            report.status[cell.label] = status
-            wall = time.monotonic() - t0
-            _add_wall_time(cell, wall)
+            with claim(cell.dir.parent / f".{cell.dir.name}.grid.lock") as mine:
+                if not mine:
+                    report.status[cell.label] = "busy"
+                    say(f"{tag}: skipped (another grid process is running it)")
+                    continue
+                if cell.done:  # checked under the claim: another grid process may have just finished it
+                    report.status[cell.label] = "skipped"
+                    say(f"{tag}: skipped (metrics.json exists)")
+                    continue
+                say(f"{tag}: running")
+                t0 = time.monotonic()
+                status, msg = run_cell(cell, spec)
+                if status == "input-error":
+                    report.status[cell.label] = "failed"
+                    raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
+                report.status[cell.label] = status
+                wall = time.monotonic() - t0
+                _add_wall_time(cell, wall)
             say(f"{tag}: {status} in {_fmt(wall)}" + (f" ({msg})" if msg else ""))
     stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:

@@ -468,3 +468,29 @@ def test_head_rows_build_on_the_fine_tuned_row_not_the_backbone():
     spec, _ = load_grid(["grid=squad_colbert_heads"])
     assert spec.rows["colbert_backbone"] == spec.rows["colbert"] and spec.untrained == ["colbert_backbone"]
     assert set(head_bases(spec).values()) == {"colbert"}
+
+
+def test_a_cell_claimed_by_another_grid_process_is_left_to_it(tmp_path):
+    """Two grid processes on one grid share its cells: a cell whose `.<cell>.grid.lock` another process holds is
+    skipped as busy (not run, not touched), the others run; once the lock is free, the next run takes it."""
+    from filelock import FileLock
+
+    grid = {"name": "shared", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+            "train_data": {"syn": SYN}, "seeds": [1, 2], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+            "measures": ["ndcg_cut_10"], "launcher": "inprocess", "output_root": str(tmp_path / "grids")}
+    gfile = tmp_path / "shared.yaml"
+    gfile.write_text(json.dumps(grid))
+    held = tmp_path / "grids" / "shared" / "bm25" / "syn" / "seed2"
+    other = FileLock(held.parent / ".seed2.grid.lock")  # what the other grid process holds while it runs seed2
+    other.acquire()
+    try:
+        log = io.StringIO()
+        report = run([f"grid={gfile}"], out=log)
+    finally:
+        other.release()
+    assert report.status == {"bm25/syn/seed1": "ran", "bm25/syn/seed2": "busy"}
+    assert "bm25/syn/seed2: skipped (another grid process is running it)" in log.getvalue()
+    assert not held.exists() and (held.parent / "seed1" / "metrics.json").is_file()
+    report = run([f"grid={gfile}"], out=io.StringIO())
+    assert report.status == {"bm25/syn/seed1": "skipped", "bm25/syn/seed2": "ran"}
+    assert not list(held.parent.glob(".*.grid.lock"))  # claims leave no files behind
