@@ -68,7 +68,7 @@ from datamodules.datamodule import RankingDataModule
 from datamodules.sources.squad import SquadConfig
 from datamodules.textfiles import read_trec_run
 from metrics.ir import evaluate_run
-from metrics.significance import pair_by_query, paired_test
+from metrics.significance import p_value, pair_by_query
 from metrics.trec import write_trec_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,7 +245,7 @@ def evaluate_quality(run: dict, lists: dict, path: Path, tag: str) -> tuple[dict
 def paired_p(ours: dict, other: dict) -> float:
     """Two-tailed paired t-test p of per-query NDCG@10, ours against another row's (metrics/significance.py)."""
     a, b, _ = pair_by_query(ours, other)
-    return paired_test(a, b, "t_test_two_tailed")
+    return p_value(a, b, "t_test_two_tailed")
 
 
 def bm25_order_run(lists: dict) -> dict[str, dict[str, float]]:

@@ -1,4 +1,5 @@
-"""Paired significance tests for comparing a method with a baseline (scipy.stats).
+"""Significance tests for comparing a method with a baseline (scipy.stats): paired tests, and the isotropy paper's
+unpaired one.
 
 Units of pairing:
 
@@ -12,10 +13,15 @@ Tests (`TESTS`):
 - `t_test_one_tailed`: paired t-test, alternative "method > baseline" (`scipy.stats.ttest_rel(..., alternative="greater")`);
 - `t_test_two_tailed`: paired t-test, two-sided;
 - `wilcoxon`: Wilcoxon signed-rank test, two-sided (`scipy.stats.wilcoxon`, zero differences dropped: "wilcox");
-- `wilcoxon_one_tailed`: the same, alternative "method > baseline".
+- `wilcoxon_one_tailed`: the same, alternative "method > baseline";
+- `student_t_one_tailed`: Student's two-sample t-test with equal variances, alternative "method > baseline"
+  (`scipy.stats.ttest_ind(..., equal_var=True, alternative="greater")`), unpaired: the isotropy paper's test
+  (section 5.1.2, "using the three performance values for the three random seeds, we conducted one-tailed t-test
+  under the assumption of homoscedasticity"), so it takes the replicates' values (`paired_by: replicate`) and
+  ignores which seed is which.
 
 Degenerate inputs give p = 1.0 instead of NaN or an exception: all differences zero (identical systems), fewer than
-two pairs. (A constant non-zero difference is scipy's own answer: t = +-inf, p = 0 or 1.)
+two pairs (two values a side for the unpaired test). (A constant non-zero difference is scipy's own answer: t = +-inf, p = 0 or 1.)
 """
 from __future__ import annotations
 
@@ -27,40 +33,51 @@ import numpy as np
 
 from core.errors import InputError
 
-__all__ = ["TESTS", "check_test", "paired_test", "per_query_means", "pair_by_query", "pair_by_replicate", "significance_mark"]
+__all__ = ["TESTS", "UNPAIRED", "check_test", "p_value", "per_query_means", "pair_by_query", "pair_by_replicate", "significance_mark"]
 
-TESTS = ("t_test_one_tailed", "t_test_two_tailed", "wilcoxon", "wilcoxon_one_tailed")
+TESTS = ("t_test_one_tailed", "t_test_two_tailed", "wilcoxon", "wilcoxon_one_tailed", "student_t_one_tailed")
+UNPAIRED = ("student_t_one_tailed",)  # tests of two independent samples (of the replicates' values)
 
 
-def check_test(name: str, where: str = "test") -> str:
+def check_test(name: str, where: str = "test", paired: bool = False) -> str:
+    """`name` if it is a test of TESTS (a paired one where `paired`: per-query comparisons), else InputError at `where`."""
+    allowed = [t for t in TESTS if not (paired and t in UNPAIRED)]
     if name not in TESTS:
-        raise InputError(where, f"unknown significance test '{name}'; expected one of {list(TESTS)}")
+        raise InputError(where, f"unknown significance test '{name}'; expected one of {allowed}")
+    if name not in allowed:
+        raise InputError(where, f"'{name}' compares the runs' means, not paired per-query values; expected one of {allowed}")
     return name
 
 
-def paired_test(method: Sequence[float], baseline: Sequence[float], test: str = "t_test_one_tailed") -> float:
-    """p-value of `test` on paired samples (method[i] with baseline[i]); one-tailed tests ask "method > baseline"."""
+def p_value(method: Sequence[float], baseline: Sequence[float], test: str = "t_test_one_tailed") -> float:
+    """p-value of `test`: on paired samples (method[i] with baseline[i]), or for an UNPAIRED test on two independent
+    samples (lengths may differ); one-tailed tests ask "method > baseline"."""
     from scipy import stats  # lazy: scipy.stats loads slowly, only significance tests need it
 
     check_test(test)
     a = np.asarray(method, dtype=np.float64)
     b = np.asarray(baseline, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"paired_test: method and baseline must be 1-d and of equal length (got {a.shape} and {b.shape})")
+    if a.ndim != 1 or b.ndim != 1 or (a.shape != b.shape and test not in UNPAIRED):
+        raise ValueError(f"p_value: method and baseline must be 1-d and, for a paired test, of equal length (got {a.shape} and {b.shape})")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        raise ValueError("paired_test: values must be finite")
-    d = a - b
-    if len(d) < 2 or not np.any(d != 0):
-        return 1.0
+        raise ValueError("p_value: values must be finite")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # precision-loss warnings on (near-)constant differences
-        if test == "t_test_one_tailed":
-            p = stats.ttest_rel(a, b, alternative="greater").pvalue
-        elif test == "t_test_two_tailed":
-            p = stats.ttest_rel(a, b, alternative="two-sided").pvalue
+        if test in UNPAIRED:
+            if min(len(a), len(b)) < 2 or (np.all(a == a[0]) and np.all(b == a[0])):
+                return 1.0
+            p = stats.ttest_ind(a, b, equal_var=True, alternative="greater").pvalue
         else:
-            alternative = "greater" if test == "wilcoxon_one_tailed" else "two-sided"
-            p = stats.wilcoxon(a, b, zero_method="wilcox", alternative=alternative).pvalue
+            d = a - b
+            if len(d) < 2 or not np.any(d != 0):
+                return 1.0
+            if test == "t_test_one_tailed":
+                p = stats.ttest_rel(a, b, alternative="greater").pvalue
+            elif test == "t_test_two_tailed":
+                p = stats.ttest_rel(a, b, alternative="two-sided").pvalue
+            else:
+                alternative = "greater" if test == "wilcoxon_one_tailed" else "two-sided"
+                p = stats.wilcoxon(a, b, zero_method="wilcox", alternative=alternative).pvalue
     p = float(p)
     return 1.0 if math.isnan(p) else p
 

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import InputError
-from metrics.significance import TESTS
+from metrics.significance import TESTS, UNPAIRED
 from pipeline.config import CONFIG_DIR, _load_yaml, _structured, _translate
 
 __all__ = ["GRID_DIR", "GRID_KEYS", "INIT_REF", "GridSpec", "grid_key", "load_grid"]
@@ -75,6 +75,7 @@ class GridSpec:
     # not grid keys: set by load_grid
     source = ""  # the grid file
     file_baseline = ""  # the grid file's own baseline (`baseline=` on the command line may name another)
+    file_test: tuple[str, str] | None = None  # the grid file's own (test, paired_by)
 
     def __post_init__(self):
         """Normalises the keys; InputError(key path, problem) on a bad one (load_grid puts the grid file in front)."""
@@ -102,6 +103,8 @@ class GridSpec:
         for key, (what, allowed) in CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise InputError(key, f"unknown {what} '{getattr(self, key)}'; expected one of {list(allowed)}")
+        if self.test in UNPAIRED and self.paired_by != "replicate":
+            raise InputError("paired_by", f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), so expected paired_by: replicate")
         self.only = _strings(self.only, "only", 'cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"]')
         self.train_on = {row: self._train_labels(row, labels) for row, labels in (self.train_on or {}).items()}
         self.untrained = _strings(self.untrained, "untrained", "a list of row labels")
@@ -177,10 +180,15 @@ class GridSpec:
 
     @property
     def table_path(self) -> Path:
-        """`table.md` against the file's baseline; `table-<row>.md` against another (`baseline=<row>`), so the
-        Table 3 / 4 / 5 layouts of one grid sit side by side instead of overwriting each other."""
-        own = not self.file_baseline or self.baseline == self.file_baseline
-        return self.dir / ("table.md" if own else f"table-{self.baseline}.md")
+        """`table.md` against the file's baseline with its test; `table-<row>.md` against another (`baseline=<row>`),
+        `table[-<row>]-<test>-<paired_by>.md` with another test or pairing, so the Table 3 / 4 / 5 layouts of one grid
+        and the views of another test sit side by side instead of overwriting each other."""
+        stem = "table"
+        if self.file_baseline and self.baseline != self.file_baseline:
+            stem += f"-{self.baseline}"
+        if self.file_test and (self.test, self.paired_by) != self.file_test:
+            stem += f"-{self.test}-{self.paired_by}"
+        return self.dir / f"{stem}.md"
 
     def replicates(self) -> list[tuple[str, int | None, int | None]]:
         """[(replicate id, seed or None, fold or None)]."""
@@ -329,6 +337,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
         spec = OmegaConf.to_object(node)
         spec.check_fold_overrides(extra)
         spec.source, spec.file_baseline = str(path), str(file.get("baseline"))  # file_baseline names table.md
+        spec.file_test = (file.get("test", GridSpec.test), file.get("paired_by", GridSpec.paired_by))
     except InputError as e:  # from __post_init__, which names the key only
         raise InputError(where(e.where), e.problem) from e
     except OmegaConfBaseException as e:  # e.g. an interpolation to a key that does not exist

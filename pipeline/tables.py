@@ -5,9 +5,10 @@ and one column per measure. A cell reads `0.8282 (+3.1%)**`:
 
 - the mean over the seeds / folds (the mean of the runs' test means);
 - in brackets the relative change against the baseline row's mean, in %;
-- `*` p <= 0.05, `**` p <= 0.01: the grid's paired test (metrics/significance.py) of method against baseline, on per-query
+- `*` p <= 0.05, `**` p <= 0.01: the grid's test (metrics/significance.py) of method against baseline, on per-query
   values (each query's mean over the runs that tested it; `paired_by: query`) or on the runs' means paired by seed /
-  fold (`paired_by: replicate`).
+  fold (`paired_by: replicate`); an unpaired test (the isotropy paper's Student t-test) takes every run's mean of
+  each row (`paired_by: replicate`).
 
 With `compare_to` ({row: reference row}) each row compares with its own reference row (position-bias paper Table 5:
 transfer rows against their model's row) instead of the baseline, and the rows keep the grid's order.
@@ -30,10 +31,11 @@ from typing import Any
 
 from core.io import atomic_open
 from metrics.significance import (
+    UNPAIRED,
     check_test,
+    p_value,
     pair_by_query,
     pair_by_replicate,
-    paired_test,
     per_query_means,
     significance_mark,
 )
@@ -56,6 +58,7 @@ TEST_NAMES = {
     "t_test_two_tailed": "two-tailed paired t-test",
     "wilcoxon": "two-sided Wilcoxon signed-rank test",
     "wilcoxon_one_tailed": "one-sided Wilcoxon signed-rank test (method > baseline)",
+    "student_t_one_tailed": "one-tailed Student's t-test with equal variances (method > baseline; the isotropy paper's test)",
 }
 
 
@@ -64,13 +67,18 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _test_cells(mine: list[dict], base: list[dict], m: str, test: str, paired_by: str) -> tuple[float | None, int]:
-    """(p, pairs) of the paired test of `mine`'s cells against `base`'s on measure m (per query or per replicate)."""
+    """(p, pairs) of the test of `mine`'s cells against `base`'s on measure m (per query or per replicate); for an
+    unpaired test `pairs` counts the runs of the smaller side."""
+    if test in UNPAIRED:  # grid_config allows these with paired_by: replicate only
+        a = [c["metrics"][m] for c in mine if m in c["metrics"]]
+        b = [c["metrics"][m] for c in base if m in c["metrics"]]
+        return (p_value(a, b, test) if a and b else None), min(len(a), len(b))
     if paired_by == "replicate":
         a, b, ids = pair_by_replicate({c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
                                       {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]})
     else:
         a, b, ids = pair_by_query(per_query_means([c["per_query"] for c in mine], m), per_query_means([c["per_query"] for c in base], m))
-    return (paired_test(a, b, test) if ids else None), len(ids)
+    return (p_value(a, b, test) if ids else None), len(ids)
 
 
 def summarize(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
@@ -130,7 +138,7 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     reps = results["replicates"]
     kind = "folds" if results.get("folds") else "seeds"
     unit = ("per-query values (each query's mean over the runs that tested it)" if paired_by == "query"
-            else f"the runs' means paired by {kind[:-1]}")
+            else f"the runs' means ({len(reps)} {kind} a side)" if test in UNPAIRED else f"the runs' means paired by {kind[:-1]}")
     lines = [
         f"## {results['grid']}",
         "",

@@ -156,6 +156,11 @@ def test_table_significance_uses_per_query_means_over_seeds():
     cell = summarize(res, "t_test_two_tailed", "replicate")[0]["rows"][1]["measures"]["ndcg_cut_10"]
     assert cell["pairs"] == 2
     assert cell["p"] == pytest.approx(stats.ttest_rel([sum(r) / 6 for r in b], [sum(r) / 6 for r in a]).pvalue)
+    # the isotropy paper's test: Student's t on every run's mean of each row, unpaired
+    cell = summarize(res, "student_t_one_tailed", "replicate")[0]["rows"][1]["measures"]["ndcg_cut_10"]
+    assert cell["pairs"] == 2 and cell["p"] == pytest.approx(
+        stats.ttest_ind([sum(r) / 6 for r in b], [sum(r) / 6 for r in a], alternative="greater").pvalue, rel=1e-12)
+    assert "one-tailed Student's t-test with equal variances" in render_markdown(res, "student_t_one_tailed", "replicate")
     # identical systems: p = 1, no mark, +0.0%
     same = render_markdown(results_fixture(a, a))
     assert "| new | 0.2667 (+0.0%) |" in same, same
@@ -210,11 +215,16 @@ def test_grid_file_errors_and_cell_layout(tmp_path):
     for kw, needle in (({"baseline": "c"}, "baseline: 'c' is not a row"), ({"test": "sign"}, "unknown significance test"),
                        ({"seeds": ["x"]}, "seeds"), ({"folds": 2}, "folds"), ({"bogus": 1}, "unknown grid key 'bogus'"),
                        ({"rows": {"a/b": []}, "baseline": "a/b"}, "label 'a/b'"), ({"common": ["seed=3"]}, "set by the grid"),
+                       ({"test": "student_t_one_tailed"}, "paired_by: is 'query'.*expected paired_by: replicate"),
                        ({"folds": 5, "common": ["data.fold=1"]}, "data.fold"), ({"rows": None}, "rows: is missing")):
         with pytest.raises(InputError, match=needle):
             load_grid([f"grid={grid(**kw)}"])
     with pytest.raises(InputError, match="no grid 'nope'"):
         load_grid(["grid=nope"])
+    # another baseline or test on the command line tabulates beside table.md, never over it
+    names = {tuple(a): load_grid([f"grid={grid()}", *a])[0].table_path.name
+             for a in ([], ["baseline=b"], ["test=wilcoxon"], ["baseline=b", "test=student_t_one_tailed", "paired_by=replicate"])}
+    assert list(names.values()) == ["table.md", "table-b.md", "table-wilcoxon-query.md", "table-b-student_t_one_tailed-replicate.md"]
     # only=: globs on the cell labels select what runs (e.g. one fold of every row first)
     spec, _ = load_grid([f"grid={grid(folds=5, seeds=[7])}", "only=[*/fold0,b/*/fold3]"])
     assert [c.label for c in plan(spec) if spec.selected(c)] == ["a/synthetic/fold0", "b/synthetic/fold0", "b/synthetic/fold3"]

@@ -41,11 +41,11 @@ from analyses.whitebox.analysis import queries_and_candidates
 from analyses.whitebox.idf import collection_idf
 from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
-from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from core.io import atomic_open, save_figure
+from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.sources import data_config, load_dataset
 from metrics.ir import evaluate_run
-from metrics.significance import check_test, paired_test, significance_mark
+from metrics.significance import check_test, p_value, significance_mark
 
 JSON_NAME = "lexical_enrichment.json"
 ABLATIONS = ("no_idf", "static", "no_whitening", "no_normalization")
@@ -77,7 +77,7 @@ class LexicalEnrichmentConfig(AnalysisConfig):
 
     def __post_init__(self):
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
-        check_test(self.significance, "analysis.significance")
+        check_test(self.significance, "analysis.significance", paired=True)
         if not self.lambdas or 0.0 not in [float(x) for x in self.lambdas] or any(float(x) < 0 for x in self.lambdas):
             raise InputError("config key 'analysis.lambdas'", f"is {list(self.lambdas)}; expected non-negative values including 0 (the ranker as it is)")
         bad = [a for a in self.ablations if a not in ABLATIONS]
@@ -222,7 +222,7 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         m1, pq1 = _evaluate(ranker, enrich(enc_q[opts.test_split], lex_q[opts.test_split], best, v["normalize"]),
                             enrich(ep, lex_p, best, v["normalize"]), tq, t_cands, prow, t_qrels, opts.measure)
         qs = sorted(pq0)
-        p = paired_test([pq1[q] for q in qs], [pq0[q] for q in qs], opts.significance) if best != 0 else None
+        p = p_value([pq1[q] for q in qs], [pq0[q] for q in qs], opts.significance) if best != 0 else None
         results[a or "le"] = {"variant": v, "validation": {str(k): val for k, val in curve.items()}, "lambda": best,
                               "test": {"without_le": m0, "with_le": m1, "delta": m1 - m0, "p_value": p,
                                        "mark": significance_mark(p), "queries": len(qs)},
