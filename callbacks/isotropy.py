@@ -39,7 +39,7 @@ from torch import Tensor
 from core.io import atomic_open, save_figure
 from datamodules.tokenization import length_order
 from lightning_modules.rankers.base import Encoded, EncodedTexts, masked_mean
-from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
+from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, avg_cos_from_unit_sum, gram_matrix, isotropy_iw, unit_sum
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
@@ -47,11 +47,13 @@ RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: 
 
 class IsotropyCallback(Callback):
     def __init__(self, batch_size: int = 32, max_vectors: int = 20000, figure_vectors: int = 2000, seed: int = 0,
-                 batch_pairs: int = 16, dump_dir: str | Path | None = None):
+                 batch_pairs: int = 16, dump_dir: str | Path | None = None, max_batches: int | None = None,
+                 sample_seed: int = 0):
         self.batch_size = batch_size
         self.max_vectors = max_vectors
         self.figure_vectors, self.seed = figure_vectors, seed
         self.batch_pairs = batch_pairs  # the `paper` protocol's test batch (eval.isotropy_batch_pairs); 0: no `paper`
+        self.max_batches, self.sample_seed = max_batches, sample_seed  # eval.isotropy_max_batches / _sample_seed
         # the distinct texts of consecutive test batches are encoded once and kept until those batches are measured;
         # at most this many token vectors at a time (1.5 GB at d=384), so a split that fits is encoded exactly once
         self.group_vectors = 1_000_000
@@ -148,7 +150,7 @@ class IsotropyCallback(Callback):
         was_training = ranker.training
         ranker.eval()
         per_batch: list[tuple[int, dict[str, float]]] = []
-        batches = trainer.datamodule.pair_batches(split, self.batch_pairs)
+        batches = trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed)
         tok = module.pair_tokenizer
         ids = {}  # (side, text) -> token ids: each distinct text tokenised once, for the budget and the encoding
         for i, side in SIDES:
@@ -178,7 +180,9 @@ class IsotropyCallback(Callback):
             parts: list = [None] * dist.get_world_size()
             dist.all_gather_object(parts, per_batch)
             per_batch = [b for part in parts for b in part]
-        return aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
+        values = aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
+        values["isotropy_paper_batches"] = float(len(per_batch))  # how many test batches the means are over
+        return values
 
     def _groups(self, batches: list, ids: dict[tuple[str, str], list[int]]) -> list[list]:
         """Consecutive runs of test batches whose distinct texts (`ids`: (side, text) -> token ids) hold at most
@@ -248,10 +252,16 @@ def paper_batch_values(vectors: dict[tuple[str, str, str], Tensor]) -> dict[str,
     or "_passage"."""
     values = {}
     for v, kind in sorted({(v, kind) for v, _, kind in vectors}):
-        q, p = vectors[(v, "query", kind)], vectors[(v, "passage", kind)]
+        q, p = (vectors[(v, name, kind)].to(torch.float64) for name in ("query", "passage"))
+        # the queries-and-passages set's W^T W and unit-vector sum are the sums of the two sides' (the cost of a
+        # batch is its three eigendecompositions and projections, not three Gram matrices)
+        gram = {"_query": gram_matrix(q), "_passage": gram_matrix(p)}
+        units = {"_query": unit_sum(q), "_passage": unit_sum(p)}
+        gram[""] = gram["_query"] + gram["_passage"]
+        units[""] = (units["_query"][0] + units["_passage"][0], units["_query"][1] + units["_passage"][1])
         for side, W in (("", torch.cat([q, p])), ("_query", q), ("_passage", p)):
-            values[f"iw_paper{side}{kind}{v}"] = isotropy_iw(W)
-            values[f"avgcos_paper{side}{kind}{v}"] = avg_cos(W)
+            values[f"iw_paper{side}{kind}{v}"] = isotropy_iw(W, gram=gram[side])
+            values[f"avgcos_paper{side}{kind}{v}"] = avg_cos_from_unit_sum(*units[side])
     return values
 
 

@@ -350,18 +350,23 @@ class RankingDataModule(pl.LightningDataModule):
         return self.eval_dataloader("test")
 
     # ---- isotropy probe ------------------------------------------------------------------------------------
-    def pair_batches(self, split: str, batch_pairs: int) -> list[tuple[int, list[str], list[str]]]:
+    def pair_batches(self, split: str, batch_pairs: int, max_batches: int | None = None,
+                     sample_seed: int = 0) -> list[tuple[int, list[str], list[str]]]:
         """The split's (query, candidate) pairs in split order (queries in order, candidates in their order), cut into
         consecutive batches of `batch_pairs` pairs, as an evaluation loop of that batch size would see them (the
-        isotropy paper's test mini-batches, Sec. 3.2): [(k, query texts, passage texts)], this rank's share (batch k
-        goes to rank k mod world size), so DDP ranks split the batches without overlap and k names each one."""
+        isotropy paper's test mini-batches, Sec. 3.2): [(k, query texts, passage texts)], this rank's share (the
+        j-th batch taken goes to rank j mod world size), so DDP ranks split the batches without overlap and k names
+        each one. `max_batches`: a uniform sample of that many batches (seeded by `sample_seed` alone, so every
+        model, run seed and world size measures the same ones), in split order; None: all of them."""
         es = self.eval_splits[split]
         rank, world = self._rank_world()
+        n = -(-len(es.pairs) // batch_pairs)
+        taken = np.arange(n)
+        if max_batches is not None and max_batches < n:
+            taken = np.sort(np.random.default_rng([sample_seed, 4]).choice(n, size=max_batches, replace=False))
         out = []
-        for k, start in enumerate(range(0, len(es.pairs), batch_pairs)):
-            if k % world != rank:
-                continue
-            chunk = es.pairs[start : start + batch_pairs]
+        for k in taken[rank::world].tolist():
+            chunk = es.pairs[k * batch_pairs : (k + 1) * batch_pairs]
             out.append((k, [es.qtexts[q] for q in chunk[:, 0]], [es.dtexts[u] for u in chunk[:, 1]]))
         return out
 

@@ -61,7 +61,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-__all__ = ["isotropy_iw", "avg_cos", "IsotropyIW", "AvgCos"]
+__all__ = ["isotropy_iw", "avg_cos", "gram_matrix", "unit_sum", "avg_cos_from_unit_sum", "IsotropyIW", "AvgCos"]
 
 # Rows per float64 chunk: 16384 x 1024 x 8 bytes = 128 MiB at most.
 _CHUNK_ROWS = 16384
@@ -107,23 +107,34 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def eigen_directions(W, *, both_signs: bool = False) -> Tensor:
-    """The directions E of Eq. 3 as columns, float64: eigenvectors of W^T W with the sign convention above."""
+def gram_matrix(W) -> Tensor:
+    """W^T W, float64 (d, d). The Gram matrix of stacked sets is the sum of theirs, which is how the `paper`
+    protocol gets the queries-and-passages set's from the two it measures anyway."""
     W = _as_matrix(W)
-    d = W.shape[1]
-    gram = torch.zeros(d, d, dtype=torch.float64, device=W.device)
+    gram = torch.zeros(W.shape[1], W.shape[1], dtype=torch.float64, device=W.device)
     for chunk in _chunks(W):
         gram += chunk.T @ chunk
+    return gram
+
+
+def eigen_directions(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
+    """The directions E of Eq. 3 as columns, float64: eigenvectors of W^T W with the sign convention above
+    (`gram`: W^T W when the caller has it already, e.g. summed from parts)."""
+    W = _as_matrix(W)
+    if gram is None:
+        gram = gram_matrix(W)
+    elif tuple(gram.shape) != (W.shape[1], W.shape[1]):
+        raise ValueError(f"gram: expected shape {(W.shape[1], W.shape[1])} for W of shape {tuple(W.shape)}, got {tuple(gram.shape)}")
     with _one_thread():
         _, E = torch.linalg.eigh(gram)
     E = _canonical_signs(E)
     return torch.cat([E, -E], dim=1) if both_signs else E
 
 
-def log_partition(W, *, both_signs: bool = False) -> Tensor:
+def log_partition(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
     """log Z(a) for every a in E (float64, one entry per direction), computed with logsumexp."""
     W = _as_matrix(W)
-    E = eigen_directions(W, both_signs=both_signs)
+    E = eigen_directions(W, both_signs=both_signs, gram=gram)
     log_z = None
     for chunk in _chunks(W):
         part = torch.logsumexp(chunk @ E, dim=0)
@@ -131,13 +142,14 @@ def log_partition(W, *, both_signs: bool = False) -> Tensor:
     return log_z
 
 
-def isotropy_iw(W, *, both_signs: bool = False) -> float:
-    """I(W) of Eq. 3 for the rows of W (n, d), in [0, 1]; 1 is isotropic. See the module docstring."""
-    log_z = log_partition(W, both_signs=both_signs)
+def isotropy_iw(W, *, both_signs: bool = False, gram: Tensor | None = None) -> float:
+    """I(W) of Eq. 3 for the rows of W (n, d), in [0, 1]; 1 is isotropic. See the module docstring. `gram`: W^T W
+    (float64) when the caller has it already; the result is the same."""
+    log_z = log_partition(W, both_signs=both_signs, gram=gram)
     return float(torch.exp(log_z.min() - log_z.max()))
 
 
-def _unit_sum(W: Tensor) -> tuple[Tensor, int]:
+def unit_sum(W) -> tuple[Tensor, int]:
     """(sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows)."""
     total = torch.zeros(W.shape[1], dtype=torch.float64, device=W.device)
     count = 0
@@ -149,17 +161,18 @@ def _unit_sum(W: Tensor) -> tuple[Tensor, int]:
     return total, count
 
 
-def _avg_cos_from_sum(unit_sum: Tensor, count: int) -> float:
+def avg_cos_from_unit_sum(total: Tensor, count: int) -> float:
+    """avgcos of Eq. 4 from `unit_sum(W)`; sums and counts of disjoint row sets add up to their union's."""
     if count < 2:
         return math.nan
-    unit_sum = unit_sum.to(torch.float64)
-    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
+    total = total.to(torch.float64)
+    return float((total @ total - count) / (count * (count - 1)))
 
 
 def avg_cos(W) -> float:
     """avgcos of Eq. 4: mean cosine over all ordered pairs i != j of non-zero rows of W (n, d), float64."""
     W = _as_matrix(W)
-    return _avg_cos_from_sum(*_unit_sum(W))
+    return avg_cos_from_unit_sum(*unit_sum(W))
 
 
 def _rows(vectors: Tensor, mask: Tensor | None) -> Tensor:
@@ -270,7 +283,7 @@ class AvgCos(Metric):
         # sums a [d] state like the others (`width`)
         if self.unit_sum.ndim == 1 and x.shape[1] != self.unit_sum.shape[0]:
             raise ValueError(f"vectors: dimension {x.shape[1]} differs from earlier updates ({self.unit_sum.shape[0]})")
-        total, count = _unit_sum(x)
+        total, count = unit_sum(x)
         self.unit_sum = self.unit_sum.to(torch.float64) + total.to(self.unit_sum.device)
         self.count = self.count + count
 
@@ -280,5 +293,5 @@ class AvgCos(Metric):
         return int(self.unit_sum.shape[0]) if self.unit_sum.ndim == 1 else 0
 
     def compute(self) -> Tensor:
-        value = _avg_cos_from_sum(self.unit_sum, int(self.count))
+        value = avg_cos_from_unit_sum(self.unit_sum, int(self.count))
         return torch.tensor(value, dtype=torch.float64, device=self.device)

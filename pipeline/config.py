@@ -115,6 +115,10 @@ class EvalConfig:
     probe_docs: int = 64
     isotropy_paper: bool = True  # the `paper` isotropy protocol at test (iw_paper*, avgcos_paper*); false skips it
     isotropy_batch_pairs: int = 16  # `paper` isotropy protocol (test metrics iw_paper*): pairs per test batch
+    # `paper` protocol over a seeded uniform sample of this many test batches, the same for every model and run seed
+    # (null: all of them, the paper's reading); the mean's standard error is iw_paper_std / sqrt(isotropy_paper_batches)
+    isotropy_max_batches: int | None = None
+    isotropy_sample_seed: int = 0
     dump_isotropy: bool = False  # write each test batch's scored vectors to <output_dir>/isotropy_batches/<k>.npz
     ats_passages: int = 128  # ATS / MATS (callbacks/ats.py) over this many passages of the split; 0 = off
     ats_max_occurrences: int = 100  # seeded cap on the occurrences per term
@@ -124,6 +128,7 @@ class EvalConfig:
 
     def __post_init__(self):
         check_ranges("eval", self, probe_queries=COUNT, probe_docs=COUNT, isotropy_batch_pairs=Range(1, note="the isotropy paper's is 16"),
+                     isotropy_max_batches=Range(1, note="or null: every test batch"), isotropy_sample_seed=SEED,
                      ats_passages=Range(0, note="0 = off"), ats_max_occurrences=Range(2, note="pairs need two"))
         if self.dump_isotropy and not self.isotropy_paper:
             raise InputError("config key 'eval.dump_isotropy'", "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches")

@@ -34,7 +34,8 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     t = OmegaConf.to_container(cfg.trainer)
     dump = Path(cfg.output_dir) / "isotropy_batches" if cfg.eval.dump_isotropy else None
     callbacks: list = [IsotropyCallback(seed=int(cfg.seed), batch_pairs=int(cfg.eval.isotropy_batch_pairs) if cfg.eval.isotropy_paper else 0,
-                                               dump_dir=dump)]
+                                        dump_dir=dump, max_batches=cfg.eval.isotropy_max_batches,
+                                        sample_seed=int(cfg.eval.isotropy_sample_seed))]
     if cfg.eval.ats_passages > 0:
         callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed, mats=cfg.eval.mats))
     if checkpoints:

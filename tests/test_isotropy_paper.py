@@ -64,17 +64,8 @@ def test_batch_values_and_aggregate_match_the_formulas():
     assert agg["avgcos_paper"] == 0.5 and agg["iw_paper"] == pytest.approx(0.2)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["colbert", "repbert"])
-def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
-    """evaluate.py writes iw_paper* into metrics.json and, with eval.dump_isotropy=true, each test batch's scored
-    vectors; the paper's formula on the dump gives the same numbers (1e-6)."""
-    out = tmp_path / "eval"
-    run_script("evaluate.py", *SMALL, f"model={model}", f"model.backbone={tiny_bert}", "eval.isotropy_batch_pairs=16",
-               "eval.dump_isotropy=true", f"output_dir={out}")
-    m = json.loads((out / "metrics.json").read_text())
-    dumps = sorted((out / "isotropy_batches").glob("*.npz"), key=lambda p: int(p.stem))
-    assert [int(p.stem) for p in dumps] == list(range(len(dumps))) and len(dumps) >= 2
+def _reference(dumps: list, model: str) -> dict[str, list[float]]:
+    """The paper's formulas on each dumped test batch: {key: [value per batch]}."""
     ref = {k: [] for k in ("iw_paper", "iw_paper_query", "iw_paper_passage", "avgcos_paper", "avgcos_paper_query", "avgcos_paper_passage")}
     if model == "repbert":
         ref.update({"iw_paper_sequence": [], "avgcos_paper_passage_sequence": []})
@@ -94,13 +85,50 @@ def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
             assert len(qs) == len(ps) <= 16
             ref["iw_paper_sequence"].append(iw_reference(np.concatenate([qs, ps])))
             ref["avgcos_paper_passage_sequence"].append(avgcos_reference(ps))
+    return ref
+
+
+def _assert_means(m: dict, ref: dict[str, list[float]]) -> None:
     for key, values in ref.items():
         values = np.array(values)
         values = values[np.isfinite(values)]
         assert m[key] == pytest.approx(values.mean(), abs=1e-6), key
         assert m[f"{key}_std"] == pytest.approx(values.std(), abs=1e-6), key
+
+
+def _dumps(out) -> list:
+    return sorted((out / "isotropy_batches").glob("*.npz"), key=lambda p: int(p.stem))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["colbert", "repbert"])
+def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
+    """evaluate.py writes iw_paper* into metrics.json and, with eval.dump_isotropy=true, each test batch's scored
+    vectors; the paper's formula on the dump gives the same numbers (1e-6)."""
+    out = tmp_path / "eval"
+    run_script("evaluate.py", *SMALL, f"model={model}", f"model.backbone={tiny_bert}", "eval.isotropy_batch_pairs=16",
+               "eval.dump_isotropy=true", f"output_dir={out}")
+    m = json.loads((out / "metrics.json").read_text())
+    dumps = _dumps(out)
+    assert [int(p.stem) for p in dumps] == list(range(len(dumps))) and len(dumps) >= 2
+    assert m["isotropy_paper_batches"] == len(dumps)
+    _assert_means(m, _reference(dumps, model))
     assert ("iw_paper_sequence" in m) == (model == "repbert")  # ColBERT does not pool
     assert "iw" in m and "iw_sequence" in m  # the probe protocol's keys keep their names
+
+
+@pytest.mark.slow
+def test_paper_protocol_on_a_sample_of_the_test_batches(tmp_path, tiny_bert):
+    """eval.isotropy_max_batches=2: the means are over 2 of the test batches (the dump holds exactly those, and
+    metrics.json says how many), recomputed from the dump with the paper's formula (1e-6)."""
+    out = tmp_path / "eval"
+    run_script("evaluate.py", *SMALL, "model=colbert", f"model.backbone={tiny_bert}", "eval.isotropy_batch_pairs=8",
+               "eval.isotropy_max_batches=2", "eval.dump_isotropy=true", f"output_dir={out}")
+    m = json.loads((out / "metrics.json").read_text())
+    dumps = _dumps(out)
+    assert len(dumps) == 2 and m["isotropy_paper_batches"] == 2
+    assert max(int(p.stem) for p in dumps) < -(-6 * 10 // 8)  # k names a batch of the full list (6 queries x 10)
+    _assert_means(m, _reference(dumps, "colbert"))
 
 
 def test_groups_encode_each_distinct_text_once_within_the_budget():
@@ -124,3 +152,43 @@ def test_groups_encode_each_distinct_text_once_within_the_budget():
             assert distinct_tokens(g) <= budget or len(g) == 1
         for g, nxt in zip(groups, groups[1:]):  # greedy: the next batch would not have fit
             assert distinct_tokens(g + nxt[:1]) > budget
+
+
+def _pair_batches(dm, world: int, **kw) -> list:
+    """pair_batches as the ranks of a world of `world` processes see them, concatenated in rank order."""
+    out = []
+    for rank in range(world):
+        dm._rank_world = lambda r=rank: (r, world)
+        out += dm.pair_batches("test", 4, **kw)
+    del dm._rank_world
+    return out
+
+
+def test_a_batch_sample_is_the_same_for_every_run_seed_and_world_size(tmp_path):
+    """eval.isotropy_max_batches: a uniform sample of K of the test batches, fixed by its own seed (every model and
+    run seed measures the same batches), split by DDP ranks without overlap; each batch as the full list has it."""
+    from datamodules.datamodule import RankingDataModule
+    from datamodules.sources.synthetic import SyntheticConfig
+
+    def module(seed):
+        cfg = SyntheticConfig(num_docs=80, num_train_queries=10, num_val_queries=4, num_test_queries=12, num_topics=4,
+                              data_seed=3, cache_dir=str(tmp_path))
+        dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
+        dm.setup()
+        return dm
+
+    dm = module(1)
+    every = dm.pair_batches("test", 4)
+    n = -(-len(dm.eval_splits["test"].pairs) // 4)
+    assert [k for k, _, _ in every] == list(range(n)) and n > 20
+    by_k = {k: (q, p) for k, q, p in every}
+    sample = dm.pair_batches("test", 4, max_batches=7, sample_seed=0)
+    ks = [k for k, _, _ in sample]
+    assert len(ks) == 7 == len(set(ks)) and ks == sorted(ks)
+    assert all(by_k[k] == (q, p) for k, q, p in sample)
+    for world in (2, 3):  # the ranks' shares are the one-process sample, no batch twice
+        assert sorted(_pair_batches(dm, world, max_batches=7, sample_seed=0)) == sorted(sample)
+    assert _pair_batches(dm, 2) == sorted(_pair_batches(dm, 2), key=lambda b: b[0] % 2)  # no sample: k mod world
+    assert module(2).pair_batches("test", 4, max_batches=7, sample_seed=0) == sample  # the run seed plays no part
+    assert [k for k, _, _ in dm.pair_batches("test", 4, max_batches=7, sample_seed=1)] != ks
+    assert dm.pair_batches("test", 4, max_batches=n + 5) == every
