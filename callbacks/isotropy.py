@@ -39,7 +39,7 @@ from torch import Tensor
 from core.io import atomic_open, save_figure
 from datamodules.tokenization import length_order
 from lightning_modules.rankers.base import Encoded, EncodedTexts, masked_mean
-from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, avg_cos_from_unit_sum, gram_matrix, isotropy_iw, unit_sum
+from metrics.isotropy import AvgCos, IsotropyIW, avg_cos_from_unit_sum, gram_matrix, isotropy_iw, unit_sum
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
