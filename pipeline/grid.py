@@ -58,7 +58,8 @@ and logged as a wandb.Table into a `<name>-table` run of the group when the cell
 Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_root=...`, `action=...`) override the
 grid file; any other key is a pipeline override appended to every cell (`trainer.max_steps=10`).
 `action=run` (default) runs and tabulates, `action=table` only collects and tabulates what is finished,
-`action=list` prints every cell and its state. `only=["*/fold0"]` (globs on the cell labels printed by
+`action=list` prints every cell and its state, `action=export` / `action=import` with `cells_file=F` carry finished
+cells to and from another machine or sitting (pipeline/grid_cells.py). `only=["*/fold0"]` (globs on the cell labels printed by
 `action=list`) runs just those cells, e.g. one fold of every row first; the table takes whatever is finished.
 
 `paired_by: query` pairs and averages by query id, so a query id must name the same query in every run: true for
@@ -88,6 +89,7 @@ from core.lock import claim
 from lightning_modules.rankers import UNTRAINED
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
+from pipeline.grid_cells import CELL_FILE, export_cells, import_cells, settings
 from pipeline.grid_config import INIT_REF, GridSpec, grid_key, load_grid
 from pipeline.record import write_record
 from pipeline.run import evaluate as evaluate_run
@@ -97,14 +99,7 @@ from pipeline.tables import RUN_LEVEL, log_wandb_table, write_table
 __all__ = ["Cell", "GridReport", "GridSpec", "collect", "load_grid", "main", "plan", "run"]
 
 REPO = Path(__file__).resolve().parents[1]
-CELL_FILE = "cell.json"  # the overrides a cell was started with
-# Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.
-NEUTRAL = ("logger", "trainer.enable_progress_bar", "trainer.log_every_n_steps", "data.cache_dir", "data.num_workers")
 DONE, PARTIAL, TODO = "done", "partial (resumable)", "todo"
-
-
-def _settings(argv) -> list[str]:
-    return [a for a in argv if not a.split("=", 1)[0].startswith(NEUTRAL)]
 
 
 @dataclass(frozen=True)
@@ -163,10 +158,10 @@ class Cell:
         if self.state == TODO or not path.is_file():
             return None
         try:
-            before = _settings(json.loads(path.read_text())["argv"])
+            before = settings(json.loads(path.read_text())["argv"])
         except (OSError, ValueError, KeyError, TypeError):
             return f"{path} is unreadable"
-        now = _settings(self.argv)
+        now = settings(self.argv)
         if before == now:
             return None
         gone = [a for a in before if a not in now]
@@ -510,7 +505,7 @@ CELL_KEYS = ("rows", "train_data", "eval_data", "seeds", "folds", "common", "ext
 def _cell_setting(grid: dict, key: str):
     # logging overrides (NEUTRAL) leave finished cells valid, so adding or dropping one is no change to warn about
     value = grid.get(key)
-    return _settings(value) if key in ("common", "extra_overrides") and isinstance(value, list) else value
+    return settings(value) if key in ("common", "extra_overrides") and isinstance(value, list) else value
 
 
 def _record_spec(spec: GridSpec, extra: list[str], cells: list[Cell], say) -> None:
@@ -566,6 +561,15 @@ def run(argv: list[str], out=None) -> GridReport:
     report = GridReport(spec)
     n_train = sum(c.kind == "train" for c in cells)
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
+    if spec.action == "export":
+        n = export_cells(spec.name, [c for c in cells if spec.selected(c)], Path(spec.cells_file))
+        say(f"exported {n} finished cells to {spec.cells_file}")
+        return report
+    if spec.action == "import":
+        imported, kept = import_cells(spec.name, cells, Path(spec.cells_file))
+        report.status.update({label: "imported" for label in imported} | {label: "skipped" for label in kept})
+        say(f"imported {len(imported)} cells from {spec.cells_file}" + (f"; {len(kept)} already finished here (or running) were kept" if kept else ""))
+        return report
     if spec.action == "list":
         for c in cells:
             report.status[c.label] = c.state + (" (other settings)" if c.other_settings() else "")

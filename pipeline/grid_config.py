@@ -35,7 +35,7 @@ INIT_REF = "init_ckpt=@"  # a row's `init_ckpt=@<row>/<train>`: that cell's best
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # key -> (what its value names, the values it takes)
 CHOICES = {"test": ("significance test", tuple(TESTS)), "paired_by": ("pairing", ("query", "replicate")),
-           "launcher": ("launcher", ("subprocess", "inprocess")), "action": ("action", ("run", "table", "list"))}
+           "launcher": ("launcher", ("subprocess", "inprocess")), "action": ("action", ("run", "table", "list", "export", "import"))}
 
 
 def grid_key(source: str | os.PathLike, key: str) -> str:
@@ -61,7 +61,8 @@ class GridSpec:
     paired_by: str | None = "query"  # query (per-query values, mean over runs first) | replicate (per seed/fold means)
     launcher: str | None = "subprocess"  # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: str | None = "outputs/grids"
-    action: str | None = "run"  # run | table | list
+    action: str | None = "run"  # run | table | list | export | import (finished cells to / from cells_file)
+    cells_file: str | None = None  # action=export / import: a gzip'd JSON file of finished cells (pipeline/grid_cells.py)
     untrained: Any = None  # rows evaluated as they are, never trained: the backbone (0 steps) beside its fine-tuned row
     train_on: dict[str, Any] | None = None  # row -> the train_data labels it trains on (default: all)
     compare_to: dict[str, str] | None = None  # row -> the row its table cells compare with (default: baseline)
@@ -94,6 +95,8 @@ class GridSpec:
         for label, ov in self.eval_data.items():
             if label in self.train_data and ov != self.train_data[label]:
                 raise InputError("eval_data", f"'{label}' has other overrides than in train_data; use another label for a different setting")
+        if self.action in ("export", "import") and not self.cells_file:
+            raise InputError("cells_file", f"is missing; action={self.action} needs the path of the cells file")
         self.seeds = _seeds(self.seeds)
         if self.folds is not None and self.folds < 3:
             raise InputError("folds", f"is {self.folds}; expected an integer >= 3 (data.num_folds) or null")
@@ -204,7 +207,7 @@ class GridSpec:
         return out
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only", "record")}
+        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only", "record", "cells_file")}
 
 
 GRID_KEYS = tuple(f.name for f in fields(GridSpec))

@@ -504,3 +504,50 @@ def test_a_cell_claimed_by_another_grid_process_is_left_to_it(tmp_path):
     report = run([f"grid={gfile}"], out=io.StringIO())
     assert report.status == {"bm25/syn/seed1": "skipped", "bm25/syn/seed2": "ran"}
     assert not list(held.parent.glob(".*.grid.lock"))  # claims leave no files behind
+
+
+def test_cells_exported_and_imported_tabulate_as_if_run_in_one_place(tmp_path):
+    """action=export / import: seed 1 run in one place and seed 2 in another give, once seed 1's finished cells are
+    imported beside seed 2, the same results and table as both seeds run in one place; an import that would mix
+    other settings, or another grid's cells, stops before writing anything; a cell finished here is kept."""
+    grid = {"name": "travel", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+            "train_data": {"syn": SYN}, "seeds": [1, 2], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+            "measures": ["ndcg_cut_10", "P_20"], "launcher": "inprocess"}
+    gfile = tmp_path / "travel.yaml"
+    gfile.write_text(json.dumps(grid))
+    quiet = io.StringIO
+
+    def grid_run(root, *extra):
+        return run([f"grid={gfile}", f"output_root={tmp_path / root}", *extra], out=quiet())
+
+    cells = tmp_path / "seed1.json.gz"
+    grid_run("a", "seeds=[1]")
+    assert grid_run("a", "seeds=[1]", "action=export", f"cells_file={cells}").status == {}
+    first = cells.read_bytes()
+    grid_run("a", "seeds=[1]", "action=export", f"cells_file={cells}")
+    assert cells.read_bytes() == first  # the same cells, the same bytes
+    grid_run("b", "seeds=[2]")
+    report = grid_run("b", "action=import", f"cells_file={cells}")
+    assert report.status == {"bm25/syn/seed1": "imported"}
+    assert grid_run("b", "action=import", f"cells_file={cells}").status == {"bm25/syn/seed1": "skipped"}  # kept
+    merged = grid_run("b", "action=table")
+    together = grid_run("c")
+    a = json.loads((tmp_path / "b" / "travel" / "results.json").read_text())
+    b = json.loads((tmp_path / "c" / "travel" / "results.json").read_text())
+    assert [c["status"] for c in a["cells"]] == ["done", "done"]
+    assert [(c["metrics"], c["per_query"]) for c in a["cells"]] == [(c["metrics"], c["per_query"]) for c in b["cells"]]
+    assert merged.table.replace(str(tmp_path / "b"), "") == together.table.replace(str(tmp_path / "c"), "")
+
+    # other overrides, another grid, a missing file: one error each, nothing written
+    with pytest.raises(InputError, match="cell 'bm25/syn/seed1' ran with other overrides"):
+        grid_run("d", "model.depth=10", "action=import", f"cells_file={cells}")
+    other = dict(grid, name="elsewhere")
+    ofile = tmp_path / "elsewhere.yaml"
+    ofile.write_text(json.dumps(other))
+    with pytest.raises(InputError, match="holds cells of grid 'travel', not of 'elsewhere'"):
+        run([f"grid={ofile}", f"output_root={tmp_path / 'd'}", "action=import", f"cells_file={cells}"], out=quiet())
+    with pytest.raises(InputError, match="does not exist"):
+        grid_run("d", "action=import", f"cells_file={tmp_path / 'none.json.gz'}")
+    with pytest.raises(InputError, match="cells_file.*is missing"):
+        grid_run("d", "action=export")
+    assert not list((tmp_path / "d").rglob("metrics.json"))
