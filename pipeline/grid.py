@@ -403,6 +403,28 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
     return status, ""
 
 
+def exportable(cells: list[Cell]) -> list[Cell]:
+    """The finished cells that can travel (action=export). No checkpoint travels, so a training cell goes only once
+    every cell that needs its checkpoint (its evaluations, head rows on it, rows initialised from it) has finished,
+    and the cells that need it go only with it: imported alone, either would leave the other unable to run."""
+    needs: dict[Path, list[Cell]] = {}  # a training cell's folder -> the cells that use its checkpoint
+    for c in cells:
+        for d in {c.train_dir if c.kind == "eval" else None, c.base_dir, c.init_dir} - {None}:
+            needs.setdefault(d, []).append(c)
+    held = {c.dir for c in cells if c.kind == "train" and not c.done}
+    changed = True
+    while changed:  # a held training cell holds what uses it; a training cell with an unfinished user is held
+        changed = False
+        for c in cells:
+            if c.dir in held:
+                continue
+            ups = {c.train_dir if c.kind == "eval" else None, c.base_dir, c.init_dir} - {None}
+            if ups & held or (c.kind == "train" and any(not u.done or u.dir in held for u in needs.get(c.dir, []))):
+                held.add(c.dir)
+                changed = True
+    return [c for c in cells if c.done and c.dir not in held]
+
+
 # ------------------------------------------------------------------------------------------------ results
 
 
@@ -562,8 +584,12 @@ def run(argv: list[str], out=None) -> GridReport:
     n_train = sum(c.kind == "train" for c in cells)
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
     if spec.action == "export":
-        n = export_cells(spec.name, [c for c in cells if spec.selected(c)], Path(spec.cells_file))
-        say(f"exported {n} finished cells to {spec.cells_file}")
+        chosen = [c for c in cells if spec.selected(c)]
+        ready = exportable(chosen)
+        n = export_cells(spec.name, ready, Path(spec.cells_file))
+        held = sum(c.done for c in chosen) - len(ready)
+        say(f"exported {n} finished cells to {spec.cells_file}" + (
+            f"; {held} finished cells held back: they belong to a training cell whose checkpoint other cells still need" if held else ""))
         return report
     if spec.action == "import":
         imported, kept = import_cells(spec.name, cells, Path(spec.cells_file))

@@ -8,7 +8,7 @@ from conftest import REPO, run_script
 from scipy import stats
 
 from core.errors import InputError
-from pipeline.grid import load_grid, plan, run
+from pipeline.grid import Cell, exportable, load_grid, plan, run
 from pipeline.tables import render_markdown, summarize
 
 SYN = ["data=synthetic", "data.data_seed=3", "data.num_docs=120", "data.num_train_queries=30", "data.num_val_queries=8",
@@ -551,3 +551,30 @@ def test_cells_exported_and_imported_tabulate_as_if_run_in_one_place(tmp_path):
     with pytest.raises(InputError, match="cells_file.*is missing"):
         grid_run("d", "action=export")
     assert not list((tmp_path / "d").rglob("metrics.json"))
+
+
+def test_a_training_cell_travels_only_with_the_cells_that_need_its_checkpoint(tmp_path):
+    """action=export carries no checkpoint: a finished training cell is held back while a cell that needs its
+    checkpoint (an evaluation, a head row, and that head row's evaluations) is unfinished, and so are the finished
+    cells that need it; a unit whose cells have all finished goes whole."""
+    def cell(kind, row, ev="syn", base=None, rep="seed1", done=True):
+        d = tmp_path / row / "syn" / rep if kind == "train" else tmp_path / row / "syn" / rep / f"eval-{ev}"
+        if done:
+            d.mkdir(parents=True, exist_ok=True)
+            for name in ("metrics.json", "per_query.json"):
+                (d / name).write_text("{}")
+        return Cell(kind, row, "syn", ev, rep, 1, None, d, (), base_dir=base)
+
+    ft = cell("train", "colbert")
+    ft_eval = cell("eval", "colbert", "cranfield")
+    head = cell("train", "colbert_glow", base=ft.dir)
+    head_eval = cell("eval", "colbert_glow", "cranfield", base=ft.dir, done=False)  # not finished
+    whitening = cell("train", "colbert_whitening", base=ft.dir)
+    other = cell("train", "colbert", rep="seed2")
+    other_eval = cell("eval", "colbert", "cranfield", rep="seed2")
+    cells = [ft, ft_eval, head, head_eval, whitening, other, other_eval]
+    assert [c.label for c in exportable(cells)] == [other.label, other_eval.label]
+    for name in ("metrics.json", "per_query.json"):  # the head row's evaluation finishes: seed 1 goes whole
+        head_eval.dir.mkdir(parents=True, exist_ok=True)
+        (head_eval.dir / name).write_text("{}")
+    assert exportable(cells) == cells
