@@ -558,10 +558,13 @@ def _add_wall_time(cell: Cell, seconds: float) -> None:
     write_json(path, data)
 
 
-def _write_record(spec: GridSpec, argv: list[str], results: dict, table: str) -> Path:
-    """results/<date>-<grid>.md: the table with the command, commit, machine and the cells' summed wall time."""
-    done = [c for c in results["cells"] if c["status"] == "done"]
-    timed = [c["wall_s"] for c in done if c.get("wall_s") is not None]
+def _write_record(spec: GridSpec, argv: list[str], results: dict, table: str, cells: list[Cell]) -> Path:
+    """results/<date>-<grid>.md: the table with the command, commit, machine and the summed wall time of every
+    finished cell of the tabulated replicates (training cells too: with eval_data labels of their own, as in the
+    position-bias grid, the table's entries are evaluation cells only)."""
+    reps = set(results["replicates"])
+    done = [c for c in cells if c.done and c.replicate in reps]
+    timed = [w for c in done if (w := _cell_wall(c)) is not None]
     note = f" (sum over {len(timed)} cell runs" + (f"; {len(done) - len(timed)} finished cells have no recorded time)" if len(timed) < len(done) else ")")
     body = table.replace(f"## {spec.name}\n", "", 1)
     return write_record(spec.name.replace("_", "-"), f"Grid `{spec.name}`", "python experiments.py " + " ".join(argv),
@@ -641,7 +644,7 @@ def run(argv: list[str], out=None) -> GridReport:
         say(f"{len(missing)} of {len(results['cells'])} result cells are not finished")
     _wandb_table(spec, cfg, results)
     if spec.record:
-        say(f"record: {_write_record(spec, argv, results, report.table)}")
+        say(f"record: {_write_record(spec, argv, results, report.table, cells)}")
     if report.failed:
         say(f"failed: {', '.join(report.failed)}")
     return report

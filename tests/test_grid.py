@@ -466,6 +466,19 @@ def test_table_record_with_paper_figures(tmp_path, monkeypatch):
     assert "| bm25_b | 0.7250 (+31.8%)" in text and "| ↳ paper | 0.6120 |" in text
     run([f"grid={gfile}", "action=table", "record=true"], out=io.StringIO())
     assert len(list((tmp_path / "results").glob("*-rec*.md"))) == 2  # the first one is kept
+    # eval_data labels of their own (the position-bias grid): the training cells' time counts too
+    two = dict(grid, name="rec2", paper=None, eval_data={"a": ["data=synthetic"], "b": ["data=synthetic", "data.max_eval_queries=1"]})
+    g2 = tmp_path / "rec2.yaml"
+    g2.write_text(json.dumps(two))
+    spec2, _ = load_grid([f"grid={g2}"])
+    for c in plan(spec2):
+        c.dir.mkdir(parents=True)
+        (c.dir / "metrics.json").write_text(json.dumps({"ndcg_cut_10": 0.5}))
+        (c.dir / "per_query.json").write_text(json.dumps({"q1": {"ndcg_cut_10": 0.5}}))
+        (c.dir / "cell.json").write_text(json.dumps({"argv": list(c.argv), "wall_s": 600.0 if c.kind == "train" else 60.0}))
+    run([f"grid={g2}", "action=table", "record=true", "seeds=[1]"], out=io.StringIO())
+    text = next((tmp_path / "results").glob("*-rec2.md")).read_text()
+    assert "- Wall time: 24 min 00 s (sum over 6 cell runs)" in text  # seed 1: 2 rows x (600 s + 2 x 60 s)
     bad = dict(grid, paper={"synthetic": {"nope": {"ndcg_cut_10": 0.6}}})
     gfile.write_text(json.dumps(bad))
     with pytest.raises(InputError, match="paper.synthetic.nope"):
