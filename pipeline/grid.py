@@ -79,17 +79,15 @@ import traceback
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import InputError
 from core.io import atomic_open, write_json
-from core.lock import claim
 from lightning_modules.rankers import UNTRAINED
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
-from pipeline.grid_cells import CELL_FILE, export_cells, import_cells, settings
+from pipeline.grid_cells import CELL_FILE, claim_cell, export_cells, import_cells, read_json, settings
 from pipeline.grid_config import INIT_REF, GridSpec, grid_key, load_grid
 from pipeline.record import write_record
 from pipeline.run import evaluate as evaluate_run
@@ -136,6 +134,12 @@ class Cell:
     @property
     def train_dir(self) -> Path:
         return self.dir if self.kind == "train" else self.dir.parent
+
+    @property
+    def uses(self) -> set[Path]:
+        """The training cells whose best checkpoint this cell runs from: its own (an evaluation), its base row's (a
+        head row) or its `init_ckpt=@` row's."""
+        return {self.train_dir if self.kind == "eval" else None, self.base_dir, self.init_dir} - {None}
 
     @property
     def last_ckpt(self) -> Path:
@@ -409,7 +413,7 @@ def exportable(cells: list[Cell]) -> list[Cell]:
     and the cells that need it go only with it: imported alone, either would leave the other unable to run."""
     needs: dict[Path, list[Cell]] = {}  # a training cell's folder -> the cells that use its checkpoint
     for c in cells:
-        for d in {c.train_dir if c.kind == "eval" else None, c.base_dir, c.init_dir} - {None}:
+        for d in c.uses:
             needs.setdefault(d, []).append(c)
     held = {c.dir for c in cells if c.kind == "train" and not c.done}
     changed = True
@@ -418,19 +422,13 @@ def exportable(cells: list[Cell]) -> list[Cell]:
         for c in cells:
             if c.dir in held:
                 continue
-            ups = {c.train_dir if c.kind == "eval" else None, c.base_dir, c.init_dir} - {None}
-            if ups & held or (c.kind == "train" and any(not u.done or u.dir in held for u in needs.get(c.dir, []))):
+            if c.uses & held or (c.kind == "train" and any(not u.done or u.dir in held for u in needs.get(c.dir, []))):
                 held.add(c.dir)
                 changed = True
     return [c for c in cells if c.done and c.dir not in held]
 
 
 # ------------------------------------------------------------------------------------------------ results
-
-
-def _read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _cell_wall(cell: Cell) -> float | None:
@@ -455,8 +453,8 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                              "dir": str(cell.dir), "status": "missing", "metrics": {}, "per_query": {}}
                     if cell.done:
                         try:
-                            metrics = _read_json(cell.dir / "metrics.json")
-                            per_query = _read_json(cell.dir / "per_query.json")
+                            metrics = read_json(cell.dir / "metrics.json")
+                            per_query = read_json(cell.dir / "per_query.json")
                         except (OSError, ValueError) as e:
                             raise InputError(str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
                         entry["wall_s"] = _cell_wall(cell)
@@ -611,7 +609,7 @@ def run(argv: list[str], out=None) -> GridReport:
             tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
             if not spec.selected(cell):
                 continue
-            with claim(cell.dir.parent / f".{cell.dir.name}.grid.lock") as mine:
+            with claim_cell(cell.dir) as mine:
                 if not mine:
                     report.status[cell.label] = "busy"
                     say(f"{tag}: skipped (another grid process is running it)")

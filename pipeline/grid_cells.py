@@ -25,7 +25,7 @@ from core.errors import InputError
 from core.io import atomic_open, write_json
 from core.lock import claim
 
-__all__ = ["CELL_FILE", "NEUTRAL", "settings", "portable", "export_cells", "import_cells"]
+__all__ = ["CELL_FILE", "NEUTRAL", "settings", "portable", "read_json", "claim_cell", "export_cells", "import_cells"]
 
 CELL_FILE = "cell.json"  # the overrides a cell was started with
 # Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.
@@ -52,9 +52,15 @@ def portable(argv: Iterable[str]) -> list[str]:
     return [a for a in settings(argv) if not a.startswith("output_dir=")]
 
 
-def _read(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def claim_cell(cell_dir: Path):
+    """The claim (core.lock.claim) a grid process holds on a cell while it runs or writes it: the lock file
+    `.<cell>.grid.lock` beside the cell's folder; True when this process got it."""
+    return claim(cell_dir.parent / f".{cell_dir.name}.grid.lock")
 
 
 def export_cells(grid: str, cells: list[CellLike], path: Path) -> int:
@@ -64,8 +70,8 @@ def export_cells(grid: str, cells: list[CellLike], path: Path) -> int:
         if not c.done:
             continue
         try:
-            info = _read(c.dir / CELL_FILE) if (c.dir / CELL_FILE).is_file() else {}
-            files = {name: _read(c.dir / name) for name in RESULT_FILES + OPTIONAL_FILES if (c.dir / name).is_file()}
+            info = read_json(c.dir / CELL_FILE) if (c.dir / CELL_FILE).is_file() else {}
+            files = {name: read_json(c.dir / name) for name in RESULT_FILES + OPTIONAL_FILES if (c.dir / name).is_file()}
         except (OSError, ValueError) as e:
             raise InputError(str(c.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
         entries.append({"label": c.label, "argv": list(info.get("argv", c.argv)), "wall_s": info.get("wall_s"), "files": files})
@@ -115,7 +121,7 @@ def import_cells(grid: str, cells: list[CellLike], path: Path) -> tuple[list[str
         todo.append((cell, entry))
     imported, kept = [], []
     for cell, entry in todo:
-        with claim(cell.dir.parent / f".{cell.dir.name}.grid.lock") as mine:  # not under a running grid process
+        with claim_cell(cell.dir) as mine:  # not under a running grid process
             if not mine or cell.done:
                 kept.append(cell.label)
                 continue
