@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import subprocess
 import sys
@@ -162,7 +161,7 @@ class Cell:
         if self.state == TODO or not path.is_file():
             return None
         try:
-            before = settings(json.loads(path.read_text())["argv"])
+            before = settings(read_json(path)["argv"])
         except (OSError, ValueError, KeyError, TypeError):
             return f"{path} is unreadable"
         now = settings(self.argv)
@@ -433,7 +432,7 @@ def exportable(cells: list[Cell]) -> list[Cell]:
 
 def _cell_wall(cell: Cell) -> float | None:
     try:
-        return json.loads((cell.dir / CELL_FILE).read_text()).get("wall_s")
+        return read_json(cell.dir / CELL_FILE).get("wall_s")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -549,7 +548,7 @@ def _add_wall_time(cell: Cell, seconds: float) -> None:
     """Add a run's wall time to its cell.json (`wall_s`; a resumed cell sums its runs) for the record."""
     path = cell.dir / CELL_FILE
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except (OSError, ValueError):
         return
     data["wall_s"] = float(data.get("wall_s", 0.0)) + seconds
