@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.bm25s_lib import bm25s_module
 from core.errors import check_choice
 from core.io import atomic_open
 
@@ -75,7 +76,7 @@ def _digest(docs: dict[str, str], queries: dict[str, str], k: int, params: BM25P
 
 
 def tokenize(texts: list[str]) -> list[list[str]]:
-    import bm25s  # lazy: only BM25 needs it
+    bm25s = bm25s_module()  # loaded on first use: heavy, and only BM25 needs it
 
     stemmer, _ = _stemmer()
     return bm25s.tokenize(texts, lower=True, token_pattern=TOKEN_PATTERN, stopwords=STOPWORDS, stemmer=stemmer,
@@ -96,7 +97,7 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 def compute_bm25_run(docs: dict[str, str], queries: dict[str, str], k: int, params: BM25Params = BM25Params()) -> dict[str, Ranking]:
     """No cache: index the collection with bm25s and rank it for every query: qid -> [(doc id, score)]."""
-    import bm25s  # lazy: only BM25 needs it
+    bm25s = bm25s_module()  # loaded on first use: heavy, and only BM25 needs it
 
     doc_ids = sorted(docs)
     if not doc_ids or not queries or k <= 0:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The 33-word English stop list of Lucene, which bm25s ("en") and this project's BM25 (datamodules/bm25.py) use.
-from bm25s.stopwords import STOPWORDS_EN
+from core.bm25s_lib import stopwords_en
 
-STOPWORDS = frozenset(STOPWORDS_EN)
+# The 33-word English stop list of Lucene, which bm25s ("en") and this project's BM25 (datamodules/bm25.py) use.
+STOPWORDS = stopwords_en()
 
 
 @dataclass

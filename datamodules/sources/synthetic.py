@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.bm25s_lib import stopwords_en
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, check_ranges
 from datamodules.config import DataConfig
@@ -102,10 +103,8 @@ def build(cfg: SyntheticConfig, seed: int) -> IRDataset:
     counts = {"train": int(cfg.num_train_queries), "val": int(cfg.num_val_queries), "test": int(cfg.num_test_queries)}
     n_queries = sum(counts.values())
 
-    from bm25s.stopwords import STOPWORDS_EN  # lazy: only BM25 needs it
-
     # pseudo-words never collide with real function words (BM25 would drop a key term that is a stopword)
-    reserved = set(FUNCTION_WORDS) | set(QUESTION_WORDS) | set(STOPWORDS_EN)
+    reserved = set(FUNCTION_WORDS) | set(QUESTION_WORDS) | stopwords_en()
     n_names = 160 + int(2 * np.sqrt(n_queries))  # n_names * (n_names - 1) distinct two-word answers
     vocab = _pseudo_words(rng, n_topics * cfg.topic_words + 150 + n_queries + n_names, reserved)
     topics = [vocab[t * cfg.topic_words : (t + 1) * cfg.topic_words] for t in range(n_topics)]
