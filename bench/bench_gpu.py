@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -153,13 +154,18 @@ def main(argv: list[str] | None = None) -> dict:
     runner = Runner(work, opts)
     comparisons: dict[str, dict] = {}
 
+    lock = threading.RLock()  # the comparisons and the partial JSON, written from the pool's threads
+
     def compared(name: str, a: dict, b: dict) -> None:
-        comparisons[name] = c = compare(a, b)
+        with lock:
+            comparisons[name] = c = compare(a, b)
+            write_json(REPO / opts.out, {"options": vars(opts), "partial": True, "comparisons": comparisons})
         print(f"  {name}: {c['keys']} keys, max |diff| {c['max_abs_diff']} ({c['worst_key']})"
               + (f", NOT FINITE: {c['not_finite']}" if c["not_finite"] else ""), flush=True)
 
     def ranker_chain(r: str) -> None:
         cpu = runner.run(f"{r}-train-cpu", "train.py", "cpu", f"model={r}", *base)
+        compare_training(r)
         if cpu is None:
             return
         ckpt = tested_checkpoint(work / f"{r}-train-cpu", cpu)
@@ -183,18 +189,23 @@ def main(argv: list[str] | None = None) -> dict:
         if a is not None and b is not None:
             compared(f"colbert {h} head: cpu vs {dev}", a, b)
 
+    def compare_training(r: str) -> None:
+        """Called by both train runs of a ranker as each ends: the second to end compares them."""
+        a, b = (work / f"{r}-train-{d}" / "metrics.json" for d in ("cpu", tag))
+        with lock:
+            name = f"{r} train: cpu vs {dev}"
+            if name not in comparisons and a.exists() and b.exists():
+                compared(name, json.loads(a.read_text()), json.loads(b.read_text()))
+
     def device_runs(r: str) -> None:
         runner.run(f"{r}-train-{tag}", "train.py", dev, f"model={r}", *base)
+        compare_training(r)
         runner.run(f"{r}-bf16-{tag}", "train.py", dev, f"model={r}", *base, "trainer.precision=bf16-mixed")
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=opts.workers) as pool:
         for future in [pool.submit(f, r) for r in rankers for f in (ranker_chain, device_runs)]:
             future.result()
-    for r in rankers:
-        a, b = (work / f"{r}-train-{d}" / "metrics.json" for d in ("cpu", tag))
-        if a.exists() and b.exists() and a != b:
-            comparisons[f"{r} train: cpu vs {dev}"] = compare(json.loads(a.read_text()), json.loads(b.read_text()))
     failed = sorted(n for n, j in runner.jobs.items() if j["rc"] != 0)
     bf16 = {r: flat_numbers(json.loads((work / f"{r}-bf16-{tag}" / "metrics.json").read_text())).get("ndcg_cut_10")
             for r in rankers if (work / f"{r}-bf16-{tag}" / "metrics.json").exists()}
