@@ -2,7 +2,7 @@
 
     python -m bench.bench_gpu [rankers=colbert,repbert,bert_dot,bert_cat,tk,dgre] [heads=whitening,nice,glow]
                               [steps=20] [backbone=random] [tokenizer=minilm] [device=cuda] [workers=4]
-                              [out=bench/results/gpu.json]
+                              [overrides=key=value,...] [work_dir=outputs/bench-gpu] [out=bench/results/gpu.json]
 
 The unit tests pin trainer.accelerator=cpu, so this is where the pipeline's CUDA paths run. Everything is on the
 seeded synthetic collection (no files needed). `backbone=random` builds a seeded random BERT of MiniLM's shape
@@ -13,7 +13,8 @@ model directory or a backbone name. Per ranker:
    carried through `steps` optimiser steps (and by dropout, where a ranker has its own).
 2. `eval`: evaluate.py of the CPU run's tested checkpoint on `device`: the same weights on another device, so its
    metrics must equal the CPU run's to float32 rounding (the closest parity this check has).
-3. `bf16`: train.py on `device` with bf16-mixed, as the grids run: finite metrics, and its wall time.
+3. `bf16`: train.py on `device` with bf16-mixed, as the grids run: its nDCG@10, the metrics that are not finite
+   (none expected), and its wall time.
 
 Then each head (`train.py stage=head` on the CPU ColBERT checkpoint, on both devices) and dense retrieval
 (`evaluate.py retrieval=dense` on the CPU RepBERT checkpoint, `retrieval.device` cpu and `device`). A comparison
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from bench import options
 from core.io import write_json
+from lightning_modules.rankers.backbone import save_random_bert
 
 REPO = Path(__file__).resolve().parents[1]
 RANKERS = ["colbert", "repbert", "bert_dot", "bert_cat", "tk", "dgre"]
@@ -60,17 +62,9 @@ class Options:
 
 def random_backbone(path: Path, tokenizer: str) -> str:
     """A seeded random BERT of all-MiniLM-L6-v2's shape, dropout off, with that model's tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from lightning_modules.rankers.backbone import resolve
-
     if not (path / "config.json").exists():
-        torch.manual_seed(0)
-        cfg = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        BertModel(cfg).save_pretrained(path)
-        AutoTokenizer.from_pretrained(resolve(tokenizer)).save_pretrained(path)
+        save_random_bert(path, tokenizer=tokenizer, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                         intermediate_size=1536, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return str(path)
 
 
@@ -95,6 +89,12 @@ def compare(a: dict, b: dict) -> dict:
     return {"keys": len(shared), "max_abs_diff": diffs.get(worst), "worst_key": worst,
             "ndcg_cut_10": [fa.get("ndcg_cut_10"), fb.get("ndcg_cut_10")],
             "not_finite": sorted(k for k in shared if not (math.isfinite(fa[k]) and math.isfinite(fb[k])))}
+
+
+def check_bf16(metrics: dict) -> dict:
+    """A bf16-mixed run's verdict: its nDCG@10 and the metrics that are not finite (a bf16 overflow shows here)."""
+    flat = flat_numbers(metrics)
+    return {"ndcg_cut_10": flat.get("ndcg_cut_10"), "not_finite": sorted(k for k, v in flat.items() if not math.isfinite(v))}
 
 
 class Runner:
@@ -197,28 +197,34 @@ def main(argv: list[str] | None = None) -> dict:
             if name not in comparisons and a.exists() and b.exists():
                 compared(name, json.loads(a.read_text()), json.loads(b.read_text()))
 
+    bf16: dict[str, dict] = {}
+
     def device_runs(r: str) -> None:
         runner.run(f"{r}-train-{tag}", "train.py", dev, f"model={r}", *base)
         compare_training(r)
-        runner.run(f"{r}-bf16-{tag}", "train.py", dev, f"model={r}", *base, "trainer.precision=bf16-mixed")
+        m = runner.run(f"{r}-bf16-{tag}", "train.py", dev, f"model={r}", *base, "trainer.precision=bf16-mixed")
+        if m is not None:
+            with lock:
+                bf16[r] = check_bf16(m)
+            print(f"  {r} bf16-mixed on {dev}: nDCG@10 {bf16[r]['ndcg_cut_10']}"
+                  + (f", NOT FINITE: {bf16[r]['not_finite']}" if bf16[r]["not_finite"] else ", every metric finite"), flush=True)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=opts.workers) as pool:
         for future in [pool.submit(f, r) for r in rankers for f in (ranker_chain, device_runs)]:
             future.result()
     failed = sorted(n for n, j in runner.jobs.items() if j["rc"] != 0)
-    bf16 = {r: flat_numbers(json.loads((work / f"{r}-bf16-{tag}" / "metrics.json").read_text())).get("ndcg_cut_10")
-            for r in rankers if (work / f"{r}-bf16-{tag}" / "metrics.json").exists()}
     result = {"options": vars(opts), "device_name": torch.cuda.get_device_name() if dev != "cpu" else "cpu",
               "torch": torch.__version__, "cpus": os.cpu_count(), "wall_s": round(time.perf_counter() - t0, 1),
-              "failed": failed, "comparisons": comparisons, "bf16_ndcg_cut_10": bf16, "jobs": runner.jobs}
+              "failed": failed, "comparisons": comparisons, "bf16": bf16, "jobs": runner.jobs}
     write_json(REPO / opts.out, result)
     print(f"\n{'comparison':52s} {'keys':>4s} {'max |diff|':>10s}  worst key / nDCG@10 a, b")
     for name, c in comparisons.items():
         diff = "n/a" if c["max_abs_diff"] is None else f"{c['max_abs_diff']:.2e}"
         print(f"{name:52s} {c['keys']:4d} {diff:>10s}  {c['worst_key']} / {c['ndcg_cut_10']}"
               + (f"  NOT FINITE: {c['not_finite']}" if c["not_finite"] else ""))
-    print(f"bf16-mixed on {dev}, nDCG@10: {bf16}")
+    for r, b in bf16.items():
+        print(f"bf16-mixed {r:8s} nDCG@10 {b['ndcg_cut_10']}" + (f"  NOT FINITE: {b['not_finite']}" if b["not_finite"] else ""))
     print(f"failed: {failed or 'none'}; {len(runner.jobs)} runs in {result['wall_s']} s -> {opts.out}")
     return result
 

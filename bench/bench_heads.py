@@ -48,7 +48,7 @@ from lightning_modules.heads import build_head
 from lightning_modules.heads.cache import RepresentationCache, _vectors
 from lightning_modules.heads.flows import GlowConfig, NICEConfig
 from lightning_modules.module import RankingModule
-from lightning_modules.rankers.backbone import resolve
+from lightning_modules.rankers.backbone import save_random_bert
 
 REPO = Path(__file__).resolve().parents[1]
 SQUAD = REPO.parent / "shared" / "data" / "squad_v1.1_dev" / "dev-v1.1.json.gz"
@@ -84,13 +84,7 @@ def squad_texts(n_par: int, n_q: int, skip: int = 0) -> tuple[list[str], list[st
 def bert_base_shape(folder: Path) -> str:
     """BERT-base (bert-base-uncased's config: 12 layers, 768 dims, 12 heads) with seeded random weights and MiniLM's
     uncased 30,522-token tokenizer, saved to `folder`: the paper's backbone cost without a hub download."""
-    from transformers import AutoTokenizer, BertConfig, BertModel  # lazy: heavy, only model building needs it
-
-
-    torch.manual_seed(0)
-    BertModel(BertConfig(), add_pooling_layer=False).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(resolve("minilm")).save_pretrained(folder)
-    return str(folder)
+    return save_random_bert(folder)
 
 
 def batches(n: int, size: int, seed: int, epoch: int):

@@ -1,7 +1,7 @@
 """bench/bench_gpu.py's comparison of two metrics.json files (the GPU check's verdict), against hand-worked values."""
 import math
 
-from bench.bench_gpu import compare, flat_numbers
+from bench.bench_gpu import check_bf16, compare, flat_numbers
 
 
 def test_flat_numbers_dots_nested_keys_and_drops_non_numbers():
@@ -16,3 +16,9 @@ def test_compare_reports_the_largest_shared_difference_and_non_finite_keys():
     assert c["keys"] == 4  # ndcg_cut_10, P_20, before_head.iw, mats; best_step is a step, not a measure
     assert c["worst_key"] == "P_20" and math.isclose(c["max_abs_diff"], 0.03)
     assert c["not_finite"] == ["mats"] and c["ndcg_cut_10"] == [0.50, 0.52]
+
+
+def test_check_bf16_names_every_metric_that_overflowed():
+    m = {"ndcg_cut_10": 0.4, "P_20": math.inf, "before_head": {"iw": math.nan, "avgcos": 0.1}, "best_step": 20}
+    assert check_bf16(m) == {"ndcg_cut_10": 0.4, "not_finite": ["P_20", "before_head.iw"]}
+    assert check_bf16({"ndcg_cut_10": 0.4, "iw": 0.9})["not_finite"] == []

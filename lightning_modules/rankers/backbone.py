@@ -45,3 +45,16 @@ def load_backbone(name: str):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError("model.backbone", f"cannot load '{name}': {first}") from e
     return encoder, tokenizer
+
+
+def save_random_bert(path: str | Path, *, seed: int = 0, tokenizer: str = "minilm", **config) -> str:
+    """A BERT with seeded random weights and `tokenizer`'s tokenizer, saved as an HF model directory: tests and
+    benchmarks get a backbone of any shape without a hub download. `config`: BertConfig fields (its defaults are
+    bert-base-uncased's shape: 12 layers, 768 dims); the same seed and fields give the same weights."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel  # lazy: heavy, only model building needs it
+
+    torch.manual_seed(seed)
+    BertModel(BertConfig(**config)).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve(tokenizer)).save_pretrained(path)
+    return str(path)
