@@ -604,29 +604,13 @@ def run(argv: list[str], out=None) -> GridReport:
     if spec.action == "run":
         _stop_if_other_settings(spec, cells)
         _record_spec(spec, extra, cells, say)
-        for i, cell in enumerate(cells, 1):
-            tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
-            if not spec.selected(cell):
-                continue
-            with claim_cell(cell.dir) as mine:
-                if not mine:
-                    report.status[cell.label] = "busy"
-                    say(f"{tag}: skipped (another grid process is running it)")
-                    continue
-                if cell.done:  # checked under the claim: another grid process may have just finished it
-                    report.status[cell.label] = "skipped"
-                    say(f"{tag}: skipped (metrics.json exists)")
-                    continue
-                say(f"{tag}: running")
-                t0 = time.monotonic()
-                status, msg = run_cell(cell, spec)
-                if status == "input-error":
-                    report.status[cell.label] = "failed"
-                    raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
-                report.status[cell.label] = status
-                wall = time.monotonic() - t0
-                _add_wall_time(cell, wall)
-            say(f"{tag}: {status} in {_fmt(wall)}" + (f" ({msg})" if msg else ""))
+        said: set[tuple[str, str]] = set()  # a cell's skip or wait, printed once however many looks wait_s takes
+        while True:
+            ran, others = _run_pass(spec, cells, report, say, said, first_only=spec.wait_s is not None)
+            if spec.wait_s is None or not (ran or others):
+                break  # one pass; or nothing ran and no other process holds a cell that could unblock one
+            if not ran:
+                time.sleep(spec.wait_s)
     stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:
         say(f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)")
@@ -645,6 +629,50 @@ def run(argv: list[str], out=None) -> GridReport:
     if report.failed:
         say(f"failed: {', '.join(report.failed)}")
     return report
+
+
+def _run_pass(spec: GridSpec, cells: list[Cell], report: GridReport, say, said: set[tuple[str, str]],
+              first_only: bool) -> tuple[bool, bool]:
+    """One look over the unfinished cells in plan order, running each that can run (`first_only`: just the first, so
+    that the next look starts again from the top and the processes on one grid finish the first seeds first).
+    Returns (a cell ran, another process holds a cell this one has not finished)."""
+    def once(cell: Cell, status: str, msg: str) -> None:
+        if (cell.label, status) not in said:
+            said.add((cell.label, status))
+            say(msg)
+
+    others = False
+    for i, cell in enumerate(cells, 1):
+        if not spec.selected(cell) or report.status.get(cell.label) in ("ran", "resumed", "failed", "skipped"):
+            continue
+        tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
+        with claim_cell(cell.dir) as mine:
+            if not mine:
+                others = True
+                report.status[cell.label] = "busy"
+                once(cell, "busy", f"{tag}: skipped (another grid process is running it)")
+                continue
+            if cell.done:  # checked under the claim: another grid process may have just finished it
+                report.status[cell.label] = "skipped"
+                once(cell, "skipped", f"{tag}: skipped (metrics.json exists)")
+                continue
+            if report.status.get(cell.label) != "blocked":
+                say(f"{tag}: running")
+            t0 = time.monotonic()
+            status, msg = run_cell(cell, spec)
+            if status == "input-error":
+                report.status[cell.label] = "failed"
+                raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
+            report.status[cell.label] = status
+            if status == "blocked":
+                once(cell, "blocked", f"{tag}: blocked ({msg})")
+                continue
+            wall = time.monotonic() - t0
+            _add_wall_time(cell, wall)
+        say(f"{tag}: {status} in {_fmt(wall)}" + (f" ({msg})" if msg else ""))
+        if first_only:
+            return True, others
+    return False, others
 
 
 def main(argv: list[str]) -> int:

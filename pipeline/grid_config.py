@@ -69,6 +69,9 @@ class GridSpec:
     delta_eval: list[str] | None = None  # two eval_data labels: the position-bias paper's Table 3-4 layout
     only: Any = None  # run only the cells whose label matches one of these globs
     record: bool = False  # also write the table as a dated record, results/<date>-<name>.md (pipeline/record.py)
+    # action=run beside other grid processes: instead of leaving when only their cells are left, look again every
+    # wait_s seconds and take the first runnable cell in plan order, until every selected cell is finished
+    wait_s: float | None = None
     # the paper's figures, shown under our rows: {eval_data label: {row: {measure: value}}}
     paper: dict[str, Any] | None = None
     paper_note: str | None = None  # whose figures `paper` holds (paper, table, data set, backbone)
@@ -108,6 +111,8 @@ class GridSpec:
                 raise InputError(key, f"unknown {what} '{getattr(self, key)}'; expected one of {list(allowed)}")
         if self.test in UNPAIRED and self.paired_by != "replicate":
             raise InputError("paired_by", f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), so expected paired_by: replicate")
+        if self.wait_s is not None and not self.wait_s > 0:
+            raise InputError("wait_s", f"is {self.wait_s}; expected seconds > 0 between looks at the other processes' cells, or null")
         self.only = _strings(self.only, "only", 'cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"]')
         self.train_on = {row: self._train_labels(row, labels) for row, labels in (self.train_on or {}).items()}
         self.untrained = _strings(self.untrained, "untrained", "a list of row labels")
@@ -207,7 +212,7 @@ class GridSpec:
         return out
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only", "record", "cells_file")}
+        return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only", "record", "cells_file", "wait_s")}
 
 
 GRID_KEYS = tuple(f.name for f in fields(GridSpec))

@@ -2,6 +2,9 @@
 import io
 import json
 import math
+import shutil
+import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO, run_script
@@ -517,6 +520,71 @@ def test_a_cell_claimed_by_another_grid_process_is_left_to_it(tmp_path):
     report = run([f"grid={gfile}"], out=io.StringIO())
     assert report.status == {"bm25/syn/seed1": "skipped", "bm25/syn/seed2": "ran"}
     assert not list(held.parent.glob(".*.grid.lock"))  # claims leave no files behind
+
+
+def _held_for(lock_path: Path, seconds: float):
+    """Another grid process, as the lock file sees it: it holds `lock_path` for `seconds`, then dies without having
+    run the cell. Returns the thread once the lock is held."""
+    import threading
+
+    from filelock import FileLock
+
+    held = threading.Event()
+
+    def other():
+        with FileLock(lock_path):
+            held.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    held.wait()
+    return thread
+
+
+def test_wait_s_takes_the_cells_another_process_leaves(tmp_path):
+    """wait_s: a process does not leave a cell that another one holds; it runs what it can, looks again every wait_s
+    seconds, and takes the cell when the other process lets go of it unfinished (printing its skip once)."""
+    grid = {"name": "shared", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+            "train_data": {"syn": SYN}, "seeds": [1, 2], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+            "measures": ["ndcg_cut_10"], "launcher": "inprocess", "output_root": str(tmp_path / "grids")}
+    gfile = tmp_path / "shared.yaml"
+    gfile.write_text(json.dumps(grid))
+    cells = tmp_path / "grids" / "shared" / "bm25" / "syn"
+    other = _held_for(cells / ".seed1.grid.lock", 1.5)
+    log = io.StringIO()
+    report = run([f"grid={gfile}", "wait_s=0.1"], out=log)
+    other.join()
+    assert report.status == {"bm25/syn/seed1": "ran", "bm25/syn/seed2": "ran"}
+    text = log.getvalue()
+    assert text.count("bm25/syn/seed1: skipped (another grid process is running it)") == 1
+    assert text.index("train bm25/syn/seed2: ran") < text.index("train bm25/syn/seed1: ran")  # seed 2 ran meanwhile
+    with pytest.raises(InputError, match="wait_s"):
+        load_grid([f"grid={gfile}", "wait_s=0"])
+
+
+def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_can_change(tmp_path, tiny_bert, crash_when):
+    """A cell blocked on a training cell that another process holds waits for it, and runs once that cell has run;
+    a cell blocked on a training cell that failed here ends the run (no other process could unblock it)."""
+    model = ["model=colbert", f"model.backbone={tiny_bert}"]
+    grid = {"name": "waits", "baseline": "colbert", "rows": {"colbert": model},
+            "train_data": {"syn": SYN}, "eval_data": {"syn": SYN, "syn4": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
+            "seeds": [1], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"], "measures": ["ndcg_cut_10"],
+            "launcher": "inprocess", "output_root": str(tmp_path / "grids")}
+    gfile = tmp_path / "waits.yaml"
+    gfile.write_text(json.dumps(grid))
+    train, evaluation = "colbert/syn/seed1", "colbert/syn/seed1/eval-syn4"
+    undo = crash_when(lambda trainer: True)
+    report = run([f"grid={gfile}", "wait_s=0.1"], out=io.StringIO())
+    undo()
+    assert report.status == {train: "failed", evaluation: "blocked"}
+    shutil.rmtree(tmp_path / "grids" / "waits" / "colbert")
+    other = _held_for(tmp_path / "grids" / "waits" / "colbert" / "syn" / ".seed1.grid.lock", 1.5)
+    log = io.StringIO()
+    report = run([f"grid={gfile}", "wait_s=0.1"], out=log)
+    other.join()
+    assert report.status == {train: "ran", evaluation: "ran"}, log.getvalue()
+    assert log.getvalue().count(f"eval {evaluation}: blocked") == 1
 
 
 def test_cells_exported_and_imported_tabulate_as_if_run_in_one_place(tmp_path):
