@@ -626,8 +626,12 @@ def run(argv: list[str], out=None) -> GridReport:
     _wandb_table(spec, cfg, results)
     if spec.record:
         say(f"record: {_write_record(spec, argv, results, report.table, cells)}")
-    if report.failed:
-        say(f"failed: {', '.join(report.failed)}")
+    failed = [k for k, v in report.status.items() if v == "failed"]
+    blocked = [k for k, v in report.status.items() if v == "blocked"]
+    if failed:
+        say(f"failed: {', '.join(failed)}")
+    if blocked:  # not failures of their own: a cell they need is unfinished (failed, or another process's)
+        say(f"blocked (a cell they need is not finished): {', '.join(blocked)}")
     return report
 
 

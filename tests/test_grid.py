@@ -575,9 +575,11 @@ def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_c
     gfile.write_text(json.dumps(grid))
     train, evaluation = "colbert/syn/seed1", "colbert/syn/seed1/eval-syn4"
     undo = crash_when(lambda trainer: True)
-    report = run([f"grid={gfile}", "wait_s=0.1"], out=io.StringIO())
+    log = io.StringIO()
+    report = run([f"grid={gfile}", "wait_s=0.1"], out=log)
     undo()
     assert report.status == {train: "failed", evaluation: "blocked"}
+    assert f"failed: {train}\nblocked (a cell they need is not finished): {evaluation}\n" in log.getvalue()
     shutil.rmtree(tmp_path / "grids" / "waits" / "colbert")
     other = _held_for(tmp_path / "grids" / "waits" / "colbert" / "syn" / ".seed1.grid.lock", 1.5)
     log = io.StringIO()
