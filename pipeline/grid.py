@@ -183,7 +183,11 @@ class GridReport:
 
     @property
     def failed(self) -> list[str]:
+        """The cells that did not finish: those that failed and those blocked on an unfinished cell (exit code 1)."""
         return [k for k, v in self.status.items() if v in ("failed", "blocked")]
+
+    def having(self, status: str) -> list[str]:
+        return [k for k, v in self.status.items() if v == status]
 
 
 # ------------------------------------------------------------------------------------------------ cells
@@ -626,11 +630,9 @@ def run(argv: list[str], out=None) -> GridReport:
     _wandb_table(spec, cfg, results)
     if spec.record:
         say(f"record: {_write_record(spec, argv, results, report.table, cells)}")
-    failed = [k for k, v in report.status.items() if v == "failed"]
-    blocked = [k for k, v in report.status.items() if v == "blocked"]
-    if failed:
+    if failed := report.having("failed"):
         say(f"failed: {', '.join(failed)}")
-    if blocked:  # not failures of their own: a cell they need is unfinished (failed, or another process's)
+    if blocked := report.having("blocked"):  # not failures of their own: a cell they need is unfinished
         say(f"blocked (a cell they need is not finished): {', '.join(blocked)}")
     return report
 

@@ -1,9 +1,7 @@
 """lightning_modules/rankers/backbone.py: the seeded random BERT that tests and benchmarks build, loaded back the way
 every ranker loads its backbone."""
-import pytest
 import torch
 
-from core.errors import InputError
 from lightning_modules.rankers.backbone import load_backbone, save_random_bert
 
 SHAPE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
@@ -24,7 +22,3 @@ def test_random_bert_is_a_function_of_its_seed_and_loads_with_the_asked_shape(tm
     encoder, tokenizer = load_backbone(str(tmp_path / "a"))
     assert encoder.config.num_hidden_layers == 1 and len(tokenizer) == 30522
 
-
-def test_a_missing_local_backbone_is_an_input_error_naming_the_key(tmp_path):
-    with pytest.raises(InputError, match="model.backbone"):
-        load_backbone(str(tmp_path / "nowhere"))
