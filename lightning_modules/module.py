@@ -333,7 +333,6 @@ class RankingModule(pl.LightningModule):
 
     def _forward_context(self):
         # the precision plugin's autocast (bf16-mixed) outside the *_step hooks, where Lightning applies it itself
-
         return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
 
     def score_chunk(self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512, docs: Encoded | None = None) -> Tensor:
