@@ -10,6 +10,12 @@ from datamodules.folds import check_fold_config
 from datamodules.rotation import ROTATIONS
 
 
+# Keys that change only what a run trains on, never its validation or test split: a test with data overrides that
+# differ from a training run's in these keys alone is that run's own test (pipeline/grid.py runs it once).
+TRAINING_ONLY = frozenset({"batch_size", "negatives", "max_train_triples", "rotate_train", "rotation", "train_passage",
+                           "answer_bias_keep_first", "answer_bias_late_keep", "answer_bias_seed"})
+
+
 @dataclass
 class DataConfig:
     source: str = "synthetic"

@@ -241,7 +241,7 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                 cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
                     argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir, init_dir, untrained))
                 for ev, eval_ov in spec.eval_data.items():
-                    if ev == train:
+                    if spec.own_test(train, ev):
                         continue
                     ev_dir = cell_dir / f"eval-{ev}"
                     ev_ov = [o for o in row_ov if o != "stage=head" and not o.startswith("init_ckpt=")]
@@ -250,6 +250,14 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                     cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir, listed_untrained=untrained))
         cells[start:] = _after_references(cells[start:])
     return cells
+
+
+def own_test_labels(spec: GridSpec) -> list[str]:
+    """The labels evaluation cells would have where `spec.own_test` reads the test from the training cell instead
+    (an eval_data label other than the training one): cells files exported before it did still hold them."""
+    return [f"{row}/{train}/{rep}/eval-{ev}" for rep, _, _ in spec.replicates() for train in spec.train_data
+            for row in spec.rows if spec.trains_on(row, train)
+            for ev in spec.eval_data if ev != train and spec.own_test(train, ev)]
 
 
 def _after_references(cells: list[Cell]) -> list[Cell]:
@@ -451,7 +459,7 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                 if not spec.trains_on(row, train):
                     continue
                 for ev in spec.eval_data:
-                    cell = by_key[("train", row, train, train, rep)] if ev == train else by_key[("eval", row, train, ev, rep)]
+                    cell = by_key[("train", row, train, train, rep)] if spec.own_test(train, ev) else by_key[("eval", row, train, ev, rep)]
                     entry = {"row": row, "train": train, "eval": ev, "replicate": rep, "seed": seed, "fold": fold,
                              "dir": str(cell.dir), "status": "missing", "metrics": {}, "per_query": {}}
                     if cell.done:
@@ -596,9 +604,10 @@ def run(argv: list[str], out=None) -> GridReport:
             f"; {held} finished cells held back: they belong to a training cell whose checkpoint other cells still need" if held else ""))
         return report
     if spec.action == "import":
-        imported, kept = import_cells(spec.name, cells, Path(spec.cells_file))
-        report.status.update({label: "imported" for label in imported} | {label: "skipped" for label in kept})
-        say(f"imported {len(imported)} cells from {spec.cells_file}" + (f"; {len(kept)} already finished here (or running) were kept" if kept else ""))
+        imported, kept, left_out = import_cells(spec.name, cells, Path(spec.cells_file), own_test_labels(spec))
+        report.status.update({label: "imported" for label in imported} | {label: "skipped" for label in kept + left_out})
+        say(f"imported {len(imported)} cells from {spec.cells_file}" + (f"; {len(kept)} already finished here (or running) were kept" if kept else "")
+            + (f"; {len(left_out)} left out: tests their training cell already ran (e.g. {left_out[0]})" if left_out else ""))
         return report
     if spec.action == "list":
         for c in cells:

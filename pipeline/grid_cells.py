@@ -97,18 +97,23 @@ def _load(path: Path) -> dict:
     return doc
 
 
-def import_cells(grid: str, cells: list[CellLike], path: Path) -> tuple[list[str], list[str]]:
+def import_cells(grid: str, cells: list[CellLike], path: Path, own_tests: Iterable[str] = ()) -> tuple[list[str], list[str], list[str]]:
     """Write the cells exported to `path` into this grid's cell folders: (imported labels, labels already finished
-    here and kept). InputError, before anything is written, when the file is of another grid or holds a cell this
-    grid does not plan or plans with other overrides."""
+    here and kept, labels left out). Left out: evaluation cells in `own_tests`, which the grid reads from their
+    training cell now (files exported before it did). InputError, before anything is written, when the file is of
+    another grid or holds any other cell this grid does not plan or plans with other overrides."""
     path = Path(path)
     doc = _load(path)
     if doc.get("grid") != grid:
         raise InputError(f"cells_file '{path}'", f"holds cells of grid '{doc.get('grid')}', not of '{grid}'")
     planned = {c.label: c for c in cells}
-    todo = []
+    own_tests = set(own_tests)
+    todo, left_out = [], []
     for entry in doc["cells"]:
         label = entry.get("label")
+        if label in own_tests and label not in planned:
+            left_out.append(label)
+            continue
         cell = planned.get(label)
         if cell is None:
             raise InputError(f"cells_file '{path}'", f"cell '{label}' is not planned by this grid (its rows, data, seeds or folds differ)")
@@ -132,4 +137,4 @@ def import_cells(grid: str, cells: list[CellLike], path: Path) -> tuple[list[str
                 if name in entry["files"]:
                     write_json(cell.dir / name, entry["files"][name])
             imported.append(cell.label)
-    return imported, kept
+    return imported, kept, left_out

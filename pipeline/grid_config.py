@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import InputError
+from datamodules.config import TRAINING_ONLY
 from metrics.significance import TESTS, UNPAIRED
 from pipeline.config import CONFIG_DIR, _load_yaml, _structured, _translate
 
@@ -177,6 +178,19 @@ class GridSpec:
 
     def trains_on(self, row: str, train: str) -> bool:
         return train in self.train_on.get(row, self.train_data)
+
+    def own_test(self, train: str, ev: str) -> bool:
+        """Whether testing on `ev` is what the training cells on `train` already do at their end: the same label, or
+        data overrides that differ only in keys that change the training split (datamodules.config.TRAINING_ONLY,
+        e.g. the position-bias grid's `original` test of its `debiased` training, which adds data.rotate_train=true).
+        Such a test is read from the training cell instead of running evaluate.py on the same checkpoint again."""
+        if ev == train:
+            return True
+
+        def test_settings(overrides: list[str]) -> dict[str, str]:
+            pairs = (o.partition("=")[::2] for o in overrides)  # a later override of a key wins, as in the run
+            return {k: v for k, v in pairs if not (k.startswith("data.") and k[len("data."):] in TRAINING_ONLY)}
+        return test_settings(self.train_data[train]) == test_settings(self.eval_data[ev])
 
     def selected(self, cell) -> bool:
         """Whether `only` selects the cell (a pipeline.grid.Cell)."""

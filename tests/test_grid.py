@@ -1,4 +1,5 @@
 """Grid runner (pipeline/grid.py, experiments.py) and tables (pipeline/tables.py): a tiny grid end to end, resumable."""
+import gzip
 import io
 import json
 import math
@@ -661,3 +662,55 @@ def test_a_training_cell_travels_only_with_the_cells_that_need_its_checkpoint(tm
         head_eval.dir.mkdir(parents=True, exist_ok=True)
         (head_eval.dir / name).write_text("{}")
     assert exportable(cells) == cells
+
+
+def test_the_position_bias_grid_plans_no_test_its_training_cells_already_ran():
+    """squad_position_bias: testing on `original` is what both trainings (biased, and debiased = the same data with
+    data.rotate_train=true) end with, so only `rotated` gets evaluation cells; a changed test key makes one again."""
+    spec, extra = load_grid(["grid=squad_position_bias"])
+    assert [spec.own_test(t, e) for t in ("biased", "debiased") for e in ("original", "rotated")] == [True, False, True, False]
+    evals = {c.eval for c in plan(spec, extra) if c.kind == "eval"}
+    assert evals == {"rotated"}
+    spec, _ = load_grid(["grid=squad_position_bias", "eval_data={original: [data=squad_biased, data.max_eval_queries=50], rotated: [data=squad_biased]}"])
+    assert not spec.own_test("biased", "original") and spec.own_test("biased", "rotated")
+
+
+@pytest.mark.slow
+def test_a_test_read_from_the_training_cell_equals_evaluate_py_on_its_checkpoint(tmp_path, tiny_bert):
+    """The grid reads `original` from the debiased training cell (own_test): evaluate.py on that cell's best
+    checkpoint with the test's own overrides, the cell the grid no longer runs, gives the same metrics and
+    per-query values; cells files that still hold such a cell import without it."""
+    cache = tmp_path / "cache"
+    grid = {"name": "pb", "baseline": "colbert", "rows": {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+            "train_data": {"debiased": [*SYN, "data.rotate_train=true"]},
+            "eval_data": {"original": SYN, "rotated": [*SYN, "data.rotate_eval=true"]},
+            "seeds": [1], "common": [*FAST, f"data.cache_dir={cache}"], "measures": ["ndcg_cut_10"], "launcher": "inprocess",
+            "output_root": str(tmp_path / "grids")}
+    gfile = tmp_path / "pb.yaml"
+    gfile.write_text(json.dumps(grid))
+    report = run([f"grid={gfile}"], out=io.StringIO())
+    assert report.status == {"colbert/debiased/seed1": "ran", "colbert/debiased/seed1/eval-rotated": "ran"}
+    train_dir = tmp_path / "grids" / "pb" / "colbert" / "debiased" / "seed1"
+    res = json.loads((tmp_path / "grids" / "pb" / "results.json").read_text())
+    assert {c["eval"]: c["dir"] for c in res["cells"]} == {"original": str(train_dir), "rotated": str(train_dir / "eval-rotated")}
+
+    best = next((train_dir / "checkpoints").glob("best-*.ckpt"))
+    out = tmp_path / "eval-original"
+    run_script("evaluate.py", f"ckpt={best}", *FAST, *SYN, f"data.cache_dir={cache}", f"output_dir={out}")
+    ours, theirs = (json.loads((d / "per_query.json").read_text()) for d in (train_dir, out))
+    assert ours == theirs
+    ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (train_dir, out))
+    keys = ["ndcg_cut_10", "P_20", "iw_paper", "avgcos_paper"]
+    assert {k: ours[k] for k in keys} == pytest.approx({k: theirs[k] for k in keys}, abs=1e-9)
+
+    # a cells file from before: the would-be cell is left out, the others import
+    cells = tmp_path / "cells.json.gz"
+    run([f"grid={gfile}", "action=export", f"cells_file={cells}"], out=io.StringIO())
+    doc = json.loads(gzip.decompress(cells.read_bytes()))
+    old = {"label": "colbert/debiased/seed1/eval-original", "argv": [], "files": {}}
+    cells.write_bytes(gzip.compress(json.dumps(dict(doc, cells=[*doc["cells"], old])).encode()))
+    log = io.StringIO()
+    report = run([f"grid={gfile}", f"output_root={tmp_path / 'elsewhere'}", "action=import", f"cells_file={cells}"], out=log)
+    assert report.status["colbert/debiased/seed1/eval-original"] == "skipped"
+    assert sorted(k for k, v in report.status.items() if v == "imported") == ["colbert/debiased/seed1", "colbert/debiased/seed1/eval-rotated"]
+    assert "1 left out: tests their training cell already ran" in log.getvalue()
