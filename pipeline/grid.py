@@ -378,8 +378,9 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
     return (ckpt, "") if ckpt is not None else (None, f"no checkpoint in {train_dir / 'checkpoints'}")
 
 
-def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
-    """Run one unfinished cell; (status, message). Status: ran | resumed | failed | input-error | blocked."""
+def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, str]:
+    """Run one unfinished cell; (status, message). Status: ran | resumed | failed | input-error | blocked.
+    `on_start()` is called when it really starts (not for a blocked cell)."""
     argv = list(cell.argv)
     status = "ran"
     if cell.untrained:  # a BM25 or backbone row: evaluated on each cell's data as it is, no training, no checkpoint
@@ -408,6 +409,7 @@ def run_cell(cell: Cell, spec: GridSpec) -> tuple[str, str]:
             return "blocked", why
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
         script = "evaluate.py"
+    on_start()
     cell.dir.mkdir(parents=True, exist_ok=True)
     write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv)})
     rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log")
@@ -671,10 +673,8 @@ def _run_pass(spec: GridSpec, cells: list[Cell], report: GridReport, say, said: 
                 report.status[cell.label] = "skipped"
                 once(cell, "skipped", f"{tag}: skipped (metrics.json exists)")
                 continue
-            if report.status.get(cell.label) != "blocked":
-                say(f"{tag}: running")
             t0 = time.monotonic()
-            status, msg = run_cell(cell, spec)
+            status, msg = run_cell(cell, spec, on_start=lambda: say(f"{tag}: running"))  # a blocked cell does not start
             if status == "input-error":
                 report.status[cell.label] = "failed"
                 raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))

@@ -565,8 +565,8 @@ def test_wait_s_takes_the_cells_another_process_leaves(tmp_path):
 
 
 def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_can_change(tmp_path, tiny_bert, crash_when):
-    """A cell blocked on a training cell that another process holds waits for it, and runs once that cell has run;
-    a cell blocked on a training cell that failed here ends the run (no other process could unblock it)."""
+    """A cell blocked on a training cell that another process holds waits for it, and runs (saying so) once that cell
+    has run; a cell blocked on a training cell that failed here ends the run (no other process could unblock it)."""
     model = ["model=colbert", f"model.backbone={tiny_bert}"]
     grid = {"name": "waits", "baseline": "colbert", "rows": {"colbert": model},
             "train_data": {"syn": SYN}, "eval_data": {"syn": SYN, "syn4": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
@@ -587,7 +587,11 @@ def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_c
     report = run([f"grid={gfile}", "wait_s=0.1"], out=log)
     other.join()
     assert report.status == {train: "ran", evaluation: "ran"}, log.getvalue()
-    assert log.getvalue().count(f"eval {evaluation}: blocked") == 1
+    text = log.getvalue()
+    assert text.count(f"eval {evaluation}: blocked") == 1
+    # "running" is said when a cell starts: once, after its wait, not before the block
+    assert text.count(f"eval {evaluation}: running") == 1
+    assert text.index(f"eval {evaluation}: blocked") < text.index(f"eval {evaluation}: running") < text.index(f"eval {evaluation}: ran")
 
 
 def test_cells_exported_and_imported_tabulate_as_if_run_in_one_place(tmp_path):
