@@ -1,4 +1,5 @@
 """Grid runner (pipeline/grid.py, experiments.py) and tables (pipeline/tables.py): a tiny grid end to end, resumable."""
+import dataclasses
 import gzip
 import io
 import json
@@ -12,6 +13,7 @@ from conftest import REPO, run_script
 from scipy import stats
 
 from core.errors import InputError
+from datamodules.config import TRAINING_ONLY, DataConfig
 from pipeline.grid import Cell, exportable, load_grid, plan, run
 from pipeline.tables import render_markdown, summarize
 
@@ -671,6 +673,7 @@ def test_a_training_cell_travels_only_with_the_cells_that_need_its_checkpoint(tm
 def test_the_position_bias_grid_plans_no_test_its_training_cells_already_ran():
     """squad_position_bias: testing on `original` is what both trainings (biased, and debiased = the same data with
     data.rotate_train=true) end with, so only `rotated` gets evaluation cells; a changed test key makes one again."""
+    assert TRAINING_ONLY <= {f.name for f in dataclasses.fields(DataConfig)}  # no misspelt key matches nothing
     spec, extra = load_grid(["grid=squad_position_bias"])
     assert [spec.own_test(t, e) for t in ("biased", "debiased") for e in ("original", "rotated")] == [True, False, True, False]
     evals = {c.eval for c in plan(spec, extra) if c.kind == "eval"}
