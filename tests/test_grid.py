@@ -473,7 +473,7 @@ def test_table_record_with_paper_figures(tmp_path, monkeypatch):
     run([f"grid={gfile}", "action=table", "record=true"], out=io.StringIO())
     assert len(list((tmp_path / "results").glob("*-rec*.md"))) == 2  # the first one is kept
     # eval_data labels of their own (the position-bias grid): the training cells' time counts too
-    two = dict(grid, name="rec2", paper=None, eval_data={"a": ["data=synthetic"], "b": ["data=synthetic", "data.max_eval_queries=1"]})
+    two = dict(grid, name="rec2", paper=None, eval_data={"a": ["data=synthetic", "data.max_eval_queries=2"], "b": ["data=synthetic", "data.max_eval_queries=1"]})
     g2 = tmp_path / "rec2.yaml"
     g2.write_text(json.dumps(two))
     spec2, _ = load_grid([f"grid={g2}"])
