@@ -99,6 +99,12 @@ REPO = Path(__file__).resolve().parents[1]
 DONE, PARTIAL, TODO = "done", "partial (resumable)", "todo"
 
 
+def cell_label(row: str, train: str, replicate: str, ev: str | None = None) -> str:
+    """`row/train/replicate` for a training cell, `.../eval-<ev>` for an evaluation cell (action=list, `only`, cells files)."""
+    base = f"{row}/{train}/{replicate}"
+    return base if ev is None else f"{base}/eval-{ev}"
+
+
 @dataclass(frozen=True)
 class Cell:
     kind: str  # "train" | "eval"
@@ -122,8 +128,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        base = f"{self.row}/{self.train}/{self.replicate}"
-        return base if self.kind == "train" else f"{base}/eval-{self.eval}"
+        return cell_label(self.row, self.train, self.replicate, None if self.kind == "train" else self.eval)
 
     @property
     def done(self) -> bool:
@@ -187,6 +192,7 @@ class GridReport:
         return [k for k, v in self.status.items() if v in ("failed", "blocked")]
 
     def having(self, status: str) -> list[str]:
+        """The cells with this status."""
         return [k for k, v in self.status.items() if v == status]
 
 
@@ -255,7 +261,7 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
 def own_test_labels(spec: GridSpec) -> list[str]:
     """The labels evaluation cells would have where `spec.own_test` reads the test from the training cell instead
     (an eval_data label other than the training one): cells files exported before it did still hold them."""
-    return [f"{row}/{train}/{rep}/eval-{ev}" for rep, _, _ in spec.replicates() for train in spec.train_data
+    return [cell_label(row, train, rep, ev) for rep, _, _ in spec.replicates() for train in spec.train_data
             for row in spec.rows if spec.trains_on(row, train)
             for ev in spec.eval_data if ev != train and spec.own_test(train, ev)]
 

@@ -183,10 +183,8 @@ class GridSpec:
         """Whether testing on `ev` is what the training cells on `train` already do at their end: the same label, or
         data overrides that differ only in keys that change the training split (datamodules.config.TRAINING_ONLY,
         e.g. the position-bias grid's `original` test of its `debiased` training, which adds data.rotate_train=true).
-        Such a test is read from the training cell instead of running evaluate.py on the same checkpoint again."""
-        if ev == train:
-            return True
-
+        Such a test is read from the training cell instead of running evaluate.py on the same checkpoint again. (A
+        label of both has the same overrides in both: __post_init__ checks it.)"""
         def test_settings(overrides: list[str]) -> dict[str, str]:
             pairs = (o.partition("=")[::2] for o in overrides)  # a later override of a key wins, as in the run
             return {k: v for k, v in pairs if not (k.startswith("data.") and k[len("data."):] in TRAINING_ONLY)}
