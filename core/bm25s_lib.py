@@ -1,5 +1,5 @@
-"""bm25s, loaded so that it cannot take the GPU: this project imports bm25s only through `bm25s_module()` and
-`stopwords_en()`.
+"""bm25s, loaded so that it cannot take the GPU: this project imports bm25s only through `bm25s_module()`,
+`bm25s_submodule()` and `stopwords_en()`.
 
 bm25s runs a JAX top-k when it is imported and JAX is installed (bm25s/selection.py). JAX then starts its CUDA
 backend, which preallocates 75% of the GPU's memory (XLA's default) or, when another process holds the GPU, fails
@@ -20,7 +20,13 @@ def bm25s_module() -> ModuleType:
     return importlib.import_module("bm25s")
 
 
+def bm25s_submodule(name: str) -> ModuleType:
+    """`bm25s.<name>` (e.g. "scoring", whose idf and tf scorers datamodules/bm25.py builds its index with), loaded
+    after `bm25s_module()` has pinned JAX."""
+    bm25s_module()
+    return importlib.import_module(f"bm25s.{name}")
+
+
 def stopwords_en() -> frozenset[str]:
     """The 33-word English stop list of Lucene, which bm25s ("en") and this project's BM25 use."""
-    bm25s_module()
-    return frozenset(importlib.import_module("bm25s.stopwords").STOPWORDS_EN)
+    return frozenset(bm25s_submodule("stopwords").STOPWORDS_EN)

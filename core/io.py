@@ -20,7 +20,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; results are meant to be shared like any file
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; results are meant to be shared like any file
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -33,7 +33,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         raise
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -68,6 +68,7 @@ class AtomicDir:
             raise InputError(str(p), f"exists and is not {self.kind} (no {self.marker}); refusing to replace it")
         p.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a cache or index is meant to be shared
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):

@@ -6,6 +6,7 @@ filled later by `datamodules.negatives` (BM25 with bm25s), so sources only repor
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,8 @@ Span = tuple[int, int]
 class Split:
     queries: dict[str, str] = field(default_factory=dict)  # qid -> text
     qrels: dict[str, dict[str, int]] = field(default_factory=dict)  # qid -> doc id -> grade (> 0 relevant)
-    triples: list[Triple] | None = None  # training triplets; None = sample them from qrels
+    # training triplets (a list, or a memory-mapped datamodules.triples.TripleArray); None = sample them from qrels
+    triples: Sequence[Triple] | None = None
     candidates: dict[str, list[str]] | None = None  # qid -> doc ids to re-rank; None = BM25 top-k
     # where each part came from: "queries" / "qrels" / "triples" / "candidates" -> a file path or a config key
     # (e.g. "data.train_id (msmarco-passage/train)"); cross-reference errors point there, to the line when a file
@@ -34,7 +36,7 @@ class Split:
 @dataclass
 class IRDataset:
     name: str
-    docs: dict[str, str]  # doc id -> passage text
+    docs: Mapping[str, str]  # doc id -> passage text: a dict, or a disk-backed datamodules.docstore.DocStore
     splits: dict[str, Split]
     # (qid, doc id) -> answer character spans in docs[doc id]; for position-bias analysis and rotation.
     answers: dict[tuple[str, str], list[Span]] = field(default_factory=dict)
@@ -57,7 +59,8 @@ class IRDataset:
         """
         if not self.docs:
             raise InputError(self.docs_origin or f"dataset {self.name}", "holds no passages; expected a collection of at least one passage")
-        for doc_id, text in self.docs.items():
+        # a store's texts were checked when it was built; reading 8.8M of them again would take minutes
+        for doc_id, text in () if getattr(self.docs, "texts_checked", False) else self.docs.items():
             if not text or not text.strip():
                 raise InputError(self.docs_origin or f"dataset {self.name}", f"document '{doc_id}' has empty text; expected a non-empty passage")
         for split_name, split in self.splits.items():
@@ -73,7 +76,7 @@ class IRDataset:
                 for doc_id in judged:
                     if doc_id not in self.docs:
                         raise InputError(where("qrels", qid, doc_id), f"qrels of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'")
-            for qid, pos, neg in split.triples or ():
+            for qid, pos, neg in () if getattr(split.triples, "checked", False) else split.triples or ():
                 if qid not in split.queries:
                     raise InputError(where("triples", qid, pos, neg), f"triple ({qid}, {pos}, {neg}) of split {split_name} names query '{qid}' which is not among the queries")
                 for doc_id in (pos, neg):

@@ -12,10 +12,12 @@ only in word order, never in spacing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pytorch_lightning as pl
+from pytorch_lightning.utilities import rank_zero_warn
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -92,12 +94,12 @@ class TripletDataset(Dataset):
     each document is replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or
     the first), cut from the rotated document."""
 
-    def __init__(self, ds: IRDataset, triples: list[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int,
+    def __init__(self, ds: IRDataset, triples: Sequence[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int,
                  window: tuple[int, int] | None = None, train_passage: str = "random", rotation_mode: str = "per_passage",
                  qrels: dict[str, dict[str, int]] | None = None):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
-        qrels = qrels or {}
-        self.judged = {q: tuple(doc_key(d) for d, grade in qrels.get(q, {}).items() if grade > 0) for q in {t[0] for t in triples}}
+        # per judged query, not per triple's query: a pass over 39.8M triples (MS MARCO) would take minutes
+        self.judged = {q: tuple(doc_key(d) for d, grade in judged.items() if grade > 0) for q, judged in (qrels or {}).items()}
         self.rotate, self.seed = rotate, seed
         self.window, self.train_passage = window, train_passage
         rotation_draw(rotation_mode, 0, "")  # a bad mode fails here, not in a dataloader worker
@@ -118,7 +120,7 @@ class TripletDataset(Dataset):
         qid, pos, neg = self.triples[i]
         # Positive and negative are both rotated, each at its own passage's cut (Eq. 7 applies to every passage).
         return (self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i),
-                TripletKeys(doc_key(pos), doc_key(neg), self.judged[qid]))
+                TripletKeys(doc_key(pos), doc_key(neg), self.judged.get(qid, ())))
 
 
 @dataclass
@@ -216,6 +218,29 @@ class EmptyShard(Dataset):
         return {"qidx": torch.zeros(0, dtype=torch.long), "didx": torch.zeros(0, dtype=torch.long)}
 
 
+class PassageTexts(Sequence[str]):
+    """The evaluation texts of `doc_ids`, each read from the collection when asked (`passage_text`, cut once per
+    passage): a split re-ranking MS MARCO's top 1,000 names millions of passages, which a list would hold in every
+    rank. Compares equal to the list of the same texts."""
+
+    def __init__(self, docs, doc_ids: list[str], rotate: bool, seed: int, rotation_mode: str):
+        self.docs, self.doc_ids, self.rotate, self.seed, self.rotation_mode = docs, doc_ids, rotate, seed, rotation_mode
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        d = self.doc_ids[i]
+        return passage_text(self.docs[d], self.rotate, self.seed, *rotation_draw(self.rotation_mode, 0, d))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+
 @dataclass
 class EvalSplit:
     """Index space of one evaluation split: results are (qidx, didx, score) and map back through these lists."""
@@ -225,7 +250,7 @@ class EvalSplit:
     pairs: np.ndarray  # [N, 2] (qidx, unit index), queries in order, candidates in their given order
     qrels: dict[str, dict[str, int]]
     qtexts: list[str]
-    dtexts: list[str]  # the scored units: documents, or their passages (data.passage_words)
+    dtexts: Sequence[str]  # the scored units: documents, or their passages (data.passage_words)
     unit_doc: np.ndarray | None = None  # passages: unit -> index in doc_ids; None: the units are the documents
 
 
@@ -249,11 +274,14 @@ class RankingDataModule(pl.LightningDataModule):
         if self.dataset is None:
             self._load()
 
-    def _candidates(self, ds: IRDataset, split_name: str) -> dict[str, list[str]]:
+    def _candidates(self, ds: IRDataset, split_name: str, qids: list[str] | None = None) -> dict[str, list[str]]:
+        """The split's candidate lists, or the BM25 top-k of its queries (`qids`: of these only, e.g. the sampled
+        evaluation queries; ranking 6,980 MS MARCO dev queries to test 8 of them would waste minutes)."""
         split = ds.split(split_name)
         if split.candidates is not None:
             return split.candidates
-        return bm25_candidates(ds.docs, split.queries, self.cfg.candidate_depth, self.cfg.cache_dir, f"{ds.name}-{split_name}")
+        queries = split.queries if qids is None else {q: split.queries[q] for q in qids}
+        return bm25_candidates(ds.docs, queries, self.cfg.candidate_depth, self.cfg.cache_dir, f"{ds.name}-{split_name}")
 
     def train_triples(self, ds: IRDataset) -> list[tuple[str, str, str]]:
         """The training triplets of `ds` in training order: the source's, or sampled from its qrels (BM25 or random
@@ -268,9 +296,12 @@ class RankingDataModule(pl.LightningDataModule):
             cands = self._candidates(ds, "train") if cfg.negatives == "bm25" else None
             triples = sample_triples(train, ds.docs, cands, cfg.negatives, self.seed)
         if cfg.max_train_triples is not None and len(triples) > cfg.max_train_triples:
+            rank_zero_warn(f"data.max_train_triples={cfg.max_train_triples}: training on {cfg.max_train_triples} of "
+                           f"the {len(triples)} training triples (a seeded sample)")
             keep = np.sort(np.random.default_rng([self.seed, 1]).permutation(len(triples))[: cfg.max_train_triples])
-            triples = [triples[i] for i in keep]
-        return list(triples)
+            triples = triples.take(keep) if hasattr(triples, "take") else [triples[i] for i in keep]
+        # a memory-mapped TripleArray stays one: copying MS MARCO's triples into a list would cost GBs a rank
+        return triples if hasattr(triples, "take") else list(triples)
 
     def _load(self) -> None:
         ds = load_dataset(self.cfg, self.seed)
@@ -281,7 +312,6 @@ class RankingDataModule(pl.LightningDataModule):
 
     def _eval_split(self, ds: IRDataset, name: str) -> EvalSplit:
         split = ds.split(name)
-        cands = self._candidates(ds, name)
         # Every judged query with a text is scored, also one that a given run leaves out: it has no candidate and
         # scores 0 (trec_eval -c), as a query without BM25 candidates. Unjudged queries: trec_eval ignores them anyway.
         qids = sorted(q for q in split.queries if split.qrels.get(q))
@@ -289,10 +319,11 @@ class RankingDataModule(pl.LightningDataModule):
             sample_seed = self.seed if self.cfg.eval_sample_seed is None else self.cfg.eval_sample_seed
             pick = np.random.default_rng([sample_seed, 2]).permutation(len(qids))[: self.cfg.max_eval_queries]
             qids = sorted(qids[i] for i in pick)
+        cands = self._candidates(ds, name, qids)
         doc_ids = sorted({d for q in qids for d in cands.get(q, ())})
         didx = {d: i for i, d in enumerate(doc_ids)}
         pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands.get(q, ())], dtype=np.int64).reshape(-1, 2)
-        dtexts = [passage_text(ds.docs[d], self.cfg.rotate_eval, self.seed, *rotation_draw(self.cfg.rotation, 0, d)) for d in doc_ids]
+        dtexts = PassageTexts(ds.docs, doc_ids, self.cfg.rotate_eval, self.seed, self.cfg.rotation)
         unit_doc = None
         window = passage_window(self.cfg)
         if window is not None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from datamodules.bm25 import bm25_candidates  # noqa: F401  (re-exported: the candidates negatives come from)
 from datamodules.corpus import Split, Triple
+from datamodules.docstore import ids_in_order
 
 
 def _rng(seed: int, qid: str) -> np.random.Generator:
@@ -49,7 +50,7 @@ def sample_triples(split: Split, docs: dict[str, str], candidates: dict[str, lis
         raise ValueError(f"negative sampling strategy '{strategy}'; expected 'bm25' or 'random'")
     if strategy == "bm25" and candidates is None:
         raise ValueError("strategy 'bm25' needs candidates (bm25_candidates)")
-    doc_ids = list(docs)
+    doc_ids = ids_in_order(docs)  # by position; a store's ids are read when drawn
     triples: list[Triple] = []
     for qid in sorted(split.qrels):
         if qid not in split.queries:

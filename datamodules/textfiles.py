@@ -76,16 +76,23 @@ def read_text(path: Path) -> str:
     return "\n".join(line for _, line in iter_lines(path))
 
 
-def read_id_text_tsv(path: Path, kind: str, into: dict[str, str] | None = None) -> dict[str, str]:
-    """`id<TAB>text` lines -> {id: text}. kind = "passage" or "query" (for messages). Blank lines are skipped."""
-    out: dict[str, str] = {} if into is None else into
-    first_line: dict[str, int] = {}
+def iter_id_text(path: Path, kind: str) -> Iterator[tuple[int, str, str]]:
+    """(line number, id, text) of each `id<TAB>text` line; kind = "passage" or "query" (for messages). Blank lines are
+    skipped; an empty id or text raises InputError naming the line. Uniqueness is the caller's to check."""
     for lineno, cols in iter_rows(path, (f"{kind} id", f"{kind} text")):
         ident, text = cols[0].strip(), cols[1]
         if not ident:
             raise InputError(f"{path}:{lineno}", f"empty {kind} id; expected '{kind} id<TAB>{kind} text'")
         if not text.strip():
             raise InputError(f"{path}:{lineno}", f"empty {kind} text for id '{ident}'; expected a non-empty {kind}")
+        yield lineno, ident, text
+
+
+def read_id_text_tsv(path: Path, kind: str, into: dict[str, str] | None = None) -> dict[str, str]:
+    """`id<TAB>text` lines -> {id: text}. kind = "passage" or "query" (for messages). Blank lines are skipped."""
+    out: dict[str, str] = {} if into is None else into
+    first_line: dict[str, int] = {}
+    for lineno, ident, text in iter_id_text(path, kind):
         if ident in out:
             where = f" (first at line {first_line[ident]})" if ident in first_line else ""
             raise InputError(f"{path}:{lineno}", f"duplicate {kind} id '{ident}'{where}; expected unique ids")

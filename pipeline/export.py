@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
 from core.errors import InputError
-from core.io import AtomicDir, _umask
+from core.io import AtomicDir, current_umask
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
@@ -124,7 +124,7 @@ def export(cfg: DictConfig, out: str) -> Path:
 
 def _shareable(folder: Path) -> None:
     # mkdtemp and some writers create owner-only files; an exported model is meant to be read by others
-    mask = _umask()
+    mask = current_umask()
     folder.chmod(0o777 & ~mask)
     for f in folder.iterdir():
         f.chmod(0o666 & ~mask)

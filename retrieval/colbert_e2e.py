@@ -6,9 +6,25 @@
 Indexing (streamed, one batch of tokenisation at a time): every non-padding token vector of every passage,
 L2-normalised (ColBERT scores cosines), goes into a faiss inner-product index (any `retrieval.dense` index type:
 flat by default, ivf / hnsw / pq / ivfpq for large collections). The same vectors are kept for re-scoring in one
-contiguous `[T, D]` array (`store_dtype`, float16 by default: half the memory of float32) with `offsets [N + 1]`:
-passage i owns rows offsets[i]:offsets[i + 1], so token row -> passage is a binary search and no per-token id map
-is stored.
+contiguous `[T, ...]` token store with `offsets [N + 1]`: passage i owns rows offsets[i]:offsets[i + 1], so token
+row -> passage is a binary search and no per-token id map is stored.
+
+The token store is written to disk while building, `store_chunk` rows at a time, and re-scoring reads it through a
+memory map: a collection's store (MS MARCO's 8.8M passages: ~150 GB in float16 at 128 dimensions) never sits in
+memory, so the build's memory does not grow with it (the faiss index itself does, unless it is compressed: pq,
+ivfpq). It goes into a temporary folder under `store_dir` (the system temp dir by default): give the folder the
+index will be saved in (retrieval/retrieve.py gives the index folder's parent) and `save` hard-links the store
+into the index instead of copying it. The folder is removed once saved, or when the index is garbage-collected.
+
+`store_dtype`: `float16` (default) or `float32` rows, or `residual8` / `residual4` codes, compressed as PLAID does
+(Santhanam et al. 2022): k-means centroids over the first `train_size` token vectors (the sample the faiss index
+trains on), and every vector stored as its nearest centroid's id plus its residual scalar-quantised per dimension
+to 8 or 4 bits (faiss IVF-SQ as a standalone codec, `sa_encode` / `sa_decode`); re-scoring decodes the candidates'
+rows only. At 384 dimensions a token costs 1536 / 768 / 386 / 194 bytes, and the exact score moves, per query
+token, by at most 2e-5 (float16), 0.003 (residual8), 0.012 (residual4) against float32 on Cranfield (untrained
+MiniLM ColBERT); the tests allow 0.005 and 0.02. Compressed top-k lists can reorder where scores are close (figures
+and rankings: docs/retrieval.md). Vectors far outside the training sample's range are clipped, so the sample must
+represent the collection (stream a collection sorted by topic or source in a mixed order).
 
 Search, per query (ColBERT, Khattab & Zaharia 2020, section 3.6):
 1. each query token retrieves its `k_tokens` nearest passage tokens; the passages owning them are the candidates;
@@ -20,15 +36,21 @@ Search, per query (ColBERT, Khattab & Zaharia 2020, section 3.6):
    the max cosine over passage tokens, padding masked) on their stored token matrices, and the top k returned.
 
 With float32 storage the returned scores equal `ranker.score_all` on freshly encoded passages (up to float
-rounding); float16 storage perturbs them by ~1e-3 per query token. With `k_tokens` covering every stored token and
+rounding); the other stores perturb them as above. With `k_tokens` covering every stored token and
 `depth=None` the result is the exact top k of brute-force ColBERT over the whole collection.
 
-On disk (`save`, atomic like `retrieval.dense`): `index.faiss`, `tokens.npy`, `offsets.npy`, `doc_ids.json`,
-`manifest.json`; `load` memory-maps `tokens.npy`.
+On disk (`save`, atomic like `retrieval.dense`): `index.faiss`, `tokens.npy` (the store: float rows, or uint8
+codes), `store_codec.faiss` (residual stores), `offsets.npy`, `doc_ids.json`, `manifest.json`; `load` memory-maps
+`tokens.npy`.
 """
 from __future__ import annotations
 
+import io
+import math
 import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -60,10 +82,142 @@ from retrieval.encode import (
     pair_tokenizer_for,
 )
 
-__all__ = ["ColBERTIndex", "colbert_index_from_checkpoint", "candidates_from_hits"]
+__all__ = ["ColBERTIndex", "colbert_index_from_checkpoint", "candidates_from_hits", "NpyRowWriter", "TokenStoreWriter"]
 
 FORMAT = "isorank-colbert-e2e-index"
-STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
+FLOAT_STORES = {"float16": np.float16, "float32": np.float32}
+RESIDUAL_STORES = {"residual8": "SQ8", "residual4": "SQ4"}  # faiss scalar quantiser of the residuals
+STORE_DTYPES = (*FLOAT_STORES, *RESIDUAL_STORES)
+STORE_CHUNK = 16384  # token rows per write (and per encode of a residual store): the build's buffer
+TOKENS_FILE, CODEC_FILE = "tokens.npy", "store_codec.faiss"
+
+
+class NpyRowWriter:
+    """A `[rows, width]` .npy file appended to chunk by chunk, its row count known only at `close`. The header is
+    written first for the largest row count and overwritten in place at the end: numpy pads a header to a multiple
+    of 64 bytes, so any row count gives the same header length (checked), and the rows are never moved (a 150 GB
+    store is not copied to prepend a header). Writes go through the file, not a writable memory map, so written
+    rows leave the process's memory for the page cache at once."""
+
+    def __init__(self, path: Path, dtype, width: int):
+        self.path, self.dtype, self.width, self.rows = Path(path), np.dtype(dtype), int(width), 0
+        placeholder = self._header(np.iinfo(np.int64).max)
+        self._header_len = len(placeholder)
+        self._file = open(self.path, "wb")
+        self._file.write(placeholder)
+
+    def _header(self, rows: int) -> bytes:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (rows, self.width)})
+        return buf.getvalue()
+
+    def write(self, x: np.ndarray) -> None:
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        if x.ndim != 2 or x.shape[1] != self.width:
+            raise ValueError(f"expected rows of width {self.width}, got shape {x.shape}")
+        self._file.write(x.reshape(-1).view(np.uint8))
+        self.rows += len(x)
+
+    def close(self) -> np.memmap:
+        """Write the true header and return the file memory-mapped, read-only."""
+        header = self._header(self.rows)
+        if len(header) != self._header_len:  # cannot happen with numpy's 64-byte padding; never write a corrupt file
+            raise RuntimeError(f"npy header length changed from {self._header_len} to {len(header)} bytes")
+        self._file.seek(0)
+        self._file.write(header)
+        self._file.close()
+        return np.load(self.path, mmap_mode="r")
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+def train_residual_codec(sample: np.ndarray, store_dtype: str):
+    """PLAID's residual compression as a faiss standalone codec: IVF k-means centroids (as many as PLAID takes,
+    2^floor(log2(16 sqrt(n))), capped at n / 39 so k-means has the points per centroid faiss asks for) and each
+    residual scalar-quantised per dimension over the range seen on `sample`. Returns (codec, manifest params)."""
+    faiss = load_faiss()
+    n, dim = sample.shape
+    nlist = 1 << int(math.log2(max(1.0, min(16 * math.sqrt(n), n / 39))))
+    spec = f"IVF{nlist},{RESIDUAL_STORES[store_dtype]}"
+    codec = faiss.index_factory(dim, spec)  # L2: each vector's residual is taken from its nearest centroid
+    codec.train(np.ascontiguousarray(sample, dtype=np.float32))
+    return codec, {"codec": spec, "nlist": nlist, "n_train": int(n), "code_size": int(codec.sa_code_size())}
+
+
+class TokenStoreWriter:
+    """Streams float32 token vectors into `folder/tokens.npy`, `chunk` rows per write: float rows, or (residual
+    stores) uint8 codes from a codec trained on the first `train_size` vectors, which are held until then. Memory:
+    one chunk (plus the training sample), whatever the collection's size."""
+
+    def __init__(self, folder: Path, store_dtype: str, chunk: int = STORE_CHUNK, train_size: int = 65536):
+        self.path, self.store_dtype, self.chunk, self.train_size = Path(folder) / TOKENS_FILE, store_dtype, chunk, train_size
+        self.codec, self.params = None, {}
+        self._pending: list[np.ndarray] = []
+        self._n_pending = 0
+        self._writer: NpyRowWriter | None = None
+
+    @property
+    def _needs_codec(self) -> bool:
+        return self.store_dtype in RESIDUAL_STORES and self.codec is None
+
+    def add(self, x: np.ndarray) -> None:
+        self._pending.append(x)
+        self._n_pending += len(x)
+        if self._needs_codec:
+            if self._n_pending < self.train_size:
+                return
+            self._train()
+        self._flush(final=False)
+
+    def _take_pending(self) -> np.ndarray:
+        x = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._n_pending = [], 0
+        return x
+
+    def _train(self) -> None:
+        x = self._take_pending()
+        self.codec, self.params = train_residual_codec(x[: self.train_size], self.store_dtype)
+        self._pending, self._n_pending = [x], len(x)
+
+    def _flush(self, final: bool) -> None:
+        if not self._pending or (self._n_pending < self.chunk and not final):
+            return
+        x = self._take_pending()
+        end = len(x) if final else len(x) - len(x) % self.chunk
+        for start in range(0, end, self.chunk):
+            self._write(x[start : start + self.chunk])
+        if end < len(x):
+            self._pending, self._n_pending = [x[end:].copy()], len(x) - end  # a copy: `x` itself is freed
+
+    def _write(self, x: np.ndarray) -> None:
+        rows = self.codec.sa_encode(np.ascontiguousarray(x, dtype=np.float32)) if self.codec is not None else x.astype(FLOAT_STORES[self.store_dtype])
+        if self._writer is None:
+            self._writer = NpyRowWriter(self.path, rows.dtype, rows.shape[1])
+        self._writer.write(rows)
+
+    def finish(self) -> np.memmap:
+        """Write what is left and return the store memory-mapped."""
+        if self._needs_codec and self._pending:
+            self._train()
+        self._flush(final=True)
+        if self._writer is None:
+            raise InputError("docs", "no token vectors to store")
+        return self._writer.close()
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """`dst` as a hard link to `src` (instant, no second copy on disk), copied only where the file system cannot
+    link (another device, no hard links). A token store is never written again once closed, and a saved index is
+    replaced as a whole folder (core.io.AtomicDir), so the two names can share the file."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def candidates_from_hits(scores: np.ndarray, rows: np.ndarray, offsets: np.ndarray, depth: int | None) -> np.ndarray:
@@ -87,12 +241,16 @@ def candidates_from_hits(scores: np.ndarray, rows: np.ndarray, offsets: np.ndarr
 
 
 class ColBERTIndex:
-    """Token-level faiss index + float16/32 token store of a ColBERT ranker's passages."""
+    """Token-level faiss index + on-disk token store (float16/32 rows or residual codes) of a ColBERT ranker's passages."""
 
     def __init__(self, index, tokens: np.ndarray, offsets: np.ndarray, doc_ids: list[str], manifest: dict,
-                 ranker=None, pair_tokenizer=None, placement: Placement | None = None):
+                 ranker=None, pair_tokenizer=None, placement: Placement | None = None, codec=None,
+                 store_path: Path | None = None):
         self.index, self.doc_ids, self.manifest = index, doc_ids, manifest
-        self.tokens, self.offsets = tokens, offsets  # passage k's token vectors: tokens[offsets[k]:offsets[k + 1]]
+        self.tokens, self.offsets = tokens, offsets  # passage k's token rows: tokens[offsets[k]:offsets[k + 1]]
+        self.codec = codec  # residual stores: the faiss codec decoding `tokens` (uint8 codes); None: float rows
+        self.store_path = store_path  # the .npy file `tokens` maps, which `save` links instead of rewriting
+        self._staging: weakref.finalize | None = None  # removes the build's temporary store folder
         self.ranker, self.pair_tokenizer, self.placement = ranker, pair_tokenizer, placement or Placement(False)
 
     def __len__(self) -> int:
@@ -116,37 +274,54 @@ class ColBERTIndex:
     @classmethod
     def build(cls, ranker, docs: Mapping | Iterable, *, pair_tokenizer=None, batch_size: int = 32, device=None,
               precision: str = "fp32", sort_window: int | None = None, store_dtype: str = "float16",
+              store_dir: str | os.PathLike | None = None, store_chunk: int = STORE_CHUNK,
               checkpoint: str | None = None, **index_opts) -> "ColBERTIndex":
-        """Encode `docs` in streamed batches, index every non-padding token vector, store them for re-scoring.
-        `index_opts`: `retrieval.dense.IndexOptions` fields for the token index (index_type, nlist, ...)."""
+        """Encode `docs` in streamed batches, index every non-padding token vector, write them to the token store.
+        `store_dir`: where the store is written while building (a temporary folder inside it; None: the system temp
+        dir): the folder the index will be saved in, so that `save` links the store instead of copying it.
+        `store_chunk`: token rows buffered per write. `index_opts`: `retrieval.dense.IndexOptions` fields for the
+        token index (index_type, nlist, ...; `train_size` also sizes a residual store's training sample)."""
         cls._check(ranker)
         if store_dtype not in STORE_DTYPES:
             raise InputError("store_dtype", f"is {store_dtype!r}; expected one of {list(STORE_DTYPES)}")
+        if not isinstance(store_chunk, int) or isinstance(store_chunk, bool) or store_chunk < 1:
+            raise InputError("store_chunk", f"is {store_chunk!r}; expected a positive integer")
         opts = IndexOptions.from_kwargs(**index_opts)
         pt = pair_tokenizer or pair_tokenizer_for(ranker)
-        builder = FaissBuilder(opts, what="docs")
-        doc_ids: list[str] = []
-        seen: set[str] = set()
-        chunks: list[np.ndarray] = []
-        lengths: list[np.ndarray] = []
-        for ids, enc in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"):
-            record_doc_ids(ids, doc_ids, seen)
-            flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
-            lengths.append(enc.mask.sum(1).numpy().astype(np.int64))
-            x = np.ascontiguousarray(flat.numpy(), dtype=np.float32)
-            builder.add(x)
-            chunks.append(x.astype(STORE_DTYPES[store_dtype]))
-        del seen
-        if not doc_ids:
-            raise InputError("docs", "no documents to index")
-        index, params = builder.finish()
+        if store_dir is not None:
+            Path(store_dir).mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".colbert-store-", dir=store_dir))
+        store = TokenStoreWriter(folder, store_dtype, store_chunk, opts.train_size)
+        try:
+            builder = FaissBuilder(opts, what="docs")
+            doc_ids: list[str] = []
+            seen: set[str] = set()
+            lengths: list[np.ndarray] = []
+            for ids, enc in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"):
+                record_doc_ids(ids, doc_ids, seen)
+                flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
+                lengths.append(enc.mask.sum(1).numpy().astype(np.int64))
+                x = np.ascontiguousarray(flat.numpy(), dtype=np.float32)
+                builder.add(x)
+                store.add(x)
+            del seen
+            if not doc_ids:
+                raise InputError("docs", "no documents to index")
+            index, params = builder.finish()
+            tokens = store.finish()
+        except BaseException:
+            store.abort()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         offsets = np.zeros(len(doc_ids) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
-        tokens = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-        del chunks
         manifest = base_manifest(FORMAT, ranker, checkpoint, params, builder.dim, len(doc_ids), precision)
         manifest.update(n_tokens=int(offsets[-1]), store_dtype=store_dtype, score="colbert_maxsim_cosine", metric="inner_product")
-        return cls(index, tokens, offsets, doc_ids, manifest, ranker, pt, builder.placement)
+        if store.codec is not None:
+            manifest["store_codec"] = store.params
+        out = cls(index, tokens, offsets, doc_ids, manifest, ranker, pt, builder.placement, store.codec, store.path)
+        out._staging = weakref.finalize(out, shutil.rmtree, str(folder), True)
+        return out
 
     # -- searching
     def _ensure_ranker(self):
@@ -160,6 +335,14 @@ class ColBERTIndex:
             p["ef_search"] = int(ef_search)
         self.placement.set_params(self.index, p)
 
+    def token_rows(self, idx: np.ndarray) -> np.ndarray:
+        """Stored token vectors of store rows `idx` as float32 [n, D]: read from the memory map (only those rows)
+        and, for a residual store, decoded."""
+        rows = self.tokens[idx]
+        if self.codec is not None:
+            return self.codec.sa_decode(np.ascontiguousarray(rows, dtype=np.uint8))
+        return np.asarray(rows, dtype=np.float32)
+
     def doc_tokens(self, rows: np.ndarray) -> Encoded:
         """Stored (normalised) token matrices of passages `rows`, padded: Encoded(tokens [C, L, D] float32, mask)."""
         start, end = self.offsets[rows], self.offsets[rows + 1]
@@ -168,7 +351,7 @@ class ColBERTIndex:
         ar = np.arange(width)
         mask = ar[None, :] < lens[:, None]
         idx = np.where(mask, start[:, None] + ar[None, :], 0)
-        toks = torch.from_numpy(np.asarray(self.tokens[idx.reshape(-1)], dtype=np.float32).reshape(len(rows), width, -1))
+        toks = torch.from_numpy(self.token_rows(idx.reshape(-1)).reshape(len(rows), width, -1))
         toks[~torch.from_numpy(mask)] = 0.0
         return Encoded(tokens=toks, mask=torch.from_numpy(mask))
 
@@ -221,13 +404,25 @@ class ColBERTIndex:
 
     # -- persistence
     def save(self, path: str | os.PathLike) -> Path:
+        """Write the index directory atomically. A store on disk is hard-linked in (copied across file systems);
+        the index then reads the saved store, and the build's temporary store folder is removed."""
         path = Path(path)
         with AtomicDir(path) as tmp:
             load_faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
-            np.save(tmp / "tokens.npy", np.asarray(self.tokens))
+            if self.store_path is not None:
+                link_or_copy(self.store_path, tmp / TOKENS_FILE)
+            else:
+                np.save(tmp / TOKENS_FILE, np.asarray(self.tokens))
+            if self.codec is not None:
+                load_faiss().write_index(self.codec, str(tmp / CODEC_FILE))
             np.save(tmp / "offsets.npy", self.offsets)
             write_json(tmp / "doc_ids.json", self.doc_ids)
             write_json(tmp / "manifest.json", self.manifest)
+        if self.store_path is not None:
+            self.store_path = path / TOKENS_FILE
+            self.tokens = np.load(self.store_path, mmap_mode="r")
+            if self._staging is not None:
+                self._staging()
         return path
 
     @classmethod
@@ -239,20 +434,34 @@ class ColBERTIndex:
         if ranker is not None:
             cls._check(ranker)
         check_ranker_matches(ranker, manifest, path)
-        count, n_tokens = int(manifest["count"]), int(manifest["n_tokens"])
+        count, n_tokens, kind = int(manifest["count"]), int(manifest["n_tokens"]), manifest.get("store_dtype")
+        if kind not in STORE_DTYPES:
+            raise InputError(str(path), f"store_dtype is {kind!r}; expected one of {list(STORE_DTYPES)}")
         doc_ids = read_doc_ids(path / "doc_ids.json", count)
         try:
             offsets = np.load(path / "offsets.npy")
-            tokens = np.load(path / "tokens.npy", mmap_mode="r" if mmap else None)
+            tokens = np.load(path / TOKENS_FILE, mmap_mode="r" if mmap else None)
         except (OSError, ValueError) as e:
             raise InputError(str(path), f"cannot read the token store ({type(e).__name__}: {e})") from e
-        if offsets.shape != (count + 1,) or int(offsets[-1]) != n_tokens or tokens.shape != (n_tokens, manifest["dim"]):
-            raise InputError(str(path), f"token store shapes {tokens.shape}, {offsets.shape} do not match the manifest ({n_tokens} tokens, {count} docs, dim {manifest['dim']})")
+        codec = read_codec(path / CODEC_FILE, manifest) if kind in RESIDUAL_STORES else None
+        width = manifest["store_codec"]["code_size"] if codec is not None else manifest["dim"]
+        if offsets.shape != (count + 1,) or int(offsets[-1]) != n_tokens or tokens.shape != (n_tokens, width):
+            raise InputError(str(path), f"token store shapes {tokens.shape}, {offsets.shape} do not match the manifest ({n_tokens} tokens of width {width}, {count} docs)")
         cpu_index = read_faiss(path / "index.faiss", n_tokens)
         placement = Placement(use_gpu)
         index = placement.place(cpu_index, manifest["index_type"])
         placement.set_params(index, manifest["params"])
-        return cls(index, tokens, offsets, doc_ids, manifest, ranker, pair_tokenizer, placement)
+        return cls(index, tokens, offsets, doc_ids, manifest, ranker, pair_tokenizer, placement, codec,
+                   path / TOKENS_FILE if mmap else None)
+
+
+def read_codec(path: Path, manifest: dict):
+    """A residual store's faiss codec, checked against the manifest (dimension, code size)."""
+    codec = read_faiss(path, 0)  # a codec holds no vectors
+    params = manifest.get("store_codec") or {}
+    if codec.d != manifest["dim"] or codec.sa_code_size() != params.get("code_size"):
+        raise InputError(str(path), f"codec of {codec.d} dimensions, {codec.sa_code_size()}-byte codes; the manifest says {manifest['dim']}, {params.get('code_size')}")
+    return codec
 
 
 def colbert_index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> ColBERTIndex:

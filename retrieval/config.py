@@ -59,7 +59,7 @@ class DenseRetrievalConfig(RetrievalConfig):
     index_dir: str | None = None  # where the index is saved; null = <output_dir>/index
     k_tokens: int = 256  # colbert: token hits per query token
     depth: int | None = 1000  # colbert: candidates re-scored per query; null = every candidate
-    store_dtype: str = "float16"  # colbert: stored token vectors, float16 | float32
+    store_dtype: str = "float16"  # colbert: token store for re-scoring, float16 | float32 | residual8 | residual4
 
     def __post_init__(self):
         check_choice("retrieval.split", self.split, SPLITS)

@@ -29,6 +29,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     model, so the checkpoint's ranker must match it."""
     opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
     out = Path(cfg.output_dir)
+    index_dir = Path(opts.index_dir) if opts.index_dir else out / "index"
     ds = load_dataset(data_config(cfg), cfg.seed)  # before any weights: bad data stops the run at once
     split = ds.split(opts.split)
     if not any(g > 0 for judged in split.qrels.values() for g in judged.values()):
@@ -39,12 +40,13 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=opts.device,
                   precision=opts.precision, checkpoint=cfg.ckpt or None, **opts.index_options())
     if module.ranker.cfg.name == "colbert":
-        index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, **common)
+        # the token store is written beside the index folder while building, so saving links it instead of copying
+        index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common)
         run = index.search(split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size)
     else:
         index = DenseIndex.build(module.ranker, ds.docs, **common)
         run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
-    index.save(opts.index_dir or out / "index")
+    index.save(index_dir)
     means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
     write_result_dir(out, {**means, "retrieval": {"split": opts.split, "k": opts.k, "index": index.manifest["params"],
                                                   "docs": len(index), "queries": len(run)}},

@@ -15,6 +15,7 @@ or candidate lists: negatives are sampled and candidates are the BM25 top-k.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from core.errors import InputError
 from core.ranges import NON_NEGATIVE, SEED, check_ranges
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
+from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
 from datamodules.textfiles import iter_rows, parse_int, read_jsonl, resolve_path
 
@@ -61,8 +63,8 @@ def _string_field(obj: dict, key: str, where: str, required: bool = True) -> str
     return str(value)
 
 
-def read_corpus(path: Path, use_title: bool) -> dict[str, str]:
-    docs: dict[str, str] = {}
+def iter_corpus(path: Path, use_title: bool) -> Iterator[tuple[int, str, str]]:
+    """(line number, _id, passage text) of each corpus line; uniqueness is the caller's to check."""
     for lineno, obj in read_jsonl(path):
         where = f"{path}:{lineno}"
         did = _string_field(obj, "_id", where)
@@ -71,9 +73,15 @@ def read_corpus(path: Path, use_title: bool) -> dict[str, str]:
         full = f"{title} {text}".strip() if use_title else text
         if not full:
             raise InputError(where, f"empty passage text for _id '{did}'; expected non-empty 'text' (or 'title')")
+        yield lineno, did, full
+
+
+def read_corpus(path: Path, use_title: bool) -> dict[str, str]:
+    docs: dict[str, str] = {}
+    for lineno, did, text in iter_corpus(path, use_title):
         if did in docs:
-            raise InputError(where, f"duplicate corpus _id '{did}'; expected unique ids")
-        docs[did] = full
+            raise InputError(f"{path}:{lineno}", f"duplicate corpus _id '{did}'; expected unique ids")
+        docs[did] = text
     return docs
 
 
@@ -115,7 +123,8 @@ def build(cfg: BeirConfig, seed: int) -> IRDataset:
     qfile = _find(folder, "queries.jsonl")
     if qfile is None:
         raise InputError("data.path", f"'{folder}' has no queries.jsonl; expected a BEIR dataset folder")
-    docs = read_corpus(corpus, cfg.use_title)
+    docs = open_store(cfg.cache_dir, fingerprint("beir-corpus", [corpus], use_title=bool(cfg.use_title)),
+                      lambda: iter_corpus(corpus, cfg.use_title), origin=str(corpus), kind="corpus _id")
     queries = read_queries(qfile)
 
     qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {}

@@ -24,9 +24,12 @@ from pathlib import Path
 from core.errors import InputError, check_choice
 from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
+from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
+from datamodules.triples import read_id_triples
 from datamodules.textfiles import (
     content_id,
+    iter_id_text,
     iter_rows,
     read_id_text_tsv,
     read_trec_qrels,
@@ -65,15 +68,6 @@ def _opt(cfg, key: str, what: str) -> Path | None:
     return None if value is None else resolve_path(value, key, what)
 
 
-def _read_triples_ids(path: Path) -> list[tuple[str, str, str]]:
-    triples = []
-    for lineno, cols in iter_rows(path, ("qid", "positive doc id", "negative doc id")):
-        if not all(c.strip() for c in cols):
-            raise InputError(f"{path}:{lineno}", "empty id; expected qid<TAB>positive doc id<TAB>negative doc id")
-        triples.append((cols[0].strip(), cols[1].strip(), cols[2].strip()))
-    return triples
-
-
 def _read_triples_text(path: Path, docs: dict[str, str], queries: dict[str, str]) -> list[tuple[str, str, str]]:
     doc_by_text = {t: d for d, t in docs.items()}
     query_by_text = {t: q for q, t in queries.items()}
@@ -103,11 +97,16 @@ def _read_triples_text(path: Path, docs: dict[str, str], queries: dict[str, str]
 @SOURCES.register("tsv", schema=TsvConfig)
 def build(cfg: TsvConfig, seed: int) -> IRDataset:
     fmt = cfg.triples_format
-    docs: dict[str, str] = {}
     if getattr(cfg, "collection", None) is None:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
     collection = resolve_path(cfg.collection, "collection", "collection TSV")
-    read_id_text_tsv(collection, "passage", into=docs)
+    tpath = _opt(cfg, "train_triples", "training triples TSV")
+    if tpath is not None and fmt == "text":
+        # text triples may add passages to the collection (module docstring), so it is read into memory
+        docs = read_id_text_tsv(collection, "passage")
+    else:
+        docs = open_store(cfg.cache_dir, fingerprint("tsv-collection", [collection]),
+                          lambda: iter_id_text(collection, "passage"), origin=str(collection))
     splits: dict[str, Split] = {}
     for name in ("train", "val", "test"):
         qpath = _opt(cfg, f"{name}_queries", f"{name} queries TSV")
@@ -118,10 +117,11 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         split.origins.update({k: str(v) for k, v in (("queries", qpath), ("qrels", qrels_path), ("candidates", run_path)) if v})
         if run_path:
             split.candidates = run_candidates(run_path)
-        if name == "train":
-            tpath = _opt(cfg, "train_triples", "training triples TSV")
-            if tpath is not None:
-                split.triples = _read_triples_ids(tpath) if fmt == "ids" else _read_triples_text(tpath, docs, split.queries)
-                split.origins["triples"] = str(tpath)
+        if name == "train" and tpath is not None:
+            if fmt == "text":
+                split.triples = _read_triples_text(tpath, docs, split.queries)
+            else:
+                split.triples = read_id_triples(tpath, docs, split.queries, cfg.cache_dir, str(tpath))
+            split.origins["triples"] = str(tpath)
         splits[name] = split
     return IRDataset(name="tsv", docs=docs, splits=splits, docs_origin=str(collection))

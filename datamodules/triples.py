@@ -1,0 +1,262 @@
+"""Training triples of a document store as a memory-mapped array: MS MARCO's 39.8M id triples without 39.8M tuples of
+strings (about 10 GB a rank as Python objects; 0.95 GB as int64 rows on disk, shared through the page cache).
+
+    triples = read_id_triples(path, store, queries, cache_dir, origin)   # parsed once, then memory-mapped
+    qid, pos, neg = triples[i]                                            # as the list of tuples it replaces
+
+The file (`qid<TAB>positive doc id<TAB>negative doc id`, gzip or plain) is parsed with pyarrow's CSV reader, block
+by block, and every id is turned into an index: the query's position in the split's queries, the passages' rows in
+the store. The array is kept in `<cache_dir>/triples/<digest>.npy`, the digest naming the file's content, the store
+and the queries, so every later run, rank and worker maps the same file. A malformed line is reported by the line
+reader of datamodules/textfiles.py (file and line, as for small files); an unknown id names the line too.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import InputError
+from core.io import atomic_open
+from datamodules.corpus import locate
+from datamodules.docstore import DocStore, fingerprint
+from datamodules.textfiles import iter_rows
+
+TRIPLES_VERSION = 1
+
+
+class TripleArray(Sequence[tuple[str, str, str]]):
+    """(qid, positive doc id, negative doc id) of triple i, read from `rows` [n, 3] (query index, positive row,
+    negative row), optionally through a selection `keep` (a cap on the triples). Pickles as its file's path."""
+
+    # ids were resolved against the queries and the store when the array was built: IRDataset.validate skips them
+    checked = True
+
+    def __init__(self, path: str | os.PathLike, qids: Sequence[str], docs: DocStore, keep: np.ndarray | None = None):
+        self.path, self.qids, self.docs, self.keep = Path(path), qids, docs, keep
+        self.rows = np.load(self.path, mmap_mode="r")
+
+    def __getstate__(self):
+        return {"path": str(self.path), "qids": self.qids, "docs": self.docs, "keep": self.keep}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def __len__(self) -> int:
+        return len(self.rows) if self.keep is None else len(self.keep)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        q, p, n = self.rows[i if self.keep is None else self.keep[i]]
+        return self.qids[q], self.docs.id_at(p), self.docs.id_at(n)
+
+    def __eq__(self, other) -> bool:  # as the list of tuples it stands for
+        return isinstance(other, Sequence) and len(self) == len(other) and all(tuple(a) == tuple(b) for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def take(self, indices: np.ndarray) -> "TripleArray":
+        """The triples at `indices`, in that order (a view: nothing is copied but the indices)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        keep = indices if self.keep is None else self.keep[indices]
+        return TripleArray(self.path, self.qids, self.docs, keep)
+
+    def query_indices(self) -> np.ndarray:
+        """The distinct query indices of the triples (a pass over the array's first column)."""
+        col = self.rows[:, 0] if self.keep is None else self.rows[self.keep, 0]
+        return np.unique(col)
+
+
+def read_id_triples_list(path: Path) -> list[tuple[str, str, str]]:
+    """Id triples as a list of (qid, positive doc id, negative doc id), read line by line (small files, and the exact
+    file:line of a malformed line)."""
+    triples = []
+    for lineno, cols in iter_rows(path, ("qid", "positive doc id", "negative doc id")):
+        if not all(c.strip() for c in cols):
+            raise InputError(f"{path}:{lineno}", "empty id; expected qid<TAB>positive doc id<TAB>negative doc id")
+        triples.append((cols[0].strip(), cols[1].strip(), cols[2].strip()))
+    return triples
+
+
+def _digest(source: str, docs: DocStore, qids: Sequence[str]) -> str:
+    h = hashlib.sha256(f"triples|{TRIPLES_VERSION}|{source}|{docs.fingerprint}".encode())
+    for q in qids:
+        h.update(q.encode("utf-8") + b"\n")
+    return h.hexdigest()
+
+
+def read_id_triples(path: Path, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str,
+                    split: str = "train") -> TripleArray:
+    """The id triples of the file `path` over `docs` and `queries` (module docstring): parsed once into
+    `<cache_dir>/triples/`, then memory-mapped."""
+    return cached_triples(fingerprint("triples", [path]), lambda: _tsv_blocks(path), docs, queries, cache_dir,
+                          str(path), split, on_error=lambda: read_id_triples_list(path))
+
+
+def cached_triples(source: str, blocks, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike,
+                   origin: str, split: str = "train", on_error=None) -> TripleArray:
+    """Triples from `blocks()` (pyarrow string arrays (qids, positive ids, negative ids), block by block) as a
+    TripleArray over `docs` and `queries`, kept in `<cache_dir>/triples/` under the digest of `source` (a name of the
+    triples' content), the store and the queries. `on_error()` re-reads the source line by line when pyarrow cannot
+    parse it, to raise the InputError naming the line."""
+    import pyarrow as pa
+
+    qids = list(queries)
+    target = Path(cache_dir) / "triples" / f"{_digest(source, docs, qids)[:32]}.npy"
+    if target.is_file():
+        try:
+            rows = np.load(target, mmap_mode="r")
+            if rows.ndim == 2 and rows.shape[1] == 3 and len(rows) and int(rows.max()) < max(len(docs), len(qids)):
+                return TripleArray(target, qids, docs)
+        except (OSError, ValueError):
+            pass
+        warnings.warn(f"{target}: cached triples are unreadable, truncated or out of range; reading {origin} again", stacklevel=2)
+    try:
+        rows = _resolve(blocks(), docs, qids, origin, split)
+    except InputError:
+        raise
+    except (pa.ArrowInvalid, ValueError, OSError):
+        if on_error is not None:
+            on_error()
+        raise InputError(origin, "could not be parsed as qid<TAB>positive doc id<TAB>negative doc id lines") from None
+    with atomic_open(target, "wb") as f:
+        np.save(f, rows)
+    return TripleArray(target, qids, docs)
+
+
+def _tsv_blocks(path: Path):
+    import pyarrow as pa
+    from pyarrow import csv
+
+    names = ["qid", "pos", "neg"]
+    reader = csv.open_csv(
+        pa.input_stream(str(path), compression="detect"),
+        read_options=csv.ReadOptions(column_names=names, block_size=1 << 24),
+        parse_options=csv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False),
+        convert_options=csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False))
+    for batch in reader:
+        yield tuple(batch.column(n) for n in names)
+
+
+def _resolve(blocks, docs: DocStore, qids: list[str], origin: str, split: str) -> np.ndarray:
+    """Rows [n, 3] (query index, positive row, negative row) of the id blocks; an empty or unknown id raises."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    store_ids = pa.chunked_array([b.column("id") for b in docs._batches]).combine_chunks()
+    query_ids = pa.array(qids, pa.string())
+    parts: list[np.ndarray] = []
+    first = True
+    for block in blocks:
+        cols = [pc.utf8_trim_whitespace(c) for c in block]
+        if first and len(cols[0]):
+            cols[0] = pc.utf8_ltrim(cols[0], characters="\ufeff")  # a byte-order mark, as the line reader drops it
+            first = False
+        if any(pc.any(pc.equal(pc.utf8_length(c), 0)).as_py() for c in cols):
+            raise ValueError("empty id")
+        found = [pc.index_in(c, value_set=v).to_numpy(zero_copy_only=False) for c, v in zip(cols, (query_ids, store_ids, store_ids))]
+        rows = np.stack([np.nan_to_num(x, nan=-1).astype(np.int64) for x in found], axis=1)
+        bad = np.flatnonzero((rows < 0).any(axis=1))
+        if len(bad):
+            _unknown(origin, [c[int(bad[0])].as_py() for c in cols], rows[bad[0]], split)
+        parts.append(rows)
+    if not parts or not sum(len(x) for x in parts):
+        raise InputError(origin, "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)")
+    return np.concatenate(parts)
+
+
+def _unknown(origin: str, ids: list[str], block_row: np.ndarray, split: str) -> None:
+    qid, pos, neg = ids
+    where = locate(origin, qid, pos, neg) or origin
+    if block_row[0] < 0:
+        raise InputError(where, f"triple ({qid}, {pos}, {neg}) of split {split} names query '{qid}' which is not among the queries")
+    bad = pos if block_row[1] < 0 else neg
+    raise InputError(where, f"triple ({qid}, {pos}, {neg}) of split {split} names unknown doc id '{bad}'")
+
+
+class ArrowTriples(Sequence[tuple[str, str, str]]):
+    """Id triples as strings in a memory-mapped Arrow file (columns qid, pos, neg), before a store resolves them to a
+    TripleArray (`resolve`): what a source holds while it does not know the collection yet (ir_datasets docpairs).
+    `source` names the content (the cache key of the resolved array)."""
+
+    def __init__(self, path: str | os.PathLike, source: str, selection=None):
+        import pyarrow as pa
+
+        self.path, self.source = Path(path), source
+        self.table = pa.ipc.open_file(pa.memory_map(str(self.path), "r")).read_all()
+        if selection is not None:
+            self.table = self.table.filter(selection)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return tuple(self.table.column(c)[i].as_py() for c in ("qid", "pos", "neg"))
+
+    def __iter__(self):
+        for batch in self.table.to_batches():
+            yield from zip(*(batch.column(c).to_pylist() for c in ("qid", "pos", "neg")))
+
+    def query_ids(self) -> list[str]:
+        """The distinct qids in order of first appearance."""
+        import pyarrow.compute as pc
+
+        return pc.unique(self.table.column("qid")).to_pylist()
+
+    def doc_ids(self) -> set[str]:
+        import pyarrow.compute as pc
+
+        return {d for c in ("pos", "neg") for d in pc.unique(self.table.column(c)).to_pylist()}
+
+    def only_queries(self, keep: Sequence[str]) -> "ArrowTriples":
+        """The triples of the queries `keep` (their order kept)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        out = ArrowTriples.__new__(ArrowTriples)
+        out.path, out.table = self.path, self.table.filter(pc.is_in(self.table.column("qid"), value_set=pa.array(list(keep), pa.string())))
+        out.source = hashlib.sha256(f"{self.source}|only|{'|'.join(keep)}".encode()).hexdigest()
+        return out
+
+    def resolve(self, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str,
+                split: str = "train") -> TripleArray:
+        def blocks():
+            for batch in self.table.to_batches(max_chunksize=1 << 20):
+                yield tuple(batch.column(c) for c in ("qid", "pos", "neg"))
+
+        return cached_triples(self.source, blocks, docs, queries, cache_dir, origin, split)
+
+
+def write_arrow_triples(path: str | os.PathLike, triples, batch_rows: int = 1 << 20) -> None:
+    """(qid, pos, neg) string triples from an iterator into an Arrow file, `batch_rows` at a time (bounded memory),
+    atomically."""
+    import pyarrow as pa
+
+    schema = pa.schema([("qid", pa.string()), ("pos", pa.string()), ("neg", pa.string())])
+    cols: tuple[list, list, list] = ([], [], [])
+    with atomic_open(path, "wb") as f:
+        with pa.ipc.new_file(f, schema) as writer:
+            def flush():
+                writer.write_batch(pa.record_batch([pa.array(c, pa.string()) for c in cols], schema=schema))
+                for c in cols:
+                    c.clear()
+
+            for t in triples:
+                for c, x in zip(cols, t):
+                    c.append(x)
+                if len(cols[0]) == batch_rows:
+                    flush()
+            flush()

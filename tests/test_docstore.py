@@ -1,0 +1,160 @@
+"""The document store (datamodules/docstore.py) and memory-mapped triples (datamodules/triples.py) against the
+in-memory readers they replace: the same texts, order, ids and errors, built once and reused."""
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import InputError
+from datamodules import docstore
+from datamodules.docstore import DocStore, fingerprint, open_store, store_folder
+from datamodules.textfiles import iter_id_text, read_id_text_tsv
+from datamodules.triples import TripleArray, read_id_triples, read_id_triples_list
+
+IDS = ["10", "2", "doc-ä", "1", "b", "a b", "zz", "0x", "99", "é", "3", "c"]
+
+
+def _collection(tmp_path: Path, ids=IDS, name="collection.tsv") -> Path:
+    rng = np.random.default_rng(0)
+    lines = [f"{d}\t{' '.join(f'w{int(w)}' for w in rng.integers(0, 50, rng.integers(1, 30)))} {d}" for d in ids]
+    path = tmp_path / name
+    path.write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n", encoding="utf-8")  # a blank line too
+    return path
+
+
+def _store(path: Path, cache: Path, records=None) -> DocStore:
+    return open_store(cache, fingerprint("tsv-collection", [path]), records or (lambda: iter_id_text(path, "passage")), str(path))
+
+
+@pytest.fixture(params=[3, docstore.BATCH_ROWS], ids=["batches-of-3", "one-batch"])
+def batch_rows(request, monkeypatch):
+    monkeypatch.setattr(docstore, "BATCH_ROWS", request.param)
+    return request.param
+
+
+def test_store_equals_dict_reader(tmp_path, batch_rows):
+    path = _collection(tmp_path)
+    ref = read_id_text_tsv(path, "passage")
+    store = _store(path, tmp_path / "cache")
+    assert len(store) == len(ref) and list(store) == list(ref)  # source order, as the dict's
+    assert dict(store.items()) == ref and store == ref
+    for row, (d, text) in enumerate(ref.items()):
+        assert store[d] == text and d in store and store.row(d) == row and store.id_at(row) == d and store.text_at(row) == text
+    assert list(store.ids) == list(ref) and store.ids[-1] == list(ref)[-1]
+    assert [store.id_at(r) for r in store.sorted_rows()] == sorted(ref)
+    assert "nope" not in store and 3 not in store and store.row("nope") == -1
+    with pytest.raises(KeyError):
+        store["nope"]
+    again = pickle.loads(pickle.dumps(store))  # a DataLoader worker reopens the folder
+    assert again == ref and len(pickle.dumps(store)) < 500
+
+
+def test_store_built_once_and_damage_rebuilt(tmp_path):
+    path = _collection(tmp_path)
+    cache = tmp_path / "cache"
+    first = _store(path, cache)
+
+    def never():
+        raise AssertionError("the store was built again")
+
+    assert _store(path, cache, never) == first
+    folder = store_folder(cache, first.fingerprint)
+    keys = folder / "index_keys.npy"
+    keys.write_bytes(keys.read_bytes()[:-8])  # a truncated index
+    with pytest.warns(UserWarning, match="damaged"):
+        assert _store(path, cache) == read_id_text_tsv(path, "passage")
+    path.write_text(path.read_text() + "new\tan added passage\n")  # other content: another store
+    grown = _store(path, cache)
+    assert len(grown) == len(IDS) + 1 and grown.fingerprint != first.fingerprint
+
+
+def test_store_duplicate_id_names_both_lines_and_leaves_nothing(tmp_path):
+    path = _collection(tmp_path, IDS + ["b"])
+    with pytest.raises(InputError) as dict_error:
+        read_id_text_tsv(path, "passage")
+    cache = tmp_path / "cache"
+    with pytest.raises(InputError) as store_error:
+        _store(path, cache)
+    assert str(store_error.value) == str(dict_error.value)
+    assert "first at line" in str(store_error.value)
+    assert not [p for p in (cache / "docstore").iterdir() if not p.name.endswith(".lock")]
+
+
+def test_store_built_by_one_of_two_processes(tmp_path):
+    path = _collection(tmp_path)
+    counter = tmp_path / "builds"
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from datamodules.docstore import fingerprint, open_store
+from datamodules.textfiles import iter_id_text
+path = {str(path)!r}
+def records():
+    with open({str(counter)!r}, "a") as f:
+        f.write("x")
+    time.sleep(1.0)
+    yield from iter_id_text(path, "passage")
+print(len(open_store({str(tmp_path / 'cache')!r}, fingerprint("tsv-collection", [path]), records, path)))
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs == [str(len(IDS))] * 2 and counter.read_text() == "x"
+
+
+def _triples_file(tmp_path: Path, lines: list[str], name="triples.tsv") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_triple_array_equals_list_reader(tmp_path, batch_rows):
+    path = _collection(tmp_path)
+    store = _store(path, tmp_path / "cache")
+    queries = {f"q{i}": f"query {i}" for i in range(5)}
+    rng = np.random.default_rng(1)
+    lines = [f"q{rng.integers(5)}\t{IDS[rng.integers(len(IDS))]}\t {IDS[rng.integers(len(IDS))]}" for _ in range(50)]
+    tpath = _triples_file(tmp_path, lines)
+    ref = read_id_triples_list(tpath)
+    triples = read_id_triples(tpath, store, queries, tmp_path / "cache", str(tpath))
+    assert isinstance(triples, TripleArray) and triples == ref and list(triples) == ref
+    assert isinstance(triples.rows, np.memmap)
+    keep = np.array([3, 0, 7])
+    assert list(triples.take(keep)) == [ref[i] for i in keep] and triples.take(keep).take(np.array([2])) == [ref[7]]
+    assert pickle.loads(pickle.dumps(triples)) == ref
+    again = read_id_triples(tpath, store, queries, tmp_path / "cache", str(tpath))
+    assert again.path == triples.path  # parsed once
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["q0\t10\t2", "q0\t10\tnope"], ":2: triple (q0, 10, nope) of split train names unknown doc id 'nope'"),
+    (["q0\t10\t2", "q7\t10\t2"], ":2: triple (q7, 10, 2) of split train names query 'q7' which is not among the queries"),
+    (["q0\t10\t2", "q0\t10"], ":2: expected 3 tab-separated columns"),
+    (["q0\t10\t2", "q0\t\t2"], ":2: empty id"),
+])
+def test_triple_errors_name_the_line(tmp_path, lines, message):
+    path = _collection(tmp_path)
+    store = _store(path, tmp_path / "cache")
+    tpath = _triples_file(tmp_path, lines)
+    with pytest.raises(InputError) as e:
+        read_id_triples(tpath, store, {"q0": "a query"}, tmp_path / "cache", str(tpath))
+    assert str(e.value).startswith(f"{tpath}:") and message in str(e.value)
+    assert not list((tmp_path / "cache").glob("triples/*.npy"))
+
+
+def test_truncated_triples_cache_is_parsed_again(tmp_path):
+    path = _collection(tmp_path)
+    cache = tmp_path / "cache"
+    store = _store(path, cache)
+    tpath = _triples_file(tmp_path, ["q0\t10\t2", "q0\tb\tc"])
+    first = read_id_triples(tpath, store, {"q0": "x"}, cache, str(tpath))
+    first.path.write_bytes(first.path.read_bytes()[:-8])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = read_id_triples(tpath, store, {"q0": "x"}, cache, str(tpath))
+    assert any("reading" in str(w.message) for w in caught) and again == [("q0", "10", "2"), ("q0", "b", "c")]
