@@ -11,9 +11,10 @@ reported as stage `data` (`reused` when the files were there).
 
 Every stage run is one subprocess (the repository's train.py / evaluate.py, or a small `python -c` driver calling
 the pipeline's public functions), started with `cwd` = the repository, `logger=none`, and one `data.cache_dir` per
-size (`<work_dir>/<size>/cache`, emptied when the size starts, so every build is a first build; stages of a size run
-in the order below and share it: without `store`, the first stage that reads the collection builds the store, and
-without `bm25`, the first that needs BM25 builds its index). Per size:
+size (`<work_dir>/<size>/cache`, emptied when the size starts, so every build is a first build; `keep_cache=true`
+keeps it, to rerun some stages against what an earlier run built); stages of a size run in the order below and
+share it: without `store`, the first stage that reads the collection builds the store, and without `bm25`, the first
+that needs BM25 builds its index. Per size:
 
 - `store/build`, `store/reuse`: `datamodules.sources.load_dataset` of a `TsvConfig` holding only the collection:
   the first load builds the document store (datamodules/docstore.py), the second opens it. `load_s`: the load alone.
@@ -165,6 +166,9 @@ if _DIR:
 @dataclass
 class Options:
     sizes: str = "100000,1000000,8800000"  # passages, comma-separated
+    # keep each size's work folder (its store, BM25 index and triples): rerun some stages against the caches an earlier
+    # run built, instead of starting every size from empty caches
+    keep_cache: bool = False
     stages: str = ",".join(ALL_STAGES)  # comma-separated, of: store, bm25, train, train_ddp, dense, encode, isotropy
     data_dir: Path = DATA_DIR
     work_dir: Path = WORK_DIR
@@ -471,8 +475,9 @@ def run_size(runner: Runner, args: Options, size: int, stages: list[str], first:
     if work.exists():
         if not (work / MARKER).exists():
             raise SystemExit(f"error: work folder {work} exists and was not made by this bench; choose another work_dir")
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+        if not args.keep_cache:
+            shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
     (work / MARKER).write_text("made by bench/bench_scale.py; emptied when the size runs again\n")
     cache = work / "cache"
     spec = Spec(passages=size, seed=args.seed, triples_per_passage=args.triples_per_passage, val_queries=args.val_queries,

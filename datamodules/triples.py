@@ -1,5 +1,5 @@
 """Training triples of a document store as a memory-mapped array: MS MARCO's 39.8M id triples without 39.8M tuples of
-strings (about 10 GB a rank as Python objects; 0.95 GB as int64 rows on disk, shared through the page cache).
+strings (about 10 GB a rank as Python objects; 0.48 GB as int32 rows on disk, shared through the page cache).
 
     triples = read_id_triples(path, store, queries, cache_dir, origin)   # parsed once, then memory-mapped
     qid, pos, neg = triples[i]                                            # as the list of tuples it replaces
@@ -15,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from core.errors import InputError
 from core.io import atomic_open
+from core.npy import NpyRowWriter
 from datamodules.corpus import locate
 from datamodules.docstore import DocStore, fingerprint
 from datamodules.textfiles import iter_rows
@@ -120,16 +121,26 @@ def cached_triples(source: str, blocks, docs: DocStore, queries: dict[str, str],
         except (OSError, ValueError):
             pass
         warnings.warn(f"{target}: cached triples are unreadable, truncated or out of range; reading {origin} again", stacklevel=2)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    # rows go to disk block by block: MS MARCO's 39.8M triples never sit in memory (int32 rows: 0.48 GB on disk)
+    dtype = np.int32 if max(len(docs), len(qids)) < np.iinfo(np.int32).max else np.int64
+    writer = NpyRowWriter(tmp, dtype, 3)
     try:
-        rows = _resolve(blocks(), docs, qids, origin, split)
-    except InputError:
+        for rows in _resolve(blocks(), docs, qids, origin, split):
+            writer.write(rows)
+        if not writer.rows:
+            raise InputError(origin, "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)")
+        writer.close()
+        os.replace(tmp, target)
+    except BaseException as e:
+        writer.abort()
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (pa.ArrowInvalid, ValueError, OSError)) and not isinstance(e, InputError):
+            if on_error is not None:
+                on_error()
+            raise InputError(origin, "could not be parsed as qid<TAB>positive doc id<TAB>negative doc id lines") from None
         raise
-    except (pa.ArrowInvalid, ValueError, OSError):
-        if on_error is not None:
-            on_error()
-        raise InputError(origin, "could not be parsed as qid<TAB>positive doc id<TAB>negative doc id lines") from None
-    with atomic_open(target, "wb") as f:
-        np.save(f, rows)
     return TripleArray(target, qids, docs)
 
 
@@ -147,14 +158,13 @@ def _tsv_blocks(path: Path):
         yield tuple(batch.column(n) for n in names)
 
 
-def _resolve(blocks, docs: DocStore, qids: list[str], origin: str, split: str) -> np.ndarray:
-    """Rows [n, 3] (query index, positive row, negative row) of the id blocks; an empty or unknown id raises."""
+def _resolve(blocks, docs: DocStore, qids: list[str], origin: str, split: str) -> Iterator[np.ndarray]:
+    """Rows [n, 3] (query index, positive row, negative row) of each id block; an empty or unknown id raises."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     store_ids = pa.chunked_array([b.column("id") for b in docs._batches]).combine_chunks()
     query_ids = pa.array(qids, pa.string())
-    parts: list[np.ndarray] = []
     first = True
     for block in blocks:
         cols = [pc.utf8_trim_whitespace(c) for c in block]
@@ -168,10 +178,7 @@ def _resolve(blocks, docs: DocStore, qids: list[str], origin: str, split: str) -
         bad = np.flatnonzero((rows < 0).any(axis=1))
         if len(bad):
             _unknown(origin, [c[int(bad[0])].as_py() for c in cols], rows[bad[0]], split)
-        parts.append(rows)
-    if not parts or not sum(len(x) for x in parts):
-        raise InputError(origin, "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)")
-    return np.concatenate(parts)
+        yield rows
 
 
 def _unknown(origin: str, ids: list[str], block_row: np.ndarray, split: str) -> None:

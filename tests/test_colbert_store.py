@@ -16,7 +16,8 @@ import torch
 
 from core.errors import InputError
 from lightning_modules.rankers.colbert import ColBERTConfig
-from retrieval.colbert_e2e import CODEC_FILE, TOKENS_FILE, ColBERTIndex, NpyRowWriter
+from core.npy import NpyRowWriter
+from retrieval.colbert_e2e import CODEC_FILE, TOKENS_FILE, ColBERTIndex
 from retrieval.config import DenseRetrievalConfig
 from retrieval.encode import pair_tokenizer_for
 from test_retrieval import DOCS, QUERIES, make, one_thread  # noqa: F401 (one_thread: autouse fixture)
