@@ -327,6 +327,9 @@ class Runner:
         probe = work / "probe" / name
         shutil.rmtree(probe, ignore_errors=True)
         probe.mkdir(parents=True)
+        for arg in cmd:  # a stage's results folder is its own, never a cache: keep_cache=true reruns into a fresh one
+            if arg.startswith("output_dir="):
+                shutil.rmtree(arg.split("=", 1)[1], ignore_errors=True)
         logs = work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out_log, err_log = logs / f"{name}.out", logs / f"{name}.err"

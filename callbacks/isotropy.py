@@ -27,7 +27,9 @@ ranks are kept), like the numbers in its legend.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,7 +41,7 @@ from torch import Tensor
 from core.io import atomic_open, save_figure
 from datamodules.tokenization import length_order
 from lightning_modules.rankers.base import Encoded, EncodedTexts, masked_mean
-from metrics.isotropy import AvgCos, IsotropyIW, avg_cos_from_unit_sum, gram_matrix, isotropy_iw, unit_sum
+from metrics.isotropy import AvgCos, IsotropyIW, avg_cos_from_unit_sum, gram_matrix, isotropy_iw_batched, one_thread, unit_sum
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
@@ -57,6 +59,10 @@ class IsotropyCallback(Callback):
         # the distinct texts of consecutive test batches are encoded once and kept until those batches are measured;
         # at most this many token vectors at a time (1.5 GB at d=384), so a split that fits is encoded exactly once
         self.group_vectors = 1_000_000
+        # the `paper` protocol measures the test batches holding this many bytes (their vectors and Gram matrices,
+        # ~6.5 MB for a ColBERT batch at d=384: ~20 batches) at once, by one batched eigendecomposition (PaperMeasure);
+        # about 3x this is held while they are measured (float64 copies, stacked Gram matrices, eigenvectors)
+        self.paper_bytes = 2**27
         self.dump_dir = Path(dump_dir) if dump_dir else None  # eval.dump_isotropy: <output_dir>/isotropy_batches
         self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
         self._warned_rank_deficient = False
@@ -142,14 +148,16 @@ class IsotropyCallback(Callback):
         the scorer sees them (`scoring_vectors`, padding removed, uncentred), for the queries' vectors, the
         passages' and both together; then the mean and standard deviation over all batches. Token vectors always;
         pooled vectors (`_sequence`) where the ranker pools. Under DDP each rank measures its share of the batches
-        and the per-batch values (not the vectors) are gathered, so the result equals one process's."""
+        and the per-batch values (not the vectors) are gathered, so the result equals one process's. The batches
+        stream into `PaperMeasure`, which measures many at a time (one batched eigendecomposition) with each
+        distinct text's vectors once (`batch_sets`: a query repeated in a batch is weighted by its count)."""
         ranker = module.ranker
         if ranker.kind != "bi" or not hasattr(trainer.datamodule, "pair_batches"):
             return {}
         variants = ("", "_raw") if (ranker.token_head is not None or ranker.sequence_head is not None) else ("",)
         was_training = ranker.training
         ranker.eval()
-        per_batch: list[tuple[int, dict[str, float]]] = []
+        measure = PaperMeasure(self.paper_bytes)
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed)
         tok = module.pair_tokenizer
         ids = {}  # (side, text) -> token ids: each distinct text tokenised once, for the budget and the encoding
@@ -165,16 +173,12 @@ class IsotropyCallback(Callback):
                 encoded[name] = self._encode_distinct(trainer, module, [ids[(side, t)] for t in texts], side, variants)
                 row[name] = {t: k for k, t in enumerate(texts)}
             for k, qtexts, ptexts in group:
-                vectors = {}
-                for name, texts in (("query", qtexts), ("passage", ptexts)):
-                    rows = [row[name][t] for t in texts]
-                    for v, enc in encoded[name].items():
-                        vectors[(v, name, "")] = torch.cat([enc.tokens(r) for r in rows])
-                        if enc.sequence is not None:
-                            vectors[(v, name, "_sequence")] = enc.sequence[rows]
-                per_batch.append((k, paper_batch_values(vectors)))
+                rows = {name: [row[name][t] for t in texts] for name, texts in (("query", qtexts), ("passage", ptexts))}
+                measure.add(k, batch_sets(encoded, rows, module.device))
                 if self.dump_dir is not None and split == "test":
-                    dump_batch(self.dump_dir / f"{k}.npz", {f"{name}{kind}": x for (v, name, kind), x in vectors.items() if v == ""})
+                    dump_batch(self.dump_dir / f"{k}.npz", batch_vectors(encoded, rows))
+        measure.flush()
+        per_batch = measure.values
         ranker.train(was_training)
         if _distributed() and dist.get_world_size() > 1:
             parts: list = [None] * dist.get_world_size()
@@ -246,23 +250,163 @@ class IsotropyCallback(Callback):
         self._log(trainer, module, "test")
 
 
+class BatchSets(NamedTuple):
+    """One test batch's vectors of one (variant, kind) for the `paper` protocol: W of the queries-and-passages set
+    as its distinct rows, the queries' first, with each row's count in the batch (a query repeated in the batch
+    counts each time: Z(a) and W^T W weigh its rows by that count instead of repeating them)."""
+
+    vectors: Tensor  # [m, d] distinct query rows, then distinct passage rows
+    n_query: int  # the first n_query rows are the queries'
+    counts: Tensor | None  # [m] float64 row counts; None: each row once
+
+    def side(self, side: str) -> tuple[Tensor, Tensor | None]:
+        """(rows, counts) of the set `side`: "" (queries and passages), "_query" or "_passage"; counts None where
+        every row is there once (no weighting pass)."""
+        rows = {"": slice(None), "_query": slice(0, self.n_query), "_passage": slice(self.n_query, None)}[side]
+        counts = None if self.counts is None else self.counts[rows]
+        return self.vectors[rows], None if counts is None or bool((counts == 1).all()) else counts
+
+
+class PaperMeasure:
+    """I(W) (Eq. 3) and avgcos (Eq. 4) of a stream of test batches, the `paper` protocol. `add` keeps a batch; the
+    pending batches are measured together when they hold `max_bytes` (their vectors and the Gram matrices they
+    will need) or at `flush()`, so memory stays bounded however many batches there are: per batch the two sides'
+    Gram matrices and unit-vector sums (the queries-and-passages set's are their sums: the cost of a batch is its
+    three eigendecompositions and projections, not three Gram matrices), then one batched eigendecomposition of
+    the stacked Gram matrices (`isotropy_iw_batched`). On a GPU all pending batches are one such call; on the CPU
+    they are split over `torch.get_num_threads()` threads with one BLAS / LAPACK thread each (`_map_threads`).
+    `values`: [(k, {key: value})], in the order added; the keys are `paper_batch_values`'."""
+
+    def __init__(self, max_bytes: int | None = None):
+        self.max_bytes = max_bytes
+        self.values: list[tuple[int, dict[str, float]]] = []
+        self._pending: list[tuple[int, dict[tuple[str, str], BatchSets]]] = []
+        self._bytes = 0
+
+    def add(self, k: int, sets: dict[tuple[str, str], BatchSets]) -> None:
+        """Test batch `k`: {(variant, "" | "_sequence"): its BatchSets}."""
+        self._pending.append((k, sets))
+        self._bytes += sum(b.vectors.nbytes + 3 * 8 * b.vectors.shape[1] ** 2 for b in sets.values())
+        if self.max_bytes is not None and self._bytes >= self.max_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Measure the pending batches and move them to `values`."""
+        if not self._pending:
+            return
+        device = next(iter(self._pending[0][1].values())).vectors.device
+        workers = torch.get_num_threads() if device.type == "cpu" else 1
+        bounds = np.linspace(0, len(self._pending), workers + 1).round().astype(int)
+        parts = [self._pending[a:b] for a, b in zip(bounds, bounds[1:])]
+        self.values += [kv for part in _map_threads(_measure_batches, parts) for kv in part]
+        self._pending, self._bytes = [], 0
+
+
+def _measure_batches(batches: list[tuple[int, dict[tuple[str, str], BatchSets]]]) -> list[tuple[int, dict[str, float]]]:
+    """PaperMeasure's values of `batches`: their I(W) from one `isotropy_iw_batched` call."""
+    out, sets, grams, keys = [], [], [], []
+    for k, batch in batches:
+        values = {}
+        for (v, kind), b in sorted(batch.items()):
+            b = b._replace(vectors=b.vectors.to(torch.float64))  # once, not in every function below
+            part = {side: b.side(side) for side in ("", "_query", "_passage")}
+            gram = {side: gram_matrix(*part[side]) for side in ("_query", "_passage")}
+            units = {side: unit_sum(*part[side]) for side in ("_query", "_passage")}
+            gram[""] = gram["_query"] + gram["_passage"]
+            units[""] = (units["_query"][0] + units["_passage"][0], units["_query"][1] + units["_passage"][1])
+            for side in ("", "_query", "_passage"):
+                values[f"avgcos_paper{side}{kind}{v}"] = avg_cos_from_unit_sum(*units[side])
+                keys.append((len(out), f"iw_paper{side}{kind}{v}"))
+                sets.append(part[side])
+                grams.append(gram.pop(side))
+        out.append((k, values))
+    if sets:
+        iw = isotropy_iw_batched([W for W, _ in sets], torch.stack(grams), counts=[c for _, c in sets]).tolist()
+        for (i, key), value in zip(keys, iw):
+            out[i][1][key] = value
+    return out
+
+
+def _map_threads(fn, parts: list) -> list:
+    """[fn(part) for part in parts], each part in its own thread with one torch (BLAS / LAPACK) thread, or in this
+    thread when there is one part. Why: a batched eigh on the CPU is one LAPACK call per matrix in a loop, and a
+    LAPACK or BLAS call with several threads spins on its threads' barriers when the cores are shared (DDP ranks,
+    other jobs): on this project's 2-core CPU under a load of ~8 other processes, the old per-batch path with 2 BLAS
+    threads used 6x the CPU time of one thread (0.84 s against 0.13 s of CPU a batch, d = 384); a 2-threaded eigh took
+    0.7-29 s against 0.1-0.8 s. Independent single-threaded parts have no barrier: on the idle machine two such
+    threads took 24 ms a set against 47 ms for one thread and 26-29 ms for one 2-threaded call (Gram matrix, eigh,
+    projection, d = 384, ~2,200 rows), with the same CPU time as one thread, and equal results."""
+    parts = [p for p in parts if p]
+    if len(parts) <= 1:
+        return [fn(p) for p in parts]
+
+    def one(part):
+        torch.set_num_threads(1)
+        return fn(part)
+
+    with one_thread(), ThreadPoolExecutor(len(parts)) as pool:
+        return list(pool.map(one, parts))
+
+
 def paper_batch_values(vectors: dict[tuple[str, str, str], Tensor]) -> dict[str, float]:
     """I(W) and avgcos of one test batch: `vectors` {(variant, "query" | "passage", "" | "_sequence"): [n, d]} ->
     {iw_paper<side><kind><variant>: value, avgcos_paper...}, side "" (queries and passages concatenated), "_query"
-    or "_passage"."""
-    values = {}
-    for v, kind in sorted({(v, kind) for v, _, kind in vectors}):
-        q, p = (vectors[(v, name, kind)].to(torch.float64) for name in ("query", "passage"))
-        # the queries-and-passages set's W^T W and unit-vector sum are the sums of the two sides' (the cost of a
-        # batch is its three eigendecompositions and projections, not three Gram matrices)
-        gram = {"_query": gram_matrix(q), "_passage": gram_matrix(p)}
-        units = {"_query": unit_sum(q), "_passage": unit_sum(p)}
-        gram[""] = gram["_query"] + gram["_passage"]
-        units[""] = (units["_query"][0] + units["_passage"][0], units["_query"][1] + units["_passage"][1])
-        for side, W in (("", torch.cat([q, p])), ("_query", q), ("_passage", p)):
-            values[f"iw_paper{side}{kind}{v}"] = isotropy_iw(W, gram=gram[side])
-            values[f"avgcos_paper{side}{kind}{v}"] = avg_cos_from_unit_sum(*units[side])
-    return values
+    or "_passage". The one-batch form of `PaperMeasure`, every row given as it is."""
+    measure = PaperMeasure()
+    measure.add(0, {(v, kind): BatchSets(torch.cat([vectors[(v, "query", kind)], vectors[(v, "passage", kind)]]),
+                                         len(vectors[(v, "query", kind)]), None)
+                    for v, kind in {(v, kind) for v, _, kind in vectors}})
+    measure.flush()
+    return measure.values[0][1]
+
+
+def _distinct(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct text rows of a batch's side, how many times each is in it)."""
+    return np.unique(np.asarray(rows, dtype=np.int64), return_counts=True)
+
+
+def _token_rows(enc: EncodedTexts, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the rows of `enc.vecs` holding the tokens of `texts`, in order; each text's token count)."""
+    starts, lengths = enc.offsets[texts], enc.offsets[texts + 1] - enc.offsets[texts]
+    first = np.cumsum(lengths) - lengths  # where each text's tokens start in the result
+    return np.repeat(starts - first, lengths) + np.arange(int(lengths.sum())), lengths
+
+
+def batch_sets(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]], device) -> dict[tuple[str, str], BatchSets]:
+    """A test batch's `PaperMeasure` input: `encoded` {"query" | "passage": {variant: EncodedTexts}}, `rows`
+    {"query" | "passage": the batch's texts as rows of those, repeats included} -> {(variant, kind): BatchSets}
+    on `device`, each distinct text's vectors once (one gather), weighted by its count."""
+    distinct = {name: _distinct(r) for name, r in rows.items()}
+    repeats = any(bool((c > 1).any()) for _, c in distinct.values())
+    out = {}
+    for v in encoded["query"]:
+        tokens, counts, sequence = [], [], []
+        for name in ("query", "passage"):
+            enc, (texts, count) = encoded[name][v], distinct[name]
+            index, lengths = _token_rows(enc, texts)
+            tokens.append(torch.index_select(enc.vecs, 0, torch.from_numpy(index)))  # rows: 6x faster than vecs[index]
+            counts.append(np.repeat(count, lengths))
+            if enc.sequence is not None:
+                sequence.append(enc.sequence[torch.from_numpy(texts)])
+        out[(v, "")] = BatchSets(torch.cat(tokens).to(device), len(tokens[0]),
+                                 torch.from_numpy(np.concatenate(counts)).to(device, torch.float64) if repeats else None)
+        if sequence:
+            out[(v, "_sequence")] = BatchSets(torch.cat(sequence).to(device), len(sequence[0]),
+                                              torch.from_numpy(np.concatenate([distinct[n][1] for n in ("query", "passage")])).to(device, torch.float64)
+                                              if repeats else None)
+    return out
+
+
+def batch_vectors(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]]) -> dict[str, Tensor]:
+    """A test batch's vectors as scored (without a head's `_raw` variant), every row as the batch holds it, for
+    `dump_batch`: {"query" | "passage" [+ "_sequence"]: [n, d]}."""
+    out = {}
+    for name, r in rows.items():
+        enc = encoded[name][""]
+        out[name] = torch.cat([enc.tokens(i) for i in r])
+        if enc.sequence is not None:
+            out[f"{name}_sequence"] = enc.sequence[r]
+    return out
 
 
 def aggregate_batches(batches: list[dict[str, float]]) -> dict[str, float]:

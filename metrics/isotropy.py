@@ -43,7 +43,8 @@ non-zero rows. With fewer than two non-zero rows avgcos is NaN.
 
 The paper reports each metric averaged over the test batches; the metric classes here compute it once
 over all the vectors they accumulated. For the per-batch variant, call the functional versions per batch
-and average (e.g. with ``torchmetrics.MeanMetric``).
+and average (e.g. with ``torchmetrics.MeanMetric``); ``isotropy_iw_batched`` measures many batches' sets at once
+(one batched eigendecomposition), with the same values.
 
 Metric classes (``IsotropyIW``, ``AvgCos``) keep states that torchmetrics reduces across processes with no
 special code: under DDP ``compute()`` sees every rank's vectors. As with any torchmetrics state that
@@ -54,14 +55,16 @@ from __future__ import annotations
 
 import math
 import warnings
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-__all__ = ["isotropy_iw", "avg_cos", "gram_matrix", "unit_sum", "avg_cos_from_unit_sum", "IsotropyIW", "AvgCos"]
+__all__ = ["isotropy_iw", "isotropy_iw_batched", "avg_cos", "gram_matrix", "unit_sum", "avg_cos_from_unit_sum", "one_thread",
+           "IsotropyIW", "AvgCos"]
 
 # Rows per float64 chunk: 16384 x 1024 x 8 bytes = 128 MiB at most.
 _CHUNK_ROWS = 16384
@@ -78,27 +81,44 @@ def _as_matrix(W, name: str = "W") -> Tensor:
     return W
 
 
-def _chunks(W: Tensor):
+def _check_counts(counts, W: Tensor, name: str = "counts") -> Tensor | None:
+    if counts is None:
+        return None
+    counts = torch.as_tensor(counts, device=W.device).to(torch.float64)
+    if tuple(counts.shape) != (W.shape[0],):
+        raise ValueError(f"{name}: expected one count per row of W, shape ({W.shape[0]},), got {tuple(counts.shape)}")
+    if not bool((counts > 0).all()):
+        raise ValueError(f"{name}: counts must be positive")
+    return counts
+
+
+def _chunks(W: Tensor, counts: Tensor | None = None):
+    """(float64 chunk of W's rows, its rows' counts or None)."""
     for start in range(0, W.shape[0], _CHUNK_ROWS):
         chunk = W[start : start + _CHUNK_ROWS].to(torch.float64)
         if not bool(torch.isfinite(chunk).all()):
             raise ValueError("W: contains NaN or infinite values")
-        yield chunk
+        yield chunk, None if counts is None else counts[start : start + _CHUNK_ROWS]
 
 
 def _canonical_signs(E: Tensor) -> Tensor:
-    """Flip each column so that its largest-magnitude entry (the first one, on ties) is positive."""
-    rows = E.abs().argmax(dim=0)
-    signs = torch.sign(E[rows, torch.arange(E.shape[1], device=E.device)])
+    """Flip each column of E ([d, k], or a batch [..., d, k]) so that its largest-magnitude entry (the first one, on
+    ties) is positive."""
+    rows = E.abs().argmax(dim=-2, keepdim=True)
+    signs = torch.sign(E.gather(-2, rows))
     signs = torch.where(signs == 0, torch.ones_like(signs), signs)
-    return E * signs
+    return E.mul_(signs)
 
 
 @contextmanager
-def _one_thread():
-    """A d x d eigendecomposition (d <= 1024) gains nothing from threads, and when the cores are shared (DDP ranks,
-    dataloader workers, other jobs) LAPACK's threads wait on each other: measured 0.6-5 s for d = 384 with 2 threads
-    on a loaded 2-core machine against 0.05 s with one (values equal to 2e-15)."""
+def one_thread():
+    """Torch's CPU ops on one thread inside the block. A d x d eigendecomposition (d <= 1024) gains little from
+    threads, and when the cores are shared (DDP ranks, dataloader workers, other jobs) LAPACK's threads wait on each
+    other: measured 0.6-5 s for d = 384 with 2 threads on a loaded 2-core machine against 0.05 s with one (values
+    equal to 2e-15). A batched eigh on the CPU is the same LAPACK call per matrix in a loop, and it fares the same:
+    for batches of 1, 3 and 48 matrices (d = 384, 768) on this 2-core machine, 2 threads were 2.4x faster while it
+    was idle but 6-50x slower (0.7-29 s against 0.1-0.8 s a matrix) under a load of 5 other processes. To use
+    several cores, run independent single-threaded parts in threads instead (the `paper` protocol does so)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -107,14 +127,37 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def gram_matrix(W) -> Tensor:
+def gram_matrix(W, counts=None) -> Tensor:
     """W^T W, float64 (d, d). The Gram matrix of stacked sets is the sum of theirs, which is how the `paper`
-    protocol gets the queries-and-passages set's from the two it measures anyway."""
+    protocol gets the queries-and-passages set's from the two it measures anyway. `counts` (n,): row i stands for
+    counts[i] equal rows (sum_i counts_i w_i w_i^T), so a set that repeats rows (a query repeated in a test batch)
+    is given once per distinct row."""
     W = _as_matrix(W)
+    counts = _check_counts(counts, W)
     gram = torch.zeros(W.shape[1], W.shape[1], dtype=torch.float64, device=W.device)
-    for chunk in _chunks(W):
-        gram += chunk.T @ chunk
+    for chunk, c in _chunks(W, counts):
+        gram += (chunk if c is None else chunk * c[:, None]).T @ chunk
     return gram
+
+
+def _directions(grams: Tensor, both_signs: bool) -> Tensor:
+    """Eigenvectors of each of the [..., d, d] Gram matrices as columns with the sign convention above: one
+    (batched) eigh where the matrices are, single-threaded on the CPU (`one_thread`)."""
+    with one_thread() if grams.device.type == "cpu" else nullcontext():
+        _, E = torch.linalg.eigh(grams.to(torch.float64))
+    E = _canonical_signs(E)
+    return torch.cat([E, -E], dim=-1) if both_signs else E
+
+
+def _log_z(W: Tensor, E: Tensor, counts: Tensor | None) -> Tensor:
+    """log Z(a) = logsumexp_i(w_i . a + log counts_i) for every column a of E, float64, W chunk by chunk."""
+    E = E.to(W.device)
+    log_z = None
+    for chunk, c in _chunks(W, counts):
+        proj = chunk @ E
+        part = torch.logsumexp(proj if c is None else proj + c.log()[:, None], dim=0)
+        log_z = part if log_z is None else torch.logaddexp(log_z, part)
+    return log_z
 
 
 def eigen_directions(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
@@ -125,21 +168,13 @@ def eigen_directions(W, *, both_signs: bool = False, gram: Tensor | None = None)
         gram = gram_matrix(W)
     elif tuple(gram.shape) != (W.shape[1], W.shape[1]):
         raise ValueError(f"gram: expected shape {(W.shape[1], W.shape[1])} for W of shape {tuple(W.shape)}, got {tuple(gram.shape)}")
-    with _one_thread():
-        _, E = torch.linalg.eigh(gram)
-    E = _canonical_signs(E)
-    return torch.cat([E, -E], dim=1) if both_signs else E
+    return _directions(gram, both_signs)
 
 
 def log_partition(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
     """log Z(a) for every a in E (float64, one entry per direction), computed with logsumexp."""
     W = _as_matrix(W)
-    E = eigen_directions(W, both_signs=both_signs, gram=gram)
-    log_z = None
-    for chunk in _chunks(W):
-        part = torch.logsumexp(chunk @ E, dim=0)
-        log_z = part if log_z is None else torch.logaddexp(log_z, part)
-    return log_z
+    return _log_z(W, eigen_directions(W, both_signs=both_signs, gram=gram), None)
 
 
 def isotropy_iw(W, *, both_signs: bool = False, gram: Tensor | None = None) -> float:
@@ -149,15 +184,59 @@ def isotropy_iw(W, *, both_signs: bool = False, gram: Tensor | None = None) -> f
     return float(torch.exp(log_z.min() - log_z.max()))
 
 
-def unit_sum(W) -> tuple[Tensor, int]:
-    """(sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows)."""
+def isotropy_iw_batched(sets: Sequence, grams: Tensor | None = None, *, counts: Sequence | None = None,
+                        both_signs: bool = False) -> Tensor:
+    """I(W) of Eq. 3 for each of B sets of rows at once: float64 [B], equal to ``isotropy_iw`` of each set.
+
+    The directions E of all B sets come from ONE batched eigendecomposition of their stacked Gram matrices, where
+    those are (on a GPU the whole batch at once; on the CPU LAPACK runs per matrix either way, single-threaded:
+    `one_thread`), then log Z(a) = logsumexp per set on the set's device. This is how the `paper` protocol measures
+    thousands of test batches.
+
+    `sets`: B (n_b, d) matrices, n_b >= 1 and may differ (n_b < d is allowed: W^T W is then rank-deficient).
+    `grams`: [B, d, d] float64, each set's W^T W (with its counts) when the caller has them already, e.g. summed from
+    parts (`gram_matrix`); the result is the same. `counts`: per set None or (n_b,) positive row counts, row i
+    standing for counts[i] equal rows (Z(a) = sum_i counts_i exp(w_i . a)): a set with repeated rows is given once
+    per distinct row. `both_signs` as in ``isotropy_iw``.
+
+    >>> w = torch.tensor([[3.0, 4.0]])  # E = {w / |w|, its orthogonal}: Z = exp(5) and exp(0)
+    >>> W = torch.tensor([[1.0, 0.0], [0.5, 2.0], [-1.0, 0.25]])
+    >>> iw = isotropy_iw_batched([w, W])
+    >>> round(float(iw[0]), 6), round(float(iw[0]) / math.exp(-5), 12), abs(float(iw[1]) - isotropy_iw(W)) < 1e-15
+    (0.006738, 1.0, True)
+    """
+    if len(sets) == 0:
+        raise ValueError("sets: expected at least one set")
+    sets = [_as_matrix(W, f"sets[{b}]") for b, W in enumerate(sets)]
+    d = sets[0].shape[1]
+    if any(W.shape[1] != d for W in sets):
+        raise ValueError(f"sets: every set needs the same dimension, got {sorted({W.shape[1] for W in sets})}")
+    counts = [None] * len(sets) if counts is None else list(counts)
+    if len(counts) != len(sets):
+        raise ValueError(f"counts: expected one entry per set ({len(sets)}), got {len(counts)}")
+    counts = [_check_counts(c, W, f"counts[{b}]") for b, (W, c) in enumerate(zip(sets, counts))]
+    if grams is None:
+        grams = torch.stack([gram_matrix(W, c) for W, c in zip(sets, counts)])
+    elif tuple(grams.shape) != (len(sets), d, d):
+        raise ValueError(f"grams: expected shape {(len(sets), d, d)} for {len(sets)} sets of dimension {d}, got {tuple(grams.shape)}")
+    E = _directions(grams, both_signs)
+    log_z = torch.stack([_log_z(W, E[b], c).to(E.device) for b, (W, c) in enumerate(zip(sets, counts))])
+    return torch.exp(log_z.amin(dim=1) - log_z.amax(dim=1))
+
+
+def unit_sum(W, counts=None) -> tuple[Tensor, int]:
+    """(sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows). `counts` as in
+    `gram_matrix`: row i counts counts[i] times (the number is then the sum of the non-zero rows' counts)."""
+    counts = _check_counts(counts, W)
     total = torch.zeros(W.shape[1], dtype=torch.float64, device=W.device)
     count = 0
-    for chunk in _chunks(W):
+    for chunk, c in _chunks(W, counts):
         norms = torch.linalg.vector_norm(chunk, dim=1)
         nonzero = norms > 0
-        total += (chunk[nonzero] / norms[nonzero, None]).sum(dim=0)
-        count += int(nonzero.sum())
+        # sum_i c_i w_i / ||w_i|| as one vector-matrix product (zero rows weigh 0): no copy of the rows
+        weights = torch.where(nonzero, (1.0 if c is None else c) / norms, 0.0)
+        total += weights @ chunk
+        count += int(nonzero.sum()) if c is None else int(round(float(c[nonzero].sum())))
     return total, count
 
 
