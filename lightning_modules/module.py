@@ -19,7 +19,9 @@ from __future__ import annotations
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -29,10 +31,11 @@ from torch import Tensor
 
 from core.errors import TrainingStopped, check_choice
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
-from datamodules.tokenization import PairTokenizer, length_order
+from datamodules.tokenization import PairTokenizer
+from lightning_modules.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
 from lightning_modules.oom import halving
 from lightning_modules.rankers import RANKERS, build_ranker
-from lightning_modules.rankers.base import Encoded, TripletOutput, take
+from lightning_modules.rankers.base import Encoded, EncodedTexts, TripletOutput, take
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
 
 
@@ -89,6 +92,10 @@ class RankingModule(pl.LightningModule):
         self.results: dict[str, dict] = {}
         self.nonfinite_batches = 0
         self.oom_retries = 0  # evaluation batches retried in halves since the split's evaluation started
+        # keep_vectors(split, variants): a consumer (the isotropy callback's `paper` protocol) asks for the vectors this
+        # evaluation scores, so that nothing encodes the split twice
+        self._keep_request: dict[str, tuple[str, ...]] = {}
+        self._kept: dict[str, dict[str, EncodedTextsWriter]] = {}
 
     @property
     def temperature(self) -> float:
@@ -298,21 +305,30 @@ class RankingModule(pl.LightningModule):
 
     @torch.inference_mode()
     def encode_texts(self, texts: list[str], side: str = "doc", batch_size: int = 32, encode=None) -> Encoded:
-        """Texts of one side encoded in batches of similar token length (`length_order`) and returned in the given
-        order, padded to one length. Tokenised once; the scores do not depend on the batching.
-        `encode(batch) -> Encoded` replaces the ranker's `encode_queries` / `encode_docs`."""
+        """Texts of one side encoded by the one encoder (`encoding.encode_stream`: batches of similar token length,
+        the precision plugin's autocast, out-of-memory halving) and returned in the given order, padded to one
+        length. `encode(batch) -> Encoded` replaces the ranker's `encode_queries` / `encode_docs`."""
         tok = self.pair_tokenizer
         encode = encode or (self.ranker.encode_queries if side == "query" else self.ranker.encode_docs)
-        ids = tok.ids(texts, side)
-        order = length_order([len(x) for x in ids]).tolist()
-        parts = []
-        for s in range(0, len(order), batch_size):
-            batch = {k: v.to(self.device) for k, v in tok.pad([ids[i] for i in order[s : s + batch_size]], side).items()}
-            with self._forward_context():
-                parts.append(self.with_oom_retry(encode, batch, "encoding queries"))
+        prefix = "q_" if side == "query" else "d_"
+
+        def forward(input_ids, attention_mask):
+            return encode({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask})
+
+        def count(_rows: int) -> None:
+            self.oom_retries += 1
+
+        chunks, parts = [], []
+        for chunk, enc in encode_stream(self.ranker, tok.ids(texts, side), side, batch_size=batch_size,
+                                        pad_id=tok.tokenizer.pad_token_id, forward=forward, autocast=self._forward_context,
+                                        on_retry=count):
+            chunks.append(chunk)
+            parts.append(enc)
+        if not parts:
+            raise ValueError(f"no {side} texts to encode")
         length = max(p.tokens.shape[1] for p in parts)
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
+        inverse = torch.empty(len(texts), dtype=torch.long)
+        inverse[torch.from_numpy(np.concatenate(chunks))] = torch.arange(len(texts))
         inverse = inverse.to(self.device)
         return Encoded(
             tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts])[inverse],
@@ -355,9 +371,48 @@ class RankingModule(pl.LightningModule):
 
         return halving(fn, batch, what, count)
 
+    # ---- the scored vectors, kept for a consumer ----------------------------------------------------------------
+    kept_variants: tuple[str, ...] = (WITH_HEAD,)  # the readings _eval_epoch_start / _eval_step hand to _keep
+
+    def keep_vectors(self, split: str, variants: tuple[str, ...] = (WITH_HEAD,)) -> None:
+        """Keep the vectors of `split`'s next evaluation as it scores them (`scoring_vectors`, padding removed), per
+        variant (WITH_HEAD; RAW where a head is attached, `HeadModule`), for `kept_vectors(split)` to hand out at the
+        epoch's end (bi-encoders). Beyond `DEFAULT_BUDGET` bytes they go to memory-mapped files in the run's folder."""
+        self._keep_request[split] = tuple(variants)
+
+    def kept_vectors(self, split: str) -> dict[str, dict[str, EncodedTexts]] | None:
+        """{"query" | "passage": {variant: EncodedTexts}} of the evaluation of `split` that just ran, rows as the
+        split's `qtexts` / `dtexts` (a passage this rank did not score has no token rows), once; None if not kept."""
+        writers = self._kept.pop(split, None)
+        return None if writers is None else {side: {v: w.finish() for v, w in ws.items()} for side, ws in writers.items()}
+
+    def _start_keeping(self, split: str) -> None:
+        self._kept.pop(split, None)
+        variants = self._keep_request.pop(split, None)
+        if variants is None or self.ranker.kind != "bi":
+            return
+        # only the readings this module's evaluation computes; a consumer missing one encodes the texts itself
+        variants = [v for v in variants if v in self.kept_variants]
+        es = self.trainer.datamodule.eval_splits[split]
+        folder = Path(self.trainer.default_root_dir)
+        self._kept[split] = {side: {v: EncodedTextsWriter(n, spill_dir=folder if folder.is_dir() else None) for v in variants}
+                             for side, n in (("query", len(es.qtexts)), ("passage", len(es.dtexts)))}
+
+    def _keep(self, split: str, side: str, rows, encodings: dict[str, Encoded]) -> None:
+        writers = self._kept.get(split)
+        if writers is None:
+            return
+        prep = self.ranker.scoring_vectors
+        for v, w in writers[side].items():
+            enc = encodings[v]
+            seq = None if enc.sequence is None else prep(enc.sequence.float())
+            w.add(rows.cpu() if isinstance(rows, Tensor) else rows, Encoded(prep(enc.tokens.float()), enc.mask, seq))
+
     def _eval_epoch_start(self, split: str) -> None:
+        self._start_keeping(split)
         if self.ranker.kind == "bi":
             self._eval_queries = self.encode_query_texts(self.trainer.datamodule.eval_splits[split].qtexts)
+            self._keep(split, "query", np.arange(len(self._eval_queries.mask)), {WITH_HEAD: self._eval_queries})
 
     def on_validation_epoch_start(self) -> None:
         self._eval_epoch_start("val")
@@ -368,7 +423,9 @@ class RankingModule(pl.LightningModule):
     def _eval_step(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
         """Score one evaluation batch into `runs[split]` (subclasses score differently)."""
         if "pair_d" in batch:
-            scores = self.score_chunk(self._eval_queries, batch)
+            docs = self.with_oom_retry(self.ranker.encode_docs, {k: v for k, v in batch.items() if k.startswith("d_")}, "encoding passages")
+            self._keep(split, "passage", batch["dpos"], {WITH_HEAD: docs})
+            scores = self.score_chunk(self._eval_queries, batch, docs=docs)
         else:
             scores = self.with_oom_retry(self.ranker.score, batch, "scoring pairs")
         self.runs[split].update(batch["qidx"], batch["didx"], scores.float())
@@ -394,6 +451,7 @@ class RankingModule(pl.LightningModule):
         """Evaluate the run gathered under `runs[key]` (default: the split's own) against the split's qrels."""
         key = key or split
         self._eval_queries = None
+        self._kept.pop(split, None)  # kept vectors nobody took (their consumer runs before this hook)
         es = self.trainer.datamodule.eval_splits[split]
         run = self.runs[key].to_run(es.qids, es.doc_ids)  # gathered from every rank
         self.runs[key].reset()

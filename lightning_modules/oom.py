@@ -3,7 +3,7 @@ the run because one batch of long passages did not fit.
 
 `halving(fn, batch)` calls `fn` on a dict of row-aligned tensors; on `torch.OutOfMemoryError` it frees the cache,
 splits every tensor with the batch's row count in two, recurses on each half and concatenates the results
-(tensors, or `Encoded` token vectors padded to a common length). A single row that does not fit re-raises. Results
+(tensors, `Encoded` token vectors padded to a common length, or dicts of them). A single row that does not fit re-raises. Results
 equal the unsplit call's: evaluation runs each row independently (no batch statistics at inference).
 """
 from __future__ import annotations
@@ -27,6 +27,8 @@ def _half(batch: dict, n: int, sl: slice) -> dict:
 
 
 def _cat(parts: list):
+    if isinstance(parts[0], dict):  # several readings of one pass (encoding.variants_forward)
+        return {k: _cat([p[k] for p in parts]) for k in parts[0]}
     if isinstance(parts[0], Tensor):
         return torch.cat(parts)
     length = max(p.tokens.shape[1] for p in parts)

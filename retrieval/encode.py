@@ -1,21 +1,20 @@
 """Streaming encoders for full ranking: texts in, vectors out, one batch at a time.
 
 `encode_docs` / `encode_queries` take any iterable of texts (a dict {id: text}, an iterable of (id, text) pairs,
-or plain strings, whose ids are then their positions) and yield `(ids, output)` per batch. Only one sorting window
-of raw texts (`sort_window` texts, default 8 batches) and one batch of tokenisation are held at a time, so a
-collection of any size streams through in bounded memory.
+or plain strings, whose ids are then their positions) and yield `(ids, output)` per batch. Only one window of raw
+texts and their token ids (`sort_window` texts, default 8 batches) is held at a time, so a collection of any size
+streams through in bounded memory.
 
-Within a window, texts are ordered by character length (longest first) before batching, which cuts padding; each
-batch carries its own ids, so order never matters to the caller. `sort_window <= batch_size` keeps input order.
+Each window goes through the one encoder (lightning_modules/encoding.py `encode_stream`): batches of similar token
+length (longest first), which cuts padding; each batch carries its own ids, so order never matters to the caller.
+`sort_window <= batch_size` keeps input order. The forward runs under `torch.inference_mode()`, in eval mode (the
+ranker's mode is restored after each batch), optionally under bf16 autocast (`precision="bf16"`; weights stay
+fp32), and a batch out of accelerator memory is retried in halves.
 
 Outputs, on the CPU in float32:
 - single-vector rankers (RepBERT, BERT_DOT): the pooled vectors `[B, D]` exactly as `ranker.encode` returns them
   (not normalised: scoring-specific preparation is the index's job);
 - multi-vector rankers (ColBERT): an `Encoded` with the token vectors `[B, L, D]` and the padding mask `[B, L]`.
-
-The forward runs under `torch.inference_mode()`, in eval mode (the ranker's mode is restored after each batch),
-optionally under bf16 autocast (`precision="bf16"`; weights stay fp32).
-
 """
 from __future__ import annotations
 
@@ -27,12 +26,12 @@ from torch import Tensor
 
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.oom import halving
+from lightning_modules.encoding import encode_stream
 from lightning_modules.rankers.base import BiEncoder, Encoded
 
 __all__ = [
-    "PRECISIONS", "iter_items", "batches", "encode_docs", "encode_queries", "encode_texts", "pair_tokenizer_for",
-    "eval_mode", "autocast", "resolve_device",
+    "PRECISIONS", "iter_items", "windows", "encode_docs", "encode_queries", "encode_texts", "pair_tokenizer_for",
+    "autocast", "resolve_device",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -54,42 +53,21 @@ def iter_items(texts: Mapping | Iterable, what: str = "docs") -> Iterator[tuple[
         yield ident, text
 
 
-def batches(items: Iterable[tuple[Hashable, str]], batch_size: int, sort_window: int | None = None) -> Iterator[list[tuple[Hashable, str]]]:
-    """Batches of (id, text); within each window of `sort_window` items, longest text first."""
-    if batch_size < 1:
-        raise InputError("batch_size", f"is {batch_size}; expected a positive integer")
-    window_size = 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
-    sort = window_size > batch_size
-
-    def flush(window):
-        if sort:
-            window.sort(key=lambda it: len(it[1]), reverse=True)  # stable: equal lengths keep input order
-        for s in range(0, len(window), batch_size):
-            yield window[s : s + batch_size]
-
+def windows(items: Iterable[tuple[Hashable, str]], size: int) -> Iterator[list[tuple[Hashable, str]]]:
+    """Consecutive lists of `size` (id, text) items (the last may be shorter)."""
     window: list[tuple[Hashable, str]] = []
     for item in items:
         window.append(item)
-        if len(window) >= window_size:
-            yield from flush(window)
+        if len(window) >= size:
+            yield window
             window = []
     if window:
-        yield from flush(window)
+        yield window
 
 
 def pair_tokenizer_for(ranker: BiEncoder) -> PairTokenizer:
     c = ranker.cfg
     return PairTokenizer(ranker.tokenizer, ranker.kind, c.query_max_len, c.doc_max_len)
-
-
-@contextlib.contextmanager
-def eval_mode(module: torch.nn.Module):
-    was = module.training
-    module.eval()
-    try:
-        yield module
-    finally:
-        module.train(was)
 
 
 def autocast(device: torch.device, precision: str):
@@ -142,24 +120,26 @@ def encode_texts(
         raise ValueError(f"output must be 'auto', 'sequence' or 'tokens', got {output!r}")
     if precision not in PRECISIONS:
         raise InputError("precision", f"unknown precision '{precision}'; expected one of {list(PRECISIONS)}")
+    if batch_size < 1:
+        raise InputError("batch_size", f"is {batch_size}; expected a positive integer")
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
     dev = resolve_device(ranker, device)
-    tokenize = pt.docs if side == "docs" else pt.queries
-    encode = ranker.encode_docs if side == "docs" else ranker.encode_queries
-    for batch in batches(iter_items(texts, side), batch_size, sort_window):
-        ids = [i for i, _ in batch]
-        tok = {k: v.to(dev, non_blocking=True) for k, v in tokenize([t for _, t in batch]).items()}
-        with torch.inference_mode(), eval_mode(ranker), autocast(dev, precision):
-            # out of GPU memory on a batch of long passages: retried in halves (rows are independent at inference)
-            enc = halving(encode, tok, f"encoding {side} for an index")
-        del tok
-        want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
-        if want == "sequence":
-            if enc.sequence is None:
-                raise InputError("output", f"ranker '{ranker.cfg.name}' has no pooled vector; use output='tokens'")
-            yield ids, enc.sequence.float().cpu()
-        else:
-            yield ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
+    ranker_side = "doc" if side == "docs" else "query"
+    window = 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
+    for items in windows(iter_items(texts, side), window):
+        # the one encoder (lightning_modules/encoding.py) over one window of texts: length-sorted batches, eval and
+        # inference mode, autocast, out-of-memory halving
+        stream = encode_stream(ranker, pt.ids([t for _, t in items], ranker_side), ranker_side, batch_size=batch_size,
+                               pad_id=pt.tokenizer.pad_token_id, autocast=lambda: autocast(dev, precision), sort=window > batch_size)
+        for chunk, enc in stream:
+            ids = [items[i][0] for i in chunk]
+            want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
+            if want == "sequence":
+                if enc.sequence is None:
+                    raise InputError("output", f"ranker '{ranker.cfg.name}' has no pooled vector; use output='tokens'")
+                yield ids, enc.sequence.float().cpu()
+            else:
+                yield ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
 
 
 def encode_docs(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):

@@ -158,3 +158,42 @@ def test_truncated_triples_cache_is_parsed_again(tmp_path):
         warnings.simplefilter("always")
         again = read_id_triples(tpath, store, {"q0": "x"}, cache, str(tpath))
     assert any("reading" in str(w.message) for w in caught) and again == [("q0", "10", "2"), ("q0", "b", "c")]
+
+
+@pytest.mark.parametrize("block", [7, 1 << 22])
+def test_triple_array_distinct_in_first_seen_order(tmp_path, block):
+    """TripleArray.distinct (block-wise array passes) equals the loop the head stage used to run over the triples:
+    dict.fromkeys of the queries and of the passages (positive, then negative), also through a selection."""
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 50, size=(1000, 3)).astype(np.int32)
+    np.save(tmp_path / "t.npy", rows)
+    whole = TripleArray(tmp_path / "t.npy", [str(i) for i in range(50)], None)
+    keep = rng.permutation(1000)[:300]
+    for triples, ref in ((whole, rows), (whole.take(keep), rows[keep])):
+        q, d = triples.distinct(block)
+        assert q.tolist() == list(dict.fromkeys(int(r[0]) for r in ref))
+        assert d.tolist() == list(dict.fromkeys(int(x) for r in ref for x in (r[1], r[2])))
+
+
+@pytest.mark.parametrize("max_texts", [None, 9])
+def test_head_stage_training_texts_equal_for_stored_and_listed_triples(tmp_path, max_texts):
+    """The head stage's training texts (distinct queries and passages, first-seen order, a seeded sample) are the same
+    from memory-mapped triples over a store as from the same triples as a list over a dict."""
+    from types import SimpleNamespace
+
+    from datamodules.representations import training_texts
+
+    path = _collection(tmp_path)
+    store = _store(path, tmp_path / "cache")
+    queries = {f"q{i}": f"query {i}" for i in range(5)}
+    rng = np.random.default_rng(2)
+    tpath = _triples_file(tmp_path, [f"q{rng.integers(5)}\t{IDS[rng.integers(len(IDS))]}\t{IDS[rng.integers(len(IDS))]}" for _ in range(40)])
+    triples = read_id_triples(tpath, store, queries, tmp_path / "cache", str(tpath))
+
+    def dm(docs, trip):
+        split = SimpleNamespace(queries=queries)
+        return SimpleNamespace(triples=trip, dataset=SimpleNamespace(docs=docs, split=lambda name: split))
+
+    listed = training_texts(dm(read_id_text_tsv(path, "passage"), list(triples)), max_texts, seed=3)
+    stored = training_texts(dm(store, triples), max_texts, seed=3)
+    assert stored == listed and len(stored[0]) + len(stored[1]) == (max_texts or len(listed[0]) + len(listed[1]))

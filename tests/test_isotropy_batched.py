@@ -61,6 +61,21 @@ def test_batched_iw_equals_numpy_and_the_one_set_form(sizes, both_signs):
     assert torch.equal(isotropy_iw_batched(sets, grams, both_signs=both_signs), got)
 
 
+@pytest.mark.parametrize("both_signs", [False, True])
+def test_fewer_rows_than_dimensions_from_the_dual(both_signs):
+    """A set with n < d rows is measured from its n x n dual (`_log_z_dual`): equal to the NumPy formula on the d x d
+    Gram matrix (1e-10 relative), also when rows repeat (rank < n) and with counts, next to a set with n > d."""
+    rng = np.random.default_rng(5)
+    small, big = _random_sets(rng, [6, 50], d=24)
+    repeated = torch.cat([small, small[:2]])  # rank 6 from 8 rows
+    counts = torch.tensor([1.0, 3.0, 2.0, 1.0, 5.0, 1.0], dtype=torch.float64)
+    got = isotropy_iw_batched([small, repeated, small, big], counts=[None, None, counts, None], both_signs=both_signs).tolist()
+    refs = [iw_numpy(small.numpy(), both_signs), iw_numpy(repeated.numpy(), both_signs),
+            iw_numpy(small.repeat_interleave(counts.long(), dim=0).numpy(), both_signs), iw_numpy(big.numpy(), both_signs)]
+    for value, ref in zip(got, refs):
+        assert _rel(value, ref) <= 1e-10
+
+
 def test_counts_weigh_rows_as_repeats():
     """A row given once with count c is c equal rows: I(W) (Z(a) and W^T W), the Gram matrix and avgcos's unit sum
     equal those of the set with the rows repeated."""

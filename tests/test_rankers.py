@@ -452,13 +452,14 @@ def test_backbone_dir_without_model_is_input_error(tmp_path):
 def test_encode_collection_keeps_each_texts_real_tokens_in_order(name, tiny_bert_nodropout):
     """EncodedTexts from length-sorted batches equals each text encoded alone (float32, 1e-5): real tokens only, in
     the given order, ids kept; `padded` gives them back as the ranker's Encoded batch."""
+    from lightning_modules.encoding import encode_collection
     from lightning_modules.module import RankingModule
 
     r = RankingModule({"name": name, "backbone": tiny_bert_nodropout}, {}).eval().ranker
     tok = r.tokenizer
     texts = ["a short one", "a much longer passage about cats and the mats they sit on", "mid length text here"]
     ids = tok(texts)["input_ids"]
-    enc = r.encode_collection(ids, "doc", batch_size=2, pad_id=tok.pad_token_id, keep_ids=True)
+    enc = encode_collection(r, ids, "doc", batch_size=2, pad_id=tok.pad_token_id, keep_ids=True)
     assert len(enc) == 3 and enc.vecs.shape[0] == sum(len(x) for x in ids)
     for k, x in enumerate(ids):
         with torch.no_grad():
@@ -471,5 +472,5 @@ def test_encode_collection_keeps_each_texts_real_tokens_in_order(name, tiny_bert
     assert batch.tokens.shape[:2] == batch.mask.shape == (2, len(ids[2]))
     assert batch.mask.sum(1).tolist() == [len(ids[2]), len(ids[0])] and not batch.tokens[1, len(ids[0]):].any()
     assert enc.padded_ids([2, 0])[1].tolist() == ids[0] + [0] * (len(ids[2]) - len(ids[0]))
-    pooled = r.encode_collection(ids, "doc", batch_size=2, pad_id=tok.pad_token_id, keep_tokens=False)
+    pooled = encode_collection(r, ids, "doc", batch_size=2, pad_id=tok.pad_token_id, keep_tokens=False)
     assert pooled.vecs.shape[0] == 0 and (pooled.sequence is None) == (name == "colbert")

@@ -222,11 +222,11 @@ def test_bad_input_is_one_line(rankers):
 
 class SpyTokenizer:
     def __init__(self, pt):
-        self.pt, self.sizes = pt, []
+        self.pt, self.sizes, self.tokenizer = pt, [], pt.tokenizer
 
-    def docs(self, texts):
+    def ids(self, texts, side):
         self.sizes.append(len(texts))
-        return self.pt.docs(texts)
+        return self.pt.ids(texts, side)
 
 
 def test_streaming_encoder_matches_one_batch(rankers):
@@ -248,7 +248,7 @@ def test_streaming_encoder_matches_one_batch(rankers):
             for j, i in enumerate(ids):
                 assert i not in got
                 got[i] = v[j] if name == "repbert" else v.tokens[j][v.mask[j]]
-        assert max(spy.sizes) <= 3 and sum(spy.sizes) == len(DOCS) and sorted(got) == sorted(DOCS)
+        assert max(spy.sizes) <= 9 and sum(spy.sizes) == len(DOCS) and sorted(got) == sorted(DOCS)  # a window at a time
         pt = pair_tokenizer_for(r)
         with torch.no_grad():
             ref = r.encode_docs(pt.docs(list(DOCS.values())))
@@ -367,16 +367,16 @@ def test_index_encoding_out_of_memory_retried_in_halves(rankers, name, monkeypat
     the batch is retried in halves, with a warning, and the vectors equal an encoding that never ran out."""
     ranker = rankers[name]
     ref = {i: v for ids, vs in encode_docs(ranker, None, DOCS, batch_size=16) for i, v in zip(ids, _rows(vs))}
-    real, calls = type(ranker).encode_docs, []
+    real, calls = type(ranker).encode, []
 
-    def limited(self, batch):
-        calls.append(next(v for k, v in batch.items() if k.endswith("input_ids")).shape[0])
+    def limited(self, input_ids, attention_mask, side=None):
+        calls.append(input_ids.shape[0])
         if calls[-1] > 3:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return real(self, batch)
+        return real(self, input_ids, attention_mask, side=side)
 
-    monkeypatch.setattr(type(ranker), "encode_docs", limited)
-    with pytest.warns(UserWarning, match=r"out of memory encoding docs for an index on 16 rows; retrying in halves of 8 and 8"):
+    monkeypatch.setattr(type(ranker), "encode", limited)
+    with pytest.warns(UserWarning, match=r"out of memory encoding doc texts on 16 rows; retrying in halves of 8 and 8"):
         got = {i: v for ids, vs in encode_docs(ranker, None, DOCS, batch_size=16) for i, v in zip(ids, _rows(vs))}
     assert max(calls) == 16 and min(calls) <= 3
     assert got.keys() == ref.keys()

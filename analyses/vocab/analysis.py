@@ -45,6 +45,7 @@ from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.sources import data_config, load_dataset
+from lightning_modules.encoding import encode_collection
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
 from lightning_modules.rankers.base import EncodedTexts
@@ -112,7 +113,8 @@ def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> EncodedTexts:
     """The vectors Eq. 3 projects, as `encode` returns them: ColBERT's token vectors, the pooled vector of the
     single-vector rankers (their token vectors are not kept)."""
-    return ranker.encode_collection(ids, side, batch_size, pad_id, scoring=False, keep_tokens=ranker.cfg.name == "colbert")
+    return encode_collection(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=False,
+                             keep_tokens=ranker.cfg.name == "colbert")
 
 
 def project_texts(head, enc: EncodedTexts, rows) -> torch.Tensor:

@@ -216,7 +216,7 @@ def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts
     return {
         "ranker": {k: v for k, v in dataclasses.asdict(c).items()},
         "passages_encoded": len(doc_ids),
-        "tokens_encoded": int(docs.offsets[-1]),
+        "tokens_encoded": docs.n_tokens,
         "correlations": correlations(words, subwords, stats, per_query),
         "words": words,
         "subwords": subwords,

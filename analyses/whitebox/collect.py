@@ -15,6 +15,7 @@ import torch
 
 from analyses.whitebox.maxsim import MaxSim, max_sim
 from analyses.whitebox.words import Word
+from lightning_modules.encoding import encode_collection
 from lightning_modules.rankers.base import EncodedTexts
 from metrics.delta_es import pair_difference
 from metrics.spectral import sample_rows, spectral_ratio
@@ -22,8 +23,8 @@ from metrics.tau_ap import VARIANTS, correlations
 
 
 def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> EncodedTexts:
-    """The unit token vectors Eq. 1 compares, with their WordPiece ids (the ranker's `encode_collection`)."""
-    return ranker.encode_collection(ids, side, batch_size, pad_id, scoring=True, keep_ids=True)
+    """The unit token vectors Eq. 1 compares, with their WordPiece ids (`encode_collection`)."""
+    return encode_collection(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=True, keep_ids=True)
 
 
 def query_maxsim(queries: EncodedTexts, k: int, docs: EncodedTexts, candidates) -> MaxSim:

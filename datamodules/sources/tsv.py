@@ -9,7 +9,10 @@ Files (each may be gzip-compressed, `.gz`):
   `query text<TAB>positive text<TAB>negative text` (`triples_format: text`, as MS MARCO `triples.train.small.tsv`).
   Text triples get ids deterministically: a passage whose text equals a collection passage takes that passage's id,
   any other text gets `h<sha1 of the text>[:16]` (queries likewise, `q<sha1>[:16]`, unless the text equals a query of
-  `train_queries`), and the new passages / queries are added to the collection / train queries.
+  `train_queries`), and the new passages / queries are added to the collection / train queries. (When several
+  collection passages, or train queries, share a text, the last one in file order gives its id.) Both formats are
+  parsed once into a memory-mapped array in `data.cache_dir` (datamodules/triples.py, datamodules/text_triples.py);
+  the collection is a document store either way, with the passages text triples add in a second store after it.
 - `<split>_run`: candidate lists as a TREC run `qid Q0 docid rank score tag`, ordered by score (desc), then rank.
 
 Optional files may be null: no triples -> `Split.triples = None` (negatives are sampled), no run ->
@@ -26,16 +29,9 @@ from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
+from datamodules.text_triples import read_text_triples
+from datamodules.textfiles import iter_id_text, read_id_text_tsv, read_trec_qrels, resolve_path, run_candidates
 from datamodules.triples import read_id_triples
-from datamodules.textfiles import (
-    content_id,
-    iter_id_text,
-    iter_rows,
-    read_id_text_tsv,
-    read_trec_qrels,
-    resolve_path,
-    run_candidates,
-)
 
 # --------------------------------------------------------------------------------------------------------------
 # The tsv source
@@ -68,32 +64,6 @@ def _opt(cfg, key: str, what: str) -> Path | None:
     return None if value is None else resolve_path(value, key, what)
 
 
-def _read_triples_text(path: Path, docs: dict[str, str], queries: dict[str, str]) -> list[tuple[str, str, str]]:
-    doc_by_text = {t: d for d, t in docs.items()}
-    query_by_text = {t: q for q, t in queries.items()}
-    triples = []
-    for lineno, cols in iter_rows(path, ("query text", "positive passage", "negative passage")):
-        for col, what in zip(cols, ("query", "positive passage", "negative passage")):
-            if not col.strip():
-                raise InputError(f"{path}:{lineno}", f"empty {what} text; expected non-empty text")
-        q, pos, neg = cols
-        qid = query_by_text.get(q)
-        if qid is None:
-            qid = content_id("q", q)
-            queries[qid] = q
-            query_by_text[q] = qid
-        ids = []
-        for text in (pos, neg):
-            did = doc_by_text.get(text)
-            if did is None:
-                did = content_id("h", text)
-                docs[did] = text
-                doc_by_text[text] = did
-            ids.append(did)
-        triples.append((qid, ids[0], ids[1]))
-    return triples
-
-
 @SOURCES.register("tsv", schema=TsvConfig)
 def build(cfg: TsvConfig, seed: int) -> IRDataset:
     fmt = cfg.triples_format
@@ -101,12 +71,8 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
     collection = resolve_path(cfg.collection, "collection", "collection TSV")
     tpath = _opt(cfg, "train_triples", "training triples TSV")
-    if tpath is not None and fmt == "text":
-        # text triples may add passages to the collection (module docstring), so it is read into memory
-        docs = read_id_text_tsv(collection, "passage")
-    else:
-        docs = open_store(cfg.cache_dir, fingerprint("tsv-collection", [collection]),
-                          lambda: iter_id_text(collection, "passage"), origin=str(collection))
+    docs = open_store(cfg.cache_dir, fingerprint("tsv-collection", [collection]),
+                      lambda: iter_id_text(collection, "passage"), origin=str(collection))
     splits: dict[str, Split] = {}
     for name in ("train", "val", "test"):
         qpath = _opt(cfg, f"{name}_queries", f"{name} queries TSV")
@@ -119,7 +85,9 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
             split.candidates = run_candidates(run_path)
         if name == "train" and tpath is not None:
             if fmt == "text":
-                split.triples = _read_triples_text(tpath, docs, split.queries)
+                # text triples may add passages (module docstring): the collection becomes the store plus those
+                split.triples = read_text_triples(tpath, docs, split.queries, cfg.cache_dir)
+                docs = split.triples.docs
             else:
                 split.triples = read_id_triples(tpath, docs, split.queries, cfg.cache_dir, str(tpath))
             split.origins["triples"] = str(tpath)

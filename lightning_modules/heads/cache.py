@@ -26,6 +26,7 @@ import torch
 
 from core.errors import InputError
 from core.io import AtomicDir, write_json
+from lightning_modules.encoding import encode_stream
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -41,9 +42,7 @@ def cache_key(checkpoint: str, granularity: str, queries: list[str], docs: list[
 
 
 @torch.inference_mode()
-def _vectors(ranker, batch: dict[str, torch.Tensor], granularity: str) -> torch.Tensor:
-    side = "query" if "q_input_ids" in batch else "doc"  # PairTokenizer prefixes the keys by side
-    ids, mask = batch.values()
+def _vectors(ranker, ids: torch.Tensor, mask: torch.Tensor, side: str, granularity: str) -> torch.Tensor:
     enc = ranker.token_representations(ids, mask, side=side)
     if granularity == "token":
         return enc.tokens[enc.mask]
@@ -83,28 +82,25 @@ class RepresentationCache:
             cached = cls(path)
             if cached.manifest.get("key") == key:
                 return cached
-        was_training = ranker.training
-        try:
-            # written into a temporary sibling and renamed into place: a crash leaves the old cache or none
-            with AtomicDir(path, kind="a representation cache") as tmp:
-                count, dim = 0, None
-                ranker.eval()
-                device = next(ranker.parameters()).device
-                with open(tmp / "vectors.bin", "wb") as f:
-                    for texts, side in ((queries, pair_tokenizer.queries), (docs, pair_tokenizer.docs)):
-                        for s in range(0, len(texts), batch_size):
-                            batch = {k: v.to(device) for k, v in side(texts[s : s + batch_size]).items()}
-                            with autocast() if autocast else torch.autocast(device.type, enabled=False):
-                                v = _vectors(ranker, batch, granularity)
-                            v = v.float().cpu().numpy().astype(DTYPES[dtype])
-                            if not np.isfinite(v).all():
-                                raise FloatingPointError(f"non-finite representation while caching (texts {s}..{s + batch_size})")
-                            f.write(np.ascontiguousarray(v).tobytes())
-                            count, dim = count + len(v), v.shape[1]
-                    f.flush()
-                    os.fsync(f.fileno())
-                write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
-                                                   "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs)})
-        finally:
-            ranker.train(was_training)
+        # written into a temporary sibling and renamed into place: a crash leaves the old cache or none
+        with AtomicDir(path, kind="a representation cache") as tmp:
+            count, dim = 0, None
+            device = next(ranker.parameters()).device
+            pad_id = pair_tokenizer.tokenizer.pad_token_id
+            with open(tmp / "vectors.bin", "wb") as f:
+                for texts, side in ((queries, "query"), (docs, "doc")):
+                    # in the texts' order (sort=False): the file's rows are the texts' vectors, text after text
+                    stream = encode_stream(ranker, pair_tokenizer.ids(texts, side), side, batch_size=batch_size, pad_id=pad_id,
+                                           forward=lambda i, m, side=side: _vectors(ranker, i, m, side, granularity),
+                                           autocast=autocast or (lambda: torch.autocast(device.type, enabled=False)), sort=False)
+                    for chunk, v in stream:
+                        v = v.float().cpu().numpy().astype(DTYPES[dtype])
+                        if not np.isfinite(v).all():
+                            raise FloatingPointError(f"non-finite representation while caching (texts {chunk[0]}..{chunk[-1] + 1})")
+                        f.write(np.ascontiguousarray(v).tobytes())
+                        count, dim = count + len(v), v.shape[1]
+                f.flush()
+                os.fsync(f.fileno())
+            write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
+                                               "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs)})
         return cls(path)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from core.ranges import COUNT, check_ranges
-from datamodules.tokenization import length_sorted_batches
 from lightning_modules.rankers.backbone import load_backbone
 from lightning_modules.rankers.dropout import use_fast_dropout
 
@@ -63,27 +62,46 @@ class Encoded:
 @dataclass
 class EncodedTexts:
     """A collection of encoded texts, the one container the analyses and the isotropy protocol keep (on the CPU):
-    the real tokens' vectors flat, text k at rows offsets[k]:offsets[k + 1] (no padding stored), with the tokens'
-    vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts
-    back as an `Encoded` batch for the scoring functions."""
+    the real tokens' vectors flat (no padding stored), text k at rows starts[k] : starts[k] + lengths[k] (texts may lie
+    in any order: lightning_modules/encoding.EncodedTextsWriter writes them as they arrive), with the tokens'
+    vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts back
+    as an `Encoded` batch for the scoring functions."""
 
     vecs: Tensor  # [T, D]
-    offsets: np.ndarray  # [K + 1]
+    starts: np.ndarray  # [K] int64
+    lengths: np.ndarray  # [K] int64 (0: no token vectors kept for the text)
     ids: Tensor | None = None  # [T] vocabulary ids of the tokens
     sequence: Tensor | None = None  # [K, D]
 
+    @classmethod
+    def from_offsets(cls, vecs: Tensor, offsets, ids: Tensor | None = None, sequence: Tensor | None = None) -> EncodedTexts:
+        """Texts stored one after another: text k at rows offsets[k] : offsets[k + 1]."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        return cls(vecs, offsets[:-1].copy(), np.diff(offsets), ids, sequence)
+
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.starts)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())
 
     def tokens(self, k: int) -> Tensor:
-        return self.vecs[int(self.offsets[k]) : int(self.offsets[k + 1])]
+        return self.vecs[int(self.starts[k]) : int(self.starts[k] + self.lengths[k])]
 
     def token_ids(self, k: int) -> Tensor:
-        return self.ids[int(self.offsets[k]) : int(self.offsets[k + 1])]
+        return self.ids[int(self.starts[k]) : int(self.starts[k] + self.lengths[k])]
+
+    def token_rows(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows of `vecs` holding the tokens of `texts`, text after text; each text's token count)."""
+        texts = np.asarray(texts, dtype=np.int64)
+        starts, lengths = self.starts[texts], self.lengths[texts]
+        first = np.cumsum(lengths) - lengths  # where each text's tokens start in the result
+        return np.repeat(starts - first, lengths) + np.arange(int(lengths.sum())), lengths
 
     def _rows(self, index) -> tuple[np.ndarray, Tensor, Tensor]:
         index = np.asarray(index, dtype=np.int64)
-        starts, lens = self.offsets[index], self.offsets[index + 1] - self.offsets[index]
+        starts, lens = self.starts[index], self.lengths[index]
         ar = np.arange(int(lens.max()) if len(index) else 0)
         mask = ar[None, :] < lens[:, None]
         return index, torch.from_numpy(np.where(mask, starts[:, None] + ar[None, :], 0)), torch.from_numpy(mask)
@@ -99,28 +117,6 @@ class EncodedTexts:
         """The vocabulary ids of `padded(index)`'s tokens, 0 on padding."""
         _, rows, mask = self._rows(index)
         return torch.where(mask, self.ids[rows], torch.zeros_like(rows))
-
-    @classmethod
-    def collect(cls, lengths, batches, ids: list[list[int]] | None = None, keep_tokens: bool = True) -> EncodedTexts:
-        """From `batches` of (text indices, their Encoded batch) covering every text once, in any order: each
-        text's real tokens (its mask) and pooled vector, as float32 on the CPU in text order. `lengths`: each
-        text's token count; `ids`: the texts' token ids, kept when given; `keep_tokens=False` keeps only the pooled
-        vectors (every text then holds 0 token rows)."""
-        lengths = np.asarray(lengths, dtype=np.int64) if keep_tokens else np.zeros(len(lengths), dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        vecs = sequence = None
-        for chunk, enc in batches:
-            tokens, mask = enc.tokens.float().cpu(), enc.mask.cpu()
-            if vecs is None:
-                vecs = torch.zeros((int(offsets[-1]), tokens.shape[-1]))
-                if enc.sequence is not None:
-                    sequence = torch.zeros((len(offsets) - 1, enc.sequence.shape[-1]))
-            for r, k in enumerate(chunk if keep_tokens else ()):
-                vecs[offsets[k] : offsets[k + 1]] = tokens[r][mask[r]]
-            if sequence is not None:
-                sequence[torch.as_tensor(chunk)] = enc.sequence.float().cpu()
-        flat = None if ids is None or not keep_tokens else torch.tensor([t for x in ids for t in x], dtype=torch.long)
-        return cls(torch.zeros((0, 0)) if vecs is None else vecs, offsets, flat, sequence)
 
 
 def masked_mean(tokens: Tensor, mask: Tensor) -> Tensor:
@@ -204,23 +200,6 @@ class BiEncoder(Ranker):
     def scoring_vectors(self, x: Tensor) -> Tensor:
         """Token or pooled vectors as the score function compares them (unit length for cosine rankers)."""
         return x
-
-    @torch.inference_mode()
-    def encode_collection(self, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0,
-                          scoring: bool = True, keep_ids: bool = False, keep_tokens: bool = True) -> EncodedTexts:
-        """Tokenised texts (with [CLS]/[SEP]) encoded in length-sorted batches (`length_sorted_batches`: little
-        padding) into an `EncodedTexts` on the CPU: the vectors as the score compares them (`scoring_vectors`), or
-        as `encode` returns them (`scoring=False`: what the MLM head projects, vocabulary paper Eq. 3).
-        `keep_tokens=False`: the pooled vectors only (single-vector rankers)."""
-        device = next(self.parameters()).device
-        prep = self.scoring_vectors if scoring else (lambda x: x)
-
-        def batches():
-            for chunk, inp, att in length_sorted_batches(ids, batch_size, pad_id):
-                enc = self.encode(inp.to(device), att.to(device), side=side)
-                yield chunk, Encoded(prep(enc.tokens), enc.mask, None if enc.sequence is None else prep(enc.sequence))
-
-        return EncodedTexts.collect([len(x) for x in ids], batches(), ids if keep_ids else None, keep_tokens)
 
     def pool(self, enc: Encoded) -> Encoded:
         """Fill `enc.sequence` (single-vector rankers); multi-vector rankers keep it None."""

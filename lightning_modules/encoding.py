@@ -1,0 +1,208 @@
+"""One encoder for every job: tokenised texts in, a bi-encoder's vectors out, batch by batch.
+
+`encode_stream` is the loop that evaluation (`RankingModule.encode_texts`), the index builders
+(retrieval/encode.py), the head representation cache (heads/cache.py), the isotropy callback and the analyses
+(`encode_collection`) share:
+- length-sorted batches (`length_order`: longest first, so a batch pads little), or the texts' own order
+  (`sort=False`, for consumers whose result depends on it, e.g. a capped sample);
+- on the ranker's device, under `torch.inference_mode()` and in eval mode (the ranker's mode is restored);
+- under the caller's autocast (`autocast`: a factory of a context, e.g. the Lightning precision plugin's
+  `forward_context`, or retrieval's bf16 / fp16);
+- a batch that runs out of accelerator memory is retried in halves (lightning_modules/oom.py); rows are
+  independent at inference, so the result is the unsplit call's.
+
+`forward(input_ids, attention_mask)` says what a batch becomes: by default `ranker.encode` (heads applied);
+`variants_forward` gives several readings of one backbone pass ("" with the isotropy heads, "_raw" without).
+
+`EncodedTextsWriter` gathers such batches, arriving in any order, into an `EncodedTexts` without padding. It holds
+them in memory up to `budget_bytes` and spills beyond that to a memory-mapped file (in `spill_dir`, unlinked once
+mapped, so nothing is left behind), so a collection larger than memory needs disk, not RAM.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from core.npy import NpyRowWriter
+from datamodules.tokenization import length_order
+from lightning_modules.oom import halving
+from lightning_modules.rankers.base import Encoded, EncodedTexts
+
+__all__ = ["WITH_HEAD", "RAW", "encode_stream", "variants_forward", "EncodedTextsWriter", "encode_collection", "eval_mode",
+           "pad_batch"]
+
+WITH_HEAD, RAW = "", "_raw"  # the variants: with the isotropy heads ("Ft -> head"), without them ("Ft")
+DEFAULT_BUDGET = 2**30  # bytes of vectors an EncodedTextsWriter keeps in memory before it spills to disk
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    was = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was)
+
+
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-padded input ids and attention mask of `ids`, to the longest of them (what `PairTokenizer.pad` gives for
+    a right-padding tokenizer)."""
+    lens = [len(x) for x in ids]
+    width = max(lens, default=0)
+    inp = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(ids), width), dtype=torch.long)
+    for r, x in enumerate(ids):
+        inp[r, : lens[r]] = torch.as_tensor(x, dtype=torch.long)
+        att[r, : lens[r]] = 1
+    return inp, att
+
+
+def variants_forward(ranker, side: str, variants: Sequence[str] = (WITH_HEAD,)) -> Callable[[Tensor, Tensor], dict[str, Encoded]]:
+    """A `forward` for `encode_stream`: one backbone pass (`token_representations`), finished once per variant
+    (`WITH_HEAD`: token head, pooling, sequence head; `RAW`: pooling only), {variant: Encoded}."""
+    def forward(input_ids: Tensor, attention_mask: Tensor) -> dict[str, Encoded]:
+        raw = ranker.token_representations(input_ids, attention_mask, side=side)
+        return {v: ranker.finish(raw, heads=(v == WITH_HEAD)) for v in variants}
+    return forward
+
+
+def encode_stream(ranker, ids: Sequence[Sequence[int]], side: str, *, batch_size: int = 64, pad_id: int = 0,
+                  forward: Callable | None = None, autocast: Callable | None = None, sort: bool = True,
+                  on_retry: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, object]]:
+    """(the batch's text indices into `ids`, `forward`'s output for them) per batch of `batch_size` texts; see the
+    module docstring. `side`: "query" or "doc"; `ids`: token ids with special tokens, unpadded. The output stays on
+    the ranker's device, as `forward` returns it."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    device = next(ranker.parameters()).device
+    if forward is None:
+        def forward(input_ids, attention_mask):
+            return ranker.encode(input_ids, attention_mask, side=side)
+    order = length_order([len(x) for x in ids]) if sort else np.arange(len(ids))
+    for s in range(0, len(order), batch_size):
+        chunk = order[s : s + batch_size]
+        inp, att = pad_batch([ids[i] for i in chunk], pad_id)
+        batch = {"input_ids": inp.to(device, non_blocking=True), "attention_mask": att.to(device, non_blocking=True)}
+        # entered per batch, not around the loop: a suspended generator must not leave inference mode, eval mode or
+        # autocast switched on in its consumer's code
+        with torch.inference_mode(), eval_mode(ranker), autocast() if autocast is not None else contextlib.nullcontext():
+            out = halving(lambda b: forward(b["input_ids"], b["attention_mask"]), batch, f"encoding {side} texts", on_retry)
+        yield chunk, out
+
+
+class EncodedTextsWriter:
+    """`count` texts' vectors, added batch by batch in any order, as one `EncodedTexts` (float32, on the CPU): each
+    text's real tokens (its mask) flat, in the order they arrived (`starts` / `lengths` say where), and its pooled
+    vector where there is one. `keep_tokens=False` keeps the pooled vectors only. Token rows stay in memory until
+    they exceed `budget_bytes`; then they (and every later row) go to a .npy file in `spill_dir` (default: the
+    system's temporary folder), memory-mapped by `finish` and unlinked at once. The pooled vectors likewise: a
+    memory-mapped file when `count` x width exceeds the budget. A text added twice keeps its last vectors."""
+
+    def __init__(self, count: int, keep_tokens: bool = True, keep_ids: bool = False, budget_bytes: int = DEFAULT_BUDGET,
+                 spill_dir: str | os.PathLike | None = None):
+        self.count, self.keep_tokens, self.keep_ids = int(count), keep_tokens, keep_ids
+        self.budget, self.spill_dir = int(budget_bytes), spill_dir
+        self.starts = np.zeros(self.count, dtype=np.int64)
+        self.lengths = np.zeros(self.count, dtype=np.int64)
+        self.rows = 0  # token rows written so far
+        self._parts: list[Tensor] = []
+        self._ids: list[Tensor] = []
+        self._file: NpyRowWriter | None = None
+        self._sequence: Tensor | None = None
+        self._maps: list[np.ndarray] = []
+
+    def _temp_path(self, suffix: str) -> Path:
+        fd, name = tempfile.mkstemp(prefix="encoded-", suffix=suffix, dir=self.spill_dir)
+        os.close(fd)
+        return Path(name)
+
+    def _spill(self, width: int) -> None:
+        self._file = NpyRowWriter(self._temp_path(".npy"), np.float32, width)
+        for part in self._parts:
+            self._file.write(part.numpy())
+        self._parts = []
+
+    def add(self, rows, enc: Encoded, token_ids: Tensor | None = None) -> None:
+        """Texts `rows` (indices < count) as one padded batch `enc` (any device and dtype); `token_ids`: their
+        padded input ids, kept for the real tokens when `keep_ids`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.keep_tokens:
+            mask = enc.mask.cpu()
+            tokens = enc.tokens.detach().float().cpu()[mask]
+            lengths = mask.sum(1).numpy()
+            self.starts[rows] = self.rows + np.cumsum(lengths) - lengths
+            self.lengths[rows] = lengths
+            self.rows += len(tokens)
+            if self._file is None and self.rows * tokens.shape[-1] * 4 > self.budget:
+                self._spill(tokens.shape[-1])
+            if self._file is not None:
+                self._file.write(tokens.numpy())
+            else:
+                self._parts.append(tokens)
+            if self.keep_ids:
+                self._ids.append(token_ids.cpu()[mask])
+        if enc.sequence is not None:
+            seq = enc.sequence.detach().float().cpu()
+            if self._sequence is None:
+                self._sequence = self._zeros((self.count, seq.shape[-1]))
+            self._sequence[torch.from_numpy(rows)] = seq
+
+    def _zeros(self, shape: tuple[int, int]) -> Tensor:
+        if shape[0] * shape[1] * 4 <= self.budget:
+            return torch.zeros(shape)
+        path = self._temp_path(".f32")
+        mapped = np.memmap(path, dtype=np.float32, mode="w+", shape=shape)  # zero-filled, sparse on disk
+        _unlink(path)
+        self._maps.append(mapped)
+        return torch.from_numpy(mapped)
+
+    def finish(self) -> EncodedTexts:
+        if self._file is not None:
+            path = self._file.path
+            self._file.close()
+            mapped = np.load(path, mmap_mode="c")  # copy-on-write: writable for torch, never written back
+            _unlink(path)
+            self._maps.append(mapped)
+            vecs = torch.from_numpy(mapped)
+        elif self._parts:
+            vecs = torch.cat(self._parts)
+        else:
+            vecs = torch.zeros((0, 0))
+        ids = torch.cat(self._ids) if self.keep_ids and self._ids else None
+        return EncodedTexts(vecs, self.starts, self.lengths, ids, self._sequence)
+
+
+def _unlink(path: Path) -> None:
+    # the mapping keeps the data; a platform that cannot unlink an open file (Windows) keeps it in the temp folder
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def encode_collection(ranker, ids: Sequence[Sequence[int]], side: str, *, batch_size: int = 64, pad_id: int = 0,
+                      scoring: bool = True, keep_ids: bool = False, keep_tokens: bool = True,
+                      variants: Sequence[str] | None = None, autocast: Callable | None = None,
+                      budget_bytes: int = DEFAULT_BUDGET, spill_dir=None) -> EncodedTexts | dict[str, EncodedTexts]:
+    """Tokenised texts (with [CLS]/[SEP]) encoded by `encode_stream` into an `EncodedTexts` on the CPU: the vectors
+    as the score compares them (`scoring_vectors`), or as `encode` returns them (`scoring=False`: what the MLM head
+    projects, vocabulary paper Eq. 3). `keep_tokens=False`: the pooled vectors only (single-vector rankers).
+    `variants` (e.g. (WITH_HEAD, RAW)): {variant: EncodedTexts}, all from one backbone pass per batch."""
+    prep = ranker.scoring_vectors if scoring else (lambda x: x)
+    names = tuple(variants) if variants is not None else (WITH_HEAD,)
+    forward = variants_forward(ranker, side, names) if variants is not None else None
+    writers = {v: EncodedTextsWriter(len(ids), keep_tokens, keep_ids, budget_bytes, spill_dir) for v in names}
+    for chunk, out in encode_stream(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, forward=forward, autocast=autocast):
+        encodings = out if variants is not None else {WITH_HEAD: out}
+        token_ids = pad_batch([ids[i] for i in chunk], pad_id)[0] if keep_ids else None
+        for v, enc in encodings.items():
+            seq = None if enc.sequence is None else prep(enc.sequence.float())
+            writers[v].add(chunk, Encoded(prep(enc.tokens.float()), enc.mask, seq), token_ids)
+    done = {v: w.finish() for v, w in writers.items()}
+    return done if variants is not None else done[WITH_HEAD]

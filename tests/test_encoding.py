@@ -1,0 +1,165 @@
+"""The one encoder (lightning_modules/encoding.py): `EncodedTextsWriter` against a plain per-text dict (any arrival
+order, in memory or spilled to a memory-mapped file), `encode_collection`'s variants against separate encodings with
+and without a head, out-of-memory halving of variant outputs, and the isotropy protocol fed by the evaluation's own
+vectors (`RankingModule.keep_vectors`) against the protocol encoding the texts again."""
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from callbacks.isotropy import IsotropyCallback
+from lightning_modules.encoding import RAW, WITH_HEAD, EncodedTextsWriter, encode_collection, encode_stream, variants_forward
+from lightning_modules.rankers.base import Encoded
+
+
+def _batches(rng, n_texts: int, d: int, with_sequence: bool):
+    """Padded batches of random texts in a shuffled order, and each text's real token vectors as reference."""
+    lengths = rng.integers(1, 9, size=n_texts)
+    ref = {k: torch.tensor(rng.normal(size=(int(lengths[k]), d)), dtype=torch.float32) for k in range(n_texts)}
+    seq = {k: torch.tensor(rng.normal(size=d), dtype=torch.float32) for k in range(n_texts)}
+    order = rng.permutation(n_texts)
+    out = []
+    for s in range(0, n_texts, 4):
+        rows = order[s : s + 4]
+        width = int(lengths[rows].max())
+        tokens = torch.full((len(rows), width, d), 7.0)  # padding holds garbage: only the mask may decide
+        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for r, k in enumerate(rows):
+            tokens[r, : lengths[k]] = ref[k]
+            mask[r, : lengths[k]] = True
+        out.append((rows, Encoded(tokens, mask, torch.stack([seq[k] for k in rows]) if with_sequence else None)))
+    return out, ref, seq
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 0, 300])
+def test_writer_keeps_each_texts_real_tokens_in_any_order(tmp_path, budget):
+    """Texts arrive in shuffled batches; in memory (a large budget) or spilled to a memory-mapped file at once
+    (0) or part-way (300 bytes), each text reads back as its own real token vectors and pooled vector, exactly; the
+    spill files are gone from the folder once mapped."""
+    rng = np.random.default_rng(0)
+    batches, ref, seq = _batches(rng, 23, 5, with_sequence=True)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    w = EncodedTextsWriter(23, budget_bytes=budget, spill_dir=spill)
+    for rows, enc in batches:
+        w.add(rows, enc)
+    got = w.finish()
+    assert len(got) == 23 and got.n_tokens == sum(len(v) for v in ref.values())
+    for k in range(23):
+        assert torch.equal(got.tokens(k), ref[k])
+        assert torch.equal(got.sequence[k], seq[k])
+    assert list(spill.iterdir()) == []  # unlinked once mapped: nothing is left behind
+    p = got.padded([3, 0])
+    assert torch.equal(p.tokens[0, : len(ref[3])], ref[3]) and not p.tokens[0, len(ref[3]) :].any()
+    rows, lengths = got.token_rows([5, 2])
+    assert torch.equal(got.vecs[torch.from_numpy(rows)], torch.cat([ref[5], ref[2]])) and lengths.tolist() == [len(ref[5]), len(ref[2])]
+
+
+def test_writer_pooled_only_and_unseen_texts():
+    rng = np.random.default_rng(1)
+    batches, ref, seq = _batches(rng, 9, 3, with_sequence=True)
+    w = EncodedTextsWriter(12, keep_tokens=False)  # 3 texts never arrive
+    for rows, enc in batches:
+        w.add(rows, enc)
+    got = w.finish()
+    assert got.vecs.shape[0] == 0 and got.lengths.tolist() == [0] * 12
+    assert all(torch.equal(got.sequence[k], seq[k]) for k in range(9)) and not got.sequence[9:].any()
+
+
+@pytest.fixture
+def colbert_with_head(tiny_bert_nodropout):
+    from lightning_modules.module import RankingModule
+
+    torch.manual_seed(0)
+    r = RankingModule({"name": "colbert", "backbone": tiny_bert_nodropout}, {}).eval().ranker
+    d = r.encode(torch.tensor([[101, 102]]), torch.ones(1, 2, dtype=torch.long)).tokens.shape[-1]
+    r.token_head = torch.nn.Linear(d, d)
+    return r
+
+
+def test_variants_are_one_pass_of_each_reading(colbert_with_head):
+    """encode_collection with (WITH_HEAD, RAW) equals two separate encodings, one with the token head and one
+    without (1e-6), from one backbone pass per batch (the backbone's forward is counted)."""
+    r = colbert_with_head
+    tok = r.tokenizer
+    ids = tok(["a short one", "a much longer passage about cats and mats", "mid length text", "x"])["input_ids"]
+    calls = []
+    hook = r.encoder.register_forward_hook(lambda *a: calls.append(1))
+    both = encode_collection(r, ids, "doc", batch_size=3, pad_id=tok.pad_token_id, variants=(WITH_HEAD, RAW))
+    hook.remove()
+    assert len(calls) == 2  # 4 texts in batches of 3: two backbone passes for both readings
+    with_head = encode_collection(r, ids, "doc", batch_size=3, pad_id=tok.pad_token_id)
+    head, r.token_head = r.token_head, None
+    without = encode_collection(r, ids, "doc", batch_size=3, pad_id=tok.pad_token_id)
+    r.token_head = head
+    for k in range(len(ids)):
+        torch.testing.assert_close(both[WITH_HEAD].tokens(k), with_head.tokens(k), atol=1e-6, rtol=0)
+        torch.testing.assert_close(both[RAW].tokens(k), without.tokens(k), atol=1e-6, rtol=0)
+    assert not torch.allclose(both[WITH_HEAD].tokens(0), both[RAW].tokens(0))
+
+
+def test_out_of_memory_halves_variant_batches(colbert_with_head, monkeypatch):
+    """A batch of more than 2 rows raises torch.OutOfMemoryError: it is retried in halves, with a warning and a
+    count, and both variants equal the unsplit encoding (1e-6)."""
+    r = colbert_with_head
+    tok = r.tokenizer
+    ids = tok(["one two three", "four five", "six", "seven eight nine ten"])["input_ids"]
+    (_, want), = encode_stream(r, ids, "doc", batch_size=4, pad_id=tok.pad_token_id, forward=variants_forward(r, "doc", (WITH_HEAD, RAW)))
+    real, retries = type(r).token_representations, []
+
+    def limited(self, input_ids, attention_mask, side=None):
+        if input_ids.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, input_ids, attention_mask, side=side)
+
+    monkeypatch.setattr(type(r), "token_representations", limited)
+    with pytest.warns(UserWarning, match="out of memory encoding doc texts on 4 rows"):
+        split = list(encode_stream(r, ids, "doc", batch_size=4, pad_id=tok.pad_token_id,
+                                   forward=variants_forward(r, "doc", (WITH_HEAD, RAW)), on_retry=retries.append))
+    assert retries == [4] and len(split) == 1
+    (_, got), = split
+    for v in (WITH_HEAD, RAW):
+        L = want[v].tokens.shape[1]
+        torch.testing.assert_close(got[v].tokens[:, :L], want[v].tokens, atol=1e-6, rtol=0)
+        assert torch.equal(got[v].mask[:, :L], want[v].mask)
+
+
+def _tiny_test_setup(tmp_path, tiny_bert, model):
+    from datamodules.datamodule import RankingDataModule
+    from datamodules.sources.synthetic import SyntheticConfig
+    from lightning_modules.module import RankingModule
+
+    torch.manual_seed(0)
+    module = RankingModule({"name": model, "backbone": tiny_bert, "query_max_len": 12, "doc_max_len": 24}, {})
+    cfg = SyntheticConfig(num_docs=60, num_train_queries=4, num_val_queries=2, num_test_queries=5, num_topics=3,
+                          candidate_depth=10, data_seed=0, cache_dir=str(tmp_path / "cache"), eval_batch_size=7)
+    dm = RankingDataModule(cfg, tokenizer=module.pair_tokenizer, seed=0)
+    return module, dm
+
+
+@pytest.mark.parametrize("model", ["colbert", "repbert"])
+def test_protocol_takes_the_evaluations_vectors(tmp_path, tiny_bert_nodropout, model, monkeypatch):
+    """trainer.test in one process: the `paper` protocol measures the vectors the evaluation scored (kept by
+    RankingModule.keep_vectors) and encodes nothing again; its values equal the protocol encoding every text
+    itself (1e-5: the batches pad differently, so float32 sums differ in the last bits)."""
+    module, dm = _tiny_test_setup(tmp_path, tiny_bert_nodropout, model)
+    cb = IsotropyCallback(batch_pairs=8)
+    encoded_again = []
+    real = IsotropyCallback._measure_encoding
+    monkeypatch.setattr(IsotropyCallback, "_measure_encoding", lambda self, *a: (encoded_again.append(1), real(self, *a))[1])
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[cb], default_root_dir=str(tmp_path / "out"))
+    trainer.test(module, datamodule=dm, verbose=False)
+    got = module.results["test"]["isotropy"]
+    assert encoded_again == [] and got["isotropy_paper_batches"] > 2
+    assert module._kept == {}  # handed out once, nothing left held
+    direct = SimpleNamespace(datamodule=dm, precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext))
+    ref = cb.measure_paper(direct, module)  # no kept vectors now: it encodes the texts
+    assert encoded_again == [1]
+    paper = {k for k in ref if "paper" in k}
+    assert paper and paper <= set(got)
+    for key in paper:
+        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
