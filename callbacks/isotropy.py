@@ -63,6 +63,9 @@ class IsotropyCallback(Callback):
         # ~6.5 MB for a ColBERT batch at d=384: ~20 batches) at once, by one batched eigendecomposition (PaperMeasure);
         # about 3x this is held while they are measured (float64 copies, stacked Gram matrices, eigenvectors)
         self.paper_bytes = 2**27
+        # the test's scored vectors are kept for the `paper` protocol up to this many bytes (spilled to disk beyond
+        # 1 GiB); a larger split (MS MARCO dev x top 1,000: ~180 GB) falls back to encoding its batches in groups
+        self.keep_bytes = 2**33
         self.dump_dir = Path(dump_dir) if dump_dir else None  # eval.dump_isotropy: <output_dir>/isotropy_batches
         self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
         self._warned_rank_deficient = False
@@ -250,7 +253,7 @@ class IsotropyCallback(Callback):
         # one process scores every passage of the split: the protocol can take the evaluation's vectors instead of
         # encoding the texts again (under DDP each rank scores only its chunks, so the ranks encode their batches)
         if self.batch_pairs > 0 and hasattr(module, "keep_vectors") and not (_distributed() and dist.get_world_size() > 1):
-            module.keep_vectors("test", self._variants(module.ranker))
+            module.keep_vectors("test", self._variants(module.ranker), self.keep_bytes)
 
     def on_test_epoch_end(self, trainer, module) -> None:
         self._log(trainer, module, "test")

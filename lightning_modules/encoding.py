@@ -164,6 +164,19 @@ class EncodedTextsWriter:
         self._maps.append(mapped)
         return torch.from_numpy(mapped)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of token vectors held so far (in memory or spilled)."""
+        return self.rows * 4 * (self._parts[0].shape[-1] if self._parts else self._file.width if self._file else 0)
+
+    def discard(self) -> None:
+        """Drop everything held, the spill file included."""
+        if self._file is not None:
+            self._file.abort()
+            _unlink(self._file.path)
+            self._file = None
+        self._parts, self._ids, self._sequence, self._maps = [], [], None, []
+
     def finish(self) -> EncodedTexts:
         if self._file is not None:
             path = self._file.path

@@ -96,6 +96,7 @@ class RankingModule(pl.LightningModule):
         # evaluation scores, so that nothing encodes the split twice
         self._keep_request: dict[str, tuple[str, ...]] = {}
         self._kept: dict[str, dict[str, EncodedTextsWriter]] = {}
+        self._keep_limit: int | None = None
 
     @property
     def temperature(self) -> float:
@@ -374,11 +375,12 @@ class RankingModule(pl.LightningModule):
     # ---- the scored vectors, kept for a consumer ----------------------------------------------------------------
     kept_variants: tuple[str, ...] = (WITH_HEAD,)  # the readings _eval_epoch_start / _eval_step hand to _keep
 
-    def keep_vectors(self, split: str, variants: tuple[str, ...] = (WITH_HEAD,)) -> None:
+    def keep_vectors(self, split: str, variants: tuple[str, ...] = (WITH_HEAD,), max_bytes: int | None = None) -> None:
         """Keep the vectors of `split`'s next evaluation as it scores them (`scoring_vectors`, padding removed), per
         variant (WITH_HEAD; RAW where a head is attached, `HeadModule`), for `kept_vectors(split)` to hand out at the
-        epoch's end (bi-encoders). Beyond `DEFAULT_BUDGET` bytes they go to memory-mapped files in the run's folder."""
-        self._keep_request[split] = tuple(variants)
+        epoch's end (bi-encoders). Beyond `DEFAULT_BUDGET` bytes they go to memory-mapped files in the run's folder;
+        beyond `max_bytes` in all (a test split of MS MARCO's size) nothing is kept, and `kept_vectors` says None."""
+        self._keep_request[split] = (tuple(variants), max_bytes)
 
     def kept_vectors(self, split: str) -> dict[str, dict[str, EncodedTexts]] | None:
         """{"query" | "passage": {variant: EncodedTexts}} of the evaluation of `split` that just ran, rows as the
@@ -386,11 +388,17 @@ class RankingModule(pl.LightningModule):
         writers = self._kept.pop(split, None)
         return None if writers is None else {side: {v: w.finish() for v, w in ws.items()} for side, ws in writers.items()}
 
+    def _drop_kept(self, split: str) -> None:
+        for ws in self._kept.pop(split, {}).values():
+            for w in ws.values():
+                w.discard()
+
     def _start_keeping(self, split: str) -> None:
-        self._kept.pop(split, None)
-        variants = self._keep_request.pop(split, None)
-        if variants is None or self.ranker.kind != "bi":
+        self._drop_kept(split)
+        request = self._keep_request.pop(split, None)
+        if request is None or self.ranker.kind != "bi":
             return
+        variants, self._keep_limit = request
         # only the readings this module's evaluation computes; a consumer missing one encodes the texts itself
         variants = [v for v in variants if v in self.kept_variants]
         es = self.trainer.datamodule.eval_splits[split]
@@ -407,6 +415,11 @@ class RankingModule(pl.LightningModule):
             enc = encodings[v]
             seq = None if enc.sequence is None else prep(enc.sequence.float())
             w.add(rows.cpu() if isinstance(rows, Tensor) else rows, Encoded(prep(enc.tokens.float()), enc.mask, seq))
+        held = sum(w.nbytes for ws in writers.values() for w in ws.values())
+        if self._keep_limit is not None and held > self._keep_limit:
+            self._drop_kept(split)
+            warnings.warn(f"{split}: the scored vectors exceed {self._keep_limit / 2**30:.1f} GiB; they are not kept, and "
+                          f"their consumer (the isotropy protocol) encodes the texts it needs itself")
 
     def _eval_epoch_start(self, split: str) -> None:
         self._start_keeping(split)
@@ -451,7 +464,7 @@ class RankingModule(pl.LightningModule):
         """Evaluate the run gathered under `runs[key]` (default: the split's own) against the split's qrels."""
         key = key or split
         self._eval_queries = None
-        self._kept.pop(split, None)  # kept vectors nobody took (their consumer runs before this hook)
+        self._drop_kept(split)  # kept vectors nobody took (their consumer runs before this hook)
         es = self.trainer.datamodule.eval_splits[split]
         run = self.runs[key].to_run(es.qids, es.doc_ids)  # gathered from every rank
         self.runs[key].reset()

@@ -163,3 +163,37 @@ def test_protocol_takes_the_evaluations_vectors(tmp_path, tiny_bert_nodropout, m
     assert paper and paper <= set(got)
     for key in paper:
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
+
+
+def test_protocol_encodes_again_when_the_kept_vectors_exceed_their_limit(tmp_path, tiny_bert_nodropout, monkeypatch):
+    """With a keep limit smaller than the test's vectors, the evaluation stops keeping them with a warning (and leaves
+    no spill file), and the protocol encodes its batches' texts itself: the same values as with the vectors kept."""
+    module, dm = _tiny_test_setup(tmp_path, tiny_bert_nodropout, "colbert")
+    out = tmp_path / "out"
+    out.mkdir()
+    results = {}
+    for limit in (2**33, 1000):
+        cb = IsotropyCallback(batch_pairs=8)
+        cb.keep_bytes = limit
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[cb], default_root_dir=str(out))
+        if limit == 1000:
+            with pytest.warns(UserWarning, match="scored vectors exceed"):
+                trainer.test(module, datamodule=dm, verbose=False)
+        else:
+            trainer.test(module, datamodule=dm, verbose=False)
+        results[limit] = module.results["test"]["isotropy"]
+        assert module._kept == {} and not list(out.glob("encoded-*"))
+    for key in (k for k in results[1000] if "paper" in k):
+        assert results[1000][key] == pytest.approx(results[2**33][key], rel=1e-5, abs=1e-7), key
+
+
+def test_discarded_writer_leaves_no_spill_file(tmp_path):
+    rng = np.random.default_rng(2)
+    batches, _, _ = _batches(rng, 10, 4, with_sequence=False)
+    w = EncodedTextsWriter(10, budget_bytes=0, spill_dir=tmp_path)
+    for rows, enc in batches:
+        w.add(rows, enc)
+    assert w.nbytes == 4 * 4 * w.rows > 0 and len(list(tmp_path.iterdir())) == 1  # spilled
+    w.discard()
+    assert list(tmp_path.iterdir()) == []
