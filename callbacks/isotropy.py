@@ -252,7 +252,8 @@ class IsotropyCallback(Callback):
     def on_test_epoch_start(self, trainer, module) -> None:
         # one process scores every passage of the split: the protocol can take the evaluation's vectors instead of
         # encoding the texts again (under DDP each rank scores only its chunks, so the ranks encode their batches)
-        if self.batch_pairs > 0 and hasattr(module, "keep_vectors") and not (_distributed() and dist.get_world_size() > 1):
+        if (self.batch_pairs > 0 and module.ranker.kind == "bi" and hasattr(module, "keep_vectors")
+                and not (_distributed() and dist.get_world_size() > 1)):
             module.keep_vectors("test", self._variants(module.ranker), self.keep_bytes)
 
     def on_test_epoch_end(self, trainer, module) -> None:
