@@ -37,14 +37,16 @@ class DistributedTrainBatchSampler(Sampler[list]):
         self.epoch = 0
         self._skip = 0
 
-    def _global_batches(self) -> list[np.ndarray]:
+    def _global_batches(self) -> Iterator[np.ndarray]:
         order = epoch_permutation(self.n, self.seed, self.epoch) if self.shuffle else np.arange(self.n)
-        step = self.batch_size * self.world_size
-        batches = [order[i : i + step] for i in range(0, self.n, step)]
-        if len(batches) > 1 and len(batches[-1]) < self.world_size:
-            last = batches.pop()
-            batches[-1] = np.concatenate([batches[-1], last])
-        return batches
+        if self.n < 2**31:
+            # the same indices in half the memory: MS MARCO's 39.8M triples are 318 MB as int64, held all epoch
+            order = order.astype(np.int32)
+        step, count = self.batch_size * self.world_size, len(self)
+        # sliced as they are consumed, not kept as a list (2.5M array views at MS MARCO's size); the last global
+        # batch takes the remainder when that is too small to give every rank an example (module docstring)
+        for b in range(count):
+            yield order[b * step : self.n if b == count - 1 else (b + 1) * step]
 
     def __len__(self) -> int:
         step = self.batch_size * self.world_size
