@@ -117,7 +117,6 @@ class EncodedTextsWriter:
         self._ids: list[Tensor] = []
         self._file: NpyRowWriter | None = None
         self._sequence: Tensor | None = None
-        self._maps: list[np.ndarray] = []
 
     def _temp_path(self, suffix: str) -> Path:
         fd, name = tempfile.mkstemp(prefix="encoded-", suffix=suffix, dir=self.spill_dir)
@@ -130,9 +129,9 @@ class EncodedTextsWriter:
             self._file.write(part.numpy())
         self._parts = []
 
-    def add(self, rows, enc: Encoded, token_ids: Tensor | None = None) -> None:
-        """Texts `rows` (indices < count) as one padded batch `enc` (any device and dtype); `token_ids`: their
-        padded input ids, kept for the real tokens when `keep_ids`."""
+    def add(self, rows, enc: Encoded, token_ids: Sequence[int] | None = None) -> None:
+        """Texts `rows` (indices < count) as one padded batch `enc` (any device and dtype); `token_ids`: the real
+        tokens' vocabulary ids, flat in row order (the texts' unpadded ids, concatenated), kept when `keep_ids`."""
         rows = np.asarray(rows, dtype=np.int64)
         if self.keep_tokens:
             mask = enc.mask.cpu()
@@ -148,7 +147,7 @@ class EncodedTextsWriter:
             else:
                 self._parts.append(tokens)
             if self.keep_ids:
-                self._ids.append(token_ids.cpu()[mask])
+                self._ids.append(torch.as_tensor(token_ids, dtype=torch.long))
         if enc.sequence is not None:
             seq = enc.sequence.detach().float().cpu()
             if self._sequence is None:
@@ -161,8 +160,7 @@ class EncodedTextsWriter:
         path = self._temp_path(".f32")
         mapped = np.memmap(path, dtype=np.float32, mode="w+", shape=shape)  # zero-filled, sparse on disk
         _unlink(path)
-        self._maps.append(mapped)
-        return torch.from_numpy(mapped)
+        return torch.from_numpy(mapped)  # the tensor keeps the mapping alive
 
     @property
     def nbytes(self) -> int:
@@ -175,7 +173,7 @@ class EncodedTextsWriter:
             self._file.abort()
             _unlink(self._file.path)
             self._file = None
-        self._parts, self._ids, self._sequence, self._maps = [], [], None, []
+        self._parts, self._ids, self._sequence = [], [], None
 
     def finish(self) -> EncodedTexts:
         if self._file is not None:
@@ -183,7 +181,6 @@ class EncodedTextsWriter:
             self._file.close()
             mapped = np.load(path, mmap_mode="c")  # copy-on-write: writable for torch, never written back
             _unlink(path)
-            self._maps.append(mapped)
             vecs = torch.from_numpy(mapped)
         elif self._parts:
             vecs = torch.cat(self._parts)
@@ -213,7 +210,7 @@ def encode_collection(ranker, ids: Sequence[Sequence[int]], side: str, *, batch_
     writers = {v: EncodedTextsWriter(len(ids), keep_tokens, keep_ids, budget_bytes, spill_dir) for v in names}
     for chunk, out in encode_stream(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, forward=forward, autocast=autocast):
         encodings = out if variants is not None else {WITH_HEAD: out}
-        token_ids = pad_batch([ids[i] for i in chunk], pad_id)[0] if keep_ids else None
+        token_ids = [t for i in chunk for t in ids[i]] if keep_ids else None  # the real tokens, as the writer keeps them
         for v, enc in encodings.items():
             seq = None if enc.sequence is None else prep(enc.sequence.float())
             writers[v].add(chunk, Encoded(prep(enc.tokens.float()), enc.mask, seq), token_ids)
