@@ -386,8 +386,8 @@ def batch_sets(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list
         tokens, counts, sequence = [], [], []
         for name in ("query", "passage"):
             enc, (texts, count) = encoded[name][v], distinct[name]
-            index, lengths = enc.token_rows(texts)
-            tokens.append(torch.index_select(enc.vecs, 0, torch.from_numpy(index)))  # rows: 6x faster than vecs[index]
+            vecs, lengths = enc.text_vectors(texts)
+            tokens.append(vecs)
             counts.append(np.repeat(count, lengths))
             if enc.sequence is not None:
                 sequence.append(enc.sequence[torch.from_numpy(texts)])

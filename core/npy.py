@@ -2,7 +2,9 @@
 ColBERT end-to-end token store, MS MARCO's training triples) go to disk as they are made."""
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -46,3 +48,43 @@ class NpyRowWriter:
 
     def abort(self) -> None:
         self._file.close()
+
+
+class NpyRowReader:
+    """Rows of a `[rows, width]` .npy file read with `pread`, span by span, into fresh arrays: the pages read stay in
+    the page cache, not in this process's resident memory (a memory map of the file would count every page touched,
+    2 MB at a time on kernels that map large folios). The file stays open, so its path may be unlinked at once.
+    `memmap()` maps it too (copy-on-write) for a consumer that wants a tensor of every row."""
+
+    def __init__(self, path: Path):
+        self._file = open(path, "rb")
+        version = np.lib.format.read_magic(self._file)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(self._file)
+        if len(shape) != 2 or fortran:
+            self._file.close()
+            raise ValueError(f"{path}: expected a C-ordered [rows, width] array, got shape {shape}")
+        self.offset, self.shape, self.dtype = self._file.tell(), tuple(shape), np.dtype(dtype)
+        self._row_bytes = self.shape[1] * self.dtype.itemsize
+
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Rows starts[i] : starts[i] + lengths[i] of every span i, one after another: [sum(lengths), width]."""
+        out = np.empty((int(np.sum(lengths)), self.shape[1]), dtype=self.dtype)
+        raw = memoryview(out.reshape(-1).view(np.uint8))
+        fd, pos = self._file.fileno(), 0
+        for s, n in zip(np.asarray(starts, dtype=np.int64).tolist(), np.asarray(lengths, dtype=np.int64).tolist()):
+            size = n * self._row_bytes
+            if size and os.preadv(fd, [raw[pos : pos + size]], self.offset + s * self._row_bytes) != size:
+                raise OSError(f"short read from {self._file.name}: rows {s}:{s + n} of {self.shape[0]}")
+            pos += size
+        return out
+
+    def memmap(self) -> np.ndarray:
+        return np.memmap(self._file, dtype=self.dtype, mode="c", offset=self.offset, shape=self.shape)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self._file.close()

@@ -111,6 +111,8 @@ def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
     if cfg.head_ckpt:
         raise InputError("head_ckpt", f"retrieval '{cfg.retrieval.name}' indexes a ranker checkpoint (ckpt=), not a head")
     after = retrieve(cfg, model_from_cli)
+    if after is None:  # a rank > 0 of a split encoding: rank 0 writes the results
+        return None
     save_config(cfg)
     return after
 

@@ -235,10 +235,12 @@ class ColBERTIndex:
     def build(cls, ranker, docs: Mapping | Iterable, *, pair_tokenizer=None, batch_size: int = 32, device=None,
               precision: str = "fp32", sort_window: int | None = None, store_dtype: str = "float16",
               store_dir: str | os.PathLike | None = None, store_chunk: int = STORE_CHUNK,
-              checkpoint: str | None = None, **index_opts) -> "ColBERTIndex":
+              checkpoint: str | None = None, encoded: Iterable | None = None, **index_opts) -> "ColBERTIndex":
         """Encode `docs` in streamed batches, index every non-padding token vector, write them to the token store.
         `store_dir`: where the store is written while building (a temporary folder inside it; None: the system temp
         dir): the folder the index will be saved in, so that `save` links the store instead of copying it.
+        `encoded`: the batches (ids, Encoded) of `docs` already encoded (retrieval/split.py), indexed instead of
+        encoding here.
         `store_chunk`: token rows buffered per write. `index_opts`: `retrieval.dense.IndexOptions` fields for the
         token index (index_type, nlist, ...; `train_size` also sizes a residual store's training sample)."""
         cls._check(ranker)
@@ -257,7 +259,9 @@ class ColBERTIndex:
             doc_ids: list[str] = []
             seen: set[str] = set()
             lengths: list[np.ndarray] = []
-            for ids, enc in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"):
+            if encoded is None:
+                encoded = encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens")
+            for ids, enc in encoded:
                 record_doc_ids(ids, doc_ids, seen)
                 flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
                 lengths.append(enc.mask.sum(1).numpy().astype(np.int64))

@@ -55,6 +55,7 @@ class DenseRetrievalConfig(RetrievalConfig):
     batch_size: int = 64  # texts per encoder forward pass
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16: CUDA only)
     device: str | None = None  # cpu | cuda | cuda:N | mps; null = where the checkpoint loads (CPU)
+    devices: int = 1  # processes that encode the collection (retrieval/split.py): with device=cuda one per GPU, else CPU processes
     gpu_index: bool = True  # faiss-gpu when present; false keeps the faiss index on the CPU
     index_dir: str | None = None  # where the index is saved; null = <output_dir>/index
     k_tokens: int = 256  # colbert: token hits per query token
@@ -70,6 +71,14 @@ class DenseRetrievalConfig(RetrievalConfig):
                      k_tokens=COUNT, nlist=COUNT, nprobe=COUNT, pq_m=COUNT, pq_nbits=Range(1, 16), depth=COUNT)
         if self.device is not None and not DEVICE.fullmatch(self.device):
             raise InputError(_key("device"), f"is {self.device!r}; expected cpu, cuda, cuda:N, mps or null")
+        check_ranges("retrieval", self, devices=COUNT)
+        if self.devices > 1 and self.device not in (None, "cpu", "cuda"):
+            raise InputError(_key("device"), f"is {self.device!r} with retrieval.devices={self.devices}; expected cuda (GPUs 0..N-1), cpu or null")
+
+    @property
+    def accelerator(self) -> str:
+        """Where the split encoding's processes run (`devices` > 1): "cuda" or "cpu"."""
+        return "cuda" if self.device == "cuda" else "cpu"
 
     def index_options(self) -> dict:
         """Keyword arguments of `DenseIndex.build` / `ColBERTIndex.build` for the faiss index."""

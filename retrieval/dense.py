@@ -414,9 +414,12 @@ class DenseIndex:
 
     @classmethod
     def build(cls, ranker, docs: Mapping | Iterable, *, pair_tokenizer=None, batch_size: int = 64, device=None,
-              precision: str = "fp32", sort_window: int | None = None, checkpoint: str | None = None, **index_opts) -> "DenseIndex":
+              precision: str = "fp32", sort_window: int | None = None, checkpoint: str | None = None,
+              encoded: Iterable | None = None, **index_opts) -> "DenseIndex":
         """Encode `docs` ({id: text} or an iterable of (id, text)) in streamed batches and index their vectors.
-        `index_opts`: the fields of `IndexOptions` (index_type, nlist, nprobe, hnsw_m, ...)."""
+        `encoded`: the batches (ids, vectors) of `docs` already encoded (retrieval/split.py's merge of a split
+        encoding), indexed instead of encoding here. `index_opts`: the fields of `IndexOptions` (index_type, nlist,
+        nprobe, hnsw_m, ...)."""
         cls._check(ranker)
         opts = IndexOptions.from_kwargs(**index_opts)
         if isinstance(docs, Sized) and opts.index_type in TRAINED:  # fail before encoding when the size is known
@@ -427,7 +430,9 @@ class DenseIndex:
         builder = FaissBuilder(opts)
         doc_ids: list[str] = []
         seen: set[str] = set()
-        for ids, vecs in encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence"):
+        if encoded is None:
+            encoded = encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence")
+        for ids, vecs in encoded:
             record_doc_ids(ids, doc_ids, seen)
             builder.add(cls._prepare(vecs, ranker.cosine))
         del seen

@@ -30,8 +30,8 @@ from lightning_modules.encoding import encode_stream
 from lightning_modules.rankers.base import BiEncoder, Encoded
 
 __all__ = [
-    "PRECISIONS", "iter_items", "windows", "encode_docs", "encode_queries", "encode_texts", "pair_tokenizer_for",
-    "autocast", "resolve_device",
+    "PRECISIONS", "iter_items", "windows", "window_size", "encode_windows", "encode_docs", "encode_queries", "encode_texts",
+    "pair_tokenizer_for", "autocast", "resolve_device", "check_encode_args",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -99,6 +99,19 @@ def _check_ranker(ranker) -> None:
         raise InputError("model.name", f"'{name}' is not a bi-encoder; full ranking needs separately encoded passages (colbert, repbert, bert_dot)")
 
 
+def check_encode_args(ranker, side: str, output: str, precision: str, batch_size: int) -> None:
+    """The arguments of `encode_texts` (and of a split encoding), checked before any text is read."""
+    _check_ranker(ranker)
+    if side not in ("docs", "queries"):
+        raise ValueError(f"side must be 'docs' or 'queries', got {side!r}")
+    if output not in ("auto", "sequence", "tokens"):
+        raise ValueError(f"output must be 'auto', 'sequence' or 'tokens', got {output!r}")
+    if precision not in PRECISIONS:
+        raise InputError("precision", f"unknown precision '{precision}'; expected one of {list(PRECISIONS)}")
+    if batch_size < 1:
+        raise InputError("batch_size", f"is {batch_size}; expected a positive integer")
+
+
 def encode_texts(
     ranker: BiEncoder,
     pair_tokenizer: PairTokenizer | None,
@@ -113,33 +126,40 @@ def encode_texts(
 ) -> Iterator[tuple[list, Tensor | Encoded]]:
     """Yield (ids, vectors [B, D] | Encoded) per batch; see the module docstring. `side`: "docs" or "queries".
     `output`: "auto" (pooled vectors when the ranker pools, else token vectors), "sequence" or "tokens"."""
-    _check_ranker(ranker)
-    if side not in ("docs", "queries"):
-        raise ValueError(f"side must be 'docs' or 'queries', got {side!r}")
-    if output not in ("auto", "sequence", "tokens"):
-        raise ValueError(f"output must be 'auto', 'sequence' or 'tokens', got {output!r}")
-    if precision not in PRECISIONS:
-        raise InputError("precision", f"unknown precision '{precision}'; expected one of {list(PRECISIONS)}")
-    if batch_size < 1:
-        raise InputError("batch_size", f"is {batch_size}; expected a positive integer")
+    check_encode_args(ranker, side, output, precision, batch_size)
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
     dev = resolve_device(ranker, device)
+    window = window_size(batch_size, sort_window)
+    for _, ids, out in encode_windows(ranker, pt, enumerate(windows(iter_items(texts, side), window)), side=side,
+                                      batch_size=batch_size, device=dev, precision=precision, sort=window > batch_size, output=output):
+        yield ids, out
+
+
+def window_size(batch_size: int, sort_window: int | None) -> int:
+    """Texts per length-sorting window: `sort_window`, at least one batch; default 8 batches."""
+    return 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
+
+
+def encode_windows(ranker: BiEncoder, pt: PairTokenizer, numbered: Iterable[tuple[int, list[tuple[Hashable, str]]]], *,
+                   side: str, batch_size: int, device: torch.device, precision: str, sort: bool,
+                   output: str) -> Iterator[tuple[int, list, Tensor | Encoded]]:
+    """(window number, ids, vectors | Encoded) per batch of the numbered windows of (id, text) items: each window
+    through the one encoder (lightning_modules/encoding.py): length-sorted batches (`sort`), eval and inference
+    mode, autocast, out-of-memory halving. A window's batches depend on that window alone, so a rank that encodes
+    every other window (retrieval/split.py) makes exactly the batches one process makes of them."""
     ranker_side = "doc" if side == "docs" else "query"
-    window = 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
-    for items in windows(iter_items(texts, side), window):
-        # the one encoder (lightning_modules/encoding.py) over one window of texts: length-sorted batches, eval and
-        # inference mode, autocast, out-of-memory halving
+    for w, items in numbered:
         stream = encode_stream(ranker, pt.ids([t for _, t in items], ranker_side), ranker_side, batch_size=batch_size,
-                               pad_id=pt.tokenizer.pad_token_id, autocast=lambda: autocast(dev, precision), sort=window > batch_size)
+                               pad_id=pt.tokenizer.pad_token_id, autocast=lambda: autocast(device, precision), sort=sort)
         for chunk, enc in stream:
             ids = [items[i][0] for i in chunk]
             want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
             if want == "sequence":
                 if enc.sequence is None:
                     raise InputError("output", f"ranker '{ranker.cfg.name}' has no pooled vector; use output='tokens'")
-                yield ids, enc.sequence.float().cpu()
+                yield w, ids, enc.sequence.float().cpu()
             else:
-                yield ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
+                yield w, ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
 
 
 def encode_docs(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):

@@ -8,8 +8,10 @@ split's qrels, `eval.measures`, plus the retrieval settings), metrics.json last.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.config import empty_split
@@ -20,13 +22,29 @@ from metrics.results import write_result_dir
 from retrieval.colbert_e2e import ColBERTIndex
 from retrieval.config import DenseRetrievalConfig
 from retrieval.dense import DenseIndex
+from retrieval.split import ranks, split_encode
 
 __all__ = ["retrieve"]
 
 
-def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict:
+def _launch(opts: DenseRetrievalConfig) -> str | None:
+    """The device this process encodes on. With `retrieval.devices` > 1 (or under `torchrun`), Lightning Fabric starts
+    the other processes (each runs this command again) and the process group the split encoding needs."""
+    if opts.devices == 1 and not _torchrun():
+        return opts.device
+    fabric = Fabric(accelerator=opts.accelerator, devices=opts.devices, strategy="ddp")
+    fabric.launch()
+    return str(fabric.device)
+
+
+def _torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     """Module (checkpoint or untrained), data, index, run, metrics; `model_from_cli`: the command line picked the
-    model, so the checkpoint's ranker must match it."""
+    model, so the checkpoint's ranker must match it. With `retrieval.devices` > 1 the ranks share the encoding
+    (retrieval/split.py) and only rank 0 goes on to index, search and write; the others return None."""
     opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
     out = Path(cfg.output_dir)
     index_dir = Path(opts.index_dir) if opts.index_dir else out / "index"
@@ -34,12 +52,22 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     split = ds.split(opts.split)
     if not any(g > 0 for judged in split.qrels.values() for g in judged.values()):
         raise empty_split(data_config(cfg), opts.split, f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)")
+    device = _launch(opts)  # after the data's checks: a bad input stops before any process starts
     module = load_module(cfg, model_from_cli).eval()
-    if opts.device:
-        module.to(opts.device)
-    common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=opts.device,
-                  precision=opts.precision, checkpoint=cfg.ckpt or None, **opts.index_options())
-    if module.ranker.cfg.name == "colbert":
+    if device:
+        module.to(device)
+    multi = module.ranker.cfg.name == "colbert"
+    encoded = None
+    if ranks()[1] > 1:
+        # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
+        encoded = split_encode(module.ranker, module.pair_tokenizer, ds.docs, index_dir.parent / f".{index_dir.name}.encode-parts",
+                               batch_size=opts.batch_size, device=device, precision=opts.precision,
+                               output="tokens" if multi else "sequence")
+        if encoded is None:
+            return None
+    common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=device,
+                  precision=opts.precision, checkpoint=cfg.ckpt or None, encoded=encoded, **opts.index_options())
+    if multi:
         # the token store is written beside the index folder while building, so saving links it instead of copying
         index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common)
         run = index.search(split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size)

@@ -1,5 +1,5 @@
 """The one encoder (lightning_modules/encoding.py): `EncodedTextsWriter` against a plain per-text dict (any arrival
-order, in memory or spilled to a memory-mapped file), `encode_collection`'s variants against separate encodings with
+order, in memory or spilled to a file read back by pread), `encode_collection`'s variants against separate encodings with
 and without a head, out-of-memory halving of variant outputs, and the isotropy protocol fed by the evaluation's own
 vectors (`RankingModule.keep_vectors`) against the protocol encoding the texts again."""
 import contextlib
@@ -36,7 +36,7 @@ def _batches(rng, n_texts: int, d: int, with_sequence: bool):
 
 @pytest.mark.parametrize("budget", [1 << 30, 0, 300])
 def test_writer_keeps_each_texts_real_tokens_in_any_order(tmp_path, budget):
-    """Texts arrive in shuffled batches; in memory (a large budget) or spilled to a memory-mapped file at once
+    """Texts arrive in shuffled batches; in memory (a large budget) or spilled to a file at once
     (0) or part-way (300 bytes), each text reads back as its own real token vectors and pooled vector, exactly; the
     spill files are gone from the folder once mapped."""
     rng = np.random.default_rng(0)
@@ -56,6 +56,29 @@ def test_writer_keeps_each_texts_real_tokens_in_any_order(tmp_path, budget):
     assert torch.equal(p.tokens[0, : len(ref[3])], ref[3]) and not p.tokens[0, len(ref[3]) :].any()
     rows, lengths = got.token_rows([5, 2])
     assert torch.equal(got.vecs[torch.from_numpy(rows)], torch.cat([ref[5], ref[2]])) and lengths.tolist() == [len(ref[5]), len(ref[2])]
+    # spilled: texts read back by pread (rows_file), the same vectors as the map gives
+    assert (got.rows_file is not None) == (budget < 1 << 30)
+    vecs, lengths = got.text_vectors([5, 2, 5, 22])
+    assert torch.equal(vecs, torch.cat([ref[5], ref[2], ref[5], ref[22]])) and lengths.tolist() == [len(ref[k]) for k in (5, 2, 5, 22)]
+    assert got.text_vectors([])[0].shape == (0, 5)
+
+
+def test_npy_row_reader_reads_spans_like_slicing(tmp_path):
+    """core/npy.NpyRowReader.read_spans against NumPy slicing of the loaded array, with the path unlinked."""
+    from core.npy import NpyRowReader, NpyRowWriter
+
+    x = np.random.default_rng(2).normal(size=(50, 7)).astype(np.float32)
+    w = NpyRowWriter(tmp_path / "x.npy", np.float32, 7)
+    w.write(x[:20])
+    w.write(x[20:])
+    w.close()
+    r = NpyRowReader(tmp_path / "x.npy")
+    (tmp_path / "x.npy").unlink()
+    starts, lengths = np.array([0, 45, 10, 10, 49]), np.array([3, 5, 0, 4, 1])
+    assert np.array_equal(r.read_spans(starts, lengths), np.concatenate([x[s : s + n] for s, n in zip(starts, lengths)]))
+    assert np.array_equal(np.asarray(r.memmap()), x)
+    with pytest.raises(OSError, match="short read"):
+        r.read_spans(np.array([48]), np.array([5]))
 
 
 def test_writer_pooled_only_and_unseen_texts():

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from core.npy import NpyRowReader
 from core.ranges import COUNT, check_ranges
 from lightning_modules.rankers.backbone import load_backbone
 from lightning_modules.rankers.dropout import use_fast_dropout
@@ -72,6 +73,7 @@ class EncodedTexts:
     lengths: np.ndarray  # [K] int64 (0: no token vectors kept for the text)
     ids: Tensor | None = None  # [T] vocabulary ids of the tokens
     sequence: Tensor | None = None  # [K, D]
+    rows_file: NpyRowReader | None = None  # where vecs is a mapped file: texts' rows read from it by pread instead
 
     @classmethod
     def from_offsets(cls, vecs: Tensor, offsets, ids: Tensor | None = None, sequence: Tensor | None = None) -> EncodedTexts:
@@ -87,7 +89,19 @@ class EncodedTexts:
         return int(self.lengths.sum())
 
     def tokens(self, k: int) -> Tensor:
+        if self.rows_file is not None:
+            return torch.from_numpy(self.rows_file.read_spans(self.starts[k : k + 1], self.lengths[k : k + 1]))
         return self.vecs[int(self.starts[k]) : int(self.starts[k] + self.lengths[k])]
+
+    def text_vectors(self, texts) -> tuple[Tensor, np.ndarray]:
+        """(the token vectors of `texts`, text after text, [sum of lengths, D]; each text's token count). From a
+        spilled file by `pread` (`rows_file`), so reading them leaves no pages mapped in this process."""
+        texts = np.asarray(texts, dtype=np.int64)
+        if self.rows_file is not None:
+            lengths = self.lengths[texts]
+            return torch.from_numpy(self.rows_file.read_spans(self.starts[texts], lengths)), lengths
+        index, lengths = self.token_rows(texts)
+        return torch.index_select(self.vecs, 0, torch.from_numpy(index)), lengths  # rows: 6x faster than vecs[index]
 
     def token_ids(self, k: int) -> Tensor:
         return self.ids[int(self.starts[k]) : int(self.starts[k] + self.lengths[k])]

@@ -1,0 +1,209 @@
+"""The collection's encoding split across processes: each rank encodes a share, rank 0 merges.
+
+An index build spends nearly all its time in the encoder, and the encoder's batches are independent, so N devices
+encode a collection N times as fast. `split_encode` runs in every rank of the default process group (retrieval/
+retrieve.py starts them with Lightning Fabric: `retrieval.devices=N`, or under `torchrun`):
+
+1. The collection is cut into the windows that `encode_texts` length-sorts (`window_size`); rank r encodes windows
+   r, r + N, r + 2N, ... (a collection with row access, the document store, reads only those rows; any other
+   iterable is walked and the other ranks' windows skipped). Strided windows balance the ranks' work.
+2. Each rank streams its batches to its own folder under `parts_dir`: the vectors as float32 rows (token vectors
+   without padding, with each text's length), the ids, and a table (window, texts, rows) per batch.
+3. All ranks agree that every share is complete (one all-reduce: a rank that failed says so instead of leaving the
+   others waiting), then rank 0 reads the shares back, window by window, as the batches one process would have
+   yielded (same ids, same order, same vectors), and the index is built from them exactly as from `encode_docs`.
+   The other ranks return None. Rank 0 removes `parts_dir` when the merge ends, or fails.
+
+The shares are on disk, not gathered through the process group: at MS MARCO size they are tens of GB, and a
+file read back in order needs no memory beyond one batch.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from core.errors import InputError
+from core.npy import NpyRowWriter
+from lightning_modules.rankers.base import Encoded
+from retrieval.encode import check_encode_args, encode_windows, iter_items, pair_tokenizer_for, resolve_device, window_size, windows
+
+__all__ = ["ranks", "split_encode", "ShareWriter", "read_shares", "share_windows"]
+
+
+def ranks() -> tuple[int, int]:
+    """(rank, world size) of the default process group; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def share_windows(docs: Mapping | Iterable, window: int, rank: int, world: int) -> Iterator[tuple[int, list]]:
+    """(window number, [(id, text)]) of the windows of `window` items that rank `rank` of `world` encodes: numbers
+    rank, rank + world, ... A collection with row access (`id_at` / `text_at` and a length: the document store)
+    reads only its rows; any other collection is walked and the other windows skipped."""
+    if hasattr(docs, "id_at") and hasattr(docs, "text_at") and hasattr(docs, "__len__"):
+        n = len(docs)
+        for w in range(rank, -(-n // window), world):
+            yield w, [(docs.id_at(r), docs.text_at(r)) for r in range(w * window, min(n, (w + 1) * window))]
+        return
+    for w, items in enumerate(windows(iter_items(docs, "docs"), window)):
+        if w % world == rank:
+            yield w, items
+
+
+class ShareWriter:
+    """One rank's encoded batches in `folder`: `vectors.npy` (float32 rows: pooled vectors, or the token vectors of
+    each text without padding), `lengths.npy` (tokens: the texts' lengths), `ids.jsonl` (a batch's ids per line),
+    `batches.npy` (int64 [batches, 3]: window, texts, rows) and `done.json`, written last."""
+
+    def __init__(self, folder: Path):
+        shutil.rmtree(folder, ignore_errors=True)  # a failed earlier attempt's share
+        folder.mkdir(parents=True)
+        self.folder = folder
+        self._vectors: NpyRowWriter | None = None
+        self._ids = open(folder / "ids.jsonl", "w", encoding="utf-8")
+        self._batches: list[tuple[int, int, int]] = []
+        self._lengths: list[np.ndarray] = []
+        self.kind: str | None = None
+
+    def add(self, w: int, ids: list, out: Tensor | Encoded) -> None:
+        if isinstance(out, Encoded):
+            kind, rows, lengths = "tokens", out.tokens[out.mask], out.mask.sum(1).numpy().astype(np.int64)
+            self._lengths.append(lengths)
+        else:
+            kind, rows = "sequence", out
+        if self._vectors is None:
+            self.kind = kind
+            self._vectors = NpyRowWriter(self.folder / "vectors.npy", np.float32, rows.shape[-1])
+        self._vectors.write(rows.numpy())
+        self._ids.write(json.dumps(list(ids)) + "\n")
+        self._batches.append((w, len(ids), len(rows)))
+
+    def finish(self) -> None:
+        self._ids.close()
+        if self._vectors is not None:
+            self._vectors.close()
+        np.save(self.folder / "batches.npy", np.asarray(self._batches, dtype=np.int64).reshape(-1, 3))
+        np.save(self.folder / "lengths.npy", np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64))
+        (self.folder / "done.json").write_text(json.dumps({"kind": self.kind, "batches": len(self._batches)}))
+
+    def abort(self) -> None:
+        self._ids.close()
+        if self._vectors is not None:
+            self._vectors.abort()
+
+
+def _share_folder(parts_dir: Path, rank: int) -> Path:
+    return parts_dir / f"rank-{rank}"
+
+
+def read_shares(parts_dir: str | Path, world: int) -> Iterator[tuple[list, Tensor | Encoded]]:
+    """The batches of `world` ranks' shares in `parts_dir`, window by window ((ids, vectors | Encoded), as
+    `encode_docs` yields them): window w comes from rank w mod world. Reads each share front to back, one batch
+    at a time."""
+    parts_dir = Path(parts_dir)
+    shares = []
+    for r in range(world):
+        folder = _share_folder(parts_dir, r)
+        if not (folder / "done.json").is_file():
+            raise InputError(str(folder), "is not a complete share of the split encoding (no done.json)")
+        done = json.loads((folder / "done.json").read_text())
+        shares.append((done["kind"], np.load(folder / "batches.npy"), np.load(folder / "lengths.npy"), folder))
+    files = [(open(f / "vectors.npy", "rb") if b.size else None, open(f / "ids.jsonl", encoding="utf-8")) for _, b, _, f in shares]
+    try:
+        for fv, _ in files:
+            if fv is not None:
+                np.lib.format.read_magic(fv)
+                shape, _, _ = np.lib.format.read_array_header_1_0(fv)  # leaves the file at the first row
+                width = shape[1]
+        nxt, lpos = [0] * world, [0] * world
+        w = 0
+        while True:
+            r = w % world
+            kind, batches, lengths, _ = shares[r]
+            if nxt[r] >= len(batches):
+                if all(nxt[q] >= len(shares[q][1]) for q in range(world)):
+                    return
+                raise InputError(str(parts_dir), f"window {w} is missing from rank {r}'s share")
+            while nxt[r] < len(batches) and batches[nxt[r], 0] == w:
+                _, n_texts, n_rows = (int(x) for x in batches[nxt[r]])
+                fv, fi = files[r]
+                rows = torch.from_numpy(np.fromfile(fv, dtype=np.float32, count=n_rows * width).reshape(n_rows, width))
+                ids = json.loads(fi.readline())
+                if kind == "tokens":
+                    lens = torch.from_numpy(lengths[lpos[r] : lpos[r] + n_texts])
+                    lpos[r] += n_texts
+                    mask = torch.arange(int(lens.max()) if n_texts else 0)[None, :] < lens[:, None]
+                    tokens = torch.zeros((n_texts, mask.shape[1], width))
+                    tokens[mask] = rows
+                    yield ids, Encoded(tokens=tokens, mask=mask)
+                else:
+                    yield ids, rows
+                nxt[r] += 1
+            w += 1
+    finally:
+        for fv, fi in files:
+            fi.close()
+            if fv is not None:
+                fv.close()
+
+
+def _all_ok(ok: bool) -> bool:
+    """Whether every rank says ok (an all-reduce of a flag: a failed rank joins it too, so none waits forever)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def split_encode(ranker, pair_tokenizer, docs: Mapping | Iterable, parts_dir: str | Path, *, batch_size: int = 64,
+                 device=None, precision: str = "fp32", sort_window: int | None = None,
+                 output: str = "auto") -> Iterator[tuple[list, Tensor | Encoded]] | None:
+    """This rank's share of `docs` encoded into `parts_dir`; on rank 0 an iterator over every rank's batches in one
+    process's order (see the module docstring), on the others None. Without a process group (or with one rank)
+    the share is the whole collection. Call it on every rank."""
+    check_encode_args(ranker, "docs", output, precision, batch_size)
+    rank, world = ranks()
+    pt = pair_tokenizer or pair_tokenizer_for(ranker)
+    dev = resolve_device(ranker, device)
+    window = window_size(batch_size, sort_window)
+    parts_dir = Path(parts_dir)
+    writer = None
+    try:
+        writer = ShareWriter(_share_folder(parts_dir, rank))
+        for w, ids, out in encode_windows(ranker, pt, share_windows(docs, window, rank, world), side="docs",
+                                          batch_size=batch_size, device=dev, precision=precision,
+                                          sort=window > batch_size, output=output):
+            writer.add(w, ids, out)
+        writer.finish()
+        ok = True
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        if world > 1:
+            _all_ok(False)
+        if rank == 0:
+            shutil.rmtree(parts_dir, ignore_errors=True)
+        raise
+    if world > 1 and not _all_ok(ok):
+        if rank == 0:
+            shutil.rmtree(parts_dir, ignore_errors=True)
+            raise InputError("retrieval.devices", "another rank failed while encoding its share of the collection; see its message above")
+        return None
+    if rank != 0:
+        return None
+    return _merged(parts_dir, world)
+
+
+def _merged(parts_dir: Path, world: int) -> Iterator[tuple[list, Tensor | Encoded]]:
+    try:
+        yield from read_shares(parts_dir, world)
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
