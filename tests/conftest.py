@@ -20,18 +20,23 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 
 
-def require_shared_data(*relpaths: str) -> None:
-    """The one place that decides what a test does when data under ../shared/data is missing: in CI (env CI=true)
+def require_shared(root: Path, relpaths: tuple[str, ...] = (), what: str = "shared data") -> None:
+    """The one place that decides what a test does when files under ../shared are missing: in CI (env CI=true)
     fail, since CI must run every data test; anywhere else skip, naming the missing path. `relpaths` are relative to
-    ../shared/data (none: the folder itself)."""
-    missing = [p for p in (SHARED_DATA.joinpath(r) for r in (relpaths or ("",))) if not p.exists()]
+    `root` (none: the folder itself); `what` names them in the message."""
+    missing = [p for p in (root.joinpath(r) for r in (relpaths or ("",))) if not p.exists()]
     if not missing:
         return
     names = ", ".join(str(p) for p in missing)
     if in_ci():
-        pytest.fail(f"shared data missing in CI (CI=true): {names}; CI must provide ../shared/data next to the repo",
+        pytest.fail(f"{what} missing in CI (CI=true): {names}; CI must provide ../shared/{root.name} next to the repo",
                     pytrace=False)
-    pytest.skip(f"shared data not present: {names}")
+    pytest.skip(f"{what} not present: {names}")
+
+
+def require_shared_data(*relpaths: str) -> None:
+    """Data under ../shared/data (require_shared): skipped when missing, a failure in CI."""
+    require_shared(SHARED_DATA, relpaths)
 
 
 def pytest_runtest_setup(item):
