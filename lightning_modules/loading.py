@@ -23,6 +23,7 @@ def module_from_state(ckpt: dict, path: str | os.PathLike, key: str, measures: l
     missing, unexpected = module.load_state_dict(ckpt["state_dict"], strict=False)
     if missing or unexpected:
         raise InputError(key, f"'{path}' does not match ranker '{hp['model'].get('name')}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    module.rerank_depth = ckpt.get("rerank_depth")  # the re-ranking depth its validation chose (eval.rerank_depths)
     return module
 
 

@@ -37,6 +37,7 @@ from lightning_modules.oom import halving
 from lightning_modules.rankers import RANKERS, build_ranker
 from lightning_modules.rankers.base import Encoded, EncodedTexts, TripletOutput, take
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
+from metrics.rerank_depth import candidate_ranks, choose_depth, truncate
 
 
 @dataclass
@@ -468,7 +469,10 @@ class RankingModule(pl.LightningModule):
         es = self.trainer.datamodule.eval_splits[split]
         run = self.runs[key].to_run(es.qids, es.doc_ids)  # gathered from every rank
         self.runs[key].reset()
+        run, depth = self._at_rerank_depth(run, es, split)
         means, per_query = evaluate_run(run, es.qrels, self.measures)
+        if depth is not None:
+            means["rerank_depth"] = float(depth)
         # update, not replace: the isotropy callback stores its values here just before this hook
         self.results.setdefault(key, {}).update(metrics=means, per_query=per_query, run=run)
         # Identical on every rank (computed from the gathered run), so no further reduction is needed.
@@ -478,6 +482,24 @@ class RankingModule(pl.LightningModule):
             self.log(f"{split}/oom_retries", float(self.oom_retries), sync_dist=False)
             self.results[key]["oom_retries"] = self.oom_retries
             self.oom_retries = 0
+
+    # ---- re-ranking depth chosen on validation (eval.rerank_depths, metrics/rerank_depth.py) ---------------------
+    rerank_depths: tuple[int, ...] | None = None  # set by the pipeline from eval.rerank_depths; None: every candidate
+    rerank_depth: int | None = None  # the depth chosen at the latest validation (saved in checkpoints)
+
+    def _at_rerank_depth(self, run: dict, es, split: str) -> tuple[dict, int | None]:
+        """(`run` cut to the re-ranking depth, that depth; None when eval.rerank_depths is unset). Validation chooses
+        the depth with the best nDCG@10 and keeps it; a test applies the kept one (the tested checkpoint's)."""
+        if not self.rerank_depths:
+            return run, None
+        ranks = candidate_ranks(es.qids, es.doc_ids, es.pairs, es.unit_doc)
+        if split == "val":
+            self.rerank_depth, _ = choose_depth(run, es.qrels, ranks, self.rerank_depths)
+        elif self.rerank_depth is None:
+            warnings.warn(f"eval.rerank_depths is set but no validation chose a depth for this model (none ran, or its "
+                          f"checkpoint predates the setting): testing at the largest, {max(self.rerank_depths)}")
+        depth = self.rerank_depth if self.rerank_depth is not None else max(self.rerank_depths)
+        return truncate(run, ranks, depth), depth
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")
@@ -490,12 +512,14 @@ class RankingModule(pl.LightningModule):
         # Lightning restores weights, optimiser, schedule, loop and loader state; the RNG (dropout masks) is ours.
         checkpoint["rng_states"] = _collect_rng_states()
         checkpoint["nonfinite_batches"] = self.nonfinite_batches
+        checkpoint["rerank_depth"] = self.rerank_depth  # the depth its validation chose (eval.rerank_depths)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Applied at the first training batch, not now: setting up the resumed run (loaders, sanity checks)
         # draws random numbers that the uninterrupted run drew long before the checkpoint.
         self._pending_rng = checkpoint.get("rng_states")
         self.nonfinite_batches = checkpoint.get("nonfinite_batches", 0)
+        self.rerank_depth = checkpoint.get("rerank_depth")
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if getattr(self, "_pending_rng", None) is not None:

@@ -125,11 +125,22 @@ class EvalConfig:
     # MATS (Eq. 9, metrics/ats.py), here and in analysis=ats: "paper" = as printed, 1/(max da - 1) times the sum of
     # the max da drops ATS(0) - ATS(i); "mean" = the plain mean of those drops (a factor (max da - 1)/max da lower)
     mats: str = "paper"
+    # Re-ranking depths to choose from on validation (metrics/rerank_depth.py; position-bias paper section 3: "The
+    # re-ranking depth for each model instance is tuned on the best mean nDCG@10 of the validation set, as part of an
+    # early stopping strategy", up to 100 on SQuAD): every validation keeps the depth with the best nDCG@10, and the
+    # test re-ranks the first-stage top d chosen at the tested checkpoint's validation (metrics.json `rerank_depth`).
+    # Each split is scored once at data.candidate_depth, which must be at least the largest depth. null: no choice,
+    # every candidate is re-ranked.
+    rerank_depths: list[int] | None = None
 
     def __post_init__(self):
         check_ranges("eval", self, probe_queries=COUNT, probe_docs=COUNT, isotropy_batch_pairs=Range(1, note="the isotropy paper's is 16"),
                      isotropy_max_batches=Range(1, note="or null: every test batch"), isotropy_sample_seed=SEED,
                      ats_passages=Range(0, note="0 = off"), ats_max_occurrences=Range(2, note="pairs need two"))
+        if self.rerank_depths is not None:
+            depths = list(self.rerank_depths)
+            if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths) or len(set(depths)) != len(depths):
+                raise InputError("config key 'eval.rerank_depths'", f"is {depths!r}; expected a non-empty list of distinct depths >= 1 (e.g. [10, 20, 50, 100]), or null")
         if self.dump_isotropy and not self.isotropy_paper:
             raise InputError("config key 'eval.dump_isotropy'", "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches")
         check_choice("eval.mats", self.mats, MATS_MODES)
@@ -283,7 +294,16 @@ def compose(argv: list[str]) -> DictConfig:
     with_flag = OmegaConf.to_container(top)
     cfg = OmegaConf.create({**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)})
     cfg.experiment = exp_name
+    check_rerank_depths(cfg)
     return cfg
+
+
+def check_rerank_depths(cfg: DictConfig) -> None:
+    """eval.rerank_depths cut runs scored at data.candidate_depth: a larger depth would silently equal it."""
+    depths, candidates = cfg.eval.rerank_depths, cfg.data.get("candidate_depth")
+    if depths and candidates is not None and max(depths) > candidates:
+        raise InputError("config key 'eval.rerank_depths'", f"lists depth {max(depths)} but data.candidate_depth is {candidates}: "
+                         f"every split is scored once at data.candidate_depth and cut to each depth; set data.candidate_depth={max(depths)}")
 
 
 def to_yaml(cfg: DictConfig) -> str:

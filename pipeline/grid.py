@@ -487,7 +487,7 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
         "eval_data": list(spec.eval_data), "replicates": [r for r, _, _ in spec.replicates()],
         "seeds": spec.seeds, "folds": spec.folds, "spec": spec.to_dict(), "cells": entries,
         "train_on": spec.train_on, "compare_to": spec.compare_to, "delta_eval": spec.delta_eval, "paper": spec.paper,
-        "paper_note": spec.paper_note,
+        "paper_note": spec.paper_note, "deviations": spec.deviations,
     }
 
 

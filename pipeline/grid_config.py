@@ -76,6 +76,10 @@ class GridSpec:
     # the paper's figures, shown under our rows: {eval_data label: {row: {measure: value}}}
     paper: dict[str, Any] | None = None
     paper_note: str | None = None  # whose figures `paper` holds (paper, table, data set, backbone)
+    # Where the grid does not follow the paper's printed setting (backbone, steps or epochs this CPU cannot afford, a
+    # setting the paper does not print, ...), one sentence each: a grid that claims a paper's setting names every
+    # departure from it, and its table and record print the list under the table's header (pipeline/tables.py).
+    deviations: list[str] | None = None
 
     # not grid keys: set by load_grid
     source = ""  # the grid file
@@ -130,6 +134,7 @@ class GridSpec:
         if self.delta_eval and (len(self.delta_eval) != 2 or any(e not in self.eval_data for e in self.delta_eval)):
             raise InputError("delta_eval", f"is {self.delta_eval!r}; expected two eval_data labels of {list(self.eval_data)}")
         self.paper = self._paper_figures(self.paper or {})
+        self.deviations = _strings(self.deviations, "deviations", "a list of sentences, one per departure from the paper's setting")
         self.init_references()
 
     def _paper_figures(self, paper: dict) -> dict[str, dict[str, dict[str, float]]]:

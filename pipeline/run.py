@@ -38,6 +38,7 @@ from pipeline.stages import (
     load_data,
     print_table,
     save_config,
+    set_rerank_depths,
     test_results,
     write_results,
 )
@@ -151,6 +152,7 @@ def _train(cfg: DictConfig) -> dict | Path | None:
     module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))
     if cfg.init_ckpt:
         init_weights(module, cfg)
+    set_rerank_depths(module, cfg)
     dm.tokenizer = module.pair_tokenizer
     if 0 <= cfg.trainer.max_steps <= start_step:  # Lightning would stop at once without a word
         rank_zero_warn(f"nothing will be trained: trainer.max_steps={cfg.trainer.max_steps}"

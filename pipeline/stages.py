@@ -123,10 +123,18 @@ def test_results(module: RankingModule) -> dict:
     return {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
 
 
+def set_rerank_depths(module: RankingModule, cfg: DictConfig) -> None:
+    """`eval.rerank_depths` onto the module: validation chooses the re-ranking depth among them, a test applies the
+    chosen one (metrics/rerank_depth.py); null: every candidate is re-ranked."""
+    depths = cfg.eval.get("rerank_depths")
+    module.rerank_depths = tuple(int(d) for d in depths) if depths else None
+
+
 def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModule) -> dict | None:
     """Test a loaded module on the data `dm` read by load_data and write the run's files; a HeadModule's results
     hold "Ft" (no head) under `before_head`."""
     dm.tokenizer = module.pair_tokenizer
+    set_rerank_depths(module, cfg)
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     trainer = build_trainer(cfg, logger, checkpoints=False)
     if trainer.is_global_zero:

@@ -50,7 +50,9 @@ _PAPER = tuple(f"{m}_paper{side}{kind}" for m in ("iw", "avgcos") for kind in ("
 ISOTROPY_LEVEL = tuple(f"{k}{raw}{std}" for k in _PROBE + _PAPER for raw in ("", "_raw") for std in ("", "_std")
                        if not (std and k in _PROBE))
 ATS_LEVEL = ("mats", "mats_std", "ats0")  # callbacks/ats.py
-STEP_LEVEL = ("best_step",)  # the step of the tested checkpoint (validation.json): a learning-rate x steps sweep's steps axis
+# the step of the tested checkpoint (validation.json): a learning-rate x steps sweep's steps axis; the re-ranking
+# depth chosen on validation (eval.rerank_depths, metrics/rerank_depth.py)
+STEP_LEVEL = ("best_step", "rerank_depth")
 RUN_LEVEL = ISOTROPY_LEVEL + ATS_LEVEL + STEP_LEVEL
 
 TEST_NAMES = {
@@ -157,6 +159,12 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     if any(m in ATS_LEVEL for m in measures):
         lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
                       " test passages' term vectors: one value per run, mean over the runs, untested.")
+    if "rerank_depth" in measures:
+        lines[-1] += (" rerank_depth: the re-ranking depth chosen on validation (best nDCG@10) and applied to the test,"
+                      " mean over the runs, untested.")
+    if results.get("deviations"):
+        lines += ["", "Deviations from the paper's setting (grid key `deviations`):", ""]
+        lines += [f"- {d}" for d in results["deviations"]]
     for block in blocks:
         title = block["eval"] if block["train"] == block["eval"] else f"trained on {block['train']}, evaluated on {block['eval']}"
         lines += ["", f"### {title}", "", "| method | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]
