@@ -17,11 +17,12 @@ class NpyRowWriter:
     store is not copied to prepend a header). Writes go through the file, not a writable memory map, so written
     rows leave the process's memory for the page cache at once."""
 
-    def __init__(self, path: Path, dtype, width: int):
+    def __init__(self, path: Path, dtype, width: int, readable: bool = False):
         self.path, self.dtype, self.width, self.rows = Path(path), np.dtype(dtype), int(width), 0
         placeholder = self._header(np.iinfo(np.int64).max)
         self._header_len = len(placeholder)
-        self._file = open(self.path, "wb")
+        # readable: the file may be read back through this writer (`reader()`), e.g. after its path was unlinked
+        self._file = open(self.path, "w+b" if readable else "wb")
         self._file.write(placeholder)
 
     def _header(self, rows: int) -> bytes:
@@ -46,6 +47,15 @@ class NpyRowWriter:
         self._file.close()
         return np.load(self.path, mmap_mode="r")
 
+    def reader(self) -> "NpyRowReader":
+        """Write the true header and hand the open file to a `NpyRowReader` (the writer was made `readable`): the
+        rows are readable even when the path no longer exists."""
+        self._file.seek(0)
+        self._file.write(self._header(self.rows))
+        self._file.flush()
+        self._file.seek(0)
+        return NpyRowReader(self._file)
+
     def abort(self) -> None:
         self._file.close()
 
@@ -56,8 +66,9 @@ class NpyRowReader:
     2 MB at a time on kernels that map large folios). The file stays open, so its path may be unlinked at once.
     `memmap()` maps it too (copy-on-write) for a consumer that wants a tensor of every row."""
 
-    def __init__(self, path: Path):
-        self._file = open(path, "rb")
+    def __init__(self, path):
+        """`path`: a .npy file's path, or a binary file object positioned at its start (kept open, owned)."""
+        self._file = path if hasattr(path, "read") else open(path, "rb")
         version = np.lib.format.read_magic(self._file)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read(self._file)

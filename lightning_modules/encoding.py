@@ -15,8 +15,8 @@
 `variants_forward` gives several readings of one backbone pass ("" with the isotropy heads, "_raw" without).
 
 `EncodedTextsWriter` gathers such batches, arriving in any order, into an `EncodedTexts` without padding. It holds
-them in memory up to `budget_bytes` and spills beyond that to a file (in `spill_dir`, unlinked once opened, so
-nothing is left behind), whose texts are read back by `pread`; so a collection larger than memory needs disk, not RAM.
+them in memory up to `budget_bytes` and spills beyond that to a file (in `spill_dir`, unlinked as soon as it is
+created, so nothing is left behind even if the process is killed), whose texts are read back by `pread`; so a collection larger than memory needs disk, not RAM.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from core.npy import NpyRowReader, NpyRowWriter
+from core.npy import NpyRowWriter
 from datamodules.tokenization import length_order
 from lightning_modules.oom import halving
 from lightning_modules.rankers.base import Encoded, EncodedTexts
@@ -103,8 +103,8 @@ class EncodedTextsWriter:
     text's real tokens (its mask) flat, in the order they arrived (`starts` / `lengths` say where), and its pooled
     vector where there is one. `keep_tokens=False` keeps the pooled vectors only. Token rows stay in memory until
     they exceed `budget_bytes`; then they (and every later row) go to a .npy file in `spill_dir` (default: the
-    system's temporary folder), opened by `finish` (texts read back by pread, the whole also memory-mapped) and
-    unlinked at once. The pooled vectors likewise: a
+    system's temporary folder), unlinked at once and read back through the open file by `finish` (texts by pread,
+    the whole also memory-mapped). The pooled vectors likewise: a
     memory-mapped file when `count` x width exceeds the budget. A text added twice keeps its last vectors."""
 
     def __init__(self, count: int, keep_tokens: bool = True, keep_ids: bool = False, budget_bytes: int = DEFAULT_BUDGET,
@@ -125,7 +125,9 @@ class EncodedTextsWriter:
         return Path(name)
 
     def _spill(self, width: int) -> None:
-        self._file = NpyRowWriter(self._temp_path(".npy"), np.float32, width)
+        path = self._temp_path(".npy")
+        self._file = NpyRowWriter(path, np.float32, width, readable=True)
+        _unlink(path)  # written and read through the open file: nothing is left behind, however the process ends
         for part in self._parts:
             self._file.write(part.numpy())
         self._parts = []
@@ -172,19 +174,16 @@ class EncodedTextsWriter:
         """Drop everything held, the spill file included."""
         if self._file is not None:
             self._file.abort()
-            _unlink(self._file.path)
+            _unlink(self._file.path)  # where the platform kept it (Windows)
             self._file = None
         self._parts, self._ids, self._sequence = [], [], None
 
     def finish(self) -> EncodedTexts:
         reader = None
         if self._file is not None:
-            path = self._file.path
-            self._file.close()
             # texts' rows are read back by pread (EncodedTexts.text_vectors / tokens); the copy-on-write map (writable
             # for torch, never written back) serves consumers of `vecs` as a whole
-            reader = NpyRowReader(path)
-            _unlink(path)
+            reader = self._file.reader()
             vecs = torch.from_numpy(reader.memmap())
         elif self._parts:
             vecs = torch.cat(self._parts)
