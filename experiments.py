@@ -3,11 +3,28 @@ see pipeline/grid.py). `--dry-run` (or `--print-config`) is `action=list`: every
 cells and their state printed, nothing run or written."""
 import sys
 
+from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals
+from core.io import WriteFault
 from pipeline.cli import DRY_RUN
 from pipeline.grid import main
+
+
+def run(argv: list[str]) -> int:
+    """grid.main, with SIGINT / SIGTERM and refused writes as one line: 130 / 143 (a cell running in a subprocess is
+    stopped with it; finished cells stay finished) and 1."""
+    raise_on_signals()
+    try:
+        return main(argv)
+    except Signalled as e:
+        print(f"stopped: interrupted by {e}; finished cells are kept: run the same command again to resume", file=sys.stderr)
+        return EXIT_CODES[e.signum]
+    except WriteFault as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
+
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if any(a in DRY_RUN for a in argv):
         argv = [*(a for a in argv if a not in DRY_RUN), "action=list"]
-    sys.exit(main(argv))
+    sys.exit(run(argv))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from core.checkpoints import check_finite
 from core.io import atomic_open
 
 
@@ -15,5 +16,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options}")
+        check_finite(checkpoint.get("state_dict", {}), path, "the model")  # a checkpoint is never written with NaN/inf weights
         with atomic_open(path, "wb") as f:
             torch.save(checkpoint, f)

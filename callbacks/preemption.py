@@ -9,9 +9,15 @@ sampler position agree. This callback routes SIGINT to the same flag (a second C
 holds a signal that arrives during a validation until that validation ends (Lightning would abort it, and with it
 the choice of the best checkpoint), and writes `last.ckpt` in `on_exception`, atomically (callbacks/atomic_io.py),
 so a kill during that write leaves the previous `last.ckpt` in place.
+
+Outside training (data and model loading, every evaluation, the head stage's cache and fit, export, retrieval,
+analyses, experiments.py), `raise_on_signals` makes SIGINT and SIGTERM raise `Signalled` where the process is: the
+job unwinds (temp files and staged result sets removed, locks released) and the entry script prints one line and
+exits 130 / 143. Lightning passes it through (it is no KeyboardInterrupt, which Lightning turns into exit 1).
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import warnings
@@ -39,6 +45,47 @@ class Interrupted(SystemExit):
         return f"interrupted by {name} at step {self.step}; resume with ckpt_path={self.checkpoint}"
 
 
+class Signalled(BaseException):
+    """SIGINT / SIGTERM outside a training loop (raise_on_signals); BaseException, so that no `except Exception`
+    swallows it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.code = EXIT_CODES.get(signum, 1)
+        super().__init__(signal.Signals(signum).name)
+
+
+_OWNER = {"pid": None, "raised": False}
+
+
+def _raise(signum, frame) -> None:
+    if os.getpid() != _OWNER["pid"]:  # a forked DataLoader worker: it stops quietly on KeyboardInterrupt
+        raise KeyboardInterrupt
+    if _OWNER["raised"]:  # a second signal while the first unwinds: the job is already stopping
+        return
+    _OWNER["raised"] = True
+    raise Signalled(signum)
+
+
+def raise_on_signals() -> dict:
+    """SIGINT and SIGTERM raise Signalled in this process from now on (Lightning's signal connector keeps these
+    handlers beside its own during fit, validate and test, and restores them after); returns the handlers they
+    replace, for restore_signals (an entry point called inside another program, e.g. a test, gives them back)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _OWNER.update(pid=os.getpid(), raised=False)
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, _raise)
+    signal.signal(signal.SIGTERM, _raise)
+    return old
+
+
+def restore_signals(old: dict) -> None:
+    for signum, handler in old.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
 class Preemption(Callback):
     def __init__(self):
         self.signum: int | None = None
@@ -50,13 +97,15 @@ class Preemption(Callback):
         # after Lightning's signal connector registered its handlers; it restores the originals at teardown
         self._trainer, self._pending = trainer, None
         if threading.current_thread() is threading.main_thread():
-            self._lightning_sigterm = signal.getsignal(signal.SIGTERM)
+            # Lightning's notifier alone (sets the flag, passes the signal on to DDP ranks it started): the handler
+            # it composes also calls the one it found, raise_on_signals', which would stop mid-batch
+            self._lightning_sigterm = getattr(trainer._signal_connector, "_sigterm_notifier_fn", None) or signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signum is not None:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+            raise Signalled(signum)  # a second Ctrl-C: stop now, without a checkpoint
         if self.signum is None and signum == signal.SIGINT:
             warnings.warn("SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)")
         self.signum = self.signum or signum
@@ -93,6 +142,9 @@ def interruptible(trainer):
     resume from: the one written on the way out, else the run's latest `last.ckpt`."""
     try:
         yield
+    except Signalled as e:  # outside the training loop (a test before or after it, a second Ctrl-C)
+        last = getattr(trainer.checkpoint_callback, "last_model_path", "")
+        raise Interrupted(e.signum, trainer.global_step, last if last and Path(last).is_file() else None) from None
     except SIGTERMException as e:
         cb = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None)
         ckpt = cb.checkpoint if cb is not None else None

@@ -1,10 +1,22 @@
 """Atomic file and folder writes: a crash never leaves a half-written metrics file, run, checkpoint, index or export
-behind."""
+behind; a write that the machine refuses (full disk, file-size limit, permission, I/O error) is one `WriteFault`.
+
+- `atomic_open` / `write_json` / `AtomicDir`: temp file (or temporary sibling folder), fsync, rename. Any OSError on
+  the way, or torch.save's "enforce fail at inline_container.cc" (its writer's report of an OSError), becomes a
+  `WriteFault` naming the file, the OS's reason and what was kept; the temp file is removed.
+- `result_set`: the files of one result (metrics.json, per_query.json, run.trec, config.yaml, ...) staged in a hidden
+  folder inside the output folder, then renamed into place as a set, metrics.json last, with SIGINT / SIGTERM held
+  for the few renames: a folder holds either the earlier result or the new one, never a mix.
+- `check_writable`: the probe every job runs on its output folders before it loads any data or model.
+"""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
+import signal
 import tempfile
 import uuid
 from contextlib import contextmanager
@@ -13,23 +25,134 @@ from typing import IO, Iterator
 
 from core.errors import InputError
 
+# errno values that say the path itself cannot be used (a choice of the user: exit 2 when found before the job
+# starts); every other write failure (full disk, quota, file-size limit, I/O error) is a fault of the machine (exit 1)
+PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG,
+               errno.ELOOP, errno.ENOENT}
+
+
+class WriteFault(Exception):
+    """A write the machine refused: `path`, the OS's reason, and what was kept. `code`: the exit code (1: a fault of
+    the machine; 2: found by the probe before the job started, on a path the user chose)."""
+
+    def __init__(self, path: str | os.PathLike, reason: str, kept: str, code: int = 1, errno_: int | None = None,
+                 key: str | None = None):
+        self.path, self.reason, self.kept, self.code, self.errno = str(path), reason, kept, code, errno_
+        super().__init__((f"{key}: " if key else "") + f"cannot write '{path}' ({reason}); {kept}")
+
+
+def os_error_of(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc`: itself, or the one torch.save's C++ writer reports as "enforce fail at
+    inline_container.cc" (Python keeps it as the RuntimeError's context)."""
+    if isinstance(exc, OSError):
+        return None if isinstance(exc, (TimeoutError, ConnectionError)) else exc
+    if not torch_write_failure(exc):
+        return None
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # Rust writers (safetensors' save_file, tokenizers)
+_FAISS_WRITE = re.compile(r"write error in .*\((?P<reason>[^()]+)\)\s*$")  # faiss.write_index
+
+
+def torch_write_failure(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and ("inline_container.cc" in str(exc) or "PytorchStreamWriter failed" in str(exc))
+
+
+def _library_reason(exc: BaseException) -> str | None:
+    """The OS's reason in the message of a library's writer that does not raise OSError (safetensors, faiss)."""
+    text = str(exc)
+    m = _OS_ERROR.search(text)
+    if m and ("I/O error" in text or "serializ" in text.lower()):
+        return os.strerror(int(m.group(1)))
+    m = _FAISS_WRITE.search(text.strip().splitlines()[-1] if text.strip() else "")
+    if m and "faiss" in text:
+        return m.group("reason")
+    return None
+
+
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")  # NumPy's tofile, which drops errno
+
+
+def reason_of(exc: BaseException) -> str:
+    e = os_error_of(exc)
+    if e is not None and e.strerror:
+        return e.strerror
+    if e is not None:
+        m = _SHORT_WRITE.search(str(e))
+        if m:
+            return f"the write stopped short, {m.group(2)} of {m.group(1)} items written: a full disk or a file-size limit"
+        return str(e) or type(e).__name__
+    lib = _library_reason(exc)
+    if lib is not None:
+        return lib
+    return f"torch.save failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+
+
+def as_write_fault(exc: BaseException, path: str | os.PathLike, kept: str) -> WriteFault | None:
+    """`exc` as a WriteFault on `path` (None when it is not a write failure): an OSError, torch.save's report of
+    one, or a library writer's (safetensors, faiss) that names the OS's reason."""
+    if isinstance(exc, WriteFault):
+        return exc
+    if not isinstance(exc, Exception):
+        return None
+    if os_error_of(exc) is None and not torch_write_failure(exc) and _library_reason(exc) is None:
+        return None
+    e = os_error_of(exc)
+    return WriteFault(path, reason_of(exc), kept, errno_=e.errno if e is not None else None)
+
+
+def path_in_traceback(exc: BaseException) -> str | None:
+    """For an OSError raised by a plain `f.write` (which names no file): the file being written, read from the
+    innermost frames' locals (an open file object's name, else a local path such as `path`, `folder` or `spill_dir`)."""
+    import io as _io
+
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames[-6:]):
+        values = list(frame.f_locals.items())
+        own = frame.f_locals.get("self")
+        values += [(a, getattr(own, a)) for a in ("_file", "file", "path") if own is not None and hasattr(own, a)]
+        for _, v in values:
+            if isinstance(v, _io.IOBase) and isinstance(getattr(v, "name", None), str):
+                return v.name
+        for k, v in values:
+            if isinstance(v, Path) and any(w in k for w in ("path", "dir", "folder", "file", "tmp", "out")):
+                return str(v)
+    return None
+
+
+def _kept(path: Path) -> str:
+    return f"the earlier {path.name} is unchanged" if path.exists() else "no partial file was left"
+
 
 @contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
-    """Write to a temp file in the same directory, fsync, then rename over `path`."""
+    """Write to a temp file in the same directory, fsync, then rename over `path`; a failed write is a WriteFault."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; results are meant to be shared like any file
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; results are meant to be shared like any file
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        fault = None if isinstance(e, WriteFault) else as_write_fault(e, path, _kept(path))
+        if fault is not None:
+            raise fault from e
         raise
 
 
@@ -66,27 +189,150 @@ class AtomicDir:
         p = self.path
         if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not (p / self.marker).exists())):
             raise InputError(str(p), f"exists and is not {self.kind} (no {self.marker}); refusing to replace it")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
-        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a cache or index is meant to be shared
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+            os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a cache or index is meant to be shared
+        except OSError as e:
+            raise WriteFault(p, reason_of(e), self._kept()) from e
         return self.tmp
+
+    def _kept(self) -> str:
+        return f"the earlier {self.path.name} is unchanged" if self.path.exists() else "no partial folder was left"
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            fault = as_write_fault(exc, self.path, self._kept())
+            if fault is not None and fault is not exc:
+                raise fault from exc
             return False
-        for f in self.tmp.iterdir():
-            _fsync_path(f)
-        _fsync_path(self.tmp)
         old = None
-        if self.path.exists():
-            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(self.path, old)
-        os.rename(self.tmp, self.path)
-        _fsync_path(self.path.parent)
+        try:
+            for f in self.tmp.iterdir():
+                _fsync_path(f)
+            _fsync_path(self.tmp)
+            with signals_held():  # the old folder is never left renamed away by an interrupt
+                if self.path.exists():
+                    old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
+                    os.rename(self.path, old)
+                os.rename(self.tmp, self.path)
+            _fsync_path(self.path.parent)
+        except BaseException as e:  # an interrupt or a refused write before the rename: no temporary folder stays
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise WriteFault(self.path, reason_of(e), self._kept()) from e
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return False
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM are held (delivered when the block ends) for a few renames that must happen together."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# output folders whose result set was published by this process (the interrupt message says they are complete)
+PUBLISHED: set[Path] = set()
+
+
+@contextmanager
+def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple[Path, ...] = ()) -> Iterator[Path]:
+    """`with result_set(out) as tmp:` write one result's files (and folders, e.g. an index) into `tmp`, a hidden
+    folder inside `out` that no reader looks at; on success they are fsynced and renamed into `out` as a set: the earlier `last` (metrics.json,
+    the mark of a finished run) is removed first, `last` is renamed in last, with SIGINT / SIGTERM held throughout,
+    and the files in `retire` (a pending attempt's config) are removed with them. On any error or interrupt `tmp` is
+    removed and `out` holds the earlier result unchanged; a refused write is a WriteFault saying so."""
+    out = Path(out)
+    kept = f"earlier results in '{out}' unchanged" if (out / last).exists() else f"no result was written to '{out}'"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob(".results.tmp-*"):  # a set staged by a killed job (this job holds out's lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".results.tmp-", dir=out))
+    except OSError as e:
+        raise WriteFault(out, reason_of(e), kept) from e
+    try:
+        yield tmp
+        names = sorted(p.name for p in tmp.iterdir() if p.name != last) + ([last] if (tmp / last).exists() else [])
+        mask = current_umask()
+        for name in names:
+            if not (tmp / name).is_dir():  # a folder of the set was written by AtomicDir, fsynced and shareable
+                os.chmod(tmp / name, 0o666 & ~mask)
+                _fsync_path(tmp / name)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        fault = as_write_fault(e, getattr(e, "path", None) or out, kept)
+        if fault is not None:
+            if isinstance(e, WriteFault):  # a file of the staged set: name its place in `out`
+                fault = WriteFault(out / Path(e.path).name if Path(e.path).parent == tmp else e.path, e.reason, kept, errno_=e.errno)
+            raise fault from e
+        raise
+    olds = []
+    try:
+        with signals_held():
+            (out / last).unlink(missing_ok=True)  # from here until `last` is back, the folder reads as unfinished
+            for name in names:
+                if (tmp / name).is_dir() and (out / name).exists():  # a folder of the set (an index): swapped
+                    olds.append(out / f".{name}.old-{uuid.uuid4().hex[:8]}")
+                    os.rename(out / name, olds[-1])
+                os.replace(tmp / name, out / name)
+            for p in retire:
+                Path(p).unlink(missing_ok=True)
+            _fsync_path(out)
+    except OSError as e:
+        raise WriteFault(out / last, reason_of(e), f"'{out}' holds no finished result (no {last})") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for old in olds:
+            shutil.rmtree(old, ignore_errors=True)
+    for p in retire:  # an attempt's folder left empty
+        for folder in (Path(p).parent, Path(p).parent.parent):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+    PUBLISHED.add(out.resolve())
+
+
+def check_writable(path: str | os.PathLike, key: str) -> None:
+    """The probe every job runs before it loads data or a model: `path` (created if missing) takes a file that is
+    written, renamed and removed. Folders it created are removed again, so a job stopped later by bad input leaves
+    nothing behind. A refusal is a WriteFault naming `key` and the path: exit 2 for a path the user cannot use
+    (permission, read-only file system, not a folder), 1 for a fault of the machine (full disk, I/O error)."""
+    p = Path(path)
+    created = [q for q in (p, *p.parents) if not q.exists()]
+    probe = p / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"probe\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(probe, probe.with_suffix(".renamed"))
+        probe.with_suffix(".renamed").unlink()
+    except OSError as e:
+        for q in (probe, probe.with_suffix(".renamed")):
+            try:
+                q.unlink()
+            except OSError:
+                pass
+        code = 2 if e.errno in PATH_ERRNOS else 1
+        raise WriteFault(p, reason_of(e), "choose a folder this job can write; nothing was loaded or written",
+                         code=code, errno_=e.errno, key=key) from e
+    finally:
+        for q in created:  # deepest first
+            try:
+                q.rmdir()
+            except OSError:
+                break
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:

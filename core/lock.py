@@ -18,7 +18,7 @@ from typing import Iterator
 from filelock import FileLock, Timeout
 
 from core.errors import InputError
-from core.io import atomic_open
+from core.io import PATH_ERRNOS, WriteFault, atomic_open, reason_of
 
 # Set, and not 0, in every process of a distributed job but global rank 0 (Lightning's DDP children, torchrun,
 # SLURM tasks, the first process of another node). Only global rank 0 takes the lock: Lightning's DDP children
@@ -57,9 +57,15 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
         lock.acquire()
     except Timeout:
         raise InputError("output_dir", f"'{output_dir}' is in use by another run ({_holder(pid_path)}); wait for it to end or choose another output_dir") from None
+    except OSError as e:  # a folder the user may not write: found here, before anything is loaded
+        _remove_created(created)
+        raise _lock_fault(lock_path, e) from e
     try:
-        with atomic_open(pid_path) as f:
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        try:
+            with atomic_open(pid_path) as f:
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        except WriteFault as e:
+            raise _lock_fault(pid_path, e) from e
         yield
     finally:
         pid_path.unlink(missing_ok=True)
@@ -67,11 +73,25 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
         # this one just now retries on a fresh file instead of sharing the lock with the next holder.
         lock_path.unlink(missing_ok=True)
         lock.release()
-        for folder in created:  # deepest first; a folder that holds anything (the run's output) stays
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        _remove_created(created)
+
+
+def _remove_created(created: list[Path]) -> None:
+    for folder in created:  # deepest first; a folder that holds anything (the run's output) stays
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def _lock_fault(path: Path, e: BaseException) -> WriteFault:
+    """The lock (or its pid file) cannot be written beside output_dir: one line, exit 2 for a folder the user may not
+    write, 1 for a fault of the machine."""
+    err = e if isinstance(e, OSError) else None
+    errno_ = err.errno if err is not None else getattr(e, "errno", None)
+    reason = reason_of(e) if not isinstance(e, WriteFault) else e.reason
+    return WriteFault(path, reason, "output_dir's lock lives in the folder that holds output_dir; nothing was loaded or written",
+                      code=2 if errno_ in PATH_ERRNOS else 1, errno_=errno_, key="output_dir")
 
 
 @contextmanager

@@ -497,16 +497,28 @@ def bm25_run(docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_
     expected = {**settings(params), "k": int(k)}
 
     def load(warn: bool):
+        """The cached run when it is sound: readable JSON, this run's settings and queries, finite scores; else None
+        (`warn`: say what was wrong before it is recomputed and overwritten)."""
         if not path.exists():
             return None
         try:
             with open(path, encoding="utf-8") as f:
                 payload = json.load(f)
             run = payload["run"]
-            if payload.get("settings") == expected and set(run) == set(queries):  # popped: one copy in memory
-                return {q: [(str(d), float(s)) for d, s in run.pop(q)] for q in queries}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # unreadable or foreign file: recompute and overwrite
+            if payload.get("settings") != expected:
+                problem = "its settings differ"
+            elif set(run) != set(queries):
+                problem = f"it holds {len(run)} ranked queries, not the {len(queries)} asked for"
+            else:  # popped: one copy in memory
+                got = {q: [(str(d), float(s)) for d, s in run.pop(q)] for q in queries}
+                bad = next((q for q, r in got.items() if not all(np.isfinite(s) for _, s in r)), None)
+                if bad is None:
+                    return got
+                problem = f"query '{bad}' has a non-finite score"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            problem = f"it is unreadable ({type(e).__name__})"  # truncated, garbled or foreign
+        if warn:
+            warnings.warn(f"BM25 run cache '{path}': {problem}; recomputing it", stacklevel=2)
         return None
 
     def make():

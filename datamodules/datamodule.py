@@ -263,6 +263,9 @@ class RankingDataModule(pl.LightningDataModule):
         self.dataset: IRDataset | None = None
         self.triples: list[tuple[str, str, str]] = []
         self.eval_splits: dict[str, EvalSplit] = {}
+        # the splits the job uses (None: all; an evaluation: ("test",)): a source reads only those (load_dataset),
+        # and no training triple is drawn when "train" is not among them
+        self.splits: tuple[str, ...] | None = None
 
     # ---- loading -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -305,8 +308,8 @@ class RankingDataModule(pl.LightningDataModule):
         return triples if hasattr(triples, "take") else list(triples)
 
     def _load(self) -> None:
-        ds = load_dataset(self.cfg, self.seed)
-        self.triples = self.train_triples(ds)
+        ds = load_dataset(self.cfg, self.seed, self.splits)
+        self.triples = self.train_triples(ds) if self.splits is None or "train" in self.splits else []
         for name in ("val", "test"):
             self.eval_splits[name] = self._eval_split(ds, name)
         self.dataset = ds

@@ -5,14 +5,63 @@ the indexes that re-open their checkpoint."""
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import fields
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoints import check_same_ranker, read_checkpoint
+from core.checkpoints import check_same_ranker, read_checkpoint, register_check
 from core.errors import InputError
-from lightning_modules.module import RankingModule
+from lightning_modules.heads import HEADS
+from lightning_modules.module import OptimConfig, RankingModule
+from lightning_modules.rankers import RANKERS
 
-__all__ = ["load_module", "module_from_checkpoint", "module_from_state"]
+__all__ = ["check_hparams", "load_module", "module_from_checkpoint", "module_from_state"]
+
+
+def _schema(group: str, values: Mapping, path: str, key: str):
+    if group == "optim":
+        return OptimConfig
+    registry = RANKERS if group == "model" else HEADS
+    name = values.get("name")
+    if name not in registry:
+        kind = "ranker" if group == "model" else "head"
+        raise InputError(key, f"checkpoint '{path}' holds {kind} '{name}', which this version does not know; expected one of {registry.names()}")
+    return registry.get(name).schema
+
+
+def check_hparams(ckpt: dict, path: str, key: str) -> None:
+    """A checkpoint of another version: its `model`, `optim` and `head` hyper-parameters against this version's
+    schemas. A key this version does not know stops with one line naming the key and the checkpoint (it would change
+    what the checkpoint means); a key it lacks takes this version's default, with a warning. Fills the defaults in."""
+    hp = ckpt["hyper_parameters"]
+    for group in ("model", "optim", "head"):
+        values = hp.get(group)
+        if values is None:
+            continue
+        if isinstance(values, DictConfig):
+            values = OmegaConf.to_container(values)
+        if not isinstance(values, Mapping):
+            raise InputError(key, f"checkpoint '{path}': hyper-parameter '{group}' is {type(values).__name__}; expected a mapping of keys")
+        schema = _schema(group, values, path, key)
+        if schema is None:
+            continue
+        known = [f.name for f in fields(schema)]
+        unknown = [k for k in values if k not in known]
+        if unknown:
+            raise InputError(key, f"checkpoint '{path}' has hyper-parameter '{group}.{unknown[0]}', which this version does not know "
+                             f"(a checkpoint of another version?); {group} '{schema.__name__}' accepts {sorted(known)}")
+        missing = [k for k in known if k not in values]
+        if missing:
+            defaults = OmegaConf.to_container(OmegaConf.structured(schema))
+            warnings.warn(f"checkpoint '{path}' has no hyper-parameter {', '.join(f'{group}.{k}' for k in missing)} "
+                          f"(a checkpoint of another version?); taking the default{'s' if len(missing) > 1 else ''} "
+                          f"{', '.join(f'{k}={defaults[k]!r}' for k in missing)}", stacklevel=2)
+            hp[group] = {**{k: defaults[k] for k in missing}, **values}
+
+
+register_check(check_hparams)
 
 
 def module_from_state(ckpt: dict, path: str | os.PathLike, key: str, measures: list[str] | None) -> RankingModule:

@@ -1,17 +1,28 @@
-"""Shared command-line wrappers: compose the config, run, and turn input errors into one line and exit code 2.
+"""Shared command-line wrappers: compose the config, run, and turn every way a job can stop into one line on stderr
+and an exit code: bad input 2 (`error: ...`), a write the machine refused 1 (`error: cannot write ...`; 2 when the
+probe at the start finds a path the user cannot use), SIGINT 130 and SIGTERM 143 (`stopped: interrupted by ...`),
+a training-policy stop 3. No traceback for any of them.
 
 `--dry-run` (or `--print-config`) anywhere on the command line validates the composed config (every key against
 its schema, the checkpoints it names exist) and prints it as YAML, without loading a model or reading data."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
 from typing import Callable
 
-from callbacks.preemption import Interrupted
+from callbacks.preemption import (
+    EXIT_CODES,
+    Interrupted,
+    Signalled,
+    raise_on_signals,
+    restore_signals,
+)
 from core.errors import InputError, TrainingStopped
+from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
 from pipeline.config import compose, parse_args, to_yaml
 
 
@@ -25,6 +36,8 @@ def main(argv: list[str], job: Callable) -> int:
     warnings.formatwarning = _format_warning
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
+    handlers = raise_on_signals()
+    cfg = None
     try:
         cfg = compose(argv)
         if dry:
@@ -38,10 +51,60 @@ def main(argv: list[str], job: Callable) -> int:
     except Interrupted as e:
         print(f"stopped: {e}", file=sys.stderr)
         return e.code
+    except (Signalled, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"stopped: {interrupt_line(signum, cfg)}", file=sys.stderr)
+        return EXIT_CODES[signum]
     except TrainingStopped as e:
         print(f"stopped: {e}", file=sys.stderr)
         return 3
+    except WriteFault as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
+    except (OSError, RuntimeError) as e:
+        line = fault_line(e, cfg)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 1
+    finally:
+        restore_signals(handlers)
     return 0
+
+
+def _results_state(cfg) -> str:
+    out = Path(cfg.output_dir) if cfg is not None and cfg.get("output_dir") else None
+    if out is None:
+        return "nothing was written"
+    if out.resolve() in PUBLISHED:
+        return f"its results in '{out}' are complete"
+    if (out / "metrics.json").is_file() or _analysis_results(out):
+        return f"earlier results in '{out}' unchanged"
+    return f"no result was written to '{out}'"
+
+
+def _analysis_results(out: Path) -> bool:
+    """An analysis's finished JSON (analyses/outputs.py writes it last), e.g. whitebox.json."""
+    try:
+        return any(p.suffix == ".json" and not p.name.startswith(".") and p.name != "validation.json" for p in out.iterdir())
+    except OSError:
+        return False
+
+
+def interrupt_line(signum: int, cfg) -> str:
+    """The one line of a job stopped by SIGINT / SIGTERM outside a training loop."""
+    return f"interrupted by {signal.Signals(signum).name}; {_results_state(cfg)}"
+
+
+def fault_line(e: BaseException, cfg) -> str | None:
+    """One line for an OSError (or torch.save's report of one) that no writer turned into a WriteFault; None for
+    any other error, which keeps its traceback."""
+    fault = as_write_fault(e, getattr(e, "filename", None) or path_in_traceback(e) or "?", _results_state(cfg))
+    if fault is None:
+        return None
+    if fault.path == "?":
+        return f"{fault.reason} ({type(e).__name__}); {fault.kept}"
+    return str(fault)
 
 
 DRY_RUN = ("--dry-run", "--print-config")
@@ -62,13 +125,16 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def check_files(cfg) -> None:
-    """`--dry-run`: the checkpoints a run would read exist (the config keys are checked by compose); nothing loaded."""
-    for key in ("ckpt", "ckpt_path", "head_ckpt"):
+    """`--dry-run`: the checkpoints a run would read exist and their headers are sound (a torch zip file with our keys
+    and hyper-parameters this version knows: core/checkpoints.read_header); no tensor loaded."""
+    from core.checkpoints import read_header
+
+    for key in ("ckpt", "ckpt_path", "head_ckpt", "init_ckpt"):
         path = Path(cfg[key]) if cfg.get(key) else None
         # ckpt= may also be a folder from `train.py stage=export` (evaluate.py reads its isorank.json)
         exported = key == "ckpt" and path is not None and (path / "isorank.json").is_file()
-        if path is not None and not path.is_file() and not exported:
-            raise InputError(key, f"checkpoint '{cfg[key]}' does not exist")
+        if path is not None and not exported:
+            read_header(str(cfg[key]), key, head=key == "head_ckpt")
 
 
 def model_from_cli(argv: list[str]) -> bool:

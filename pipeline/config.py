@@ -23,12 +23,15 @@ from pytorch_lightning.accelerators import AcceleratorRegistry
 from pytorch_lightning.strategies import StrategyRegistry
 
 from analyses.registry import load_all
+from core.checkpoints import read_header
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, Range, check_range, check_ranges
 from datamodules.sources import SOURCES
 from lightning_modules.heads import HEADS
+from lightning_modules.loading import check_hparams  # noqa: F401 - registers the checkpoint hyper-parameter check
 from lightning_modules.module import OptimConfig
 from lightning_modules.rankers import RANKERS
+from lightning_modules.rankers.limits import check_model_limits, output_dim
 from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES
 from retrieval.config import schema as retrieval_schema
@@ -134,6 +137,8 @@ class EvalConfig:
     rerank_depths: list[int] | None = None
 
     def __post_init__(self):
+        if not self.measures:  # an empty selection is an error, never "the defaults"
+            raise InputError("config key 'eval.measures'", f"is empty; expected a list of trec_eval measures, e.g. {list(DEFAULT_MEASURES)}")
         check_ranges("eval", self, probe_queries=COUNT, probe_docs=COUNT, isotropy_batch_pairs=Range(1, note="the isotropy paper's is 16"),
                      isotropy_max_batches=Range(1, note="or null: every test batch"), isotropy_sample_seed=SEED,
                      ats_passages=Range(0, note="0 = off"), ats_max_occurrences=Range(2, note="pairs need two"))
@@ -227,9 +232,37 @@ def _structured(schema: type, *layers: DictConfig, prefix: str, where: Callable[
     return node
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_control_characters(key: str, value: str) -> None:
+    """Paths and names with a control character (a newline in output_dir, pasted from a wrapped line) are refused:
+    YAML would fold the newline into a space and the run would write into another path than the one typed."""
+    m = _CONTROL.search(value)
+    if m:
+        raise InputError(f"config key '{key}'", f"is {value!r}: it holds the control character {m.group()!r} at position {m.start()}; "
+                         "paths and names may not hold control characters")
+
+
+def _check_strings(node: Any, prefix: str = "") -> None:
+    """Every string of a composed config (from the command line, a group YAML or an experiment)."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node)
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_strings(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _check_strings(v, f"{prefix}[{i}]")
+    elif isinstance(node, str):
+        check_control_characters(prefix, node)
+
+
 def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     choices, overrides = {}, []
     for arg in argv:
+        if "=" in arg:
+            check_control_characters(arg.split("=", 1)[0], arg.split("=", 1)[1])
         if "=" not in arg:
             raise InputError(f"argument '{arg}'", "expected key=value (e.g. model=repbert or trainer.max_steps=100)")
         key, value = arg.split("=", 1)
@@ -295,7 +328,29 @@ def compose(argv: list[str]) -> DictConfig:
     cfg = OmegaConf.create({**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)})
     cfg.experiment = exp_name
     check_rerank_depths(cfg)
+    _check_strings(cfg)
+    check_model_limits(OmegaConf.to_object(groups["model"]))  # before anything is read or written
+    check_index_limits(cfg)
     return cfg
+
+
+def check_index_limits(cfg: DictConfig) -> None:
+    """`retrieval.pq_m` must divide the vectors' width, when that is known at config time: from the ranker config of
+    the command line, or (ckpt=) from the checkpoint's hyper-parameters, read from its header without its tensors."""
+    r = cfg.retrieval
+    if r.name != "dense" or r.get("index_type") not in ("pq", "ivfpq") or not r.get("pq_m"):
+        return
+    model = cfg.model
+    if cfg.get("ckpt") and Path(cfg.ckpt).is_file():
+        model = read_header(str(cfg.ckpt), "ckpt")["hyper_parameters"]["model"]
+    schema = RANKERS.get(str(model["name"]), "model.name").schema
+    if schema is None:
+        return
+    dim = output_dim(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model)))
+    if dim is not None and dim % int(r.pq_m):
+        divisors = [m for m in range(1, dim + 1) if dim % m == 0]
+        raise InputError("config key 'retrieval.pq_m'", f"is {r.pq_m}, which does not divide the {dim}-dimensional vectors of "
+                         f"ranker '{model['name']}'; expected a divisor of {dim}, e.g. {divisors[-6:]}")
 
 
 def check_rerank_depths(cfg: DictConfig) -> None:

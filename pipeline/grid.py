@@ -82,7 +82,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import InputError
-from core.io import atomic_open, write_json
+from core.io import WriteFault, atomic_open, write_json
 from lightning_modules.rankers import UNTRAINED
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
@@ -347,6 +347,8 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tupl
                 evaluate_run(cfg, model_from_cli(argv))
         except InputError as e:
             rc, err = 2, str(e)
+        except WriteFault as e:  # a write the machine refused: its one line, as pipeline/cli.py prints it
+            rc, err = e.code, str(e)
         except Exception as e:  # noqa: BLE001 - a failed cell must not stop the other cells
             traceback.print_exc()
             rc, err = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -599,6 +601,10 @@ def run(argv: list[str], out=None) -> GridReport:
     say = lambda msg: print(msg, file=out, flush=True)  # noqa: E731
     spec, extra = load_grid(argv)
     cells = plan(spec, extra)
+    if spec.only and not any(spec.selected(c) for c in cells):  # selects nothing: an error, not a table of [0/n runs]
+        labels = [c.label for c in cells]
+        raise InputError(grid_key(spec.source, "only"), f"{spec.only} matches none of the {len(labels)} cells of grid {spec.name}: "
+                         f"{labels[:6]}{' ...' if len(labels) > 6 else ''} (action=list prints them all)")
     cfg = check(spec, cells)
     report = GridReport(spec)
     n_train = sum(c.kind == "train" for c in cells)

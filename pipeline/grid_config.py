@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from core.errors import InputError
 from datamodules.config import TRAINING_ONLY
 from metrics.significance import TESTS, UNPAIRED
-from pipeline.config import CONFIG_DIR, _load_yaml, _structured, _translate
+from pipeline.config import CONFIG_DIR, _load_yaml, _structured, _translate, check_control_characters
 
 __all__ = ["GRID_DIR", "GRID_KEYS", "INIT_REF", "GridSpec", "grid_key", "load_grid"]
 
@@ -110,6 +110,8 @@ class GridSpec:
             raise InputError("folds", f"is {self.folds}; expected an integer >= 3 (data.num_folds) or null")
         self.common = _overrides(self.common, "common")
         self.check_fold_overrides([*self.common, *(o for d in (self.rows, self.train_data, self.eval_data) for v in d.values() for o in v)])
+        if self.measures is not None and not self.measures:  # an empty selection is an error, never "the defaults"
+            raise InputError("measures", "is empty; expected a list of measure names among the cells' eval.measures, or null (leave it out) for all of them")
         self.measures = _strings(self.measures, "measures", "a list of measure names")
         for key, (what, allowed) in CHOICES.items():
             if getattr(self, key) not in allowed:
@@ -118,6 +120,8 @@ class GridSpec:
             raise InputError("paired_by", f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), so expected paired_by: replicate")
         if self.wait_s is not None and not self.wait_s > 0:
             raise InputError("wait_s", f"is {self.wait_s}; expected seconds > 0 between looks at the other processes' cells, or null")
+        if self.only is not None and not self.only:
+            raise InputError("only", 'is empty; expected cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"] (leave it out for every cell; action=list prints the labels)')
         self.only = _strings(self.only, "only", 'cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"]')
         self.train_on = {row: self._train_labels(row, labels) for row, labels in (self.train_on or {}).items()}
         self.untrained = _strings(self.untrained, "untrained", "a list of row labels")
@@ -330,6 +334,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
         if "=" not in arg:
             raise InputError(f"argument '{arg}'", "expected key=value (e.g. grid=squad_3seeds or seeds=[1,2])")
         key, value = arg.split("=", 1)
+        check_control_characters(key, value)
         if key == "grid":
             grid = value
         elif key == "only":  # globs are not YAML ('*' starts an alias): read `only=a/*,*/fold0` or `only=[...]` as text

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from callbacks.loggers import build_logger
 from callbacks.preemption import interruptible
-from core.checkpoints import read_checkpoint
+from core.checkpoints import check_finite, read_checkpoint
 from core.errors import InputError
 from core.io import atomic_open
 from datamodules.representations import HeadDataModule, training_texts
@@ -93,6 +93,7 @@ def fit_whitening(module: HeadModule, vectors: np.ndarray, chunk: int = 65536) -
 def save_head(module: HeadModule, path: Path) -> None:
     """A head checkpoint outside Lightning's loop (whitening): same layout as the flows' checkpoints."""
     state = {k: v for k, v in module.state_dict().items() if k.startswith(HEAD_PREFIXES)}
+    check_finite(state, path, f"the fitted {module.head_cfg.name} head")  # never a NaN head.ckpt that looks complete
     with atomic_open(path, "wb") as f:
         torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
 

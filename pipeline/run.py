@@ -34,6 +34,7 @@ from pipeline.head_stage import evaluate_with_head, train_head
 from pipeline.stages import (
     MONITOR,
     build_trainer,
+    check_outputs,
     evaluate_module,
     load_data,
     print_table,
@@ -71,8 +72,7 @@ def evaluate_untrained(cfg: DictConfig) -> dict:
     if cfg.ckpt:
         raise InputError("ckpt", f"model '{cfg.model.name}' takes no checkpoint")
     m = cfg.model
-    after = run_bm25(cfg, str(m.split), int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))
-    save_config(cfg)
+    after = run_bm25(cfg, str(m.split), int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))  # config.yaml with the results
     print_table(after, title=f"{m.split} metrics")
     # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
     # after the files are written: a logging failure cannot lose the results
@@ -106,7 +106,8 @@ def _only_evaluate(cfg: DictConfig) -> None:
 
 
 def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
-    """`retrieval=dense`: full ranking over the collection (retrieval/retrieve.py), then the resolved config.yaml."""
+    """`retrieval=dense`: full ranking over the collection (retrieval/retrieve.py), the resolved config.yaml with
+    its results."""
     if cfg.analysis.name != "none":
         raise InputError("retrieval", f"'{cfg.retrieval.name}' and analysis '{cfg.analysis.name}' are two jobs; run them one at a time")
     if cfg.head_ckpt:
@@ -114,13 +115,13 @@ def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
     after = retrieve(cfg, model_from_cli)
     if after is None:  # a rank > 0 of a split encoding: rank 0 writes the results
         return None
-    save_config(cfg)
     return after
 
 
 def train(cfg: DictConfig) -> dict | Path | None:
     """train.py, every stage, holding `output_dir`'s lock (core/lock.py): one run per output directory."""
     with output_dir_lock(cfg.output_dir):
+        check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
         return _train(cfg)
 
 
@@ -190,6 +191,7 @@ def _train(cfg: DictConfig) -> dict | Path | None:
 def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     """evaluate.py, every job, holding `output_dir`'s lock (core/lock.py): one run per output directory."""
     with output_dir_lock(cfg.output_dir):
+        check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
         return _evaluate(cfg, model_from_cli)
 
 

@@ -19,7 +19,8 @@ from callbacks.isotropy import IsotropyCallback
 from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption
 from callbacks.progress import RankingProgressBar
-from core.io import atomic_open, write_json
+from core.io import atomic_open, check_writable
+from core.lock import global_rank_zero
 from datamodules.bm25 import no_candidates_warning
 from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
@@ -60,6 +61,7 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
     module.pair_tokenizer` once the module is built. `fit`: the run trains, so the training and validation splits
     must not be empty either."""
     dm = cls(data_config(cfg), None, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
+    dm.splits = None if fit else ("test",)  # an evaluation reads only its test split (and the documents)
     dm.setup()
     # e.g. a fold or fraction that leaves no judged query, or no BM25 candidate for any of them; without this the run
     # would fail later, inside Lightning, or (test) train and then have no test results to write
@@ -83,9 +85,45 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
     return dm
 
 
-def save_config(cfg: DictConfig) -> None:
-    with atomic_open(Path(cfg.output_dir) / "config.yaml") as f:
+def check_outputs(cfg: DictConfig) -> None:
+    """Before any data or model is loaded: output_dir and data.cache_dir (and retrieval.index_dir) take a probe file
+    (core.io.check_writable), so a folder the job cannot write stops it at once with one line."""
+    if not global_rank_zero():
+        return
+    check_writable(cfg.output_dir, "output_dir")
+    cache = cfg.data.get("cache_dir") if cfg.get("data") is not None else None
+    if cache:
+        check_writable(cache, "data.cache_dir")
+    index_dir = cfg.retrieval.get("index_dir") if cfg.get("retrieval") is not None and cfg.retrieval.name != "none" else None
+    if index_dir:
+        check_writable(Path(index_dir).parent, "retrieval.index_dir")
+
+
+# output folder (resolved) -> this job's pending config (attempts/<n>/config.yaml), moved to config.yaml with the results
+_PENDING: dict[Path, Path] = {}
+
+
+def save_config(cfg: DictConfig) -> Path:
+    """The resolved config at a job's start. A folder without a result of an earlier attempt (no config.yaml, no
+    metrics.json) gets it as config.yaml at once; otherwise config.yaml keeps describing the results beside it and
+    this job's config waits in `attempts/<n>/config.yaml` until write_results moves it to config.yaml together with
+    the new results (a continued run that dies leaves the earlier config and results as they were)."""
+    out = Path(cfg.output_dir)
+    if not (out / "config.yaml").exists() and not (out / "metrics.json").exists():
+        path = out / "config.yaml"
+    else:
+        n = 1 + max((int(d.name) for d in (out / "attempts").glob("*") if d.name.isdigit()), default=0)
+        path = out / "attempts" / str(n) / "config.yaml"
+        _PENDING[out.resolve()] = path
+    with atomic_open(path) as f:
         f.write(OmegaConf.to_yaml(cfg))
+    return path
+
+
+def result_config(cfg: DictConfig) -> dict:
+    """write_result_dir's keywords that put `cfg` into the result set as config.yaml and retire the pending one."""
+    pending = _PENDING.pop(Path(cfg.output_dir).resolve(), None)
+    return {"config": OmegaConf.to_yaml(cfg), "retire": (pending,) if pending is not None else ()}
 
 
 def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training",
@@ -100,8 +138,8 @@ def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = 
         doc[before_key] = before
     if curve is not None:
         doc["best_step"] = curve["best_step"]
-        write_json(Path(cfg.output_dir) / "validation.json", curve)
-    write_result_dir(cfg.output_dir, doc, test["per_query"], test["run"], tag=f"{cfg.model.name}")
+    write_result_dir(cfg.output_dir, doc, test["per_query"], test["run"], tag=f"{cfg.model.name}",
+                     extra={"validation.json": curve} if curve is not None else None, **result_config(cfg))
     return metrics
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import warnings
 
+from omegaconf import OmegaConf
+
 from core.errors import InputError
 from datamodules.bm25 import BM25Params, bm25_run, no_candidates_warning, settings
 from datamodules.config import empty_split
@@ -59,6 +61,6 @@ def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = BM25P
     means, per_query = evaluate_run(run, qrels, list(cfg.eval.measures))
     write_result_dir(cfg.output_dir, {**means, "bm25": {**settings(params), "split": split, "k": k, "docs": len(ds.docs),
                                                         "queries": len(queries), "judged_queries": judged}},
-                     per_query, run, tag=f"bm25-{params.method}")
+                     per_query, run, tag=f"bm25-{params.method}", config=OmegaConf.to_yaml(cfg))
     return means
 

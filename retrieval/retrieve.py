@@ -74,11 +74,14 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     else:
         index = DenseIndex.build(module.ranker, ds.docs, **common)
         run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
-    index.save(index_dir)
+    if opts.index_dir:  # a shared index outside the run's folder
+        index.save(index_dir)
     means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
+    # the run's own index is one of its result files: replaced together with run.trec and metrics.json, or not at all
     write_result_dir(out, {**means, "retrieval": {"split": opts.split, "k": opts.k, "index": index.manifest["params"],
                                                   "docs": len(index), "queries": len(run)}},
-                     per_query, run, tag=f"{module.ranker.cfg.name}-{opts.index_type}")
+                     per_query, run, tag=f"{module.ranker.cfg.name}-{opts.index_type}", config=OmegaConf.to_yaml(cfg),
+                     folders=None if opts.index_dir else {index_dir.name: index.save})
     for name, v in means.items():
         print(f"{name}\t{v:.4f}")
     return means

@@ -166,8 +166,10 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path, tiny_bert, uninte
 
 @pytest.mark.slow
 def test_kill_during_results_write_leaves_run_unfinished(tmp_path, tiny_bert):
-    """SIGKILL half-way through metrics.json: no metrics.json (the grid runner's "finished" mark) exists, so the run
-    counts as unfinished; resuming from last.ckpt writes complete results."""
+    """SIGKILL half-way through metrics.json: the result set was still staged in a hidden folder, so the run folder
+    holds none of its files (no metrics.json, the grid runner's "finished" mark, and no per_query.json or run.trec
+    that would read like a finished run missing a file) and counts as unfinished; resuming from last.ckpt writes
+    complete results and removes the dead run's staged set."""
     from pipeline.config import compose
     from pipeline.grid import Cell
     from pipeline.run import train
@@ -176,14 +178,15 @@ def test_kill_during_results_write_leaves_run_unfinished(tmp_path, tiny_bert):
     args = [*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={out}"]
     proc = with_fault("kill-in-write:metrics.json:1", "train.py", *args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert not (out / "metrics.json").exists() and list(out.glob(".metrics.json.*.tmp"))
+    assert not any((out / name).exists() for name in ("metrics.json", "per_query.json", "run.trec", "validation.json"))
+    (staged,) = out.glob(".results.tmp-*")  # what the killed run had computed, with its torn metrics.json
+    assert list(staged.glob(".metrics.json.*.tmp"))
     cell = Cell(kind="train", row="r", train="t", eval="", replicate="s", seed=None, fold=None, dir=out, argv=())
     assert not cell.done
-    # the killed run wrote per_query.json and run.trec (atomically) before metrics.json: what it had computed
-    killed_per_query = json.loads((out / "per_query.json").read_text())
-    killed_run = (out / "run.trec").read_text()
+    killed_per_query = json.loads((staged / "per_query.json").read_text())
+    killed_run = (staged / "run.trec").read_text()
     train(compose([*args, f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"]))
-    assert cell.done
+    assert cell.done and not list(out.glob(".results.tmp-*"))
     # the resumed run (already at max_steps: only its test repeats) writes the killed run's results, and metrics.json
     # holds their mean over the judged test queries
     assert json.loads((out / "per_query.json").read_text()) == killed_per_query

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import datamodules.bm25 as bm25
+from core.io import WriteFault
 from datamodules.bm25 import bm25_candidates
 from datamodules.corpus import Split
 from datamodules.negatives import sample_triples
@@ -109,7 +110,7 @@ def test_bm25_cache_write_is_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(bm25.json, "dump", half_written)
-    with pytest.raises(OSError):
+    with pytest.raises(WriteFault, match="disk full"):  # the one-line write fault (core/io.py)
         bm25_candidates(DOCS, QUERIES, 5, cache_dir=tmp_path, key="x")
     assert list((tmp_path / "bm25").iterdir()) == []  # neither the file nor a temp file is left
 

@@ -227,16 +227,26 @@ def folds_given_by_source(cfg) -> bool:
 
 
 @SOURCES.register("ir_datasets", schema=IrDatasetsConfig)
-def build(cfg: IrDatasetsConfig, seed: int) -> IRDataset:
+def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
+    """`splits`: the splits the job uses (evaluation: test only; None: all). The others are never read (nor
+    downloaded): an evaluation with an unknown test id reports it at once, not after fetching the training triples.
+    Every id that will be read is looked up in ir_datasets' registry (no download) before any is read, test first."""
     keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
+    used = [name for name in ("test", "val", "train") if splits is None or name in splits]
     answer_texts: dict[str, tuple[str, ...]] = {}
     if cfg.fold_ids is not None or cfg.pool_ids is not None:
-        splits, doc_sources = _multi_id_splits(cfg, answer_texts)
+        splits_read, doc_sources = _multi_id_splits(cfg, answer_texts)
     else:
-        if all(getattr(cfg, k) is None for k in keys.values()):
-            raise InputError("data.train_id", "train_id, val_id and test_id are all null; expected at least one ir_datasets id (or data.fold_ids / data.pool_ids)")
-        splits = {name: _split(getattr(cfg, key), key, cfg, answer_texts) for name, key in keys.items()}
-        doc_sources = [(key, getattr(cfg, key)) for key in keys.values() if getattr(cfg, key) is not None]
+        if all(getattr(cfg, keys[name]) is None for name in used):
+            wanted = ", ".join(f"data.{keys[n]}" for n in used)
+            raise InputError(f"data.{keys[used[0]]}", f"{wanted} {'is' if len(used) == 1 else 'are all'} null; expected an ir_datasets id "
+                             f"(or data.fold_ids / data.pool_ids)")
+        for key in [keys[n] for n in used] + (["docs_id"] if cfg.docs_id is not None else []):
+            if getattr(cfg, key) is not None:
+                _load(getattr(cfg, key), key)  # a registry look-up: an unknown id stops here, before any download
+        splits_read = {name: _split(getattr(cfg, key), key, cfg, answer_texts) if name in used else Split() for name, key in keys.items()}
+        doc_sources = [(keys[n], getattr(cfg, keys[n])) for n in ("train", "val", "test") if n in used and getattr(cfg, keys[n]) is not None]
+    splits = splits_read
 
     docs_key, docs_id = "docs_id", cfg.docs_id
     if docs_id is None:

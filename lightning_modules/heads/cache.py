@@ -11,20 +11,23 @@ Vectors are the ranker's own representations with no head (`token_representation
 
 On disk (a folder, written under a temporary name and renamed into place, so a crash never leaves a cache that
 looks finished): `vectors.bin` (raw row-major float16 or float32) and `manifest.json` (count, dim, dtype,
-granularity, text counts, and `key`: a digest of the checkpoint, granularity and texts; a cache with another key is
-rebuilt, not reused).
+granularity, text counts, bytes, and `key`: a digest of the checkpoint, granularity and texts; a cache with another
+key is rebuilt, not reused). A cache with the right key is verified before it is reused (`RepresentationCache.problem`:
+a readable manifest, the file's size against count x dim x dtype, every value finite, scanned in chunks); one that
+fails is rebuilt, with a warning naming what was wrong. Nothing non-finite is ever written into a cache.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from core.errors import InputError
+from core.errors import InputError, TrainingStopped
 from core.io import AtomicDir, write_json
 from lightning_modules.encoding import encode_stream
 
@@ -65,6 +68,33 @@ class RepresentationCache:
     def dim(self) -> int:
         return int(self.manifest["dim"])
 
+    def problem(self, key: str | None = None, chunk_bytes: int = 1 << 26) -> str | None:
+        """What is wrong with the cache on disk ("" / None: nothing): its key (when given), the manifest's fields, the
+        size of vectors.bin (count x dim x dtype), non-finite values (a chunked scan of the file)."""
+        m = self.manifest
+        if key is not None and m.get("key") != key:
+            return "its key differs"
+        try:
+            count, dim, dtype = int(m["count"]), int(m["dim"]), DTYPES[m["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            return "its manifest lacks count, dim or dtype"
+        f = self.path / "vectors.bin"
+        if not f.is_file():
+            return "vectors.bin is missing"
+        size, want = f.stat().st_size, count * dim * np.dtype(dtype).itemsize
+        if size != want:
+            return f"vectors.bin has {size} bytes; the manifest's {count} x {dim} {m['dtype']} vectors need {want}"
+        if count == 0:
+            return None
+        vecs = self.vectors()
+        step = max(1, chunk_bytes // max(1, dim * np.dtype(dtype).itemsize))
+        for s in range(0, count, step):
+            block = np.asarray(vecs[s : s + step])
+            bad = ~np.isfinite(block)
+            if bad.any():
+                return f"row {s + int(np.argmax(bad.any(axis=1)))} of vectors.bin holds non-finite values"
+        return None
+
     def vectors(self) -> np.memmap:
         """[count, dim], read-only and memory-mapped."""
         return np.memmap(self.path / "vectors.bin", dtype=DTYPES[self.manifest["dtype"]], mode="r", shape=(self.count, self.dim))
@@ -79,9 +109,16 @@ class RepresentationCache:
         path = Path(path)
         key = cache_key(checkpoint, granularity, queries, docs)
         if (path / "manifest.json").is_file():
-            cached = cls(path)
-            if cached.manifest.get("key") == key:
-                return cached
+            try:
+                cached = cls(path)
+            except (OSError, ValueError) as e:  # a truncated or garbled manifest.json
+                cached, problem = None, f"its manifest.json is unreadable ({type(e).__name__})"
+            else:
+                problem = cached.problem() if cached.manifest.get("key") == key else None
+                if cached.manifest.get("key") == key and not problem:
+                    return cached
+            if problem:
+                warnings.warn(f"representation cache '{path}': {problem}; rebuilding it", stacklevel=2)
         # written into a temporary sibling and renamed into place: a crash leaves the old cache or none
         with AtomicDir(path, kind="a representation cache") as tmp:
             count, dim = 0, None
@@ -96,11 +133,14 @@ class RepresentationCache:
                     for chunk, v in stream:
                         v = v.float().cpu().numpy().astype(DTYPES[dtype])
                         if not np.isfinite(v).all():
-                            raise FloatingPointError(f"non-finite representation while caching (texts {chunk[0]}..{chunk[-1] + 1})")
+                            raise TrainingStopped(f"the frozen ranker gives non-finite representations (texts {chunk[0]}..{chunk[-1] + 1}"
+                                                  f"{'' if dtype == 'float32' else ', or beyond the range of ' + dtype + ': try head.cache_dtype=float32'}); "
+                                                  f"no representation cache written at '{path}'")
                         f.write(np.ascontiguousarray(v).tobytes())
                         count, dim = count + len(v), v.shape[1]
                 f.flush()
                 os.fsync(f.fileno())
             write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
-                                               "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs)})
+                                               "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs),
+                                               "bytes": count * (dim or 0) * np.dtype(DTYPES[dtype]).itemsize})
         return cls(path)

@@ -47,8 +47,21 @@ class RankerConfig:
     # padding as one block). 1: one block.
     length_buckets: int = 4
 
+    # a cross-encoder reads `[CLS] q [SEP] p [SEP]` as one input (bert_cat, dgre set it)
+    cross: ClassVar[bool] = False
+
     def __post_init__(self):
         check_ranges("model", self, query_max_len=COUNT, doc_max_len=COUNT, length_buckets=COUNT)
+
+    def token_budgets(self) -> dict[str, tuple[str, int]]:
+        """{key: (what the key bounds, its token count)}, checked against the backbone's position embeddings at
+        config time (lightning_modules/rankers/limits.py): a bi-encoder's query and passage each (special tokens
+        included), a cross-encoder's query + passage + 3 special tokens together."""
+        q, d = int(self.query_max_len), int(self.doc_max_len)
+        if self.cross:
+            what = f"the cross-encoder's input [CLS] query [SEP] passage [SEP] ({q} + {d} + 3)"
+            return {"query_max_len": (what, q + d + 3), "doc_max_len": (what, q + d + 3)}
+        return {"query_max_len": ("a query", q), "doc_max_len": ("a passage", d)}
 
 
 @dataclass

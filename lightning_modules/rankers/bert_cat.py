@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor, nn
 
@@ -12,6 +13,7 @@ from lightning_modules.rankers.base import CrossEncoder, RankerConfig
 @dataclass
 class BertCatConfig(RankerConfig):
     name: str = "bert_cat"
+    cross: ClassVar[bool] = True
 
 
 class BertCat(CrossEncoder):

@@ -50,7 +50,16 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from core.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, check_ranges
+from core.errors import InputError
+from core.ranges import (
+    COUNT,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    Range,
+    check_ranges,
+)
 from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import (
     BiEncoder,
@@ -99,6 +108,12 @@ class TKConfig(RankerConfig):
                      kernel_lr_scale=POSITIVE, contextualization_lr=POSITIVE, kernel_lr=POSITIVE,
                      embedding_scale=Range(0, lo_open=True, also=("auto",)), kernels=Range(2, note="means from -1 to +1"),
                      dropout=FRACTION, passage_position_offset=NON_NEGATIVE, gate_init=PROBABILITY)
+        if self.query_max_len > self.passage_position_offset:  # query positions 0.. would run into the passage's
+            raise InputError("config key 'model.query_max_len'", f"is {self.query_max_len}, above model.passage_position_offset={self.passage_position_offset}: "
+                             "query positions would overlap the passage's; expected at most the offset")
+
+    def token_budgets(self) -> dict[str, tuple[str, int]]:
+        return {}  # sinusoidal positions of its own: no backbone position embedding bounds them
 
 
 def embedding_scale(setting: str | int | float, vectors: WordVectors) -> float:

@@ -36,6 +36,7 @@ Choices where the paper is silent (each also in its file):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -68,6 +69,7 @@ ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "none": nn.Identity}
 
 @dataclass
 class DGReConfig(RankerConfig):
+    cross: ClassVar[bool] = True
     name: str = "dgre"
     masking: str = "adaptive"  # none | heuristic | adaptive (Table 3)
     inf_norm: str = "entry"  # Eq. 10: entry | row | induced (masking.py)
