@@ -11,6 +11,7 @@ behind; a write that the machine refuses (full disk, file-size limit, permission
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -311,6 +312,10 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
     created = [q for q in (p, *p.parents) if not q.exists()]
     probe = p / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
+        times = None if created else (p.stat().st_atime_ns, p.stat().st_mtime_ns)
+    except OSError:
+        times = None
+    try:
         p.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
             f.write(b"probe\n")
@@ -318,6 +323,9 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
             os.fsync(f.fileno())
         os.replace(probe, probe.with_suffix(".renamed"))
         probe.with_suffix(".renamed").unlink()
+        if times is not None:  # an existing folder keeps its times: the probe leaves no trace at all
+            with contextlib.suppress(OSError):
+                os.utime(p, ns=times)
     except OSError as e:
         for q in (probe, probe.with_suffix(".renamed")):
             try:
