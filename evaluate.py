@@ -1,4 +1,5 @@
 """Evaluate a checkpoint (or an untrained backbone): `python evaluate.py ckpt=PATH data=cranfield [key=value ...]`."""
+
 import sys
 
 from pipeline.cli import main

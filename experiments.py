@@ -1,6 +1,8 @@
 """Run a grid of experiments and tabulate it: `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml;
 see pipeline/grid.py). `--dry-run` (or `--print-config`) is `action=list`: every cell's config composed and checked, the
-cells and their state printed, nothing run or written."""
+cells and their state printed, nothing run or written.
+"""
+
 import sys
 
 from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals
@@ -11,12 +13,16 @@ from pipeline.grid import main
 
 def run(argv: list[str]) -> int:
     """grid.main, with SIGINT / SIGTERM and refused writes as one line: 130 / 143 (a cell running in a subprocess is
-    stopped with it; finished cells stay finished) and 1."""
+    stopped with it; finished cells stay finished) and 1.
+    """
     raise_on_signals()
     try:
         return main(argv)
     except Signalled as e:
-        print(f"stopped: interrupted by {e}; finished cells are kept: run the same command again to resume", file=sys.stderr)
+        print(
+            f"stopped: interrupted by {e}; finished cells are kept: run the same command again to resume",
+            file=sys.stderr,
+        )
         return EXIT_CODES[e.signum]
     except WriteFault as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """Fine-tune a ranker: `python train.py [group=option ...] [key=value ...]` (see configs/ and docs/configuration.md)."""
+
 import sys
 
 from pipeline.cli import main

@@ -27,6 +27,7 @@ atomically: `answer_positions.png` (Figure 1 layout: one panel per training set,
 `logger=wandb` (offline without a key) or `logger=csv`, the statistics are logged as `answer_positions/<series>/
 <stat>`, and the PNG as the W&B image `answer_positions/histogram`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,9 @@ class Options:
         if self.split not in SPLITS:
             raise InputError(f"{prefix}split", f"is '{self.split}'; expected one of {list(SPLITS)}")
         if self.epochs < 1:
-            raise InputError(f"{prefix}epochs", f"is {self.epochs}; expected the number of rotated epochs to pool, >= 1")
+            raise InputError(
+                f"{prefix}epochs", f"is {self.epochs}; expected the number of rotated epochs to pool, >= 1"
+            )
         if self.bins < 1:
             raise InputError(f"{prefix}bins", f"is {self.bins}; expected a number of histogram bins >= 1")
         if self.spans not in SPAN_MODES:
@@ -101,7 +104,10 @@ def analyse(cfg, opts: Options) -> dict:
     plain = dataclasses.replace(dc, answer_bias_keep_first=None, answer_bias_late_keep=0.0)
     ds = load_dataset(plain, seed)
     if not ds.answers:
-        raise InputError("data.source", f"dataset {ds.name} has no answer spans; expected a source with answers (squad, synthetic, ir_datasets with answer strings)")
+        raise InputError(
+            "data.source",
+            f"dataset {ds.name} has no answer spans; expected a source with answers (squad, synthetic, ir_datasets with answer strings)",
+        )
     sets = {"": (plain, ds)}
     bias_counts = None
     if k is not None and opts.split == "train":
@@ -112,26 +118,46 @@ def analyse(cfg, opts: Options) -> dict:
     for prefix, (conf, data) in sets.items():
         units = _units(conf, data, opts.split, seed)
         if not units:
-            raise InputError("data.source", f"split '{opts.split}' of dataset {data.name} has no relevant passage with answer spans")
+            raise InputError(
+                "data.source", f"split '{opts.split}' of dataset {data.name} has no relevant passage with answer spans"
+            )
         for rotate in (False, True):
             name = "_".join(p for p in (prefix, "rotated" if rotate else "") if p) or "original"
             values = relative_starts(data, units, opts.spans, rotate=rotate, seed=seed, epochs=opts.epochs)
-            series[name] = {**summarize(values, opts.bins, k), "units": len(units), "questions": len({u.qid for u in units})}
+            series[name] = {
+                **summarize(values, opts.bins, k),
+                "units": len(units),
+                "questions": len({u.qid for u in units}),
+            }
     return {
         "definition": {
             "relative_start": "index of the whitespace word holding the answer span's first character / number of words "
-                              "of the whitespace-normalized passage, in [0, 1) (analyses/positions.py)",
+            "of the whitespace-normalized passage, in [0, 1) (analyses/positions.py)",
             "spans": opts.spans,
-            "units": ("training triples' positives with answer spans, rotated as data.rotate_train rotates them: "
-                      + ("one cut per doc id, the same at every epoch (data.rotation=per_passage)" if dc.rotation == "per_passage"
-                         else "a cut per triple and epoch (data.rotation=per_epoch)"))
-                     if opts.split == "train" else "(question, relevant passage) pairs with answer spans, one cut per doc id (data.rotate_eval)",
+            "units": (
+                "training triples' positives with answer spans, rotated as data.rotate_train rotates them: "
+                + (
+                    "one cut per doc id, the same at every epoch (data.rotation=per_passage)"
+                    if dc.rotation == "per_passage"
+                    else "a cut per triple and epoch (data.rotation=per_epoch)"
+                )
+            )
+            if opts.split == "train"
+            else "(question, relevant passage) pairs with answer spans, one cut per doc id (data.rotate_eval)",
             "uniform_tests": "ks_uniform: Kolmogorov-Smirnov D to U(0,1); chi2_uniform: Pearson chi-square of the bin counts; "
-                             "kl_uniform_nats: KL(binned || uniform)",
+            "kl_uniform_nats: KL(binned || uniform)",
         },
-        "settings": {"source": dc.source, "dataset": ds.name, "split": opts.split, "seed": seed, "rotation": dc.rotation,
-                     "epochs": opts.epochs, "bins": opts.bins, "answer_bias_keep_first": k,
-                     "answer_bias_late_keep": dc.answer_bias_late_keep if k is not None else None},
+        "settings": {
+            "source": dc.source,
+            "dataset": ds.name,
+            "split": opts.split,
+            "seed": seed,
+            "rotation": dc.rotation,
+            "epochs": opts.epochs,
+            "bins": opts.bins,
+            "answer_bias_keep_first": k,
+            "answer_bias_late_keep": dc.answer_bias_late_keep if k is not None else None,
+        },
         "answer_bias": bias_counts,
         "series": series,
         "figure": PNG_NAME,
@@ -146,10 +172,18 @@ def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
     panels = [(f"{settings['dataset']} {split}: all questions", {"original": s["original"], "rotated": s["rotated"]})]
     if "biased" in s:
         c = result["answer_bias"]
-        panels.append((f"biased split: answer in the first {c['keep_first']:g} ({c['kept']:,} of {c['questions']:,} questions)",
-                       {"original": s["biased"], "rotated": s["biased_rotated"]}))
-    png = plot_histograms(panels, out / PNG_NAME, settings["bins"],
-                          f"Relative answer start positions ({settings['dataset']}, {split} split, {result['definition']['spans']} spans)")
+        panels.append(
+            (
+                f"biased split: answer in the first {c['keep_first']:g} ({c['kept']:,} of {c['questions']:,} questions)",
+                {"original": s["biased"], "rotated": s["biased_rotated"]},
+            )
+        )
+    png = plot_histograms(
+        panels,
+        out / PNG_NAME,
+        settings["bins"],
+        f"Relative answer start positions ({settings['dataset']}, {split} split, {result['definition']['spans']} spans)",
+    )
     js = out / JSON_NAME
     write_json(js, result)
     return png, js
@@ -169,15 +203,22 @@ def flat_metrics(result: dict) -> dict[str, float]:
 
 def log_result(cfg, result: dict, png: Path) -> None:
     """Statistics (and, on W&B, the figure) to the configured logger; nothing with logger=none."""
-    log_analysis(cfg, "answer_positions", scalars=flat_metrics(result), images={"answer_positions/histogram": png},
-                 summary={"answer_positions": result["series"]})
+    log_analysis(
+        cfg,
+        "answer_positions",
+        scalars=flat_metrics(result),
+        images={"answer_positions/histogram": png},
+        summary={"answer_positions": result["series"]},
+    )
 
 
 def print_summary(result: dict) -> None:
     print(f"{'series':<16}{'count':>8}{'mean':>8}{'median':>8}{'<0.10':>8}{'<0.25':>8}{'KS D':>8}")
     for name, s in result["series"].items():
-        print(f"{name:<16}{s['count']:>8,}{s['mean']:>8.3f}{s['median']:>8.3f}{s['share_first_10']:>8.3f}"
-              f"{s['share_first_25']:>8.3f}{s['ks_uniform']['statistic']:>8.3f}")
+        print(
+            f"{name:<16}{s['count']:>8,}{s['mean']:>8.3f}{s['median']:>8.3f}{s['share_first_10']:>8.3f}"
+            f"{s['share_first_25']:>8.3f}{s['ks_uniform']['statistic']:>8.3f}"
+        )
     if result["answer_bias"]:
         print(describe(result["answer_bias"]))
 

@@ -14,6 +14,7 @@ Writes into `output_dir`: `ats.png` (ATS vs delta with a +-1 standard deviation 
 then `ats.json` (definition, settings, and per model the curve, std, terms and pairs per delta, MATS); logs MATS per
 model (any logger), and on W&B the curves as a table and the figure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,12 +37,14 @@ from metrics.ats import average_term_similarity
 
 JSON_NAME = "ats.json"
 PNG_NAME = "ats.png"
-DEFINITION = ("ATS(da) (position-bias paper Eq. 8): mean over terms of the mean cosine of the term's occurrence pairs "
-              "in different passages at positional distance da (positions counted over the passage's WordPiece terms, "
-              "special tokens excluded). MATS (Eq. 9), over the K deltas da >= 1 with a value: mats_mode 'paper' = "
-              "sum of ATS(0) - ATS(da) / (K - 1) (as printed, 1/(max da - 1) x a sum of max da terms), 'mean' = their "
-              "mean. std: standard deviation of the pooled pair cosines per da (Figure 2's band); mats_std: std over "
-              "da of ATS(0) - ATS(da).")
+DEFINITION = (
+    "ATS(da) (position-bias paper Eq. 8): mean over terms of the mean cosine of the term's occurrence pairs "
+    "in different passages at positional distance da (positions counted over the passage's WordPiece terms, "
+    "special tokens excluded). MATS (Eq. 9), over the K deltas da >= 1 with a value: mats_mode 'paper' = "
+    "sum of ATS(0) - ATS(da) / (K - 1) (as printed, 1/(max da - 1) x a sum of max da terms), 'mean' = their "
+    "mean. std: standard deviation of the pooled pair cosines per da (Figure 2's band); mats_std: std over "
+    "da of ATS(0) - ATS(da)."
+)
 
 
 @dataclasses.dataclass
@@ -61,7 +64,10 @@ class ATSConfig(AnalysisConfig):
     def __post_init__(self):
         check_choice("analysis.split", self.split, ("train", "val", "test"))
         if self.passages is not None and self.passages < 2:
-            raise InputError("config key 'analysis.passages'", f"is {self.passages}; expected >= 2 (pairs are across passages) or null")
+            raise InputError(
+                "config key 'analysis.passages'",
+                f"is {self.passages}; expected >= 2 (pairs are across passages) or null",
+            )
         if self.max_occurrences < 2:
             raise InputError("config key 'analysis.max_occurrences'", f"is {self.max_occurrences}; expected >= 2")
         if self.max_delta is not None and self.max_delta < 1:
@@ -78,7 +84,6 @@ def options(cfg) -> ATSConfig:
 
 def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
     """{label: RankingModule}: `ckpt` (or the untrained `model`), then each `compare` checkpoint (any ranker)."""
-
     first = opts.label or ("trained" if cfg.ckpt else "untrained")
     models = {first: load_module(cfg, model_from_cli)}
     for label, path in opts.compare.items():
@@ -105,7 +110,9 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     rng = np.random.default_rng([seed, 8])
     if opts.passages is not None and opts.passages < len(doc_ids):
         doc_ids = [doc_ids[i] for i in np.sort(rng.permutation(len(doc_ids))[: opts.passages])]
-    texts = [passage_text(ds.docs[d], dc.rotate_eval, int(cfg.seed), *rotation_draw(dc.rotation, 0, d)) for d in doc_ids]
+    texts = [
+        passage_text(ds.docs[d], dc.rotate_eval, int(cfg.seed), *rotation_draw(dc.rotation, 0, d)) for d in doc_ids
+    ]
     split = ds.split(opts.split)
     qids = sorted(split.queries)
     queries = [split.queries[qids[i]] for i in rng.permutation(len(qids))]
@@ -114,17 +121,41 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     for label, module in models.items():
         t0 = time.perf_counter()
         module.to(device)
-        terms = passage_terms(module.ranker, module.pair_tokenizer, texts, queries=queries if module.ranker.kind == "cross" else None,
-                              batch_size=opts.batch_size, device=device)
+        terms = passage_terms(
+            module.ranker,
+            module.pair_tokenizer,
+            texts,
+            queries=queries if module.ranker.kind == "cross" else None,
+            batch_size=opts.batch_size,
+            device=device,
+        )
         t1 = time.perf_counter()
-        result = average_term_similarity(terms.vectors, terms.terms, terms.positions, terms.passages,
-                                         opts.max_occurrences, seed, opts.max_delta, mats=str(cfg.eval.mats))
+        result = average_term_similarity(
+            terms.vectors,
+            terms.terms,
+            terms.positions,
+            terms.passages,
+            opts.max_occurrences,
+            seed,
+            opts.max_delta,
+            mats=str(cfg.eval.mats),
+        )
         module.cpu()
-        out[label] = {"model": module.model_cfg.name, **result.to_dict(), "tokens": len(terms.terms),
-                      "timings_s": {"encode": t1 - t0, "ats": time.perf_counter() - t1}}
-    settings = {**dataclasses.asdict(opts), "seed": seed, "data": cfg.data.get("source"), "rotate_eval": bool(dc.rotate_eval),
-                "mats": str(cfg.eval.mats),
-                "ckpt": cfg.ckpt, "passages_used": len(texts)}
+        out[label] = {
+            "model": module.model_cfg.name,
+            **result.to_dict(),
+            "tokens": len(terms.terms),
+            "timings_s": {"encode": t1 - t0, "ats": time.perf_counter() - t1},
+        }
+    settings = {
+        **dataclasses.asdict(opts),
+        "seed": seed,
+        "data": cfg.data.get("source"),
+        "rotate_eval": bool(dc.rotate_eval),
+        "mats": str(cfg.eval.mats),
+        "ckpt": cfg.ckpt,
+        "passages_used": len(texts),
+    }
     return {"definition": DEFINITION, "settings": settings, "models": out}
 
 
@@ -141,7 +172,7 @@ def plot(result: dict):
         std = np.array([np.nan if v is None else v for v in r["std"]], dtype=float)
         ok = np.isfinite(ats)
         mats = r["mats"]
-        line, = ax.plot(d[ok], ats[ok], label=f"{label} (MATS {mats:.3f})" if mats is not None else label)
+        (line,) = ax.plot(d[ok], ats[ok], label=f"{label} (MATS {mats:.3f})" if mats is not None else label)
         ax.fill_between(d[ok], (ats - std)[ok], (ats + std)[ok], color=line.get_color(), alpha=0.2)
     ax.set_xlabel("positional delta (Δa)")
     ax.set_ylabel("ATS (cosine)")
@@ -159,13 +190,25 @@ def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     result["figure"] = PNG_NAME
     js = write_result(out, JSON_NAME, result)
     models = result["models"]
-    rows = [[label, d, a, s, n] for label, r in models.items() for d, a, s, n in zip(r["delta"], r["ats"], r["std"], r["pairs"]) if a is not None]
-    log_analysis(cfg, f"ats-{out.name}", scalars={f"ats/{k}/mats": r["mats"] for k, r in models.items() if r["mats"] is not None},
-                 tables={"ats/curves": (["model", "delta", "ats", "std", "pairs"], rows)}, images={"ats/figure": png})
+    rows = [
+        [label, d, a, s, n]
+        for label, r in models.items()
+        for d, a, s, n in zip(r["delta"], r["ats"], r["std"], r["pairs"])
+        if a is not None
+    ]
+    log_analysis(
+        cfg,
+        f"ats-{out.name}",
+        scalars={f"ats/{k}/mats": r["mats"] for k, r in models.items() if r["mats"] is not None},
+        tables={"ats/curves": (["model", "delta", "ats", "std", "pairs"], rows)},
+        images={"ats/figure": png},
+    )
     for label, r in models.items():
         mats = "n/a" if r["mats"] is None else f"{r['mats']:.4f} (std {r['mats_std']:.4f})"
-        print(f"{label} ({r['model']}): MATS {mats}, ATS(0) {r['ats0']}, {r['tokens']:,} term occurrences, "
-              f"{r['occurrences']:,} after the cap, {r['vocabulary']:,} terms with pairs")
+        print(
+            f"{label} ({r['model']}): MATS {mats}, ATS(0) {r['ats0']}, {r['tokens']:,} term occurrences, "
+            f"{r['occurrences']:,} after the cap, {r['vocabulary']:,} terms with pairs"
+        )
     print(f"wrote {png} and {js}")
     return result
 

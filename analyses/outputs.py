@@ -1,5 +1,7 @@
 """Where an analysis puts its results: files in `output_dir` (figures first, the JSON last and atomically, so a
-JSON means a finished analysis) and the configured logger (scalars; on W&B also tables and images)."""
+JSON means a finished analysis) and the configured logger (scalars; on W&B also tables and images).
+"""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,10 +18,17 @@ def write_result(out: str | Path, json_name: str, result: dict) -> Path:
     return path
 
 
-def log_analysis(cfg, name: str, scalars: dict[str, float] | None = None, tables: dict[str, tuple[list[str], list[list]]] | None = None,
-                 images: dict[str, str | Path] | None = None, summary: dict | None = None) -> None:
+def log_analysis(
+    cfg,
+    name: str,
+    scalars: dict[str, float] | None = None,
+    tables: dict[str, tuple[list[str], list[list]]] | None = None,
+    images: dict[str, str | Path] | None = None,
+    summary: dict | None = None,
+) -> None:
     """Scalars to any logger; `tables` ({key: (columns, rows)}), `images` ({key: png path}) and `summary` only where
-    the logger is W&B. Nothing with logger=none."""
+    the logger is W&B. Nothing with logger=none.
+    """
     # one run per analysis and output folder, filtered on the dashboard by job type "analysis"
     folder = Path(cfg.output_dir).name
     logger = build_logger(cfg, name if name.endswith(folder) else f"{name}-{folder}", job="analysis")

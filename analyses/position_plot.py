@@ -1,7 +1,9 @@
 """The answer-position histogram in the layout of the position-bias paper's Figure 1 ("QA collection in-passage
 relative answer positions"): per training set one panel, the original passages against the rotated (debiased,
 Eq. 7) ones, as the share of answers per equal-width bin of relative start position, with the uniform share
-dashed. Drawn with matplotlib's Agg backend (no display) and written atomically."""
+dashed. Drawn with matplotlib's Agg backend (no display) and written atomically.
+"""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,13 +13,16 @@ import numpy as np
 from core.io import atomic_open
 
 # series name -> (label, style) in a panel
-STYLES = {"original": ("original", dict(color="C0", linewidth=2.0)),
-          "rotated": ("rotated (Eq. 7)", dict(color="C1", linewidth=2.0, linestyle="-."))}
+STYLES = {
+    "original": ("original", dict(color="C0", linewidth=2.0)),
+    "rotated": ("rotated (Eq. 7)", dict(color="C1", linewidth=2.0, linestyle="-.")),
+}
 
 
 def plot_histograms(panels: list[tuple[str, dict[str, dict]]], path: str | Path, bins: int, title: str) -> Path:
     """`panels`: (panel title, {"original": summary, "rotated": summary}) with summaries from position_stats;
-    one panel per entry, side by side, same y axis. Returns the path written."""
+    one panel per entry, side by side, same y axis. Returns the path written.
+    """
     import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")

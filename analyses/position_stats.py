@@ -13,6 +13,7 @@ position is supposed to be explicitly favored").
   (0 = flat; log(1/k) for answers spread evenly over the first k only).
 - `histogram`: bin edges, counts and fractions (what the figure draws).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,7 +42,11 @@ def summarize(values, bins: int = 20, keep_first: float | None = None) -> dict:
         "ks_uniform": {"statistic": float(ks.statistic), "pvalue": float(ks.pvalue)},
         "chi2_uniform": {"statistic": float(chi2.statistic), "dof": int(bins - 1), "pvalue": float(chi2.pvalue)},
         "kl_uniform_nats": float(np.sum(frac[nz] * np.log(frac[nz] * bins))),
-        "histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts], "fraction": [float(f) for f in frac]},
+        "histogram": {
+            "edges": [float(e) for e in edges],
+            "counts": [int(c) for c in counts],
+            "fraction": [float(f) for f in frac],
+        },
     }
     if keep_first is not None:
         out["share_first_k"] = float(np.mean(x < keep_first))

@@ -20,6 +20,7 @@ Definition (chosen to follow the paper and `datamodules/rotation.py`):
   `epochs` epochs pools all of them; only per_epoch training units differ between epochs (with per_passage, and
   for val/test, every epoch repeats epoch 0).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,17 +46,25 @@ class Unit:
 
 def train_units(ds: IRDataset, triples: list[tuple[str, str, str]], rotation_mode: str = "per_passage") -> list[Unit]:
     """Positives of the training triples (in training order) that have answer spans, keyed as `data.rotation`
-    = `rotation_mode` cuts them (`rotation_draw`)."""
+    = `rotation_mode` cuts them (`rotation_draw`).
+    """
     per_epoch = rotation_mode == "per_epoch"
-    return [Unit(q, pos, rotation_draw(rotation_mode, 0, pos, i)[1], per_epoch) for i, (q, pos, _) in enumerate(triples)
-            if ds.answers.get((q, pos))]
+    return [
+        Unit(q, pos, rotation_draw(rotation_mode, 0, pos, i)[1], per_epoch)
+        for i, (q, pos, _) in enumerate(triples)
+        if ds.answers.get((q, pos))
+    ]
 
 
 def eval_units(ds: IRDataset, split: str) -> list[Unit]:
     """(question, relevant passage) pairs of an evaluation split that have answer spans."""
     s = ds.split(split)
-    return [Unit(q, d, eval_rotation_key(d)) for q in sorted(s.qrels) for d, g in sorted(s.qrels[q].items())
-            if g > 0 and ds.answers.get((q, d))]
+    return [
+        Unit(q, d, eval_rotation_key(d))
+        for q in sorted(s.qrels)
+        for d, g in sorted(s.qrels[q].items())
+        if g > 0 and ds.answers.get((q, d))
+    ]
 
 
 def start_words(ds: IRDataset, unit: Unit, spans: str = "all") -> tuple[list[int], int]:
@@ -66,14 +75,20 @@ def start_words(ds: IRDataset, unit: Unit, spans: str = "all") -> tuple[list[int
     return answer_start_words(ds.docs[unit.doc_id], answer_spans)
 
 
-def relative_starts(ds: IRDataset, units: list[Unit], spans: str = "all", rotate: bool = False, seed: int = 0,
-                    epochs: int = 1) -> np.ndarray:
+def relative_starts(
+    ds: IRDataset, units: list[Unit], spans: str = "all", rotate: bool = False, seed: int = 0, epochs: int = 1
+) -> np.ndarray:
     """Relative answer starts of `units`: in the original passages, or (rotate=True) in the passages rotated with
     the run seed at each epoch 0..epochs-1 (epoch-major order; a unit that is not `per_epoch` has its epoch-0 cut
-    at every epoch)."""
+    at every epoch).
+    """
     words = [start_words(ds, u, spans) for u in units]
     if not rotate:
         return np.array([w / n for ws, n in words for w in ws], dtype=np.float64)
-    out = [((w - rotation_index(seed, epoch if u.per_epoch else 0, u.key, n)) % n) / n
-           for epoch in range(epochs) for u, (ws, n) in zip(units, words) for w in ws]
+    out = [
+        ((w - rotation_index(seed, epoch if u.per_epoch else 0, u.key, n)) % n) / n
+        for epoch in range(epochs)
+        for u, (ws, n) in zip(units, words)
+        for w in ws
+    ]
     return np.array(out, dtype=np.float64)

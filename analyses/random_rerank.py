@@ -11,12 +11,13 @@ seeded with `analysis.seed`) and reports the mean and standard deviation over pe
 logged as `random_rerank/<measure>/mean|std`. A neural re-ranker of the BM25 top k that lands near these numbers
 has learnt little about the ranking yet. Keys: configs/analysis/random_rerank.yaml.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -43,14 +44,22 @@ class RandomRerankConfig(AnalysisConfig):
 
     def __post_init__(self):
         if not self.run:
-            raise InputError("config key 'analysis.run'", "is not set; expected the TREC run whose candidates are shuffled (analysis.run=PATH)")
+            raise InputError(
+                "config key 'analysis.run'",
+                "is not set; expected the TREC run whose candidates are shuffled (analysis.run=PATH)",
+            )
         check_choice("analysis.split", self.split, SPLITS)
         if self.permutations < 1:
             raise InputError("config key 'analysis.permutations'", f"is {self.permutations}; expected at least 1")
 
 
-def random_rerank(candidates: Mapping[str, list[str]], qrels: Mapping[str, Mapping[str, int]], measures: list[str],
-                  permutations: int, seed: int = 0) -> dict[str, dict[str, float]]:
+def random_rerank(
+    candidates: Mapping[str, list[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    measures: list[str],
+    permutations: int,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
     """{measure: {"mean", "std"}} over `permutations` random orders of every query's candidates."""
     rng = np.random.default_rng(seed)
     values: dict[str, list[float]] = {m: [] for m in measures}
@@ -71,14 +80,27 @@ def run(cfg, opts: RandomRerankConfig) -> dict:
     split = load_dataset(data_config(cfg), cfg.seed).split(opts.split)
     missing = sorted(set(trec) - set(split.qrels))
     if missing:
-        raise InputError(opts.run, f"query '{missing[0]}' has no qrels in split {opts.split} of the configured data; expected the run of that split")
+        raise InputError(
+            opts.run,
+            f"query '{missing[0]}' has no qrels in split {opts.split} of the configured data; expected the run of that split",
+        )
     candidates = {q: sorted(docs) for q, docs in trec.items()}
     result = random_rerank(candidates, split.qrels, list(cfg.eval.measures), opts.permutations, opts.seed)
-    doc = {"run": opts.run, "split": opts.split, "queries": len(candidates), "permutations": opts.permutations,
-           "seed": opts.seed, "random_order": result}
+    doc = {
+        "run": opts.run,
+        "split": opts.split,
+        "queries": len(candidates),
+        "permutations": opts.permutations,
+        "seed": opts.seed,
+        "random_order": result,
+    }
     path = write_result(cfg.output_dir, JSON_NAME, doc)
-    log_analysis(cfg, "random_rerank", scalars={f"random_rerank/{m}/{stat}": v[stat] for m, v in result.items() for stat in ("mean", "std")},
-                 summary={"random_rerank": doc})
+    log_analysis(
+        cfg,
+        "random_rerank",
+        scalars={f"random_rerank/{m}/{stat}": v[stat] for m, v in result.items() for stat in ("mean", "std")},
+        summary={"random_rerank": doc},
+    )
     print(json.dumps(doc, indent=1))
     print(f"wrote {path}")
     return doc

@@ -6,6 +6,7 @@ into `output_dir` (analyses/outputs.py: atomically, JSON last) and logs them (nu
 come as the plain `nn.Module`s of lightning_modules/rankers, from `ckpt=` or untrained (`pipeline.run.load_module`;
 `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it).
 """
+
 from __future__ import annotations
 
 import importlib

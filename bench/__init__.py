@@ -6,6 +6,7 @@ with `key=value` arguments (bench/options.py; `help` lists a bench's keys):
 
 Results go to bench/results/*.json. Each bench documents what it measures in its module docstring.
 """
+
 import os
 
 # Set before any bench module imports transformers / huggingface_hub, which read them at import time: benchmarks

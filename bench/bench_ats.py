@@ -15,6 +15,7 @@ different passages, one float64 NumPy cosine each, per-(term, delta) means then 
 the same curve (checked to 1e-9); the script prints both times, their ratio, and the peer's time extrapolated to the
 capped 1M-token set by its pair count. Each timing records the CPU that other processes used meanwhile.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,7 +66,9 @@ def synthetic(tokens: int, dim: int, vocab: int, zipf: float, seed: int = 0):
     return x, torch.from_numpy(terms), torch.from_numpy(positions), torch.from_numpy(passages)
 
 
-def brute_force(x: np.ndarray, terms: np.ndarray, positions: np.ndarray, passages: np.ndarray) -> tuple[np.ndarray, int]:
+def brute_force(
+    x: np.ndarray, terms: np.ndarray, positions: np.ndarray, passages: np.ndarray
+) -> tuple[np.ndarray, int]:
     """Eq. 8 by a loop over every pair of same-term occurrences in different passages; (ATS curve, pairs)."""
     sums: dict[tuple[int, int], list[float]] = {}
     by_term: dict[int, list[int]] = {}
@@ -95,14 +98,18 @@ def main(argv=None) -> dict:
 
     t0 = time.perf_counter()
     x, terms, positions, passages = synthetic(args.tokens, args.dim, args.vocab, args.zipf)
-    print(f"data: {args.tokens:,} tokens, {int(passages.max()) + 1:,} passages, {len(torch.unique(terms)):,} distinct terms, "
-          f"d = {args.dim} ({time.perf_counter() - t0:.1f} s to generate)")
+    print(
+        f"data: {args.tokens:,} tokens, {int(passages.max()) + 1:,} passages, {len(torch.unique(terms)):,} distinct terms, "
+        f"d = {args.dim} ({time.perf_counter() - t0:.1f} s to generate)"
+    )
 
     with Meter() as full:
         result = average_term_similarity(x, terms, positions, passages, max_occurrences=args.cap, seed=0)
-    print(f"ours, all {args.tokens:,} tokens, cap {args.cap}: {full.wall:.1f} s (other processes: {full.others_cores} cores); "
-          f"{result.occurrences:,} occurrences of {result.vocabulary:,} terms kept, {int(result.pairs.sum()):,} pairs, "
-          f"MATS {result.mats:.4f}")
+    print(
+        f"ours, all {args.tokens:,} tokens, cap {args.cap}: {full.wall:.1f} s (other processes: {full.others_cores} cores); "
+        f"{result.occurrences:,} occurrences of {result.vocabulary:,} terms kept, {int(result.pairs.sum()):,} pairs, "
+        f"MATS {result.mats:.4f}"
+    )
 
     sub = passages < args.peer_passages
     xs, ts, ps, gs = x[sub], terms[sub], positions[sub], passages[sub]
@@ -115,16 +122,33 @@ def main(argv=None) -> dict:
         raise SystemExit(f"ours and the brute force disagree by {diff}")
     full_pairs = int(result.pairs.sum())
     extrapolated = peer.wall / max(peer_pairs, 1) * full_pairs
-    print(f"subsample ({args.peer_passages} passages, {int(sub.sum()):,} tokens, {peer_pairs:,} pairs, no cap): "
-          f"ours {ours_sub.wall:.3f} s, brute-force loop {peer.wall:.1f} s, ratio {peer.wall / ours_sub.wall:.0f}x; "
-          f"max |difference| {diff:.1e}")
-    print(f"brute-force loop extrapolated to the capped 1M-token set ({full_pairs:,} pairs): {extrapolated:.0f} s "
-          f"vs ours {full.wall:.1f} s ({extrapolated / full.wall:.0f}x)")
-    record = {"machine": machine(), "settings": vars(args), "ours_full_s": full.wall, "ours_full_others_cores": full.others_cores,
-              "occurrences_kept": result.occurrences, "terms_kept": result.vocabulary, "pairs_full": full_pairs, "mats": result.mats,
-              "subsample_tokens": int(sub.sum()), "subsample_pairs": peer_pairs, "ours_subsample_s": ours_sub.wall,
-              "peer_subsample_s": peer.wall, "peer_others_cores": peer.others_cores, "ratio_subsample": peer.wall / ours_sub.wall,
-              "peer_extrapolated_full_s": extrapolated, "max_abs_difference": diff}
+    print(
+        f"subsample ({args.peer_passages} passages, {int(sub.sum()):,} tokens, {peer_pairs:,} pairs, no cap): "
+        f"ours {ours_sub.wall:.3f} s, brute-force loop {peer.wall:.1f} s, ratio {peer.wall / ours_sub.wall:.0f}x; "
+        f"max |difference| {diff:.1e}"
+    )
+    print(
+        f"brute-force loop extrapolated to the capped 1M-token set ({full_pairs:,} pairs): {extrapolated:.0f} s "
+        f"vs ours {full.wall:.1f} s ({extrapolated / full.wall:.0f}x)"
+    )
+    record = {
+        "machine": machine(),
+        "settings": vars(args),
+        "ours_full_s": full.wall,
+        "ours_full_others_cores": full.others_cores,
+        "occurrences_kept": result.occurrences,
+        "terms_kept": result.vocabulary,
+        "pairs_full": full_pairs,
+        "mats": result.mats,
+        "subsample_tokens": int(sub.sum()),
+        "subsample_pairs": peer_pairs,
+        "ours_subsample_s": ours_sub.wall,
+        "peer_subsample_s": peer.wall,
+        "peer_others_cores": peer.others_cores,
+        "ratio_subsample": peer.wall / ours_sub.wall,
+        "peer_extrapolated_full_s": extrapolated,
+        "max_abs_difference": diff,
+    }
     if args.out:
         write_json(args.out, record)
         print(f"wrote {args.out}")

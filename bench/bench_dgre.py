@@ -14,6 +14,7 @@ warm-up and not timed); the medians and their ratio are printed. For every timin
 other processes used meanwhile (a shared machine inflates both arms, not necessarily alike). `profile=true` adds
 torch.profiler's table of the most expensive operators of one DGRe step.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -66,7 +67,11 @@ def sample_triplets(data_path: str, n_batches: int, batch: int, seed: int) -> tu
         ds, source = load_dataset(SyntheticConfig(), seed), "synthetic"
     rng = random.Random(seed)
     doc_ids = sorted(ds.docs)
-    judged = [(split.queries[q], [d for d, g in rel.items() if g > 0]) for split in ds.splits.values() for q, rel in split.qrels.items()]
+    judged = [
+        (split.queries[q], [d for d, g in rel.items() if g > 0])
+        for split in ds.splits.values()
+        for q, rel in split.qrels.items()
+    ]
     judged = [(q, rel) for q, rel in judged if rel]
     out = []
     for _ in range(n_batches):
@@ -79,12 +84,17 @@ def sample_triplets(data_path: str, n_batches: int, batch: int, seed: int) -> tu
 
 def build(name: str, seed: int):
     torch.manual_seed(seed)
-    m = RankingModule(model=dict(name=name, backbone="minilm", query_max_len=32, doc_max_len=180), optim=dict(loss="hinge", margin=1.0))
+    m = RankingModule(
+        model=dict(name=name, backbone="minilm", query_max_len=32, doc_max_len=180),
+        optim=dict(loss="hinge", margin=1.0),
+    )
     m.log = lambda *a, **k: None  # no trainer to log to
     return m.train()
 
 
-def run_block(module, opt, sched, batches, precision: str, first_index: int) -> tuple[list[float], list[float], list[float]]:
+def run_block(
+    module, opt, sched, batches, precision: str, first_index: int
+) -> tuple[list[float], list[float], list[float]]:
     times, others, losses = [], [], []
     for i, batch in enumerate(batches):
         with Meter() as m:
@@ -117,8 +127,15 @@ def main(argv=None) -> dict:
     args = options.parse(Options, argv, __doc__)
     torch.set_num_threads(args.threads)
     texts, source = sample_triplets(args.data_path, args.steps * args.rounds, args.batch, args.seed)
-    result = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(args.threads), "data": source,
-              "batch_triplets": args.batch, "steps": args.steps, "rounds": args.rounds, "precisions": {}}
+    result = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_info(args.threads),
+        "data": source,
+        "batch_triplets": args.batch,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "precisions": {},
+    }
     for precision in args.precision.split(","):
         modules = {name: build(name, args.seed) for name in RANKERS}
         batches = [modules["dgre"].pair_tokenizer.triplets(*t) for t in texts]
@@ -134,16 +151,24 @@ def main(argv=None) -> dict:
         entry = {}
         for name in RANKERS:
             ts = per[name]["times"]
-            entry[name] = {"step_s_median": statistics.median(ts), "step_s_min": min(ts), "step_s_max": max(ts), "n": len(ts),
-                           "others_cores_mean": statistics.mean(per[name]["others"]) if per[name]["others"] else None,
-                           "losses": per[name]["losses"]}
+            entry[name] = {
+                "step_s_median": statistics.median(ts),
+                "step_s_min": min(ts),
+                "step_s_max": max(ts),
+                "n": len(ts),
+                "others_cores_mean": statistics.mean(per[name]["others"]) if per[name]["others"] else None,
+                "losses": per[name]["losses"],
+            }
         entry["ratio_dgre_over_bert_cat"] = entry["dgre"]["step_s_median"] / entry["bert_cat"]["step_s_median"]
         entry["pairs_shape"] = list(batches[0]["input_ids"].shape)
         result["precisions"][precision] = entry
-        print(f"[{precision}] {args.batch} triplets ({2 * args.batch} pairs, padded length {batches[0]['input_ids'].shape[1]} in the first batch): "
-              f"bert_cat {entry['bert_cat']['step_s_median']:.3f} s/step, dgre {entry['dgre']['step_s_median']:.3f} s/step, "
-              f"ratio {entry['ratio_dgre_over_bert_cat']:.2f}x (target <= 2x); other processes used "
-              f"{entry['bert_cat']['others_cores_mean'] or 0:.2f} / {entry['dgre']['others_cores_mean'] or 0:.2f} cores", flush=True)
+        print(
+            f"[{precision}] {args.batch} triplets ({2 * args.batch} pairs, padded length {batches[0]['input_ids'].shape[1]} in the first batch): "
+            f"bert_cat {entry['bert_cat']['step_s_median']:.3f} s/step, dgre {entry['dgre']['step_s_median']:.3f} s/step, "
+            f"ratio {entry['ratio_dgre_over_bert_cat']:.2f}x (target <= 2x); other processes used "
+            f"{entry['bert_cat']['others_cores_mean'] or 0:.2f} / {entry['dgre']['others_cores_mean'] or 0:.2f} cores",
+            flush=True,
+        )
         if args.profile:
             table = profile_step(modules["dgre"], opts["dgre"][0], batches[0], precision)
             result["precisions"][precision]["profile"] = table

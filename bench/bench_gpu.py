@@ -23,6 +23,7 @@ reports the largest |difference| over the numeric keys that both metrics.json fi
 With `device=cpu` every job runs twice on the CPU: a dry run of the check on a machine without a GPU, whose
 comparisons show how far two identical CPU runs agree.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,16 @@ class Options:
 def random_backbone(path: Path, tokenizer: str) -> str:
     """A seeded random BERT of all-MiniLM-L6-v2's shape, dropout off, with that model's tokenizer."""
     if not (path / "config.json").exists():
-        save_random_bert(path, tokenizer=tokenizer, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                         intermediate_size=1536, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        save_random_bert(
+            path,
+            tokenizer=tokenizer,
+            hidden_size=384,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            intermediate_size=1536,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
     return str(path)
 
 
@@ -86,15 +95,22 @@ def compare(a: dict, b: dict) -> dict:
     shared = sorted(set(fa) & set(fb) - {"best_step", "wall_s"})
     diffs = {k: abs(fa[k] - fb[k]) for k in shared if math.isfinite(fa[k]) and math.isfinite(fb[k])}
     worst = max(diffs, key=diffs.get) if diffs else None
-    return {"keys": len(shared), "max_abs_diff": diffs.get(worst), "worst_key": worst,
-            "ndcg_cut_10": [fa.get("ndcg_cut_10"), fb.get("ndcg_cut_10")],
-            "not_finite": sorted(k for k in shared if not (math.isfinite(fa[k]) and math.isfinite(fb[k])))}
+    return {
+        "keys": len(shared),
+        "max_abs_diff": diffs.get(worst),
+        "worst_key": worst,
+        "ndcg_cut_10": [fa.get("ndcg_cut_10"), fb.get("ndcg_cut_10")],
+        "not_finite": sorted(k for k in shared if not (math.isfinite(fa[k]) and math.isfinite(fb[k]))),
+    }
 
 
 def check_bf16(metrics: dict) -> dict:
     """A bf16-mixed run's verdict: its nDCG@10 and the metrics that are not finite (a bf16 overflow shows here)."""
     flat = flat_numbers(metrics)
-    return {"ndcg_cut_10": flat.get("ndcg_cut_10"), "not_finite": sorted(k for k, v in flat.items() if not math.isfinite(v))}
+    return {
+        "ndcg_cut_10": flat.get("ndcg_cut_10"),
+        "not_finite": sorted(k for k, v in flat.items() if not math.isfinite(v)),
+    }
 
 
 class Runner:
@@ -107,9 +123,15 @@ class Runner:
         out = self.work / name
         shutil.rmtree(out, ignore_errors=True)  # the bench's own folder: a run refuses an output_dir holding one
         accel = "cpu" if device == "cpu" else "gpu"
-        cmd = [sys.executable, script, "logger=none", "trainer.enable_progress_bar=false",
-               f"trainer.accelerator={accel}",
-               f"output_dir={out}", *overrides]
+        cmd = [
+            sys.executable,
+            script,
+            "logger=none",
+            "trainer.enable_progress_bar=false",
+            f"trainer.accelerator={accel}",
+            f"output_dir={out}",
+            *overrides,
+        ]
         env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         # the CPU jobs share the cores; a GPU job needs a core or two to feed its device
         cpu_threads = max(1, (os.cpu_count() or 2) // self.opts.workers)
@@ -147,10 +169,18 @@ def main(argv: list[str] | None = None) -> dict:
     tag = dev if dev != "cpu" else "cpu2"  # device=cpu: a second CPU run, which must repeat the first exactly
     # evaluate.py takes eval.* and data.* from its command line, not from the checkpoint
     evaluation = ["eval.ats_passages=16", *(o for o in opts.overrides.split(",") if o)]
-    base = [f"model.backbone={backbone}", f"trainer.max_steps={opts.steps}", f"trainer.val_check_interval={opts.steps}",
-            "eval.before_training=false", *evaluation]
-    head_args = {"whitening": [], "nice": ["head.epochs=1", "head.max_train_texts=200"],
-                 "glow": ["head.epochs=1", "head.max_train_texts=200"]}
+    base = [
+        f"model.backbone={backbone}",
+        f"trainer.max_steps={opts.steps}",
+        f"trainer.val_check_interval={opts.steps}",
+        "eval.before_training=false",
+        *evaluation,
+    ]
+    head_args = {
+        "whitening": [],
+        "nice": ["head.epochs=1", "head.max_train_texts=200"],
+        "glow": ["head.epochs=1", "head.max_train_texts=200"],
+    }
     runner = Runner(work, opts)
     comparisons: dict[str, dict] = {}
 
@@ -160,8 +190,11 @@ def main(argv: list[str] | None = None) -> dict:
         with lock:
             comparisons[name] = c = compare(a, b)
             write_json(REPO / opts.out, {"options": vars(opts), "partial": True, "comparisons": comparisons})
-        print(f"  {name}: {c['keys']} keys, max |diff| {c['max_abs_diff']} ({c['worst_key']})"
-              + (f", NOT FINITE: {c['not_finite']}" if c["not_finite"] else ""), flush=True)
+        print(
+            f"  {name}: {c['keys']} keys, max |diff| {c['max_abs_diff']} ({c['worst_key']})"
+            + (f", NOT FINITE: {c['not_finite']}" if c["not_finite"] else ""),
+            flush=True,
+        )
 
     def ranker_chain(r: str) -> None:
         cpu = runner.run(f"{r}-train-cpu", "train.py", "cpu", f"model={r}", *base)
@@ -206,25 +239,41 @@ def main(argv: list[str] | None = None) -> dict:
         if m is not None:
             with lock:
                 bf16[r] = check_bf16(m)
-            print(f"  {r} bf16-mixed on {dev}: nDCG@10 {bf16[r]['ndcg_cut_10']}"
-                  + (f", NOT FINITE: {bf16[r]['not_finite']}" if bf16[r]["not_finite"] else ", every metric finite"), flush=True)
+            print(
+                f"  {r} bf16-mixed on {dev}: nDCG@10 {bf16[r]['ndcg_cut_10']}"
+                + (f", NOT FINITE: {bf16[r]['not_finite']}" if bf16[r]["not_finite"] else ", every metric finite"),
+                flush=True,
+            )
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=opts.workers) as pool:
         for future in [pool.submit(f, r) for r in rankers for f in (ranker_chain, device_runs)]:
             future.result()
     failed = sorted(n for n, j in runner.jobs.items() if j["rc"] != 0)
-    result = {"options": vars(opts), "device_name": torch.cuda.get_device_name() if dev != "cpu" else "cpu",
-              "torch": torch.__version__, "cpus": os.cpu_count(), "wall_s": round(time.perf_counter() - t0, 1),
-              "failed": failed, "comparisons": comparisons, "bf16": bf16, "jobs": runner.jobs}
+    result = {
+        "options": vars(opts),
+        "device_name": torch.cuda.get_device_name() if dev != "cpu" else "cpu",
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "failed": failed,
+        "comparisons": comparisons,
+        "bf16": bf16,
+        "jobs": runner.jobs,
+    }
     write_json(REPO / opts.out, result)
     print(f"\n{'comparison':52s} {'keys':>4s} {'max |diff|':>10s}  worst key / nDCG@10 a, b")
     for name, c in comparisons.items():
         diff = "n/a" if c["max_abs_diff"] is None else f"{c['max_abs_diff']:.2e}"
-        print(f"{name:52s} {c['keys']:4d} {diff:>10s}  {c['worst_key']} / {c['ndcg_cut_10']}"
-              + (f"  NOT FINITE: {c['not_finite']}" if c["not_finite"] else ""))
+        print(
+            f"{name:52s} {c['keys']:4d} {diff:>10s}  {c['worst_key']} / {c['ndcg_cut_10']}"
+            + (f"  NOT FINITE: {c['not_finite']}" if c["not_finite"] else "")
+        )
     for r, b in bf16.items():
-        print(f"bf16-mixed {r:8s} nDCG@10 {b['ndcg_cut_10']}" + (f"  NOT FINITE: {b['not_finite']}" if b["not_finite"] else ""))
+        print(
+            f"bf16-mixed {r:8s} nDCG@10 {b['ndcg_cut_10']}"
+            + (f"  NOT FINITE: {b['not_finite']}" if b["not_finite"] else "")
+        )
     print(f"failed: {failed or 'none'}; {len(runner.jobs)} runs in {result['wall_s']} s -> {opts.out}")
     return result
 

@@ -24,6 +24,7 @@ RAM (the flow's own cost: no cache can beat it, so re-encode / in-RAM bounds the
 build, and the mean negative log-likelihood of both trained heads on held-out token vectors (other paragraphs), so the speed-up is shown
 not to cost likelihood. The CPU may be shared: each timing records what other processes used meanwhile.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -109,7 +110,9 @@ def main(argv=None) -> dict:
 
     scratch = tempfile.TemporaryDirectory()
     backbone = bert_base_shape(Path(scratch.name)) if a.backbone == "bert-base-shape" else a.backbone
-    module = RankingModule({"name": "colbert", "backbone": backbone, "query_max_len": 32, "doc_max_len": 180}, {}).eval()
+    module = RankingModule(
+        {"name": "colbert", "backbone": backbone, "query_max_len": 32, "doc_max_len": 180}, {}
+    ).eval()
     scratch.cleanup()  # loaded: the weights are in memory
     ranker, tok = module.ranker, module.pair_tokenizer
     for p in ranker.parameters():
@@ -127,15 +130,27 @@ def main(argv=None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         with Meter() as m_cache:
-            cache = RepresentationCache.build(Path(tmp) / "c", ranker, tok, questions, paragraphs, dtype="float16",
-                                              autocast=autocast, batch_size=a.encode_batch)
+            cache = RepresentationCache.build(
+                Path(tmp) / "c",
+                ranker,
+                tok,
+                questions,
+                paragraphs,
+                dtype="float16",
+                autocast=autocast,
+                batch_size=a.encode_batch,
+            )
         vectors = cache.vectors()
-        held = RepresentationCache.build(Path(tmp) / "h", ranker, tok, held_q, held_p, dtype="float32", autocast=autocast,
-                                         batch_size=a.encode_batch)
+        held = RepresentationCache.build(
+            Path(tmp) / "h", ranker, tok, held_q, held_p, dtype="float32", autocast=autocast, batch_size=a.encode_batch
+        )
         held_x = torch.from_numpy(np.array(held.vectors()))
         sample = vectors[np.sort(np.random.default_rng([a.seed, 5]).permutation(len(vectors))[:65536])]
-        print(f"cache: {cache.count} token vectors x {cache.dim} ({cache.count * cache.dim * 2 / 2**20:.1f} MiB fp16), "
-              f"built in {m_cache.wall:.1f} s; held-out {held.count} vectors", flush=True)
+        print(
+            f"cache: {cache.count} token vectors x {cache.dim} ({cache.count * cache.dim * 2 / 2**20:.1f} MiB fp16), "
+            f"built in {m_cache.wall:.1f} s; held-out {held.count} vectors",
+            flush=True,
+        )
 
         # The three arms train side by side, one epoch of each in turn (A B C A B C ...), so that a change in what
         # else runs on the machine falls on all of them alike.
@@ -149,7 +164,9 @@ def main(argv=None) -> dict:
         for epoch in range(a.epochs):
             with Meter() as m:
                 for rows in batches(len(vectors), a.batch_size, a.seed, epoch):
-                    train_step(head_c, opt_c, torch.from_numpy(np.asarray(vectors[np.sort(rows)], dtype=np.float32)), autocast)
+                    train_step(
+                        head_c, opt_c, torch.from_numpy(np.asarray(vectors[np.sort(rows)], dtype=np.float32)), autocast
+                    )
             cached_s.append(m.wall)
             cached_others.append(m.others_cores)
             print(f"  cached    epoch {epoch + 1}: {m.wall:.2f} s (others {m.others_cores} cores)", flush=True)
@@ -169,7 +186,7 @@ def main(argv=None) -> dict:
                         chunk = [texts[i][0] for i in idx if texts[i][1] == kind]
                         if not chunk:
                             continue
-                        with torch.inference_mode(), (autocast() if autocast else torch.autocast("cpu", enabled=False)):
+                        with torch.inference_mode(), autocast() if autocast else torch.autocast("cpu", enabled=False):
                             buf.append(_vectors(ranker, side(chunk), "token").float().clone())
                     pending = torch.cat(buf)
                     while len(pending) >= a.batch_size:
@@ -191,11 +208,20 @@ def main(argv=None) -> dict:
 
     med_c, med_r, med_m = statistics.median(cached_s), statistics.median(reenc_s), statistics.median(ram_s)
     result = {
-        "started": dt.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv), "args": vars(a),
-        "machine": machine(), "cache_vectors": cache.count, "cache_build_s": m_cache.wall,
-        "cached_epoch_s": cached_s, "reencode_epoch_s": reenc_s, "in_ram_epoch_s": ram_s,
-        "bound_speedup": med_r / med_m, "others_cores": {"cached": cached_others, "reencode": reenc_others},
-        "speedup_per_epoch": med_r / med_c, "speedup_fastest_epoch": min(reenc_s) / min(cached_s), "heldout_nll": {"untrained": nll_0, "cached": nll_c, "reencode": nll_r},
+        "started": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "args": vars(a),
+        "machine": machine(),
+        "cache_vectors": cache.count,
+        "cache_build_s": m_cache.wall,
+        "cached_epoch_s": cached_s,
+        "reencode_epoch_s": reenc_s,
+        "in_ram_epoch_s": ram_s,
+        "bound_speedup": med_r / med_m,
+        "others_cores": {"cached": cached_others, "reencode": reenc_others},
+        "speedup_per_epoch": med_r / med_c,
+        "speedup_fastest_epoch": min(reenc_s) / min(cached_s),
+        "heldout_nll": {"untrained": nll_0, "cached": nll_c, "reencode": nll_r},
     }
     table = (
         f"| {a.head} on {a.backbone} ({ranker.hidden_size} dims), {cache.count} token vectors, {a.epochs} epochs, {a.precision} encoding | s / epoch | held-out NLL after training |\n"

@@ -31,6 +31,7 @@ evaluation.
 The machine may be shared: each timing records the CPU other processes used meanwhile (in cores, from
 /proc/stat); compare ratios measured in the same run.
 """
+
 from __future__ import annotations
 
 import os
@@ -127,7 +128,10 @@ def synthetic_batches(count: int, d: int, depth: int, seed: int = 0):
         vecs = vecs / vecs.norm(dim=1, keepdim=True)
         return EncodedTexts.from_offsets(vecs, np.concatenate([[0], np.cumsum(lengths)]))
 
-    encodings = {"query": {"": encoded(np.full(n_queries, 32))}, "passage": {"": encoded(rng.integers(60, 181, size=n_passages))}}
+    encodings = {
+        "query": {"": encoded(np.full(n_queries, 32))},
+        "passage": {"": encoded(rng.integers(60, 181, size=n_passages))},
+    }
     pairs = [(q, int(p)) for q in range(n_queries) for p in rng.choice(n_passages, size=depth, replace=False)]
     batches = [pairs[s : s + 16] for s in range(0, count * 16, 16)]
     return encodings, [{"query": [q for q, _ in b], "passage": [p for _, p in b]} for b in batches]
@@ -161,31 +165,44 @@ def per_batch(args: Options) -> list[dict]:
         old_set = batches[: args.old_batches]
         for r in range(args.repeats):
             old, old_cpu, old_values = time_old(encodings, old_set)
-            rec = {"d": d, "repeat": r, "old_batches": len(old_set), "old_s_per_batch": old.wall / len(old_set),
-                   "old_cpu_s_per_batch": old_cpu / len(old_set), "old_others_cores": old.others_cores}
+            rec = {
+                "d": d,
+                "repeat": r,
+                "old_batches": len(old_set),
+                "old_s_per_batch": old.wall / len(old_set),
+                "old_cpu_s_per_batch": old_cpu / len(old_set),
+                "old_others_cores": old.others_cores,
+            }
             for n in counts:
                 new, new_cpu, new_values = time_new(encodings, batches[:n], paper_bytes)
                 if n >= len(old_set) or r == 0:
                     check = min(n, len(old_set))
-                    worst = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-300) for a, b in zip(new_values[:check], old_values[:check]) for k in b)
+                    worst = max(
+                        abs(a[k] - b[k]) / max(abs(b[k]), 1e-300)
+                        for a, b in zip(new_values[:check], old_values[:check])
+                        for k in b
+                    )
                     if not worst <= 1e-10:
                         raise SystemExit(f"old and new values differ by {worst:.1e} (relative)")
                 rec[f"new_{n}_s_per_batch"] = new.wall / n
                 rec[f"new_{n}_cpu_s_per_batch"] = new_cpu / n
                 rec[f"new_{n}_others_cores"] = new.others_cores
-                print(f"  d={d} repeat {r}: old {1e3 * old.wall / len(old_set):.1f} ms/batch (cpu {1e3 * old_cpu / len(old_set):.1f}; "
-                      f"{len(old_set)} batches, others {old.others_cores} cores) | new, {n} batches: {1e3 * new.wall / n:.1f} ms/batch "
-                      f"(cpu {1e3 * new_cpu / n:.1f}; others {new.others_cores} cores) | old/new {old.wall / len(old_set) / (new.wall / n):.2f}x "
-                      f"(cpu {old_cpu / len(old_set) / (new_cpu / n):.2f}x)", flush=True)
+                print(
+                    f"  d={d} repeat {r}: old {1e3 * old.wall / len(old_set):.1f} ms/batch (cpu {1e3 * old_cpu / len(old_set):.1f}; "
+                    f"{len(old_set)} batches, others {old.others_cores} cores) | new, {n} batches: {1e3 * new.wall / n:.1f} ms/batch "
+                    f"(cpu {1e3 * new_cpu / n:.1f}; others {new.others_cores} cores) | old/new {old.wall / len(old_set) / (new.wall / n):.2f}x "
+                    f"(cpu {old_cpu / len(old_set) / (new_cpu / n):.2f}x)",
+                    flush=True,
+                )
             records.append(rec)
     return records
 
 
 # ---- 2. an evaluation with and without the protocol ---------------------------------------------------------------
 def evaluation(args: Options) -> dict:
+    from lightning_modules.loading import load_module
     from pipeline.config import compose
     from pipeline.stages import build_trainer, load_data
-    from lightning_modules.loading import load_module
 
     work = Path(tempfile.mkdtemp(prefix="bench-isotropy-paper-"))
     backbone = args.backbone
@@ -193,18 +210,37 @@ def evaluation(args: Options) -> dict:
         from lightning_modules.rankers.backbone import save_random_bert
 
         backbone = str(work / "tiny-bert")
-        save_random_bert(backbone, seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    data = ["data=squad", f"data.path={SQUAD}"] if args.data == "squad" else ["data=synthetic", f"data.cache_dir={work / 'cache'}"]
-    cfg = compose(["model=colbert", f"model.backbone={backbone}", *data, f"data.max_eval_queries={args.queries}",
-                   "logger=none", "trainer.enable_progress_bar=false", "eval.ats_passages=0", f"output_dir={work / 'out'}"])
+        save_random_bert(
+            backbone, seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        )
+    data = (
+        ["data=squad", f"data.path={SQUAD}"]
+        if args.data == "squad"
+        else ["data=synthetic", f"data.cache_dir={work / 'cache'}"]
+    )
+    cfg = compose(
+        [
+            "model=colbert",
+            f"model.backbone={backbone}",
+            *data,
+            f"data.max_eval_queries={args.queries}",
+            "logger=none",
+            "trainer.enable_progress_bar=false",
+            "eval.ats_passages=0",
+            f"output_dir={work / 'out'}",
+        ]
+    )
     dm = load_data(cfg)
     module = load_module(cfg, True)
     dm.tokenizer = module.pair_tokenizer
     trainer = build_trainer(cfg, None, checkpoints=False)
     cb = next(c for c in trainer.callbacks if isinstance(c, iso.IsotropyCallback))
     batch_pairs, n_pairs = cb.batch_pairs, len(dm.eval_splits["test"].pairs)
-    print(f"evaluation: ColBERT on {args.backbone}, {args.data} test split, {len(dm.eval_splits['test'].qids)} queries, "
-          f"{n_pairs} pairs, {-(-n_pairs // batch_pairs)} test batches of {batch_pairs}", flush=True)
+    print(
+        f"evaluation: ColBERT on {args.backbone}, {args.data} test split, {len(dm.eval_splits['test'].qids)} queries, "
+        f"{n_pairs} pairs, {-(-n_pairs // batch_pairs)} test batches of {batch_pairs}",
+        flush=True,
+    )
     paths = {"old": (OldPaperMeasure, old_batch_vectors), "new": (iso.PaperMeasure, iso.batch_sets)}
     spent = {"protocol": 0.0, "encoding": 0.0}  # seconds in measure_paper, and in its encoding of the distinct texts
     for name, attr in (("protocol", "measure_paper"), ("encoding", "_encode_distinct")):
@@ -220,7 +256,9 @@ def evaluation(args: Options) -> dict:
                 iso.PaperMeasure, iso.batch_sets = paths[name]
             # "encoding": the new path, but the protocol encodes the split's texts itself, as before it read the
             # evaluation's kept vectors (what a DDP rank still does)
-            module.keep_vectors = (lambda *a, **k: None) if name == "encoding" else type(module).keep_vectors.__get__(module)
+            module.keep_vectors = (
+                (lambda *a, **k: None) if name == "encoding" else type(module).keep_vectors.__get__(module)
+            )
             try:
                 spent.update(protocol=0.0, encoding=0.0)
                 c = time.process_time()
@@ -230,22 +268,54 @@ def evaluation(args: Options) -> dict:
             finally:
                 iso.PaperMeasure, iso.batch_sets = saved
             values[name] = dict(module.results["test"]["isotropy"])
-            timed[name].append({"wall_s": m.wall, "cpu_s": cpu, "others_cores": m.others_cores, "protocol_s": spent["protocol"],
-                                "protocol_encoding_s": spent["encoding"]})
-            split = f"; protocol {spent['protocol']:.1f} s, of which encoding {spent['encoding']:.1f} s" if name != "without" else ""
-            print(f"  repeat {r}, {name:>7}: {m.wall:.1f} s (cpu {cpu:.1f} s, others {m.others_cores} cores{split})", flush=True)
+            timed[name].append(
+                {
+                    "wall_s": m.wall,
+                    "cpu_s": cpu,
+                    "others_cores": m.others_cores,
+                    "protocol_s": spent["protocol"],
+                    "protocol_encoding_s": spent["encoding"],
+                }
+            )
+            split = (
+                f"; protocol {spent['protocol']:.1f} s, of which encoding {spent['encoding']:.1f} s"
+                if name != "without"
+                else ""
+            )
+            print(
+                f"  repeat {r}, {name:>7}: {m.wall:.1f} s (cpu {cpu:.1f} s, others {m.others_cores} cores{split})",
+                flush=True,
+            )
         for name in ("new", "old", "encoding"):
             w, o = timed[name][-1], timed["without"][-1]
-            print(f"  repeat {r}: with the protocol ({name} path) / without: {w['wall_s'] / o['wall_s']:.2f}x wall, "
-                  f"{w['cpu_s'] / o['cpu_s']:.2f}x cpu", flush=True)
-    worst = max(abs(values["new"][k] - values["old"][k]) / max(abs(values["old"][k]), 1e-300) for k in values["old"] if "paper" in k)
+            print(
+                f"  repeat {r}: with the protocol ({name} path) / without: {w['wall_s'] / o['wall_s']:.2f}x wall, "
+                f"{w['cpu_s'] / o['cpu_s']:.2f}x cpu",
+                flush=True,
+            )
+    worst = max(
+        abs(values["new"][k] - values["old"][k]) / max(abs(values["old"][k]), 1e-300)
+        for k in values["old"]
+        if "paper" in k
+    )
     if not worst <= 1e-10:
         raise SystemExit(f"the evaluation's iw_paper*/avgcos_paper* differ between the old and new path by {worst:.1e}")
-    ratio = {name: [w["wall_s"] / o["wall_s"] for w, o in zip(timed[name], timed["without"])] for name in ("new", "old", "encoding")}
-    print(f"median ratio with / without the protocol: new {statistics.median(ratio['new']):.2f}x, old {statistics.median(ratio['old']):.2f}x, "
-          f"new encoding the texts again {statistics.median(ratio['encoding']):.2f}x (wall, over {args.repeats} repeats)", flush=True)
-    return {"queries": len(dm.eval_splits["test"].qids), "pairs": n_pairs, "timings": timed, "ratio_wall": ratio,
-            "max_relative_difference_old_new": worst}
+    ratio = {
+        name: [w["wall_s"] / o["wall_s"] for w, o in zip(timed[name], timed["without"])]
+        for name in ("new", "old", "encoding")
+    }
+    print(
+        f"median ratio with / without the protocol: new {statistics.median(ratio['new']):.2f}x, old {statistics.median(ratio['old']):.2f}x, "
+        f"new encoding the texts again {statistics.median(ratio['encoding']):.2f}x (wall, over {args.repeats} repeats)",
+        flush=True,
+    )
+    return {
+        "queries": len(dm.eval_splits["test"].qids),
+        "pairs": n_pairs,
+        "timings": timed,
+        "ratio_wall": ratio,
+        "max_relative_difference_old_new": worst,
+    }
 
 
 def _timed(fn, spent: dict, key: str):
@@ -255,6 +325,7 @@ def _timed(fn, spent: dict, key: str):
             return fn(*args, **kwargs)
         finally:
             spent[key] += time.perf_counter() - t
+
     return wrapped
 
 

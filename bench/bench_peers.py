@@ -38,6 +38,7 @@ GFLOP/s: nominal FLOPs of the work unit at the maximum lengths (32 / 180 tokens;
 second, and as a fraction of a plain n x n matmul of the same precision measured in this run (start and end). Peak
 memory: the driver process's maximum resident set (model, data and the task).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -76,7 +77,11 @@ PEERS = REPO / "bench" / "peers"
 TOOLS = {  # tool -> (driver module, run from REPO; default interpreter; tasks it has)
     "ours": ("bench.peers.ours", sys.executable, ("colbert_train", "single_train", "encode", "rerank")),
     "pylate": ("bench.peers.pylate_driver", "/work/venvs/pylate/bin/python", ("colbert_train", "encode", "rerank")),
-    "lightning-ir": ("bench.peers.lightning_ir_driver", "/work/venvs/lightning-ir/bin/python", ("colbert_train", "single_train", "encode", "rerank")),
+    "lightning-ir": (
+        "bench.peers.lightning_ir_driver",
+        "/work/venvs/lightning-ir/bin/python",
+        ("colbert_train", "single_train", "encode", "rerank"),
+    ),
 }
 TASKS = ("colbert_train", "single_train", "encode", "rerank")  # the speed tasks: the default `tasks`
 QUALITY = "quality"
@@ -99,7 +104,12 @@ def forward_flops(cfg: dict, length: int) -> float:
 
 def unit_flops(cfg: dict, task: str, candidates: int) -> float:
     q, p = forward_flops(cfg, QUERY_MAX_LEN), forward_flops(cfg, DOC_MAX_LEN)
-    return {"colbert_train": 3 * (q + 2 * p), "single_train": 3 * (q + 2 * p), "encode": p, "rerank": q + candidates * p}[task]
+    return {
+        "colbert_train": 3 * (q + 2 * p),
+        "single_train": 3 * (q + 2 * p),
+        "encode": p,
+        "rerank": q + candidates * p,
+    }[task]
 
 
 def make_data(args) -> dict:
@@ -112,8 +122,13 @@ def make_data(args) -> dict:
         cands = [pi, *others]
         rng.shuffle(cands)
         rerank.append((q, cands))
-    return {"source": source, "triplets": triplet_texts(paras, qs, args.warmup + args.steps, args.batch, args.seed),
-            "passages": passages, "passages_pool": paras, "rerank": rerank}
+    return {
+        "source": source,
+        "triplets": triplet_texts(paras, qs, args.warmup + args.steps, args.batch, args.seed),
+        "passages": passages,
+        "passages_pool": paras,
+        "rerank": rerank,
+    }
 
 
 def run_driver(tool: str, python: str, spec: dict, workdir: Path, timeout: float) -> dict:
@@ -121,12 +136,24 @@ def run_driver(tool: str, python: str, spec: dict, workdir: Path, timeout: float
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     # `-m` from the repository root: the drivers import bench.peers.common (ours also the project) from there
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled", OMP_NUM_THREADS=str(spec["threads"]))
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        WANDB_MODE="disabled",
+        OMP_NUM_THREADS=str(spec["threads"]),
+    )
     load0 = os.getloadavg()[0]
     with Meter() as m:
-        p = subprocess.run([python, "-m", TOOLS[tool][0], str(spec_path), str(out_path)], env=env, cwd=REPO,
-                           capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            [python, "-m", TOOLS[tool][0], str(spec_path), str(out_path)],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     if p.returncode != 0 or not out_path.exists():
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
         return {"error": f"{tool} driver exit {p.returncode}: " + " | ".join(tail)}
@@ -143,16 +170,28 @@ def summarise(runs: list[dict], task: str, flops: float, matmul: float) -> dict:
     rate = ok[0]["units"] / statistics.median(times)
     others = [r["others_cores"] for r in ok if r.get("others_cores") is not None]
     gflops = rate * flops / 1e9
-    return {"rate": rate, "unit": UNIT[task], "unit_s": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
-            "gflops": gflops, "matmul_fraction": gflops / matmul, "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
-            "others_cores": sum(others) / len(others) if others else None, "rounds": len(ok),
-            "losses": [r.get("losses") for r in ok]}
+    return {
+        "rate": rate,
+        "unit": UNIT[task],
+        "unit_s": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
+        "gflops": gflops,
+        "matmul_fraction": gflops / matmul,
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in ok),
+        "others_cores": sum(others) / len(others) if others else None,
+        "rounds": len(ok),
+        "losses": [r.get("losses") for r in ok],
+    }
 
 
 def markdown(result: dict) -> str:
     a = result["args"]
     peers = [t for t in a["tools"] if t != "ours"]
-    head = ["task", "precision", "ours"] + [p for p in peers] + [f"ours/{p}" for p in peers] + ["ours GFLOP/s (of matmul)", "peak RSS MiB ours / " + " / ".join(peers)]
+    head = (
+        ["task", "precision", "ours"]
+        + [p for p in peers]
+        + [f"ours/{p}" for p in peers]
+        + ["ours GFLOP/s (of matmul)", "peak RSS MiB ours / " + " / ".join(peers)]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task in (t for t in a["tasks"] if t != QUALITY):
         for prec in a["precision"]:
@@ -162,22 +201,45 @@ def markdown(result: dict) -> str:
             for p in peers:
                 cells.append(f"{row[p]['rate']:.2f}" if "rate" in row.get(p, {}) else "—")
             for p in peers:
-                cells.append(f"{ours['rate'] / row[p]['rate']:.2f}x" if "rate" in ours and "rate" in row.get(p, {}) else "—")
+                cells.append(
+                    f"{ours['rate'] / row[p]['rate']:.2f}x" if "rate" in ours and "rate" in row.get(p, {}) else "—"
+                )
             cells.append(f"{ours['gflops']:.0f} ({100 * ours['matmul_fraction']:.0f}%)" if "rate" in ours else "—")
-            cells.append(" / ".join(f"{row[t]['peak_rss_mib']:.0f}" if "rate" in row.get(t, {}) else "—" for t in ["ours", *peers]))
+            cells.append(
+                " / ".join(
+                    f"{row[t]['peak_rss_mib']:.0f}" if "rate" in row.get(t, {}) else "—" for t in ["ours", *peers]
+                )
+            )
             lines.append("| " + " | ".join(cells) + " |")
     mm = result["matmul"]
-    lines += ["", "Matmul reference (GFLOP/s, start -> end): " + ", ".join(
-        f"{k} {mm['start'][k]['gflops']['median']:.0f} -> {mm['end'][k]['gflops']['median']:.0f}" for k in mm["start"])]
-    others = [v.get("others_cores") for t in result["summary"].values() for p in t.values() for v in p.values() if isinstance(v, dict)]
+    lines += [
+        "",
+        "Matmul reference (GFLOP/s, start -> end): "
+        + ", ".join(
+            f"{k} {mm['start'][k]['gflops']['median']:.0f} -> {mm['end'][k]['gflops']['median']:.0f}"
+            for k in mm["start"]
+        ),
+    ]
+    others = [
+        v.get("others_cores")
+        for t in result["summary"].values()
+        for p in t.values()
+        for v in p.values()
+        if isinstance(v, dict)
+    ]
     others = [o for o in others if o is not None]
     if others:
-        lines.append(f"Other processes used {min(others):.2f}-{max(others):.2f} cores on average during the runs; "
-                     f"load average (1 min) {result['loadavg'][0]:.1f} at start, {result['loadavg'][1]:.1f} at end.")
+        lines.append(
+            f"Other processes used {min(others):.2f}-{max(others):.2f} cores on average during the runs; "
+            f"load average (1 min) {result['loadavg'][0]:.1f} at start, {result['loadavg'][1]:.1f} at end."
+        )
     return "\n".join(lines)
 
+
 # ---- quality guard (issue 9 part 3) -----------------------------------------------------------------------------
-def quality_batches(triples, queries: dict, docs: dict, steps: int, batch: int, seed: int) -> list[tuple[list[str], list[str], list[str]]]:
+def quality_batches(
+    triples, queries: dict, docs: dict, steps: int, batch: int, seed: int
+) -> list[tuple[list[str], list[str], list[str]]]:
     """`steps` text batches (queries, positives, negatives) of `batch` (qid, positive id, negative id) triples
     each: the first steps x batch of a `seed`-shuffled copy of `triples`, so every tool sees the same batches in
     the same order."""
@@ -186,8 +248,14 @@ def quality_batches(triples, queries: dict, docs: dict, steps: int, batch: int, 
     order = list(range(len(triples)))
     random.Random(seed).shuffle(order)
     picked = [triples[i] for i in order[: steps * batch]]
-    return [([queries[q] for q, _, _ in picked[s : s + batch]], [docs[p] for _, p, _ in picked[s : s + batch]],
-             [docs[n] for _, _, n in picked[s : s + batch]]) for s in range(0, steps * batch, batch)]
+    return [
+        (
+            [queries[q] for q, _, _ in picked[s : s + batch]],
+            [docs[p] for _, p, _ in picked[s : s + batch]],
+            [docs[n] for _, _, n in picked[s : s + batch]],
+        )
+        for s in range(0, steps * batch, batch)
+    ]
 
 
 def quality_eval_lists(split) -> dict:
@@ -195,12 +263,20 @@ def quality_eval_lists(split) -> dict:
     passage) index pairs) as the JSON the drivers read: each query's candidate passages as indices into `docs`,
     in the given (BM25) order. Every text is listed once, so a driver can encode each passage once."""
     if split.unit_doc is not None:
-        raise ValueError("quality: passage windows (data.passage_words) are not supported; the candidates must be whole documents")
+        raise ValueError(
+            "quality: passage windows (data.passage_words) are not supported; the candidates must be whole documents"
+        )
     candidates: list[list[int]] = [[] for _ in split.qids]
     for qi, di in split.pairs.tolist():
         candidates[qi].append(di)
-    return {"qids": list(split.qids), "queries": list(split.qtexts), "doc_ids": list(split.doc_ids),
-            "docs": list(split.dtexts), "candidates": candidates, "qrels": split.qrels}
+    return {
+        "qids": list(split.qids),
+        "queries": list(split.qtexts),
+        "doc_ids": list(split.doc_ids),
+        "docs": list(split.dtexts),
+        "candidates": candidates,
+        "qrels": split.qrels,
+    }
 
 
 def quality_data(args) -> dict:
@@ -208,14 +284,22 @@ def quality_data(args) -> dict:
     article; BM25 negatives and candidates, cached under .cache/)."""
     if not SQUAD.exists():
         raise SystemExit(f"quality: {SQUAD} not found (the quality guard needs SQuAD v1.1 dev)")
-    cfg = SquadConfig(path=str(SQUAD), batch_size=args.batch, candidate_depth=args.quality_depth,
-                      max_eval_queries=args.quality_queries, cache_dir=str(REPO / ".cache"))
+    cfg = SquadConfig(
+        path=str(SQUAD),
+        batch_size=args.batch,
+        candidate_depth=args.quality_depth,
+        max_eval_queries=args.quality_queries,
+        cache_dir=str(REPO / ".cache"),
+    )
     dm = RankingDataModule(cfg, tokenizer=None, seed=args.seed)
     dm.setup("fit")
     ds = dm.dataset
     train = ds.split("train")
-    return {"source": str(SQUAD), "triplets": quality_batches(dm.triples, train.queries, ds.docs, args.quality_steps, args.batch, args.seed),
-            "eval": quality_eval_lists(dm.eval_splits["val"])}
+    return {
+        "source": str(SQUAD),
+        "triplets": quality_batches(dm.triples, train.queries, ds.docs, args.quality_steps, args.batch, args.seed),
+        "eval": quality_eval_lists(dm.eval_splits["val"]),
+    }
 
 
 def scores_to_run(scores: dict, lists: dict) -> dict[str, dict[str, float]]:
@@ -250,17 +334,31 @@ def paired_p(ours: dict, other: dict) -> float:
 
 def bm25_order_run(lists: dict) -> dict[str, dict[str, float]]:
     """The candidates' own order as a run (score = depth - position): the first-stage BM25 ranking."""
-    return {qid: {lists["doc_ids"][d]: float(len(c) - i) for i, d in enumerate(c)} for qid, c in zip(lists["qids"], lists["candidates"])}
+    return {
+        qid: {lists["doc_ids"][d]: float(len(c) - i) for i, d in enumerate(c)}
+        for qid, c in zip(lists["qids"], lists["candidates"])
+    }
 
 
 def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: Path) -> dict:
     data = quality_data(args)
     lists = data["eval"]
     n_docs = len(lists["docs"])
-    print(f"quality: {len(data['triplets'])} steps x {args.batch} triplets; {len(lists['qids'])} val queries x "
-          f"{args.quality_depth} BM25 candidates ({n_docs} distinct passages)", flush=True)
-    out = {"data": data["source"], "steps": args.quality_steps, "queries": len(lists["qids"]), "depth": args.quality_depth,
-           "distinct_passages": n_docs, "lr": args.lr, "precision": args.precision[0], "rows": []}
+    print(
+        f"quality: {len(data['triplets'])} steps x {args.batch} triplets; {len(lists['qids'])} val queries x "
+        f"{args.quality_depth} BM25 candidates ({n_docs} distinct passages)",
+        flush=True,
+    )
+    out = {
+        "data": data["source"],
+        "steps": args.quality_steps,
+        "queries": len(lists["qids"]),
+        "depth": args.quality_depth,
+        "distinct_passages": n_docs,
+        "lr": args.lr,
+        "precision": args.precision[0],
+        "rows": [],
+    }
     run_dir.mkdir(parents=True, exist_ok=True)
     means, per_query = evaluate_quality(bm25_order_run(lists), lists, run_dir / "bm25.run", "bm25")
     out["rows"].append({"name": "BM25 (candidate order)", "tool": "bm25", "steps": 0, **means, "per_query": per_query})
@@ -274,9 +372,21 @@ def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: P
         wd = Path(tmp)
         (wd / "data.json").write_text(json.dumps({"triplets": data["triplets"], "eval": lists}))
         for tool, steps, overrides in jobs:
-            spec = dict(data=str(wd / "data.json"), backbone=backbone, threads=args.threads, seed=args.seed, lr=args.lr,
-                        warmup=0, encode_batch=args.encode_batch, query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN,
-                        task=QUALITY, precision=args.precision[0], train_steps=steps, model_overrides=overrides)
+            spec = dict(
+                data=str(wd / "data.json"),
+                backbone=backbone,
+                threads=args.threads,
+                seed=args.seed,
+                lr=args.lr,
+                warmup=0,
+                encode_batch=args.encode_batch,
+                query_max_len=QUERY_MAX_LEN,
+                doc_max_len=DOC_MAX_LEN,
+                task=QUALITY,
+                precision=args.precision[0],
+                train_steps=steps,
+                model_overrides=overrides,
+            )
             r = run_driver(tool, pythons[tool], spec, wd, args.timeout)
             variant = "".join(f", {k} {v}" for k, v in overrides.items())
             name = f"{tool}{variant}, {steps} steps" + (" (untrained)" if steps == 0 else "")
@@ -286,14 +396,34 @@ def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: P
                 continue
             tag = f"{tool}{''.join(f'-{k}{v}' for k, v in overrides.items())}-{steps}steps"
             means, per_query = evaluate_quality(scores_to_run(r["scores"], lists), lists, run_dir / f"{tag}.run", tag)
-            row = {"name": name, "tool": tool, "steps": steps, "overrides": overrides, **means, "per_query": per_query,
-                   "losses": r.get("losses", []), "train_s": sum(r["times"]), "score_s": r["score_s"],
-                   "peak_rss_mib": r["peak_rss_mib"], "others_cores": r["others_cores"], "loadavg_1min": r["loadavg_1min"]}
+            row = {
+                "name": name,
+                "tool": tool,
+                "steps": steps,
+                "overrides": overrides,
+                **means,
+                "per_query": per_query,
+                "losses": r.get("losses", []),
+                "train_s": sum(r["times"]),
+                "score_s": r["score_s"],
+                "peak_rss_mib": r["peak_rss_mib"],
+                "others_cores": r["others_cores"],
+                "loadavg_1min": r["loadavg_1min"],
+            }
             out["rows"].append(row)
-            print(f"  quality {name}: NDCG@10 {means['ndcg_cut_10']:.4f}, MRR@10 {means['mrr_10']:.4f} "
-                  f"(train {row['train_s']:.0f} s, scoring {row['score_s']:.0f} s, others {r['others_cores']:.2f} cores)", flush=True)
-    ref = next((r for r in out["rows"] if r["tool"] == "ours" and r["steps"] == args.quality_steps and not r.get("overrides")
-                and "error" not in r), None)
+            print(
+                f"  quality {name}: NDCG@10 {means['ndcg_cut_10']:.4f}, MRR@10 {means['mrr_10']:.4f} "
+                f"(train {row['train_s']:.0f} s, scoring {row['score_s']:.0f} s, others {r['others_cores']:.2f} cores)",
+                flush=True,
+            )
+    ref = next(
+        (
+            r
+            for r in out["rows"]
+            if r["tool"] == "ours" and r["steps"] == args.quality_steps and not r.get("overrides") and "error" not in r
+        ),
+        None,
+    )
     for r in out["rows"]:
         if ref is not None and r is not ref and "error" not in r:
             r["p_vs_ours"] = paired_p(ref["per_query"], r["per_query"])
@@ -302,8 +432,10 @@ def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: P
 
 
 def quality_markdown(q: dict) -> str:
-    lines = ["| ranker | NDCG@10 | p (paired t, vs ours) | MRR@10 | recall@10 | mean loss, first / last 5 steps | train s | scoring s |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        "| ranker | NDCG@10 | p (paired t, vs ours) | MRR@10 | recall@10 | mean loss, first / last 5 steps | train s | scoring s |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for r in q["rows"]:
         if "error" in r:
             lines.append(f"| {r['name']} | error: {r['error'][:80]} | | | | | | |")
@@ -312,7 +444,9 @@ def quality_markdown(q: dict) -> str:
         loss = f"{statistics.mean(ls[:5]):.3f} / {statistics.mean(ls[-5:]):.3f}" if ls else "—"
         t = (f"{r['train_s']:.0f}", f"{r['score_s']:.0f}") if "train_s" in r else ("—", "—")
         p = f"{r['p_vs_ours']:.3g}" if "p_vs_ours" in r else "—"
-        lines.append(f"| {r['name']} | {r['ndcg_cut_10']:.4f} | {p} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} | {t[0]} | {t[1]} |")
+        lines.append(
+            f"| {r['name']} | {r['ndcg_cut_10']:.4f} | {p} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} | {t[0]} | {t[1]} |"
+        )
     return "\n".join(lines)
 
 
@@ -353,7 +487,9 @@ def parse_args(argv=None):
     a = options.parse(Options, argv, __doc__)
     a.quality_untrained = [v.strip() for v in (a.quality_untrained or "").split(",") if v.strip()]
     if set(a.quality_untrained) - set(TOOLS):
-        options.error(f"quality_untrained: unknown {sorted(set(a.quality_untrained) - set(TOOLS))}; choose from {list(TOOLS)}")
+        options.error(
+            f"quality_untrained: unknown {sorted(set(a.quality_untrained) - set(TOOLS))}; choose from {list(TOOLS)}"
+        )
     for name, allowed in (("tools", TOOLS), ("tasks", (*TASKS, QUALITY)), ("precision", ("fp32", "bf16"))):
         vals = [v.strip() for v in getattr(a, name).split(",") if v.strip()]
         bad = [v for v in vals if v not in allowed]
@@ -362,10 +498,15 @@ def parse_args(argv=None):
         setattr(a, name, vals)
     if min(a.rounds, a.steps, a.passages, a.rerank_queries, a.repeats) < 1 or a.warmup < 0 or a.candidates < 2:
         options.error("rounds, steps, passages, rerank_queries, repeats must be >= 1, warmup >= 0, candidates >= 2")
-    if QUALITY in a.tasks and (min(a.quality_steps, a.quality_queries, a.quality_depth) < 1 or a.quality_ours_compress_dim < 0
-                               or len(a.precision) != 1):
-        options.error("tasks=quality: quality_steps, quality_queries, quality_depth must be >= 1, "
-                      "quality_ours_compress_dim >= 0 and precision one value")
+    if QUALITY in a.tasks and (
+        min(a.quality_steps, a.quality_queries, a.quality_depth) < 1
+        or a.quality_ours_compress_dim < 0
+        or len(a.precision) != 1
+    ):
+        options.error(
+            "tasks=quality: quality_steps, quality_queries, quality_depth must be >= 1, "
+            "quality_ours_compress_dim >= 0 and precision one value"
+        )
     return a
 
 
@@ -379,22 +520,43 @@ def main(argv=None) -> dict:
         if Path(pythons[t]).exists():
             tools.append(t)
         else:
-            print(f"NOTICE: {t} skipped: no interpreter at {pythons[t]} (make its venv from bench/requirements-{t}.txt)", flush=True)
+            print(
+                f"NOTICE: {t} skipped: no interpreter at {pythons[t]} (make its venv from bench/requirements-{t}.txt)",
+                flush=True,
+            )
     backbone = args.backbone or backbone_dir()
     cfg = json.loads((Path(backbone) / "config.json").read_text())
-    result = {"started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": " ".join(["python", *sys.argv]), "args": vars(args) | {"tools": tools},
-              "backbone": backbone, "loadavg": [os.getloadavg()[0]], "matmul": {"start": matmul_reference(args.matmul_n)}}
-    print("matmul: " + ", ".join(f"{k} {v['gflops']['median']:.0f} GFLOP/s" for k, v in result["matmul"]["start"].items()), flush=True)
+    result = {
+        "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "args": vars(args) | {"tools": tools},
+        "backbone": backbone,
+        "loadavg": [os.getloadavg()[0]],
+        "matmul": {"start": matmul_reference(args.matmul_n)},
+    }
+    print(
+        "matmul: "
+        + ", ".join(f"{k} {v['gflops']['median']:.0f} GFLOP/s" for k, v in result["matmul"]["start"].items()),
+        flush=True,
+    )
     data = make_data(args)
     result["data"] = data["source"]
     runs: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench_peers.") as tmp:
         wd = Path(tmp)
         (wd / "data.json").write_text(json.dumps(data))
-        base = dict(data=str(wd / "data.json"), backbone=backbone, threads=args.threads, seed=args.seed, lr=args.lr,
-                    warmup=args.warmup, repeats=args.repeats, encode_batch=args.encode_batch,
-                    query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN)
+        base = dict(
+            data=str(wd / "data.json"),
+            backbone=backbone,
+            threads=args.threads,
+            seed=args.seed,
+            lr=args.lr,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            encode_batch=args.encode_batch,
+            query_max_len=QUERY_MAX_LEN,
+            doc_max_len=DOC_MAX_LEN,
+        )
         for task in (t for t in args.tasks if t != QUALITY):
             for prec in args.precision:
                 for rnd in range(args.rounds):
@@ -403,9 +565,11 @@ def main(argv=None) -> dict:
                             continue
                         r = run_driver(tool, pythons[tool], base | dict(task=task, precision=prec), wd, args.timeout)
                         runs.setdefault(task, {}).setdefault(prec, {}).setdefault(tool, []).append(r)
-                        msg = r.get("error") or (f"{r['units'] / statistics.median(r['times']):.2f} {UNIT[task]} "
-                                                 f"(others {r['others_cores']:.2f} cores, load {r['loadavg_1min'][1]:.1f}, "
-                                                 f"peak {r['peak_rss_mib']:.0f} MiB)")
+                        msg = r.get("error") or (
+                            f"{r['units'] / statistics.median(r['times']):.2f} {UNIT[task]} "
+                            f"(others {r['others_cores']:.2f} cores, load {r['loadavg_1min'][1]:.1f}, "
+                            f"peak {r['peak_rss_mib']:.0f} MiB)"
+                        )
                         print(f"  {task} {prec} round {rnd + 1}/{args.rounds} {tool}: {msg}", flush=True)
     if QUALITY in args.tasks:
         result["quality"] = run_quality(args, tools, pythons, backbone, Path(args.out).with_suffix("") / "quality-runs")
@@ -414,9 +578,12 @@ def main(argv=None) -> dict:
     result["summary"] = {}
     for task, per_prec in runs.items():
         for prec, per_tool in per_prec.items():
-            ref = (result["matmul"]["start"][prec]["gflops"]["median"] + result["matmul"]["end"][prec]["gflops"]["median"]) / 2
+            ref = (
+                result["matmul"]["start"][prec]["gflops"]["median"] + result["matmul"]["end"][prec]["gflops"]["median"]
+            ) / 2
             result["summary"].setdefault(task, {})[prec] = {
-                tool: summarise(rs, task, unit_flops(cfg, task, args.candidates), ref) for tool, rs in per_tool.items()}
+                tool: summarise(rs, task, unit_flops(cfg, task, args.candidates), ref) for tool, rs in per_tool.items()
+            }
     result["runs"] = runs
     result["table_markdown"] = markdown(result)
     if any(t != QUALITY for t in args.tasks):
@@ -425,9 +592,11 @@ def main(argv=None) -> dict:
     if "quality" in result:
         q = result["quality"]
         result["quality_markdown"] = quality_markdown(q)
-        print(f"\nQuality guard: {q['steps']} steps x {args.batch} triplets, lr {q['lr']} constant, {q['precision']}; "
-              f"{q['queries']} SQuAD val questions x BM25 top {q['depth']} ({q['distinct_passages']} passages); "
-              f"TREC runs in {q['run_dir']}")
+        print(
+            f"\nQuality guard: {q['steps']} steps x {args.batch} triplets, lr {q['lr']} constant, {q['precision']}; "
+            f"{q['queries']} SQuAD val questions x BM25 top {q['depth']} ({q['distinct_passages']} passages); "
+            f"TREC runs in {q['run_dir']}"
+        )
         print(result["quality_markdown"])
     write_json(Path(args.out), result)
     print(f"\nJSON -> {args.out}")

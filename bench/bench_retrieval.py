@@ -23,6 +23,7 @@ Measured, in one process:
 The CPU may be shared: each timing records the CPU that *other* processes used meanwhile (cores, from /proc/stat).
 The JSON (written atomically) holds machine info, settings and every number.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -51,7 +52,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def machine() -> dict:
-    info = {"cpu_model": "unknown", "logical_cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+    info = {
+        "cpu_model": "unknown",
+        "logical_cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -62,9 +68,12 @@ def machine() -> dict:
     import faiss  # lazy: faiss-cpu or faiss-gpu, only dense retrieval needs it
     import transformers  # lazy: heavy, only model building needs it
 
-    info.update(faiss=getattr(faiss, "__version__", "?"), transformers=transformers.__version__,
-                faiss_gpus=faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0,
-                cuda=torch.cuda.is_available())
+    info.update(
+        faiss=getattr(faiss, "__version__", "?"),
+        transformers=transformers.__version__,
+        faiss_gpus=faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0,
+        cuda=torch.cuda.is_available(),
+    )
     return info
 
 
@@ -121,7 +130,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     if not args.data.exists():
-        sys.exit(f"error: data: '{args.data}' does not exist; expected the Vaswani folder (doc-text.trec.gz, query-text.trec)")
+        sys.exit(
+            f"error: data: '{args.data}' does not exist; expected the Vaswani folder (doc-text.trec.gz, query-text.trec)"
+        )
     docs, queries = load_vaswani(args.data, args.docs, args.queries)
     precisions = [p for p in args.precision.split(",") if p]
     types = [t for t in args.index_types.split(",") if t]
@@ -130,10 +141,18 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     ranker = build_ranker(ranker_config({"name": args.ranker, "backbone": "minilm"})).eval()
     result: dict = {
-        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-        "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "n_docs": len(docs),
-                     "n_queries": len(queries), "doc_max_len": ranker.cfg.doc_max_len, "query_max_len": ranker.cfg.query_max_len},
-        "build": {}, "faiss_build": {}, "search": {},
+        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "settings": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "n_docs": len(docs),
+            "n_queries": len(queries),
+            "doc_max_len": ranker.cfg.doc_max_len,
+            "query_max_len": ranker.cfg.query_max_len,
+        },
+        "build": {},
+        "faiss_build": {},
+        "search": {},
     }
 
     # 1. index building, end to end, per precision (flat)
@@ -143,8 +162,15 @@ def main(argv=None) -> dict:
             index = DenseIndex.build(ranker, docs, batch_size=args.batch_size, precision=prec, index_type="flat")
         flat_by_prec[prec] = index
         pps = len(docs) / m.wall
-        result["build"][prec] = {"seconds": round(m.wall, 3), "passages_per_s": round(pps, 2), "others_cores": m.others_cores}
-        print(f"build flat {prec:5s}: {pps:8.1f} passages/s  ({m.wall:.1f} s, other processes {m.others_cores} cores)", flush=True)
+        result["build"][prec] = {
+            "seconds": round(m.wall, 3),
+            "passages_per_s": round(pps, 2),
+            "others_cores": m.others_cores,
+        }
+        print(
+            f"build flat {prec:5s}: {pps:8.1f} passages/s  ({m.wall:.1f} s, other processes {m.others_cores} cores)",
+            flush=True,
+        )
 
     base_prec = "fp32" if "fp32" in flat_by_prec else precisions[0]
     flat = flat_by_prec[base_prec]
@@ -163,30 +189,48 @@ def main(argv=None) -> dict:
             faiss_index, params = b.finish()
         manifest = {**flat.manifest, "index_type": t, "params": params}
         indexes[t] = DenseIndex(faiss_index, flat.doc_ids, manifest, ranker, flat.pair_tokenizer, b.placement)
-        result["faiss_build"][t] = {"seconds": round(m.wall, 4), "vectors_per_s": round(len(vecs) / m.wall, 1), "params": params,
-                                    "others_cores": m.others_cores}
+        result["faiss_build"][t] = {
+            "seconds": round(m.wall, 4),
+            "vectors_per_s": round(len(vecs) / m.wall, 1),
+            "params": params,
+            "others_cores": m.others_cores,
+        }
         print(f"faiss build {t:5s}: {m.wall:.3f} s for {len(vecs)} vectors {params}", flush=True)
 
     # 2. search
-    qvecs = np.concatenate([v for _, v in flat.encode_queries(queries, batch_size=args.batch_size, precision=base_prec)])
+    qvecs = np.concatenate(
+        [v for _, v in flat.encode_queries(queries, batch_size=args.batch_size, precision=base_prec)]
+    )
     runs = {}
     for t, index in indexes.items():
-        wall, others, run = median_timing(lambda: index.search(queries, k=args.k, batch_size=args.batch_size, precision=base_prec), args.repeats)
+        wall, others, run = median_timing(
+            lambda: index.search(queries, k=args.k, batch_size=args.batch_size, precision=base_prec), args.repeats
+        )
         fwall, _, _ = median_timing(lambda: index.search_vectors(qvecs, args.k), max(args.repeats, 5))
         runs[t] = run
-        entry = {"end_to_end_queries_per_s": round(len(queries) / wall, 2), "faiss_only_queries_per_s": round(len(queries) / fwall, 1),
-                 "end_to_end_seconds": round(wall, 4), "faiss_only_seconds": round(fwall, 5), "others_cores": others}
+        entry = {
+            "end_to_end_queries_per_s": round(len(queries) / wall, 2),
+            "faiss_only_queries_per_s": round(len(queries) / fwall, 1),
+            "end_to_end_seconds": round(wall, 4),
+            "faiss_only_seconds": round(fwall, 5),
+            "others_cores": others,
+        }
         if t != "flat":
             entry[f"recall_at_{args.k}_vs_flat"] = round(overlap(runs["flat"], run, args.k), 4)
         result["search"][t] = entry
-        print(f"search {t:5s}: {entry['end_to_end_queries_per_s']:8.1f} queries/s end to end, "
-              f"{entry['faiss_only_queries_per_s']:10.1f} queries/s faiss only"
-              + (f", recall@{args.k} vs flat {entry[f'recall_at_{args.k}_vs_flat']:.3f}" if t != "flat" else ""), flush=True)
+        print(
+            f"search {t:5s}: {entry['end_to_end_queries_per_s']:8.1f} queries/s end to end, "
+            f"{entry['faiss_only_queries_per_s']:10.1f} queries/s faiss only"
+            + (f", recall@{args.k} vs flat {entry[f'recall_at_{args.k}_vs_flat']:.3f}" if t != "flat" else ""),
+            flush=True,
+        )
     for prec, index in flat_by_prec.items():
         if prec != base_prec:
             run = index.search(queries, k=10, batch_size=args.batch_size, precision=prec)
             result["build"][prec]["top10_overlap_with_" + base_prec] = round(overlap(runs["flat"], run, 10), 4)
-            print(f"{prec} index + queries: top-10 overlap with {base_prec} {result['build'][prec]['top10_overlap_with_' + base_prec]:.3f}")
+            print(
+                f"{prec} index + queries: top-10 overlap with {base_prec} {result['build'][prec]['top10_overlap_with_' + base_prec]:.3f}"
+            )
 
     # 3. ColBERT end-to-end
     if args.colbert:
@@ -194,11 +238,22 @@ def main(argv=None) -> dict:
         colbert = build_ranker(ranker_config({"name": "colbert", "backbone": "minilm"})).eval()
         with Meter() as m:
             cidx = ColBERTIndex.build(colbert, docs, batch_size=args.batch_size, precision=base_prec)
-        wall, others, _ = median_timing(lambda: cidx.search(queries, k=args.k, k_tokens=64, depth=256, batch_size=args.batch_size), args.repeats)
-        result["colbert_e2e"] = {"build_passages_per_s": round(len(docs) / m.wall, 2), "build_seconds": round(m.wall, 3),
-                                 "tokens": cidx.n_tokens, "queries_per_s": round(len(queries) / wall, 2), "k_tokens": 64, "depth": 256,
-                                 "others_cores": [m.others_cores, *others]}
-        print(f"colbert e2e: build {len(docs) / m.wall:.1f} passages/s ({cidx.n_tokens} tokens), search {len(queries) / wall:.1f} queries/s", flush=True)
+        wall, others, _ = median_timing(
+            lambda: cidx.search(queries, k=args.k, k_tokens=64, depth=256, batch_size=args.batch_size), args.repeats
+        )
+        result["colbert_e2e"] = {
+            "build_passages_per_s": round(len(docs) / m.wall, 2),
+            "build_seconds": round(m.wall, 3),
+            "tokens": cidx.n_tokens,
+            "queries_per_s": round(len(queries) / wall, 2),
+            "k_tokens": 64,
+            "depth": 256,
+            "others_cores": [m.others_cores, *others],
+        }
+        print(
+            f"colbert e2e: build {len(docs) / m.wall:.1f} passages/s ({cidx.n_tokens} tokens), search {len(queries) / wall:.1f} queries/s",
+            flush=True,
+        )
 
     write_json(args.out, result)
     print(f"wrote {args.out}")

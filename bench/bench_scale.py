@@ -60,6 +60,7 @@ What is measured:
 A failing stage prints the tail of its stderr, is recorded with `ok: false`, and the bench goes on. The JSON (`out`,
 written atomically after every stage) holds the machine, the settings, every record and the growth table.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -208,8 +209,12 @@ def emit(result: dict) -> None:
 
 
 def driver_command(fn: str, **kwargs) -> list[str]:
-    return [sys.executable, "-c", f"import json, sys; from bench.bench_scale import {fn}; {fn}(**json.loads(sys.argv[1]))",
-            json.dumps(kwargs)]
+    return [
+        sys.executable,
+        "-c",
+        f"import json, sys; from bench.bench_scale import {fn}; {fn}(**json.loads(sys.argv[1]))",
+        json.dumps(kwargs),
+    ]
 
 
 def drive_store(collection: str, cache_dir: str) -> None:
@@ -221,7 +226,14 @@ def drive_store(collection: str, cache_dir: str) -> None:
     t1 = time.perf_counter()
     ds = load_dataset(TsvConfig(collection=collection, cache_dir=cache_dir), seed=0)
     t2 = time.perf_counter()
-    emit({"import_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3), "docs": len(ds.docs), "docs_type": type(ds.docs).__name__})
+    emit(
+        {
+            "import_s": round(t1 - t0, 3),
+            "load_s": round(t2 - t1, 3),
+            "docs": len(ds.docs),
+            "docs_type": type(ds.docs).__name__,
+        }
+    )
 
 
 def drive_dense(n: int, dim: int, chunk: int, index_type: str, seed: int, search_queries: int, k: int) -> None:
@@ -253,9 +265,20 @@ def drive_dense(n: int, dim: int, chunk: int, index_type: str, seed: int, search
     t0 = time.perf_counter()
     index.search(q, k)
     search_s = time.perf_counter() - t0
-    emit({"vectors": int(index.ntotal), "dim": dim, "params": params, "gen_s": round(gen_s, 3), "add_s": round(add_s, 3),
-          "finish_s": round(finish_s, 3), "search_s": round(search_s, 4), "search_queries": search_queries, "k": k,
-          "vector_bytes": int(index.ntotal) * dim * 4})
+    emit(
+        {
+            "vectors": int(index.ntotal),
+            "dim": dim,
+            "params": params,
+            "gen_s": round(gen_s, 3),
+            "add_s": round(add_s, 3),
+            "finish_s": round(finish_s, 3),
+            "search_s": round(search_s, 4),
+            "search_queries": search_queries,
+            "k": k,
+            "vector_bytes": int(index.ntotal) * dim * 4,
+        }
+    )
 
 
 def drive_encode(collection: str, n: int, batch_size: int, seed: int) -> None:
@@ -278,8 +301,16 @@ def drive_encode(collection: str, n: int, batch_size: int, seed: int) -> None:
     t0 = time.perf_counter()
     index = DenseIndex.build(ranker, docs, batch_size=batch_size, precision="fp32", index_type="flat")
     s = time.perf_counter() - t0
-    emit({"passages": len(docs), "seconds": round(s, 3), "passages_per_s": round(len(docs) / s, 2), "dim": int(index.index.d),
-          "threads": torch.get_num_threads(), "batch_size": batch_size})
+    emit(
+        {
+            "passages": len(docs),
+            "seconds": round(s, 3),
+            "passages_per_s": round(len(docs) / s, 2),
+            "dim": int(index.index.d),
+            "threads": torch.get_num_threads(),
+            "batch_size": batch_size,
+        }
+    )
 
 
 def make_tiny_bert(path: str) -> None:
@@ -315,13 +346,21 @@ class Runner:
 
     def env(self, probe: Path) -> dict:
         path = os.pathsep.join(p for p in (str(self.probe_dir), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        return {**os.environ, "PYTHONPATH": path, "BENCH_SCALE_PROBE": str(probe), "WANDB_MODE": "disabled",
-                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return {
+            **os.environ,
+            "PYTHONPATH": path,
+            "BENCH_SCALE_PROBE": str(probe),
+            "WANDB_MODE": "disabled",
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
 
     def run(self, stage: str, run: str, size: int, cmd: list[str], work: Path, after=None, **extra) -> dict:
         """Run `cmd` as stage `stage`/`run` of `size`, print its line, add its record to the result; `after(rec)`
         adds figures read from the stage's files before the line is printed."""
-        from bench.bench_speed import Meter  # lazy: imports torch, which the drivers' measured processes must not inherit
+        from bench.bench_speed import (
+            Meter,
+        )  # lazy: imports torch, which the drivers' measured processes must not inherit
 
         name = f"{stage}-{run}"
         probe = work / "probe" / name
@@ -349,8 +388,12 @@ class Runner:
                 else:
                     time.sleep(0.2)
             proc.returncode = os.waitstatus_to_exitcode(status)
-        rec.update(wall_s=round(meter.wall, 3), others_cores=meter.others_cores, returncode=proc.returncode,
-                   ok=proc.returncode == 0 and not timed_out)
+        rec.update(
+            wall_s=round(meter.wall, 3),
+            others_cores=meter.others_cores,
+            returncode=proc.returncode,
+            ok=proc.returncode == 0 and not timed_out,
+        )
         if timed_out:
             rec["error"] = f"timed out after {self.args.stage_timeout} s"
         elif proc.returncode != 0:
@@ -364,22 +407,31 @@ class Runner:
                 peaks.append(last["VmHWM"])
             if "step1" in r:
                 s1 = r["step1"]
-                ranks.append({"rank": s1.get("rank"), "pid": pid, "peak_rss_gb": round(last["VmHWM"] / GB, 3),
-                              "peak_at": "exit" if "exit" in r else "first step",
-                              "first_step_s": round(s1["t"] - t_start, 3),
-                              "rss_first_step_gb": {k: round(s1.get(k, 0) / GB, 3) for k in ("RssAnon", "RssFile")}})
+                ranks.append(
+                    {
+                        "rank": s1.get("rank"),
+                        "pid": pid,
+                        "peak_rss_gb": round(last["VmHWM"] / GB, 3),
+                        "peak_at": "exit" if "exit" in r else "first step",
+                        "first_step_s": round(s1["t"] - t_start, 3),
+                        "rss_first_step_gb": {k: round(s1.get(k, 0) / GB, 3) for k in ("RssAnon", "RssFile")},
+                    }
+                )
         if peaks and all("exit" in r for r in procs.values()):
             rec.update(peak_rss_gb=round(max(peaks) / GB, 3), rss_source="VmHWM at exit", processes=len(procs))
         else:
-            rec.update(peak_rss_gb=round(max([usage.ru_maxrss * 1024, *peaks]) / GB, 3), processes=len(procs),
-                       rss_source="wait4 ru_maxrss (a process left no exit record)")
+            rec.update(
+                peak_rss_gb=round(max([usage.ru_maxrss * 1024, *peaks]) / GB, 3),
+                processes=len(procs),
+                rss_source="wait4 ru_maxrss (a process left no exit record)",
+            )
         if ranks:
             ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0))
             rec["ranks"] = ranks
             rec["first_step_s"] = max(r["first_step_s"] for r in ranks)
-        for line in (out_log.read_text(errors="replace").splitlines() if out_log.exists() else []):
+        for line in out_log.read_text(errors="replace").splitlines() if out_log.exists() else []:
             if line.startswith(RESULT):
-                rec["result"] = json.loads(line[len(RESULT):])
+                rec["result"] = json.loads(line[len(RESULT) :])
         if after is not None:
             after(rec)
         self.growth(rec)
@@ -396,8 +448,11 @@ class Runner:
         if rec["ok"] and rec["stage"] != "data":
             if prev is not None and rec["size"] > prev["size"]:
                 dn = rec["size"] - prev["size"]
-                rec["growth"] = {"vs_size": prev["size"], "wall_us_per_passage": round((rec["wall_s"] - prev["wall_s"]) / dn * 1e6, 3),
-                                 "rss_bytes_per_passage": round((rec["peak_rss_gb"] - prev["peak_rss_gb"]) * GB / dn, 1)}
+                rec["growth"] = {
+                    "vs_size": prev["size"],
+                    "wall_us_per_passage": round((rec["wall_s"] - prev["wall_s"]) / dn * 1e6, 3),
+                    "rss_bytes_per_passage": round((rec["peak_rss_gb"] - prev["peak_rss_gb"]) * GB / dn, 1),
+                }
             self.previous[key] = rec
 
     def save(self) -> None:
@@ -414,7 +469,9 @@ def line_of(rec: dict) -> str:
     if "first_step_s" in rec:
         s += f"  first step {rec['first_step_s']:.1f} s"
     if len(rec.get("ranks", ())) > 1:
-        s += "  ranks " + ", ".join(f"r{r['rank']} {r['peak_rss_gb']:.2f} GB / {r['first_step_s']:.1f} s" for r in rec["ranks"])
+        s += "  ranks " + ", ".join(
+            f"r{r['rank']} {r['peak_rss_gb']:.2f} GB / {r['first_step_s']:.1f} s" for r in rec["ranks"]
+        )
     res = rec.get("result", {})
     for key in ("reused", "import_s", "load_s", "mrr_10", "recall_100", "passages_per_s", "add_s", "search_s"):
         if key in res:
@@ -428,11 +485,21 @@ def line_of(rec: dict) -> str:
 # ---- the stages --------------------------------------------------------------------------------------------------
 def tsv_args(f: dict[str, Path], cache: Path, train: bool, val: bool, test: str = "test") -> list[str]:
     """`data=tsv` overrides: the collection, the train / val files (or null), the `test` query set as test split."""
-    a = ["data=tsv", f"data.collection={f['collection']}", f"data.cache_dir={cache}",
-         f"data.test_queries={f[f'queries.{test}']}", f"data.test_qrels={f[f'qrels.{test}']}"]
+    a = [
+        "data=tsv",
+        f"data.collection={f['collection']}",
+        f"data.cache_dir={cache}",
+        f"data.test_queries={f[f'queries.{test}']}",
+        f"data.test_qrels={f[f'qrels.{test}']}",
+    ]
     if train:
-        a += [f"data.train_queries={f['queries.train']}", f"data.train_qrels={f['qrels.train']}",
-              f"data.train_triples={f['triples']}", "data.triples_format=ids", "data.negatives=given"]
+        a += [
+            f"data.train_queries={f['queries.train']}",
+            f"data.train_qrels={f['qrels.train']}",
+            f"data.train_triples={f['triples']}",
+            "data.triples_format=ids",
+            "data.negatives=given",
+        ]
     else:
         a += ["data.train_queries=null", "data.train_qrels=null", "data.train_triples=null"]
     if val:
@@ -454,6 +521,7 @@ def _bm25_figures(out: Path):
         m = _metrics(out)
         rec.setdefault("result", {}).update({k: round(m[k], 4) for k in ("mrr_10", "recall_100") if k in m})
         rec["result"].update({k: m["bm25"][k] for k in ("k", "docs", "queries") if k in m.get("bm25", {})})
+
     return after
 
 
@@ -461,13 +529,36 @@ def backbone_arg(name: str, tiny: Path) -> str:
     return str(tiny) if name == "tiny" else name
 
 
-def train_command(args: Options, f: dict, cache: Path, out: Path, backbone: str, ddp: bool, steps: int, eval_queries: int,
-                  depth: int, extra: tuple[str, ...] = ()) -> list[str]:
+def train_command(
+    args: Options,
+    f: dict,
+    cache: Path,
+    out: Path,
+    backbone: str,
+    ddp: bool,
+    steps: int,
+    eval_queries: int,
+    depth: int,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     per_rank = max(1, args.train_batch_size // args.ddp_devices) if ddp else args.train_batch_size
-    cmd = [sys.executable, "train.py", "model=colbert", f"model.backbone={backbone}", *tsv_args(f, cache, True, True),
-           f"data.batch_size={per_rank}", f"data.max_eval_queries={eval_queries}", f"data.candidate_depth={depth}",
-           f"trainer.max_steps={steps}", "trainer.enable_progress_bar=false", "eval.before_training=false",
-           "logger=none", f"seed={args.seed}", f"output_dir={out}", *extra]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "model=colbert",
+        f"model.backbone={backbone}",
+        *tsv_args(f, cache, True, True),
+        f"data.batch_size={per_rank}",
+        f"data.max_eval_queries={eval_queries}",
+        f"data.candidate_depth={depth}",
+        f"trainer.max_steps={steps}",
+        "trainer.enable_progress_bar=false",
+        "eval.before_training=false",
+        "logger=none",
+        f"seed={args.seed}",
+        f"output_dir={out}",
+        *extra,
+    ]
     if ddp:
         cmd += ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={args.ddp_devices}"]
     return cmd
@@ -477,20 +568,44 @@ def run_size(runner: Runner, args: Options, size: int, stages: list[str], first:
     work = args.work_dir / str(size)
     if work.exists():
         if not (work / MARKER).exists():
-            raise SystemExit(f"error: work folder {work} exists and was not made by this bench; choose another work_dir")
+            raise SystemExit(
+                f"error: work folder {work} exists and was not made by this bench; choose another work_dir"
+            )
         if not args.keep_cache:
             shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     (work / MARKER).write_text("made by bench/bench_scale.py; emptied when the size runs again\n")
     cache = work / "cache"
-    spec = Spec(passages=size, seed=args.seed, triples_per_passage=args.triples_per_passage, val_queries=args.val_queries,
-                test_queries=args.test_queries, other_queries=args.other_queries)
+    spec = Spec(
+        passages=size,
+        seed=args.seed,
+        triples_per_passage=args.triples_per_passage,
+        val_queries=args.val_queries,
+        test_queries=args.test_queries,
+        other_queries=args.other_queries,
+    )
     folder = args.data_dir / spec.folder_name()
-    gen = [sys.executable, "-m", "bench.synthetic_msmarco", f"passages={size}", f"seed={args.seed}",
-           f"triples_per_passage={args.triples_per_passage}", f"val_queries={args.val_queries}",
-           f"test_queries={args.test_queries}", f"other_queries={args.other_queries}", f"data_dir={args.data_dir}"]
-    rec = runner.run("data", "generate", size, gen, work, folder=str(folder),
-                     after=lambda r: r.update(result=_last_json(Path(r["logs"][0]))))
+    gen = [
+        sys.executable,
+        "-m",
+        "bench.synthetic_msmarco",
+        f"passages={size}",
+        f"seed={args.seed}",
+        f"triples_per_passage={args.triples_per_passage}",
+        f"val_queries={args.val_queries}",
+        f"test_queries={args.test_queries}",
+        f"other_queries={args.other_queries}",
+        f"data_dir={args.data_dir}",
+    ]
+    rec = runner.run(
+        "data",
+        "generate",
+        size,
+        gen,
+        work,
+        folder=str(folder),
+        after=lambda r: r.update(result=_last_json(Path(r["logs"][0]))),
+    )
     if not rec["ok"]:
         print(f"  no data for {size} passages: skipping its stages", flush=True)
         return
@@ -498,12 +613,27 @@ def run_size(runner: Runner, args: Options, size: int, stages: list[str], first:
 
     if "store" in stages:
         for run in ("build", "reuse"):
-            runner.run("store", run, size, driver_command("drive_store", collection=f["collection"], cache_dir=str(cache)), work)
+            runner.run(
+                "store",
+                run,
+                size,
+                driver_command("drive_store", collection=f["collection"], cache_dir=str(cache)),
+                work,
+            )
     if "bm25" in stages:
         for run, qset in (("build", "test"), ("reuse", "other")):
             out = work / f"bm25-{qset}"
-            cmd = [sys.executable, "evaluate.py", "model=bm25", f"model.depth={args.bm25_depth}", "model.split=test",
-                   *tsv_args(f, cache, False, False, qset), "logger=none", f"output_dir={out}", f"seed={args.seed}"]
+            cmd = [
+                sys.executable,
+                "evaluate.py",
+                "model=bm25",
+                f"model.depth={args.bm25_depth}",
+                "model.split=test",
+                *tsv_args(f, cache, False, False, qset),
+                "logger=none",
+                f"output_dir={out}",
+                f"seed={args.seed}",
+            ]
             runner.run("bm25", run, size, cmd, work, after=_bm25_figures(out), queries=qset)
     backbone = backbone_arg(args.train_backbone, tiny)
     train_runs = [("train", "cold", False), ("train", "warm", False)] if "train" in stages else []
@@ -513,15 +643,35 @@ def run_size(runner: Runner, args: Options, size: int, stages: list[str], first:
         train_runs.append(("train_ddp", f"{args.ddp_devices}proc", True))
     for stage, run, ddp in train_runs:
         # the test after training is not what these stages measure: no isotropy protocol, no ATS there
-        cmd = train_command(args, f, cache, work / f"{stage}-{run}", backbone, ddp, args.train_steps, args.train_eval_queries,
-                            args.train_candidate_depth, ("eval.isotropy_paper=false", "eval.ats_passages=0"))
+        cmd = train_command(
+            args,
+            f,
+            cache,
+            work / f"{stage}-{run}",
+            backbone,
+            ddp,
+            args.train_steps,
+            args.train_eval_queries,
+            args.train_candidate_depth,
+            ("eval.isotropy_paper=false", "eval.ats_passages=0"),
+        )
         runner.run(stage, run, size, cmd, work, backbone=backbone, steps=args.train_steps)
     if "dense" in stages and last:
-        cmd = driver_command("drive_dense", n=size, dim=args.dense_dim, chunk=args.dense_chunk, index_type=args.dense_index_type,
-                             seed=args.seed, search_queries=args.dense_search_queries, k=args.dense_k)
+        cmd = driver_command(
+            "drive_dense",
+            n=size,
+            dim=args.dense_dim,
+            chunk=args.dense_chunk,
+            index_type=args.dense_index_type,
+            seed=args.seed,
+            search_queries=args.dense_search_queries,
+            k=args.dense_k,
+        )
         runner.run("dense", args.dense_index_type, size, cmd, work)
     if "encode" in stages and first:
-        cmd = driver_command("drive_encode", collection=f["collection"], n=args.encode_passages, batch_size=64, seed=args.seed)
+        cmd = driver_command(
+            "drive_encode", collection=f["collection"], n=args.encode_passages, batch_size=64, seed=args.seed
+        )
         runner.run("encode", "minilm", size, cmd, work)
     if "isotropy" in stages and first:
         isotropy(runner, args, size, f, cache, work, backbone_arg(args.isotropy_backbone, tiny))
@@ -530,36 +680,80 @@ def run_size(runner: Runner, args: Options, size: int, stages: list[str], first:
 def _isotropy_figures(out: Path):
     def after(rec: dict) -> None:
         m = _metrics(out)
-        rec.setdefault("result", {}).update(isotropy_paper_batches=m.get("isotropy_paper_batches"), ndcg_cut_10=m.get("ndcg_cut_10"))
+        rec.setdefault("result", {}).update(
+            isotropy_paper_batches=m.get("isotropy_paper_batches"), ndcg_cut_10=m.get("ndcg_cut_10")
+        )
+
     return after
 
 
 def isotropy(runner: Runner, args: Options, size: int, f: dict, cache: Path, work: Path, backbone: str) -> None:
     prep_out = work / "isotropy-ckpt"
-    cmd = train_command(args, f, cache, prep_out, backbone, False, 1, 2, args.isotropy_depth,
-                        ("eval.isotropy_paper=false", "eval.ats_passages=0"))
+    cmd = train_command(
+        args,
+        f,
+        cache,
+        prep_out,
+        backbone,
+        False,
+        1,
+        2,
+        args.isotropy_depth,
+        ("eval.isotropy_paper=false", "eval.ats_passages=0"),
+    )
     prep = runner.run("isotropy", "prep", size, cmd, work, backbone=backbone)
     ckpt = prep_out / "checkpoints" / "last.ckpt"
     walls = {}
     for run, flag in (("on", "true"), ("off", "false")):
         out = work / f"isotropy-{run}"
-        cmd = [sys.executable, "evaluate.py", f"ckpt={ckpt}", *tsv_args(f, cache, False, False),
-               f"data.max_eval_queries={args.isotropy_queries}", f"data.candidate_depth={args.isotropy_depth}",
-               f"eval.isotropy_paper={flag}", "logger=none", f"output_dir={out}", f"seed={args.seed}"]
+        cmd = [
+            sys.executable,
+            "evaluate.py",
+            f"ckpt={ckpt}",
+            *tsv_args(f, cache, False, False),
+            f"data.max_eval_queries={args.isotropy_queries}",
+            f"data.candidate_depth={args.isotropy_depth}",
+            f"eval.isotropy_paper={flag}",
+            "logger=none",
+            f"output_dir={out}",
+            f"seed={args.seed}",
+        ]
         if not prep["ok"]:
             print(f"  isotropy/{run}: skipped, no checkpoint (prep failed)", flush=True)
-            runner.result["records"].append({"stage": "isotropy", "run": run, "size": size, "ok": False, "error": "no checkpoint: prep failed"})
+            runner.result["records"].append(
+                {"stage": "isotropy", "run": run, "size": size, "ok": False, "error": "no checkpoint: prep failed"}
+            )
             continue
-        rec = runner.run("isotropy", run, size, cmd, work, after=_isotropy_figures(out), queries=args.isotropy_queries,
-                         depth=args.isotropy_depth, backbone=backbone)
+        rec = runner.run(
+            "isotropy",
+            run,
+            size,
+            cmd,
+            work,
+            after=_isotropy_figures(out),
+            queries=args.isotropy_queries,
+            depth=args.isotropy_depth,
+            backbone=backbone,
+        )
         if rec["ok"]:
             walls[run] = rec["wall_s"]
     if len(walls) == 2:
-        ratio = {"stage": "isotropy", "run": "ratio", "size": size, "ok": True, "on_s": walls["on"], "off_s": walls["off"],
-                 "ratio": round(walls["on"] / walls["off"], 3), "extra_s": round(walls["on"] - walls["off"], 3)}
+        ratio = {
+            "stage": "isotropy",
+            "run": "ratio",
+            "size": size,
+            "ok": True,
+            "on_s": walls["on"],
+            "off_s": walls["off"],
+            "ratio": round(walls["on"] / walls["off"], 3),
+            "extra_s": round(walls["on"] - walls["off"], 3),
+        }
         runner.result["records"].append(ratio)
-        print(f"{'isotropy/ratio':16s} {size:>11,d} passages  eval.isotropy_paper=true / false: {ratio['ratio']:.3f} "
-              f"({walls['on']:.1f} s / {walls['off']:.1f} s, +{ratio['extra_s']:.1f} s)", flush=True)
+        print(
+            f"{'isotropy/ratio':16s} {size:>11,d} passages  eval.isotropy_paper=true / false: {ratio['ratio']:.3f} "
+            f"({walls['on']:.1f} s / {walls['off']:.1f} s, +{ratio['extra_s']:.1f} s)",
+            flush=True,
+        )
     runner.save()
 
 
@@ -589,7 +783,10 @@ def parse_list(value: str, what: str, allowed=None) -> list[str]:
     items = [s.strip() for s in str(value).split(",") if s.strip()]
     bad = [s for s in items if allowed is not None and s not in allowed]
     if bad or not items:
-        options.error(f"key '{what}': got {value!r}; expected a comma-separated list" + (f" of {list(allowed)}" if allowed else ""))
+        options.error(
+            f"key '{what}': got {value!r}; expected a comma-separated list"
+            + (f" of {list(allowed)}" if allowed else "")
+        )
     return items
 
 
@@ -607,9 +804,14 @@ def main(argv=None) -> dict:
     probe_dir = args.work_dir / "probe"
     probe_dir.mkdir(exist_ok=True)
     (probe_dir / "sitecustomize.py").write_text(PROBE)
-    result = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "sizes": sizes, "stages": stages, "records": []}
+    result = {
+        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "sizes": sizes,
+        "stages": stages,
+        "records": [],
+    }
     runner = Runner(args, result, probe_dir)
     print(f"bench_scale: sizes {sizes}, stages {stages}, JSON {args.out}", flush=True)
     tiny = args.work_dir / "tiny-bert"
@@ -617,10 +819,17 @@ def main(argv=None) -> dict:
         subprocess.run(driver_command("make_tiny_bert", path=str(tiny)), cwd=REPO, check=True, capture_output=True)
     for i, size in enumerate(sizes):
         run_size(runner, args, size, stages, first=i == 0, last=i == len(sizes) - 1, tiny=tiny)
-    result["growth"] = [{"stage": r["stage"], "run": r["run"], "size": r["size"], **r["growth"]} for r in result["records"] if "growth" in r]
+    result["growth"] = [
+        {"stage": r["stage"], "run": r["run"], "size": r["size"], **r["growth"]}
+        for r in result["records"]
+        if "growth" in r
+    ]
     result["failed"] = [f"{r['stage']}/{r['run']}@{r['size']}" for r in result["records"] if not r.get("ok")]
     runner.save()
-    print(f"wrote {args.out}" + (f"; failed: {', '.join(result['failed'])}" if result["failed"] else "; every stage ran"), flush=True)
+    print(
+        f"wrote {args.out}" + (f"; failed: {', '.join(result['failed'])}" if result["failed"] else "; every stage ran"),
+        flush=True,
+    )
     return result
 
 

@@ -27,6 +27,7 @@ The machine may be shared: for each measurement the JSON records the CPU time th
 it (from /proc/stat), so a contended number can be recognised. `wait_idle=S` waits up to S seconds for a quiet
 machine before starting.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,7 +71,9 @@ def machine_info(threads: int) -> dict:
                 k, v = (s.strip() for s in line.split(":", 1))
                 fields.setdefault(k, v)
         info["cpu_model"] = fields.get("model name", "unknown")
-        info["cpu_family_model"] = f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+        info["cpu_family_model"] = (
+            f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+        )
         flags = set(fields.get("flags", "").split())
         info["isa"] = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx_vnni"))
     except OSError:
@@ -123,7 +126,9 @@ class Meter:
             except (OSError, IndexError, ValueError):
                 return False
             hz = os.sysconf("SC_CLK_TCK")
-            self.others_cores = round(max(0.0, ((busy - self._j0[0]) - (own - self._j0[1])) / hz / max(self.wall, 1e-9)), 2)
+            self.others_cores = round(
+                max(0.0, ((busy - self._j0[0]) - (own - self._j0[1])) / hz / max(self.wall, 1e-9)), 2
+            )
         return False
 
 
@@ -136,7 +141,10 @@ def wait_idle(max_wait: float, threshold: float = 0.3) -> float | None:
         with Meter() as m:
             time.sleep(3)
         if m.others_cores is None or m.others_cores < threshold or time.time() - t0 > max_wait:
-            print(f"[idle check] other processes use {m.others_cores:.2f} cores (waited {time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"[idle check] other processes use {m.others_cores:.2f} cores (waited {time.time() - t0:.0f} s)",
+                flush=True,
+            )
             return m.others_cores
 
 
@@ -191,7 +199,11 @@ def load_corpus(seed: int) -> tuple[list[str], list[tuple[str, int]], str]:
     letters = "etaoinshrdlucmfwypvbgkqjxz"
     vocab = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 10))) for _ in range(3000)]
     paras = [" ".join(rng.choice(vocab) for _ in range(rng.randint(60, 180))) + "." for _ in range(2000)]
-    qs = [(" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 14))) + "?", i) for i in range(len(paras)) for _ in range(3)]
+    qs = [
+        (" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 14))) + "?", i)
+        for i in range(len(paras))
+        for _ in range(3)
+    ]
     return paras, qs, "synthetic"
 
 
@@ -227,7 +239,9 @@ def build_optimizer(module, total_steps: int):
             module._trainer = None  # _gather_docs checks `self._trainer is not None`
         return cfg["optimizer"], cfg["lr_scheduler"]["scheduler"], "RankingModule.configure_optimizers"
     except Exception as e:  # a copy of its set-up, so the bench still runs if the module's hook changes
-        print(f"NOTICE: configure_optimizers failed outside a Trainer ({type(e).__name__}: {e}); using a copy of its AdamW set-up")
+        print(
+            f"NOTICE: configure_optimizers failed outside a Trainer ({type(e).__name__}: {e}); using a copy of its AdamW set-up"
+        )
         o = module.optim_cfg
         decay = [p for p in module.parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for p in module.parameters() if p.requires_grad and p.ndim < 2]
@@ -316,8 +330,12 @@ def peer_padding(st, passages, batch: int) -> dict:
 def bench_encoding(bi_rankers: list[str], precisions: list[str], passages: list[str], args) -> dict:
     st = load_peer()
     st_bf16 = copy.deepcopy(st).to(torch.bfloat16) if "bf16" in precisions else None
-    res = {"peer": {"attn_implementation": getattr(st[0].auto_model.config, "_attn_implementation", None),
-                    "padding": peer_padding(st, passages, args.encode_batch)}}
+    res = {
+        "peer": {
+            "attn_implementation": getattr(st[0].auto_model.config, "_attn_implementation", None),
+            "padding": peer_padding(st, passages, args.encode_batch),
+        }
+    }
     mods = {n: build_module(n, args.seed) for n in bi_rankers}
     for mod in mods.values():
         mod.ranker.eval()
@@ -360,9 +378,14 @@ def bench_encoding(bi_rankers: list[str], precisions: list[str], passages: list[
                 m = run_peer(st_bf16, passages, "fp32", args.encode_batch)  # bf16 weights, no autocast
                 samples["peer_bf16_weights"].append(n / m.wall)
                 others["peer_bf16_weights"].append(m.others_cores)
-            print(f"  encode {prec} round {rnd + 1}/{args.rounds}: "
-                  + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in samples.items() if v), flush=True)
-        res[prec] = {k: {"passages_per_s": summary(v), "others_cores": _mean(others[k])} for k, v in samples.items() if v}
+            print(
+                f"  encode {prec} round {rnd + 1}/{args.rounds}: "
+                + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in samples.items() if v),
+                flush=True,
+            )
+        res[prec] = {
+            k: {"passages_per_s": summary(v), "others_cores": _mean(others[k])} for k, v in samples.items() if v
+        }
         if diag:
             res[prec]["ours_sorted"]["ranker"] = diag
     del mods, st, st_bf16
@@ -402,10 +425,18 @@ def markdown(result: dict) -> str:
             ev = e["passages_per_s"]["median"] if e else None
             pv = peer["passages_per_s"]["median"] if (peer and e) else None
             ratio = ev / pv if (ev and pv) else None
-            lines.append(f"| {r} | {p} | {fmt(tv, 2)}{_mark(t)} | {fmt(ev)}{_mark(e)} | {fmt(pv)}{_mark(peer if e else None)} | {fmt(ratio, 2)} |")
+            lines.append(
+                f"| {r} | {p} | {fmt(tv, 2)}{_mark(t)} | {fmt(ev)}{_mark(e)} | {fmt(pv)}{_mark(peer if e else None)} | {fmt(ratio, 2)} |"
+            )
     mm = result["matmul"]
-    lines += ["", f"Matmul reference ({result['args']['matmul_n']}^2, GFLOP/s median, start -> end of run): "
-              + ", ".join(f"{k} {mm['start'][k]['gflops']['median']:.0f} -> {mm['end'][k]['gflops']['median']:.0f}" for k in mm["start"])]
+    lines += [
+        "",
+        f"Matmul reference ({result['args']['matmul_n']}^2, GFLOP/s median, start -> end of run): "
+        + ", ".join(
+            f"{k} {mm['start'][k]['gflops']['median']:.0f} -> {mm['end'][k]['gflops']['median']:.0f}"
+            for k in mm["start"]
+        ),
+    ]
     if enc:
         lines.append(
             f"Padding efficiency (real/padded tokens) over the encoded passages: ours (given order) "
@@ -418,11 +449,15 @@ def markdown(result: dict) -> str:
                 d = enc[p]["ours_sorted"]
                 extra.append(f"ours ({d['ranker']}) with length-sorted batches {d['passages_per_s']['median']:.1f}/s")
             if "peer_bf16_weights" in enc.get(p, {}):
-                extra.append(f"peer with model.to(bfloat16) {enc[p]['peer_bf16_weights']['passages_per_s']['median']:.1f}/s")
+                extra.append(
+                    f"peer with model.to(bfloat16) {enc[p]['peer_bf16_weights']['passages_per_s']['median']:.1f}/s"
+                )
             if extra:
                 lines.append(f"Diagnostics {p}: " + "; ".join(extra) + ".")
-    lines.append(f"Max CPU used by other processes during any measurement: {fmt(result.get('max_others_cores'), 2)} cores"
-                 f" (* = other processes used > {CONTENDED} cores on average during that measurement: contended, not trustworthy).")
+    lines.append(
+        f"Max CPU used by other processes during any measurement: {fmt(result.get('max_others_cores'), 2)} cores"
+        f" (* = other processes used > {CONTENDED} cores on average during that measurement: contended, not trustworthy)."
+    )
     return "\n".join(lines)
 
 
@@ -488,17 +523,34 @@ def main(argv=None) -> dict:
     t_run = time.perf_counter()
     idle = wait_idle(args.wait_idle)
     info = machine_info(args.threads)
-    print(f"{info['cpu_model']} | {info['logical_cpus']} CPUs | torch {info['torch']} | threads {args.threads}", flush=True)
-    result = {"started": started.isoformat(timespec="seconds"), "command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "args": vars(args), "machine": info, "idle_check_others_cores": idle}
+    print(
+        f"{info['cpu_model']} | {info['logical_cpus']} CPUs | torch {info['torch']} | threads {args.threads}",
+        flush=True,
+    )
+    result = {
+        "started": started.isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "args": vars(args),
+        "machine": info,
+        "idle_check_others_cores": idle,
+    }
     result["matmul"] = {"start": matmul_reference(args.matmul_n)}
-    print("matmul start: " + ", ".join(f"{k} {v['gflops']['median']:.0f} GFLOP/s" for k, v in result["matmul"]["start"].items()), flush=True)
+    print(
+        "matmul start: "
+        + ", ".join(f"{k} {v['gflops']['median']:.0f} GFLOP/s" for k, v in result["matmul"]["start"].items()),
+        flush=True,
+    )
 
     paras, qs, source = load_corpus(args.seed)
     rng = random.Random(args.seed)
     passages = [paras[i] for i in rng.sample(range(len(paras)), min(args.passages, len(paras)))]
-    result["data"] = {"source": source, "source_name": "SQuAD v1.1 dev" if source != "synthetic" else "SYNTHETIC",
-                      "paragraphs": len(paras), "questions": len(qs), "passages_encoded": len(passages)}
+    result["data"] = {
+        "source": source,
+        "source_name": "SQuAD v1.1 dev" if source != "synthetic" else "SYNTHETIC",
+        "paragraphs": len(paras),
+        "questions": len(qs),
+        "passages_encoded": len(passages),
+    }
 
     if not args.skip_encoding:
         bi = [r for r in args.rankers if r != "bert_cat"]
@@ -513,11 +565,16 @@ def main(argv=None) -> dict:
             for p in args.precision:
                 t = bench_training(r, p, texts, args)
                 result["training"].setdefault(r, {})[p] = t
-                print(f"  train {r} {p}: {t['triplets_per_s']:.2f} triplets/s (step median {t['step_s']['median']:.2f} s, "
-                      f"min {t['step_s']['min']:.2f}, max {t['step_s']['max']:.2f}; others {fmt(t['others_cores'], 2)} cores)", flush=True)
+                print(
+                    f"  train {r} {p}: {t['triplets_per_s']:.2f} triplets/s (step median {t['step_s']['median']:.2f} s, "
+                    f"min {t['step_s']['min']:.2f}, max {t['step_s']['max']:.2f}; others {fmt(t['others_cores'], 2)} cores)",
+                    flush=True,
+                )
 
     result["matmul"]["end"] = matmul_reference(args.matmul_n)
-    result["max_others_cores"] = max(_all_others({k: v for k, v in result.items() if k != "idle_check_others_cores"}, []), default=None)
+    result["max_others_cores"] = max(
+        _all_others({k: v for k, v in result.items() if k != "idle_check_others_cores"}, []), default=None
+    )
     result["total_s"] = time.perf_counter() - t_run
     table = markdown(result)
     result["table_markdown"] = table

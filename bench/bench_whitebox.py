@@ -24,6 +24,7 @@ Peers, measured in the same run on the same encoded vectors:
 The CPU may be shared: each timing records the CPU that other processes used meanwhile (cores, /proc/stat). The
 JSON (written atomically) holds machine info, settings and every number.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -80,9 +81,16 @@ def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
                 if k == 0:
                     ref = query_maxsim(queries, k, docs, [index[d] for d in cands[q]]).without(w.positions)
                     max_diff = max(max_diff, float((s - ref).abs().max()))
-    return {"queries": len(qids), "words": words, "ours_s": ours.wall, "ours_others_cores": ours.others_cores,
-            "rescoring_s": peer.wall, "rescoring_others_cores": peer.others_cores,
-            "rescoring_over_ours": peer.wall / max(ours.wall, 1e-9), "max_abs_score_difference": max_diff}
+    return {
+        "queries": len(qids),
+        "words": words,
+        "ours_s": ours.wall,
+        "ours_others_cores": ours.others_cores,
+        "rescoring_s": peer.wall,
+        "rescoring_others_cores": peer.others_cores,
+        "rescoring_over_ours": peer.wall / max(ours.wall, 1e-9),
+        "max_abs_score_difference": max_diff,
+    }
 
 
 @dataclass
@@ -104,10 +112,18 @@ def main(argv=None) -> dict:
     args = bench_options.parse(Options, argv, __doc__)
     torch.set_num_threads(args.threads)
 
-    overrides = [f"data={args.data}", f"data.path={args.data_dir / PATHS[args.data]}", f"data.cache_dir={REPO / '.cache'}",
-                 "analysis=whitebox", f"analysis.split={args.split}", f"analysis.candidate_depth={args.depth}",
-                 f"analysis.spectral_passages={args.spectral_passages}", f"analysis.batch_size={args.batch_size}",
-                 "logger=none", "output_dir=outputs/bench-whitebox"]
+    overrides = [
+        f"data={args.data}",
+        f"data.path={args.data_dir / PATHS[args.data]}",
+        f"data.cache_dir={REPO / '.cache'}",
+        "analysis=whitebox",
+        f"analysis.split={args.split}",
+        f"analysis.candidate_depth={args.depth}",
+        f"analysis.spectral_passages={args.spectral_passages}",
+        f"analysis.batch_size={args.batch_size}",
+        "logger=none",
+        "output_dir=outputs/bench-whitebox",
+    ]
     if args.queries:
         overrides.append(f"analysis.max_queries={args.queries}")
     overrides += [f"ckpt={args.ckpt}"] if args.ckpt else ["model=colbert", "model.backbone=minilm"]
@@ -129,24 +145,38 @@ def main(argv=None) -> dict:
     stages.pop(f"model_{label}_s", None)
     encode = res["timings_s"]["encode_passages_s"]
     report = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "threads": args.threads,
-        "settings": {k: s[k] for k in ("dataset", "collection_passages", "queries", "candidate_depth", "spectral_passages")},
-        "passages_encoded": res["passages_encoded"], "tokens_encoded": res["tokens_encoded"],
-        "total_s": total.wall, "total_others_cores": total.others_cores, "stages_s": stages,
-        "analysis_over_encoding": total.wall / max(encode, 1e-9), "removal": peer,
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "threads": args.threads,
+        "settings": {
+            k: s[k] for k in ("dataset", "collection_passages", "queries", "candidate_depth", "spectral_passages")
+        },
+        "passages_encoded": res["passages_encoded"],
+        "tokens_encoded": res["tokens_encoded"],
+        "total_s": total.wall,
+        "total_others_cores": total.others_cores,
+        "stages_s": stages,
+        "analysis_over_encoding": total.wall / max(encode, 1e-9),
+        "removal": peer,
         "pearson_r": {k: v["pearson_r"] for k, v in res["correlations"].items()},
     }
-    print(f"white-box ColBERT bench: {s['dataset']} ({s['collection_passages']:,} passages), {s['queries']} queries, "
-          f"|S_q| <= {s['candidate_depth']}, spectral over {s['spectral_passages']}, {args.threads} threads "
-          f"(others used {total.others_cores} cores meanwhile)")
+    print(
+        f"white-box ColBERT bench: {s['dataset']} ({s['collection_passages']:,} passages), {s['queries']} queries, "
+        f"|S_q| <= {s['candidate_depth']}, spectral over {s['spectral_passages']}, {args.threads} threads "
+        f"(others used {total.others_cores} cores meanwhile)"
+    )
     for k, v in stages.items():
         print(f"  {k:<36}{v:>9.1f} s")
-    print(f"  {'total':<36}{total.wall:>9.1f} s  ({total.wall / 60:.1f} min; {res['passages_encoded']:,} passages, "
-          f"{res['tokens_encoded']:,} tokens encoded)")
+    print(
+        f"  {'total':<36}{total.wall:>9.1f} s  ({total.wall / 60:.1f} min; {res['passages_encoded']:,} passages, "
+        f"{res['tokens_encoded']:,} tokens encoded)"
+    )
     print(f"  whole analysis / encoding the passages once: {report['analysis_over_encoding']:.2f}")
-    print(f"  per-word removal, {peer['queries']} queries, {peer['words']} words: max-sim rows {peer['ours_s']:.2f} s, "
-          f"ranker re-scoring {peer['rescoring_s']:.2f} s, ratio {peer['rescoring_over_ours']:.1f}x "
-          f"(max |score difference| {peer['max_abs_score_difference']:.1e})")
+    print(
+        f"  per-word removal, {peer['queries']} queries, {peer['words']} words: max-sim rows {peer['ours_s']:.2f} s, "
+        f"ranker re-scoring {peer['rescoring_s']:.2f} s, ratio {peer['rescoring_over_ours']:.1f}x "
+        f"(max |score difference| {peer['max_abs_score_difference']:.1e})"
+    )
     write_json(args.out, report)
     print(f"wrote {args.out}")
     return report

@@ -7,6 +7,7 @@ for a fixed set of values) and calls `parse(Options, argv, __doc__)`. Values are
 field types by OmegaConf (`null` for None); an unknown key, a wrong-typed value or a value outside its choices exits
 with code 2 and one line, as argparse did. `help` (or `-h`, `--help`) prints the keys with their defaults.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -7,6 +7,7 @@ plain=true profiles the path before the speed work of issue 9 (model.fast_dropou
 SDPA's math path; AdamW without fused=True; model.length_buckets=1), to set the two tables side by side. Prints
 operators by self CPU time. ab=N times N steps of each path, alternating (fair under a shared machine's load).
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,9 @@ def setup(plain: bool, a, texts):
     """(module, tokenised batches, optimiser, schedule) of the plain or the default path, warmed up by one step."""
     torch.manual_seed(0)
     extra = dict(fast_dropout=False, length_buckets=1) if plain else {}
-    m = RankingModule(dict(name="colbert", backbone="minilm", query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN,
-                           **extra), dict()).train()
+    m = RankingModule(
+        dict(name="colbert", backbone="minilm", query_max_len=QUERY_MAX_LEN, doc_max_len=DOC_MAX_LEN, **extra), dict()
+    ).train()
     batches = [m.pair_tokenizer.triplets(*t) for t in texts]
     opt, sched, _ = build_optimizer(m, len(batches))
     if plain:  # the optimiser as it was: foreach AdamW
@@ -74,9 +76,11 @@ def main(argv=None) -> None:
                 train_step(m, batches[i], i, opt, sched, a.precision)
                 times[plain].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{a.precision}, {a.ab} steps each, alternating: plain {med[True]:.2f} s/step ({16 / med[True]:.2f} triplets/s), "
-              f"default {med[False]:.2f} s/step ({16 / med[False]:.2f} triplets/s), speed-up {med[True] / med[False]:.2f}x; "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"{a.precision}, {a.ab} steps each, alternating: plain {med[True]:.2f} s/step ({16 / med[True]:.2f} triplets/s), "
+            f"default {med[False]:.2f} s/step ({16 / med[False]:.2f} triplets/s), speed-up {med[True] / med[False]:.2f}x; "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
         return
     m, batches, opt, sched = setup(a.plain, a, texts)
     times = []
@@ -85,8 +89,10 @@ def main(argv=None) -> None:
             t0 = time.perf_counter()
             train_step(m, b, i, opt, sched, a.precision)
             times.append(time.perf_counter() - t0)
-    print(f"{'plain' if a.plain else 'default'} path, {a.precision}, steps {', '.join(f'{t:.2f}' for t in times)} s, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{'plain' if a.plain else 'default'} path, {a.precision}, steps {', '.join(f'{t:.2f}' for t in times)} s, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
 
 

@@ -22,6 +22,7 @@ passage. Every draw comes from a generator seeded by (seed, stream, chunk), so t
 the same settings. Lines are assembled with NumPy gathers over a byte pool of the words, 50,000 passages (or 1M
 triples) at a time: about 3.5 GB of collection and 1 GB of triples at 8.8M passages.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,8 +61,12 @@ class Spec:
     query_words: int = 6
 
     def counts(self) -> dict[str, int]:
-        return {"train": max(1, round(self.passages * self.train_query_fraction)), "dev": self.val_queries,
-                "test": self.test_queries, "other": self.other_queries}
+        return {
+            "train": max(1, round(self.passages * self.train_query_fraction)),
+            "dev": self.val_queries,
+            "test": self.test_queries,
+            "other": self.other_queries,
+        }
 
     def folder_name(self) -> str:
         rest = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("passages", "seed")}
@@ -250,9 +255,18 @@ def generate(folder: Path, spec: Spec, log=print) -> dict:
             neg += neg >= pos  # uniform over the other passages
             _write(out, int_rows([qi, pos, neg], b"\t\t\n")[0])
     sizes = {k: p.stat().st_size for k, p in f.items()}
-    manifest = {"version": VERSION, "spec": dataclasses.asdict(spec), "passages": n, "tokens": n_tokens,
-                "mean_words": n_tokens / n, "queries": counts, "first_qid": first_qid, "triples": n_triples,
-                "bytes": sizes, "seconds": {"collection": round(t_coll, 2), "total": round(time.perf_counter() - t0, 2)}}
+    manifest = {
+        "version": VERSION,
+        "spec": dataclasses.asdict(spec),
+        "passages": n,
+        "tokens": n_tokens,
+        "mean_words": n_tokens / n,
+        "queries": counts,
+        "first_qid": first_qid,
+        "triples": n_triples,
+        "bytes": sizes,
+        "seconds": {"collection": round(t_coll, 2), "total": round(time.perf_counter() - t0, 2)},
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -263,8 +277,11 @@ def ensure(data_dir: str | Path, spec: Spec, log=print) -> tuple[Path, dict, boo
     mpath = folder / "manifest.json"
     if mpath.is_file():
         manifest = json.loads(mpath.read_text())
-        if manifest.get("version") == VERSION and manifest.get("spec") == dataclasses.asdict(spec) and \
-                all(p.is_file() and p.stat().st_size == manifest["bytes"][k] for k, p in files(folder).items()):
+        if (
+            manifest.get("version") == VERSION
+            and manifest.get("spec") == dataclasses.asdict(spec)
+            and all(p.is_file() and p.stat().st_size == manifest["bytes"][k] for k, p in files(folder).items())
+        ):
             return folder, manifest, True
     with AtomicDir(folder, kind="a synthetic data folder") as tmp:
         manifest = generate(tmp, spec, log)
@@ -281,9 +298,19 @@ def main(argv=None) -> dict:
     spec = Spec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Spec)})
     t0 = time.perf_counter()
     folder, manifest, reused = ensure(args.data_dir, spec)
-    print(json.dumps({"folder": str(folder), "reused": reused, "seconds": round(time.perf_counter() - t0, 2),
-                      "passages": manifest["passages"], "triples": manifest["triples"], "queries": manifest["queries"],
-                      "bytes": sum(manifest["bytes"].values())}))
+    print(
+        json.dumps(
+            {
+                "folder": str(folder),
+                "reused": reused,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "passages": manifest["passages"],
+                "triples": manifest["triples"],
+                "queries": manifest["queries"],
+                "bytes": sum(manifest["bytes"].values()),
+            }
+        )
+    )
     return manifest
 
 

@@ -2,7 +2,9 @@
 
 A job killed while writing `last.ckpt` (pre-emption, OOM killer, a full disk) leaves the previous `last.ckpt`
 complete, never a truncated one; at most a `.last.ckpt.*.tmp` file stays behind, which nothing reads (resume, the
-grid runner and evaluate.py all look for `*.ckpt`)."""
+grid runner and evaluate.py all look for `*.ckpt`).
+"""
+
 from __future__ import annotations
 
 import torch
@@ -16,6 +18,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options}")
-        check_finite(checkpoint.get("state_dict", {}), path, "the model")  # a checkpoint is never written with NaN/inf weights
+        check_finite(
+            checkpoint.get("state_dict", {}), path, "the model"
+        )  # a checkpoint is never written with NaN/inf weights
         with atomic_open(path, "wb") as f:
             torch.save(checkpoint, f)

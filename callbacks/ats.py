@@ -15,6 +15,7 @@ DDP: each rank encodes its shard of the passages (global passage ids; a shard ma
 count), so the figures equal a single process's. BM25 (no nn.Module) and rankers without term vectors are skipped, and so are the validations of a frozen
 ranker (train.py stage=head: its term vectors do not change; the test still measures them).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,9 @@ def ats_sample(n_passages: int, n_queries: int, count: int, seed: int) -> tuple[
 
 
 class ATSCallback(Callback):
-    def __init__(self, passages: int = 256, max_occurrences: int = 100, seed: int = 0, batch_size: int = 32,
-                 mats: str = "paper"):
+    def __init__(
+        self, passages: int = 256, max_occurrences: int = 100, seed: int = 0, batch_size: int = 32, mats: str = "paper"
+    ):
         self.passages, self.max_occurrences, self.seed, self.batch_size = passages, max_occurrences, seed, batch_size
         self.mats = mats  # metrics.ats.MATS_MODES (eval.mats)
 
@@ -52,15 +54,26 @@ class ATSCallback(Callback):
         shard = shard_range(len(docs), rank, world)  # empty on some ranks when there are fewer passages than ranks
         metric = AverageTermSimilarity(self.max_occurrences, self.seed, mats=self.mats).to(module.device)
         terms = passage_terms(
-            ranker, module.pair_tokenizer, [data.dtexts[i] for i in docs[shard.start : shard.stop]],
-            queries=[data.qtexts[i] for i in queries] if ranker.kind == "cross" else None, batch_size=self.batch_size,
-            device=module.device, first_passage=shard.start, autocast=trainer.precision_plugin.forward_context)
+            ranker,
+            module.pair_tokenizer,
+            [data.dtexts[i] for i in docs[shard.start : shard.stop]],
+            queries=[data.qtexts[i] for i in queries] if ranker.kind == "cross" else None,
+            batch_size=self.batch_size,
+            device=module.device,
+            first_passage=shard.start,
+            autocast=trainer.precision_plugin.forward_context,
+        )
         # A rank without passages has [0, 1] vectors (no width), which cannot join the others' gather of [n, d]:
         # the ranks agree on d (max; one all-reduce, a no-op in one process).
-        width = trainer.strategy.reduce(torch.tensor(terms.vectors.shape[1] if len(terms.vectors) else 0, device=module.device),
-                                        reduce_op="max")
-        metric.update(terms.vectors.to(module.device).reshape(-1, int(width)), terms.terms.to(module.device),
-                      terms.positions.to(module.device), terms.passages.to(module.device))
+        width = trainer.strategy.reduce(
+            torch.tensor(terms.vectors.shape[1] if len(terms.vectors) else 0, device=module.device), reduce_op="max"
+        )
+        metric.update(
+            terms.vectors.to(module.device).reshape(-1, int(width)),
+            terms.terms.to(module.device),
+            terms.positions.to(module.device),
+            terms.passages.to(module.device),
+        )
         return metric.compute()
 
     def _log(self, trainer, module, split: str) -> None:
@@ -68,8 +81,11 @@ class ATSCallback(Callback):
         if result is None:
             return
         # NaN (too few passages for any pair) is left out: metrics.json stays plain JSON
-        scalars = {k: v for k, v in (("mats", result.mats), ("mats_std", result.mats_std), ("ats0", float(result.ats[0])))
-                   if np.isfinite(v)}
+        scalars = {
+            k: v
+            for k, v in (("mats", result.mats), ("mats_std", result.mats_std), ("ats0", float(result.ats[0])))
+            if np.isfinite(v)
+        }
         module.results.setdefault(split, {})["ats"] = scalars
         for k, v in scalars.items():
             module.log(f"{split}/{k}", v, sync_dist=False)  # every rank computed the same value
@@ -79,13 +95,23 @@ class ATSCallback(Callback):
 
             rows = [[int(d), float(a)] for d, a in zip(result.deltas, result.ats) if np.isfinite(a)]
             table = wandb.Table(data=rows, columns=["delta", "ats"])
-            logger.experiment.log({f"{split}/ats_curve": wandb.plot.line(table, "delta", "ats", title=f"ATS per positional delta ({split})"),
-                                   "trainer/global_step": trainer.global_step})
+            logger.experiment.log(
+                {
+                    f"{split}/ats_curve": wandb.plot.line(
+                        table, "delta", "ats", title=f"ATS per positional delta ({split})"
+                    ),
+                    "trainer/global_step": trainer.global_step,
+                }
+            )
 
     @torch.inference_mode()
     def on_validation_epoch_end(self, trainer, module) -> None:
         # a frozen ranker (the head stage trains an isotropy head on top) has the same term vectors at every validation
-        trained = any(p.requires_grad for n, p in module.ranker.named_parameters() if not n.startswith(("token_head.", "sequence_head.")))
+        trained = any(
+            p.requires_grad
+            for n, p in module.ranker.named_parameters()
+            if not n.startswith(("token_head.", "sequence_head."))
+        )
         if not trainer.sanity_checking and trained:
             self._log(trainer, module, "val")
 

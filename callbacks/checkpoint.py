@@ -11,6 +11,7 @@ Every validation while fitting (the step-0 candidate included) is kept with its 
 checkpoint state so a resumed run keeps the curve; train.py writes it as `validation.json` and the tested
 checkpoint's step as `best_step` in metrics.json, which is how a learning-rate x steps sweep is read.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -24,12 +25,19 @@ from pytorch_lightning.trainer.states import TrainerFn
 class RankingCheckpoint(ModelCheckpoint):
     def __init__(self, dirpath: str, monitor: str = "val/ndcg_cut_10"):
         super().__init__(
-            dirpath=dirpath, filename="best-{step}", monitor=monitor, mode="max", save_last=True, save_top_k=1,
+            dirpath=dirpath,
+            filename="best-{step}",
+            monitor=monitor,
+            mode="max",
+            save_last=True,
+            save_top_k=1,
             auto_insert_metric_name=False,
         )
         self._last_step_written = -1
         self.start_model_path = ""  # best-0.ckpt while the starting model is the best (add_start_candidate)
-        self.before_training: dict | None = None  # the test metrics before fine-tuning, for a resumed run's metrics.json
+        self.before_training: dict | None = (
+            None  # the test metrics before fine-tuning, for a resumed run's metrics.json
+        )
         self.validations: list[dict] = []  # {"step": global step, "val/...": value} per validation while fitting
         self.best_step: int | None = None  # the step of best_model_path
 
@@ -43,7 +51,8 @@ class RankingCheckpoint(ModelCheckpoint):
         """The model before fine-tuning as the first candidate for "best": its validation (`score` of the monitored
         metric at step 0) enters the ranking like any later validation, so the best checkpoint by validation never
         loses to the starting model. Written as `best-0.ckpt` and replaced, as any best, when a validation beats it.
-        Called between trainer.validate and trainer.fit, on every rank (saving is a collective)."""
+        Called between trainer.validate and trainer.fit, on every rank (saving is a collective).
+        """
         path = str(Path(self.dirpath) / f"best-{trainer.global_step}{self.FILE_EXTENSION}")
         trainer.save_checkpoint(path)
         value = torch.tensor(float(score))
@@ -57,18 +66,32 @@ class RankingCheckpoint(ModelCheckpoint):
 
     def curve(self) -> dict | None:
         """validation.json: the monitor, the best checkpoint's step and every validation; None without one. Read it
-        before trainer.test(ckpt_path=best): loading a checkpoint restores this callback's state as it was saved."""
+        before trainer.test(ckpt_path=best): loading a checkpoint restores this callback's state as it was saved.
+        """
         if not self.validations:
             return None
-        return {"monitor": self.monitor, "best_step": self.best_step, "validations": [dict(v) for v in self.validations]}
+        return {
+            "monitor": self.monitor,
+            "best_step": self.best_step,
+            "validations": [dict(v) for v in self.validations],
+        }
 
     def _keep_validation(self, trainer) -> None:
-        logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and torch.as_tensor(v).numel() == 1}
+        logged = {
+            k: float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k.startswith("val/") and torch.as_tensor(v).numel() == 1
+        }
         self.validations.append({"step": trainer.global_step, **dict(sorted(logged.items()))})
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "start_model_path": self.start_model_path, "before_training": self.before_training,
-                "validations": self.validations, "best_step": self.best_step}
+        return {
+            **super().state_dict(),
+            "start_model_path": self.start_model_path,
+            "before_training": self.before_training,
+            "validations": self.validations,
+            "best_step": self.best_step,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)

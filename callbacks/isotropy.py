@@ -24,6 +24,7 @@ epoch's) and logged to W&B as the image `<split>/isotropy_cosines`. Under DDP th
 ranks' shards of the probe set (each rank samples its shard with its own seeded keys; the smallest keys of all
 ranks are kept), like the numbers in its legend.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,18 +40,34 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from core.io import atomic_open, save_figure
-from lightning_modules.encoding import WITH_HEAD, RAW, encode_collection, encode_stream, variants_forward
+from lightning_modules.encoding import RAW, WITH_HEAD, encode_collection, encode_stream, variants_forward
 from lightning_modules.rankers.base import EncodedTexts, masked_mean
-from metrics.isotropy import AvgCos, IsotropyIW, avg_cos_from_unit_sum, gram_matrix, isotropy_iw_batched, one_thread, unit_sum
+from metrics.isotropy import (
+    AvgCos,
+    IsotropyIW,
+    avg_cos_from_unit_sum,
+    gram_matrix,
+    isotropy_iw_batched,
+    one_thread,
+    unit_sum,
+)
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
 
 
 class IsotropyCallback(Callback):
-    def __init__(self, batch_size: int = 32, max_vectors: int = 20000, figure_vectors: int = 2000, seed: int = 0,
-                 batch_pairs: int = 16, dump_dir: str | Path | None = None, max_batches: int | None = None,
-                 sample_seed: int = 0):
+    def __init__(
+        self,
+        batch_size: int = 32,
+        max_vectors: int = 20000,
+        figure_vectors: int = 2000,
+        seed: int = 0,
+        batch_pairs: int = 16,
+        dump_dir: str | Path | None = None,
+        max_batches: int | None = None,
+        sample_seed: int = 0,
+    ):
         self.batch_size = batch_size
         self.max_vectors = max_vectors
         self.figure_vectors, self.seed = figure_vectors, seed
@@ -81,14 +98,26 @@ class IsotropyCallback(Callback):
         # the figure's sample: the same seeded keys at every validation, shared by both variants (paired tokens);
         # each DDP rank draws its own keys over its shard, and merged() keeps the smallest of all ranks
         rank = dist.get_rank() if _distributed() else 0
-        keys = {kind: _KeptSample(self.figure_vectors, torch.Generator().manual_seed(self.seed + i + RANK_STRIDE * rank))
-                for i, kind in enumerate(("tokens", "sequence"))} if has_head else {}
+        keys = (
+            {
+                kind: _KeptSample(
+                    self.figure_vectors, torch.Generator().manual_seed(self.seed + i + RANK_STRIDE * rank)
+                )
+                for i, kind in enumerate(("tokens", "sequence"))
+            }
+            if has_head
+            else {}
+        )
         metrics = {}
         for v in variants:
-            metrics.update({
-                f"iw{v}": IsotropyIW(max_vectors=self.max_vectors), f"avgcos{v}": AvgCos(),
-                f"iw_sequence{v}": IsotropyIW(max_vectors=self.max_vectors), f"avgcos_sequence{v}": AvgCos(),
-            })
+            metrics.update(
+                {
+                    f"iw{v}": IsotropyIW(max_vectors=self.max_vectors),
+                    f"avgcos{v}": AvgCos(),
+                    f"iw_sequence{v}": IsotropyIW(max_vectors=self.max_vectors),
+                    f"avgcos_sequence{v}": AvgCos(),
+                }
+            )
         for m in metrics.values():
             m.to(module.device)
         tok = module.pair_tokenizer
@@ -96,14 +125,25 @@ class IsotropyCallback(Callback):
         for texts, side in ((queries, "query"), (docs, "doc")):
             # in the probe's own order (sort=False): IsotropyIW keeps the first max_vectors vectors and the figure's
             # keys follow the tokens, so the order is part of what is measured
-            for _, encodings in encode_stream(ranker, tok.ids(texts, side), side, batch_size=self.batch_size,
-                                              pad_id=tok.tokenizer.pad_token_id, forward=variants_forward(ranker, side, variants),
-                                              autocast=trainer.precision_plugin.forward_context, sort=False):
+            for _, encodings in encode_stream(
+                ranker,
+                tok.ids(texts, side),
+                side,
+                batch_size=self.batch_size,
+                pad_id=tok.tokenizer.pad_token_id,
+                forward=variants_forward(ranker, side, variants),
+                autocast=trainer.precision_plugin.forward_context,
+                sort=False,
+            ):
                 vectors = {}
                 for v, enc in encodings.items():
                     scored = ranker.scoring_vectors(enc.tokens.float())
                     tokens = scored[enc.mask]
-                    seq = ranker.scoring_vectors(enc.sequence.float()) if enc.sequence is not None else masked_mean(scored, enc.mask)
+                    seq = (
+                        ranker.scoring_vectors(enc.sequence.float())
+                        if enc.sequence is not None
+                        else masked_mean(scored, enc.mask)
+                    )
                     metrics[f"iw{v}"].update(tokens)
                     metrics[f"avgcos{v}"].update(tokens)
                     metrics[f"iw_sequence{v}"].update(seq)
@@ -114,7 +154,9 @@ class IsotropyCallback(Callback):
         # A DDP rank with no probe text (fewer probe texts than ranks) has seen no vectors, so its states have no
         # width and could not join the others' gathers of [n, d] states: the ranks agree on each metric's width
         # (max; one all-reduce, a no-op in one process) and give it an empty [0, d] update.
-        widths = trainer.strategy.reduce(torch.tensor([m.width for m in metrics.values()], device=module.device), reduce_op="max")
+        widths = trainer.strategy.reduce(
+            torch.tensor([m.width for m in metrics.values()], device=module.device), reduce_op="max"
+        )
         for m, width in zip(metrics.values(), widths.tolist()):
             if width:
                 m.update(torch.zeros(0, width, device=module.device))
@@ -127,8 +169,13 @@ class IsotropyCallback(Callback):
     def _warn_rank_deficient(self, metric: IsotropyIW, split: str) -> None:
         """The probe's sequence set (one vector per probe text) is smaller than the dimension for most backbones
         (96 texts, 384 dimensions): W^T W is then rank-deficient and I(W) measures mostly its null space. Said
-        once per run, loudly; the `paper` protocol is the one to compare with the isotropy paper."""
-        local = sum(int(x.shape[0]) for x in metric.vectors) if isinstance(metric.vectors, list) else int(metric.vectors.shape[0])
+        once per run, loudly; the `paper` protocol is the one to compare with the isotropy paper.
+        """
+        local = (
+            sum(int(x.shape[0]) for x in metric.vectors)
+            if isinstance(metric.vectors, list)
+            else int(metric.vectors.shape[0])
+        )
         dim = int(metric.vectors[0].shape[1]) if isinstance(metric.vectors, list) and metric.vectors else 0
         n = torch.tensor([local], dtype=torch.long)
         if _distributed():
@@ -136,9 +183,11 @@ class IsotropyCallback(Callback):
             dist.all_reduce(n)
         if 0 < int(n) < dim and not self._warned_rank_deficient:
             self._warned_rank_deficient = True
-            rank_zero_warn(f"isotropy probe ({split}): iw_sequence is computed from {int(n)} vectors in {dim} dimensions, "
-                           f"so W^T W is rank-deficient; it is a training curve, not the isotropy paper's measure "
-                           f"(that is iw_paper*, per test batch: docs/isotropy.md)")
+            rank_zero_warn(
+                f"isotropy probe ({split}): iw_sequence is computed from {int(n)} vectors in {dim} dimensions, "
+                f"so W^T W is rank-deficient; it is a training curve, not the isotropy paper's measure "
+                f"(that is iw_paper*, per test batch: docs/isotropy.md)"
+            )
 
     @torch.inference_mode()
     def measure_paper(self, trainer, module, split: str = "test") -> dict[str, float]:
@@ -152,7 +201,8 @@ class IsotropyCallback(Callback):
         distinct text's vectors once (`batch_sets`: a query repeated in a batch is weighted by its count). In one
         process the vectors are those the test scored (kept by `RankingModule.keep_vectors`, asked for in
         `on_test_epoch_start`), so the split is encoded once; a DDP rank, which scored only its chunks, encodes its
-        batches' texts (`_measure_encoding`)."""
+        batches' texts (`_measure_encoding`).
+        """
         ranker = module.ranker
         if ranker.kind != "bi" or not hasattr(trainer.datamodule, "pair_batches"):
             return {}
@@ -162,7 +212,9 @@ class IsotropyCallback(Callback):
         if kept is not None and all(v in kept["query"] for v in variants):
             # the vectors the evaluation just scored (keep_vectors, asked for at the epoch's start): nothing is
             # encoded again, and the protocol measures exactly what was ranked
-            for k, qrows, prows in trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed, texts=False):
+            for k, qrows, prows in trainer.datamodule.pair_batches(
+                split, self.batch_pairs, self.max_batches, self.sample_seed, texts=False
+            ):
                 rows = {"query": qrows, "passage": prows}
                 measure.add(k, batch_sets(kept, rows, module.device))
                 if self.dump_dir is not None and split == "test":
@@ -185,7 +237,8 @@ class IsotropyCallback(Callback):
 
     def _measure_encoding(self, trainer, module, split: str, variants, measure: PaperMeasure) -> None:
         """The protocol's batches of this rank, their texts encoded here: where the evaluation's own vectors are not at
-        hand (a DDP rank scored only its share of the passages; a direct call outside a test)."""
+        hand (a DDP rank scored only its share of the passages; a direct call outside a test).
+        """
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed)
         tok = module.pair_tokenizer
         ids = {}  # (side, text) -> token ids: each distinct text tokenised once, for the budget and the encoding
@@ -208,7 +261,8 @@ class IsotropyCallback(Callback):
 
     def _groups(self, batches: list, ids: dict[tuple[str, str], list[int]]) -> list[list]:
         """Consecutive runs of test batches whose distinct texts (`ids`: (side, text) -> token ids) hold at most
-        `group_vectors` tokens together (a batch is never split; one larger than the budget is a group of its own)."""
+        `group_vectors` tokens together (a batch is never split; one larger than the budget is a group of its own).
+        """
         groups, group, seen, size = [], [], set(), 0
         for b in batches:
             texts = {(side, t) for i, side in SIDES for t in b[i]}
@@ -222,9 +276,17 @@ class IsotropyCallback(Callback):
 
     def _encode_distinct(self, trainer, module, ids: list[list[int]], side: str, variants) -> dict[str, EncodedTexts]:
         """{variant: the scored vectors of the texts tokenised as `ids` (the ranker's PairTokenizer), as an
-        EncodedTexts, padding removed}: one backbone pass, finished with and without the heads (`encode_collection`)."""
-        return encode_collection(module.ranker, ids, side, batch_size=self.batch_size, pad_id=module.pair_tokenizer.tokenizer.pad_token_id,
-                                 variants=variants, autocast=trainer.precision_plugin.forward_context)
+        EncodedTexts, padding removed}: one backbone pass, finished with and without the heads (`encode_collection`).
+        """
+        return encode_collection(
+            module.ranker,
+            ids,
+            side,
+            batch_size=self.batch_size,
+            pad_id=module.pair_tokenizer.tokenizer.pad_token_id,
+            variants=variants,
+            autocast=trainer.precision_plugin.forward_context,
+        )
 
     def _log(self, trainer, module, split: str) -> None:
         values = self.measure(trainer, module, split)
@@ -240,7 +302,9 @@ class IsotropyCallback(Callback):
         head = getattr(module, "head_cfg", None)
         name = head.name if head is not None else "head"
         title = f"Isotropy before/after the {name} head ({split} probe texts, step {trainer.global_step})"
-        png = save_figure(cosine_figure(self.sample, values, title, name), Path(trainer.default_root_dir) / f"isotropy_{split}.png")
+        png = save_figure(
+            cosine_figure(self.sample, values, title, name), Path(trainer.default_root_dir) / f"isotropy_{split}.png"
+        )
         logger = trainer.logger
         if logger is not None and hasattr(logger, "log_image"):  # W&B
             logger.log_image(key=f"{split}/isotropy_cosines", images=[str(png)], step=trainer.global_step)
@@ -252,8 +316,12 @@ class IsotropyCallback(Callback):
     def on_test_epoch_start(self, trainer, module) -> None:
         # one process scores every passage of the split: the protocol can take the evaluation's vectors instead of
         # encoding the texts again (under DDP each rank scores only its chunks, so the ranks encode their batches)
-        if (self.batch_pairs > 0 and module.ranker.kind == "bi" and hasattr(module, "keep_vectors")
-                and not (_distributed() and dist.get_world_size() > 1)):
+        if (
+            self.batch_pairs > 0
+            and module.ranker.kind == "bi"
+            and hasattr(module, "keep_vectors")
+            and not (_distributed() and dist.get_world_size() > 1)
+        ):
             module.keep_vectors("test", self._variants(module.ranker), self.keep_bytes)
 
     def on_test_epoch_end(self, trainer, module) -> None:
@@ -263,7 +331,8 @@ class IsotropyCallback(Callback):
 class BatchSets(NamedTuple):
     """One test batch's vectors of one (variant, kind) for the `paper` protocol: W of the queries-and-passages set
     as its distinct rows, the queries' first, with each row's count in the batch (a query repeated in the batch
-    counts each time: Z(a) and W^T W weigh its rows by that count instead of repeating them)."""
+    counts each time: Z(a) and W^T W weigh its rows by that count instead of repeating them).
+    """
 
     vectors: Tensor  # [m, d] distinct query rows, then distinct passage rows
     n_query: int  # the first n_query rows are the queries'
@@ -271,7 +340,8 @@ class BatchSets(NamedTuple):
 
     def side(self, side: str) -> tuple[Tensor, Tensor | None]:
         """(rows, counts) of the set `side`: "" (queries and passages), "_query" or "_passage"; counts None where
-        every row is there once (no weighting pass)."""
+        every row is there once (no weighting pass).
+        """
         rows = {"": slice(None), "_query": slice(0, self.n_query), "_passage": slice(self.n_query, None)}[side]
         counts = None if self.counts is None else self.counts[rows]
         return self.vectors[rows], None if counts is None or bool((counts == 1).all()) else counts
@@ -285,7 +355,8 @@ class PaperMeasure:
     three eigendecompositions and projections, not three Gram matrices), then one batched eigendecomposition of
     the stacked Gram matrices (`isotropy_iw_batched`). On a GPU all pending batches are one such call; on the CPU
     they are split over `torch.get_num_threads()` threads with one BLAS / LAPACK thread each (`_map_threads`).
-    `values`: [(k, {key: value})], in the order added; the keys are `paper_batch_values`'."""
+    `values`: [(k, {key: value})], in the order added; the keys are `paper_batch_values`'.
+    """
 
     def __init__(self, max_bytes: int | None = None):
         self.max_bytes = max_bytes
@@ -345,7 +416,8 @@ def _map_threads(fn, parts: list) -> list:
     threads used 6x the CPU time of one thread (0.84 s against 0.13 s of CPU a batch, d = 384); a 2-threaded eigh took
     0.7-29 s against 0.1-0.8 s. Independent single-threaded parts have no barrier: on the idle machine two such
     threads took 24 ms a set against 47 ms for one thread and 26-29 ms for one 2-threaded call (Gram matrix, eigh,
-    projection, d = 384, ~2,200 rows), with the same CPU time as one thread, and equal results."""
+    projection, d = 384, ~2,200 rows), with the same CPU time as one thread, and equal results.
+    """
     parts = [p for p in parts if p]
     if len(parts) <= 1:
         return [fn(p) for p in parts]
@@ -361,11 +433,20 @@ def _map_threads(fn, parts: list) -> list:
 def paper_batch_values(vectors: dict[tuple[str, str, str], Tensor]) -> dict[str, float]:
     """I(W) and avgcos of one test batch: `vectors` {(variant, "query" | "passage", "" | "_sequence"): [n, d]} ->
     {iw_paper<side><kind><variant>: value, avgcos_paper...}, side "" (queries and passages concatenated), "_query"
-    or "_passage". The one-batch form of `PaperMeasure`, every row given as it is."""
+    or "_passage". The one-batch form of `PaperMeasure`, every row given as it is.
+    """
     measure = PaperMeasure()
-    measure.add(0, {(v, kind): BatchSets(torch.cat([vectors[(v, "query", kind)], vectors[(v, "passage", kind)]]),
-                                         len(vectors[(v, "query", kind)]), None)
-                    for v, kind in {(v, kind) for v, _, kind in vectors}})
+    measure.add(
+        0,
+        {
+            (v, kind): BatchSets(
+                torch.cat([vectors[(v, "query", kind)], vectors[(v, "passage", kind)]]),
+                len(vectors[(v, "query", kind)]),
+                None,
+            )
+            for v, kind in {(v, kind) for v, _, kind in vectors}
+        },
+    )
     measure.flush()
     return measure.values[0][1]
 
@@ -375,10 +456,13 @@ def _distinct(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(np.asarray(rows, dtype=np.int64), return_counts=True)
 
 
-def batch_sets(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]], device) -> dict[tuple[str, str], BatchSets]:
+def batch_sets(
+    encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]], device
+) -> dict[tuple[str, str], BatchSets]:
     """A test batch's `PaperMeasure` input: `encoded` {"query" | "passage": {variant: EncodedTexts}}, `rows`
     {"query" | "passage": the batch's texts as rows of those, repeats included} -> {(variant, kind): BatchSets}
-    on `device`, each distinct text's vectors once (one gather), weighted by its count."""
+    on `device`, each distinct text's vectors once (one gather), weighted by its count.
+    """
     distinct = {name: _distinct(r) for name, r in rows.items()}
     repeats = any(bool((c > 1).any()) for _, c in distinct.values())
     out = {}
@@ -391,18 +475,28 @@ def batch_sets(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list
             counts.append(np.repeat(count, lengths))
             if enc.sequence is not None:
                 sequence.append(enc.sequence[torch.from_numpy(texts)])
-        out[(v, "")] = BatchSets(torch.cat(tokens).to(device), len(tokens[0]),
-                                 torch.from_numpy(np.concatenate(counts)).to(device, torch.float64) if repeats else None)
+        out[(v, "")] = BatchSets(
+            torch.cat(tokens).to(device),
+            len(tokens[0]),
+            torch.from_numpy(np.concatenate(counts)).to(device, torch.float64) if repeats else None,
+        )
         if sequence:
-            out[(v, "_sequence")] = BatchSets(torch.cat(sequence).to(device), len(sequence[0]),
-                                              torch.from_numpy(np.concatenate([distinct[n][1] for n in ("query", "passage")])).to(device, torch.float64)
-                                              if repeats else None)
+            out[(v, "_sequence")] = BatchSets(
+                torch.cat(sequence).to(device),
+                len(sequence[0]),
+                torch.from_numpy(np.concatenate([distinct[n][1] for n in ("query", "passage")])).to(
+                    device, torch.float64
+                )
+                if repeats
+                else None,
+            )
     return out
 
 
 def batch_vectors(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]]) -> dict[str, Tensor]:
     """A test batch's vectors as scored (without a head's `_raw` variant), every row as the batch holds it, for
-    `dump_batch`: {"query" | "passage" [+ "_sequence"]: [n, d]}."""
+    `dump_batch`: {"query" | "passage" [+ "_sequence"]: [n, d]}.
+    """
     out = {}
     for name, r in rows.items():
         enc = encoded[name][""]
@@ -415,7 +509,8 @@ def batch_vectors(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, l
 def aggregate_batches(batches: list[dict[str, float]]) -> dict[str, float]:
     """Mean over the test batches (the paper's number) and the standard deviation over them (`<key>_std`,
     population, ddof 0). A value a batch cannot define (avgcos of fewer than two non-zero vectors, e.g. the pooled
-    query of a last batch of one pair) is left out of that key's mean and std."""
+    query of a last batch of one pair) is left out of that key's mean and std.
+    """
     out = {}
     for key in sorted({k for b in batches for k in b}):
         vals = np.array([b[key] for b in batches if key in b], dtype=np.float64)
@@ -434,7 +529,8 @@ def dump_batch(path: Path, arrays: dict[str, Tensor]) -> None:
 class _KeptSample:
     """A seeded uniform sample of at most `size` rows of a stream of batches: each row gets a random key and the
     rows with the smallest keys are kept, so the sample does not depend on the batch sizes and memory stays O(size).
-    Several parallel streams (raw and head vectors of the same rows) share the keys and keep the same rows."""
+    Several parallel streams (raw and head vectors of the same rows) share the keys and keep the same rows.
+    """
 
     def __init__(self, size: int, generator: torch.Generator):
         self.size, self.generator = size, generator
@@ -454,7 +550,8 @@ class _KeptSample:
     def merged(self) -> dict[str, Tensor]:
         """The rows with the `size` smallest keys over every DDP rank's sample (in rank, then stream order): under
         DDP each rank sees only its shard of the probe texts, so the figure is drawn from all ranks' rows, like the
-        numbers in its legend. Without DDP, this rank's rows. A collective: every rank must call it."""
+        numbers in its legend. Without DDP, this rank's rows. A collective: every rank must call it.
+        """
         if not _distributed() or dist.get_world_size() == 1:
             return self.rows
         parts: list = [None] * dist.get_world_size()
@@ -481,20 +578,26 @@ def pairwise_cosines(x: Tensor) -> Tensor:
 
 def cosine_figure(sample: dict[str, dict[str, Tensor]], values: dict[str, float], title: str, head: str = "head"):
     """Histograms of pairwise cosine similarities, raw ("Ft", `sample["_raw"]`) vs with the head (`sample[""]`), of
-    token vectors and sequence vectors; `values` the callback's I(W) and avgcos (legend)."""
+    token vectors and sequence vectors; `values` the callback's I(W) and avgcos (legend).
+    """
     import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, kind, suffix, label in ((axes[0], "tokens", "", "token vectors"), (axes[1], "sequence", "_sequence", "sequence vectors")):
+    for ax, kind, suffix, label in (
+        (axes[0], "tokens", "", "token vectors"),
+        (axes[1], "sequence", "_sequence", "sequence vectors"),
+    ):
         bins = np.linspace(-1, 1, 81)
         for v, name, colour in (("_raw", "Ft", "tab:blue"), ("", f"Ft -> {head}", "tab:orange")):
             x = sample[v][kind]
             cos = pairwise_cosines(x).numpy()
             iw, avg = values.get(f"iw{suffix}{v}", float("nan")), values.get(f"avgcos{suffix}{v}", float("nan"))
-            ax.hist(cos, bins=bins, density=True, alpha=0.5, color=colour, label=f"{name}: I(W) {iw:.3f}, avgcos {avg:.3f}")
+            ax.hist(
+                cos, bins=bins, density=True, alpha=0.5, color=colour, label=f"{name}: I(W) {iw:.3f}, avgcos {avg:.3f}"
+            )
         ax.set_xlabel("cosine similarity of a pair")
         ax.set_ylabel("density")
         ax.set_title(f"{label} ({len(x)} sampled)", fontsize=9)

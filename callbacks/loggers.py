@@ -14,6 +14,7 @@ be reached or a `wandb/` folder that cannot be written is met before training st
 a warning: first offline into `<output_dir>/wandb` (sync later with `wandb sync <dir>/offline-run-*`), else
 offline into a fresh temporary folder, else the CSV logger, else no logger.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,14 @@ def wandb_init_args(cfg: DictConfig, name: str, job: str | None = None) -> dict:
     model, data = cfg.model.name, cfg.data.get("source", "data")
     head = cfg.get("head", {}).get("name", "none") if cfg.get("head") is not None else "none"
     tags = [model, data] + ([head] if head != "none" else []) + [t for t in lc.tags if t not in (model, data, head)]
-    return dict(project=lc.project, entity=lc.entity, name=lc.run_name or name, group=lc.group or f"{model}-{data}",
-                job_type=job, tags=tags)
+    return dict(
+        project=lc.project,
+        entity=lc.entity,
+        name=lc.run_name or name,
+        group=lc.group or f"{model}-{data}",
+        job_type=job,
+        tags=tags,
+    )
 
 
 def _first_line(e: BaseException) -> str:
@@ -52,6 +59,7 @@ def _first_line(e: BaseException) -> str:
 def _try(args: dict, save_dir: Path, mode: str, config: dict):
     """A WandbLogger whose run is already initialised (so failures happen here), or the exception."""
     import wandb  # lazy: heavy, only W&B logging needs it
+
     try:
         (save_dir / "wandb").mkdir(parents=True, exist_ok=True)
         logger = WandbLogger(**args, save_dir=str(save_dir), mode=mode, config=config)
@@ -75,8 +83,10 @@ def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
     for save_dir in attempts:
         logger = _try(args, save_dir, "offline", config)
         if not isinstance(logger, Exception):
-            warnings.warn(f"W&B {mode} run failed ({_first_line(first)}); logging offline to {save_dir / 'wandb'} instead: "
-                          f"sync it later with `wandb sync {save_dir / 'wandb'}/offline-run-*`")
+            warnings.warn(
+                f"W&B {mode} run failed ({_first_line(first)}); logging offline to {save_dir / 'wandb'} instead: "
+                f"sync it later with `wandb sync {save_dir / 'wandb'}/offline-run-*`"
+            )
             return logger
     try:
         logger = CSVLogger(save_dir=str(out), name="csv")
@@ -84,7 +94,9 @@ def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
         warnings.warn(f"W&B unavailable ({_first_line(first)}), offline too; logging to CSV in {logger.log_dir}")
         return logger
     except Exception as e:
-        warnings.warn(f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); training without a logger")
+        warnings.warn(
+            f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); training without a logger"
+        )
         return False
 
 
@@ -94,18 +106,27 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", 
     `metrics.json`; the same under the summary key `results` (`results.<row>.<measure>` columns in the runs table).
     `extra` goes into the summary as it is: values that are not measures of a row (`best_step`, the step of the
     tested checkpoint, a column of the runs table beside the results). False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a W&B
-    failure here is a warning, not a lost run."""
+    failure here is a warning, not a lost run.
+    """
     if not logger or not hasattr(logger, "log_table"):
         return False
     columns: list[str] = []
     for values in rows.values():
         columns += [k for k in values if k not in columns and isinstance(values[k], (int, float))]
-    data = [[label, *[None if values.get(c) is None else float(values[c]) for c in columns]] for label, values in rows.items()]
+    data = [
+        [label, *[None if values.get(c) is None else float(values[c]) for c in columns]]
+        for label, values in rows.items()
+    ]
     try:
         logger.log_table(key=key, columns=["run", *columns], data=data)
         # a value a row lacks (no ATS of the raw vectors, say) is an empty cell in the table, and no summary key
-        logger.experiment.summary.update({"results": {label: {c: v for c, v in zip(columns, line[1:]) if v is not None}
-                                                      for label, line in zip(rows, data)}})
+        logger.experiment.summary.update(
+            {
+                "results": {
+                    label: {c: v for c, v in zip(columns, line[1:]) if v is not None} for label, line in zip(rows, data)
+                }
+            }
+        )
         if extra:
             logger.experiment.summary.update(extra)
     except Exception as e:  # noqa: BLE001 - the results are on disk already
@@ -116,7 +137,8 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", 
 
 def head_rows(before: dict, after: dict, head: str) -> dict[str, dict]:
     """The rows of a test with an isotropy head: "Ft" and "Ft -> <head>" (the `*_raw` isotropy values of the head
-    run are the Ft row's, so they are not repeated as columns)."""
+    run are the Ft row's, so they are not repeated as columns).
+    """
     return {"Ft": before, f"Ft -> {head}": {k: v for k, v in after.items() if not k.endswith("_raw")}}
 
 

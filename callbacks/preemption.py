@@ -15,6 +15,7 @@ analyses, experiments.py), `raise_on_signals` makes SIGINT and SIGTERM raise `Si
 job unwinds (temp files and staged result sets removed, locks released) and the entry script prints one line and
 exits 130 / 143. Lightning passes it through (it is no KeyboardInterrupt, which Lightning turns into exit 1).
 """
+
 from __future__ import annotations
 
 import os
@@ -47,7 +48,8 @@ class Interrupted(SystemExit):
 
 class Signalled(BaseException):
     """SIGINT / SIGTERM outside a training loop (raise_on_signals); BaseException, so that no `except Exception`
-    swallows it."""
+    swallows it.
+    """
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -70,7 +72,8 @@ def _raise(signum, frame) -> None:
 def raise_on_signals() -> dict:
     """SIGINT and SIGTERM raise Signalled in this process from now on (Lightning's signal connector keeps these
     handlers beside its own during fit, validate and test, and restores them after); returns the handlers they
-    replace, for restore_signals (an entry point called inside another program, e.g. a test, gives them back)."""
+    replace, for restore_signals (an entry point called inside another program, e.g. a test, gives them back).
+    """
     if threading.current_thread() is not threading.main_thread():
         return {}
     _OWNER.update(pid=os.getpid(), raised=False)
@@ -99,7 +102,9 @@ class Preemption(Callback):
         if threading.current_thread() is threading.main_thread():
             # Lightning's notifier alone (sets the flag, passes the signal on to DDP ranks it started): the handler
             # it composes also calls the one it found, raise_on_signals', which would stop mid-batch
-            self._lightning_sigterm = getattr(trainer._signal_connector, "_sigterm_notifier_fn", None) or signal.getsignal(signal.SIGTERM)
+            self._lightning_sigterm = getattr(
+                trainer._signal_connector, "_sigterm_notifier_fn", None
+            ) or signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
 
@@ -107,7 +112,9 @@ class Preemption(Callback):
         if signum == signal.SIGINT and self.signum is not None:
             raise Signalled(signum)  # a second Ctrl-C: stop now, without a checkpoint
         if self.signum is None and signum == signal.SIGINT:
-            warnings.warn("SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)")
+            warnings.warn(
+                "SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)"
+            )
         self.signum = self.signum or signum
         if self._trainer.validating:
             # Lightning would abort the validation in progress; it decides the best checkpoint, so let it finish
@@ -139,7 +146,8 @@ class Preemption(Callback):
 @contextmanager
 def interruptible(trainer):
     """Turns Lightning's SIGTERMException (fit, validation or test) into `Interrupted`, naming the checkpoint to
-    resume from: the one written on the way out, else the run's latest `last.ckpt`."""
+    resume from: the one written on the way out, else the run's latest `last.ckpt`.
+    """
     try:
         yield
     except Signalled as e:  # outside the training loop (a test before or after it, a second Ctrl-C)

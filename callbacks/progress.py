@@ -5,6 +5,7 @@ the bar shows the last epoch that max_steps reaches, from the training batches p
 (Lightning steps the optimiser every `accumulate_grad_batches` batches and at the end of each epoch). Display only:
 the Trainer's limits, and so when training stops, stay as configured.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,8 @@ from pytorch_lightning.callbacks import RichProgressBar
 
 def last_epoch(max_steps: int, batches_per_epoch: float, accumulate: int) -> int | None:
     """The 0-based index of the epoch in which step `max_steps` falls; None when unknown (no step limit, or a loader
-    without a length)."""
+    without a length).
+    """
     if max_steps < 1 or not 0 < batches_per_epoch < math.inf:
         return None
     return math.ceil(max_steps / math.ceil(batches_per_epoch / max(1, accumulate))) - 1
@@ -23,7 +25,11 @@ def last_epoch(max_steps: int, batches_per_epoch: float, accumulate: int) -> int
 class RankingProgressBar(RichProgressBar):
     def _get_train_description(self, current_epoch: int) -> str:
         t = self.trainer
-        last = last_epoch(t.max_steps, t.num_training_batches, t.accumulate_grad_batches) if t.max_epochs in (None, -1) else None
+        last = (
+            last_epoch(t.max_steps, t.num_training_batches, t.accumulate_grad_batches)
+            if t.max_epochs in (None, -1)
+            else None
+        )
         if last is None:
             return super()._get_train_description(current_epoch)
         # padded as Lightning pads it, so that the bar does not flicker beside the validation bar

@@ -8,6 +8,7 @@ with "Unable to initialize backend 'cuda'". Seen on an H100 machine with JAX ins
 of memory. This project never computes with JAX, so JAX is pinned to the CPU before bm25s loads (JAX_PLATFORMS=cpu),
 unless the user set JAX_PLATFORMS. It has no effect on a process that imported JAX before.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,7 +23,8 @@ def bm25s_module() -> ModuleType:
 
 def bm25s_submodule(name: str) -> ModuleType:
     """`bm25s.<name>` (e.g. "scoring", whose idf and tf scorers datamodules/bm25.py builds its index with), loaded
-    after `bm25s_module()` has pinned JAX."""
+    after `bm25s_module()` has pinned JAX.
+    """
     bm25s_module()
     return importlib.import_module(f"bm25s.{name}")
 

@@ -8,6 +8,7 @@ other-version file.
   `data.pkl` unpickled with every class stubbed (no storage is read), the top-level keys and the hyper-parameters.
 - `check_finite`: before a checkpoint is written, so that none is ever written with non-finite parameters.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -39,13 +40,18 @@ def _first_line(e: BaseException) -> str:
 
 
 def _is_ours(ckpt) -> bool:
-    return isinstance(ckpt, Mapping) and "state_dict" in ckpt and isinstance(ckpt.get("hyper_parameters"), Mapping) \
+    return (
+        isinstance(ckpt, Mapping)
+        and "state_dict" in ckpt
+        and isinstance(ckpt.get("hyper_parameters"), Mapping)
         and "model" in ckpt["hyper_parameters"]
+    )
 
 
 def read_checkpoint(path: str, key: str) -> dict:
     """The checkpoint dict at `path` (named by config key `key` in errors); it must hold a ranker's hyper-parameters
-    that this version knows and finite parameters."""
+    that this version knows and finite parameters.
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(key, f"checkpoint '{path}' does not exist")
@@ -53,14 +59,20 @@ def read_checkpoint(path: str, key: str) -> dict:
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
         ckpt = torch.load(p, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise InputError(key, f"cannot read checkpoint '{path}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is truncated or not a torch file") from e
+        raise InputError(
+            key,
+            f"cannot read checkpoint '{path}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is truncated or not a torch file",
+        ) from e
     if not _is_ours(ckpt):
         raise InputError(key, f"'{path}' is not a checkpoint of this pipeline (no ranker hyper-parameters)")
     run_checks(ckpt, str(path), key)
     bad = nonfinite_tensors(ckpt["state_dict"])
     if bad:
-        raise InputError(key, f"checkpoint '{path}' holds non-finite parameters ({describe_nonfinite(bad)}); it cannot be used: "
-                         "retrain it (or take an earlier checkpoint)")
+        raise InputError(
+            key,
+            f"checkpoint '{path}' holds non-finite parameters ({describe_nonfinite(bad)}); it cannot be used: "
+            "retrain it (or take an earlier checkpoint)",
+        )
     return ckpt
 
 
@@ -82,17 +94,21 @@ def describe_nonfinite(bad: dict[str, int]) -> str:
 
 def check_finite(state: Mapping, path, what: str) -> None:
     """Before writing the checkpoint `path`: its parameters must be finite, else TrainingStopped (exit 3) and
-    nothing is written (a checkpoint that looks complete but holds NaN would only fail later, at evaluation)."""
+    nothing is written (a checkpoint that looks complete but holds NaN would only fail later, at evaluation).
+    """
     bad = nonfinite_tensors(state)
     if bad:
-        raise TrainingStopped(f"{what} has non-finite parameters ({describe_nonfinite(bad)}); '{path}' was not written "
-                              "(earlier files are unchanged)")
+        raise TrainingStopped(
+            f"{what} has non-finite parameters ({describe_nonfinite(bad)}); '{path}' was not written "
+            "(earlier files are unchanged)"
+        )
 
 
 # ---- --dry-run: the header only ----------------------------------------------------------------------------------
 class _Stub(dict):
     """Stands in for every class in a checkpoint's pickle: tensors, storages, numpy arrays become empty stubs; dict
-    subclasses (Lightning's AttributeDict) keep their items, so the top-level keys and hyper-parameters are read."""
+    subclasses (Lightning's AttributeDict) keep their items, so the top-level keys and hyper-parameters are read.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -108,8 +124,10 @@ class _Stub(dict):
         pass
 
 
-_PLAIN = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "complex", "slice")} | {
-    ("collections", "OrderedDict")}
+_PLAIN = {
+    ("builtins", n)
+    for n in ("dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "complex", "slice")
+} | {("collections", "OrderedDict")}
 
 
 class _HeaderUnpickler(pickle.Unpickler):
@@ -139,7 +157,8 @@ def _plain(value):
 def read_header(path: str, key: str, head: bool = False) -> dict:
     """`--dry-run`: the checkpoint at `path` is a readable torch zip file holding `state_dict` and ranker
     `hyper_parameters` (`head`: also `base_ckpt`, a head checkpoint), with every tensor's storage present, and its
-    hyper-parameters pass the registered checks; no tensor is loaded. Returns the top-level dict, tensors stubbed."""
+    hyper-parameters pass the registered checks; no tensor is loaded. Returns the top-level dict, tensors stubbed.
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(key, f"checkpoint '{path}' does not exist")
@@ -151,7 +170,9 @@ def read_header(path: str, key: str, head: bool = False) -> dict:
             names = z.namelist()
             pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
             if pkl is None:
-                raise InputError(key, f"{unreadable} (a zip file without data.pkl); it is truncated or not a torch file")
+                raise InputError(
+                    key, f"{unreadable} (a zip file without data.pkl); it is truncated or not a torch file"
+                )
             prefix = pkl[: -len("data.pkl")]
             storages: list[str] = []
             with z.open(pkl) as f:
@@ -162,12 +183,17 @@ def read_header(path: str, key: str, head: bool = False) -> dict:
         raise InputError(key, f"{unreadable} ({_first_line(e)}); it is truncated or not a torch file") from e
     missing = [s for s in storages if f"{prefix}data/{s}" not in names]
     if missing:
-        raise InputError(key, f"{unreadable} (the archive lacks {len(missing)} of its {len(storages)} tensor storages); it is truncated or not a torch file")
+        raise InputError(
+            key,
+            f"{unreadable} (the archive lacks {len(missing)} of its {len(storages)} tensor storages); it is truncated or not a torch file",
+        )
     ckpt = _plain(ckpt)
     if not _is_ours(ckpt):
         raise InputError(key, f"'{path}' is not a checkpoint of this pipeline (no ranker hyper-parameters)")
     if head and "base_ckpt" not in ckpt:
-        raise InputError(key, f"'{path}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=")
+        raise InputError(
+            key, f"'{path}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt="
+        )
     run_checks(ckpt, str(path), key)
     return ckpt
 

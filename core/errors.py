@@ -22,4 +22,5 @@ def check_choice(key: str, value, choices) -> None:
 
 class TrainingStopped(RuntimeError):
     """Training stopped by a configured policy (e.g. `optim.nonfinite=stop`); the message says why and which
-    checkpoint is the last good one."""
+    checkpoint is the last good one.
+    """

@@ -9,6 +9,7 @@ behind; a write that the machine refuses (full disk, file-size limit, permission
   for the few renames: a folder holds either the earlier result or the new one, never a mix.
 - `check_writable`: the probe every job runs on its output folders before it loads any data or model.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,31 +21,50 @@ import shutil
 import signal
 import tempfile
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from core.errors import InputError
 
 # errno values that say the path itself cannot be used (a choice of the user: exit 2 when found before the job
 # starts); every other write failure (full disk, quota, file-size limit, I/O error) is a fault of the machine (exit 1)
-PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG,
-               errno.ELOOP, errno.ENOENT}
+PATH_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EEXIST,
+    errno.ENAMETOOLONG,
+    errno.ELOOP,
+    errno.ENOENT,
+}
 
 
 class WriteFault(Exception):
     """A write the machine refused: `path`, the OS's reason, and what was kept. `code`: the exit code (1: a fault of
-    the machine; 2: found by the probe before the job started, on a path the user chose)."""
+    the machine; 2: found by the probe before the job started, on a path the user chose).
+    """
 
-    def __init__(self, path: str | os.PathLike, reason: str, kept: str, code: int = 1, errno_: int | None = None,
-                 key: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        reason: str,
+        kept: str,
+        code: int = 1,
+        errno_: int | None = None,
+        key: str | None = None,
+    ):
         self.path, self.reason, self.kept, self.code, self.errno = str(path), reason, kept, code, errno_
         super().__init__((f"{key}: " if key else "") + f"cannot write '{path}' ({reason}); {kept}")
 
 
 def os_error_of(exc: BaseException) -> OSError | None:
     """The OSError behind `exc`: itself, or the one torch.save's C++ writer reports as "enforce fail at
-    inline_container.cc" (Python keeps it as the RuntimeError's context)."""
+    inline_container.cc" (Python keeps it as the RuntimeError's context).
+    """
     if isinstance(exc, OSError):
         return None if isinstance(exc, (TimeoutError, ConnectionError)) else exc
     if not torch_write_failure(exc):
@@ -62,7 +82,9 @@ _FAISS_WRITE = re.compile(r"write error in .*\((?P<reason>[^()]+)\)\s*$")  # fai
 
 
 def torch_write_failure(exc: BaseException) -> bool:
-    return isinstance(exc, RuntimeError) and ("inline_container.cc" in str(exc) or "PytorchStreamWriter failed" in str(exc))
+    return isinstance(exc, RuntimeError) and (
+        "inline_container.cc" in str(exc) or "PytorchStreamWriter failed" in str(exc)
+    )
 
 
 def _library_reason(exc: BaseException) -> str | None:
@@ -87,7 +109,9 @@ def reason_of(exc: BaseException) -> str:
     if e is not None:
         m = _SHORT_WRITE.search(str(e))
         if m:
-            return f"the write stopped short, {m.group(2)} of {m.group(1)} items written: a full disk or a file-size limit"
+            return (
+                f"the write stopped short, {m.group(2)} of {m.group(1)} items written: a full disk or a file-size limit"
+            )
         return str(e) or type(e).__name__
     lib = _library_reason(exc)
     if lib is not None:
@@ -97,7 +121,8 @@ def reason_of(exc: BaseException) -> str:
 
 def as_write_fault(exc: BaseException, path: str | os.PathLike, kept: str) -> WriteFault | None:
     """`exc` as a WriteFault on `path` (None when it is not a write failure): an OSError, torch.save's report of
-    one, or a library writer's (safetensors, faiss) that names the OS's reason."""
+    one, or a library writer's (safetensors, faiss) that names the OS's reason.
+    """
     if isinstance(exc, WriteFault):
         return exc
     if not isinstance(exc, Exception):
@@ -110,7 +135,8 @@ def as_write_fault(exc: BaseException, path: str | os.PathLike, kept: str) -> Wr
 
 def path_in_traceback(exc: BaseException) -> str | None:
     """For an OSError raised by a plain `f.write` (which names no file): the file being written, read from the
-    innermost frames' locals (an open file object's name, else a local path such as `path`, `folder` or `spill_dir`)."""
+    innermost frames' locals (an open file object's name, else a local path such as `path`, `folder` or `spill_dir`).
+    """
     import io as _io
 
     tb, frames = exc.__traceback__, []
@@ -181,7 +207,8 @@ class AtomicDir:
     """`with AtomicDir(path) as tmp:` write files into `tmp`; on success they are fsynced and `tmp` replaces `path`
     (an existing directory of the same kind is swapped out and deleted); on error `tmp` is removed and `path` is
     untouched. A non-empty `path` without the file `marker` (an index's manifest.json) is never replaced: it is not
-    ours to delete."""
+    ours to delete.
+    """
 
     def __init__(self, path: str | os.PathLike, marker: str = "manifest.json", kind: str = "an index directory"):
         self.path, self.marker, self.kind = Path(path), marker, kind
@@ -250,7 +277,8 @@ def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple
     folder inside `out` that no reader looks at; on success they are fsynced and renamed into `out` as a set: the earlier `last` (metrics.json,
     the mark of a finished run) is removed first, `last` is renamed in last, with SIGINT / SIGTERM held throughout,
     and the files in `retire` (a pending attempt's config) are removed with them. On any error or interrupt `tmp` is
-    removed and `out` holds the earlier result unchanged; a refused write is a WriteFault saying so."""
+    removed and `out` holds the earlier result unchanged; a refused write is a WriteFault saying so.
+    """
     out = Path(out)
     kept = f"earlier results in '{out}' unchanged" if (out / last).exists() else f"no result was written to '{out}'"
     try:
@@ -273,7 +301,9 @@ def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple
         fault = as_write_fault(e, getattr(e, "path", None) or out, kept)
         if fault is not None:
             if isinstance(e, WriteFault):  # a file of the staged set: name its place in `out`
-                fault = WriteFault(out / Path(e.path).name if Path(e.path).parent == tmp else e.path, e.reason, kept, errno_=e.errno)
+                fault = WriteFault(
+                    out / Path(e.path).name if Path(e.path).parent == tmp else e.path, e.reason, kept, errno_=e.errno
+                )
             raise fault from e
         raise
     olds = []
@@ -307,7 +337,8 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
     """The probe every job runs before it loads data or a model: `path` (created if missing) takes a file that is
     written, renamed and removed. Folders it created are removed again, so a job stopped later by bad input leaves
     nothing behind. A refusal is a WriteFault naming `key` and the path: exit 2 for a path the user cannot use
-    (permission, read-only file system, not a folder), 1 for a fault of the machine (full disk, I/O error)."""
+    (permission, read-only file system, not a folder), 1 for a fault of the machine (full disk, I/O error).
+    """
     p = Path(path)
     created = [q for q in (p, *p.parents) if not q.exists()]
     probe = p / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -333,8 +364,14 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
             except OSError:
                 pass
         code = 2 if e.errno in PATH_ERRNOS else 1
-        raise WriteFault(p, reason_of(e), "choose a folder this job can write; nothing was loaded or written",
-                         code=code, errno_=e.errno, key=key) from e
+        raise WriteFault(
+            p,
+            reason_of(e),
+            "choose a folder this job can write; nothing was loaded or written",
+            code=code,
+            errno_=e.errno,
+            key=key,
+        ) from e
     finally:
         for q in created:  # deepest first
             try:

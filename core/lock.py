@@ -7,13 +7,14 @@ on Linux, which the kernel drops when its holder dies, so a killed run (even by 
 its two leftover files are taken over. A job that ends, normally or by an exception, removes both files and the
 parent folders it created for them, if they stayed empty.
 """
+
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from filelock import FileLock, Timeout
 
@@ -39,7 +40,8 @@ def global_rank_zero() -> bool:
 @contextmanager
 def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     """Hold `output_dir`'s lock for the block; when another process holds it, InputError naming the folder and the
-    holder's pid."""
+    holder's pid.
+    """
     if not global_rank_zero():
         yield
         return
@@ -56,7 +58,10 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        raise InputError("output_dir", f"'{output_dir}' is in use by another run ({_holder(pid_path)}); wait for it to end or choose another output_dir") from None
+        raise InputError(
+            "output_dir",
+            f"'{output_dir}' is in use by another run ({_holder(pid_path)}); wait for it to end or choose another output_dir",
+        ) from None
     except OSError as e:  # a folder the user may not write: found here, before anything is loaded
         _remove_created(created)
         raise _lock_fault(lock_path, e) from e
@@ -86,18 +91,26 @@ def _remove_created(created: list[Path]) -> None:
 
 def _lock_fault(path: Path, e: BaseException) -> WriteFault:
     """The lock (or its pid file) cannot be written beside output_dir: one line, exit 2 for a folder the user may not
-    write, 1 for a fault of the machine."""
+    write, 1 for a fault of the machine.
+    """
     err = e if isinstance(e, OSError) else None
     errno_ = err.errno if err is not None else getattr(e, "errno", None)
     reason = reason_of(e) if not isinstance(e, WriteFault) else e.reason
-    return WriteFault(path, reason, "output_dir's lock lives in the folder that holds output_dir; nothing was loaded or written",
-                      code=2 if errno_ in PATH_ERRNOS else 1, errno_=errno_, key="output_dir")
+    return WriteFault(
+        path,
+        reason,
+        "output_dir's lock lives in the folder that holds output_dir; nothing was loaded or written",
+        code=2 if errno_ in PATH_ERRNOS else 1,
+        errno_=errno_,
+        key="output_dir",
+    )
 
 
 @contextmanager
 def claim(lock_path: str | os.PathLike) -> Iterator[bool]:
     """Hold the lock file `lock_path` for the block when no other process holds it (True), else do nothing (False),
-    without waiting: how several processes share a list of jobs, each taking the ones nobody has."""
+    without waiting: how several processes share a list of jobs, each taking the ones nobody has.
+    """
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(lock_path, blocking=False)

@@ -1,5 +1,7 @@
 """A .npy file written row block by row block, its length known only at the end: stores too large for memory (the
-ColBERT end-to-end token store, MS MARCO's training triples) go to disk as they are made."""
+ColBERT end-to-end token store, MS MARCO's training triples) go to disk as they are made.
+"""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +17,8 @@ class NpyRowWriter:
     written first for the largest row count and overwritten in place at the end: numpy pads a header to a multiple
     of 64 bytes, so any row count gives the same header length (checked), and the rows are never moved (a 150 GB
     store is not copied to prepend a header). Writes go through the file, not a writable memory map, so written
-    rows leave the process's memory for the page cache at once."""
+    rows leave the process's memory for the page cache at once.
+    """
 
     def __init__(self, path: Path, dtype, width: int, readable: bool = False):
         self.path, self.dtype, self.width, self.rows = Path(path), np.dtype(dtype), int(width), 0
@@ -27,7 +30,10 @@ class NpyRowWriter:
 
     def _header(self, rows: int) -> bytes:
         buf = io.BytesIO()
-        np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (rows, self.width)})
+        np.lib.format.write_array_header_1_0(
+            buf,
+            {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (rows, self.width)},
+        )
         return buf.getvalue()
 
     def write(self, x: np.ndarray) -> None:
@@ -47,9 +53,10 @@ class NpyRowWriter:
         self._file.close()
         return np.load(self.path, mmap_mode="r")
 
-    def reader(self) -> "NpyRowReader":
+    def reader(self) -> NpyRowReader:
         """Write the true header and hand the open file to a `NpyRowReader` (the writer was made `readable`): the
-        rows are readable even when the path no longer exists."""
+        rows are readable even when the path no longer exists.
+        """
         self._file.seek(0)
         self._file.write(self._header(self.rows))
         self._file.flush()
@@ -64,7 +71,8 @@ class NpyRowReader:
     """Rows of a `[rows, width]` .npy file read with `pread`, span by span, into fresh arrays: the pages read stay in
     the page cache, not in this process's resident memory (a memory map of the file would count every page touched,
     2 MB at a time on kernels that map large folios). The file stays open, so its path may be unlinked at once.
-    `memmap()` maps it too (copy-on-write) for a consumer that wants a tensor of every row."""
+    `memmap()` maps it too (copy-on-write) for a consumer that wants a tensor of every row.
+    """
 
     def __init__(self, path):
         """`path`: a .npy file's path, or a binary file object positioned at its start (kept open, owned)."""

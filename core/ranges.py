@@ -9,6 +9,7 @@ A value outside its range is one line naming the key, the value and what is allo
 `config key 'optim.lr': is -1.0; expected > 0`. Null is left to the schema's types: a key typed `int | None`
 takes null (it means "off" or "the default"), a key typed `int` does not.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,8 @@ from core.errors import InputError
 class Range:
     """Numbers from `lo` to `hi` (None: unbounded; `lo_open` / `hi_open` leave the bound itself out), plus the
     special values in `also` (Lightning's -1 = no limit, "auto"). `integer`: whole numbers only, for keys typed Any
-    where an int and a float mean different things. `note` says why, in the message."""
+    where an int and a float mean different things. `note` says why, in the message.
+    """
 
     lo: float | None = None
     hi: float | None = None
@@ -66,7 +68,9 @@ NON_NEGATIVE = Range(0)  # warm-up steps, weight decay, worker counts, seeds
 COUNT = Range(1)  # batch sizes, depths, layers, dimensions, epochs
 FRACTION = Range(0, 1, hi_open=True)  # dropout, shares of a split
 PROBABILITY = Range(0, 1)
-SEED = Range(0, 2**32 - 1, integer=True)  # numpy and Lightning's seed_everything take no other (Lightning silently uses 0 instead)
+SEED = Range(
+    0, 2**32 - 1, integer=True
+)  # numpy and Lightning's seed_everything take no other (Lightning silently uses 0 instead)
 
 
 def check_range(key: str, value, allowed: Range | tuple[Range, ...]) -> None:

@@ -3,10 +3,12 @@
 Each entry also carries a dataclass schema: the config of that entry is validated against it, which is
 what makes unknown keys and wrong types errors instead of silent no-ops.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from core.errors import InputError
 
@@ -22,10 +24,16 @@ class Entry(Generic[T]):
 
 def _same_definition(a: Callable, b: Callable) -> bool:
     """The same source definition imported twice: `python -m pkg.mod` runs mod as __main__, and the registry's own
-    import of pkg.mod then registers it again (the later definition wins)."""
+    import of pkg.mod then registers it again (the later definition wins).
+    """
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    return (code_a is not None and code_b is not None and a.__qualname__ == b.__qualname__
-            and code_a.co_filename == code_b.co_filename and code_a.co_firstlineno == code_b.co_firstlineno)
+    return (
+        code_a is not None
+        and code_b is not None
+        and a.__qualname__ == b.__qualname__
+        and code_a.co_filename == code_b.co_filename
+        and code_a.co_firstlineno == code_b.co_firstlineno
+    )
 
 
 class Registry(Generic[T]):
@@ -44,7 +52,9 @@ class Registry(Generic[T]):
 
     def get(self, name: str, where: str | None = None) -> Entry[T]:
         if name not in self._entries:
-            raise InputError(where or self.kind, f"unknown {self.kind} '{name}'; expected one of {sorted(self._entries)}")
+            raise InputError(
+                where or self.kind, f"unknown {self.kind} '{name}'; expected one of {sorted(self._entries)}"
+            )
         return self._entries[name]
 
     def names(self) -> list[str]:

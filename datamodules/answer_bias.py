@@ -24,6 +24,7 @@ How the split is built (`data.answer_bias_keep_first` = k, `data.answer_bias_lat
 Debiased training on the biased split is the same config with `data.rotate_train=true` (Eq. 7: one cut per
 passage with the default `data.rotation=per_passage`, a new cut every epoch with `per_epoch`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,18 +49,25 @@ def late_kept(seed: int, qid: str, p: float) -> bool:
     """Whether a late question is kept: a uniform draw in [0, 1) from (seed, qid) below p."""
     if p <= 0:
         return False
-    digest = hashlib.sha256(f"answer_bias|{int(seed)}|{qid}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"answer_bias|{int(seed)}|{qid}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < p
 
 
 def apply_answer_bias(ds: IRDataset, keep_first: float, late_keep: float = 0.0, seed: int = 13) -> IRDataset:
     """`ds` with its training split cut to the position-biased questions (module doc); the counts go into
-    `IRDataset.answer_bias`."""
+    `IRDataset.answer_bias`.
+    """
     if not 0 < keep_first <= 1:
-        raise InputError("config key 'data.answer_bias_keep_first'", f"is {keep_first}; expected a fraction of the passage in (0, 1], or null (off)")
+        raise InputError(
+            "config key 'data.answer_bias_keep_first'",
+            f"is {keep_first}; expected a fraction of the passage in (0, 1], or null (off)",
+        )
     if not ds.answers:
-        raise InputError("config key 'data.answer_bias_keep_first'", f"is {keep_first} but dataset {ds.name} has no answer spans; "
-                         "a position-biased split needs a source with answers (squad, synthetic, ir_datasets with answers)")
+        raise InputError(
+            "config key 'data.answer_bias_keep_first'",
+            f"is {keep_first} but dataset {ds.name} has no answer spans; "
+            "a position-biased split needs a source with answers (squad, synthetic, ir_datasets with answers)",
+        )
     train = ds.split("train")
     early = late_in = late_out = no_answer = 0
     keep: set[str] = set()
@@ -76,7 +84,10 @@ def apply_answer_bias(ds: IRDataset, keep_first: float, late_keep: float = 0.0, 
         else:
             late_out += 1
     if not keep:
-        raise InputError("config key 'data.answer_bias_keep_first'", f"is {keep_first}: no training question of dataset {ds.name} has its answer in the first {keep_first:g} of its passage; expected a larger fraction")
+        raise InputError(
+            "config key 'data.answer_bias_keep_first'",
+            f"is {keep_first}: no training question of dataset {ds.name} has its answer in the first {keep_first:g} of its passage; expected a larger fraction",
+        )
     biased = Split(
         queries={q: t for q, t in train.queries.items() if q in keep},
         qrels={q: j for q, j in train.qrels.items() if q in keep},
@@ -84,14 +95,25 @@ def apply_answer_bias(ds: IRDataset, keep_first: float, late_keep: float = 0.0, 
         candidates=None if train.candidates is None else {q: c for q, c in train.candidates.items() if q in keep},
         origins=dict(train.origins),
     )
-    counts = {"keep_first": keep_first, "late_keep": late_keep, "seed": int(seed), "questions": len(train.queries),
-              "kept": len(keep), "early": early, "late_kept": late_in, "late_dropped": late_out, "no_answer_dropped": no_answer}
+    counts = {
+        "keep_first": keep_first,
+        "late_keep": late_keep,
+        "seed": int(seed),
+        "questions": len(train.queries),
+        "kept": len(keep),
+        "early": early,
+        "late_kept": late_in,
+        "late_dropped": late_out,
+        "no_answer_dropped": no_answer,
+    }
     return dataclasses.replace(ds, splits={**ds.splits, "train": biased}, answer_bias=counts)
 
 
 def describe(counts: dict) -> str:
     """One line for the log: how many training questions the biased split keeps, and why the others went."""
-    return (f"position-biased training split (data.answer_bias_keep_first={counts['keep_first']:g}, "
-            f"late_keep={counts['late_keep']:g}): {counts['kept']:,} of {counts['questions']:,} training questions kept "
-            f"({counts['early']:,} answered in the first {counts['keep_first']:g}, {counts['late_kept']:,} later ones kept; "
-            f"dropped {counts['late_dropped']:,} answered later and {counts['no_answer_dropped']:,} without answer spans)")
+    return (
+        f"position-biased training split (data.answer_bias_keep_first={counts['keep_first']:g}, "
+        f"late_keep={counts['late_keep']:g}): {counts['kept']:,} of {counts['questions']:,} training questions kept "
+        f"({counts['early']:,} answered in the first {counts['keep_first']:g}, {counts['late_kept']:,} later ones kept; "
+        f"dropped {counts['late_dropped']:,} answered later and {counts['no_answer_dropped']:,} without answer spans)"
+    )

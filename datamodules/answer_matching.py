@@ -8,10 +8,11 @@ the passage, case-insensitive, any whitespace between words, not starting or end
 do not occur (MS MARCO's answers are often written by the annotator, not copied) give no span and are omitted,
 as MS MARCO's placeholder "No Answer Present." is.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from datamodules.corpus import Span
 

@@ -36,6 +36,7 @@ Runs: `<cache_dir>/bm25/<key>-<digest>.json`, digest = SHA-256 of (collection co
 of the index, so a repeated evaluation is read back. Written atomically (core.io.atomic_open) by one process while
 the others wait on its lock (`.<file>.lock`), as the index is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -91,7 +92,9 @@ class BM25Params:
 @dataclass
 class BM25Index:
     """A collection's index: bm25s' retriever (CSC score matrix, vocabulary stem -> term id) and the doc id of each
-    row (sorted; a NumPy array, memory-mapped when loaded)."""
+    row (sorted; a NumPy array, memory-mapped when loaded).
+    """
+
     retriever: Any
     doc_ids: np.ndarray
 
@@ -106,8 +109,14 @@ def _stemmer():
 
 
 def settings(params: BM25Params = BM25Params()) -> dict:
-    return {**asdict(params), "token_pattern": TOKEN_PATTERN, "lower": True, "stopwords": STOPWORDS,
-            "stemmer": _stemmer()[1], "version": CACHE_VERSION}
+    return {
+        **asdict(params),
+        "token_pattern": TOKEN_PATTERN,
+        "lower": True,
+        "stopwords": STOPWORDS,
+        "stemmer": _stemmer()[1],
+        "version": CACHE_VERSION,
+    }
 
 
 def _hash_items(h, tag: bytes, items: Mapping[str, str]) -> None:
@@ -119,7 +128,8 @@ def _hash_items(h, tag: bytes, items: Mapping[str, str]) -> None:
 
 def collection_digest(docs: Mapping[str, str]) -> str:
     """The collection's content: its `fingerprint` when it has one (a DocStore's SHA-256 of its sources, so nothing
-    is read), else a SHA-256 of its sorted (id, text) items (read one at a time)."""
+    is read), else a SHA-256 of its sorted (id, text) items (read one at a time).
+    """
     fp = getattr(docs, "fingerprint", None)
     if isinstance(fp, str):
         return hashlib.sha256(b"fingerprint\0" + fp.encode("utf-8")).hexdigest()
@@ -155,7 +165,8 @@ def tokenize(texts: list[str]) -> list[list[str]]:
 
 class _Terms(dict):
     """word -> term id while an index is built (-1: a stop word): a word seen for the first time is stemmed and its
-    stem gets the next id (`stems`: stem -> term id), so a token costs one dict lookup."""
+    stem gets the next id (`stems`: stem -> term id), so a token costs one dict lookup.
+    """
 
     def __init__(self):
         stop, self._stem = _analyzer()
@@ -183,11 +194,14 @@ def _encode(texts: list[str], terms: _Terms) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- building -----------------------------------------------------------------------------------------------------
-def _pair_scores(terms: np.ndarray, tf: np.ndarray, lengths: np.ndarray, idf: np.ndarray, nonocc, avgdl, r) -> np.ndarray:
+def _pair_scores(
+    terms: np.ndarray, tf: np.ndarray, lengths: np.ndarray, idf: np.ndarray, nonocc, avgdl, r
+) -> np.ndarray:
     """bm25s' score of each (document, term) pair, computed as bm25s' index computes it
     (scoring._build_scores_and_indices_for_matrix): its tf scorer called with the document length as a Python int,
     float32 tf and idf, one call per distinct length here (not per document), so the scores are bm25s' to the bit
-    under NumPy's promotion rules of any version."""
+    under NumPy's promotion rules of any version.
+    """
     tfc_fn = bm25s_submodule("scoring")._select_tfc_scorer(r.method)
     out = np.empty(len(tf), dtype=r.dtype)
     order = np.argsort(lengths, kind="stable")
@@ -209,7 +223,8 @@ def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | 
     (term id, tf) pairs, counts document frequencies and lengths, and spills the pairs to an unlinked temp file in
     `spill_dir` (the system's when None): idf and avgdl need the whole collection before any score, and NumPy's
     freed chunks do not go back to the OS (glibc keeps them), so holding the pairs would cost their 6 bytes each on
-    top of the index's 8. The second reads them back, scores them and counting-sorts them into the CSC arrays."""
+    top of the index's 8. The second reads them back, scores them and counting-sorts them into the CSC arrays.
+    """
     bm25s, scoring = bm25s_module(), bm25s_submodule("scoring")
     doc_ids = np.array(sorted(docs))
     n = len(doc_ids)
@@ -247,8 +262,17 @@ def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | 
         nonocc = None
         if r.method in r.methods_requiring_nonoccurrence:
             nonocc = scoring._build_nonoccurrence_array(
-                doc_frequencies=dfs, n_docs=n, compute_idf_fn=idf_fn, calculate_tfc_fn=scoring._select_tfc_scorer(r.method),
-                l_d=avgdl, l_avg=avgdl, k1=r.k1, b=r.b, delta=r.delta, dtype=r.dtype)
+                doc_frequencies=dfs,
+                n_docs=n,
+                compute_idf_fn=idf_fn,
+                calculate_tfc_fn=scoring._select_tfc_scorer(r.method),
+                l_d=avgdl,
+                l_avg=avgdl,
+                k1=r.k1,
+                b=r.b,
+                delta=r.delta,
+                dtype=r.dtype,
+            )
         del dfs
         # CSC (term-major, documents ascending within a term: bm25s' layout), filled by a counting sort per chunk
         indptr = np.zeros(vocab + 1, dtype=np.int64)
@@ -294,12 +318,15 @@ def _save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
         files = {p.name: {"bytes": p.stat().st_size, "sha256": _file_sha256(p)} for p in sorted(tmp.iterdir())}
         s = index.retriever.scores
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump({**manifest, "nnz": len(s["data"]), "num_terms": len(s["indptr"]) - 1, "files": files}, f, indent=1)
+            json.dump(
+                {**manifest, "nnz": len(s["data"]), "num_terms": len(s["indptr"]) - 1, "files": files}, f, indent=1
+            )
 
 
 def _load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
     """The index in `folder` when its manifest is `manifest` and its files match it (sizes, SHA-256, array shapes);
-    None when there is none, or (with a warning when `warn`) when it does not match."""
+    None when there is none, or (with a warning when `warn`) when it does not match.
+    """
     if not (folder / MANIFEST).is_file():
         return None
     try:
@@ -319,7 +346,14 @@ def _load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
             r = bm25s_module().BM25.load(folder, mmap=True, show_progress=False)
             ids = np.load(folder / DOC_IDS, mmap_mode="r")
             s, n = r.scores, manifest["num_docs"]
-            shapes = (len(ids), s["num_docs"], len(s["data"]), len(s["indices"]), len(s["indptr"]), int(s["indptr"][-1]))
+            shapes = (
+                len(ids),
+                s["num_docs"],
+                len(s["data"]),
+                len(s["indices"]),
+                len(s["indptr"]),
+                int(s["indptr"][-1]),
+            )
             if shapes != (n, n, m["nnz"], m["nnz"], m["num_terms"] + 1, m["nnz"]):
                 problem = "its arrays' shapes differ from the manifest's"
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
@@ -334,11 +368,14 @@ def _load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
 def _once(lock: Path, load: Callable[[bool], Any], make: Callable[[], Any], what: str) -> Any:
     """`load(warn)`'s result, else `make()`'s, made by one process at a time: the one holding `lock` (core.lock.claim)
     looks again and makes it; the others wait until the lock is free, then load it (once: loading verifies checksums).
-    claim does not wait, hence the polling; a holder that dies releases the lock (flock), and a waiter takes over."""
+    claim does not wait, hence the polling; a holder that dies releases the lock (flock), and a waiter takes over.
+    """
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(str(lock.parent), f"cannot create the BM25 cache folder ({e.strerror}); expected a writable data.cache_dir") from None
+        raise InputError(
+            str(lock.parent), f"cannot create the BM25 cache folder ({e.strerror}); expected a writable data.cache_dir"
+        ) from None
     waited = False
     while True:
         got = load(False)
@@ -361,10 +398,12 @@ def _once(lock: Path, load: Callable[[bool], Any], make: Callable[[], Any], what
 _NOTHING = object()  # a collection without a single token: no index, nothing to rank
 
 
-def bm25_index(docs: Mapping[str, str], params: BM25Params = BM25Params(), cache_dir=None,
-               digest: str | None = None) -> BM25Index | None:
+def bm25_index(
+    docs: Mapping[str, str], params: BM25Params = BM25Params(), cache_dir=None, digest: str | None = None
+) -> BM25Index | None:
     """The index of `docs`: loaded from `<cache_dir>/bm25/index-<digest>/`, or built (and saved there, when cache_dir
-    is given); None when no document has a token. `digest`: the collection_digest, when the caller has it."""
+    is given); None when no document has a token. `digest`: the collection_digest, when the caller has it.
+    """
     if cache_dir is None:
         return _build_index(docs, params)
     digest = digest or collection_digest(docs)
@@ -384,8 +423,12 @@ def bm25_index(docs: Mapping[str, str], params: BM25Params = BM25Params(), cache
             raise OSError(f"{folder}: the BM25 index just written does not load back")
         return got
 
-    got = _once(folder.parent / f".{folder.name}.lock", lambda warn: _load_index(folder, manifest, warn), make,
-                f"the BM25 index {folder}")
+    got = _once(
+        folder.parent / f".{folder.name}.lock",
+        lambda warn: _load_index(folder, manifest, warn),
+        make,
+        f"the BM25 index {folder}",
+    )
     return None if got is _NOTHING else got
 
 
@@ -398,7 +441,8 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
     On a large collection a threshold t > 0 is taken from a strided sample first, the sample's 2k/stride-th best, so
     that about 2k scores are >= t; when at least k are, they hold the k-th best score and all its ties, and only they
-    are partitioned (a full partition of 1M scores costs ~12 ms, this ~2 ms). Otherwise every positive score is."""
+    are partitioned (a full partition of 1M scores costs ~12 ms, this ~2 ms). Otherwise every positive score is.
+    """
     cand = None
     if len(scores) > 8 * _SAMPLE_STRIDE * k:
         sample = scores[::_SAMPLE_STRIDE]
@@ -427,10 +471,11 @@ def _threads() -> int:
 
 
 def rank(index: BM25Index, queries: Mapping[str, str], k: int) -> dict[str, Ranking]:
-    """qid -> up to k (doc id, score) of `index`, best first. Queries run in parallel threads (NumPy's scoring and
+    """Qid -> up to k (doc id, score) of `index`, best first. Queries run in parallel threads (NumPy's scoring and
     selection release the GIL). Each query's scores are bm25s' get_scores_from_ids (float32, its terms added in
     query order, a repeated term twice); bm25s' retrieve is not used: it returns exactly k documents, zero scores
-    included, with ties in no defined order."""
+    included, with ties in no defined order.
+    """
     r, doc_ids, vocab = index.retriever, index.doc_ids, index.retriever.vocab_dict
     qids = list(queries)
     wanted = [[vocab[t] for t in toks if t and t in vocab] for toks in tokenize([queries[q] for q in qids])]
@@ -451,10 +496,17 @@ def rank(index: BM25Index, queries: Mapping[str, str], k: int) -> dict[str, Rank
     return out
 
 
-def compute_bm25_run(docs: Mapping[str, str], queries: Mapping[str, str], k: int, params: BM25Params = BM25Params(),
-                     cache_dir=None, digest: str | None = None) -> dict[str, Ranking]:
+def compute_bm25_run(
+    docs: Mapping[str, str],
+    queries: Mapping[str, str],
+    k: int,
+    params: BM25Params = BM25Params(),
+    cache_dir=None,
+    digest: str | None = None,
+) -> dict[str, Ranking]:
     """No run cache: rank the collection for every query, qid -> [(doc id, score)], with its index (bm25_index:
-    saved under cache_dir and reused, or in memory only when cache_dir is None)."""
+    saved under cache_dir and reused, or in memory only when cache_dir is None).
+    """
     if not len(docs) or not queries or k <= 0:
         return {q: [] for q in queries}
     index = bm25_index(docs, params, cache_dir, digest)
@@ -471,25 +523,34 @@ def _run_path(digest: str, queries, k: int, cache_dir, key: str, params: BM25Par
     return Path(cache_dir) / "bm25" / f"{_safe(key)}-{_run_digest(digest, queries, k, params)[:24]}.json"
 
 
-def cache_path(docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_dir, key: str,
-               params: BM25Params = BM25Params()) -> Path:
+def cache_path(
+    docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_dir, key: str, params: BM25Params = BM25Params()
+) -> Path:
     return _run_path(collection_digest(docs), queries, k, cache_dir, key, params)
 
 
 def _write_run(f, expected: dict, result: dict[str, Ranking]) -> None:
     """{"settings": ..., "run": {qid: [[doc id, score], ...]}}, one query at a time with json.dumps: json.dump
-    encodes in pure Python (its C encoder serves dumps only), 3x slower on a 1,000-query run."""
+    encodes in pure Python (its C encoder serves dumps only), 3x slower on a 1,000-query run.
+    """
     f.write('{"settings":' + json.dumps(expected, separators=(",", ":")) + ',"run":{')
     for i, (qid, ranking) in enumerate(result.items()):
         f.write(("," if i else "") + json.dumps(qid) + ":" + json.dumps(ranking, separators=(",", ":")))
     f.write("}}")
 
 
-def bm25_run(docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_dir=None, key: str = "bm25",
-             params: BM25Params = BM25Params()) -> dict[str, Ranking]:
-    """qid -> up to k (doc id, BM25 score), best first. Cached on disk under cache_dir (None: no cache, the index
+def bm25_run(
+    docs: Mapping[str, str],
+    queries: Mapping[str, str],
+    k: int,
+    cache_dir=None,
+    key: str = "bm25",
+    params: BM25Params = BM25Params(),
+) -> dict[str, Ranking]:
+    """Qid -> up to k (doc id, BM25 score), best first. Cached on disk under cache_dir (None: no cache, the index
     built in memory); `key` names the run's cache file (e.g. "squad-val"), the digest makes it specific to the
-    inputs; the collection's index is shared by every run over it."""
+    inputs; the collection's index is shared by every run over it.
+    """
     if cache_dir is None:
         return compute_bm25_run(docs, queries, k, params)
     digest = collection_digest(docs)
@@ -498,7 +559,8 @@ def bm25_run(docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_
 
     def load(warn: bool):
         """The cached run when it is sound: readable JSON, this run's settings and queries, finite scores; else None
-        (`warn`: say what was wrong before it is recomputed and overwritten)."""
+        (`warn`: say what was wrong before it is recomputed and overwritten).
+        """
         if not path.exists():
             return None
         try:
@@ -535,15 +597,20 @@ def no_candidates_warning(where: str, qids: list[str], why: str = "no query term
     collection, e.g. a query of punctuation only), "" when there are none. Such queries score 0 on every measure and
     have no line in run.trec, which is what `trec_eval -c` does with them; trec_eval without -c leaves them out of
     its means. `why`: for candidates from a given run, that the run ranks nothing for them. The caller warns (once,
-    on rank 0)."""
+    on rank 0).
+    """
     if not qids:
         return ""
     shown = ", ".join(repr(q) for q in qids[:20]) + (f" and {len(qids) - 20} more" if len(qids) > 20 else "")
-    return (f"{where}: {len(qids)} judged quer{'y has' if len(qids) == 1 else 'ies have'} no candidate ({why}): "
-            f"{shown}; scored 0 on every measure and absent from run.trec (as trec_eval -c "
-            f"counts them)")
+    return (
+        f"{where}: {len(qids)} judged quer{'y has' if len(qids) == 1 else 'ies have'} no candidate ({why}): "
+        f"{shown}; scored 0 on every measure and absent from run.trec (as trec_eval -c "
+        f"counts them)"
+    )
 
 
-def bm25_candidates(docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_dir=None, key: str = "bm25") -> dict[str, list[str]]:
-    """qid -> up to k doc ids (BM25 top-k with the default parameters, best first), cached as `bm25_run`."""
+def bm25_candidates(
+    docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_dir=None, key: str = "bm25"
+) -> dict[str, list[str]]:
+    """Qid -> up to k doc ids (BM25 top-k with the default parameters, best first), cached as `bm25_run`."""
     return {q: [d for d, _ in ranking] for q, ranking in bm25_run(docs, queries, k, cache_dir, key).items()}

@@ -1,5 +1,7 @@
 """Keys shared by every data source (`configs/data/*.yaml`). Each source subclasses `DataConfig` with the
-keys of its own files, so an unknown or misspelt key is an error for that source."""
+keys of its own files, so an unknown or misspelt key is an error for that source.
+"""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, is_dataclass
@@ -9,11 +11,21 @@ from core.ranges import COUNT, NON_NEGATIVE, SEED, check_ranges
 from datamodules.folds import check_fold_config
 from datamodules.rotation import ROTATIONS
 
-
 # Keys that change only what a run trains on, never its validation or test split: a test with data overrides that
 # differ from a training run's in these keys alone is that run's own test (pipeline/grid.py runs it once).
-TRAINING_ONLY = frozenset({"batch_size", "negatives", "max_train_triples", "rotate_train", "rotation", "train_passage",
-                           "answer_bias_keep_first", "answer_bias_late_keep", "answer_bias_seed"})
+TRAINING_ONLY = frozenset(
+    {
+        "batch_size",
+        "negatives",
+        "max_train_triples",
+        "rotate_train",
+        "rotation",
+        "train_passage",
+        "answer_bias_keep_first",
+        "answer_bias_late_keep",
+        "answer_bias_seed",
+    }
+)
 
 
 @dataclass
@@ -68,8 +80,18 @@ class DataConfig:
     def __post_init__(self):
         check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))
         check_choice("data.rotation", self.rotation, ROTATIONS)
-        check_ranges("data", self, batch_size=COUNT, eval_batch_size=COUNT, num_workers=NON_NEGATIVE, candidate_depth=COUNT,
-                     max_train_triples=COUNT, max_eval_queries=COUNT, eval_sample_seed=SEED, answer_bias_seed=SEED)
+        check_ranges(
+            "data",
+            self,
+            batch_size=COUNT,
+            eval_batch_size=COUNT,
+            num_workers=NON_NEGATIVE,
+            candidate_depth=COUNT,
+            max_train_triples=COUNT,
+            max_eval_queries=COUNT,
+            eval_sample_seed=SEED,
+            answer_bias_seed=SEED,
+        )
         check_fold_config(self)
         check_answer_bias(self)
         check_passages(self)
@@ -82,12 +104,20 @@ def check_passages(cfg: DataConfig) -> None:
     size, stride = cfg.passage_words, cfg.passage_stride
     if size is None:
         if stride is not None:
-            raise InputError("config key 'data.passage_stride'", f"is {stride} but data.passage_words is null (whole documents); set both or neither")
+            raise InputError(
+                "config key 'data.passage_stride'",
+                f"is {stride} but data.passage_words is null (whole documents); set both or neither",
+            )
         return
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise InputError("config key 'data.passage_words'", f"is {size!r}; expected a window of at least 1 word, or null")
+        raise InputError(
+            "config key 'data.passage_words'", f"is {size!r}; expected a window of at least 1 word, or null"
+        )
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= size):
-        raise InputError("config key 'data.passage_stride'", f"is {stride!r}; expected 1 <= stride <= data.passage_words ({size}), or null (half the window)")
+        raise InputError(
+            "config key 'data.passage_stride'",
+            f"is {stride!r}; expected 1 <= stride <= data.passage_words ({size}), or null (half the window)",
+        )
 
 
 def passage_window(cfg: DataConfig) -> tuple[int, int] | None:
@@ -99,22 +129,39 @@ def passage_window(cfg: DataConfig) -> tuple[int, int] | None:
 
 def check_answer_bias(cfg: DataConfig) -> None:
     """The answer-bias keys are in range (k in (0, 1], a keep probability in [0, 1]); run at composition time, so a
-    bad value stops the run before any data is read."""
+    bad value stops the run before any data is read.
+    """
     k = cfg.answer_bias_keep_first
     if k is not None and not 0 < k <= 1:  # also rejects NaN
-        raise InputError("config key 'data.answer_bias_keep_first'", f"is {k}; expected a fraction of the passage in (0, 1], or null (off)")
+        raise InputError(
+            "config key 'data.answer_bias_keep_first'",
+            f"is {k}; expected a fraction of the passage in (0, 1], or null (off)",
+        )
     if not 0 <= cfg.answer_bias_late_keep <= 1:
-        raise InputError("config key 'data.answer_bias_late_keep'", f"is {cfg.answer_bias_late_keep}; expected a probability in [0, 1]")
+        raise InputError(
+            "config key 'data.answer_bias_late_keep'",
+            f"is {cfg.answer_bias_late_keep}; expected a probability in [0, 1]",
+        )
     if k is None and cfg.answer_bias_late_keep:
-        raise InputError("config key 'data.answer_bias_late_keep'", f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); set both or neither")
+        raise InputError(
+            "config key 'data.answer_bias_late_keep'",
+            f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); set both or neither",
+        )
 
 
 def split_settings(cfg: DataConfig, split: str) -> str:
     """`data.key=value` of the keys that decide what `split` holds (its files or ids, counts and fractions, folds,
-    sampling), for the message of a split left empty."""
+    sampling), for the message of a split left empty.
+    """
     values = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
-    when_set = ("max_questions_per_split", "max_queries_per_split", "num_folds", "fold_ids", "pool_ids",
-                *(("max_train_triples", "answer_bias_keep_first") if split == "train" else ("max_eval_queries",)))
+    when_set = (
+        "max_questions_per_split",
+        "max_queries_per_split",
+        "num_folds",
+        "fold_ids",
+        "pool_ids",
+        *(("max_train_triples", "answer_bias_keep_first") if split == "train" else ("max_eval_queries",)),
+    )
 
     def decides(key: str, value) -> bool:
         if key in when_set:
@@ -132,4 +179,6 @@ def split_settings(cfg: DataConfig, split: str) -> str:
 
 def empty_split(cfg: DataConfig, split: str, problem: str) -> InputError:
     """The error for a split left with nothing to use: names the split and the settings that emptied it."""
-    return InputError(f"data '{cfg.source}', split '{split}'", f"{problem}; check {split_settings(cfg, split) or 'the data source'}")
+    return InputError(
+        f"data '{cfg.source}', split '{split}'", f"{problem}; check {split_settings(cfg, split) or 'the data source'}"
+    )

@@ -4,6 +4,7 @@ A source reads its files (or ir_datasets) and returns an `IRDataset`: the collec
 queries, graded qrels, training triplets and evaluation candidates. Missing triplets or candidates are
 filled later by `datamodules.negatives` (BM25 with bm25s), so sources only report what their files hold.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -58,43 +59,72 @@ class IRDataset:
         or candidate naming an unknown doc id, an empty passage or query, a collection without passages.
         """
         if not self.docs:
-            raise InputError(self.docs_origin or f"dataset {self.name}", "holds no passages; expected a collection of at least one passage")
+            raise InputError(
+                self.docs_origin or f"dataset {self.name}",
+                "holds no passages; expected a collection of at least one passage",
+            )
         # a store's texts were checked when it was built; reading 8.8M of them again would take minutes
         for doc_id, text in () if getattr(self.docs, "texts_checked", False) else self.docs.items():
             if not text or not text.strip():
-                raise InputError(self.docs_origin or f"dataset {self.name}", f"document '{doc_id}' has empty text; expected a non-empty passage")
+                raise InputError(
+                    self.docs_origin or f"dataset {self.name}",
+                    f"document '{doc_id}' has empty text; expected a non-empty passage",
+                )
         for split_name, split in self.splits.items():
+
             def where(kind: str, *ids: str) -> str:
                 return locate(split.origins.get(kind), *ids) or f"dataset {self.name}, split {split_name}"
 
             for qid, text in split.queries.items():
                 if not text or not text.strip():
-                    raise InputError(where("queries", qid), f"query '{qid}' of split {split_name} has empty text; expected a non-empty query")
+                    raise InputError(
+                        where("queries", qid),
+                        f"query '{qid}' of split {split_name} has empty text; expected a non-empty query",
+                    )
             for qid, judged in split.qrels.items():
                 if qid not in split.queries:
-                    raise InputError(where("qrels", qid), f"qrels of split {split_name} name query '{qid}' which is not among the queries")
+                    raise InputError(
+                        where("qrels", qid),
+                        f"qrels of split {split_name} name query '{qid}' which is not among the queries",
+                    )
                 for doc_id in judged:
                     if doc_id not in self.docs:
-                        raise InputError(where("qrels", qid, doc_id), f"qrels of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'")
+                        raise InputError(
+                            where("qrels", qid, doc_id),
+                            f"qrels of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'",
+                        )
             for qid, pos, neg in () if getattr(split.triples, "checked", False) else split.triples or ():
                 if qid not in split.queries:
-                    raise InputError(where("triples", qid, pos, neg), f"triple ({qid}, {pos}, {neg}) of split {split_name} names query '{qid}' which is not among the queries")
+                    raise InputError(
+                        where("triples", qid, pos, neg),
+                        f"triple ({qid}, {pos}, {neg}) of split {split_name} names query '{qid}' which is not among the queries",
+                    )
                 for doc_id in (pos, neg):
                     if doc_id not in self.docs:
-                        raise InputError(where("triples", qid, pos, neg), f"triple ({qid}, {pos}, {neg}) of split {split_name} names unknown doc id '{doc_id}'")
+                        raise InputError(
+                            where("triples", qid, pos, neg),
+                            f"triple ({qid}, {pos}, {neg}) of split {split_name} names unknown doc id '{doc_id}'",
+                        )
             for qid, doc_ids in (split.candidates or {}).items():
                 if qid not in split.queries:
-                    raise InputError(where("candidates", qid), f"candidates of split {split_name} name query '{qid}' which is not among the queries")
+                    raise InputError(
+                        where("candidates", qid),
+                        f"candidates of split {split_name} name query '{qid}' which is not among the queries",
+                    )
                 for doc_id in doc_ids:
                     if doc_id not in self.docs:
-                        raise InputError(where("candidates", qid, doc_id), f"candidates of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'")
+                        raise InputError(
+                            where("candidates", qid, doc_id),
+                            f"candidates of query '{qid}' (split {split_name}) name unknown doc id '{doc_id}'",
+                        )
 
 
 def locate(origin: str | None, *ids: str) -> str | None:
     """`file:line` of the first line of the file `origin` whose whitespace-separated fields include every id; the
     origin itself when it is a config key or the line is not found (ids rewritten by the reader); None without one.
 
-    Only called on an error, so re-reading the file costs nothing in a valid run."""
+    Only called on an error, so re-reading the file costs nothing in a valid run.
+    """
     if not origin:
         return None
     path = Path(origin)

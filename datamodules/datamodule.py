@@ -9,6 +9,7 @@ triple, every epoch and every evaluation; with `per_epoch` training redraws it p
 Every passage goes through `rotation.normalize` whether rotated or not, so rotated and original text differ
 only in word order, never in spacing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytorch_lightning as pl
-from pytorch_lightning.utilities import rank_zero_warn
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from core.errors import InputError
@@ -40,7 +41,8 @@ from datamodules.tokenization import PairTokenizer
 
 def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> str:
     """The whitespace-normalized passage, rotated (Eq. 7) at `rotation_index(seed, epoch, key)` when `rotate`; take
-    (epoch, key) from `rotation_draw`."""
+    (epoch, key) from `rotation_draw`.
+    """
     words = rotation.normalize(text, [])[0]
     if not rotate:
         return words
@@ -51,21 +53,24 @@ def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> st
 def train_rotation_key(index: int, doc_id: str) -> str:
     """The key of a training example's passage: triple index and doc id. The `per_epoch` rotation key (the positive
     and the negative of one triple, and the same passage in two triples, are cut independently, and analyses
-    reproduce the cuts), and the key of the per-epoch passage-window draw (datamodules/passages.py)."""
+    reproduce the cuts), and the key of the per-epoch passage-window draw (datamodules/passages.py).
+    """
     return f"{index}:{doc_id}"
 
 
 def eval_rotation_key(doc_id: str) -> str:
     """The rotation key of a passage cut once (at epoch 0): its doc id, so a passage is cut alike for every query and
     at every evaluation, and with `per_passage` also in every training triple and epoch
-    (`rotation.passage_rotation_index`)."""
+    (`rotation.passage_rotation_index`).
+    """
     return doc_id
 
 
 def rotation_draw(rotation_mode: str, epoch: int, doc_id: str, index: int | None = None) -> tuple[int, str]:
     """(epoch, key) whose `rotation.rotation_index` is the Eq. 7 cut of passage `doc_id`: `per_passage` (and any
     evaluation passage, `index=None`) -> (0, doc id) at every epoch; `per_epoch` training passage of triple `index`
-    -> (epoch, "index:doc id")."""
+    -> (epoch, "index:doc id").
+    """
     if rotation_mode not in rotation.ROTATIONS:
         raise ValueError(f"rotation mode {rotation_mode!r}; expected one of {list(rotation.ROTATIONS)}")
     if rotation_mode == "per_epoch" and index is not None:
@@ -76,7 +81,9 @@ def rotation_draw(rotation_mode: str, epoch: int, doc_id: str, index: int | None
 @dataclass(frozen=True)
 class TripletKeys:
     """Which documents a triplet holds, for the in-batch negatives: `doc_key` of its positive and negative, and of
-    every document judged relevant to its query (another query's passage may be one of them)."""
+    every document judged relevant to its query (another query's passage may be one of them).
+    """
+
     pos: int
     neg: int
     relevant: tuple[int, ...]
@@ -84,7 +91,8 @@ class TripletKeys:
 
 def doc_key(doc_id: str) -> int:
     """A document id as a non-negative int64, the same in every process and DDP rank (Python's hash() is salted);
-    63 bits, so two different ids of one batch collide with probability 2^-63."""
+    63 bits, so two different ids of one batch collide with probability 2^-63.
+    """
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
@@ -92,14 +100,26 @@ class TripletDataset(Dataset):
     """(query, positive, negative) texts of triplet i at an epoch, with its TripletKeys. With `rotate`, each passage is cut as
     `rotation_mode` says (`rotation_draw`: once per passage, or per epoch and triple). With `window` (size, stride)
     each document is replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or
-    the first), cut from the rotated document."""
+    the first), cut from the rotated document.
+    """
 
-    def __init__(self, ds: IRDataset, triples: Sequence[tuple[str, str, str]], queries: dict[str, str], rotate: bool, seed: int,
-                 window: tuple[int, int] | None = None, train_passage: str = "random", rotation_mode: str = "per_passage",
-                 qrels: dict[str, dict[str, int]] | None = None):
+    def __init__(
+        self,
+        ds: IRDataset,
+        triples: Sequence[tuple[str, str, str]],
+        queries: dict[str, str],
+        rotate: bool,
+        seed: int,
+        window: tuple[int, int] | None = None,
+        train_passage: str = "random",
+        rotation_mode: str = "per_passage",
+        qrels: dict[str, dict[str, int]] | None = None,
+    ):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
         # per judged query, not per triple's query: a pass over 39.8M triples (MS MARCO) would take minutes
-        self.judged = {q: tuple(doc_key(d) for d, grade in judged.items() if grade > 0) for q, judged in (qrels or {}).items()}
+        self.judged = {
+            q: tuple(doc_key(d) for d, grade in judged.items() if grade > 0) for q, judged in (qrels or {}).items()
+        }
         self.rotate, self.seed = rotate, seed
         self.window, self.train_passage = window, train_passage
         rotation_draw(rotation_mode, 0, "")  # a bad mode fails here, not in a dataloader worker
@@ -119,8 +139,12 @@ class TripletDataset(Dataset):
         epoch, i = item
         qid, pos, neg = self.triples[i]
         # Positive and negative are both rotated, each at its own passage's cut (Eq. 7 applies to every passage).
-        return (self.queries[qid], self._text(pos, epoch, i), self._text(neg, epoch, i),
-                TripletKeys(doc_key(pos), doc_key(neg), self.judged.get(qid, ())))
+        return (
+            self.queries[qid],
+            self._text(pos, epoch, i),
+            self._text(neg, epoch, i),
+            TripletKeys(doc_key(pos), doc_key(neg), self.judged.get(qid, ())),
+        )
 
 
 @dataclass
@@ -135,13 +159,16 @@ class TripletCollate:
         batch["pos_doc"] = torch.tensor([k.pos for k in keys], dtype=torch.long)
         batch["neg_doc"] = torch.tensor([k.neg for k in keys], dtype=torch.long)
         width = max(1, max(len(k.relevant) for k in keys))
-        batch["relevant_docs"] = torch.tensor([list(k.relevant) + [-1] * (width - len(k.relevant)) for k in keys], dtype=torch.long)
+        batch["relevant_docs"] = torch.tensor(
+            [list(k.relevant) + [-1] * (width - len(k.relevant)) for k in keys], dtype=torch.long
+        )
         return batch
 
 
 class PairDataset(Dataset):
     """(query, candidate) pairs of one split, one rank's contiguous shard (cross-encoders: a batch is pairs). With
-    passages, a pair names a passage (a unit of `dtexts`) and `unit_doc` maps it to its document's index."""
+    passages, a pair names a passage (a unit of `dtexts`) and `unit_doc` maps it to its document's index.
+    """
 
     def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str], unit_doc: np.ndarray | None = None):
         self.pairs, self.qtexts, self.dtexts, self.unit_doc = pairs, qtexts, dtexts, unit_doc
@@ -170,7 +197,8 @@ class PairCollate:
 def doc_chunks(pairs: np.ndarray, max_docs: int, doc_len: np.ndarray | None = None) -> list[np.ndarray]:
     """Cut (qidx, didx) pairs into chunks of at most `max_docs` distinct passages, grouped by passage. With
     `doc_len` (a length per passage index), passages of similar length share a chunk, longest first, so dynamic
-    padding pads little; scores do not depend on the grouping."""
+    padding pads little; scores do not depend on the grouping.
+    """
     if len(pairs) == 0:
         return []
     keys = (pairs[:, 0], pairs[:, 1]) if doc_len is None else (pairs[:, 0], pairs[:, 1], -doc_len[pairs[:, 1]])
@@ -183,9 +211,12 @@ def doc_chunks(pairs: np.ndarray, max_docs: int, doc_len: np.ndarray | None = No
 class DocChunkDataset(Dataset):
     """Bi-encoder evaluation: one item is a chunk of distinct passages, tokenised (and so encoded) once, with
     every (query, passage) pair that needs them. The split's queries are encoded once per evaluation by the
-    module (`RankingModule.encode_query_texts`) and scored against each chunk by index."""
+    module (`RankingModule.encode_query_texts`) and scored against each chunk by index.
+    """
 
-    def __init__(self, chunks: list[np.ndarray], dtexts: list[str], tokenizer: PairTokenizer, unit_doc: np.ndarray | None = None):
+    def __init__(
+        self, chunks: list[np.ndarray], dtexts: list[str], tokenizer: PairTokenizer, unit_doc: np.ndarray | None = None
+    ):
         self.chunks, self.dtexts, self.tokenizer, self.unit_doc = chunks, dtexts, tokenizer, unit_doc
 
     def __len__(self) -> int:
@@ -197,9 +228,12 @@ class DocChunkDataset(Dataset):
         batch = self.tokenizer.docs([self.dtexts[j] for j in ud])
         didx = pairs[:, 1] if self.unit_doc is None else self.unit_doc[pairs[:, 1]]
         batch.update(
-            dpos=torch.from_numpy(ud),  # each encoded passage's index in the split's dtexts (RankingModule.keep_vectors)
+            dpos=torch.from_numpy(
+                ud
+            ),  # each encoded passage's index in the split's dtexts (RankingModule.keep_vectors)
             pair_d=torch.from_numpy(pair_d.reshape(-1)),
-            qidx=torch.from_numpy(pairs[:, 0].copy()), didx=torch.from_numpy(np.array(didx, dtype=np.int64)),
+            qidx=torch.from_numpy(pairs[:, 0].copy()),
+            didx=torch.from_numpy(np.array(didx, dtype=np.int64)),
         )
         return batch
 
@@ -210,7 +244,8 @@ class EmptyShard(Dataset):
     `allow_zero_length_dataloader_with_multiple_devices`, skips the whole evaluation loop on that rank, epoch-end
     hooks included, so the others would wait forever in the collectives there (the run gather, the isotropy and
     ATS callbacks) and in the DDP wrapper's buffer sync on the first step: every rank must run the loop, and the
-    same collectives, once each."""
+    same collectives, once each.
+    """
 
     def __len__(self) -> int:
         return 1
@@ -222,7 +257,8 @@ class EmptyShard(Dataset):
 class PassageTexts(Sequence[str]):
     """The evaluation texts of `doc_ids`, each read from the collection when asked (`passage_text`, cut once per
     passage): a split re-ranking MS MARCO's top 1,000 names millions of passages, which a list would hold in every
-    rank. Compares equal to the list of the same texts."""
+    rank. Compares equal to the list of the same texts.
+    """
 
     def __init__(self, docs, doc_ids: list[str], rotate: bool, seed: int, rotation_mode: str):
         self.docs, self.doc_ids, self.rotate, self.seed, self.rotation_mode = docs, doc_ids, rotate, seed, rotation_mode
@@ -280,28 +316,37 @@ class RankingDataModule(pl.LightningDataModule):
 
     def _candidates(self, ds: IRDataset, split_name: str, qids: list[str] | None = None) -> dict[str, list[str]]:
         """The split's candidate lists, or the BM25 top-k of its queries (`qids`: of these only, e.g. the sampled
-        evaluation queries; ranking 6,980 MS MARCO dev queries to test 8 of them would waste minutes)."""
+        evaluation queries; ranking 6,980 MS MARCO dev queries to test 8 of them would waste minutes).
+        """
         split = ds.split(split_name)
         if split.candidates is not None:
             return split.candidates
         queries = split.queries if qids is None else {q: split.queries[q] for q in qids}
-        return bm25_candidates(ds.docs, queries, self.cfg.candidate_depth, self.cfg.cache_dir, f"{ds.name}-{split_name}")
+        return bm25_candidates(
+            ds.docs, queries, self.cfg.candidate_depth, self.cfg.cache_dir, f"{ds.name}-{split_name}"
+        )
 
     def train_triples(self, ds: IRDataset) -> list[tuple[str, str, str]]:
         """The training triplets of `ds` in training order: the source's, or sampled from its qrels (BM25 or random
         negatives), then cut to `max_train_triples`. Index i of this list is the i of `train_rotation_key`
-        (the `per_epoch` rotation key)."""
+        (the `per_epoch` rotation key).
+        """
         cfg = self.cfg
         train = ds.split("train")
         triples = train.triples
         if triples is None:
             if cfg.negatives == "given":
-                raise InputError("data.negatives", f"'given' but source '{cfg.source}' has no training triples; use 'bm25' or 'random'")
+                raise InputError(
+                    "data.negatives",
+                    f"'given' but source '{cfg.source}' has no training triples; use 'bm25' or 'random'",
+                )
             cands = self._candidates(ds, "train") if cfg.negatives == "bm25" else None
             triples = sample_triples(train, ds.docs, cands, cfg.negatives, self.seed)
         if cfg.max_train_triples is not None and len(triples) > cfg.max_train_triples:
-            rank_zero_warn(f"data.max_train_triples={cfg.max_train_triples}: training on {cfg.max_train_triples} of "
-                           f"the {len(triples)} training triples (a seeded sample)")
+            rank_zero_warn(
+                f"data.max_train_triples={cfg.max_train_triples}: training on {cfg.max_train_triples} of "
+                f"the {len(triples)} training triples (a seeded sample)"
+            )
             keep = np.sort(np.random.default_rng([self.seed, 1]).permutation(len(triples))[: cfg.max_train_triples])
             triples = triples.take(keep) if hasattr(triples, "take") else [triples[i] for i in keep]
         # a memory-mapped TripleArray stays one: copying MS MARCO's triples into a list would cost GBs a rank
@@ -326,13 +371,17 @@ class RankingDataModule(pl.LightningDataModule):
         cands = self._candidates(ds, name, qids)
         doc_ids = sorted({d for q in qids for d in cands.get(q, ())})
         didx = {d: i for i, d in enumerate(doc_ids)}
-        pairs = np.array([(qi, didx[d]) for qi, q in enumerate(qids) for d in cands.get(q, ())], dtype=np.int64).reshape(-1, 2)
+        pairs = np.array(
+            [(qi, didx[d]) for qi, q in enumerate(qids) for d in cands.get(q, ())], dtype=np.int64
+        ).reshape(-1, 2)
         dtexts = PassageTexts(ds.docs, doc_ids, self.cfg.rotate_eval, self.seed, self.cfg.rotation)
         unit_doc = None
         window = passage_window(self.cfg)
         if window is not None:
             pairs, dtexts, unit_doc = expand_pairs(pairs, dtexts, *window, self.cfg.doc_score)
-        return EvalSplit(qids, doc_ids, pairs, {q: split.qrels[q] for q in qids}, [split.queries[q] for q in qids], dtexts, unit_doc)
+        return EvalSplit(
+            qids, doc_ids, pairs, {q: split.qrels[q] for q in qids}, [split.queries[q] for q in qids], dtexts, unit_doc
+        )
 
     # ---- loaders -------------------------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -350,19 +399,38 @@ class RankingDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
         train = self.dataset.split("train")
-        ds = TripletDataset(self.dataset, self.triples, train.queries, self.cfg.rotate_train, self.seed,
-                            passage_window(self.cfg), self.cfg.train_passage, self.cfg.rotation, qrels=train.qrels)
+        ds = TripletDataset(
+            self.dataset,
+            self.triples,
+            train.queries,
+            self.cfg.rotate_train,
+            self.seed,
+            passage_window(self.cfg),
+            self.cfg.train_passage,
+            self.cfg.rotation,
+            qrels=train.qrels,
+        )
         sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
         return ResumableLoader(
-            ds, batch_sampler=sampler, collate_fn=TripletCollate(self.tokenizer), num_workers=self.cfg.num_workers,
-            pin_memory=torch.cuda.is_available(), consumed=self._consumed, generator=self._generator(), what="training example",
+            ds,
+            batch_sampler=sampler,
+            collate_fn=TripletCollate(self.tokenizer),
+            num_workers=self.cfg.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            consumed=self._consumed,
+            generator=self._generator(),
+            what="training example",
         )
 
     def eval_dataloader(self, name: str) -> DataLoader:
         rank, world = self._rank_world()
         split = self.eval_splits[name]
-        common = dict(num_workers=self.cfg.num_workers, pin_memory=torch.cuda.is_available(), generator=self._generator(),
-                      what=f"{name} example")
+        common = dict(
+            num_workers=self.cfg.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            generator=self._generator(),
+            what=f"{name} example",
+        )
         if self.tokenizer.kind == "bi":
             # Ranks split the passages (each encoded by one rank, once); pairs follow their passage.
             # Characters stand in for tokens (tokenising happens in the workers); strided shards give every rank
@@ -376,7 +444,9 @@ class RankingDataModule(pl.LightningDataModule):
         if len(split.pairs) and not len(shard):
             return GuardedLoader(EmptyShard(), batch_size=None, shuffle=False, **common)
         ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc)
-        return GuardedLoader(ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common)
+        return GuardedLoader(
+            ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common
+        )
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val")
@@ -385,8 +455,9 @@ class RankingDataModule(pl.LightningDataModule):
         return self.eval_dataloader("test")
 
     # ---- isotropy probe ------------------------------------------------------------------------------------
-    def pair_batches(self, split: str, batch_pairs: int, max_batches: int | None = None,
-                     sample_seed: int = 0, texts: bool = True) -> list[tuple[int, list, list]]:
+    def pair_batches(
+        self, split: str, batch_pairs: int, max_batches: int | None = None, sample_seed: int = 0, texts: bool = True
+    ) -> list[tuple[int, list, list]]:
         """The split's (query, candidate) pairs in split order (queries in order, candidates in their order), cut into
         consecutive batches of `batch_pairs` pairs, as an evaluation loop of that batch size would see them (the
         isotropy paper's test mini-batches, Sec. 3.2): [(k, query texts, passage texts)], this rank's share (the
@@ -394,7 +465,8 @@ class RankingDataModule(pl.LightningDataModule):
         each one. `max_batches`: a uniform sample of that many batches (seeded by `sample_seed` alone, so every
         model, run seed and world size measures the same ones), in split order; None: all of them. `texts=False`:
         the pairs' rows instead of their texts (query indices into `qtexts`, passage indices into `dtexts`), for a
-        consumer that holds the split's encodings by row."""
+        consumer that holds the split's encodings by row.
+        """
         es = self.eval_splits[split]
         rank, world = self._rank_world()
         n = -(-len(es.pairs) // batch_pairs)
@@ -413,7 +485,8 @@ class RankingDataModule(pl.LightningDataModule):
     def probe_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
         """A fixed, seeded probe set (queries and candidate passages of `split`: "val" at every validation, "test"
         at test), this rank's shard: I(W) and avgcos are measured on the same texts at every validation, and DDP
-        ranks split it without overlap. A split the source does not have falls back to the validation split."""
+        ranks split it without overlap. A split the source does not have falls back to the validation split.
+        """
         split = self.eval_splits[split if split in self.eval_splits else "val"]
         rng = np.random.default_rng([self.seed, 3])
         qi = np.sort(rng.permutation(len(split.qids))[: self.probe_queries])

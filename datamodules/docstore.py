@@ -28,6 +28,7 @@ Beside a store, built on first use and keyed by its fingerprint: `<fingerprint[:
 text), which text triples resolve passages with. `StackedStore` reads two stores as one collection (the rows of the
 second after those of the first): a collection plus the passages that text triples add to it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,7 +58,8 @@ def id_key(doc_id: str) -> int:
 
 def fingerprint(kind: str, paths: Iterable[Path], **settings) -> str:
     """SHA-256 of a source's files (their bytes, in the given order) and the reader's settings: the store's name.
-    Hashing reads each file once (about 2 s per GB here), far less than parsing it."""
+    Hashing reads each file once (about 2 s per GB here), far less than parsing it.
+    """
     h = hashlib.sha256(json.dumps({"kind": kind, "version": STORE_VERSION, **settings}, sort_keys=True).encode())
     for path in paths:
         h.update(b"\0file\0")
@@ -77,7 +79,8 @@ def _sha256(path: Path) -> str:
 
 class RowStore(Mapping[str, str]):
     """A read-only Mapping doc id -> text whose documents have rows 0..len-1: subclasses give `row(doc_id)`,
-    `text_at(row)`, `id_at(row)`, `__len__`, `__iter__` and `_sorted_rows`; the lookups by id are shared."""
+    `text_at(row)`, `id_at(row)`, `__len__`, `__iter__` and `_sorted_rows`; the lookups by id are shared.
+    """
 
     # the texts were checked (non-empty, ids unique) when the store was built: IRDataset.validate need not read them
     texts_checked = True
@@ -97,7 +100,7 @@ class RowStore(Mapping[str, str]):
         return np.fromiter((self.row(d) for d in doc_ids), dtype=np.int64)
 
     @property
-    def ids(self) -> "StoreIds":
+    def ids(self) -> StoreIds:
         """The doc ids in row order (the source's order), a lazy sequence: ids[i] reads row i."""
         return StoreIds(self)
 
@@ -117,7 +120,8 @@ class RowStore(Mapping[str, str]):
 
 class DocStore(RowStore):
     """The collection of one store folder (module docstring): a read-only Mapping doc id -> text whose texts live in
-    a memory-mapped Arrow file. Pickles as its folder, so DataLoader workers reopen it instead of copying it."""
+    a memory-mapped Arrow file. Pickles as its folder, so DataLoader workers reopen it instead of copying it.
+    """
 
     def __init__(self, folder: str | os.PathLike):
         import pyarrow as pa  # the store's only user of pyarrow; heavy to import
@@ -169,7 +173,8 @@ class DocStore(RowStore):
 
     def _column_batch(self, column: str, b: int) -> tuple[np.ndarray, bytes]:
         """(offsets from 0, UTF-8 bytes) of column `column` in record batch `b`, read with pread (a pass over the
-        whole collection through the mapping would leave every page of it in this process's RSS)."""
+        whole collection through the mapping would leave every page of it in this process's RSS).
+        """
         n = self._batches[b].num_rows
         offsets_at, data_at = self._cols[column][b]
         offsets = np.frombuffer(os.pread(self._fd, 4 * (n + 1), offsets_at), dtype="<i4").astype(np.int64)
@@ -178,7 +183,8 @@ class DocStore(RowStore):
 
     def _spans(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(file offset of the first byte, of the byte after the last) of column `column` in each of `rows`,
-        vectorised over the rows of each record batch (its int32 offsets are read through the mapping: 4 bytes a row)."""
+        vectorised over the rows of each record batch (its int32 offsets are read through the mapping: 4 bytes a row).
+        """
         rows = np.asarray(rows, dtype=np.int64)
         starts, ends = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
         batch, at = np.divmod(rows, self._batch_rows)
@@ -259,7 +265,8 @@ def ids_in_order(docs: Mapping[str, str]) -> Sequence[str]:
 
 def _file_offsets(array, base: int) -> tuple[int, int]:
     """(file offset of the int32 offsets of row 0, file offset of the bytes) of a string array of a memory-mapped
-    Arrow file whose first byte is at address `base` (zero-copy buffers: their address minus the map's)."""
+    Arrow file whose first byte is at address `base` (zero-copy buffers: their address minus the map's).
+    """
     _, offsets, data = array.buffers()
     return offsets.address - base + 4 * array.offset, (data.address - base) if data is not None else 0
 
@@ -294,10 +301,16 @@ def store_problem(folder: str | os.PathLike, fp: str) -> str | None:
     return _manifest_ok(Path(folder), fp)
 
 
-def open_store(cache_dir: str | os.PathLike, fp: str, records: Callable[[], Iterable[tuple[int, str, str]]],
-               origin: str, kind: str = "passage id") -> DocStore:
+def open_store(
+    cache_dir: str | os.PathLike,
+    fp: str,
+    records: Callable[[], Iterable[tuple[int, str, str]]],
+    origin: str,
+    kind: str = "passage id",
+) -> DocStore:
     """The store of content `fp` in `cache_dir`, built from `records()` ((line number, id, text) in source order; the
-    reader raises InputError on a malformed line) when no complete one exists. One process builds, others wait."""
+    reader raises InputError on a malformed line) when no complete one exists. One process builds, others wait.
+    """
     from filelock import FileLock
 
     folder = store_folder(cache_dir, fp)
@@ -307,12 +320,17 @@ def open_store(cache_dir: str | os.PathLike, fp: str, records: Callable[[], Iter
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(str(folder.parent), f"cannot create the document store folder ({e.strerror}); expected a writable data.cache_dir") from None
+        raise InputError(
+            str(folder.parent),
+            f"cannot create the document store folder ({e.strerror}); expected a writable data.cache_dir",
+        ) from None
     with FileLock(str(folder) + ".lock"):
         problem = _manifest_ok(folder, fp)  # another process may have built it while this one waited
         if problem is not None:
             if folder.exists():
-                warnings.warn(f"{folder}: document store is incomplete or damaged ({problem}); rebuilding it", stacklevel=2)
+                warnings.warn(
+                    f"{folder}: document store is incomplete or damaged ({problem}); rebuilding it", stacklevel=2
+                )
             _build(folder, fp, records, origin, kind)
     return DocStore(folder)
 
@@ -332,7 +350,8 @@ def _build(folder: Path, fp: str, records, origin: str, kind: str) -> None:
 
 def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "passage id") -> None:
     """The files of a store of content `fp` (module docstring) from `records()` into the existing empty folder `tmp`,
-    fsynced; the caller renames it into place (open_store) or writes it inside a folder it renames (text triples)."""
+    fsynced; the caller renames it into place (open_store) or writes it inside a folder it renames (text triples).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -341,8 +360,11 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
     ids: list[str] = []
     texts: list[str] = []
     with pa.OSFile(str(tmp / "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+
         def flush():
-            writer.write_batch(pa.record_batch([pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=schema))
+            writer.write_batch(
+                pa.record_batch([pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=schema)
+            )
             ids.clear()
             texts.clear()
 
@@ -368,8 +390,19 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
     sizes = {name: (tmp / name).stat().st_size for name in _FILES}
     sha = {name: _sha256(tmp / name) for name in _FILES[1:]}
     with open(tmp / "manifest.json", "w") as f:
-        json.dump({"version": STORE_VERSION, "fingerprint": fp, "origin": origin, "count": len(key_arr), "batch_rows": BATCH_ROWS,
-                   "sizes": sizes, "sha256": sha}, f, indent=2)
+        json.dump(
+            {
+                "version": STORE_VERSION,
+                "fingerprint": fp,
+                "origin": origin,
+                "count": len(key_arr),
+                "batch_rows": BATCH_ROWS,
+                "sizes": sizes,
+                "sha256": sha,
+            },
+            f,
+            indent=2,
+        )
     for p in tmp.iterdir():
         fd = os.open(p, os.O_RDONLY)
         os.fsync(fd)
@@ -387,8 +420,10 @@ def _check_unique(table, sorted_keys: np.ndarray, rows: np.ndarray, lines: np.nd
             dups.append((b, a))
     if dups:
         second, first = min(dups)
-        raise InputError(f"{origin}:{lines[second]}", f"duplicate {kind} '{ids[second].as_py()}' (first at line "
-                         f"{lines[first]}); expected unique ids")
+        raise InputError(
+            f"{origin}:{lines[second]}",
+            f"duplicate {kind} '{ids[second].as_py()}' (first at line {lines[first]}); expected unique ids",
+        )
 
 
 # ---- text -> row: the index text triples resolve passages with ----------------------------------------------------
@@ -413,7 +448,8 @@ def text_index_folder(cache_dir: str | os.PathLike, fp: str) -> Path:
 class TextIndex:
     """Rows of a store by text: `keys.npy`, the 64-bit `text_key` of every text, sorted (rows ascending among equal
     keys), and `rows.npy`, each key's row; both memory-mapped. A lookup is a binary search, then a read of the row's
-    text to confirm it (a key collision costs a read, never a wrong row)."""
+    text to confirm it (a key collision costs a read, never a wrong row).
+    """
 
     def __init__(self, folder: str | os.PathLike, store: DocStore):
         self.folder, self.store = Path(folder), store
@@ -424,7 +460,8 @@ class TextIndex:
 
     def rows_of(self, texts: Sequence[bytes | memoryview]) -> np.ndarray:
         """The row of each text (UTF-8 bytes), -1 where the store does not hold it; a text the store holds more than
-        once gets its last row (as `{text: id for id, text in docs.items()}` keeps the last id)."""
+        once gets its last row (as `{text: id for id, text in docs.items()}` keeps the last id).
+        """
         keys = text_keys(texts)
         out = np.full(len(texts), -1, dtype=np.int64)
         if not len(self.keys):
@@ -459,7 +496,8 @@ class TextIndex:
 def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
     """The text index of `store` in `cache_dir` (`<fingerprint[:32]>-texts/` beside the store), built from the store's
     texts (read batch by batch with pread: the collection's texts never sit in memory) when missing or damaged. One
-    process builds, others wait."""
+    process builds, others wait.
+    """
     from filelock import FileLock
 
     folder = text_index_folder(cache_dir, store.fingerprint)
@@ -493,7 +531,9 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
             np.save(tmp / "keys.npy", keys[order])
             np.save(tmp / "rows.npy", order.astype(np.int64))
             with open(tmp / "manifest.json", "w") as f:
-                json.dump({"version": TEXT_INDEX_VERSION, "fingerprint": store.fingerprint, "count": len(store)}, f, indent=2)
+                json.dump(
+                    {"version": TEXT_INDEX_VERSION, "fingerprint": store.fingerprint, "count": len(store)}, f, indent=2
+                )
         del keys, order
     return TextIndex(folder, store)
 
@@ -502,7 +542,8 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
 class StackedStore(RowStore):
     """The read-only Mapping doc id -> text of `base` followed by `extra` (two stores with disjoint ids), with the
     DocStore methods the pipeline uses; row r < len(base) is base's row r, row len(base) + r is extra's row r.
-    `sorted_rows` is the file of `stacked_sorted_rows(base, extra)`. Pickles as the two folders and that path."""
+    `sorted_rows` is the file of `stacked_sorted_rows(base, extra)`. Pickles as the two folders and that path.
+    """
 
     def __init__(self, base: DocStore, extra: DocStore, sorted_rows: str | os.PathLike):
         self.base, self.extra, self.sorted_rows_path = base, extra, Path(sorted_rows)
@@ -511,7 +552,9 @@ class StackedStore(RowStore):
         self.origin: str = base.origin
         self._sorted_rows = np.load(self.sorted_rows_path, mmap_mode="r")
         if self._sorted_rows.shape != (len(self),):
-            raise ValueError(f"{self.sorted_rows_path}: {self._sorted_rows.shape} sorted rows for {len(self)} documents")
+            raise ValueError(
+                f"{self.sorted_rows_path}: {self._sorted_rows.shape} sorted rows for {len(self)} documents"
+            )
 
     def __getstate__(self):
         return {"base": self.base, "extra": self.extra, "sorted_rows": str(self.sorted_rows_path)}

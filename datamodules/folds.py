@@ -28,15 +28,24 @@ first), and so does what the data module does after (`data.max_eval_queries` sam
 run seed, or with `data.eval_sample_seed` when set): leave `max_eval_queries` null for every query to be tested
 exactly once over the k runs.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from core.errors import InputError
 from datamodules.corpus import SPLITS, IRDataset, Split
 
-__all__ = ["check_fold_config", "fold_key", "assign_folds", "fold_roles", "query_groups", "pooled_queries", "apply_folds"]
+__all__ = [
+    "check_fold_config",
+    "fold_key",
+    "assign_folds",
+    "fold_roles",
+    "query_groups",
+    "pooled_queries",
+    "apply_folds",
+]
 
 
 def check_fold_config(cfg) -> int | None:
@@ -45,10 +54,15 @@ def check_fold_config(cfg) -> int | None:
     fold = getattr(cfg, "fold", 0)
     if k is None:
         if fold not in (0, None):
-            raise InputError("data.fold", f"is {fold} but data.num_folds is null; set data.num_folds=K (e.g. 5) to cross-validate")
+            raise InputError(
+                "data.fold", f"is {fold} but data.num_folds is null; set data.num_folds=K (e.g. 5) to cross-validate"
+            )
         return None
     if isinstance(k, bool) or not isinstance(k, int) or k < 3:
-        raise InputError("data.num_folds", f"is {k}; expected an integer >= 3 (folds for test, val and at least one for training) or null")
+        raise InputError(
+            "data.num_folds",
+            f"is {k}; expected an integer >= 3 (folds for test, val and at least one for training) or null",
+        )
     if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < k:
         raise InputError("data.fold", f"is {fold}; expected an integer in 0..{k - 1} (data.num_folds={k})")
     seed = getattr(cfg, "fold_seed", 13)
@@ -59,15 +73,18 @@ def check_fold_config(cfg) -> int | None:
 
 def fold_key(seed: int, item: str) -> bytes:
     """Sort key of a query (or group) under `fold_seed`: stable across processes, platforms and Python versions."""
-    return hashlib.sha256(f"{int(seed)}|{item}".encode("utf-8")).digest()
+    return hashlib.sha256(f"{int(seed)}|{item}".encode()).digest()
 
 
-def assign_folds(qids: Iterable[str], num_folds: int, seed: int, groups: Mapping[str, str] | None = None) -> dict[str, int]:
-    """qid -> fold in 0..num_folds-1.
+def assign_folds(
+    qids: Iterable[str], num_folds: int, seed: int, groups: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    """Qid -> fold in 0..num_folds-1.
 
     Without `groups`: queries in `fold_key` order dealt round-robin (fold sizes differ by at most one). With
     `groups` (qid -> group id): whole groups in `fold_key` order, each to the fold with the fewest queries so far
-    (ties: lowest fold index), so the queries of a group share a fold."""
+    (ties: lowest fold index), so the queries of a group share a fold.
+    """
     qids = sorted(set(qids))
     if groups is None:
         order = sorted(qids, key=lambda q: fold_key(seed, q))
@@ -96,7 +113,8 @@ def _natural(q: str):
 
 def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """(queries, qrels) of every query with a relevant document, over all splits. A query id in two splits must have
-    the same text and judgements there (else there is no single query to assign)."""
+    the same text and judgements there (else there is no single query to assign).
+    """
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
     seen_in: dict[str, str] = {}
@@ -105,7 +123,10 @@ def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, i
             if not any(g > 0 for g in judged.values()) or qid not in split.queries:
                 continue
             if qid in queries and (queries[qid] != split.queries[qid] or qrels[qid] != judged):
-                raise InputError("data.num_folds", f"dataset {ds.name}: query '{qid}' is in splits {seen_in[qid]} and {name} with different text or judgements; folds need each query once")
+                raise InputError(
+                    "data.num_folds",
+                    f"dataset {ds.name}: query '{qid}' is in splits {seen_in[qid]} and {name} with different text or judgements; folds need each query once",
+                )
             queries[qid] = split.queries[qid]
             qrels[qid] = dict(judged)
             seen_in.setdefault(qid, name)
@@ -113,8 +134,9 @@ def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, i
 
 
 def query_groups(ds: IRDataset, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, str] | None:
-    """qid -> group that must stay in one fold, or None (every query on its own). SQuAD: the article of the
-    query's relevant paragraph, so no paragraph is relevant in two folds (as its own split by article)."""
+    """Qid -> group that must stay in one fold, or None (every query on its own). SQuAD: the article of the
+    query's relevant paragraph, so no paragraph is relevant in two folds (as its own split by article).
+    """
     if ds.name != "squad":
         return None
     groups = {}
@@ -126,7 +148,8 @@ def query_groups(ds: IRDataset, qrels: Mapping[str, Mapping[str, int]]) -> dict[
 
 def apply_folds(ds: IRDataset, num_folds: int, fold: int, seed: int, source: str = "") -> IRDataset:
     """`ds` with its splits rebuilt from fold `fold` of `num_folds` (see the module docstring); docs and answers
-    are kept. Raises InputError naming data.num_folds when a split carries triples or candidates."""
+    are kept. Raises InputError naming data.num_folds when a split carries triples or candidates.
+    """
     source = source or ds.name
     for name, split in ds.splits.items():
         for what, value in (("training triples", split.triples), ("candidate lists", split.candidates)):
@@ -142,7 +165,10 @@ def apply_folds(ds: IRDataset, num_folds: int, fold: int, seed: int, source: str
     units = len(set(groups.values())) if groups else len(queries)
     if units < num_folds:
         what = "articles" if groups else "judged queries"
-        raise InputError("data.num_folds", f"is {num_folds} but dataset {ds.name} has only {units} {what}; expected at most {units} folds")
+        raise InputError(
+            "data.num_folds",
+            f"is {num_folds} but dataset {ds.name} has only {units} {what}; expected at most {units} folds",
+        )
     assignment = assign_folds(queries, num_folds, seed, groups)
     roles = fold_roles(fold, num_folds)
     splits: dict[str, Split] = {}

@@ -7,6 +7,7 @@ PyTorch reports a dead worker (it checks its workers every few seconds) the slot
 on. An exception inside a worker is re-raised in the main process as one line with the example index instead of
 PyTorch's nested traceback text.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -27,7 +28,11 @@ class ExampleError(RuntimeError):
     def __init__(self, what: str, example: int, cause: BaseException | str, worker: int | None = None):
         self.example = example
         where = f" in DataLoader worker {worker}" if worker is not None else ""
-        reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        reason = (
+            cause
+            if isinstance(cause, str)
+            else f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        )
         super().__init__(f"{what} {example}{where}: {reason}")
 
 
@@ -104,14 +109,18 @@ class _GuardedIter:
             # PyTorch names a dead worker two ways, depending on which notices first: its SIGCHLD handler
             # ("DataLoader worker (pid 123) is killed by signal: Killed." / "... exited unexpectedly with exit code
             # 1") or the queue poll ("DataLoader worker (pid(s) 123, 124) exited unexpectedly")
-            died = re.search(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal)", msg)
+            died = re.search(
+                r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal)", msg
+            )
             if died:
                 dead = {int(p) for p in re.findall(r"\d+", died.group(1))}
                 slots, pids = self.loader._slots, self.loader._pids
                 loading = [(w, int(slots[w])) for w in range(len(slots)) if slots[w] >= 0 and pids[w] in dead]
                 if loading:
                     w, i = loading[0]
-                    raise ExampleError(self.loader._what, i, f"the worker process died while loading it ({msg})", w) from e
+                    raise ExampleError(
+                        self.loader._what, i, f"the worker process died while loading it ({msg})", w
+                    ) from e
             raise
 
 

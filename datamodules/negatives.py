@@ -1,5 +1,7 @@
 """Training-negative sampling for sources whose files have no triples: negatives drawn from each query's BM25
-candidates (datamodules/bm25.py) or uniformly from the collection."""
+candidates (datamodules/bm25.py) or uniformly from the collection.
+"""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +14,7 @@ from datamodules.docstore import ids_in_order
 
 
 def _rng(seed: int, qid: str) -> np.random.Generator:
-    digest = hashlib.sha256(f"negatives|{int(seed)}|{qid}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"negatives|{int(seed)}|{qid}".encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
@@ -35,8 +37,14 @@ def _random_negatives(rng: np.random.Generator, doc_ids: list[str], docs: dict, 
     return picked
 
 
-def sample_triples(split: Split, docs: dict[str, str], candidates: dict[str, list[str]] | None, strategy: str = "bm25",
-                   seed: int = 0, per_positive: int = 1) -> list[Triple]:
+def sample_triples(
+    split: Split,
+    docs: dict[str, str],
+    candidates: dict[str, list[str]] | None,
+    strategy: str = "bm25",
+    seed: int = 0,
+    per_positive: int = 1,
+) -> list[Triple]:
     """(qid, positive, negative) triples from a split's qrels.
 
     For each query (sorted ids) and each relevant doc (grade > 0; by grade desc, then id), `per_positive` distinct

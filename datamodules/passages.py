@@ -19,6 +19,7 @@ the BERT-MaxP baseline of the DGRe paper), for any ranker (`data.passage_words`,
   before it is cut into windows, in training and evaluation alike; with `data.rotation=per_passage` a document's
   cut is the same everywhere, so its windows are too (only the `random` window draw changes with the epoch).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,7 +47,7 @@ def passage_index(seed: int, epoch: int, key: str, n_passages: int) -> int:
     """Deterministic index in [0, n_passages) from (seed, epoch, key), the same in every process."""
     if n_passages <= 1:
         return 0
-    digest = hashlib.sha256(f"passage|{int(seed)}|{int(epoch)}|{key}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"passage|{int(seed)}|{int(epoch)}|{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % int(n_passages)
 
 
@@ -55,9 +56,12 @@ def training_passage(text: str, size: int, stride: int, mode: str, seed: int, ep
     return passages[0] if mode == "first" else passages[passage_index(seed, epoch, key, len(passages))]
 
 
-def expand_pairs(pairs: np.ndarray, doc_texts: list[str], size: int, stride: int, doc_score: str) -> tuple[np.ndarray, list[str], np.ndarray]:
+def expand_pairs(
+    pairs: np.ndarray, doc_texts: list[str], size: int, stride: int, doc_score: str
+) -> tuple[np.ndarray, list[str], np.ndarray]:
     """(query, document) pairs -> (query, passage) pairs: returns (pairs over passage units [N', 2], passage texts,
-    unit -> document index). Every document's passages are cut once, in document order; `first` keeps one."""
+    unit -> document index). Every document's passages are cut once, in document order; `first` keeps one.
+    """
     texts: list[str] = []
     counts = np.zeros(len(doc_texts), dtype=np.int64)
     for i, text in enumerate(doc_texts):
@@ -77,4 +81,12 @@ def expand_pairs(pairs: np.ndarray, doc_texts: list[str], size: int, stride: int
     return np.stack([pairs[rows, 0], units], axis=1), texts, unit_doc
 
 
-__all__ = ["DOC_SCORES", "TRAIN_PASSAGES", "window_starts", "split_passages", "passage_index", "training_passage", "expand_pairs"]
+__all__ = [
+    "DOC_SCORES",
+    "TRAIN_PASSAGES",
+    "window_starts",
+    "split_passages",
+    "passage_index",
+    "training_passage",
+    "expand_pairs",
+]

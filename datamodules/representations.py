@@ -4,6 +4,7 @@ representation cache (lightning_modules/heads/cache.py); validation and test are
 The batches come from the same sampler as fine-tuning (`DistributedTrainBatchSampler`): one seeded permutation
 per (seed, epoch), sharded across DDP ranks without padding, and resumable mid-epoch through `ResumableLoader`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,8 @@ class CachedVectors(Dataset):
 
 def training_texts(dm: RankingDataModule, max_texts: int | None, seed: int) -> tuple[list[str], list[str]]:
     """The distinct training queries and passages (positives and negatives of the triplets), in first-seen order;
-    with `max_texts`, a seeded sample of that many texts, split between queries and passages in proportion."""
+    with `max_texts`, a seeded sample of that many texts, split between queries and passages in proportion.
+    """
     queries_of = dm.dataset.split("train").queries
     triples = dm.triples
     if hasattr(triples, "distinct"):
@@ -70,4 +72,6 @@ class HeadDataModule(RankingDataModule):
         rank, world = self._rank_world()
         ds = CachedVectors(self.vectors)
         sampler = DistributedTrainBatchSampler(len(ds), self.head_batch_size, self.seed, rank, world)
-        return ResumableLoader(ds, batch_sampler=sampler, num_workers=0, consumed=self._consumed, generator=self._generator())
+        return ResumableLoader(
+            ds, batch_sampler=sampler, num_workers=0, consumed=self._consumed, generator=self._generator()
+        )

@@ -28,12 +28,13 @@ Both go through `rotation_index`, SHA-256 of (seed, epoch, key): identical in ev
 order examples are visited in. `per_passage` is `rotation_index(seed, 0, passage id)`, which is also the cut
 evaluation has always used, so rotated evaluation sets are unchanged by the switch.
 """
+
 from __future__ import annotations
 
 import bisect
 import hashlib
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 Span = tuple[int, int]
 _WORD = re.compile(r"\S+")
@@ -46,7 +47,8 @@ def normalize(text: str, spans: Sequence[Span] = ()) -> tuple[str, list[Span]]:
 
     Words are the maximal runs of non-whitespace characters (as `str.split()`). A span's leading/trailing whitespace
     is trimmed, so the mapped span's text equals the original span's text with its whitespace collapsed; spans that
-    are empty or only whitespace are dropped."""
+    are empty or only whitespace are dropped.
+    """
     matches = list(_WORD.finditer(text))
     norm = " ".join(m.group() for m in matches)
     if not spans:
@@ -86,7 +88,8 @@ def word_starts(text: str) -> list[int]:
 def rotate(text: str, r: int, spans: Sequence[Span] = ()) -> tuple[str, list[Span]]:
     """Eq. 7 with 0-based r: words[r:] + words[:r] of the normalized text (r is taken modulo the word count).
 
-    Spans are mapped into the rotated text; one that crosses the cut becomes two spans (see the module doc)."""
+    Spans are mapped into the rotated text; one that crosses the cut becomes two spans (see the module doc).
+    """
     norm, nspans = normalize(text, spans)
     starts = word_starts(norm)
     if not starts:
@@ -116,25 +119,27 @@ def rotation_index(seed: int, epoch: int, key: str, n_words: int) -> int:
     """Deterministic r in [0, n_words) from (seed, epoch, example key), the same in every process."""
     if n_words <= 1:
         return 0
-    digest = hashlib.sha256(f"rotation|{int(seed)}|{int(epoch)}|{key}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"rotation|{int(seed)}|{int(epoch)}|{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % int(n_words)
 
 
 def passage_rotation_index(seed: int, passage_id: str, n_words: int) -> int:
     """The `per_passage` cut (Sec. 4.2: one debiased instance per passage): r in [0, n_words) from (seed, passage id)
-    alone, `rotation_index(seed, 0, passage_id, n_words)`; no epoch, no example, no process enters it."""
+    alone, `rotation_index(seed, 0, passage_id, n_words)`; no epoch, no example, no process enters it.
+    """
     return rotation_index(seed, 0, str(passage_id), n_words)
 
 
 def rotate_seeded(text: str, seed: int, epoch: int, key: str, spans: Sequence[Span] = ()) -> tuple[str, list[Span]]:
-    """normalize + rotation_index + rotate: the debiased instance of one passage for (seed, epoch, key)."""
+    """Normalize + rotation_index + rotate: the debiased instance of one passage for (seed, epoch, key)."""
     norm, nspans = normalize(text, spans)
     return rotate(norm, rotation_index(seed, epoch, key, len(word_starts(norm))), nspans)
 
 
 def answer_start_words(text: str, spans: Sequence[Span]) -> tuple[list[int], int]:
     """(index of the word holding each span's start, number of words), on the normalized text; spans that
-    `normalize` drops (empty or whitespace only) are skipped. Under rotation by r, word w moves to (w - r) mod n."""
+    `normalize` drops (empty or whitespace only) are skipped. Under rotation by r, word w moves to (w - r) mod n.
+    """
     norm, nspans = normalize(text, spans)
     n = len(word_starts(norm))
     return ([norm.count(" ", 0, s) for s, _ in nspans] if n else []), n
@@ -143,6 +148,7 @@ def answer_start_words(text: str, spans: Sequence[Span]) -> tuple[list[int], int
 def relative_answer_positions(text: str, spans: Sequence[Span]) -> list[float]:
     """Word-based relative position of each answer start: (index of the word holding the span start) / (number of
     words), in [0, 1), on the normalized text. Word-based because rotation moves whole words: a uniformly drawn r
-    makes this exactly uniform over {0, 1/n, ..., (n-1)/n} for every passage."""
+    makes this exactly uniform over {0, 1/n, ..., (n-1)/n} for every passage.
+    """
     words, n = answer_start_words(text, spans)
     return [w / n for w in words]

@@ -10,9 +10,10 @@ Resume: `ResumableLoader.state_dict()` records (epoch, batches consumed); on `lo
 re-creates the same permutation and skips the consumed batches, so a resumed run sees the same data in the same
 order as an uninterrupted one. Lightning saves and restores loaders with this interface (`_Stateful`).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -27,7 +28,8 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 class DistributedTrainBatchSampler(Sampler[list]):
     """Yields lists of (epoch, example index); the dataset uses the epoch to seed per-example randomness
     (`data.rotation=per_epoch` rotation debiasing, passage-window draws), which keeps that randomness a function of
-    (seed, epoch, example)."""
+    (seed, epoch, example).
+    """
 
     def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
         if n < world_size:
@@ -54,7 +56,7 @@ class DistributedTrainBatchSampler(Sampler[list]):
         return full + (1 if rest >= self.world_size or full == 0 else 0)
 
     @property
-    def sampler(self) -> "DistributedTrainBatchSampler":
+    def sampler(self) -> DistributedTrainBatchSampler:
         # Lightning calls set_epoch on `loader.sampler` and `loader.batch_sampler.sampler`, never on the batch
         # sampler itself; exposing ourselves as `.sampler` is how our set_epoch gets called.
         return self

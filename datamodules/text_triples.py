@@ -24,6 +24,7 @@ passages were added, `manifest.json` last. One process builds while the others w
 in a temp folder and renamed whole, so an error leaves nothing behind. A malformed line, bad UTF-8 or a corrupt gzip
 stream sends the file to the line reader, which raises the InputError naming the line, word for word as before.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -55,14 +56,18 @@ from datamodules.textfiles import content_id, iter_rows
 from datamodules.triples import TripleArray
 
 TEXT_TRIPLES_VERSION = 1
-BLOCK_BYTES = 1 << 22  # bytes of lines per block: 1M MS MARCO-shaped triples parse as fast in blocks of 1-16 MB, and the
+BLOCK_BYTES = (
+    1 << 22
+)  # bytes of lines per block: 1M MS MARCO-shaped triples parse as fast in blocks of 1-16 MB, and the
 # peak RSS above the start grows with the block (4 MB: +128 MB; 16 MB: +291 MB; the old dict path: +600 MB)
 COLUMNS = ("query text", "positive passage", "negative passage")
 WHAT = ("query", "positive passage", "negative passage")
 # The characters str.isspace() holds for, which str.strip() removes (tests/test_text_triples.py checks the list):
 # pyarrow's own whitespace class is not Python's, and a text is empty when `not text.strip()`.
-WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
-              "\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -70,9 +75,12 @@ class _Unparsed(Exception):
     """Something only the line reader reports exactly: a malformed line, bad UTF-8, a corrupt gzip stream, no line."""
 
 
-def read_text_triples(path: Path, store: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike) -> TripleArray:
+def read_text_triples(
+    path: Path, store: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike
+) -> TripleArray:
     """The text triples of the file `path` over `store` and `queries` (module docstring); `queries` gets the qids the
-    triples assign, and the result's `docs` is the collection the triples' ids are in."""
+    triples assign, and the result's `docs` is the collection the triples' ids are in.
+    """
     from filelock import FileLock
 
     path = Path(path)
@@ -87,7 +95,9 @@ def read_text_triples(path: Path, store: DocStore, queries: dict[str, str], cach
         if triples is not None:
             return triples
         if folder.exists():
-            warnings.warn(f"{folder}: cached text triples are incomplete or damaged; reading {path} again", stacklevel=2)
+            warnings.warn(
+                f"{folder}: cached text triples are incomplete or damaged; reading {path} again", stacklevel=2
+            )
         index = open_text_index(store, cache_dir)
         with AtomicDir(folder) as tmp:
             _build(tmp, path, store, index, queries, digest)
@@ -98,7 +108,9 @@ def read_text_triples(path: Path, store: DocStore, queries: dict[str, str], cach
 
 
 def _digest(path: Path, store: DocStore, queries: dict[str, str]) -> str:
-    h = hashlib.sha256(f"text-triples|{TEXT_TRIPLES_VERSION}|{fingerprint('text-triples', [path])}|{store.fingerprint}".encode())
+    h = hashlib.sha256(
+        f"text-triples|{TEXT_TRIPLES_VERSION}|{fingerprint('text-triples', [path])}|{store.fingerprint}".encode()
+    )
     for qid, text in queries.items():
         q, t = qid.encode("utf-8"), text.encode("utf-8")
         h.update(len(q).to_bytes(8, "little") + q + len(t).to_bytes(8, "little") + t)
@@ -107,7 +119,8 @@ def _digest(path: Path, store: DocStore, queries: dict[str, str]) -> str:
 
 def _open(folder: Path, digest: str, store: DocStore, queries: dict[str, str]) -> TripleArray | None:
     """The cached triples of `digest` in `folder` (applying the qids they assign to `queries`), None when the folder
-    is missing, incomplete or damaged."""
+    is missing, incomplete or damaged.
+    """
     try:
         m = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         if m.get("version") != TEXT_TRIPLES_VERSION or m.get("digest") != digest:
@@ -145,7 +158,9 @@ def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: di
                 if cols is not None:
                     rows = resolver.block(path, *cols)
                     if rows.max() > np.iinfo(dtype).max:
-                        raise InputError(str(path), f"adds too many passages or queries for {np.dtype(dtype).name} rows")
+                        raise InputError(
+                            str(path), f"adds too many passages or queries for {np.dtype(dtype).name} rows"
+                        )
                     writer.write(rows)
             unparsed = not writer.rows
         except _Unparsed:
@@ -165,14 +180,26 @@ def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: di
     with open(tmp / "queries.json", "w", encoding="utf-8") as f:
         json.dump(resolver.assigned, f, ensure_ascii=False)
     with open(tmp / "manifest.json", "w", encoding="utf-8") as f:  # last
-        json.dump({"version": TEXT_TRIPLES_VERSION, "digest": digest, "origin": str(path), "store": store.fingerprint,
-                   "triples": writer.rows, "queries": len(resolver.assigned), "extra": len(resolver.extra),
-                   "extra_fingerprint": extra_fp}, f, indent=2)
+        json.dump(
+            {
+                "version": TEXT_TRIPLES_VERSION,
+                "digest": digest,
+                "origin": str(path),
+                "store": store.fingerprint,
+                "triples": writer.rows,
+                "queries": len(resolver.assigned),
+                "extra": len(resolver.extra),
+                "extra_fingerprint": extra_fp,
+            },
+            f,
+            indent=2,
+        )
 
 
 def _raise_line_error(path: Path) -> None:
     """Read `path` line by line with the checks of the reader this module replaced: raises the InputError naming the
-    first bad line (or the file, when it holds no line)."""
+    first bad line (or the file, when it holds no line).
+    """
     for lineno, cols in iter_rows(path, COLUMNS):
         for col, what in zip(cols, WHAT):
             if not col.strip():
@@ -182,7 +209,8 @@ def _raise_line_error(path: Path) -> None:
 
 def _line_blocks(path: Path, size: int | None = None) -> Iterator[bytes]:
     """The bytes of `path` (gunzipped when named *.gz, as the line reader opens it) in pieces of whole lines (the last
-    may lack its newline), a leading byte-order mark dropped; a corrupt stream raises _Unparsed."""
+    may lack its newline), a leading byte-order mark dropped; a corrupt stream raises _Unparsed.
+    """
     size = size or BLOCK_BYTES
     try:
         with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
@@ -203,7 +231,8 @@ def _line_blocks(path: Path, size: int | None = None) -> Iterator[bytes]:
 
 def _columns(buf: bytes):
     """(queries, positives, negatives) as pyarrow string arrays of the non-blank lines of `buf`, None when all are
-    blank; _Unparsed when a line is not UTF-8, has another number of columns than 3, or an empty text."""
+    blank; _Unparsed when a line is not UTF-8, has another number of columns than 3, or an empty text.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -212,7 +241,9 @@ def _columns(buf: bytes):
         ends = np.append(ends, len(buf))
     large = len(buf) >= (1 << 31) - 1
     offsets = np.concatenate([[0], ends]).astype(np.int64 if large else np.int32)
-    lines = pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(buf)])
+    lines = pa.Array.from_buffers(
+        pa.large_binary() if large else pa.binary(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(buf)]
+    )
     try:
         lines = lines.cast(pa.large_string() if large else pa.string())  # checks UTF-8
     except pa.ArrowInvalid as e:
@@ -233,12 +264,15 @@ def _columns(buf: bytes):
 
 def _blank(texts) -> np.ndarray:
     """Whether each text is empty or whitespace only (`not text.strip()`): only texts starting with whitespace are
-    trimmed."""
+    trimmed.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     first = pc.utf8_slice_codeunits(texts, 0, 1)
-    maybe = np.flatnonzero(pc.is_in(first, value_set=pa.array(["", *WHITESPACE], type=texts.type)).to_numpy(zero_copy_only=False))
+    maybe = np.flatnonzero(
+        pc.is_in(first, value_set=pa.array(["", *WHITESPACE], type=texts.type)).to_numpy(zero_copy_only=False)
+    )
     out = np.zeros(len(texts), dtype=bool)
     if len(maybe):
         rest = pc.utf8_trim(texts.take(pa.array(maybe)), characters=WHITESPACE)
@@ -259,7 +293,8 @@ def _views(strings) -> list[memoryview]:
 
 class _Resolver:
     """Block after block, the rows (query index, positive row, negative row) of text triples; the qids assigned and
-    the passages added so far (spilled to an Arrow file, BATCH_ROWS at a time: they may be many)."""
+    the passages added so far (spilled to an Arrow file, BATCH_ROWS at a time: they may be many).
+    """
 
     def __init__(self, store: DocStore, index: TextIndex, queries: dict[str, str], spill: Path):
         self.store, self.index, self.queries, self.spill = store, index, queries, spill
@@ -275,12 +310,16 @@ class _Resolver:
         import pyarrow.compute as pc
 
         enc = pc.dictionary_encode(q)
-        qrows = np.fromiter((self._query_row(t) for t in enc.dictionary.to_pylist()), dtype=np.int64, count=len(enc.dictionary))
+        qrows = np.fromiter(
+            (self._query_row(t) for t in enc.dictionary.to_pylist()), dtype=np.int64, count=len(enc.dictionary)
+        )
         out = np.empty((len(q), 3), dtype=np.int64)
         out[:, 0] = qrows[enc.indices.to_numpy(zero_copy_only=False)]
         # positive and negative interleaved, so the passages are met (and added) in the order of the lines
         n = len(pos)
-        enc = pc.dictionary_encode(pa.concat_arrays([pos, neg]).take(pa.array(np.stack([np.arange(n), np.arange(n) + n], 1).reshape(-1))))
+        enc = pc.dictionary_encode(
+            pa.concat_arrays([pos, neg]).take(pa.array(np.stack([np.arange(n), np.arange(n) + n], 1).reshape(-1)))
+        )
         texts = _views(enc.dictionary)
         rows = self.index.rows_of(texts)
         for i in np.flatnonzero(rows < 0):
@@ -306,8 +345,11 @@ class _Resolver:
         if r is None:
             if self.store.row(did) >= 0:
                 # the old reader overwrote that collection passage's text; a store is read-only
-                raise InputError(str(path), f"passage '{text[:80]}' gets the content id '{did}', which the collection "
-                                 "already holds for another text; expected collection ids that are not content ids of other texts")
+                raise InputError(
+                    str(path),
+                    f"passage '{text[:80]}' gets the content id '{did}', which the collection "
+                    "already holds for another text; expected collection ids that are not content ids of other texts",
+                )
             r = self.extra[did] = len(self.extra)
             self._ids.append(did)
             self._texts.append(text)
@@ -321,7 +363,11 @@ class _Resolver:
         if self._writer is None:
             self._sink = pa.OSFile(str(self.spill), "wb")
             self._writer = pa.ipc.new_file(self._sink, pa.schema([("id", pa.string()), ("text", pa.string())]))
-        self._writer.write_batch(pa.record_batch([pa.array(self._ids, pa.string()), pa.array(self._texts, pa.string())], names=["id", "text"]))
+        self._writer.write_batch(
+            pa.record_batch(
+                [pa.array(self._ids, pa.string()), pa.array(self._texts, pa.string())], names=["id", "text"]
+            )
+        )
         self._ids.clear()
         self._texts.clear()
 

@@ -1,6 +1,8 @@
 """The line readers every file-based data source shares (tsv, beir, classic, squad, ir_datasets): gzip or plain
 UTF-8 text, TSV rows, TREC qrels and candidate runs, JSONL; each raises `InputError("FILE:LINE", what was expected)`
-on the first malformed line."""
+on the first malformed line.
+"""
+
 from __future__ import annotations
 
 import codecs
@@ -9,8 +11,8 @@ import hashlib
 import json
 import math
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from core.errors import InputError
 
@@ -18,12 +20,15 @@ from core.errors import InputError
 def resolve_path(value: str | None, key: str, what: str = "file", must_be_dir: bool = False) -> Path:
     """Config path -> existing Path. Relative paths are taken relative to the current working directory.
 
-    A null or missing path raises InputError naming the config key (`data.<key>`) and the path."""
+    A null or missing path raises InputError naming the config key (`data.<key>`) and the path.
+    """
     if value is None or str(value).strip() == "":
         raise InputError(f"data.{key}", f"is not set; expected the path of the {what}")
     p = Path(str(value)).expanduser()
     if not p.exists():
-        raise InputError(f"data.{key}", f"path '{value}' does not exist (resolved to {p.absolute()}); expected the {what}")
+        raise InputError(
+            f"data.{key}", f"path '{value}' does not exist (resolved to {p.absolute()}); expected the {what}"
+        )
     if must_be_dir and not p.is_dir():
         raise InputError(f"data.{key}", f"path '{value}' is not a directory; expected the {what}")
     if not must_be_dir and p.is_dir():
@@ -35,7 +40,8 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line without its newline) for a UTF-8 text file, gzip-compressed when named *.gz.
     A leading byte-order mark is dropped.
 
-    Undecodable bytes or a corrupt gzip stream raise InputError naming the file (and line)."""
+    Undecodable bytes or a corrupt gzip stream raise InputError naming the file (and line).
+    """
     path = Path(path)
     lineno = 0
     try:
@@ -48,15 +54,20 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
                 try:
                     line = bline.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise InputError(f"{path}:{lineno}", f"is not valid UTF-8 ({e.reason} at byte {e.start}); expected UTF-8 text") from e
+                    raise InputError(
+                        f"{path}:{lineno}", f"is not valid UTF-8 ({e.reason} at byte {e.start}); expected UTF-8 text"
+                    ) from e
                 yield lineno, line.rstrip("\r\n")
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise InputError(f"{path}:{lineno + 1}", f"is not a valid gzip stream ({e}); expected a gzip-compressed text file") from e
+        raise InputError(
+            f"{path}:{lineno + 1}", f"is not a valid gzip stream ({e}); expected a gzip-compressed text file"
+        ) from e
 
 
 def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterator[tuple[int, list[str]]]:
     """(line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False); a line with
-    another number of columns, or a file without any line, raises InputError naming the file (and line)."""
+    another number of columns, or a file without any line, raises InputError naming the file (and line).
+    """
     sep, kind = ("\t", "tab") if tabs else (None, "whitespace")
     rows = 0
     for lineno, line in iter_lines(path):
@@ -64,12 +75,17 @@ def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterat
             continue
         cols = line.split(sep)
         if len(cols) != len(columns):
-            raise InputError(f"{path}:{lineno}", f"expected {len(columns)} {kind}-separated columns ({', '.join(columns)}), got {len(cols)}")
+            raise InputError(
+                f"{path}:{lineno}",
+                f"expected {len(columns)} {kind}-separated columns ({', '.join(columns)}), got {len(cols)}",
+            )
         rows += 1
         yield lineno, cols
     if not rows:
         # a configured file with nothing in it is a wrong path or a failed export, not a deliberate empty set
-        raise InputError(str(path), f"is empty; expected lines of {len(columns)} {kind}-separated columns ({', '.join(columns)})")
+        raise InputError(
+            str(path), f"is empty; expected lines of {len(columns)} {kind}-separated columns ({', '.join(columns)})"
+        )
 
 
 def read_text(path: Path) -> str:
@@ -78,7 +94,8 @@ def read_text(path: Path) -> str:
 
 def iter_id_text(path: Path, kind: str) -> Iterator[tuple[int, str, str]]:
     """(line number, id, text) of each `id<TAB>text` line; kind = "passage" or "query" (for messages). Blank lines are
-    skipped; an empty id or text raises InputError naming the line. Uniqueness is the caller's to check."""
+    skipped; an empty id or text raises InputError naming the line. Uniqueness is the caller's to check.
+    """
     for lineno, cols in iter_rows(path, (f"{kind} id", f"{kind} text")):
         ident, text = cols[0].strip(), cols[1]
         if not ident:
@@ -110,7 +127,8 @@ def parse_int(value: str, where: str, what: str) -> int:
 
 def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
     """TREC qrels `qid iter docid rel` (columns=4) or `qid docid rel` (columns=3) -> {qid: {docid: rel}}.
-    A pair listed twice keeps its highest grade."""
+    A pair listed twice keeps its highest grade.
+    """
     qrels: dict[str, dict[str, int]] = {}
     layout = ("qid", "iter", "docid", "rel") if columns == 4 else ("qid", "docid", "rel")
     for lineno, cols in iter_rows(path, layout, tabs=False):
@@ -124,7 +142,8 @@ def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
 def read_trec_run(path: Path) -> dict[str, dict[str, float]]:
     """TREC run `qid Q0 docid rank score tag` -> {qid: {docid: score}}, in file order: the one reader of run files
     (candidate lists, and runs read back). The rank must be an integer and the score a finite number; a document
-    listed twice for a query is an error, as in trec_eval."""
+    listed twice for a query is an error, as in trec_eval.
+    """
     return {qid: {d: score for d, (score, _) in docs.items()} for qid, docs in _run_rows(path).items()}
 
 
@@ -156,7 +175,8 @@ def _run_rows(path: Path) -> dict[str, dict[str, tuple[float, int]]]:
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line; a malformed line, a non-object or an empty file raises
-    InputError."""
+    InputError.
+    """
     rows = 0
     for lineno, line in iter_lines(path):
         if not line.strip():
@@ -165,7 +185,9 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{lineno}", f"malformed JSON ({e.msg} at column {e.colno}); expected one JSON object a line") from None
+            raise InputError(
+                f"{path}:{lineno}", f"malformed JSON ({e.msg} at column {e.colno}); expected one JSON object a line"
+            ) from None
         if not isinstance(obj, dict):
             raise InputError(f"{path}:{lineno}", f"expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj

@@ -3,6 +3,7 @@
 Padding is dynamic (to the longest sequence in the batch, never to the maximum length): on CPU and GPU alike
 the cost of a transformer grows with the padded length.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,11 +25,17 @@ class PairTokenizer:
 
     def _cross(self, queries: list[str], docs: list[str]) -> dict[str, Tensor]:
         # Truncate the query to its own budget first, so a long query cannot eat the passage's tokens.
-        q_ids = self.tokenizer(queries, add_special_tokens=False, truncation=True, max_length=self.query_max_len)["input_ids"]
+        q_ids = self.tokenizer(queries, add_special_tokens=False, truncation=True, max_length=self.query_max_len)[
+            "input_ids"
+        ]
         q_trunc = self.tokenizer.batch_decode(q_ids)
         t = self.tokenizer(
-            q_trunc, docs, padding="longest", truncation="only_second",
-            max_length=self.query_max_len + self.doc_max_len + 3, return_tensors="pt",
+            q_trunc,
+            docs,
+            padding="longest",
+            truncation="only_second",
+            max_length=self.query_max_len + self.doc_max_len + 3,
+            return_tensors="pt",
         )
         out = {"input_ids": t["input_ids"], "attention_mask": t["attention_mask"]}
         if "token_type_ids" in t:
@@ -37,7 +44,8 @@ class PairTokenizer:
 
     def ids(self, texts: list[str], side: str) -> list[list[int]]:
         """Token ids of each text (special tokens added, truncated to the side's budget), unpadded: tokenise once,
-        then `pad` any grouping of them (e.g. batches of similar length)."""
+        then `pad` any grouping of them (e.g. batches of similar length).
+        """
         if not texts:  # a DDP rank's share can be empty; Hugging Face tokenizers raise IndexError on []
             return []
         max_len = self.query_max_len if side == "query" else self.doc_max_len
@@ -63,7 +71,8 @@ class PairTokenizer:
 
     def triplets(self, queries: list[str], pos: list[str], neg: list[str]) -> dict[str, Tensor]:
         """Training batch. Bi-encoders: B queries and 2B passages (positives, then negatives), so each query is
-        encoded once. Cross-encoders: 2B pairs, (q_i, pos_i) for i < B then (q_i, neg_i)."""
+        encoded once. Cross-encoders: 2B pairs, (q_i, pos_i) for i < B then (q_i, neg_i).
+        """
         if self.kind == "cross":
             return self._cross(queries + queries, pos + neg)
         return {**self.queries(queries), **self.docs(pos + neg)}
@@ -72,5 +81,6 @@ class PairTokenizer:
 def length_order(lengths) -> np.ndarray:
     """Text indices longest first, equal lengths in input order: batches of similar length pad little (SQuAD
     paragraphs at 180 tokens: real/padded tokens 0.76 in arbitrary batches of 32, ~0.98 sorted). Every encoder of
-    already tokenised texts batches in this order (evaluation, the analyses)."""
+    already tokenised texts batches in this order (evaluation, the analyses).
+    """
     return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")

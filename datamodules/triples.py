@@ -10,6 +10,7 @@ the store. The array is kept in `<cache_dir>/triples/<digest>.npy`, the digest n
 and the queries, so every later run, rank and worker maps the same file. A malformed line is reported by the line
 reader of datamodules/textfiles.py (file and line, as for small files); an unknown id names the line too.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,8 @@ TRIPLES_VERSION = 1
 
 class TripleArray(Sequence[tuple[str, str, str]]):
     """(qid, positive doc id, negative doc id) of triple i, read from `rows` [n, 3] (query index, positive row,
-    negative row), optionally through a selection `keep` (a cap on the triples). Pickles as its file's path."""
+    negative row), optionally through a selection `keep` (a cap on the triples). Pickles as its file's path.
+    """
 
     # ids were resolved against the queries and the store when the array was built: IRDataset.validate skips them
     checked = True
@@ -61,11 +63,15 @@ class TripleArray(Sequence[tuple[str, str, str]]):
         return self.qids[q], self.docs.id_at(p), self.docs.id_at(n)
 
     def __eq__(self, other) -> bool:  # as the list of tuples it stands for
-        return isinstance(other, Sequence) and len(self) == len(other) and all(tuple(a) == tuple(b) for a, b in zip(self, other))
+        return (
+            isinstance(other, Sequence)
+            and len(self) == len(other)
+            and all(tuple(a) == tuple(b) for a, b in zip(self, other))
+        )
 
     __hash__ = None
 
-    def take(self, indices: np.ndarray) -> "TripleArray":
+    def take(self, indices: np.ndarray) -> TripleArray:
         """The triples at `indices`, in that order (a view: nothing is copied but the indices)."""
         indices = np.asarray(indices, dtype=np.int64)
         keep = indices if self.keep is None else self.keep[indices]
@@ -74,10 +80,16 @@ class TripleArray(Sequence[tuple[str, str, str]]):
     def distinct(self, block: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
         """(the distinct query indices, the distinct passage rows) of the triples, each in first-seen order (passages:
         positive, then negative, triple after triple), as a loop over the triples would list them, from block-wise
-        NumPy passes over the array: 39.8M triples are never turned into Python objects."""
-        seen = {"q": (np.zeros(0, np.int64), np.zeros(0, np.int64)), "d": (np.zeros(0, np.int64), np.zeros(0, np.int64))}
+        NumPy passes over the array: 39.8M triples are never turned into Python objects.
+        """
+        seen = {
+            "q": (np.zeros(0, np.int64), np.zeros(0, np.int64)),
+            "d": (np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        }
         for s in range(0, len(self), block):
-            part = np.asarray(self.rows[s : s + block] if self.keep is None else self.rows[self.keep[s : s + block]], dtype=np.int64)
+            part = np.asarray(
+                self.rows[s : s + block] if self.keep is None else self.rows[self.keep[s : s + block]], dtype=np.int64
+            )
             for name, col, at in (("q", part[:, 0], s), ("d", part[:, 1:3].reshape(-1), 2 * s)):
                 values, first = seen[name]
                 new, where = np.unique(col, return_index=True)
@@ -97,7 +109,8 @@ class TripleArray(Sequence[tuple[str, str, str]]):
 
 def read_id_triples_list(path: Path) -> list[tuple[str, str, str]]:
     """Id triples as a list of (qid, positive doc id, negative doc id), read line by line (small files, and the exact
-    file:line of a malformed line)."""
+    file:line of a malformed line).
+    """
     triples = []
     for lineno, cols in iter_rows(path, ("qid", "positive doc id", "negative doc id")):
         if not all(c.strip() for c in cols):
@@ -113,20 +126,39 @@ def _digest(source: str, docs: DocStore, qids: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def read_id_triples(path: Path, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str,
-                    split: str = "train") -> TripleArray:
+def read_id_triples(
+    path: Path, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str, split: str = "train"
+) -> TripleArray:
     """The id triples of the file `path` over `docs` and `queries` (module docstring): parsed once into
-    `<cache_dir>/triples/`, then memory-mapped."""
-    return cached_triples(fingerprint("triples", [path]), lambda: _tsv_blocks(path), docs, queries, cache_dir,
-                          str(path), split, on_error=lambda: read_id_triples_list(path))
+    `<cache_dir>/triples/`, then memory-mapped.
+    """
+    return cached_triples(
+        fingerprint("triples", [path]),
+        lambda: _tsv_blocks(path),
+        docs,
+        queries,
+        cache_dir,
+        str(path),
+        split,
+        on_error=lambda: read_id_triples_list(path),
+    )
 
 
-def cached_triples(source: str, blocks, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike,
-                   origin: str, split: str = "train", on_error=None) -> TripleArray:
+def cached_triples(
+    source: str,
+    blocks,
+    docs: DocStore,
+    queries: dict[str, str],
+    cache_dir: str | os.PathLike,
+    origin: str,
+    split: str = "train",
+    on_error=None,
+) -> TripleArray:
     """Triples from `blocks()` (pyarrow string arrays (qids, positive ids, negative ids), block by block) as a
     TripleArray over `docs` and `queries`, kept in `<cache_dir>/triples/` under the digest of `source` (a name of the
     triples' content), the store and the queries. `on_error()` re-reads the source line by line when pyarrow cannot
-    parse it, to raise the InputError naming the line."""
+    parse it, to raise the InputError naming the line.
+    """
     import pyarrow as pa
 
     qids = list(queries)
@@ -140,7 +172,9 @@ def cached_triples(source: str, blocks, docs: DocStore, queries: dict[str, str],
                 return TripleArray(target, qids, docs)
         except (OSError, ValueError):
             pass
-        warnings.warn(f"{target}: cached triples are unreadable, truncated or out of range; reading {origin} again", stacklevel=2)
+        warnings.warn(
+            f"{target}: cached triples are unreadable, truncated or out of range; reading {origin} again", stacklevel=2
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     # rows go to disk block by block: MS MARCO's 39.8M triples never sit in memory (int32 rows: 0.48 GB on disk)
@@ -150,7 +184,10 @@ def cached_triples(source: str, blocks, docs: DocStore, queries: dict[str, str],
         for rows in _resolve(blocks(), docs, qids, origin, split):
             writer.write(rows)
         if not writer.rows:
-            raise InputError(origin, "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)")
+            raise InputError(
+                origin,
+                "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)",
+            )
         writer.close()
         os.replace(tmp, target)
     except BaseException as e:
@@ -159,7 +196,9 @@ def cached_triples(source: str, blocks, docs: DocStore, queries: dict[str, str],
         if isinstance(e, (pa.ArrowInvalid, ValueError, OSError)) and not isinstance(e, InputError):
             if on_error is not None:
                 on_error()
-            raise InputError(origin, "could not be parsed as qid<TAB>positive doc id<TAB>negative doc id lines") from None
+            raise InputError(
+                origin, "could not be parsed as qid<TAB>positive doc id<TAB>negative doc id lines"
+            ) from None
         raise
     return TripleArray(target, qids, docs)
 
@@ -173,7 +212,8 @@ def _tsv_blocks(path: Path):
         pa.input_stream(str(path), compression="detect"),
         read_options=csv.ReadOptions(column_names=names, block_size=1 << 24),
         parse_options=csv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False),
-        convert_options=csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False))
+        convert_options=csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False),
+    )
     for batch in reader:
         yield tuple(batch.column(n) for n in names)
 
@@ -193,7 +233,10 @@ def _resolve(blocks, docs: DocStore, qids: list[str], origin: str, split: str) -
             first = False
         if any(pc.any(pc.equal(pc.utf8_length(c), 0)).as_py() for c in cols):
             raise ValueError("empty id")
-        found = [pc.index_in(c, value_set=v).to_numpy(zero_copy_only=False) for c, v in zip(cols, (query_ids, store_ids, store_ids))]
+        found = [
+            pc.index_in(c, value_set=v).to_numpy(zero_copy_only=False)
+            for c, v in zip(cols, (query_ids, store_ids, store_ids))
+        ]
         rows = np.stack([np.nan_to_num(x, nan=-1).astype(np.int64) for x in found], axis=1)
         bad = np.flatnonzero((rows < 0).any(axis=1))
         if len(bad):
@@ -205,7 +248,9 @@ def _unknown(origin: str, ids: list[str], block_row: np.ndarray, split: str) -> 
     qid, pos, neg = ids
     where = locate(origin, qid, pos, neg) or origin
     if block_row[0] < 0:
-        raise InputError(where, f"triple ({qid}, {pos}, {neg}) of split {split} names query '{qid}' which is not among the queries")
+        raise InputError(
+            where, f"triple ({qid}, {pos}, {neg}) of split {split} names query '{qid}' which is not among the queries"
+        )
     bad = pos if block_row[1] < 0 else neg
     raise InputError(where, f"triple ({qid}, {pos}, {neg}) of split {split} names unknown doc id '{bad}'")
 
@@ -213,7 +258,8 @@ def _unknown(origin: str, ids: list[str], block_row: np.ndarray, split: str) -> 
 class ArrowTriples(Sequence[tuple[str, str, str]]):
     """Id triples as strings in a memory-mapped Arrow file (columns qid, pos, neg), before a store resolves them to a
     TripleArray (`resolve`): what a source holds while it does not know the collection yet (ir_datasets docpairs).
-    `source` names the content (the cache key of the resolved array)."""
+    `source` names the content (the cache key of the resolved array).
+    """
 
     def __init__(self, path: str | os.PathLike, source: str, selection=None):
         import pyarrow as pa
@@ -248,18 +294,22 @@ class ArrowTriples(Sequence[tuple[str, str, str]]):
 
         return {d for c in ("pos", "neg") for d in pc.unique(self.table.column(c)).to_pylist()}
 
-    def only_queries(self, keep: Sequence[str]) -> "ArrowTriples":
+    def only_queries(self, keep: Sequence[str]) -> ArrowTriples:
         """The triples of the queries `keep` (their order kept)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         out = ArrowTriples.__new__(ArrowTriples)
-        out.path, out.table = self.path, self.table.filter(pc.is_in(self.table.column("qid"), value_set=pa.array(list(keep), pa.string())))
+        out.path, out.table = (
+            self.path,
+            self.table.filter(pc.is_in(self.table.column("qid"), value_set=pa.array(list(keep), pa.string()))),
+        )
         out.source = hashlib.sha256(f"{self.source}|only|{'|'.join(keep)}".encode()).hexdigest()
         return out
 
-    def resolve(self, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str,
-                split: str = "train") -> TripleArray:
+    def resolve(
+        self, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str, split: str = "train"
+    ) -> TripleArray:
         def blocks():
             for batch in self.table.to_batches(max_chunksize=1 << 20):
                 yield tuple(batch.column(c) for c in ("qid", "pos", "neg"))
@@ -269,13 +319,15 @@ class ArrowTriples(Sequence[tuple[str, str, str]]):
 
 def write_arrow_triples(path: str | os.PathLike, triples, batch_rows: int = 1 << 20) -> None:
     """(qid, pos, neg) string triples from an iterator into an Arrow file, `batch_rows` at a time (bounded memory),
-    atomically."""
+    atomically.
+    """
     import pyarrow as pa
 
     schema = pa.schema([("qid", pa.string()), ("pos", pa.string()), ("neg", pa.string())])
     cols: tuple[list, list, list] = ([], [], [])
     with atomic_open(path, "wb") as f:
         with pa.ipc.new_file(f, schema) as writer:
+
             def flush():
                 writer.write_batch(pa.record_batch([pa.array(c, pa.string()) for c in cols], schema=schema))
                 for c in cols:

@@ -18,6 +18,7 @@
 them in memory up to `budget_bytes` and spills beyond that to a file (in `spill_dir`, unlinked as soon as it is
 created, so nothing is left behind even if the process is killed), whose texts are read back by `pread`; so a collection larger than memory needs disk, not RAM.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,16 @@ from datamodules.tokenization import length_order
 from lightning_modules.oom import halving
 from lightning_modules.rankers.base import Encoded, EncodedTexts
 
-__all__ = ["WITH_HEAD", "RAW", "encode_stream", "variants_forward", "EncodedTextsWriter", "encode_collection", "eval_mode",
-           "pad_batch"]
+__all__ = [
+    "WITH_HEAD",
+    "RAW",
+    "encode_stream",
+    "variants_forward",
+    "EncodedTextsWriter",
+    "encode_collection",
+    "eval_mode",
+    "pad_batch",
+]
 
 WITH_HEAD, RAW = "", "_raw"  # the variants: with the isotropy heads ("Ft -> head"), without them ("Ft")
 DEFAULT_BUDGET = 2**30  # bytes of vectors an EncodedTextsWriter keeps in memory before it spills to disk
@@ -54,7 +63,8 @@ def eval_mode(module: torch.nn.Module):
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Right-padded input ids and attention mask of `ids`, to the longest of them (what `PairTokenizer.pad` gives for
-    a right-padding tokenizer)."""
+    a right-padding tokenizer).
+    """
     lens = [len(x) for x in ids]
     width = max(lens, default=0)
     inp = torch.full((len(ids), width), pad_id, dtype=torch.long)
@@ -65,27 +75,44 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor
     return inp, att
 
 
-def variants_forward(ranker, side: str, variants: Sequence[str] = (WITH_HEAD,)) -> Callable[[Tensor, Tensor], dict[str, Encoded]]:
+def variants_forward(
+    ranker, side: str, variants: Sequence[str] = (WITH_HEAD,)
+) -> Callable[[Tensor, Tensor], dict[str, Encoded]]:
     """A `forward` for `encode_stream`: one backbone pass (`token_representations`), finished once per variant
-    (`WITH_HEAD`: token head, pooling, sequence head; `RAW`: pooling only), {variant: Encoded}."""
+    (`WITH_HEAD`: token head, pooling, sequence head; `RAW`: pooling only), {variant: Encoded}.
+    """
+
     def forward(input_ids: Tensor, attention_mask: Tensor) -> dict[str, Encoded]:
         raw = ranker.token_representations(input_ids, attention_mask, side=side)
         return {v: ranker.finish(raw, heads=(v == WITH_HEAD)) for v in variants}
+
     return forward
 
 
-def encode_stream(ranker, ids: Sequence[Sequence[int]], side: str, *, batch_size: int = 64, pad_id: int = 0,
-                  forward: Callable | None = None, autocast: Callable | None = None, sort: bool = True,
-                  on_retry: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, object]]:
+def encode_stream(
+    ranker,
+    ids: Sequence[Sequence[int]],
+    side: str,
+    *,
+    batch_size: int = 64,
+    pad_id: int = 0,
+    forward: Callable | None = None,
+    autocast: Callable | None = None,
+    sort: bool = True,
+    on_retry: Callable[[int], None] | None = None,
+) -> Iterator[tuple[np.ndarray, object]]:
     """(the batch's text indices into `ids`, `forward`'s output for them) per batch of `batch_size` texts; see the
     module docstring. `side`: "query" or "doc"; `ids`: token ids with special tokens, unpadded. The output stays on
-    the ranker's device, as `forward` returns it."""
+    the ranker's device, as `forward` returns it.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
     device = next(ranker.parameters()).device
     if forward is None:
+
         def forward(input_ids, attention_mask):
             return ranker.encode(input_ids, attention_mask, side=side)
+
     order = length_order([len(x) for x in ids]) if sort else np.arange(len(ids))
     for s in range(0, len(order), batch_size):
         chunk = order[s : s + batch_size]
@@ -93,8 +120,14 @@ def encode_stream(ranker, ids: Sequence[Sequence[int]], side: str, *, batch_size
         batch = {"input_ids": inp.to(device, non_blocking=True), "attention_mask": att.to(device, non_blocking=True)}
         # entered per batch, not around the loop: a suspended generator must not leave inference mode, eval mode or
         # autocast switched on in its consumer's code
-        with torch.inference_mode(), eval_mode(ranker), autocast() if autocast is not None else contextlib.nullcontext():
-            out = halving(lambda b: forward(b["input_ids"], b["attention_mask"]), batch, f"encoding {side} texts", on_retry)
+        with (
+            torch.inference_mode(),
+            eval_mode(ranker),
+            autocast() if autocast is not None else contextlib.nullcontext(),
+        ):
+            out = halving(
+                lambda b: forward(b["input_ids"], b["attention_mask"]), batch, f"encoding {side} texts", on_retry
+            )
         yield chunk, out
 
 
@@ -105,10 +138,17 @@ class EncodedTextsWriter:
     they exceed `budget_bytes`; then they (and every later row) go to a .npy file in `spill_dir` (default: the
     system's temporary folder), unlinked at once and read back through the open file by `finish` (texts by pread,
     the whole also memory-mapped). The pooled vectors likewise: a
-    memory-mapped file when `count` x width exceeds the budget. A text added twice keeps its last vectors."""
+    memory-mapped file when `count` x width exceeds the budget. A text added twice keeps its last vectors.
+    """
 
-    def __init__(self, count: int, keep_tokens: bool = True, keep_ids: bool = False, budget_bytes: int = DEFAULT_BUDGET,
-                 spill_dir: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        count: int,
+        keep_tokens: bool = True,
+        keep_ids: bool = False,
+        budget_bytes: int = DEFAULT_BUDGET,
+        spill_dir: str | os.PathLike | None = None,
+    ):
         self.count, self.keep_tokens, self.keep_ids = int(count), keep_tokens, keep_ids
         self.budget, self.spill_dir = int(budget_bytes), spill_dir
         self.starts = np.zeros(self.count, dtype=np.int64)
@@ -134,7 +174,8 @@ class EncodedTextsWriter:
 
     def add(self, rows, enc: Encoded, token_ids: Sequence[int] | None = None) -> None:
         """Texts `rows` (indices < count) as one padded batch `enc` (any device and dtype); `token_ids`: the real
-        tokens' vocabulary ids, flat in row order (the texts' unpadded ids, concatenated), kept when `keep_ids`."""
+        tokens' vocabulary ids, flat in row order (the texts' unpadded ids, concatenated), kept when `keep_ids`.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         if self.keep_tokens:
             mask = enc.mask.cpu()
@@ -199,21 +240,37 @@ def _unlink(path: Path) -> None:
         path.unlink()
 
 
-def encode_collection(ranker, ids: Sequence[Sequence[int]], side: str, *, batch_size: int = 64, pad_id: int = 0,
-                      scoring: bool = True, keep_ids: bool = False, keep_tokens: bool = True,
-                      variants: Sequence[str] | None = None, autocast: Callable | None = None,
-                      budget_bytes: int = DEFAULT_BUDGET, spill_dir=None) -> EncodedTexts | dict[str, EncodedTexts]:
+def encode_collection(
+    ranker,
+    ids: Sequence[Sequence[int]],
+    side: str,
+    *,
+    batch_size: int = 64,
+    pad_id: int = 0,
+    scoring: bool = True,
+    keep_ids: bool = False,
+    keep_tokens: bool = True,
+    variants: Sequence[str] | None = None,
+    autocast: Callable | None = None,
+    budget_bytes: int = DEFAULT_BUDGET,
+    spill_dir=None,
+) -> EncodedTexts | dict[str, EncodedTexts]:
     """Tokenised texts (with [CLS]/[SEP]) encoded by `encode_stream` into an `EncodedTexts` on the CPU: the vectors
     as the score compares them (`scoring_vectors`), or as `encode` returns them (`scoring=False`: what the MLM head
     projects, vocabulary paper Eq. 3). `keep_tokens=False`: the pooled vectors only (single-vector rankers).
-    `variants` (e.g. (WITH_HEAD, RAW)): {variant: EncodedTexts}, all from one backbone pass per batch."""
+    `variants` (e.g. (WITH_HEAD, RAW)): {variant: EncodedTexts}, all from one backbone pass per batch.
+    """
     prep = ranker.scoring_vectors if scoring else (lambda x: x)
     names = tuple(variants) if variants is not None else (WITH_HEAD,)
     forward = variants_forward(ranker, side, names) if variants is not None else None
     writers = {v: EncodedTextsWriter(len(ids), keep_tokens, keep_ids, budget_bytes, spill_dir) for v in names}
-    for chunk, out in encode_stream(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, forward=forward, autocast=autocast):
+    for chunk, out in encode_stream(
+        ranker, ids, side, batch_size=batch_size, pad_id=pad_id, forward=forward, autocast=autocast
+    ):
         encodings = out if variants is not None else {WITH_HEAD: out}
-        token_ids = [t for i in chunk for t in ids[i]] if keep_ids else None  # the real tokens, as the writer keeps them
+        token_ids = (
+            [t for i in chunk for t in ids[i]] if keep_ids else None
+        )  # the real tokens, as the writer keeps them
         for v, enc in encodings.items():
             seq = None if enc.sequence is None else prep(enc.sequence.float())
             writers[v].add(chunk, Encoded(prep(enc.tokens.float()), enc.mask, seq), token_ids)

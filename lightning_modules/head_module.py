@@ -13,6 +13,7 @@ same pass.
 Checkpoints hold the head only (plus optimiser, loop state and `base_ckpt`, the ranker checkpoint it belongs to):
 the frozen ranker is rebuilt from `base_ckpt`, never copied into every head checkpoint.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,9 +41,14 @@ class HeadModule(RankingModule):
         self.save_hyperparameters()
         self.head_cfg = head_config(head)
         if self.ranker.kind != "bi":
-            raise InputError("head", f"isotropy heads act on bi-encoder representations; '{self.model_cfg.name}' is a cross-encoder")
+            raise InputError(
+                "head", f"isotropy heads act on bi-encoder representations; '{self.model_cfg.name}' is a cross-encoder"
+            )
         if self.head_cfg.granularity == "sequence" and self.model_cfg.name == "colbert":
-            raise InputError("head.granularity", "'sequence' needs a single-vector ranker; ColBERT scores token vectors (use 'token')")
+            raise InputError(
+                "head.granularity",
+                "'sequence' needs a single-vector ranker; ColBERT scores token vectors (use 'token')",
+            )
         head_module = build_head(self.head_cfg, self.ranker_dim())
         if head_module is None:
             raise InputError("head", "stage=head needs a head: whitening, nice or glow")
@@ -74,7 +80,10 @@ class HeadModule(RankingModule):
         missing, unexpected = self.load_state_dict(ranker_state, strict=False)
         missing = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
         if missing or unexpected:
-            raise InputError("ckpt", f"does not match ranker '{self.model_cfg.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise InputError(
+                "ckpt",
+                f"does not match ranker '{self.model_cfg.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            )
 
     # ---- training: maximum likelihood of cached representations (flows) -----------------------------------
     def training_step(self, batch: torch.Tensor, batch_idx: int):
@@ -94,7 +103,10 @@ class HeadModule(RankingModule):
         if split == "val" and "q" in self._val_memo:
             return self._val_memo["q"]
         texts = self.trainer.datamodule.eval_splits[split].qtexts
-        raw = self.encode_query_texts(texts, encode=lambda b: self.ranker.token_representations(b["q_input_ids"], b["q_attention_mask"], side="query"))
+        raw = self.encode_query_texts(
+            texts,
+            encode=lambda b: self.ranker.token_representations(b["q_input_ids"], b["q_attention_mask"], side="query"),
+        )
         if split == "val":
             self._val_memo["q"] = raw
         return raw
@@ -107,7 +119,11 @@ class HeadModule(RankingModule):
             if hit is not None and torch.equal(hit[0], batch["didx"]):
                 return hit[1]
         docs = {k: v for k, v in batch.items() if k.startswith("d_")}
-        raw = self.with_oom_retry(lambda b: self.ranker.token_representations(b["d_input_ids"], b["d_attention_mask"], side="doc"), docs, "encoding passages")
+        raw = self.with_oom_retry(
+            lambda b: self.ranker.token_representations(b["d_input_ids"], b["d_attention_mask"], side="doc"),
+            docs,
+            "encoding passages",
+        )
         size = raw.tokens.numel() * raw.tokens.element_size()
         if split == "val" and self._val_memo_bytes + size <= self.head_cfg.val_memory_gib * 2**30:
             self._val_memo[batch_idx] = (batch["didx"].clone(), raw)
@@ -121,7 +137,9 @@ class HeadModule(RankingModule):
         raw = self._raw_queries(split)
         self._eval_queries = self.ranker.finish(raw)
         self._eval_queries_raw = self.ranker.finish(raw, heads=False) if split == "test" else None
-        self._keep(split, "query", np.arange(len(raw.mask)), self._variants(raw, self._eval_queries, self._eval_queries_raw))
+        self._keep(
+            split, "query", np.arange(len(raw.mask)), self._variants(raw, self._eval_queries, self._eval_queries_raw)
+        )
 
     def _variants(self, raw: Encoded, heads: Encoded, without: Encoded | None) -> dict[str, Encoded]:
         return {WITH_HEAD: heads, RAW: without if without is not None else self.ranker.finish(raw, heads=False)}
@@ -147,7 +165,10 @@ class HeadModule(RankingModule):
     def results_without_head(self) -> dict:
         """Test metrics of the ranker's own representations ("Ft"), from the test that also scored the head."""
         iso = self.results["test"].get("isotropy", {})
-        return {**self.results["test_raw"]["metrics"], **{k[: -len("_raw")]: v for k, v in iso.items() if k.endswith("_raw")}}
+        return {
+            **self.results["test_raw"]["metrics"],
+            **{k[: -len("_raw")]: v for k, v in iso.items() if k.endswith("_raw")},
+        }
 
     # ---- head-only checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

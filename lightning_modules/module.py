@@ -14,6 +14,7 @@ added to the ranking loss and logged as `train/<name>`, with any further values 
 Evaluation scores each (query, candidate) pair of this rank's shard; the (qidx, didx, score) triples are
 gathered across ranks by a torchmetrics state before pytrec_eval runs once on the whole run.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -66,14 +67,19 @@ class OptimConfig:
         check_choice("optim.loss", self.loss, ("ce", "hinge"))
         check_choice("optim.nonfinite", self.nonfinite, ("skip", "stop"))
         check_choice("optim.schedule", self.schedule, ("linear", "constant"))
-        check_ranges("optim", self, lr=POSITIVE, weight_decay=NON_NEGATIVE, warmup_steps=NON_NEGATIVE, margin=NON_NEGATIVE,
-                     temperature=POSITIVE)
-
-
+        check_ranges(
+            "optim",
+            self,
+            lr=POSITIVE,
+            weight_decay=NON_NEGATIVE,
+            warmup_steps=NON_NEGATIVE,
+            margin=NON_NEGATIVE,
+            temperature=POSITIVE,
+        )
 
 
 def ranker_config(model: dict):
-    """dict (from YAML or a checkpoint) -> the ranker's dataclass config, validated against its schema."""
+    """Dict (from YAML or a checkpoint) -> the ranker's dataclass config, validated against its schema."""
     schema = RANKERS.get(model["name"], "model.name").schema
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model))
 
@@ -112,7 +118,8 @@ class RankingModule(pl.LightningModule):
     # ---- training ------------------------------------------------------------------------------------------
     def _gather_docs(self, d: Encoded, keys: Tensor | None = None) -> tuple[Encoded, Tensor | None, int]:
         """All ranks' passages (with gradients), their doc keys (`keys`: this rank's, one per passage; None stays
-        None), and where this rank's block starts in them."""
+        None), and where this rank's block starts in them.
+        """
         world = self.trainer.world_size if self._trainer is not None else 1
         n = d.tokens.shape[0]
         if world == 1:
@@ -127,7 +134,11 @@ class RankingModule(pl.LightningModule):
         if d.sequence is not None:  # single-vector rankers score with the pooled vector only
             seq = F.pad(d.sequence, (0, 0, 0, n_max - n))
             seq = self.all_gather(seq, sync_grads=True).reshape(world * n_max, -1)[valid]
-            return Encoded(tokens=seq[:, None], mask=torch.ones(len(seq), 1, dtype=torch.bool, device=dev), sequence=seq), keys, start
+            return (
+                Encoded(tokens=seq[:, None], mask=torch.ones(len(seq), 1, dtype=torch.bool, device=dev), sequence=seq),
+                keys,
+                start,
+            )
         tok = F.pad(d.tokens, (0, 0, 0, l_max - d.tokens.shape[1], 0, n_max - n))
         mask = F.pad(d.mask, (0, l_max - d.mask.shape[1], 0, n_max - n))
         tok = self.all_gather(tok, sync_grads=True).reshape(world * n_max, l_max, -1)[valid]
@@ -138,7 +149,8 @@ class RankingModule(pl.LightningModule):
     def _judged_columns(keys: Tensor, relevant: Tensor, start: int) -> Tensor:
         """[B, C] bool: column c of the global batch (doc key `keys[c]`) is judged relevant to query i (`relevant`:
         [B, R] doc keys, -1 pads), other than the query's own positive and negative (those stay: a bad triple is the
-        data's to fix, not the loss's)."""
+        data's to fix, not the loss's).
+        """
         judged = (keys[None, :, None] == relevant[:, None, :]).any(-1)
         b = relevant.shape[0]
         ar = torch.arange(b, device=keys.device)
@@ -148,7 +160,8 @@ class RankingModule(pl.LightningModule):
 
     def training_outputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, TripletOutput]:
         """(score matrix [B, C], target column [B], TripletOutput: s(q, p+) [B], s(q, own p-) [B] and the ranker's
-        auxiliary losses and logs)."""
+        auxiliary losses and logs).
+        """
         r = self.ranker
         if r.kind == "cross":
             out = r.score_triplets(batch)
@@ -197,7 +210,8 @@ class RankingModule(pl.LightningModule):
 
     def skip_nonfinite(self, loss: Tensor) -> bool:
         """Whether this batch's loss is NaN/inf on any rank, applying `optim.nonfinite`. Ranks agree (one
-        all-reduce), since a rank that steps while another skips would desynchronise DDP."""
+        all-reduce), since a rank that steps while another skips would desynchronise DDP.
+        """
         bad = (~torch.isfinite(loss.detach())).float().reshape(())
         if self._trainer is not None and self.trainer.world_size > 1:
             bad = self.trainer.strategy.reduce(bad, reduce_op="sum")
@@ -206,33 +220,43 @@ class RankingModule(pl.LightningModule):
         if self.optim_cfg.nonfinite == "stop":
             last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") if self._trainer is not None else ""
             good = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-            raise TrainingStopped(f"non-finite training loss ({loss.item()}) at step {self.global_step} (optim.nonfinite=stop); nothing was trained on it; {good}")
+            raise TrainingStopped(
+                f"non-finite training loss ({loss.item()}) at step {self.global_step} (optim.nonfinite=stop); nothing was trained on it; {good}"
+            )
         self.nonfinite_batches += 1
-        warnings.warn(f"non-finite training loss ({loss.item()}) at step {self.global_step}; batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)")
+        warnings.warn(
+            f"non-finite training loss ({loss.item()}) at step {self.global_step}; batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)"
+        )
         self.log("train/nonfinite_batches", float(self.nonfinite_batches))
         return True
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies
         to them too. Skipping drops every gradient, so the optimiser leaves every weight and moment as it is
-        (the step still counts). Gradients are already all-reduced here, so DDP ranks decide alike."""
+        (the step still counts). Gradients are already all-reduced here, so DDP ranks decide alike.
+        """
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads or torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
             return
         if self.optim_cfg.nonfinite == "stop":
             last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
-            raise TrainingStopped(f"non-finite gradients at step {self.global_step} (optim.nonfinite=stop); nothing was trained on them; "
-                                  + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+            raise TrainingStopped(
+                f"non-finite gradients at step {self.global_step} (optim.nonfinite=stop); nothing was trained on them; "
+                + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet")
+            )
         for p in self.parameters():
             p.grad = None
         self.nonfinite_batches += 1
-        warnings.warn(f"non-finite gradients at step {self.global_step}; optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)")
+        warnings.warn(
+            f"non-finite gradients at step {self.global_step}; optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)"
+        )
         self.log("train/nonfinite_batches", float(self.nonfinite_batches))
 
     def optimizer_groups(self) -> list[dict]:
         """AdamW parameter groups: the ranker's named groups (`Ranker.param_groups`, each at its own learning rate)
         and the rest at optim.lr, each split into decayed weights and undecayed biases / norms / scalars. Rankers
-        without groups get exactly two unnamed groups, as before, so their checkpoints resume unchanged."""
+        without groups get exactly two unnamed groups, as before, so their checkpoints resume unchanged.
+        """
         o = self.optim_cfg
         named = self.ranker.param_groups()
         owner: dict[int, str] = {}
@@ -264,14 +288,16 @@ class RankingModule(pl.LightningModule):
     def fused_optimizer(self, params) -> bool | None:
         """Whether to use one fused optimizer kernel over all tensors (on CPU too: ~3x faster than foreach for
         MiniLM's 22M weights). Not under fp16's GradScaler, where gradients must be unscaled before clipping and a
-        fused optimizer would unscale them only inside its step."""
+        fused optimizer would unscale them only inside its step.
+        """
         eligible = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
         return (eligible and self._grad_scaler() is None) or None
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """`trainer.gradient_clip_val` as Lightning applies it, except with no GradScaler (fp32, bf16-mixed): the
         gradients are clipped as they are, because Lightning's mixed-precision plugin refuses any fused optimizer
-        ("performs unscaling of gradients internally"), even under bf16 where nothing is scaled."""
+        ("performs unscaling of gradients internally"), even under bf16 where nothing is scaled.
+        """
         if not gradient_clip_val or self._grad_scaler() is not None:
             return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -302,14 +328,16 @@ class RankingModule(pl.LightningModule):
     @torch.inference_mode()
     def encode_query_texts(self, texts: list[str], batch_size: int = 128, encode=None) -> Encoded:
         """All queries of an evaluation split, encoded once (bi-encoders), padded to one length.
-        `encode(batch) -> Encoded` replaces the ranker's `encode_queries` (e.g. raw token representations)."""
+        `encode(batch) -> Encoded` replaces the ranker's `encode_queries` (e.g. raw token representations).
+        """
         return self.encode_texts(texts, side="query", batch_size=batch_size, encode=encode)
 
     @torch.inference_mode()
     def encode_texts(self, texts: list[str], side: str = "doc", batch_size: int = 32, encode=None) -> Encoded:
         """Texts of one side encoded by the one encoder (`encoding.encode_stream`: batches of similar token length,
         the precision plugin's autocast, out-of-memory halving) and returned in the given order, padded to one
-        length. `encode(batch) -> Encoded` replaces the ranker's `encode_queries` / `encode_docs`."""
+        length. `encode(batch) -> Encoded` replaces the ranker's `encode_queries` / `encode_docs`.
+        """
         tok = self.pair_tokenizer
         encode = encode or (self.ranker.encode_queries if side == "query" else self.ranker.encode_docs)
         prefix = "q_" if side == "query" else "d_"
@@ -321,9 +349,16 @@ class RankingModule(pl.LightningModule):
             self.oom_retries += 1
 
         chunks, parts = [], []
-        for chunk, enc in encode_stream(self.ranker, tok.ids(texts, side), side, batch_size=batch_size,
-                                        pad_id=tok.tokenizer.pad_token_id, forward=forward, autocast=self._forward_context,
-                                        on_retry=count):
+        for chunk, enc in encode_stream(
+            self.ranker,
+            tok.ids(texts, side),
+            side,
+            batch_size=batch_size,
+            pad_id=tok.tokenizer.pad_token_id,
+            forward=forward,
+            autocast=self._forward_context,
+            on_retry=count,
+        ):
             chunks.append(chunk)
             parts.append(enc)
         if not parts:
@@ -341,33 +376,48 @@ class RankingModule(pl.LightningModule):
     @torch.inference_mode()
     def rerank_texts(self, query: str, candidates: list[str], batch_size: int = 32) -> Tensor:
         """Bi-encoder scores of one query's candidate passages [n]: the query encoded once, the passages in
-        length-sorted batches."""
+        length-sorted batches.
+        """
         if self.ranker.kind != "bi":
             raise ValueError("rerank_texts needs a bi-encoder; cross-encoders score pairs with ranker.score")
         q = self.encode_texts([query], side="query")
         d = self.encode_texts(candidates, side="doc", batch_size=batch_size)
         n = len(candidates)
-        return self.ranker.score_indexed(q, d, torch.zeros(n, dtype=torch.long, device=self.device), torch.arange(n, device=self.device))
+        return self.ranker.score_indexed(
+            q, d, torch.zeros(n, dtype=torch.long, device=self.device), torch.arange(n, device=self.device)
+        )
 
     def _forward_context(self):
         # the precision plugin's autocast (bf16-mixed) outside the *_step hooks, where Lightning applies it itself
         return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
 
-    def score_chunk(self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512, docs: Encoded | None = None) -> Tensor:
+    def score_chunk(
+        self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512, docs: Encoded | None = None
+    ) -> Tensor:
         """Bi-encoder evaluation: encode a chunk of passages once (or take them as `docs`) and score its pairs
-        against the split's pre-encoded queries (`batch["qidx"]` indexes `queries`)."""
+        against the split's pre-encoded queries (`batch["qidx"]` indexes `queries`).
+        """
         r = self.ranker
         if docs is None:
-            docs = self.with_oom_retry(r.encode_docs, {k: v for k, v in batch.items() if k.startswith("d_")}, "encoding passages")
+            docs = self.with_oom_retry(
+                r.encode_docs, {k: v for k, v in batch.items() if k.startswith("d_")}, "encoding passages"
+            )
         out = []
         for s in range(0, len(batch["pair_d"]), pairs_per_pass):  # bounds the [P, Lq, Ld] similarity tensor
-            pairs = {"iq": batch["qidx"][s : s + pairs_per_pass].to(docs.tokens.device), "id": batch["pair_d"][s : s + pairs_per_pass]}
-            out.append(self.with_oom_retry(lambda p: r.score_indexed(queries, docs, p["iq"], p["id"]), pairs, "scoring pairs"))
+            pairs = {
+                "iq": batch["qidx"][s : s + pairs_per_pass].to(docs.tokens.device),
+                "id": batch["pair_d"][s : s + pairs_per_pass],
+            }
+            out.append(
+                self.with_oom_retry(lambda p: r.score_indexed(queries, docs, p["iq"], p["id"]), pairs, "scoring pairs")
+            )
         return torch.cat(out)
 
     def with_oom_retry(self, fn, batch: dict[str, Tensor], what: str):
         """`fn(batch)`, retried in halves on out-of-memory (lightning_modules/oom.py); retries counted per split
-        and logged as `<split>/oom_retries`."""
+        and logged as `<split>/oom_retries`.
+        """
+
         def count(_rows: int) -> None:
             self.oom_retries += 1
 
@@ -380,14 +430,18 @@ class RankingModule(pl.LightningModule):
         """Keep the vectors of `split`'s next evaluation as it scores them (`scoring_vectors`, padding removed), per
         variant (WITH_HEAD; RAW where a head is attached, `HeadModule`), for `kept_vectors(split)` to hand out at the
         epoch's end (bi-encoders). Beyond `DEFAULT_BUDGET` bytes they go to memory-mapped files in the run's folder;
-        beyond `max_bytes` in all (a test split of MS MARCO's size) nothing is kept, and `kept_vectors` says None."""
+        beyond `max_bytes` in all (a test split of MS MARCO's size) nothing is kept, and `kept_vectors` says None.
+        """
         self._keep_request[split] = (tuple(variants), max_bytes)
 
     def kept_vectors(self, split: str) -> dict[str, dict[str, EncodedTexts]] | None:
         """{"query" | "passage": {variant: EncodedTexts}} of the evaluation of `split` that just ran, rows as the
-        split's `qtexts` / `dtexts` (a passage this rank did not score has no token rows), once; None if not kept."""
+        split's `qtexts` / `dtexts` (a passage this rank did not score has no token rows), once; None if not kept.
+        """
         writers = self._kept.pop(split, None)
-        return None if writers is None else {side: {v: w.finish() for v, w in ws.items()} for side, ws in writers.items()}
+        return (
+            None if writers is None else {side: {v: w.finish() for v, w in ws.items()} for side, ws in writers.items()}
+        )
 
     def _drop_kept(self, split: str) -> None:
         for ws in self._kept.pop(split, {}).values():
@@ -404,8 +458,10 @@ class RankingModule(pl.LightningModule):
         variants = [v for v in variants if v in self.kept_variants]
         es = self.trainer.datamodule.eval_splits[split]
         folder = Path(self.trainer.default_root_dir)
-        self._kept[split] = {side: {v: EncodedTextsWriter(n, spill_dir=folder if folder.is_dir() else None) for v in variants}
-                             for side, n in (("query", len(es.qtexts)), ("passage", len(es.dtexts)))}
+        self._kept[split] = {
+            side: {v: EncodedTextsWriter(n, spill_dir=folder if folder.is_dir() else None) for v in variants}
+            for side, n in (("query", len(es.qtexts)), ("passage", len(es.dtexts)))
+        }
 
     def _keep(self, split: str, side: str, rows, encodings: dict[str, Encoded]) -> None:
         writers = self._kept.get(split)
@@ -419,8 +475,10 @@ class RankingModule(pl.LightningModule):
         held = sum(w.nbytes for ws in writers.values() for w in ws.values())
         if self._keep_limit is not None and held > self._keep_limit:
             self._drop_kept(split)
-            warnings.warn(f"{split}: the scored vectors exceed {self._keep_limit / 2**30:.1f} GiB; they are not kept, and "
-                          f"their consumer (the isotropy protocol) encodes the texts it needs itself")
+            warnings.warn(
+                f"{split}: the scored vectors exceed {self._keep_limit / 2**30:.1f} GiB; they are not kept, and "
+                f"their consumer (the isotropy protocol) encodes the texts it needs itself"
+            )
 
     def _eval_epoch_start(self, split: str) -> None:
         self._start_keeping(split)
@@ -437,7 +495,9 @@ class RankingModule(pl.LightningModule):
     def _eval_step(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
         """Score one evaluation batch into `runs[split]` (subclasses score differently)."""
         if "pair_d" in batch:
-            docs = self.with_oom_retry(self.ranker.encode_docs, {k: v for k, v in batch.items() if k.startswith("d_")}, "encoding passages")
+            docs = self.with_oom_retry(
+                self.ranker.encode_docs, {k: v for k, v in batch.items() if k.startswith("d_")}, "encoding passages"
+            )
             self._keep(split, "passage", batch["dpos"], {WITH_HEAD: docs})
             scores = self.score_chunk(self._eval_queries, batch, docs=docs)
         else:
@@ -489,15 +549,18 @@ class RankingModule(pl.LightningModule):
 
     def _at_rerank_depth(self, run: dict, es, split: str) -> tuple[dict, int | None]:
         """(`run` cut to the re-ranking depth, that depth; None when eval.rerank_depths is unset). Validation chooses
-        the depth with the best nDCG@10 and keeps it; a test applies the kept one (the tested checkpoint's)."""
+        the depth with the best nDCG@10 and keeps it; a test applies the kept one (the tested checkpoint's).
+        """
         if not self.rerank_depths:
             return run, None
         ranks = candidate_ranks(es.qids, es.doc_ids, es.pairs, es.unit_doc)
         if split == "val":
             self.rerank_depth, _ = choose_depth(run, es.qrels, ranks, self.rerank_depths)
         elif self.rerank_depth is None:
-            warnings.warn(f"eval.rerank_depths is set but no validation chose a depth for this model (none ran, or its "
-                          f"checkpoint predates the setting): testing at the largest, {max(self.rerank_depths)}")
+            warnings.warn(
+                f"eval.rerank_depths is set but no validation chose a depth for this model (none ran, or its "
+                f"checkpoint predates the setting): testing at the largest, {max(self.rerank_depths)}"
+            )
         depth = self.rerank_depth if self.rerank_depth is not None else max(self.rerank_depths)
         return truncate(run, ranks, depth), depth
 

@@ -6,10 +6,11 @@ splits every tensor with the batch's row count in two, recurses on each half and
 (tensors, `Encoded` token vectors padded to a common length, or dicts of them). A single row that does not fit re-raises. Results
 equal the unsplit call's: evaluation runs each row independently (no batch statistics at inference).
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

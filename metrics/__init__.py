@@ -1,4 +1,5 @@
 """Metrics: isotropy (I(W), avgcos), IR effectiveness with trec_eval semantics, TREC run files."""
+
 from metrics.ir import (
     DEFAULT_MEASURES,
     RetrievalRun,
@@ -10,6 +11,14 @@ from metrics.isotropy import AvgCos, IsotropyIW, avg_cos, isotropy_iw
 from metrics.trec import write_trec_run
 
 __all__ = [
-    "AvgCos", "DEFAULT_MEASURES", "IsotropyIW", "RetrievalRun", "avg_cos", "evaluate_run", "isotropy_iw",
-    "rank_documents", "truncate_run", "write_trec_run",
+    "AvgCos",
+    "DEFAULT_MEASURES",
+    "IsotropyIW",
+    "RetrievalRun",
+    "avg_cos",
+    "evaluate_run",
+    "isotropy_iw",
+    "rank_documents",
+    "truncate_run",
+    "write_trec_run",
 ]

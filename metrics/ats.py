@@ -38,6 +38,7 @@ of m = powers of two so that padding stays below half, and one batched matrix pr
 the per-(term, delta) sums are reduced with `torch.unique` + `index_add` in float64. No Python loop runs over pairs
 or terms, only over buckets and memory-bounded chunks.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,17 +79,26 @@ class ATSResult:
 
     def to_dict(self) -> dict:
         nan = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731 - JSON has no NaN
-        return {"mats": nan(self.mats), "mats_std": nan(self.mats_std), "mats_mode": self.mats_mode,
-                "ats0": nan(float(self.ats[0])) if len(self.ats) else None,
-                "occurrences": self.occurrences, "vocabulary": self.vocabulary,
-                "delta": self.deltas.tolist(), "ats": [nan(float(v)) for v in self.ats],
-                "std": [nan(float(v)) for v in self.std], "terms": self.terms.tolist(), "pairs": self.pairs.tolist()}
+        return {
+            "mats": nan(self.mats),
+            "mats_std": nan(self.mats_std),
+            "mats_mode": self.mats_mode,
+            "ats0": nan(float(self.ats[0])) if len(self.ats) else None,
+            "occurrences": self.occurrences,
+            "vocabulary": self.vocabulary,
+            "delta": self.deltas.tolist(),
+            "ats": [nan(float(v)) for v in self.ats],
+            "std": [nan(float(v)) for v in self.std],
+            "terms": self.terms.tolist(),
+            "pairs": self.pairs.tolist(),
+        }
 
 
 def mats_from_curve(ats: np.ndarray, mode: str = "paper") -> tuple[float, float]:
     """(MATS, mats_std) of an ATS curve (index = delta) by Eq. 9 over the K deltas i >= 1 that have a value:
     `paper` = sum of the K drops ATS(0) - ATS(i) / (K - 1) (the printed 1/(max(da) - 1); NaN for K = 1), `mean` =
-    their mean; mats_std = their standard deviation (1/K) in both modes. See the module doc."""
+    their mean; mats_std = their standard deviation (1/K) in both modes. See the module doc.
+    """
     if mode not in MATS_MODES:
         raise ValueError(f"MATS mode {mode!r}; expected one of {list(MATS_MODES)}")
     ats = np.asarray(ats, dtype=np.float64)
@@ -108,7 +118,8 @@ def mats_from_curve(ats: np.ndarray, mode: str = "paper") -> tuple[float, float]
 
 def _sample(terms: Tensor, positions: Tensor, passages: Tensor, cap: int | None, seed: int) -> Tensor:
     """Indices of the kept occurrences, grouped by term (terms ascending), at most `cap` per term, each term's a
-    uniform seeded sample; independent of the input order."""
+    uniform seeded sample; independent of the input order.
+    """
     canon = torch.from_numpy(np.lexsort((positions.numpy(), passages.numpy(), terms.numpy())))
     if cap is None:
         return canon
@@ -124,20 +135,31 @@ def _sample(terms: Tensor, positions: Tensor, passages: Tensor, cap: int | None,
     return order[rank < cap]
 
 
-def average_term_similarity(vectors, terms, positions, passages, max_occurrences: int | None = 100, seed: int = 0,
-                            max_delta: int | None = None, mats: str = "paper") -> ATSResult:
+def average_term_similarity(
+    vectors,
+    terms,
+    positions,
+    passages,
+    max_occurrences: int | None = 100,
+    seed: int = 0,
+    max_delta: int | None = None,
+    mats: str = "paper",
+) -> ATSResult:
     """ATS (Eq. 8) and MATS (Eq. 9) of occurrence vectors.
 
     vectors [N, d]: contextualised representations; terms [N]: term ids; positions [N]: absolute positions in the
     passage; passages [N]: passage ids (pairs inside one passage are not counted). `max_occurrences`: seeded cap
-    per term (None: all); `max_delta`: deltas above it are dropped (None: all); `mats`: MATS_MODES (module doc)."""
+    per term (None: all); `max_delta`: deltas above it are dropped (None: all); `mats`: MATS_MODES (module doc).
+    """
     if mats not in MATS_MODES:
         raise ValueError(f"MATS mode {mats!r}; expected one of {list(MATS_MODES)}")
     x = torch.as_tensor(vectors)
     terms, positions, passages = (torch.as_tensor(v).long().cpu().reshape(-1) for v in (terms, positions, passages))
     if x.ndim != 2 or not (len(x) == len(terms) == len(positions) == len(passages)):
-        raise ValueError(f"vectors [N, d] and terms, positions, passages [N] expected; got {tuple(x.shape)}, "
-                         f"{len(terms)}, {len(positions)}, {len(passages)}")
+        raise ValueError(
+            f"vectors [N, d] and terms, positions, passages [N] expected; got {tuple(x.shape)}, "
+            f"{len(terms)}, {len(positions)}, {len(passages)}"
+        )
     if max_occurrences is not None and max_occurrences < 2:
         raise ValueError(f"max_occurrences must be >= 2 (pairs) or None, got {max_occurrences}")
     keep = _sample(terms, positions, passages, max_occurrences, seed)
@@ -171,8 +193,13 @@ def average_term_similarity(vectors, terms, positions, passages, max_occurrences
             cos = torch.bmm(v, v.transpose(1, 2))  # [T, m, m]
             p, g = pos[idx], pas[idx]
             delta = (p[:, :, None] - p[:, None, :]).abs()
-            valid = (real[:, :, None] & real[:, None, :] & torch.ones(m, m, dtype=torch.bool).triu(1)
-                     & (g[:, :, None] != g[:, None, :]) & (delta < n_delta))
+            valid = (
+                real[:, :, None]
+                & real[:, None, :]
+                & torch.ones(m, m, dtype=torch.bool).triu(1)
+                & (g[:, :, None] != g[:, None, :])
+                & (delta < n_delta)
+            )
             ti, _, _ = valid.nonzero(as_tuple=True)
             d, cv = delta[valid], cos[valid]
             pair_sum.index_add_(0, d, cv)
@@ -191,19 +218,35 @@ def average_term_similarity(vectors, terms, positions, passages, max_occurrences
         mean = (pair_sum / pair_n).numpy()
         var = np.maximum((pair_sq / pair_n).numpy() - mean * mean, 0.0)
     mats_value, mats_std = mats_from_curve(ats, mats)
-    return ATSResult(ats=ats, std=np.sqrt(var), terms=n_terms.long().numpy(), pairs=pair_n.long().numpy(), mats=mats_value,
-                     mats_std=mats_std, occurrences=int(counts.sum()), vocabulary=len(counts), mats_mode=mats)
+    return ATSResult(
+        ats=ats,
+        std=np.sqrt(var),
+        terms=n_terms.long().numpy(),
+        pairs=pair_n.long().numpy(),
+        mats=mats_value,
+        mats_std=mats_std,
+        occurrences=int(counts.sum()),
+        vocabulary=len(counts),
+        mats_mode=mats,
+    )
 
 
 class AverageTermSimilarity(Metric):
     """ATS / MATS over the occurrences of every `update`; under DDP `compute()` gathers all ranks' occurrences
     (cat states) and computes on the whole set, so pairs across ranks count and every rank gets the same answer.
-    Passage ids must be global (unique across ranks), e.g. the passage's index in the probe set."""
+    Passage ids must be global (unique across ranks), e.g. the passage's index in the probe set.
+    """
 
     full_state_update = False
 
-    def __init__(self, max_occurrences: int | None = 100, seed: int = 0, max_delta: int | None = None, mats: str = "paper",
-                 **kwargs):
+    def __init__(
+        self,
+        max_occurrences: int | None = 100,
+        seed: int = 0,
+        max_delta: int | None = None,
+        mats: str = "paper",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if mats not in MATS_MODES:
             raise ValueError(f"MATS mode {mats!r}; expected one of {list(MATS_MODES)}")
@@ -220,6 +263,13 @@ class AverageTermSimilarity(Metric):
     def compute(self) -> ATSResult:
         if isinstance(self.vectors, list) and not self.vectors:  # after a DDP sync the states are tensors
             raise ValueError("AverageTermSimilarity.compute() before any update")
-        return average_term_similarity(dim_zero_cat(self.vectors).cpu(), dim_zero_cat(self.terms).cpu(),
-                                       dim_zero_cat(self.positions).cpu(), dim_zero_cat(self.passages).cpu(),
-                                       self.max_occurrences, self.seed, self.max_delta, self.mats)
+        return average_term_similarity(
+            dim_zero_cat(self.vectors).cpu(),
+            dim_zero_cat(self.terms).cpu(),
+            dim_zero_cat(self.positions).cpu(),
+            dim_zero_cat(self.passages).cpu(),
+            self.max_occurrences,
+            self.seed,
+            self.max_delta,
+            self.mats,
+        )

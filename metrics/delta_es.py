@@ -9,6 +9,7 @@ type t in every query (`DeltaES.add` / `DeltaES.value`). For a word w = t_1 ... 
 sum_{t in w} Delta_ES(t) (`DeltaES.word`: the subwords as the word spells them, a repeated subword counted as
 often as it appears, "the way ColBERT works (summing over subwords)"); undefined when one of its subwords is.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,8 @@ import numpy as np
 
 def pair_difference(c_star, exact) -> float:
     """One query token's term of Eq. 2: mean C* over exact-match candidates minus mean over soft-match ones (NaN
-    when every candidate matches the same way). `c_star` [n] floats, `exact` [n] bools."""
+    when every candidate matches the same way). `c_star` [n] floats, `exact` [n] bools.
+    """
     c = np.asarray(c_star, dtype=np.float64)
     e = np.asarray(exact, dtype=bool)
     if e.all() or not e.any():

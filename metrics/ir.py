@@ -24,11 +24,12 @@ Measure names (the keys of the results are exactly the names asked for):
 - ``mrr_K`` (e.g. ``mrr_10``, MS MARCO's MRR@10): trec_eval's ``recip_rank`` on the run truncated to each
   query's top K, i.e. 0 when no relevant document is in the top K. trec_eval has no such measure.
 """
+
 from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pytrec_eval
@@ -53,7 +54,7 @@ _NAME = re.compile(r"^(?P<base>[A-Za-z_]+?)_(?P<k>[0-9]+)$")
 
 
 def _parse_measure(name: str) -> tuple[str, str, int | None]:
-    """name -> (kind, pytrec_eval measure, cutoff); kind is 'trec' or 'mrr'."""
+    """Name -> (kind, pytrec_eval measure, cutoff); kind is 'trec' or 'mrr'."""
     if name in _PLAIN_MEASURES:
         return "trec", name, None
     m = _NAME.match(name)

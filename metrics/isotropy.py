@@ -51,6 +51,7 @@ special code: under DDP ``compute()`` sees every rank's vectors. As with any tor
 starts empty, every rank must call ``update`` at least once before a synced ``compute`` (a
 DistributedSampler guarantees it: it gives each rank the same number of batches).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,17 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-__all__ = ["isotropy_iw", "isotropy_iw_batched", "avg_cos", "gram_matrix", "unit_sum", "avg_cos_from_unit_sum", "one_thread",
-           "IsotropyIW", "AvgCos"]
+__all__ = [
+    "isotropy_iw",
+    "isotropy_iw_batched",
+    "avg_cos",
+    "gram_matrix",
+    "unit_sum",
+    "avg_cos_from_unit_sum",
+    "one_thread",
+    "IsotropyIW",
+    "AvgCos",
+]
 
 # Rows per float64 chunk: 16384 x 1024 x 8 bytes = 128 MiB at most.
 _CHUNK_ROWS = 16384
@@ -106,7 +116,8 @@ def _chunks(W: Tensor, counts: Tensor | None = None):
 
 def _canonical_signs(E: Tensor) -> Tensor:
     """Flip each column of E ([d, k], or a batch [..., d, k]) so that its largest-magnitude entry (the first one, on
-    ties) is positive."""
+    ties) is positive.
+    """
     rows = E.abs().argmax(dim=-2, keepdim=True)
     signs = torch.sign(E.gather(-2, rows))
     signs = torch.where(signs == 0, torch.ones_like(signs), signs)
@@ -121,7 +132,8 @@ def one_thread():
     equal to 2e-15). A batched eigh on the CPU is the same LAPACK call per matrix in a loop, and it fares the same:
     for batches of 1, 3 and 48 matrices (d = 384, 768) on this 2-core machine, 2 threads were 2.4x faster while it
     was idle but 6-50x slower (0.7-29 s against 0.1-0.8 s a matrix) under a load of 5 other processes. To use
-    several cores, run independent single-threaded parts in threads instead (the `paper` protocol does so)."""
+    several cores, run independent single-threaded parts in threads instead (the `paper` protocol does so).
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -134,7 +146,8 @@ def gram_matrix(W, counts=None) -> Tensor:
     """W^T W, float64 (d, d). The Gram matrix of stacked sets is the sum of theirs, which is how the `paper`
     protocol gets the queries-and-passages set's from the two it measures anyway. `counts` (n,): row i stands for
     counts[i] equal rows (sum_i counts_i w_i w_i^T), so a set that repeats rows (a query repeated in a test batch)
-    is given once per distinct row."""
+    is given once per distinct row.
+    """
     W = _as_matrix(W)
     counts = _check_counts(counts, W)
     gram = torch.zeros(W.shape[1], W.shape[1], dtype=torch.float64, device=W.device)
@@ -145,7 +158,8 @@ def gram_matrix(W, counts=None) -> Tensor:
 
 def _directions(grams: Tensor, both_signs: bool) -> Tensor:
     """Eigenvectors of each of the [..., d, d] Gram matrices as columns with the sign convention above: one
-    (batched) eigh where the matrices are, single-threaded on the CPU (`one_thread`)."""
+    (batched) eigh where the matrices are, single-threaded on the CPU (`one_thread`).
+    """
     with one_thread() if grams.device.type == "cpu" else nullcontext():
         _, E = torch.linalg.eigh(grams.to(torch.float64))
     E = _canonical_signs(E)
@@ -153,7 +167,7 @@ def _directions(grams: Tensor, both_signs: bool) -> Tensor:
 
 
 def _log_z(W: Tensor, E: Tensor, counts: Tensor | None) -> Tensor:
-    """log Z(a) = logsumexp_i(w_i . a + log counts_i) for every column a of E, float64, W chunk by chunk."""
+    """Log Z(a) = logsumexp_i(w_i . a + log counts_i) for every column a of E, float64, W chunk by chunk."""
     E = E.to(W.device)
     log_z = None
     for chunk, c in _chunks(W, counts):
@@ -165,30 +179,35 @@ def _log_z(W: Tensor, E: Tensor, counts: Tensor | None) -> Tensor:
 
 def eigen_directions(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
     """The directions E of Eq. 3 as columns, float64: eigenvectors of W^T W with the sign convention above
-    (`gram`: W^T W when the caller has it already, e.g. summed from parts)."""
+    (`gram`: W^T W when the caller has it already, e.g. summed from parts).
+    """
     W = _as_matrix(W)
     if gram is None:
         gram = gram_matrix(W)
     elif tuple(gram.shape) != (W.shape[1], W.shape[1]):
-        raise ValueError(f"gram: expected shape {(W.shape[1], W.shape[1])} for W of shape {tuple(W.shape)}, got {tuple(gram.shape)}")
+        raise ValueError(
+            f"gram: expected shape {(W.shape[1], W.shape[1])} for W of shape {tuple(W.shape)}, got {tuple(gram.shape)}"
+        )
     return _directions(gram, both_signs)
 
 
 def log_partition(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
-    """log Z(a) for every a in E (float64, one entry per direction), computed with logsumexp."""
+    """Log Z(a) for every a in E (float64, one entry per direction), computed with logsumexp."""
     W = _as_matrix(W)
     return _log_z(W, eigen_directions(W, both_signs=both_signs, gram=gram), None)
 
 
 def isotropy_iw(W, *, both_signs: bool = False, gram: Tensor | None = None) -> float:
     """I(W) of Eq. 3 for the rows of W (n, d), in [0, 1]; 1 is isotropic. See the module docstring. `gram`: W^T W
-    (float64) when the caller has it already; the result is the same."""
+    (float64) when the caller has it already; the result is the same.
+    """
     log_z = log_partition(W, both_signs=both_signs, gram=gram)
     return float(torch.exp(log_z.min() - log_z.max()))
 
 
-def isotropy_iw_batched(sets: Sequence, grams: Tensor | None = None, *, counts: Sequence | None = None,
-                        both_signs: bool = False) -> Tensor:
+def isotropy_iw_batched(
+    sets: Sequence, grams: Tensor | None = None, *, counts: Sequence | None = None, both_signs: bool = False
+) -> Tensor:
     """I(W) of Eq. 3 for each of B sets of rows at once: float64 [B], equal to ``isotropy_iw`` of each set.
 
     The directions E of all B sets come from ONE batched eigendecomposition of their stacked Gram matrices, where
@@ -223,22 +242,29 @@ def isotropy_iw_batched(sets: Sequence, grams: Tensor | None = None, *, counts: 
     if grams is None:
         grams = torch.stack([gram_matrix(W, c) for W, c in zip(sets, counts)])
     elif tuple(grams.shape) != (len(sets), d, d):
-        raise ValueError(f"grams: expected shape {(len(sets), d, d)} for {len(sets)} sets of dimension {d}, got {tuple(grams.shape)}")
+        raise ValueError(
+            f"grams: expected shape {(len(sets), d, d)} for {len(sets)} sets of dimension {d}, got {tuple(grams.shape)}"
+        )
     # a set with fewer rows than dimensions (a test batch's query: one question, 32 tokens) has at most n non-zero
     # eigenvalues: its directions come from the n x n dual (`_log_z_dual`), the rest from one batched d x d eigh
     dual = [W.shape[0] < d for W in sets]
     primal = [b for b, small in enumerate(dual) if not small]
     E = dict(zip(primal, _directions(grams[primal], both_signs))) if primal else {}
-    log_z = torch.stack([(_log_z_dual(W, c, both_signs) if dual[b] else _log_z(W, E[b], c)).to(grams.device)
-                         for b, (W, c) in enumerate(zip(sets, counts))])
+    log_z = torch.stack(
+        [
+            (_log_z_dual(W, c, both_signs) if dual[b] else _log_z(W, E[b], c)).to(grams.device)
+            for b, (W, c) in enumerate(zip(sets, counts))
+        ]
+    )
     return torch.exp(log_z.amin(dim=1) - log_z.amax(dim=1))
 
 
 def _log_z_dual(W: Tensor, counts: Tensor | None, both_signs: bool) -> Tensor:
-    """log Z(a) for the d eigenvectors a of W^T W (counts c: W^T C W) from the n x n matrix C^1/2 W W^T C^1/2 (n < d),
+    """Log Z(a) for the d eigenvectors a of W^T W (counts c: W^T C W) from the n x n matrix C^1/2 W W^T C^1/2 (n < d),
     float64: an eigenvector u with eigenvalue l > 0 gives a = W^T C^1/2 u / sqrt(l) (the same directions a d x d eigh
     returns, to rounding; signs as `_canonical_signs`), and each of the other directions is orthogonal to every row,
-    so its w_i . a = 0 and Z(a) = sum_i c_i (a d x d eigh gives those w_i . a at rounding level, ~1e-16)."""
+    so its w_i . a = 0 and Z(a) = sum_i c_i (a d x d eigh gives those w_i . a at rounding level, ~1e-16).
+    """
     W = W.to(torch.float64)
     if not math.isfinite(float(W.sum())):
         raise ValueError("W: contains NaN or infinite values")
@@ -261,7 +287,8 @@ def _log_z_dual(W: Tensor, counts: Tensor | None, both_signs: bool) -> Tensor:
 
 def unit_sum(W, counts=None) -> tuple[Tensor, int]:
     """(sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows). `counts` as in
-    `gram_matrix`: row i counts counts[i] times (the number is then the sum of the non-zero rows' counts)."""
+    `gram_matrix`: row i counts counts[i] times (the number is then the sum of the non-zero rows' counts).
+    """
     counts = _check_counts(counts, W)
     total = torch.zeros(W.shape[1], dtype=torch.float64, device=W.device)
     count = 0
@@ -276,7 +303,7 @@ def unit_sum(W, counts=None) -> tuple[Tensor, int]:
 
 
 def avg_cos_from_unit_sum(total: Tensor, count: int) -> float:
-    """avgcos of Eq. 4 from `unit_sum(W)`; sums and counts of disjoint row sets add up to their union's."""
+    """Avgcos of Eq. 4 from `unit_sum(W)`; sums and counts of disjoint row sets add up to their union's."""
     if count < 2:
         return math.nan
     total = total.to(torch.float64)
@@ -284,7 +311,7 @@ def avg_cos_from_unit_sum(total: Tensor, count: int) -> float:
 
 
 def avg_cos(W) -> float:
-    """avgcos of Eq. 4: mean cosine over all ordered pairs i != j of non-zero rows of W (n, d), float64."""
+    """Avgcos of Eq. 4: mean cosine over all ordered pairs i != j of non-zero rows of W (n, d), float64."""
     W = _as_matrix(W)
     return avg_cos_from_unit_sum(*unit_sum(W))
 
@@ -334,7 +361,9 @@ class IsotropyIW(Metric):
         if x.dtype not in (torch.float32, torch.float64):
             x = x.to(torch.float32)
         if self.vectors and x.shape[1] != self.vectors[0].shape[1]:
-            raise ValueError(f"vectors: dimension {x.shape[1]} differs from earlier updates ({self.vectors[0].shape[1]})")
+            raise ValueError(
+                f"vectors: dimension {x.shape[1]} differs from earlier updates ({self.vectors[0].shape[1]})"
+            )
         if self.max_vectors is not None:
             room = self.max_vectors - self._kept
             if x.shape[0] > room:
@@ -354,7 +383,7 @@ class IsotropyIW(Metric):
 
     @property
     def width(self) -> int:
-        """d of the vectors seen so far (0 before any update)."""
+        """D of the vectors seen so far (0 before any update)."""
         v = self.vectors
         return (int(v[0].shape[1]) if v else 0) if isinstance(v, list) else int(v.shape[-1])
 
@@ -403,7 +432,7 @@ class AvgCos(Metric):
 
     @property
     def width(self) -> int:
-        """d of the vectors seen so far (0 before any update)."""
+        """D of the vectors seen so far (0 before any update)."""
         return int(self.unit_sum.shape[0]) if self.unit_sum.ndim == 1 else 0
 
     def compute(self) -> Tensor:

@@ -19,6 +19,7 @@ pair do not depend on the other candidates, so this equals scoring at depth d, a
 Candidates in first-stage order are an `EvalSplit`'s pairs: queries in order, each query's candidates in their given
 (BM25 or given run) order; with passages (`unit_doc`), a document's rank is its first passage's.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -34,10 +35,12 @@ SELECT_BY = "ndcg_cut_10"  # the paper's "best mean nDCG@10 of the validation se
 Run = Mapping[str, Mapping[str, float]]
 
 
-def candidate_ranks(qids: Sequence[str], doc_ids: Sequence[str], pairs: np.ndarray,
-                    unit_doc: np.ndarray | None = None) -> dict[str, dict[str, int]]:
+def candidate_ranks(
+    qids: Sequence[str], doc_ids: Sequence[str], pairs: np.ndarray, unit_doc: np.ndarray | None = None
+) -> dict[str, dict[str, int]]:
     """{qid: {docid: 0-based first-stage rank}} of an evaluation split's (qidx, unit) `pairs`, given in first-stage
-    order per query; `unit_doc` maps passage units to their document (None: the units are the documents)."""
+    order per query; `unit_doc` maps passage units to their document (None: the units are the documents).
+    """
     ranks: dict[str, dict[str, int]] = {}
     for qi, unit in np.asarray(pairs, dtype=np.int64).reshape(-1, 2).tolist():
         doc = doc_ids[int(unit_doc[unit]) if unit_doc is not None else unit]
@@ -48,7 +51,8 @@ def candidate_ranks(qids: Sequence[str], doc_ids: Sequence[str], pairs: np.ndarr
 
 def truncate(run: Run, ranks: Mapping[str, Mapping[str, int]], depth: int) -> dict[str, dict[str, float]]:
     """`run` cut to each query's first `depth` candidates; a pair without a first-stage rank is dropped (it was not
-    a candidate at any depth)."""
+    a candidate at any depth).
+    """
     out: dict[str, dict[str, float]] = {}
     for qid, docs in run.items():
         rank = ranks.get(qid, {})
@@ -58,11 +62,15 @@ def truncate(run: Run, ranks: Mapping[str, Mapping[str, int]], depth: int) -> di
     return out
 
 
-def choose_depth(run: Run, qrels: Mapping[str, Mapping[str, int]], ranks: Mapping[str, Mapping[str, int]],
-                 depths: Sequence[int]) -> tuple[int, dict[int, float]]:
+def choose_depth(
+    run: Run, qrels: Mapping[str, Mapping[str, int]], ranks: Mapping[str, Mapping[str, int]], depths: Sequence[int]
+) -> tuple[int, dict[int, float]]:
     """(the depth with the best mean `SELECT_BY`, the smallest on a tie; {depth: its mean}) over `depths`."""
     if not depths:
         raise ValueError("choose_depth needs at least one depth")
-    by_depth = {int(d): evaluate_run(truncate(run, ranks, int(d)), qrels, [SELECT_BY])[0][SELECT_BY] for d in sorted(set(depths))}
+    by_depth = {
+        int(d): evaluate_run(truncate(run, ranks, int(d)), qrels, [SELECT_BY])[0][SELECT_BY]
+        for d in sorted(set(depths))
+    }
     best = max(by_depth.values())
     return min(d for d, v in by_depth.items() if v == best), by_depth

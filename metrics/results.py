@@ -10,11 +10,12 @@ SIGINT / SIGTERM held, so a folder holds either its earlier result or the new on
 finished run, which experiments.py and resume look for) is never beside files of another run. A write failure is one
 WriteFault naming the file and the OS's reason, with the earlier results unchanged.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from core.io import atomic_open, result_set, write_json
 from metrics.trec import write_trec_run
@@ -22,13 +23,22 @@ from metrics.trec import write_trec_run
 __all__ = ["write_result_dir"]
 
 
-def write_result_dir(out: str | os.PathLike, metrics: Mapping, per_query: Mapping, run: Mapping[str, Mapping[str, float]], tag: str,
-                     config: str | None = None, extra: Mapping[str, object] | None = None, retire: tuple = (),
-                     folders: Mapping[str, Callable[[Path], object]] | None = None) -> None:
+def write_result_dir(
+    out: str | os.PathLike,
+    metrics: Mapping,
+    per_query: Mapping,
+    run: Mapping[str, Mapping[str, float]],
+    tag: str,
+    config: str | None = None,
+    extra: Mapping[str, object] | None = None,
+    retire: tuple = (),
+    folders: Mapping[str, Callable[[Path], object]] | None = None,
+) -> None:
     """`config`: the resolved config (YAML text), written as config.yaml with the results; `extra`: more JSON files
     of the set ({name: object}, e.g. validation.json); `folders`: folders of the set, each written by its function
     into the path it is given (e.g. {"index": index.save}); `retire`: files removed when the set is in place (a
-    pending attempt's config)."""
+    pending attempt's config).
+    """
     with result_set(out, retire=tuple(retire)) as tmp:
         for name, save in (folders or {}).items():
             save(tmp / name)

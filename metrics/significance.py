@@ -23,17 +23,27 @@ Tests (`TESTS`):
 Degenerate inputs give p = 1.0 instead of NaN or an exception: all differences zero (identical systems), fewer than
 two pairs (two values a side for the unpaired test). (A constant non-zero difference is scipy's own answer: t = +-inf, p = 0 or 1.)
 """
+
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from core.errors import InputError
 
-__all__ = ["TESTS", "UNPAIRED", "check_test", "p_value", "per_query_means", "pair_by_query", "pair_by_replicate", "significance_mark"]
+__all__ = [
+    "TESTS",
+    "UNPAIRED",
+    "check_test",
+    "p_value",
+    "per_query_means",
+    "pair_by_query",
+    "pair_by_replicate",
+    "significance_mark",
+]
 
 TESTS = ("t_test_one_tailed", "t_test_two_tailed", "wilcoxon", "wilcoxon_one_tailed", "student_t_one_tailed")
 UNPAIRED = ("student_t_one_tailed",)  # tests of two independent samples (of the replicates' values)
@@ -45,20 +55,25 @@ def check_test(name: str, where: str = "test", paired: bool = False) -> str:
     if name not in TESTS:
         raise InputError(where, f"unknown significance test '{name}'; expected one of {allowed}")
     if name not in allowed:
-        raise InputError(where, f"'{name}' compares the runs' means, not paired per-query values; expected one of {allowed}")
+        raise InputError(
+            where, f"'{name}' compares the runs' means, not paired per-query values; expected one of {allowed}"
+        )
     return name
 
 
 def p_value(method: Sequence[float], baseline: Sequence[float], test: str = "t_test_one_tailed") -> float:
     """p-value of `test`: on paired samples (method[i] with baseline[i]), or for an UNPAIRED test on two independent
-    samples (lengths may differ); one-tailed tests ask "method > baseline"."""
+    samples (lengths may differ); one-tailed tests ask "method > baseline".
+    """
     from scipy import stats  # lazy: scipy.stats loads slowly, only significance tests need it
 
     check_test(test)
     a = np.asarray(method, dtype=np.float64)
     b = np.asarray(baseline, dtype=np.float64)
     if a.ndim != 1 or b.ndim != 1 or (a.shape != b.shape and test not in UNPAIRED):
-        raise ValueError(f"p_value: method and baseline must be 1-d and, for a paired test, of equal length (got {a.shape} and {b.shape})")
+        raise ValueError(
+            f"p_value: method and baseline must be 1-d and, for a paired test, of equal length (got {a.shape} and {b.shape})"
+        )
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("p_value: values must be finite")
     with warnings.catch_warnings():
@@ -92,13 +107,17 @@ def per_query_means(runs: Iterable[Mapping[str, Mapping[str, float]]], measure: 
     return {q: math.fsum(v) / len(v) for q, v in sums.items()}
 
 
-def pair_by_query(method: Mapping[str, float], baseline: Mapping[str, float]) -> tuple[list[float], list[float], list[str]]:
+def pair_by_query(
+    method: Mapping[str, float], baseline: Mapping[str, float]
+) -> tuple[list[float], list[float], list[str]]:
     """(method values, baseline values, qids) on the queries both have, in qid order."""
     qids = sorted(set(method) & set(baseline))
     return [method[q] for q in qids], [baseline[q] for q in qids], qids
 
 
-def pair_by_replicate(method: Mapping[str, float], baseline: Mapping[str, float]) -> tuple[list[float], list[float], list[str]]:
+def pair_by_replicate(
+    method: Mapping[str, float], baseline: Mapping[str, float]
+) -> tuple[list[float], list[float], list[str]]:
     """(method means, baseline means, replicate ids) on the seeds/folds both have."""
     return pair_by_query(method, baseline)
 

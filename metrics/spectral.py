@@ -14,6 +14,7 @@ With fewer occurrences than dimensions the rank is at most n and the ratio is at
 rare subwords (high IDF) get a higher ratio from their small n alone. `sample_rows` therefore also gives an
 equal-size sample (the analysis's `spectral_equal_occurrences`), on which the ratio no longer depends on n.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,8 @@ def spectral_ratio(m) -> float:
     The singular values are the square roots of the eigenvalues of the smaller Gram matrix (M^T M or M M^T, float64,
     symmetric eigensolver, torch's: numpy's LAPACK build here took 5 s for one 384 x 384 matrix under load, torch
     15 ms): the same values as an SVD (tests compare), several times faster than an SVD for n ~ 1000, d = 384.
-    Rounding can leave a zero eigenvalue slightly negative; it is clipped to 0."""
+    Rounding can leave a zero eigenvalue slightly negative; it is clipped to 0.
+    """
     a = torch.as_tensor(np.asarray(m, dtype=np.float64))
     if a.ndim != 2 or a.shape[0] == 0:
         return float("nan")
@@ -39,6 +41,7 @@ def spectral_ratio(m) -> float:
 def sample_rows(n: int, cap: int, seed: int, token_id: int) -> np.ndarray:
     """Indices of min(n, cap) of n occurrences, uniformly without replacement, in the order of a permutation drawn
     from a generator seeded by (seed, token id): one subword's sample does not depend on which other subwords are
-    analysed, and the first k indices are the equal-size sample (nested in the capped one)."""
+    analysed, and the first k indices are the equal-size sample (nested in the capped one).
+    """
     perm = np.random.default_rng([int(seed), int(token_id)]).permutation(n)
     return perm[: min(n, cap)]

@@ -38,6 +38,7 @@ original ranking are broken by candidate order (the BM25 rank), which is what a 
 The pairwise comparisons are vectorised ([n, n] boolean matrices: candidate sets are at most a few thousand);
 tests check them against a literal walk down the ranking and against published values of Urbano's implementation.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,7 +66,8 @@ def _above(v: np.ndarray) -> np.ndarray:
 
 def _directed_b(ax: np.ndarray, ay: np.ndarray) -> float:
     """tau_AP,b(x -> y) from `_above(x)`, `_above(y)`: walk y's ranking (tied groups by their first rank),
-    concordance judged by x."""
+    concordance judged by x.
+    """
     n_above = ay.sum(1)  # p_i - 1
     c = (ay & ax).sum(1)
     counted = n_above > 0
@@ -86,7 +88,8 @@ def tau_ap(x, y) -> float:
 
 def tau_ap_a(x, y) -> float:
     """Urbano & Marrero's tau_AP,a (accuracy): x a reference without ties, ties allowed in y; the expectation of
-    tau_ap over every order of y's ties (NaN for n < 2)."""
+    tau_ap over every order of y's ties (NaN for n < 2).
+    """
     x, y = _as_pair(x, y)
     if _has_ties(x):
         raise ValueError("tau_ap_a needs a reference x without ties; use tau_ap_b")
@@ -122,7 +125,8 @@ def tau_ap_b(x, y) -> float:
 
 def break_ties(scores, order_key=None) -> np.ndarray:
     """Scores without ties that keep every strict order of `scores` and order tied items by `order_key` ascending
-    (default: position), e.g. a candidate list's rank: the reference tau_ap_a needs. Returns -rank (higher = better)."""
+    (default: position), e.g. a candidate list's rank: the reference tau_ap_a needs. Returns -rank (higher = better).
+    """
     s = np.asarray(scores, dtype=np.float64)
     key = np.arange(len(s)) if order_key is None else np.asarray(order_key)
     order = np.lexsort((key, -s))
@@ -142,7 +146,8 @@ def correlation(x, y, variant: str = "b") -> float:
 
 def correlations(x, y) -> dict[str, float]:
     """Both term-importance correlations, {"a": correlation(x, y, "a"), "b": correlation(x, y, "b")}, sharing the
-    pairwise matrices (NaN for n < 2)."""
+    pairwise matrices (NaN for n < 2).
+    """
     x, y = _as_pair(x, y)
     if len(x) < 2:
         return {v: float("nan") for v in VARIANTS}

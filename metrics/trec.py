@@ -6,11 +6,12 @@ written in sorted qid order; scores with ``repr`` of the float, which reads back
 The file is written atomically (``core.io.atomic_open``): a crash leaves the old file or none. Runs are read by
 ``datamodules.textfiles.read_trec_run`` (one reader for candidate lists and runs read back).
 """
+
 from __future__ import annotations
 
 import math
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from core.errors import InputError
 from core.io import atomic_open

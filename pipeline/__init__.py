@@ -1,2 +1,3 @@
 """Shared plumbing: config composition, registries, atomic I/O, and the fit/evaluate orchestration
-that `train.py` and `evaluate.py` call. Nothing model- or data-specific lives here."""
+that `train.py` and `evaluate.py` call. Nothing model- or data-specific lives here.
+"""

@@ -4,15 +4,17 @@ probe at the start finds a path the user cannot use), SIGINT 130 and SIGTERM 143
 a training-policy stop 3. No traceback for any of them.
 
 `--dry-run` (or `--print-config`) anywhere on the command line validates the composed config (every key against
-its schema, the checkpoints it names exist) and prints it as YAML, without loading a model or reading data."""
+its schema, the checkpoints it names exist) and prints it as YAML, without loading a model or reading data.
+"""
+
 from __future__ import annotations
 
 import os
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from callbacks.preemption import (
     EXIT_CODES,
@@ -28,11 +30,14 @@ from pipeline.config import compose, parse_args, to_yaml
 
 def main(argv: list[str], job: Callable) -> int:
     """`job(cfg, model_from_cli)` on the config composed from `key=value` args; `model_from_cli`: the command line
-    picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it."""
+    picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
     # would otherwise head every run's log
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
     warnings.formatwarning = _format_warning
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
@@ -86,7 +91,9 @@ def _results_state(cfg) -> str:
 def _analysis_results(out: Path) -> bool:
     """An analysis's finished JSON (analyses/outputs.py writes it last), e.g. whitebox.json."""
     try:
-        return any(p.suffix == ".json" and not p.name.startswith(".") and p.name != "validation.json" for p in out.iterdir())
+        return any(
+            p.suffix == ".json" and not p.name.startswith(".") and p.name != "validation.json" for p in out.iterdir()
+        )
     except OSError:
         return False
 
@@ -98,7 +105,8 @@ def interrupt_line(signum: int, cfg) -> str:
 
 def fault_line(e: BaseException, cfg) -> str | None:
     """One line for an OSError (or torch.save's report of one) that no writer turned into a WriteFault; None for
-    any other error, which keeps its traceback."""
+    any other error, which keeps its traceback.
+    """
     fault = as_write_fault(e, getattr(e, "filename", None) or path_in_traceback(e) or "?", _results_state(cfg))
     if fault is None:
         return None
@@ -114,7 +122,8 @@ _library_format = warnings.formatwarning
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:
     """Our own warnings as one line, `warning: ...`, as errors print `error: ...`; the file:line and source line of
-    Python's format stay for warnings raised by libraries, where they help to find the cause."""
+    Python's format stay for warnings raised by libraries, where they help to find the cause.
+    """
     try:
         ours = Path(filename).resolve().is_relative_to(_ROOT) and "site-packages" not in Path(filename).parts
     except (OSError, ValueError):
@@ -126,7 +135,8 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 def check_files(cfg) -> None:
     """`--dry-run`: the checkpoints a run would read exist and their headers are sound (a torch zip file with our keys
-    and hyper-parameters this version knows: core/checkpoints.read_header); no tensor loaded."""
+    and hyper-parameters this version knows: core/checkpoints.read_header); no tensor loaded.
+    """
     from core.checkpoints import read_header
 
     for key in ("ckpt", "ckpt_path", "head_ckpt", "init_ckpt"):
@@ -141,4 +151,3 @@ def model_from_cli(argv: list[str]) -> bool:
     """Whether the `key=value` args pick the model (`model=...` or a `model.` key)."""
     choices, overrides = parse_args(argv)
     return "model" in choices or any(o.startswith("model.") for o in overrides)
-

@@ -9,6 +9,7 @@ experiment's and the command line's. Each group is validated against the datacla
 the entry it names (the ranker for `model`, the source for `data`), so an unknown key, group option or a
 wrong-typed value stops the run with one line naming the key.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,8 +44,20 @@ GROUPS = ("model", "data", "trainer", "logger", "head", "analysis", "retrieval")
 # after the model is loaded
 ACCELERATORS = ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators()))
 STRATEGIES = ("auto", *StrategyRegistry.available_strategies())
-PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "transformer-engine",
-              "transformer-engine-float16", "32", "16", "bf16", "64")
+PRECISIONS = (
+    "32-true",
+    "bf16-mixed",
+    "bf16-true",
+    "16-mixed",
+    "16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "32",
+    "16",
+    "bf16",
+    "64",
+)
 DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of device indices, e.g. [0, 1] or 0,1")
 
 
@@ -83,11 +96,20 @@ class TrainerConfig:
         if not ok:
             raise InputError("config key 'trainer.devices'", f"is {devices!r}; expected {DEVICES}")
         check_ranges(
-            "trainer", self, num_nodes=COUNT, accumulate_grad_batches=COUNT, log_every_n_steps=COUNT,
-            check_val_every_n_epoch=COUNT, gradient_clip_val=NON_NEGATIVE,
+            "trainer",
+            self,
+            num_nodes=COUNT,
+            accumulate_grad_batches=COUNT,
+            log_every_n_steps=COUNT,
+            check_val_every_n_epoch=COUNT,
+            gradient_clip_val=NON_NEGATIVE,
             # max_steps 0 is allowed: nothing is trained, the run tests the starting model
-            max_steps=Range(0, also=(-1,), note="-1: no limit"), max_epochs=Range(1, also=(-1,), note="-1: no limit"),
-            val_check_interval=(Range(1, integer=True, note="steps"), Range(0, 1, lo_open=True, note="a fraction of an epoch")),
+            max_steps=Range(0, also=(-1,), note="-1: no limit"),
+            max_epochs=Range(1, also=(-1,), note="-1: no limit"),
+            val_check_interval=(
+                Range(1, integer=True, note="steps"),
+                Range(0, 1, lo_open=True, note="a fraction of an epoch"),
+            ),
             limit_val_batches=(Range(0, integer=True, note="batches"), Range(0, 1, note="a fraction")),
             num_sanity_val_steps=Range(0, also=(-1,), note="-1: all"),
         )
@@ -138,16 +160,37 @@ class EvalConfig:
 
     def __post_init__(self):
         if not self.measures:  # an empty selection is an error, never "the defaults"
-            raise InputError("config key 'eval.measures'", f"is empty; expected a list of trec_eval measures, e.g. {list(DEFAULT_MEASURES)}")
-        check_ranges("eval", self, probe_queries=COUNT, probe_docs=COUNT, isotropy_batch_pairs=Range(1, note="the isotropy paper's is 16"),
-                     isotropy_max_batches=Range(1, note="or null: every test batch"), isotropy_sample_seed=SEED,
-                     ats_passages=Range(0, note="0 = off"), ats_max_occurrences=Range(2, note="pairs need two"))
+            raise InputError(
+                "config key 'eval.measures'",
+                f"is empty; expected a list of trec_eval measures, e.g. {list(DEFAULT_MEASURES)}",
+            )
+        check_ranges(
+            "eval",
+            self,
+            probe_queries=COUNT,
+            probe_docs=COUNT,
+            isotropy_batch_pairs=Range(1, note="the isotropy paper's is 16"),
+            isotropy_max_batches=Range(1, note="or null: every test batch"),
+            isotropy_sample_seed=SEED,
+            ats_passages=Range(0, note="0 = off"),
+            ats_max_occurrences=Range(2, note="pairs need two"),
+        )
         if self.rerank_depths is not None:
             depths = list(self.rerank_depths)
-            if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths) or len(set(depths)) != len(depths):
-                raise InputError("config key 'eval.rerank_depths'", f"is {depths!r}; expected a non-empty list of distinct depths >= 1 (e.g. [10, 20, 50, 100]), or null")
+            if (
+                not depths
+                or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths)
+                or len(set(depths)) != len(depths)
+            ):
+                raise InputError(
+                    "config key 'eval.rerank_depths'",
+                    f"is {depths!r}; expected a non-empty list of distinct depths >= 1 (e.g. [10, 20, 50, 100]), or null",
+                )
         if self.dump_isotropy and not self.isotropy_paper:
-            raise InputError("config key 'eval.dump_isotropy'", "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches")
+            raise InputError(
+                "config key 'eval.dump_isotropy'",
+                "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches",
+            )
         check_choice("eval.mats", self.mats, MATS_MODES)
 
 
@@ -166,8 +209,12 @@ class RunConfig:
     seed: int = 42
     output_dir: str = "outputs/default"
     ckpt_path: str | None = None  # train.py: resume this run (optimiser, schedule, step, data order)
-    ckpt: str | None = None  # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker; stage=export: the one exported
-    head_ckpt: str | None = None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`; stage=export: the head exported
+    ckpt: str | None = (
+        None  # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker; stage=export: the one exported
+    )
+    head_ckpt: str | None = (
+        None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`; stage=export: the head exported
+    )
     # train.py: finetune (the ranker) | head (post-hoc isotropy head on a frozen ranker) | export (ckpt= or head_ckpt=
     # as a Hugging Face folder into output_dir, pipeline/export.py)
     stage: str = "finetune"
@@ -214,10 +261,16 @@ def _translate(e: OmegaConfBaseException, prefix: str = "", where: Callable[[str
     return InputError(where(_failed_key(e, prefix)), msg)
 
 
-def _structured(schema: type, *layers: DictConfig, prefix: str, where: Callable[[str], str] = _config_key,
-                unknown: Callable[[str], InputError] | None = None) -> DictConfig:
+def _structured(
+    schema: type,
+    *layers: DictConfig,
+    prefix: str,
+    where: Callable[[str], str] = _config_key,
+    unknown: Callable[[str], InputError] | None = None,
+) -> DictConfig:
     """`layers` merged in order onto `schema`, each value checked against its field's type (pipeline/grid_config.py
-    reuses this for grid files); a key the schema lacks is the error `unknown(key)` (default: names the schema)."""
+    reuses this for grid files); a key the schema lacks is the error `unknown(key)` (default: names the schema).
+    """
     node = OmegaConf.structured(schema)
     for layer in layers:
         try:
@@ -226,8 +279,14 @@ def _structured(schema: type, *layers: DictConfig, prefix: str, where: Callable[
             known = sorted(OmegaConf.structured(schema).keys())
             err = _translate(e, prefix, where)
             if "unknown key" in err.problem:
-                err = unknown(_failed_key(e, prefix)) if unknown else InputError(
-                    err.where, f"unknown key; {prefix.rstrip('.')} '{getattr(schema, '__name__', schema)}' accepts {known}")
+                err = (
+                    unknown(_failed_key(e, prefix))
+                    if unknown
+                    else InputError(
+                        err.where,
+                        f"unknown key; {prefix.rstrip('.')} '{getattr(schema, '__name__', schema)}' accepts {known}",
+                    )
+                )
             raise err from e
     return node
 
@@ -237,11 +296,15 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def check_control_characters(key: str, value: str) -> None:
     """Paths and names with a control character (a newline in output_dir, pasted from a wrapped line) are refused:
-    YAML would fold the newline into a space and the run would write into another path than the one typed."""
+    YAML would fold the newline into a space and the run would write into another path than the one typed.
+    """
     m = _CONTROL.search(value)
     if m:
-        raise InputError(f"config key '{key}'", f"is {value!r}: it holds the control character {m.group()!r} at position {m.start()}; "
-                         "paths and names may not hold control characters")
+        raise InputError(
+            f"config key '{key}'",
+            f"is {value!r}: it holds the control character {m.group()!r} at position {m.start()}; "
+            "paths and names may not hold control characters",
+        )
 
 
 def _check_strings(node: Any, prefix: str = "") -> None:
@@ -319,13 +382,17 @@ def compose(argv: list[str]) -> DictConfig:
         OmegaConf.to_object(groups[group])  # runs the schema's __post_init__ checks (choices)
 
     rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
-    top = _structured(RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix="")
+    top = _structured(
+        RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix=""
+    )
     base_optim, *later_optim = [n.get("optim", OmegaConf.create()) for n in rest]
     optim = _structured(optim_schema, base_optim, model_optim, *later_optim, prefix="optim.")
     OmegaConf.to_object(optim)
     OmegaConf.to_object(top)  # RunConfig.__post_init__: stage
     with_flag = OmegaConf.to_container(top)
-    cfg = OmegaConf.create({**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)})
+    cfg = OmegaConf.create(
+        {**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)}
+    )
     cfg.experiment = exp_name
     check_rerank_depths(cfg)
     _check_strings(cfg)
@@ -336,7 +403,8 @@ def compose(argv: list[str]) -> DictConfig:
 
 def check_index_limits(cfg: DictConfig) -> None:
     """`retrieval.pq_m` must divide the vectors' width, when that is known at config time: from the ranker config of
-    the command line, or (ckpt=) from the checkpoint's hyper-parameters, read from its header without its tensors."""
+    the command line, or (ckpt=) from the checkpoint's hyper-parameters, read from its header without its tensors.
+    """
     r = cfg.retrieval
     if r.name != "dense" or r.get("index_type") not in ("pq", "ivfpq") or not r.get("pq_m"):
         return
@@ -349,16 +417,22 @@ def check_index_limits(cfg: DictConfig) -> None:
     dim = output_dim(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model)))
     if dim is not None and dim % int(r.pq_m):
         divisors = [m for m in range(1, dim + 1) if dim % m == 0]
-        raise InputError("config key 'retrieval.pq_m'", f"is {r.pq_m}, which does not divide the {dim}-dimensional vectors of "
-                         f"ranker '{model['name']}'; expected a divisor of {dim}, e.g. {divisors[-6:]}")
+        raise InputError(
+            "config key 'retrieval.pq_m'",
+            f"is {r.pq_m}, which does not divide the {dim}-dimensional vectors of "
+            f"ranker '{model['name']}'; expected a divisor of {dim}, e.g. {divisors[-6:]}",
+        )
 
 
 def check_rerank_depths(cfg: DictConfig) -> None:
     """eval.rerank_depths cut runs scored at data.candidate_depth: a larger depth would silently equal it."""
     depths, candidates = cfg.eval.rerank_depths, cfg.data.get("candidate_depth")
     if depths and candidates is not None and max(depths) > candidates:
-        raise InputError("config key 'eval.rerank_depths'", f"lists depth {max(depths)} but data.candidate_depth is {candidates}: "
-                         f"every split is scored once at data.candidate_depth and cut to each depth; set data.candidate_depth={max(depths)}")
+        raise InputError(
+            "config key 'eval.rerank_depths'",
+            f"lists depth {max(depths)} but data.candidate_depth is {candidates}: "
+            f"every split is scored once at data.candidate_depth and cut to each depth; set data.candidate_depth={max(depths)}",
+        )
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -18,6 +18,7 @@ The folder (`output_dir`, new or empty; written atomically: a temporary sibling 
 TK keeps no backbone Transformer (only its word embeddings, which live in `ranker.safetensors`); its folder holds
 the tokenizer, and loading rebuilds TK from its recorded `backbone` before replacing every weight.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,14 +58,34 @@ def model_card(info: dict, run: Path) -> str:
     model, head = info["model"], info.get("head")
     title = f"{model['name']}" + (f" -> {head['name']}" if head else "")
     lines = [
-        "---", "library_name: transformers", f"tags: [isorank, information-retrieval, {model['name']}]", "---", "",
-        f"# isorank {title}", "",
-        f"A `{model['name']}` ranker fine-tuned with isorank" + (f", with a post-hoc `{head['name']}` isotropy head" if head else "")
-        + f", exported from `{info['source']['ckpt']}`" + (f" and `{info['source']['head_ckpt']}`" if head else "") + ".", "",
-        "## Load", "", "```bash", "python evaluate.py ckpt=<this folder> data=<collection>", "```", "",
-        "```python", "from pipeline.export import load_exported", "module = load_exported('<this folder>')  # module.ranker: the nn.Module", "```", "",
-        "The backbone alone: `transformers.AutoModel.from_pretrained('<this folder>')`." if info["encoder"] else
-        "This ranker keeps no backbone Transformer; its weights are in `ranker.safetensors`.", "",
+        "---",
+        "library_name: transformers",
+        f"tags: [isorank, information-retrieval, {model['name']}]",
+        "---",
+        "",
+        f"# isorank {title}",
+        "",
+        f"A `{model['name']}` ranker fine-tuned with isorank"
+        + (f", with a post-hoc `{head['name']}` isotropy head" if head else "")
+        + f", exported from `{info['source']['ckpt']}`"
+        + (f" and `{info['source']['head_ckpt']}`" if head else "")
+        + ".",
+        "",
+        "## Load",
+        "",
+        "```bash",
+        "python evaluate.py ckpt=<this folder> data=<collection>",
+        "```",
+        "",
+        "```python",
+        "from pipeline.export import load_exported",
+        "module = load_exported('<this folder>')  # module.ranker: the nn.Module",
+        "```",
+        "",
+        "The backbone alone: `transformers.AutoModel.from_pretrained('<this folder>')`."
+        if info["encoder"]
+        else "This ranker keeps no backbone Transformer; its weights are in `ranker.safetensors`.",
+        "",
     ]
     metrics = run / "metrics.json"
     if metrics.is_file():
@@ -75,21 +96,34 @@ def model_card(info: dict, run: Path) -> str:
         lines += ["## Test metrics of the run", ""]
         if before:
             lines += [f"| metric | {before_key.replace('_', ' ')} | this model |", "|---|---|---|"]
-            lines += [f"| {k} | {before[k]:.4f} | {v:.4f} |" if k in before else f"| {k} | - | {v:.4f} |"
-                      for k, v in m.items() if isinstance(v, (int, float))]
+            lines += [
+                f"| {k} | {before[k]:.4f} | {v:.4f} |" if k in before else f"| {k} | - | {v:.4f} |"
+                for k, v in m.items()
+                if isinstance(v, (int, float))
+            ]
         else:
-            lines += ["| metric | this model |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in m.items() if isinstance(v, (int, float))]
+            lines += ["| metric | this model |", "|---|---|"] + [
+                f"| {k} | {v:.4f} |" for k, v in m.items() if isinstance(v, (int, float))
+            ]
         lines.append("")
     config = run / "config.yaml"
-    lines += ["## Training config", "", "```yaml",
-              (config.read_text() if config.is_file() else yaml.safe_dump({"model": model, "head": head}, sort_keys=False)).rstrip(),
-              "```", ""]
+    lines += [
+        "## Training config",
+        "",
+        "```yaml",
+        (
+            config.read_text() if config.is_file() else yaml.safe_dump({"model": model, "head": head}, sort_keys=False)
+        ).rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def export(cfg: DictConfig, out: str) -> Path:
     """`ckpt=` (or `head_ckpt=`, with its head) into the new or empty folder `out` (`train.py stage=export`:
-    `output_dir`)."""
+    `output_dir`).
+    """
     out_path = Path(out)
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
         raise InputError("output_dir", f"'{out}' exists and is not empty; export into a new folder")
@@ -104,9 +138,15 @@ def export(cfg: DictConfig, out: str) -> Path:
     rest, head = _split_state(module)
     model_cfg = dict(module.hparams["model"])
     info = {
-        "format": FORMAT, "model": model_cfg, "optim": dict(module.hparams.get("optim") or {}), "head": head_cfg,
+        "format": FORMAT,
+        "model": model_cfg,
+        "optim": dict(module.hparams.get("optim") or {}),
+        "head": head_cfg,
         "encoder": hasattr(ranker, "encoder"),
-        "source": {"ckpt": str(Path(base).resolve()), "head_ckpt": str(Path(cfg.head_ckpt).resolve()) if cfg.head_ckpt else None},
+        "source": {
+            "ckpt": str(Path(base).resolve()),
+            "head_ckpt": str(Path(cfg.head_ckpt).resolve()) if cfg.head_ckpt else None,
+        },
     }
     source = _run_dir(cfg.head_ckpt or base)
     with AtomicDir(out_path, marker="isorank.json", kind="an isorank export") as tmp:
@@ -157,7 +197,8 @@ def load_exported(folder: str | Path, measures: list[str] | None = None):
     missing, unexpected = module.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith(ENCODER) and not k.startswith("runs.")]
     if missing or unexpected:
-        raise InputError(str(folder), f"does not match ranker '{model['name']}' (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise InputError(
+            str(folder), f"does not match ranker '{model['name']}' (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     module.hparams["model"] = model
     return module
-

@@ -66,6 +66,7 @@ cells to and from another machine or sitting (pipeline/grid_cells.py). `only=["*
 files on disk and for folds; for `synthetic` over several seeds set `data.data_seed` (else each seed draws its own
 collection).
 """
+
 from __future__ import annotations
 
 import csv
@@ -123,7 +124,8 @@ class Cell:
     @cached_property
     def untrained(self) -> bool:
         """Evaluated as it is, no training and no checkpoint: a row of the grid key `untrained` (the backbone) or a
-        model with nothing to train (BM25). Composed only when asked, once `check` has validated every cell."""
+        model with nothing to train (BM25). Composed only when asked, once `check` has validated every cell.
+        """
         return self.listed_untrained or _untrained(self.argv)
 
     @property
@@ -142,7 +144,8 @@ class Cell:
     @property
     def uses(self) -> set[Path]:
         """The training cells whose best checkpoint this cell runs from: its own (an evaluation), its base row's (a
-        head row) or its `init_ckpt=@` row's."""
+        head row) or its `init_ckpt=@` row's.
+        """
         return {self.train_dir if self.kind == "eval" else None, self.base_dir, self.init_dir} - {None}
 
     @property
@@ -153,7 +156,7 @@ class Cell:
     # last.ckpt, a todo one runs from scratch; a started one (done or partial) with other settings stops the run.
     @property
     def state(self) -> str:
-        """done | partial (resumable): a training cell killed after a checkpoint | todo."""
+        """Done | partial (resumable): a training cell killed after a checkpoint | todo."""
         if self.done:
             return DONE
         return PARTIAL if self.kind == "train" and self.last_ckpt.is_file() else TODO
@@ -161,7 +164,8 @@ class Cell:
     def other_settings(self) -> str | None:
         """For a started cell whose overrides in cell.json differ from the planned ones, logging ones (NEUTRAL)
         aside: what differs; else None. Cells from before `cell.json` existed are not checked (the grid-level warning
-        of _record_spec covers them)."""
+        of _record_spec covers them).
+        """
         path = self.dir / CELL_FILE
         if self.state == TODO or not path.is_file():
             return None
@@ -182,7 +186,9 @@ class Cell:
 @dataclass
 class GridReport:
     spec: GridSpec
-    status: dict[str, str] = field(default_factory=dict)  # cell label -> ran | resumed | skipped | busy | failed | blocked
+    status: dict[str, str] = field(
+        default_factory=dict
+    )  # cell label -> ran | resumed | skipped | busy | failed | blocked
     results_path: Path | None = None
     table: str = ""
 
@@ -205,24 +211,32 @@ def _is_head_override(ov: str) -> bool:
 
 
 def head_bases(spec: GridSpec) -> dict[str, str]:
-    """head row -> its base row (same overrides without head...); InputError naming the row when there is none."""
+    """Head row -> its base row (same overrides without head...); InputError naming the row when there is none."""
     bases = {}
     for row, ov in spec.rows.items():
         if not any(_is_head_override(o) for o in ov):
             continue
         if not any(o.split("=", 1)[0] == "head" for o in ov):
-            raise InputError(grid_key(spec.source, f"rows.{row}"), "sets head.* keys without head=<whitening|nice|glow>")
+            raise InputError(
+                grid_key(spec.source, f"rows.{row}"), "sets head.* keys without head=<whitening|nice|glow>"
+            )
         rest = [o for o in ov if not _is_head_override(o) and not o.startswith("head=")]
-        base = [r for r, o in spec.rows.items() if r != row and o == rest and r not in spec.untrained]  # fine-tuned rows
+        base = [
+            r for r, o in spec.rows.items() if r != row and o == rest and r not in spec.untrained
+        ]  # fine-tuned rows
         if not base:
-            raise InputError(grid_key(spec.source, f"rows.{row}"), f"has a head but no row with its other overrides {rest} to fine-tune first; add one")
+            raise InputError(
+                grid_key(spec.source, f"rows.{row}"),
+                f"has a head but no row with its other overrides {rest} to fine-tune first; add one",
+            )
         bases[row] = base[0]
     return bases
 
 
 def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
     """Every cell, replicates outermost (a grid stopped early has every method on the first seeds); within a
-    replicate, head rows after the rows they build on."""
+    replicate, head rows after the rows they build on.
+    """
     cells = []
     bases = head_bases(spec)
     refs = spec.init_references()
@@ -244,31 +258,74 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
                 if fold is not None:
                     argv += [f"data.num_folds={spec.folds}", f"data.fold={fold}"]
                 untrained = row in spec.untrained
-                cells.append(Cell("train", row, train, train, rep, seed, fold, cell_dir, tuple(
-                    argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]), base_dir, init_dir, untrained))
+                cells.append(
+                    Cell(
+                        "train",
+                        row,
+                        train,
+                        train,
+                        rep,
+                        seed,
+                        fold,
+                        cell_dir,
+                        tuple(argv + [f"logger.run_name={row}-{train}-{train}-{rep}", f"output_dir={cell_dir}"]),
+                        base_dir,
+                        init_dir,
+                        untrained,
+                    )
+                )
                 for ev, eval_ov in spec.eval_data.items():
                     if spec.own_test(train, ev):
                         continue
                     ev_dir = cell_dir / f"eval-{ev}"
                     ev_ov = [o for o in row_ov if o != "stage=head" and not o.startswith("init_ckpt=")]
-                    ev_argv = [*spec.common, *eval_ov, *ev_ov, *extra, *grid_set,
-                               f"logger.run_name={row}-{train}-{ev}-{rep}", f"output_dir={ev_dir}"]
-                    cells.append(Cell("eval", row, train, ev, rep, seed, fold, ev_dir, tuple(ev_argv), base_dir, listed_untrained=untrained))
+                    ev_argv = [
+                        *spec.common,
+                        *eval_ov,
+                        *ev_ov,
+                        *extra,
+                        *grid_set,
+                        f"logger.run_name={row}-{train}-{ev}-{rep}",
+                        f"output_dir={ev_dir}",
+                    ]
+                    cells.append(
+                        Cell(
+                            "eval",
+                            row,
+                            train,
+                            ev,
+                            rep,
+                            seed,
+                            fold,
+                            ev_dir,
+                            tuple(ev_argv),
+                            base_dir,
+                            listed_untrained=untrained,
+                        )
+                    )
         cells[start:] = _after_references(cells[start:])
     return cells
 
 
 def own_test_labels(spec: GridSpec) -> list[str]:
     """The labels evaluation cells would have where `spec.own_test` reads the test from the training cell instead
-    (an eval_data label other than the training one): cells files exported before it did still hold them."""
-    return [cell_label(row, train, rep, ev) for rep, _, _ in spec.replicates() for train in spec.train_data
-            for row in spec.rows if spec.trains_on(row, train)
-            for ev in spec.eval_data if ev != train and spec.own_test(train, ev)]
+    (an eval_data label other than the training one): cells files exported before it did still hold them.
+    """
+    return [
+        cell_label(row, train, rep, ev)
+        for rep, _, _ in spec.replicates()
+        for train in spec.train_data
+        for row in spec.rows
+        if spec.trains_on(row, train)
+        for ev in spec.eval_data
+        if ev != train and spec.own_test(train, ev)
+    ]
 
 
 def _after_references(cells: list[Cell]) -> list[Cell]:
     """The cells of one replicate in their order, except that a cell initialised from another cell's checkpoint
-    (and its evaluation cells) moves after that cell."""
+    (and its evaluation cells) moves after that cell.
+    """
     done: set[Path] = set()
     out: list[Cell] = []
     waiting = list(cells)
@@ -290,7 +347,8 @@ def _after_references(cells: list[Cell]) -> list[Cell]:
 
 def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
     """Compose every distinct cell config (a misspelt key or option stops here, before anything runs) and check the
-    table's measures; returns the first cell's config."""
+    table's measures; returns the first cell's config.
+    """
     first = None
     seen = set()
     for cell in cells:
@@ -299,7 +357,7 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
             continue
         seen.add(key)
         # `@` cannot start a YAML value: an init_ckpt=@row/train reference is composed quoted (run_cell resolves it)
-        argv = [f"init_ckpt='{a[len('init_ckpt='):]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
+        argv = [f"init_ckpt='{a[len('init_ckpt=') :]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
         try:
             cfg = compose(argv)
         except InputError as e:
@@ -310,7 +368,10 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
             spec.measures = list(cfg.eval.measures)
         missing = [m for m in spec.measures if m not in cfg.eval.measures and m not in RUN_LEVEL]
         if missing:
-            raise InputError(grid_key(spec.source, "measures"), f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common")
+            raise InputError(
+                grid_key(spec.source, "measures"),
+                f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common",
+            )
     return first
 
 
@@ -328,11 +389,15 @@ def best_checkpoint(train_dir: Path) -> Path | None:
 
 def _stop_if_other_settings(spec: GridSpec, cells: list[Cell]) -> None:
     """A grid never mixes cells of different settings in one table: started cells whose overrides differ from the
-    plan (the grid file or the command line changed) stop the run with what differs."""
+    plan (the grid file or the command line changed) stop the run with what differs.
+    """
     stale = [(c, d) for c in cells if spec.selected(c) and (d := c.other_settings())]
     if stale:
         c, d = stale[0]
-        raise InputError(f"grid {spec.name}", f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); delete those cells' folders under {spec.dir} to recompute them, or run with another output_root")
+        raise InputError(
+            f"grid {spec.name}",
+            f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); delete those cells' folders under {spec.dir} to recompute them, or run with another output_root",
+        )
 
 
 def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tuple[int, str]:
@@ -360,7 +425,9 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tupl
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {sys.executable} {script} {' '.join(argv)}\n")
         log.flush()
-        rc = subprocess.run([sys.executable, str(REPO / script), *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(
+            [sys.executable, str(REPO / script), *argv], stdout=log, stderr=subprocess.STDOUT, env=env
+        ).returncode
     if rc == 0:
         return 0, ""
     text = log_path.read_text(encoding="utf-8", errors="replace")
@@ -388,7 +455,8 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
 
 def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, str]:
     """Run one unfinished cell; (status, message). Status: ran | resumed | failed | input-error | blocked.
-    `on_start()` is called when it really starts (not for a blocked cell)."""
+    `on_start()` is called when it really starts (not for a blocked cell).
+    """
     argv = list(cell.argv)
     status = "ran"
     if cell.untrained:  # a BM25 or backbone row: evaluated on each cell's data as it is, no training, no checkpoint
@@ -431,7 +499,8 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
 def exportable(cells: list[Cell]) -> list[Cell]:
     """The finished cells that can travel (action=export). No checkpoint travels, so a training cell goes only once
     every cell that needs its checkpoint (its evaluations, head rows on it, rows initialised from it) has finished,
-    and the cells that need it go only with it: imported alone, either would leave the other unable to run."""
+    and the cells that need it go only with it: imported alone, either would leave the other unable to run.
+    """
     needs: dict[Path, list[Cell]] = {}  # a training cell's folder -> the cells that use its checkpoint
     for c in cells:
         for d in c.uses:
@@ -469,27 +538,57 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                 if not spec.trains_on(row, train):
                     continue
                 for ev in spec.eval_data:
-                    cell = by_key[("train", row, train, train, rep)] if spec.own_test(train, ev) else by_key[("eval", row, train, ev, rep)]
-                    entry = {"row": row, "train": train, "eval": ev, "replicate": rep, "seed": seed, "fold": fold,
-                             "dir": str(cell.dir), "status": "missing", "metrics": {}, "per_query": {}}
+                    cell = (
+                        by_key[("train", row, train, train, rep)]
+                        if spec.own_test(train, ev)
+                        else by_key[("eval", row, train, ev, rep)]
+                    )
+                    entry = {
+                        "row": row,
+                        "train": train,
+                        "eval": ev,
+                        "replicate": rep,
+                        "seed": seed,
+                        "fold": fold,
+                        "dir": str(cell.dir),
+                        "status": "missing",
+                        "metrics": {},
+                        "per_query": {},
+                    }
                     if cell.done:
                         try:
                             metrics = read_json(cell.dir / "metrics.json")
                             per_query = read_json(cell.dir / "per_query.json")
                         except (OSError, ValueError) as e:
-                            raise InputError(str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
+                            raise InputError(
+                                str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it"
+                            ) from e
                         entry["wall_s"] = _cell_wall(cell)
                         entry["before_training"] = metrics.pop("before_training", None)
                         entry["before_head"] = metrics.pop("before_head", None)  # head rows: the same model without it
                         entry.update(status="done", metrics=metrics, per_query=per_query)
                     entries.append(entry)
     return {
-        "grid": spec.name, "source": spec.source, "baseline": spec.baseline, "test": spec.test, "paired_by": spec.paired_by,
-        "measures": spec.measures, "rows": list(spec.rows), "train_data": list(spec.train_data),
-        "eval_data": list(spec.eval_data), "replicates": [r for r, _, _ in spec.replicates()],
-        "seeds": spec.seeds, "folds": spec.folds, "spec": spec.to_dict(), "cells": entries,
-        "train_on": spec.train_on, "compare_to": spec.compare_to, "delta_eval": spec.delta_eval, "paper": spec.paper,
-        "paper_note": spec.paper_note, "deviations": spec.deviations,
+        "grid": spec.name,
+        "source": spec.source,
+        "baseline": spec.baseline,
+        "test": spec.test,
+        "paired_by": spec.paired_by,
+        "measures": spec.measures,
+        "rows": list(spec.rows),
+        "train_data": list(spec.train_data),
+        "eval_data": list(spec.eval_data),
+        "replicates": [r for r, _, _ in spec.replicates()],
+        "seeds": spec.seeds,
+        "folds": spec.folds,
+        "spec": spec.to_dict(),
+        "cells": entries,
+        "train_on": spec.train_on,
+        "compare_to": spec.compare_to,
+        "delta_eval": spec.delta_eval,
+        "paper": spec.paper,
+        "paper_note": spec.paper_note,
+        "deviations": spec.deviations,
     }
 
 
@@ -524,11 +623,21 @@ def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
         mode = lc.mode
         if mode == "auto":
             netrc = Path.home() / ".netrc"
-            keyed = bool(os.environ.get("WANDB_API_KEY")) or (netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+            keyed = bool(os.environ.get("WANDB_API_KEY")) or (
+                netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+            )
             mode = os.environ.get("WANDB_MODE") or ("online" if keyed else "offline")
         spec.dir.mkdir(parents=True, exist_ok=True)
-        wandb.init(project=lc.project, entity=lc.entity, group=spec.name, name=f"{spec.name}-table", job_type="grid-table",
-                   mode=mode, dir=str(spec.dir), config=spec.to_dict())
+        wandb.init(
+            project=lc.project,
+            entity=lc.entity,
+            group=spec.name,
+            name=f"{spec.name}-table",
+            job_type="grid-table",
+            mode=mode,
+            dir=str(spec.dir),
+            config=spec.to_dict(),
+        )
         try:
             log_wandb_table(results)
         finally:
@@ -580,14 +689,23 @@ def _add_wall_time(cell: Cell, seconds: float) -> None:
 def _write_record(spec: GridSpec, argv: list[str], results: dict, table: str, cells: list[Cell]) -> Path:
     """results/<date>-<grid>.md: the table with the command, commit, machine and the summed wall time of every
     finished cell of the tabulated replicates (training cells too: with eval_data labels of their own, as in the
-    position-bias grid, the table's entries are evaluation cells only)."""
+    position-bias grid, the table's entries are evaluation cells only).
+    """
     reps = set(results["replicates"])
     done = [c for c in cells if c.done and c.replicate in reps]
     timed = [w for c in done if (w := _cell_wall(c)) is not None]
-    note = f" (sum over {len(timed)} cell runs" + (f"; {len(done) - len(timed)} finished cells have no recorded time)" if len(timed) < len(done) else ")")
+    note = f" (sum over {len(timed)} cell runs" + (
+        f"; {len(done) - len(timed)} finished cells have no recorded time)" if len(timed) < len(done) else ")"
+    )
     body = table.replace(f"## {spec.name}\n", "", 1)
-    return write_record(spec.name.replace("_", "-"), f"Grid `{spec.name}`", "python experiments.py " + " ".join(argv),
-                        body, wall_s=sum(timed) if timed else None, note=note if timed else "")
+    return write_record(
+        spec.name.replace("_", "-"),
+        f"Grid `{spec.name}`",
+        "python experiments.py " + " ".join(argv),
+        body,
+        wall_s=sum(timed) if timed else None,
+        note=note if timed else "",
+    )
 
 
 def _fmt(seconds: float) -> str:
@@ -603,8 +721,11 @@ def run(argv: list[str], out=None) -> GridReport:
     cells = plan(spec, extra)
     if spec.only and not any(spec.selected(c) for c in cells):  # selects nothing: an error, not a table of [0/n runs]
         labels = [c.label for c in cells]
-        raise InputError(grid_key(spec.source, "only"), f"{spec.only} matches none of the {len(labels)} cells of grid {spec.name}: "
-                         f"{labels[:6]}{' ...' if len(labels) > 6 else ''} (action=list prints them all)")
+        raise InputError(
+            grid_key(spec.source, "only"),
+            f"{spec.only} matches none of the {len(labels)} cells of grid {spec.name}: "
+            f"{labels[:6]}{' ...' if len(labels) > 6 else ''} (action=list prints them all)",
+        )
     cfg = check(spec, cells)
     report = GridReport(spec)
     n_train = sum(c.kind == "train" for c in cells)
@@ -614,14 +735,29 @@ def run(argv: list[str], out=None) -> GridReport:
         ready = exportable(chosen)
         n = export_cells(spec.name, ready, Path(spec.cells_file))
         held = sum(c.done for c in chosen) - len(ready)
-        say(f"exported {n} finished cells to {spec.cells_file}" + (
-            f"; {held} finished cells held back: they belong to a training cell whose checkpoint other cells still need" if held else ""))
+        say(
+            f"exported {n} finished cells to {spec.cells_file}"
+            + (
+                f"; {held} finished cells held back: they belong to a training cell whose checkpoint other cells still need"
+                if held
+                else ""
+            )
+        )
         return report
     if spec.action == "import":
         imported, kept, left_out = import_cells(spec.name, cells, Path(spec.cells_file), own_test_labels(spec))
-        report.status.update({label: "imported" for label in imported} | {label: "skipped" for label in kept + left_out})
-        say(f"imported {len(imported)} cells from {spec.cells_file}" + (f"; {len(kept)} already finished here (or running) were kept" if kept else "")
-            + (f"; {len(left_out)} left out: tests their training cell already ran (e.g. {left_out[0]})" if left_out else ""))
+        report.status.update(
+            {label: "imported" for label in imported} | {label: "skipped" for label in kept + left_out}
+        )
+        say(
+            f"imported {len(imported)} cells from {spec.cells_file}"
+            + (f"; {len(kept)} already finished here (or running) were kept" if kept else "")
+            + (
+                f"; {len(left_out)} left out: tests their training cell already ran (e.g. {left_out[0]})"
+                if left_out
+                else ""
+            )
+        )
         return report
     if spec.action == "list":
         for c in cells:
@@ -640,7 +776,9 @@ def run(argv: list[str], out=None) -> GridReport:
                 time.sleep(spec.wait_s)
     stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:
-        say(f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)")
+        say(
+            f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)"
+        )
     results = collect(spec, cells)
     report.results_path = write_results(results, spec.dir)
     report.table = write_table(results, spec.table_path)
@@ -660,11 +798,14 @@ def run(argv: list[str], out=None) -> GridReport:
     return report
 
 
-def _run_pass(spec: GridSpec, cells: list[Cell], report: GridReport, say, said: set[tuple[str, str]],
-              first_only: bool) -> tuple[bool, bool]:
+def _run_pass(
+    spec: GridSpec, cells: list[Cell], report: GridReport, say, said: set[tuple[str, str]], first_only: bool
+) -> tuple[bool, bool]:
     """One look over the unfinished cells in plan order, running each that can run (`first_only`: just the first, so
     that the next look starts again from the top and the processes on one grid finish the first seeds first).
-    Returns (a cell ran, another process holds a cell this one has not finished)."""
+    Returns (a cell ran, another process holds a cell this one has not finished).
+    """
+
     def once(cell: Cell, status: str, msg: str) -> None:
         if (cell.label, status) not in said:
             said.add((cell.label, status))

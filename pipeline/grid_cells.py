@@ -14,12 +14,14 @@ Import is strict where a silent mix would change the numbers: the file must be o
 must be one the grid plans with the same overrides (logging ones aside, as for a resumed cell); otherwise the
 import stops before writing anything. A cell already finished here is kept as it is (reported, not overwritten).
 """
+
 from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from core.errors import InputError
 from core.io import atomic_open, write_json
@@ -59,7 +61,8 @@ def read_json(path: Path) -> Any:
 
 def claim_cell(cell_dir: Path):
     """The claim (core.lock.claim) a grid process holds on a cell while it runs or writes it: the lock file
-    `.<cell>.grid.lock` beside the cell's folder; True when this process got it."""
+    `.<cell>.grid.lock` beside the cell's folder; True when this process got it.
+    """
     return claim(cell_dir.parent / f".{cell_dir.name}.grid.lock")
 
 
@@ -71,10 +74,14 @@ def export_cells(grid: str, cells: list[CellLike], path: Path) -> int:
             continue
         try:
             info = read_json(c.dir / CELL_FILE) if (c.dir / CELL_FILE).is_file() else {}
-            files = {name: read_json(c.dir / name) for name in RESULT_FILES + OPTIONAL_FILES if (c.dir / name).is_file()}
+            files = {
+                name: read_json(c.dir / name) for name in RESULT_FILES + OPTIONAL_FILES if (c.dir / name).is_file()
+            }
         except (OSError, ValueError) as e:
             raise InputError(str(c.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
-        entries.append({"label": c.label, "argv": list(info.get("argv", c.argv)), "wall_s": info.get("wall_s"), "files": files})
+        entries.append(
+            {"label": c.label, "argv": list(info.get("argv", c.argv)), "wall_s": info.get("wall_s"), "files": files}
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, "wb") as f:
@@ -97,11 +104,14 @@ def _load(path: Path) -> dict:
     return doc
 
 
-def import_cells(grid: str, cells: list[CellLike], path: Path, own_tests: Iterable[str] = ()) -> tuple[list[str], list[str], list[str]]:
+def import_cells(
+    grid: str, cells: list[CellLike], path: Path, own_tests: Iterable[str] = ()
+) -> tuple[list[str], list[str], list[str]]:
     """Write the cells exported to `path` into this grid's cell folders: (imported labels, labels already finished
     here and kept, labels left out). Left out: evaluation cells in `own_tests`, which the grid reads from their
     training cell now (files exported before it did). InputError, before anything is written, when the file is of
-    another grid or holds any other cell this grid does not plan or plans with other overrides."""
+    another grid or holds any other cell this grid does not plan or plans with other overrides.
+    """
     path = Path(path)
     doc = _load(path)
     if doc.get("grid") != grid:
@@ -116,11 +126,16 @@ def import_cells(grid: str, cells: list[CellLike], path: Path, own_tests: Iterab
             continue
         cell = planned.get(label)
         if cell is None:
-            raise InputError(f"cells_file '{path}'", f"cell '{label}' is not planned by this grid (its rows, data, seeds or folds differ)")
+            raise InputError(
+                f"cells_file '{path}'",
+                f"cell '{label}' is not planned by this grid (its rows, data, seeds or folds differ)",
+            )
         ran, now = portable(entry.get("argv", [])), portable(cell.argv)
         if ran != now:
             diff = [a for a in ran if a not in now] or ran
-            raise InputError(f"cells_file '{path}'", f"cell '{label}' ran with other overrides than this grid plans: {diff}")
+            raise InputError(
+                f"cells_file '{path}'", f"cell '{label}' ran with other overrides than this grid plans: {diff}"
+            )
         if any(name not in entry.get("files", {}) for name in RESULT_FILES):
             raise InputError(f"cells_file '{path}'", f"cell '{label}' lacks {' or '.join(RESULT_FILES)}")
         todo.append((cell, entry))
@@ -132,7 +147,10 @@ def import_cells(grid: str, cells: list[CellLike], path: Path, own_tests: Iterab
                 continue
             cell.dir.mkdir(parents=True, exist_ok=True)
             # cell.json with the overrides as planned here (its own output_dir), so a resumed grid sees no other settings
-            write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv), "wall_s": entry.get("wall_s"), "imported_from": str(path)})
+            write_json(
+                cell.dir / CELL_FILE,
+                {"argv": list(cell.argv), "wall_s": entry.get("wall_s"), "imported_from": str(path)},
+            )
             for name in OPTIONAL_FILES + RESULT_FILES:  # the result files last: the cell is finished once both exist
                 if name in entry["files"]:
                     write_json(cell.dir / name, entry["files"][name])

@@ -9,6 +9,7 @@ Keys with a shorthand are typed `Any` and normalised by `__post_init__`: rows / 
 {label: overrides} or a list of labels and one-key mappings; overrides are a list or one space-separated string;
 seeds, measures and only take one value for a list of one. A null (or empty) key means its default.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -35,8 +36,12 @@ RESERVED = ("seed", "output_dir", "ckpt_path", "ckpt", "logger.group", "logger.r
 INIT_REF = "init_ckpt=@"  # a row's `init_ckpt=@<row>/<train>`: that cell's best checkpoint starts the row's cells
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # key -> (what its value names, the values it takes)
-CHOICES = {"test": ("significance test", tuple(TESTS)), "paired_by": ("pairing", ("query", "replicate")),
-           "launcher": ("launcher", ("subprocess", "inprocess")), "action": ("action", ("run", "table", "list", "export", "import"))}
+CHOICES = {
+    "test": ("significance test", tuple(TESTS)),
+    "paired_by": ("pairing", ("query", "replicate")),
+    "launcher": ("launcher", ("subprocess", "inprocess")),
+    "action": ("action", ("run", "table", "list", "export", "import")),
+}
 
 
 def grid_key(source: str | os.PathLike, key: str) -> str:
@@ -47,7 +52,8 @@ def grid_key(source: str | os.PathLike, key: str) -> str:
 @dataclass
 class GridSpec:
     """A grid: the grid file's keys, command-line grid keys merged in. After `__post_init__` rows, train_data and
-    eval_data are {label: [overrides]}, seeds a list (None: the config's seed), and the other keys are filled in."""
+    eval_data are {label: [overrides]}, seeds a list (None: the config's seed), and the other keys are filled in.
+    """
 
     name: str | None = None  # folder and W&B group (load_grid: the file's name when unset)
     baseline: str | None = None  # required: the row the table compares against
@@ -63,7 +69,9 @@ class GridSpec:
     launcher: str | None = "subprocess"  # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: str | None = "outputs/grids"
     action: str | None = "run"  # run | table | list | export | import (finished cells to / from cells_file)
-    cells_file: str | None = None  # action=export / import: a gzip'd JSON file of finished cells (pipeline/grid_cells.py)
+    cells_file: str | None = (
+        None  # action=export / import: a gzip'd JSON file of finished cells (pipeline/grid_cells.py)
+    )
     untrained: Any = None  # rows evaluated as they are, never trained: the backbone (0 steps) beside its fine-tuned row
     train_on: dict[str, Any] | None = None  # row -> the train_data labels it trains on (default: all)
     compare_to: dict[str, str] | None = None  # row -> the row its table cells compare with (default: baseline)
@@ -99,29 +107,47 @@ class GridSpec:
         if self.baseline not in self.rows:
             raise InputError("baseline", f"'{self.baseline}' is not a row; rows are {list(self.rows)}")
         self.train_data = _labelled(self.train_data, "train_data", "data")
-        self.eval_data = dict(self.train_data) if self.eval_data is None else _labelled(self.eval_data, "eval_data", "data")
+        self.eval_data = (
+            dict(self.train_data) if self.eval_data is None else _labelled(self.eval_data, "eval_data", "data")
+        )
         for label, ov in self.eval_data.items():
             if label in self.train_data and ov != self.train_data[label]:
-                raise InputError("eval_data", f"'{label}' has other overrides than in train_data; use another label for a different setting")
+                raise InputError(
+                    "eval_data",
+                    f"'{label}' has other overrides than in train_data; use another label for a different setting",
+                )
         if self.action in ("export", "import") and not self.cells_file:
             raise InputError("cells_file", f"is missing; action={self.action} needs the path of the cells file")
         self.seeds = _seeds(self.seeds)
         if self.folds is not None and self.folds < 3:
             raise InputError("folds", f"is {self.folds}; expected an integer >= 3 (data.num_folds) or null")
         self.common = _overrides(self.common, "common")
-        self.check_fold_overrides([*self.common, *(o for d in (self.rows, self.train_data, self.eval_data) for v in d.values() for o in v)])
+        self.check_fold_overrides(
+            [*self.common, *(o for d in (self.rows, self.train_data, self.eval_data) for v in d.values() for o in v)]
+        )
         if self.measures is not None and not self.measures:  # an empty selection is an error, never "the defaults"
-            raise InputError("measures", "is empty; expected a list of measure names among the cells' eval.measures, or null (leave it out) for all of them")
+            raise InputError(
+                "measures",
+                "is empty; expected a list of measure names among the cells' eval.measures, or null (leave it out) for all of them",
+            )
         self.measures = _strings(self.measures, "measures", "a list of measure names")
         for key, (what, allowed) in CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise InputError(key, f"unknown {what} '{getattr(self, key)}'; expected one of {list(allowed)}")
         if self.test in UNPAIRED and self.paired_by != "replicate":
-            raise InputError("paired_by", f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), so expected paired_by: replicate")
+            raise InputError(
+                "paired_by",
+                f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), so expected paired_by: replicate",
+            )
         if self.wait_s is not None and not self.wait_s > 0:
-            raise InputError("wait_s", f"is {self.wait_s}; expected seconds > 0 between looks at the other processes' cells, or null")
+            raise InputError(
+                "wait_s", f"is {self.wait_s}; expected seconds > 0 between looks at the other processes' cells, or null"
+            )
         if self.only is not None and not self.only:
-            raise InputError("only", 'is empty; expected cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"] (leave it out for every cell; action=list prints the labels)')
+            raise InputError(
+                "only",
+                'is empty; expected cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"] (leave it out for every cell; action=list prints the labels)',
+            )
         self.only = _strings(self.only, "only", 'cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"]')
         self.train_on = {row: self._train_labels(row, labels) for row, labels in (self.train_on or {}).items()}
         self.untrained = _strings(self.untrained, "untrained", "a list of row labels")
@@ -129,29 +155,49 @@ class GridSpec:
             if row not in self.rows:
                 raise InputError("untrained", f"'{row}' is not a row; rows are {list(self.rows)}")
             if any(o.startswith(("head=", "head.", INIT_REF, "stage=")) for o in self.rows[row]):
-                raise InputError(f"rows.{row}", "is listed in `untrained` (evaluated as it is) but sets a head, stage or init_ckpt")
+                raise InputError(
+                    f"rows.{row}", "is listed in `untrained` (evaluated as it is) but sets a head, stage or init_ckpt"
+                )
         self.compare_to = dict(self.compare_to or {})
         for row, other in self.compare_to.items():
             if row not in self.rows or other not in self.rows:
-                raise InputError(f"compare_to.{row}", f"'{row}: {other}' names a row that does not exist; rows are {list(self.rows)}")
+                raise InputError(
+                    f"compare_to.{row}", f"'{row}: {other}' names a row that does not exist; rows are {list(self.rows)}"
+                )
         self.delta_eval = list(self.delta_eval or [])
         if self.delta_eval and (len(self.delta_eval) != 2 or any(e not in self.eval_data for e in self.delta_eval)):
-            raise InputError("delta_eval", f"is {self.delta_eval!r}; expected two eval_data labels of {list(self.eval_data)}")
+            raise InputError(
+                "delta_eval", f"is {self.delta_eval!r}; expected two eval_data labels of {list(self.eval_data)}"
+            )
         self.paper = self._paper_figures(self.paper or {})
-        self.deviations = _strings(self.deviations, "deviations", "a list of sentences, one per departure from the paper's setting")
+        self.deviations = _strings(
+            self.deviations, "deviations", "a list of sentences, one per departure from the paper's setting"
+        )
         self.init_references()
 
     def _paper_figures(self, paper: dict) -> dict[str, dict[str, dict[str, float]]]:
         for ev, rows in paper.items():
             train, _, label = ev.rpartition("/")  # "<eval>" for every training data, "<train>/<eval>" for one
             if label not in self.eval_data or (train and train not in self.train_data) or not isinstance(rows, dict):
-                raise InputError(f"paper.{ev}", f"expected an eval_data label of {list(self.eval_data)} (or <train_data label>/<eval_data label>) mapping rows to {{measure: value}}")
+                raise InputError(
+                    f"paper.{ev}",
+                    f"expected an eval_data label of {list(self.eval_data)} (or <train_data label>/<eval_data label>) mapping rows to {{measure: value}}",
+                )
             for row, figures in rows.items():
                 if row not in self.rows or not isinstance(figures, dict):
-                    raise InputError(f"paper.{ev}.{row}", f"expected a row of {list(self.rows)} mapping measures to numbers")
+                    raise InputError(
+                        f"paper.{ev}.{row}", f"expected a row of {list(self.rows)} mapping measures to numbers"
+                    )
                 for m, v in figures.items():
-                    if (self.measures and m not in self.measures) or isinstance(v, bool) or not isinstance(v, (int, float)):
-                        raise InputError(f"paper.{ev}.{row}.{m}", f"is {v!r}; expected a number for a table measure {self.measures or ''}")
+                    if (
+                        (self.measures and m not in self.measures)
+                        or isinstance(v, bool)
+                        or not isinstance(v, (int, float))
+                    ):
+                        raise InputError(
+                            f"paper.{ev}.{row}.{m}",
+                            f"is {v!r}; expected a number for a table measure {self.measures or ''}",
+                        )
         return {ev: {row: {m: float(v) for m, v in f.items()} for row, f in rows.items()} for ev, rows in paper.items()}
 
     def _train_labels(self, row: str, labels: Any) -> list[str]:
@@ -159,29 +205,40 @@ class GridSpec:
         if row not in self.rows:
             raise InputError(f"train_on.{row}", f"'{row}' is not a row; rows are {list(self.rows)}")
         if not isinstance(labels, list) or not labels or any(lb not in self.train_data for lb in labels):
-            raise InputError(f"train_on.{row}", f"is {labels!r}; expected a non-empty list of train_data labels {list(self.train_data)}")
+            raise InputError(
+                f"train_on.{row}",
+                f"is {labels!r}; expected a non-empty list of train_data labels {list(self.train_data)}",
+            )
         return list(labels)
 
     def check_fold_overrides(self, ovs: list[str]) -> None:
         """With folds, the grid sets data.num_folds and data.fold per cell: no override may."""
         for ov in ovs if self.folds else []:
             if ov.split("=", 1)[0] in ("data.num_folds", "data.fold"):
-                raise InputError("folds", f"is {self.folds}: the grid sets data.num_folds and data.fold per cell; remove '{ov}'")
+                raise InputError(
+                    "folds", f"is {self.folds}: the grid sets data.num_folds and data.fold per cell; remove '{ov}'"
+                )
 
     def init_references(self) -> dict[str, tuple[str, str]]:
-        """row -> (row, train) of its `init_ckpt=@row/train` override: that cell's best checkpoint initialises the
+        """Row -> (row, train) of its `init_ckpt=@row/train` override: that cell's best checkpoint initialises the
         row's training cells (same replicate). InputError when the referenced row or training data does not exist,
-        or when the referenced row does not train on it."""
+        or when the referenced row does not train on it.
+        """
         refs = {}
         for row, ov in self.rows.items():
             for o in ov:
                 if not o.startswith(INIT_REF):
                     continue
-                target = o[len(INIT_REF):].split("/")
+                target = o[len(INIT_REF) :].split("/")
                 if len(target) != 2 or target[0] not in self.rows or target[1] not in self.train_data:
-                    raise InputError(f"rows.{row}", f"'{o}': expected init_ckpt=@<row>/<train_data> with a row of {list(self.rows)} and training data of {list(self.train_data)}")
+                    raise InputError(
+                        f"rows.{row}",
+                        f"'{o}': expected init_ckpt=@<row>/<train_data> with a row of {list(self.rows)} and training data of {list(self.train_data)}",
+                    )
                 if target[0] == row or not self.trains_on(target[0], target[1]):
-                    raise InputError(f"rows.{row}", f"'{o}': row '{target[0]}' does not train on '{target[1]}' (or refers to itself)")
+                    raise InputError(
+                        f"rows.{row}", f"'{o}': row '{target[0]}' does not train on '{target[1]}' (or refers to itself)"
+                    )
                 refs[row] = (target[0], target[1])
         return refs
 
@@ -193,10 +250,13 @@ class GridSpec:
         data overrides that differ only in keys that change the training split (datamodules.config.TRAINING_ONLY,
         e.g. the position-bias grid's `original` test of its `debiased` training, which adds data.rotate_train=true).
         Such a test is read from the training cell instead of running evaluate.py on the same checkpoint again. (A
-        label of both has the same overrides in both: __post_init__ checks it.)"""
+        label of both has the same overrides in both: __post_init__ checks it.)
+        """
+
         def test_settings(overrides: list[str]) -> dict[str, str]:
             pairs = (o.partition("=")[::2] for o in overrides)  # a later override of a key wins, as in the run
-            return {k: v for k, v in pairs if not (k.startswith("data.") and k[len("data."):] in TRAINING_ONLY)}
+            return {k: v for k, v in pairs if not (k.startswith("data.") and k[len("data.") :] in TRAINING_ONLY)}
+
         return test_settings(self.train_data[train]) == test_settings(self.eval_data[ev])
 
     def selected(self, cell) -> bool:
@@ -211,7 +271,8 @@ class GridSpec:
     def table_path(self) -> Path:
         """`table.md` against the file's baseline with its test; `table-<row>.md` against another (`baseline=<row>`),
         `table[-<row>]-<test>-<paired_by>.md` with another test or pairing, so the Table 3 / 4 / 5 layouts of one grid
-        and the views of another test sit side by side instead of overwriting each other."""
+        and the views of another test sit side by side instead of overwriting each other.
+        """
         stem = "table"
         if self.file_baseline and self.baseline != self.file_baseline:
             stem += f"-{self.baseline}"
@@ -223,7 +284,7 @@ class GridSpec:
         """[(replicate id, seed or None, fold or None)]."""
         out = []
         for seed in self.seeds:
-            for fold in (range(self.folds) if self.folds else [None]):
+            for fold in range(self.folds) if self.folds else [None]:
                 parts = []
                 if seed is not None and (fold is None or len(self.seeds) > 1):
                     parts.append(f"seed{seed}")
@@ -265,7 +326,8 @@ def _label(label: Any, where: str) -> str:
 
 def _labelled(value: Any, where: str, group: str | None) -> dict[str, list[str]]:
     """{label: overrides} from a mapping, or a list of option names / one-key mappings; for data, a label with no
-    `data=` override picks the data option of that name."""
+    `data=` override picks the data option of that name.
+    """
     if isinstance(value, dict):
         items = [(where, label, ov) for label, ov in value.items()]
     elif isinstance(value, list):
@@ -295,7 +357,11 @@ def _labelled(value: Any, where: str, group: str | None) -> dict[str, list[str]]
 
 def _seeds(value: Any) -> list[int | None]:
     seeds = [None] if value is None else [value] if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(seeds, list) or not seeds or not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds)
+    ):
         raise InputError("seeds", f"is {value!r}; expected a list of integer seeds, e.g. [1, 2, 3]")
     if len(set(seeds)) != len(seeds):
         raise InputError("seeds", f"{seeds} repeats a seed")
@@ -322,13 +388,16 @@ def _grid_path(value: str) -> Path:
     path = GRID_DIR / f"{value}.yaml"
     if not path.is_file():
         options = sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
-        raise InputError("grid", f"no grid '{value}' in {GRID_DIR}; expected one of {options} or a path to a .yaml file")
+        raise InputError(
+            "grid", f"no grid '{value}' in {GRID_DIR}; expected one of {options} or a path to a .yaml file"
+        )
     return path
 
 
 def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     """(spec, extra pipeline overrides) from `grid=NAME [key=value ...]`: grid keys on the command line override the
-    file's, any other key is a pipeline override appended to every cell."""
+    file's, any other key is a pipeline override appended to every cell.
+    """
     grid, grid_over, extra, only_cli = None, [], [], None
     for arg in argv:
         if "=" not in arg:
@@ -345,7 +414,9 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
             extra.append(arg)
     if not grid:
         options = sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
-        raise InputError("grid", f"missing; usage: python experiments.py grid=NAME [key=value ...], NAME one of {options}")
+        raise InputError(
+            "grid", f"missing; usage: python experiments.py grid=NAME [key=value ...], NAME one of {options}"
+        )
     path = _grid_path(grid)
     file = _load_yaml(path, f"grid={grid}")
     try:

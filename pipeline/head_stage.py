@@ -12,6 +12,7 @@
 4. Test once with the best head: "Ft -> head" and, from the same backbone pass, "Ft" (no head); write
    `metrics.json` (Ft under `before_head`), `per_query.json`, `run.trec`, the resolved config, as any run.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -53,11 +54,16 @@ def build_module(cfg: DictConfig) -> HeadModule:
         raise InputError("head", "stage=head needs head=whitening, head=nice or head=glow")
     base = read_checkpoint(cfg.ckpt, "ckpt")
     if "base_ckpt" in base:
-        raise InputError("ckpt", f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint (its base_ckpt is '{base['base_ckpt']}')")
+        raise InputError(
+            "ckpt",
+            f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint (its base_ckpt is '{base['base_ckpt']}')",
+        )
     hp = base["hyper_parameters"]
     # absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
     optim = {**hp.get("optim", {}), "nonfinite": cfg.optim.nonfinite}  # the ranker's optim, this run's NaN policy
-    module = HeadModule(hp["model"], optim, list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(Path(cfg.ckpt).resolve()))
+    module = HeadModule(
+        hp["model"], optim, list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(Path(cfg.ckpt).resolve())
+    )
     module.load_base(base["state_dict"])
     return module
 
@@ -77,8 +83,17 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
         autocast = lambda: torch.autocast(module.device.type, dtype=torch.bfloat16)  # noqa: E731
     module.attach(False)  # the ranker's own representations
     try:
-        return RepresentationCache.build(path, module.ranker, module.pair_tokenizer, queries, docs, granularity=granularity,
-                                         dtype=cfg.head.cache_dtype, checkpoint=_checkpoint_id(cfg.ckpt), autocast=autocast)
+        return RepresentationCache.build(
+            path,
+            module.ranker,
+            module.pair_tokenizer,
+            queries,
+            docs,
+            granularity=granularity,
+            dtype=cfg.head.cache_dtype,
+            checkpoint=_checkpoint_id(cfg.ckpt),
+            autocast=autocast,
+        )
     finally:
         module.attach(True)
 
@@ -95,19 +110,28 @@ def save_head(module: HeadModule, path: Path) -> None:
     state = {k: v for k, v in module.state_dict().items() if k.startswith(HEAD_PREFIXES)}
     check_finite(state, path, f"the fitted {module.head_cfg.name} head")  # never a NaN head.ckpt that looks complete
     with atomic_open(path, "wb") as f:
-        torch.save({"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f)
+        torch.save(
+            {"state_dict": state, "hyper_parameters": dict(module.hparams), "base_ckpt": module.hparams.base_ckpt}, f
+        )
 
 
 def check_head_resume(cfg: DictConfig) -> None:
     """`ckpt_path` must be a flow head's training checkpoint of the same head on the same base ranker."""
     ck = read_checkpoint(cfg.ckpt_path, "ckpt_path")
     if "base_ckpt" not in ck:
-        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a fine-tuning checkpoint, not a head checkpoint of stage=head")
+        raise InputError(
+            "ckpt_path", f"'{cfg.ckpt_path}' is a fine-tuning checkpoint, not a head checkpoint of stage=head"
+        )
     head = ck["hyper_parameters"].get("head", {})
     if head.get("name") != cfg.head.name:
-        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' holds head '{head.get('name')}' but head.name is '{cfg.head.name}'")
+        raise InputError(
+            "ckpt_path", f"'{cfg.ckpt_path}' holds head '{head.get('name')}' but head.name is '{cfg.head.name}'"
+        )
     if "loops" not in ck:
-        raise InputError("ckpt_path", f"'{cfg.ckpt_path}' holds no training state to resume ({head.get('name')} is fitted in one pass)")
+        raise InputError(
+            "ckpt_path",
+            f"'{cfg.ckpt_path}' holds no training state to resume ({head.get('name')} is fitted in one pass)",
+        )
     if cfg.ckpt and Path(ck["base_ckpt"]).resolve() != Path(cfg.ckpt).resolve():
         raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head of '{ck['base_ckpt']}', not of ckpt='{cfg.ckpt}'")
 
@@ -115,8 +139,13 @@ def check_head_resume(cfg: DictConfig) -> None:
 def train_head(cfg: DictConfig) -> dict | None:
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
-        raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
-    dm = load_data(cfg, HeadDataModule, fit=True)  # read and validated before any weights are loaded or anything is written
+        raise InputError(
+            "output_dir",
+            f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
+        )
+    dm = load_data(
+        cfg, HeadDataModule, fit=True
+    )  # read and validated before any weights are loaded or anything is written
     if cfg.ckpt_path:
         check_head_resume(cfg)
     module = build_module(cfg)
@@ -149,21 +178,31 @@ def train_head(cfg: DictConfig) -> dict | None:
 
 def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
     """The HeadModule of `head_ckpt` on its base ranker (`ckpt`, else the head's recorded `base_ckpt`), and the base's
-    path; sets `cfg.model` and `cfg.head` to the checkpoints' own."""
+    path; sets `cfg.model` and `cfg.head` to the checkpoints' own.
+    """
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
     if "base_ckpt" not in head_ckpt:
-        raise InputError("head_ckpt", f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=")
+        raise InputError(
+            "head_ckpt",
+            f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=",
+        )
     base_path = cfg.ckpt or head_ckpt["base_ckpt"]
     hp = head_ckpt["hyper_parameters"]
     base = read_checkpoint(base_path, "ckpt")
     if base["hyper_parameters"]["model"] != hp["model"]:
-        raise InputError("ckpt", f"'{base_path}' holds ranker {base['hyper_parameters']['model']['name']} with other settings than the head's base ({hp['base_ckpt']})")
+        raise InputError(
+            "ckpt",
+            f"'{base_path}' holds ranker {base['hyper_parameters']['model']['name']} with other settings than the head's base ({hp['base_ckpt']})",
+        )
     module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), hp["head"], str(base_path))
     module.load_base(base["state_dict"])
     missing, unexpected = module.load_state_dict(head_ckpt["state_dict"], strict=False)
     head_missing = [k for k in missing if k.startswith(HEAD_PREFIXES)]
     if head_missing or unexpected:
-        raise InputError("head_ckpt", f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})")
+        raise InputError(
+            "head_ckpt",
+            f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})",
+        )
     del base, head_ckpt
     cfg.model, cfg.head = hp["model"], hp["head"]
     return module, str(base_path)
@@ -171,7 +210,8 @@ def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
 
 def evaluate_with_head(cfg: DictConfig) -> dict | None:
     """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
-    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection)."""
+    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection).
+    """
     pl.seed_everything(cfg.seed, workers=True)
     dm = load_data(cfg)  # before any weights: bad data stops the run at once
     module, _ = load_head_module(cfg)

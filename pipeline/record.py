@@ -5,6 +5,7 @@ the wall time, then the measured tables. `experiments.py grid=NAME record=true` 
 (pipeline/grid.py); the reading (what the numbers say, why they may differ from the paper) is added by a person,
 below the tables. A record is never overwritten: a second one on the same day gets `-2`, `-3`, ...
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -25,6 +26,7 @@ RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 
 def commit(repo: Path = RESULTS_DIR.parent) -> str:
     """The short commit of `repo`, with a note when tracked files have uncommitted changes; "unknown" outside git."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -48,7 +50,9 @@ def machine() -> str:
         mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB memory"
     except (ValueError, OSError, AttributeError):
         mem = ""
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     return f"{cpu}, {os.cpu_count()} cores{mem}; " + (f"GPU: {', '.join(gpus)}" if gpus else "no GPU")
 
 
@@ -58,8 +62,16 @@ def _fmt_wall(seconds: float) -> str:
     return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s"
 
 
-def write_record(slug: str, title: str, command: str, body: str, wall_s: float | None = None,
-                 note: str = "", root: Path | None = None, date: dt.date | None = None) -> Path:
+def write_record(
+    slug: str,
+    title: str,
+    command: str,
+    body: str,
+    wall_s: float | None = None,
+    note: str = "",
+    root: Path | None = None,
+    date: dt.date | None = None,
+) -> Path:
     """Write `<root>/<date>-<slug>.md` (atomically; `-2`, `-3`, ... when that name exists) and return its path."""
     date, root = date or dt.date.today(), root or RESULTS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -70,7 +82,17 @@ def write_record(slug: str, title: str, command: str, body: str, wall_s: float |
     lines = [f"# {title}", "", f"- Date: {date.isoformat()}", f"- Commit: {commit()}", f"- Machine: {machine()}"]
     if wall_s is not None:
         lines.append(f"- Wall time: {_fmt_wall(wall_s)}{note}")
-    lines += [f"- Python {sys.version.split()[0]}, torch {torch.__version__}", "- Command:", "", "```bash", command, "```", "", body.rstrip(), ""]
+    lines += [
+        f"- Python {sys.version.split()[0]}, torch {torch.__version__}",
+        "- Command:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        body.rstrip(),
+        "",
+    ]
     with atomic_open(path) as f:
         f.write("\n".join(lines))
     return path

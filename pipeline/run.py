@@ -11,6 +11,7 @@ Jobs by config (every one `key=value` overrides, validated by the schemas of pip
   (retrieval/bm25.py); `retrieval=dense`: full ranking with a faiss index (retrieval/retrieve.py); `analysis=NAME`:
   an analysis (analyses/registry.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,7 +52,8 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
     """`init_ckpt=PATH`: the ranker's weights from another run's checkpoint (transfer learning, position-bias paper
     Table 5: pre-train on one collection, fine-tune on another). Weights only: optimiser, schedule, step and data
     order start afresh. The checkpoint must hold the same ranker with the same shapes (model.name, backbone, ...).
-    With `ckpt_path` too (a resumed fine-tuning run), the resumed weights replace these."""
+    With `ckpt_path` too (a resumed fine-tuning run), the resumed weights replace these.
+    """
     path = cfg.init_ckpt
     ckpt = read_checkpoint(path, "init_ckpt")
     check_same_ranker(ckpt, cfg, "init_ckpt", path)
@@ -63,7 +65,10 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
         raise InputError("init_ckpt", f"'{path}' does not fit model '{cfg.model.name}' as configured ({first})") from e
     missing = [k for k in missing if k.startswith("ranker.")]
     if missing or unexpected:
-        raise InputError("init_ckpt", f"'{path}' does not fit model '{cfg.model.name}' as configured (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise InputError(
+            "init_ckpt",
+            f"'{path}' does not fit model '{cfg.model.name}' as configured (missing {missing[:3]}, unexpected {unexpected[:3]})",
+        )
     print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
 
 
@@ -72,7 +77,9 @@ def evaluate_untrained(cfg: DictConfig) -> dict:
     if cfg.ckpt:
         raise InputError("ckpt", f"model '{cfg.model.name}' takes no checkpoint")
     m = cfg.model
-    after = run_bm25(cfg, str(m.split), int(m.depth), BM25Params(m.method, float(m.k1), float(m.b)))  # config.yaml with the results
+    after = run_bm25(
+        cfg, str(m.split), int(m.depth), BM25Params(m.method, float(m.k1), float(m.b))
+    )  # config.yaml with the results
     print_table(after, title=f"{m.split} metrics")
     # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
     # after the files are written: a logging failure cannot lose the results
@@ -88,7 +95,8 @@ def evaluate_untrained(cfg: DictConfig) -> dict:
 
 def export_stage(cfg: DictConfig) -> Path:
     """`train.py stage=export ckpt=<ranker checkpoint> output_dir=DIR` (or `head_ckpt=<head checkpoint>`): the
-    Hugging Face folder of pipeline/export.py, written into `output_dir` (which must be new or empty)."""
+    Hugging Face folder of pipeline/export.py, written into `output_dir` (which must be new or empty).
+    """
     for key in ("ckpt_path", "init_ckpt"):
         if cfg.get(key):
             raise InputError(key, "is for fine-tuning; stage=export exports ckpt= (or head_ckpt=) into output_dir")
@@ -100,18 +108,30 @@ def export_stage(cfg: DictConfig) -> Path:
 def _only_evaluate(cfg: DictConfig) -> None:
     """train.py refuses what only evaluate.py runs (instead of silently training without it)."""
     if cfg.retrieval.name != "none":
-        raise InputError("retrieval", f"'{cfg.retrieval.name}' runs from evaluate.py: `python evaluate.py retrieval={cfg.retrieval.name} ckpt=...`")
+        raise InputError(
+            "retrieval",
+            f"'{cfg.retrieval.name}' runs from evaluate.py: `python evaluate.py retrieval={cfg.retrieval.name} ckpt=...`",
+        )
     if cfg.analysis.name != "none":
-        raise InputError("analysis", f"'{cfg.analysis.name}' runs from evaluate.py: `python evaluate.py analysis={cfg.analysis.name} ...`")
+        raise InputError(
+            "analysis",
+            f"'{cfg.analysis.name}' runs from evaluate.py: `python evaluate.py analysis={cfg.analysis.name} ...`",
+        )
 
 
 def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
     """`retrieval=dense`: full ranking over the collection (retrieval/retrieve.py), the resolved config.yaml with
-    its results."""
+    its results.
+    """
     if cfg.analysis.name != "none":
-        raise InputError("retrieval", f"'{cfg.retrieval.name}' and analysis '{cfg.analysis.name}' are two jobs; run them one at a time")
+        raise InputError(
+            "retrieval",
+            f"'{cfg.retrieval.name}' and analysis '{cfg.analysis.name}' are two jobs; run them one at a time",
+        )
     if cfg.head_ckpt:
-        raise InputError("head_ckpt", f"retrieval '{cfg.retrieval.name}' indexes a ranker checkpoint (ckpt=), not a head")
+        raise InputError(
+            "head_ckpt", f"retrieval '{cfg.retrieval.name}' indexes a ranker checkpoint (ckpt=), not a head"
+        )
     after = retrieve(cfg, model_from_cli)
     if after is None:  # a rank > 0 of a split encoding: rank 0 writes the results
         return None
@@ -131,33 +151,58 @@ def _train(cfg: DictConfig) -> dict | Path | None:
         return export_stage(cfg)
     if cfg.stage == "head":
         if cfg.init_ckpt:
-            raise InputError("init_ckpt", "initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker as ckpt=")
+            raise InputError(
+                "init_ckpt",
+                "initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker as ckpt=",
+            )
         return train_head(cfg)
     if cfg.head.name != "none":
-        raise InputError("head", f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`")
+        raise InputError(
+            "head",
+            f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`",
+        )
     if cfg.model.name in UNTRAINED:
-        raise InputError("model", f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`")
+        raise InputError(
+            "model",
+            f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`",
+        )
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
-        raise InputError("output_dir", f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir")
+        raise InputError(
+            "output_dir",
+            f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
+        )
     pl.seed_everything(cfg.seed, workers=True)
-    dm = load_data(cfg, fit=True)  # before any weights: bad data stops the run at once (reading it draws no global random numbers)
+    dm = load_data(
+        cfg, fit=True
+    )  # before any weights: bad data stops the run at once (reading it draws no global random numbers)
     start_step = 0
     if cfg.ckpt_path:
         resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
         if "base_ckpt" in resumed:
-            raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); resume it with stage=head ckpt={resumed['base_ckpt']}")
+            raise InputError(
+                "ckpt_path",
+                f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); resume it with stage=head ckpt={resumed['base_ckpt']}",
+            )
         check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
         start_step = int(resumed.get("global_step", 0))
         del resumed
-    module = RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))
+    module = RankingModule(
+        OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)
+    )
     if cfg.init_ckpt:
         init_weights(module, cfg)
     set_rerank_depths(module, cfg)
     dm.tokenizer = module.pair_tokenizer
     if 0 <= cfg.trainer.max_steps <= start_step:  # Lightning would stop at once without a word
-        rank_zero_warn(f"nothing will be trained: trainer.max_steps={cfg.trainer.max_steps}"
-                       + (f" and ckpt_path is already at step {start_step}; raise trainer.max_steps to train on" if cfg.ckpt_path else ""))
+        rank_zero_warn(
+            f"nothing will be trained: trainer.max_steps={cfg.trainer.max_steps}"
+            + (
+                f" and ckpt_path is already at step {start_step}; raise trainer.max_steps to train on"
+                if cfg.ckpt_path
+                else ""
+            )
+        )
     logger = build_logger(cfg, name=Path(cfg.output_dir).name)
     trainer = build_trainer(cfg, logger, checkpoints=True)
     if trainer.is_global_zero:
@@ -167,7 +212,9 @@ def _train(cfg: DictConfig) -> dict | Path | None:
             trainer.test(module, datamodule=dm, verbose=False)
             # saved in every checkpoint from here on, so that a resumed run's metrics.json holds it too
             trainer.checkpoint_callback.before_training = test_results(module)
-        if cfg.eval.start_candidate and not cfg.ckpt_path and cfg.trainer.limit_val_batches != 0:  # 0: no validation, no candidate
+        if (
+            cfg.eval.start_candidate and not cfg.ckpt_path and cfg.trainer.limit_val_batches != 0
+        ):  # 0: no validation, no candidate
             start = trainer.validate(module, datamodule=dm, verbose=False)[0][MONITOR]
             trainer.checkpoint_callback.add_start_candidate(trainer, start)
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
@@ -175,15 +222,20 @@ def _train(cfg: DictConfig) -> dict | Path | None:
         before = trainer.checkpoint_callback.before_training  # resumed: restored from ckpt_path
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if best and best == trainer.checkpoint_callback.start_model_path:
-            rank_zero_warn(f"no validation beat the model before fine-tuning ({MONITOR} at step 0 stays the best): "
-                           f"the test uses the starting weights, {Path(best).name}")
+            rank_zero_warn(
+                f"no validation beat the model before fine-tuning ({MONITOR} at step 0 stays the best): "
+                f"the test uses the starting weights, {Path(best).name}"
+            )
         curve = trainer.checkpoint_callback.curve()
         trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
     if not trainer.is_global_zero:
         return None
     after = write_results(cfg, module, before, curve=curve)
-    log_results_table(trainer.logger, {"before training": before, "after training": after} if before else {"after training": after},
-                      extra={"best_step": curve["best_step"]} if curve is not None else None)
+    log_results_table(
+        trainer.logger,
+        {"before training": before, "after training": after} if before else {"after training": after},
+        extra={"best_step": curve["best_step"]} if curve is not None else None,
+    )
     print_table(after, before)
     return after
 
@@ -218,5 +270,3 @@ def _evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
     else:
         module = load_module(cfg, model_from_cli)
     return evaluate_module(cfg, module, dm)
-
-

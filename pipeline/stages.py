@@ -1,6 +1,8 @@
 """The steps every run shares (train.py, evaluate.py, the head stage): read the data before anything is written,
 build the Lightning trainer with this pipeline's callbacks, test a module, and write its result directory and
-resolved config into `output_dir` (atomically, by global rank 0 only)."""
+resolved config into `output_dir` (atomically, by global rank 0 only).
+"""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,9 +36,15 @@ MONITOR = "val/ndcg_cut_10"
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     t = OmegaConf.to_container(cfg.trainer)
     dump = Path(cfg.output_dir) / "isotropy_batches" if cfg.eval.dump_isotropy else None
-    callbacks: list = [IsotropyCallback(seed=int(cfg.seed), batch_pairs=int(cfg.eval.isotropy_batch_pairs) if cfg.eval.isotropy_paper else 0,
-                                        dump_dir=dump, max_batches=cfg.eval.isotropy_max_batches,
-                                        sample_seed=int(cfg.eval.isotropy_sample_seed))]
+    callbacks: list = [
+        IsotropyCallback(
+            seed=int(cfg.seed),
+            batch_pairs=int(cfg.eval.isotropy_batch_pairs) if cfg.eval.isotropy_paper else 0,
+            dump_dir=dump,
+            max_batches=cfg.eval.isotropy_max_batches,
+            sample_seed=int(cfg.eval.isotropy_sample_seed),
+        )
+    ]
     if cfg.eval.ats_passages > 0:
         callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed, mats=cfg.eval.mats))
     if checkpoints:
@@ -48,9 +56,14 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     if t.get("limit_val_batches") is None:
         t.pop("limit_val_batches", None)
     return pl.Trainer(
-        **t, logger=logger, callbacks=callbacks, default_root_dir=cfg.output_dir,
+        **t,
+        logger=logger,
+        callbacks=callbacks,
+        default_root_dir=cfg.output_dir,
         # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
-        use_distributed_sampler=False, enable_checkpointing=checkpoints, plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,
+        enable_checkpointing=checkpoints,
+        plugins=[AtomicCheckpointIO()],
     )
 
 
@@ -59,7 +72,8 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
     written into `output_dir`: bad data stops the run at once with one line and leaves no partial output (no
     config.yaml, no wandb/ folder). Reading needs no tokenizer; the loaders do: set `dm.tokenizer =
     module.pair_tokenizer` once the module is built. `fit`: the run trains, so the training and validation splits
-    must not be empty either."""
+    must not be empty either.
+    """
     dm = cls(data_config(cfg), None, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
     dm.splits = None if fit else ("test",)  # an evaluation reads only its test split (and the documents)
     dm.setup()
@@ -67,12 +81,24 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
     # would fail later, inside Lightning, or (test) train and then have no test results to write
     test = dm.eval_splits["test"]
     if len(test.pairs) == 0:
-        raise empty_split(dm.cfg, "test", f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates)")
+        raise empty_split(
+            dm.cfg,
+            "test",
+            f"has no (judged query, candidate) pair to score ({len(test.qids)} judged queries with candidates)",
+        )
     if fit and not dm.triples:
-        raise empty_split(dm.cfg, "train", f"has no training triple to train on ({len(dm.dataset.split('train').qrels)} judged queries)")
+        raise empty_split(
+            dm.cfg,
+            "train",
+            f"has no training triple to train on ({len(dm.dataset.split('train').qrels)} judged queries)",
+        )
     val = dm.eval_splits["val"]
     if fit and len(val.pairs) == 0:  # validation picks the checkpoint that is tested
-        raise empty_split(dm.cfg, "val", f"has no (judged query, candidate) pair to validate on ({len(val.qids)} judged queries with candidates)")
+        raise empty_split(
+            dm.cfg,
+            "val",
+            f"has no (judged query, candidate) pair to validate on ({len(val.qids)} judged queries with candidates)",
+        )
     for name, split in dm.eval_splits.items():
         scored = set(split.pairs[:, 0].tolist())
         empty = [q for i, q in enumerate(split.qids) if i not in scored and any(g > 0 for g in split.qrels[q].values())]
@@ -87,14 +113,17 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
 
 def check_outputs(cfg: DictConfig) -> None:
     """Before any data or model is loaded: output_dir and data.cache_dir (and retrieval.index_dir) take a probe file
-    (core.io.check_writable), so a folder the job cannot write stops it at once with one line."""
+    (core.io.check_writable), so a folder the job cannot write stops it at once with one line.
+    """
     if not global_rank_zero():
         return
     check_writable(cfg.output_dir, "output_dir")
     cache = cfg.data.get("cache_dir") if cfg.get("data") is not None else None
     if cache:
         check_writable(cache, "data.cache_dir")
-    index_dir = cfg.retrieval.get("index_dir") if cfg.get("retrieval") is not None and cfg.retrieval.name != "none" else None
+    index_dir = (
+        cfg.retrieval.get("index_dir") if cfg.get("retrieval") is not None and cfg.retrieval.name != "none" else None
+    )
     if index_dir:
         check_writable(Path(index_dir).parent, "retrieval.index_dir")
 
@@ -107,7 +136,8 @@ def save_config(cfg: DictConfig) -> Path:
     """The resolved config at a job's start. A folder without a result of an earlier attempt (no config.yaml, no
     metrics.json) gets it as config.yaml at once; otherwise config.yaml keeps describing the results beside it and
     this job's config waits in `attempts/<n>/config.yaml` until write_results moves it to config.yaml together with
-    the new results (a continued run that dies leaves the earlier config and results as they were)."""
+    the new results (a continued run that dies leaves the earlier config and results as they were).
+    """
     out = Path(cfg.output_dir)
     if not (out / "config.yaml").exists() and not (out / "metrics.json").exists():
         path = out / "config.yaml"
@@ -126,11 +156,17 @@ def result_config(cfg: DictConfig) -> dict:
     return {"config": OmegaConf.to_yaml(cfg), "retire": (pending,) if pending is not None else ()}
 
 
-def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = None, before_key: str = "before_training",
-                  curve: dict | None = None) -> dict:
+def write_results(
+    cfg: DictConfig,
+    module: RankingModule,
+    before: dict | None = None,
+    before_key: str = "before_training",
+    curve: dict | None = None,
+) -> dict:
     """The test results of `module` into `output_dir` (metrics/results.py); `before`: a run's results before
     training or without a head, kept in metrics.json under `before_key`; `curve`: a fine-tuning run's validations
-    (RankingCheckpoint.curve), written as validation.json, with the tested checkpoint's step as `best_step`."""
+    (RankingCheckpoint.curve), written as validation.json, with the tested checkpoint's step as `best_step`.
+    """
     test = module.results["test"]
     metrics = test_results(module)
     doc = dict(metrics)
@@ -138,13 +174,25 @@ def write_results(cfg: DictConfig, module: RankingModule, before: dict | None = 
         doc[before_key] = before
     if curve is not None:
         doc["best_step"] = curve["best_step"]
-    write_result_dir(cfg.output_dir, doc, test["per_query"], test["run"], tag=f"{cfg.model.name}",
-                     extra={"validation.json": curve} if curve is not None else None, **result_config(cfg))
+    write_result_dir(
+        cfg.output_dir,
+        doc,
+        test["per_query"],
+        test["run"],
+        tag=f"{cfg.model.name}",
+        extra={"validation.json": curve} if curve is not None else None,
+        **result_config(cfg),
+    )
     return metrics
 
 
-def print_table(after: dict, before: dict | None = None, before_title: str = "before training", after_title: str = "after",
-                title: str = "test metrics") -> None:
+def print_table(
+    after: dict,
+    before: dict | None = None,
+    before_title: str = "before training",
+    after_title: str = "after",
+    title: str = "test metrics",
+) -> None:
     table = Table(title=title)
     table.add_column("metric")
     if before is not None:
@@ -163,14 +211,16 @@ def test_results(module: RankingModule) -> dict:
 
 def set_rerank_depths(module: RankingModule, cfg: DictConfig) -> None:
     """`eval.rerank_depths` onto the module: validation chooses the re-ranking depth among them, a test applies the
-    chosen one (metrics/rerank_depth.py); null: every candidate is re-ranked."""
+    chosen one (metrics/rerank_depth.py); null: every candidate is re-ranked.
+    """
     depths = cfg.eval.get("rerank_depths")
     module.rerank_depths = tuple(int(d) for d in depths) if depths else None
 
 
 def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModule) -> dict | None:
     """Test a loaded module on the data `dm` read by load_data and write the run's files; a HeadModule's results
-    hold "Ft" (no head) under `before_head`."""
+    hold "Ft" (no head) under `before_head`.
+    """
     dm.tokenizer = module.pair_tokenizer
     set_rerank_depths(module, cfg)
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
@@ -190,7 +240,8 @@ def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModul
 
 def report_head_results(cfg: DictConfig, module, logger) -> dict:
     """A HeadModule's test results into `output_dir`, the logger and the console: "Ft" (the ranker without the
-    head) under `before_head`, "Ft -> head" as the run's metrics."""
+    head) under `before_head`, "Ft -> head" as the run's metrics.
+    """
     before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")
     log_results_table(logger, head_rows(before, after, cfg.head.name))

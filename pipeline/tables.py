@@ -23,6 +23,7 @@ of second against first (`summarize_delta`).
 `summarize(results)` gives the numbers, `render_markdown(results)` the text, `write_table(results, path)` writes it
 atomically, and `log_wandb_table(results)` logs it as a `wandb.Table` when a W&B run is active (no-op otherwise).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,15 +41,33 @@ from metrics.significance import (
     significance_mark,
 )
 
-__all__ = ["summarize", "summarize_delta", "render_markdown", "write_table", "log_wandb_table", "TEST_NAMES", "RUN_LEVEL"]
+__all__ = [
+    "summarize",
+    "summarize_delta",
+    "render_markdown",
+    "write_table",
+    "log_wandb_table",
+    "TEST_NAMES",
+    "RUN_LEVEL",
+]
 
 # metrics.json keys that are one number per run, usable as table columns: I(W) and avgcos of callbacks/isotropy.py,
 # by the `probe` protocol (iw, avgcos, iw_sequence, ...) and the `paper` one (iw_paper, iw_paper_query_std, ...: the
 # mean over the test batches and its `_std`), with `_raw` for the vectors under a head
 _PROBE = ("iw", "avgcos", "iw_sequence", "avgcos_sequence")
-_PAPER = tuple(f"{m}_paper{side}{kind}" for m in ("iw", "avgcos") for kind in ("", "_sequence") for side in ("", "_query", "_passage"))
-ISOTROPY_LEVEL = tuple(f"{k}{raw}{std}" for k in _PROBE + _PAPER for raw in ("", "_raw") for std in ("", "_std")
-                       if not (std and k in _PROBE))
+_PAPER = tuple(
+    f"{m}_paper{side}{kind}"
+    for m in ("iw", "avgcos")
+    for kind in ("", "_sequence")
+    for side in ("", "_query", "_passage")
+)
+ISOTROPY_LEVEL = tuple(
+    f"{k}{raw}{std}"
+    for k in _PROBE + _PAPER
+    for raw in ("", "_raw")
+    for std in ("", "_std")
+    if not (std and k in _PROBE)
+)
 ATS_LEVEL = ("mats", "mats_std", "ats0")  # callbacks/ats.py
 # the step of the tested checkpoint (validation.json): a learning-rate x steps sweep's steps axis; the re-ranking
 # depth chosen on validation (eval.rerank_depths, metrics/rerank_depth.py)
@@ -70,22 +89,28 @@ def _mean(values: list[float]) -> float | None:
 
 def _test_cells(mine: list[dict], base: list[dict], m: str, test: str, paired_by: str) -> tuple[float | None, int]:
     """(p, pairs) of the test of `mine`'s cells against `base`'s on measure m (per query or per replicate); for an
-    unpaired test `pairs` counts the runs of the smaller side."""
+    unpaired test `pairs` counts the runs of the smaller side.
+    """
     if test in UNPAIRED:  # grid_config allows these with paired_by: replicate only
         a = [c["metrics"][m] for c in mine if m in c["metrics"]]
         b = [c["metrics"][m] for c in base if m in c["metrics"]]
         return (p_value(a, b, test) if a and b else None), min(len(a), len(b))
     if paired_by == "replicate":
-        a, b, ids = pair_by_replicate({c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
-                                      {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]})
+        a, b, ids = pair_by_replicate(
+            {c["replicate"]: c["metrics"][m] for c in mine if m in c["metrics"]},
+            {c["replicate"]: c["metrics"][m] for c in base if m in c["metrics"]},
+        )
     else:
-        a, b, ids = pair_by_query(per_query_means([c["per_query"] for c in mine], m), per_query_means([c["per_query"] for c in base], m))
+        a, b, ids = pair_by_query(
+            per_query_means([c["per_query"] for c in mine], m), per_query_means([c["per_query"] for c in base], m)
+        )
     return (p_value(a, b, test) if ids else None), len(ids)
 
 
 def summarize(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
     """[{train, eval, rows: [{row, baseline, runs, measures: {m: {mean, change_pct, p, pairs, mark}}}]}], one block per
-    (train, eval) pair of the grid. Only finished cells (status "done") count; a row without any has mean None."""
+    (train, eval) pair of the grid. Only finished cells (status "done") count; a row without any has mean None.
+    """
     test = check_test(test or results["test"])
     paired_by = paired_by or results.get("paired_by", "query")
     measures = list(results["measures"])
@@ -96,7 +121,10 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
     blocks = []
     for train in results["train_data"]:
         for ev in results["eval_data"]:
-            cells = {r: [c for c in done if c["row"] == r and c["train"] == train and c["eval"] == ev] for r in results["rows"]}
+            cells = {
+                r: [c for c in done if c["row"] == r and c["train"] == train and c["eval"] == ev]
+                for r in results["rows"]
+            }
             rows = []
             # with per-row comparisons (compare_to) the grid's row order keeps each row next to the row it compares with
             order = list(results["rows"]) if compare_to else [baseline] + [r for r in results["rows"] if r != baseline]
@@ -116,8 +144,15 @@ def summarize(results: dict, test: str | None = None, paired_by: str | None = No
                     p, pairs = None, 0
                     if r != target and mine and base and m not in RUN_LEVEL:
                         p, pairs = _test_cells(mine, base, m, test, paired_by)
-                    entry["measures"][m] = {"mean": mean, "change_pct": change, "p": p, "pairs": pairs, "mark": significance_mark(p),
-                                            "run_level": m in RUN_LEVEL, "step": m in STEP_LEVEL}
+                    entry["measures"][m] = {
+                        "mean": mean,
+                        "change_pct": change,
+                        "p": p,
+                        "pairs": pairs,
+                        "mark": significance_mark(p),
+                        "run_level": m in RUN_LEVEL,
+                        "step": m in STEP_LEVEL,
+                    }
                 rows.append(entry)
             blocks.append({"train": train, "eval": ev, "rows": rows})
     return blocks
@@ -139,8 +174,13 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     blocks = summarize(results, test, paired_by)
     reps = results["replicates"]
     kind = "folds" if results.get("folds") else "seeds"
-    unit = ("per-query values (each query's mean over the runs that tested it)" if paired_by == "query"
-            else f"the runs' means ({len(reps)} {kind} a side)" if test in UNPAIRED else f"the runs' means paired by {kind[:-1]}")
+    unit = (
+        "per-query values (each query's mean over the runs that tested it)"
+        if paired_by == "query"
+        else f"the runs' means ({len(reps)} {kind} a side)"
+        if test in UNPAIRED
+        else f"the runs' means paired by {kind[:-1]}"
+    )
     lines = [
         f"## {results['grid']}",
         "",
@@ -150,33 +190,58 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     ]
     measures = list(results["measures"])
     if any(m in ISOTROPY_LEVEL for m in measures):
-        lines[-1] += (" iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run, mean over the runs,"
-                      " untested; iw_paper* / avgcos_paper* by the paper's protocol (the mean over the test batches),"
-                      " iw / avgcos by the fixed `probe` (docs/isotropy.md).")
+        lines[-1] += (
+            " iw (I(W), Eq. 3) and avgcos (Eq. 4) of the isotropy paper: one value per run, mean over the runs,"
+            " untested; iw_paper* / avgcos_paper* by the paper's protocol (the mean over the test batches),"
+            " iw / avgcos by the fixed `probe` (docs/isotropy.md)."
+        )
     if results.get("paper"):
-        lines[-1] += (" ↳ paper: the figure the paper reports for that row (grid key `paper`), under its own setting"
-                      + (f": {results['paper_note']}." if results.get("paper_note") else "."))
+        lines[-1] += " ↳ paper: the figure the paper reports for that row (grid key `paper`), under its own setting" + (
+            f": {results['paper_note']}." if results.get("paper_note") else "."
+        )
     if any(m in ATS_LEVEL for m in measures):
-        lines[-1] += (" mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
-                      " test passages' term vectors: one value per run, mean over the runs, untested.")
+        lines[-1] += (
+            " mats (MATS, position-bias paper Eq. 9; lower = less position bias) and ats0 (ATS(0), Eq. 8) of the"
+            " test passages' term vectors: one value per run, mean over the runs, untested."
+        )
     if "rerank_depth" in measures:
-        lines[-1] += (" rerank_depth: the re-ranking depth chosen on validation (best nDCG@10) and applied to the test,"
-                      " mean over the runs, untested.")
+        lines[-1] += (
+            " rerank_depth: the re-ranking depth chosen on validation (best nDCG@10) and applied to the test,"
+            " mean over the runs, untested."
+        )
     if results.get("deviations"):
         lines += ["", "Deviations from the paper's setting (grid key `deviations`):", ""]
         lines += [f"- {d}" for d in results["deviations"]]
     for block in blocks:
-        title = block["eval"] if block["train"] == block["eval"] else f"trained on {block['train']}, evaluated on {block['eval']}"
-        lines += ["", f"### {title}", "", "| method | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]
+        title = (
+            block["eval"]
+            if block["train"] == block["eval"]
+            else f"trained on {block['train']}, evaluated on {block['eval']}"
+        )
+        lines += [
+            "",
+            f"### {title}",
+            "",
+            "| method | " + " | ".join(measures) + " |",
+            "|---|" + "---:|" * len(measures),
+        ]
         for row in block["rows"]:
-            name = row["row"] + (" (baseline)" if row["baseline"] else f" (vs {row['compare_to']})" if results.get("compare_to") else "")
+            name = row["row"] + (
+                " (baseline)" if row["baseline"] else f" (vs {row['compare_to']})" if results.get("compare_to") else ""
+            )
             if row["runs"] < len(reps):
                 name += f" [{row['runs']}/{len(reps)} runs]"
-            lines.append(f"| {name} | " + " | ".join(_cell(row["measures"][m], row["baseline"]) for m in measures) + " |")
+            lines.append(
+                f"| {name} | " + " | ".join(_cell(row["measures"][m], row["baseline"]) for m in measures) + " |"
+            )
             paper = results.get("paper") or {}
-            figures = paper.get(f"{block['train']}/{block['eval']}", {}).get(row["row"]) or paper.get(block["eval"], {}).get(row["row"])
+            figures = paper.get(f"{block['train']}/{block['eval']}", {}).get(row["row"]) or paper.get(
+                block["eval"], {}
+            ).get(row["row"])
             if figures:
-                lines.append("| ↳ paper | " + " | ".join(f"{figures[m]:.4f}" if m in figures else "" for m in measures) + " |")
+                lines.append(
+                    "| ↳ paper | " + " | ".join(f"{figures[m]:.4f}" if m in figures else "" for m in measures) + " |"
+                )
     if results.get("delta_eval"):
         lines += render_delta(results, test, paired_by)
     return "\n".join(lines) + "\n"
@@ -186,7 +251,8 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
     """The position-bias paper's Table 3-4 layout: for each (row, training data), each measure on the two evaluation
     data of `delta_eval` (original and rotated test), the relative change from the first to the second, and the
     grid's paired test of second against first (the same queries: rotation changes only the passages).
-    [{row, train, runs, measures: {m: {first, second, change_pct, p, pairs, mark}}}]."""
+    [{row, train, runs, measures: {m: {first, second, change_pct, p, pairs, mark}}}].
+    """
     test = check_test(test or results["test"])
     paired_by = paired_by or results.get("paired_by", "query")
     first, second = results["delta_eval"]
@@ -203,10 +269,19 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
             for m in results["measures"]:
                 ma = _mean([c["metrics"][m] for c in a if m in c["metrics"]])
                 mb = _mean([c["metrics"][m] for c in b if m in c["metrics"]])
-                change = 100.0 * (mb - ma) / ma if ma not in (None, 0.0) and mb is not None and m not in RUN_LEVEL else None
+                change = (
+                    100.0 * (mb - ma) / ma if ma not in (None, 0.0) and mb is not None and m not in RUN_LEVEL else None
+                )
                 p, pairs = _test_cells(b, a, m, test, paired_by) if a and b and m not in RUN_LEVEL else (None, 0)
-                entry["measures"][m] = {"first": ma, "second": mb, "change_pct": change, "p": p, "pairs": pairs,
-                                        "mark": significance_mark(p), "run_level": m in RUN_LEVEL}
+                entry["measures"][m] = {
+                    "first": ma,
+                    "second": mb,
+                    "change_pct": change,
+                    "p": p,
+                    "pairs": pairs,
+                    "mark": significance_mark(p),
+                    "run_level": m in RUN_LEVEL,
+                }
             out.append(entry)
     return out
 
@@ -214,9 +289,14 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
 def render_delta(results: dict, test: str | None = None, paired_by: str | None = None) -> list[str]:
     first, second = results["delta_eval"]
     test = test or results["test"]
-    lines = ["", f"### {first} vs {second} test (position-bias paper Tables 3-4 layout)", "",
-             f"Each measure on the {first} and the {second} test data and the change between them (Δ); \\* / \\*\\*: "
-             f"{TEST_NAMES[test]} of {second} against {first}, p <= 0.05 / 0.01.", ""]
+    lines = [
+        "",
+        f"### {first} vs {second} test (position-bias paper Tables 3-4 layout)",
+        "",
+        f"Each measure on the {first} and the {second} test data and the change between them (Δ); \\* / \\*\\*: "
+        f"{TEST_NAMES[test]} of {second} against {first}, p <= 0.05 / 0.01.",
+        "",
+    ]
     measures = list(results["measures"])
     head = ["method", "training"]
     for m in measures:
@@ -241,7 +321,9 @@ def write_table(results: dict, path: str | os.PathLike, test: str | None = None,
     return text
 
 
-def log_wandb_table(results: dict, key: str = "results_table", test: str | None = None, paired_by: str | None = None) -> bool:
+def log_wandb_table(
+    results: dict, key: str = "results_table", test: str | None = None, paired_by: str | None = None
+) -> bool:
     """Log the summary as a wandb.Table to the active W&B run; False (nothing done) when none is active."""
     try:
         import wandb  # lazy: heavy, only W&B logging needs it

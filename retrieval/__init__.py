@@ -11,11 +11,18 @@
 Runs are `{qid: {doc id: score}}`, the pipeline's run form: `metrics.trec.write_trec_run` writes them,
 `metrics.ir.evaluate_run` scores them.
 """
+
 from retrieval.colbert_e2e import ColBERTIndex, colbert_index_from_checkpoint
 from retrieval.dense import INDEX_TYPES, DenseIndex, IndexOptions, index_from_checkpoint
 from retrieval.encode import encode_docs, encode_queries
 
 __all__ = [
-    "DenseIndex", "ColBERTIndex", "IndexOptions", "INDEX_TYPES", "index_from_checkpoint", "colbert_index_from_checkpoint",
-    "encode_docs", "encode_queries",
+    "DenseIndex",
+    "ColBERTIndex",
+    "IndexOptions",
+    "INDEX_TYPES",
+    "index_from_checkpoint",
+    "colbert_index_from_checkpoint",
+    "encode_docs",
+    "encode_queries",
 ]

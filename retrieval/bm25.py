@@ -11,6 +11,7 @@ BM25 figures on the classic collections). Writes into `output_dir`, as evaluate.
 atomically, so the experiment runner treats the folder as a finished cell. Scoring and tie-breaking:
 datamodules/bm25.py; the config keys: lightning_modules/rankers/bm25.py (`BM25Config`).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -52,15 +53,31 @@ def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = BM25P
     queries, qrels = split_queries(ds, split)
     judged = sum(1 for q in qrels if any(g > 0 for g in qrels[q].values()))
     if not judged:
-        raise empty_split(dc, split, f"has no judged query to evaluate ({len(queries)} queries, none with a relevant document)")
+        raise empty_split(
+            dc, split, f"has no judged query to evaluate ({len(queries)} queries, none with a relevant document)"
+        )
     rankings = bm25_run(ds.docs, queries, k, dc.cache_dir, f"{ds.name}-{split}-run", params)
     run = {q: dict(r) for q, r in rankings.items()}
     empty = [q for q in sorted(queries) if not run[q] and any(g > 0 for g in qrels.get(q, {}).values())]
     if empty:
         warnings.warn(no_candidates_warning(f"model=bm25, split '{split}'", empty))
     means, per_query = evaluate_run(run, qrels, list(cfg.eval.measures))
-    write_result_dir(cfg.output_dir, {**means, "bm25": {**settings(params), "split": split, "k": k, "docs": len(ds.docs),
-                                                        "queries": len(queries), "judged_queries": judged}},
-                     per_query, run, tag=f"bm25-{params.method}", config=OmegaConf.to_yaml(cfg))
+    write_result_dir(
+        cfg.output_dir,
+        {
+            **means,
+            "bm25": {
+                **settings(params),
+                "split": split,
+                "k": k,
+                "docs": len(ds.docs),
+                "queries": len(queries),
+                "judged_queries": judged,
+            },
+        },
+        per_query,
+        run,
+        tag=f"bm25-{params.method}",
+        config=OmegaConf.to_yaml(cfg),
+    )
     return means
-

@@ -43,6 +43,7 @@ On disk (`save`, atomic like `retrieval.dense`): `index.faiss`, `tokens.npy` (th
 codes), `store_codec.faiss` (residual stores), `offsets.npy`, `doc_ids.json`, `manifest.json`; `load` memory-maps
 `tokens.npy`.
 """
+
 from __future__ import annotations
 
 import math
@@ -95,7 +96,8 @@ TOKENS_FILE, CODEC_FILE = "tokens.npy", "store_codec.faiss"
 def train_residual_codec(sample: np.ndarray, store_dtype: str):
     """PLAID's residual compression as a faiss standalone codec: IVF k-means centroids (as many as PLAID takes,
     2^floor(log2(16 sqrt(n))), capped at n / 39 so k-means has the points per centroid faiss asks for) and each
-    residual scalar-quantised per dimension over the range seen on `sample`. Returns (codec, manifest params)."""
+    residual scalar-quantised per dimension over the range seen on `sample`. Returns (codec, manifest params).
+    """
     faiss = load_faiss()
     n, dim = sample.shape
     nlist = 1 << int(math.log2(max(1.0, min(16 * math.sqrt(n), n / 39))))
@@ -108,10 +110,16 @@ def train_residual_codec(sample: np.ndarray, store_dtype: str):
 class TokenStoreWriter:
     """Streams float32 token vectors into `folder/tokens.npy`, `chunk` rows per write: float rows, or (residual
     stores) uint8 codes from a codec trained on the first `train_size` vectors, which are held until then. Memory:
-    one chunk (plus the training sample), whatever the collection's size."""
+    one chunk (plus the training sample), whatever the collection's size.
+    """
 
     def __init__(self, folder: Path, store_dtype: str, chunk: int = STORE_CHUNK, train_size: int = 65536):
-        self.path, self.store_dtype, self.chunk, self.train_size = Path(folder) / TOKENS_FILE, store_dtype, chunk, train_size
+        self.path, self.store_dtype, self.chunk, self.train_size = (
+            Path(folder) / TOKENS_FILE,
+            store_dtype,
+            chunk,
+            train_size,
+        )
         self.codec, self.params = None, {}
         self._pending: list[np.ndarray] = []
         self._n_pending = 0
@@ -151,7 +159,11 @@ class TokenStoreWriter:
             self._pending, self._n_pending = [x[end:].copy()], len(x) - end  # a copy: `x` itself is freed
 
     def _write(self, x: np.ndarray) -> None:
-        rows = self.codec.sa_encode(np.ascontiguousarray(x, dtype=np.float32)) if self.codec is not None else x.astype(FLOAT_STORES[self.store_dtype])
+        rows = (
+            self.codec.sa_encode(np.ascontiguousarray(x, dtype=np.float32))
+            if self.codec is not None
+            else x.astype(FLOAT_STORES[self.store_dtype])
+        )
         if self._writer is None:
             self._writer = NpyRowWriter(self.path, rows.dtype, rows.shape[1])
         self._writer.write(rows)
@@ -173,7 +185,8 @@ class TokenStoreWriter:
 def link_or_copy(src: Path, dst: Path) -> None:
     """`dst` as a hard link to `src` (instant, no second copy on disk), copied only where the file system cannot
     link (another device, no hard links). A token store is never written again once closed, and a saved index is
-    replaced as a whole folder (core.io.AtomicDir), so the two names can share the file."""
+    replaced as a whole folder (core.io.AtomicDir), so the two names can share the file.
+    """
     try:
         os.link(src, dst)
     except OSError:
@@ -183,7 +196,8 @@ def link_or_copy(src: Path, dst: Path) -> None:
 def candidates_from_hits(scores: np.ndarray, rows: np.ndarray, offsets: np.ndarray, depth: int | None) -> np.ndarray:
     """Passage indices (sorted ascending when not capped, else by approximate score) from one query's token hits.
 
-    scores, rows: [Lq, k'] faiss results of the query's tokens (rows -1 = no hit)."""
+    scores, rows: [Lq, k'] faiss results of the query's tokens (rows -1 = no hit).
+    """
     valid = rows >= 0
     docs = np.searchsorted(offsets, np.where(valid, rows, 0), side="right") - 1
     uniq, inv = np.unique(docs[valid], return_inverse=True)
@@ -203,9 +217,19 @@ def candidates_from_hits(scores: np.ndarray, rows: np.ndarray, offsets: np.ndarr
 class ColBERTIndex:
     """Token-level faiss index + on-disk token store (float16/32 rows or residual codes) of a ColBERT ranker's passages."""
 
-    def __init__(self, index, tokens: np.ndarray, offsets: np.ndarray, doc_ids: list[str], manifest: dict,
-                 ranker=None, pair_tokenizer=None, placement: Placement | None = None, codec=None,
-                 store_path: Path | None = None):
+    def __init__(
+        self,
+        index,
+        tokens: np.ndarray,
+        offsets: np.ndarray,
+        doc_ids: list[str],
+        manifest: dict,
+        ranker=None,
+        pair_tokenizer=None,
+        placement: Placement | None = None,
+        codec=None,
+        store_path: Path | None = None,
+    ):
         self.index, self.doc_ids, self.manifest = index, doc_ids, manifest
         self.tokens, self.offsets = tokens, offsets  # passage k's token rows: tokens[offsets[k]:offsets[k + 1]]
         self.codec = codec  # residual stores: the faiss codec decoding `tokens` (uint8 codes); None: float rows
@@ -228,21 +252,38 @@ class ColBERTIndex:
     def _check(ranker) -> None:
         if not isinstance(ranker, ColBERT):
             name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
-            raise InputError("model.name", f"'{name}' is not a ColBERT ranker; ColBERTIndex serves colbert (repbert and bert_dot: retrieval.dense.DenseIndex)")
+            raise InputError(
+                "model.name",
+                f"'{name}' is not a ColBERT ranker; ColBERTIndex serves colbert (repbert and bert_dot: retrieval.dense.DenseIndex)",
+            )
 
     # -- building
     @classmethod
-    def build(cls, ranker, docs: Mapping | Iterable, *, pair_tokenizer=None, batch_size: int = 32, device=None,
-              precision: str = "fp32", sort_window: int | None = None, store_dtype: str = "float16",
-              store_dir: str | os.PathLike | None = None, store_chunk: int = STORE_CHUNK,
-              checkpoint: str | None = None, encoded: Iterable | None = None, **index_opts) -> "ColBERTIndex":
+    def build(
+        cls,
+        ranker,
+        docs: Mapping | Iterable,
+        *,
+        pair_tokenizer=None,
+        batch_size: int = 32,
+        device=None,
+        precision: str = "fp32",
+        sort_window: int | None = None,
+        store_dtype: str = "float16",
+        store_dir: str | os.PathLike | None = None,
+        store_chunk: int = STORE_CHUNK,
+        checkpoint: str | None = None,
+        encoded: Iterable | None = None,
+        **index_opts,
+    ) -> ColBERTIndex:
         """Encode `docs` in streamed batches, index every non-padding token vector, write them to the token store.
         `store_dir`: where the store is written while building (a temporary folder inside it; None: the system temp
         dir): the folder the index will be saved in, so that `save` links the store instead of copying it.
         `encoded`: the batches (ids, Encoded) of `docs` already encoded (retrieval/split.py), indexed instead of
         encoding here.
         `store_chunk`: token rows buffered per write. `index_opts`: `retrieval.dense.IndexOptions` fields for the
-        token index (index_type, nlist, ...; `train_size` also sizes a residual store's training sample)."""
+        token index (index_type, nlist, ...; `train_size` also sizes a residual store's training sample).
+        """
         cls._check(ranker)
         if store_dtype not in STORE_DTYPES:
             raise InputError("store_dtype", f"is {store_dtype!r}; expected one of {list(STORE_DTYPES)}")
@@ -260,7 +301,9 @@ class ColBERTIndex:
             seen: set[str] = set()
             lengths: list[np.ndarray] = []
             if encoded is None:
-                encoded = encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens")
+                encoded = encode_docs(
+                    ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"
+                )
             for ids, enc in encoded:
                 record_doc_ids(ids, doc_ids, seen)
                 flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
@@ -280,7 +323,9 @@ class ColBERTIndex:
         offsets = np.zeros(len(doc_ids) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
         manifest = base_manifest(FORMAT, ranker, checkpoint, params, builder.dim, len(doc_ids), precision)
-        manifest.update(n_tokens=int(offsets[-1]), store_dtype=store_dtype, score="colbert_maxsim_cosine", metric="inner_product")
+        manifest.update(
+            n_tokens=int(offsets[-1]), store_dtype=store_dtype, score="colbert_maxsim_cosine", metric="inner_product"
+        )
         if store.codec is not None:
             manifest["store_codec"] = store.params
         out = cls(index, tokens, offsets, doc_ids, manifest, ranker, pt, builder.placement, store.codec, store.path)
@@ -301,7 +346,8 @@ class ColBERTIndex:
 
     def token_rows(self, idx: np.ndarray) -> np.ndarray:
         """Stored token vectors of store rows `idx` as float32 [n, D]: read from the memory map (only those rows)
-        and, for a residual store, decoded."""
+        and, for a residual store, decoded.
+        """
         rows = self.tokens[idx]
         if self.codec is not None:
             return self.codec.sa_decode(np.ascontiguousarray(rows, dtype=np.uint8))
@@ -332,10 +378,21 @@ class ColBERTIndex:
                 out.append(ranker.score_all(q, d)[0].float().cpu())
         return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.float32)
 
-    def search(self, queries: Mapping[str, str] | Iterable, k: int = 100, *, k_tokens: int = 256, depth: int | None = 1000,
-               batch_size: int = 32, device=None, precision: str | None = None, rescore_chunk: int = 256) -> dict[str, dict[str, float]]:
+    def search(
+        self,
+        queries: Mapping[str, str] | Iterable,
+        k: int = 100,
+        *,
+        k_tokens: int = 256,
+        depth: int | None = 1000,
+        batch_size: int = 32,
+        device=None,
+        precision: str | None = None,
+        rescore_chunk: int = 256,
+    ) -> dict[str, dict[str, float]]:
         """Top-k passages of every query by exact ColBERT score among the token-search candidates: a run
-        {qid: {doc id: score}}. `k_tokens`: hits per query token; `depth`: at most this many candidates re-scored."""
+        {qid: {doc id: score}}. `k_tokens`: hits per query token; `depth`: at most this many candidates re-scored.
+        """
         for key, v in (("k", k), ("k_tokens", k_tokens)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(key, f"is {v!r}; expected a positive integer")
@@ -347,10 +404,14 @@ class ColBERTIndex:
         if self.placement.on_gpu and kk > GPU_MAX_K:
             raise InputError("k_tokens", f"is {kk}; faiss on the GPU returns at most {GPU_MAX_K} hits per query token")
         run: dict[str, dict[str, float]] = {}
-        for qids, enc in encode_queries(ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="tokens"):
+        for qids, enc in encode_queries(
+            ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="tokens"
+        ):
             flat = np.ascontiguousarray(cosine_normalize(enc.tokens)[enc.mask].numpy(), dtype=np.float32)
             if flat.shape[1] != self.dim:
-                raise InputError("ranker", f"query token vectors are {flat.shape[1]}-dimensional; this index holds {self.dim}")
+                raise InputError(
+                    "ranker", f"query token vectors are {flat.shape[1]}-dimensional; this index holds {self.dim}"
+                )
             scores, hits = self.index.search(flat, kk)
             lens = enc.mask.sum(1).tolist()
             start = 0
@@ -369,7 +430,8 @@ class ColBERTIndex:
     # -- persistence
     def save(self, path: str | os.PathLike) -> Path:
         """Write the index directory atomically. A store on disk is hard-linked in (copied across file systems);
-        the index then reads the saved store, and the build's temporary store folder is removed."""
+        the index then reads the saved store, and the build's temporary store folder is removed.
+        """
         path = Path(path)
         with AtomicDir(path) as tmp:
             load_faiss().write_index(self.placement.to_cpu(self.index), str(tmp / "index.faiss"))
@@ -390,9 +452,12 @@ class ColBERTIndex:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None, mmap: bool = True) -> "ColBERTIndex":
+    def load(
+        cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None, mmap: bool = True
+    ) -> ColBERTIndex:
         """Read an index directory; `tokens.npy` is memory-mapped unless `mmap=False`. Without `ranker`, `search`
-        rebuilds it from the recorded checkpoint."""
+        rebuilds it from the recorded checkpoint.
+        """
         path = Path(path)
         manifest = read_manifest(path, FORMAT)
         if ranker is not None:
@@ -410,13 +475,26 @@ class ColBERTIndex:
         codec = read_codec(path / CODEC_FILE, manifest) if kind in RESIDUAL_STORES else None
         width = manifest["store_codec"]["code_size"] if codec is not None else manifest["dim"]
         if offsets.shape != (count + 1,) or int(offsets[-1]) != n_tokens or tokens.shape != (n_tokens, width):
-            raise InputError(str(path), f"token store shapes {tokens.shape}, {offsets.shape} do not match the manifest ({n_tokens} tokens of width {width}, {count} docs)")
+            raise InputError(
+                str(path),
+                f"token store shapes {tokens.shape}, {offsets.shape} do not match the manifest ({n_tokens} tokens of width {width}, {count} docs)",
+            )
         cpu_index = read_faiss(path / "index.faiss", n_tokens)
         placement = Placement(use_gpu)
         index = placement.place(cpu_index, manifest["index_type"])
         placement.set_params(index, manifest["params"])
-        return cls(index, tokens, offsets, doc_ids, manifest, ranker, pair_tokenizer, placement, codec,
-                   path / TOKENS_FILE if mmap else None)
+        return cls(
+            index,
+            tokens,
+            offsets,
+            doc_ids,
+            manifest,
+            ranker,
+            pair_tokenizer,
+            placement,
+            codec,
+            path / TOKENS_FILE if mmap else None,
+        )
 
 
 def read_codec(path: Path, manifest: dict):
@@ -424,11 +502,18 @@ def read_codec(path: Path, manifest: dict):
     codec = read_faiss(path, 0)  # a codec holds no vectors
     params = manifest.get("store_codec") or {}
     if codec.d != manifest["dim"] or codec.sa_code_size() != params.get("code_size"):
-        raise InputError(str(path), f"codec of {codec.d} dimensions, {codec.sa_code_size()}-byte codes; the manifest says {manifest['dim']}, {params.get('code_size')}")
+        raise InputError(
+            str(path),
+            f"codec of {codec.d} dimensions, {codec.sa_code_size()}-byte codes; the manifest says {manifest['dim']}, {params.get('code_size')}",
+        )
     return codec
 
 
-def colbert_index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> ColBERTIndex:
+def colbert_index_from_checkpoint(
+    ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts
+) -> ColBERTIndex:
     """Rebuild the RankingModule of a ColBERT checkpoint (as `pipeline.run.evaluate` does) and index `docs`."""
     module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)
-    return ColBERTIndex.build(module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts)
+    return ColBERTIndex.build(
+        module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts
+    )

@@ -9,6 +9,7 @@
 retrieves the top `k` of every query of `split`. Every key is checked here (a one-line InputError naming it), when
 the config is composed, so `--dry-run` rejects what the run would.
 """
+
 from __future__ import annotations
 
 import re
@@ -55,7 +56,9 @@ class DenseRetrievalConfig(RetrievalConfig):
     batch_size: int = 64  # texts per encoder forward pass
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16: CUDA only)
     device: str | None = None  # cpu | cuda | cuda:N | mps; null = where the checkpoint loads (CPU)
-    devices: int = 1  # processes that encode the collection (retrieval/split.py): with device=cuda one per GPU, else CPU processes
+    devices: int = (
+        1  # processes that encode the collection (retrieval/split.py): with device=cuda one per GPU, else CPU processes
+    )
     gpu_index: bool = True  # faiss-gpu when present; false keeps the faiss index on the CPU
     index_dir: str | None = None  # where the index is saved; null = <output_dir>/index
     k_tokens: int = 256  # colbert: token hits per query token
@@ -67,13 +70,29 @@ class DenseRetrievalConfig(RetrievalConfig):
         check_choice("retrieval.index_type", self.index_type, INDEX_TYPES)
         check_choice("retrieval.precision", self.precision, PRECISIONS)
         check_choice("retrieval.store_dtype", self.store_dtype, tuple(STORE_DTYPES))
-        check_ranges("retrieval", self, k=COUNT, hnsw_m=COUNT, ef_construction=COUNT, ef_search=COUNT, batch_size=COUNT,
-                     k_tokens=COUNT, nlist=COUNT, nprobe=COUNT, pq_m=COUNT, pq_nbits=Range(1, 16), depth=COUNT)
+        check_ranges(
+            "retrieval",
+            self,
+            k=COUNT,
+            hnsw_m=COUNT,
+            ef_construction=COUNT,
+            ef_search=COUNT,
+            batch_size=COUNT,
+            k_tokens=COUNT,
+            nlist=COUNT,
+            nprobe=COUNT,
+            pq_m=COUNT,
+            pq_nbits=Range(1, 16),
+            depth=COUNT,
+        )
         if self.device is not None and not DEVICE.fullmatch(self.device):
             raise InputError(_key("device"), f"is {self.device!r}; expected cpu, cuda, cuda:N, mps or null")
         check_ranges("retrieval", self, devices=COUNT)
         if self.devices > 1 and self.device not in (None, "cpu", "cuda"):
-            raise InputError(_key("device"), f"is {self.device!r} with retrieval.devices={self.devices}; expected cuda (GPUs 0..N-1), cpu or null")
+            raise InputError(
+                _key("device"),
+                f"is {self.device!r} with retrieval.devices={self.devices}; expected cuda (GPUs 0..N-1), cpu or null",
+            )
 
     @property
     def accelerator(self) -> str:
@@ -82,9 +101,17 @@ class DenseRetrievalConfig(RetrievalConfig):
 
     def index_options(self) -> dict:
         """Keyword arguments of `DenseIndex.build` / `ColBERTIndex.build` for the faiss index."""
-        return dict(index_type=self.index_type, nlist=self.nlist, nprobe=self.nprobe, hnsw_m=self.hnsw_m,
-                    ef_construction=self.ef_construction, ef_search=self.ef_search, pq_m=self.pq_m,
-                    pq_nbits=self.pq_nbits, use_gpu=None if self.gpu_index else False)
+        return dict(
+            index_type=self.index_type,
+            nlist=self.nlist,
+            nprobe=self.nprobe,
+            hnsw_m=self.hnsw_m,
+            ef_construction=self.ef_construction,
+            ef_search=self.ef_search,
+            pq_m=self.pq_m,
+            pq_nbits=self.pq_nbits,
+            use_gpu=None if self.gpu_index else False,
+        )
 
 
 SCHEMAS: dict[str, type] = {"none": RetrievalConfig, "dense": DenseRetrievalConfig}

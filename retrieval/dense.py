@@ -45,6 +45,7 @@ writes `run.trec`, `metrics.json` (the split's qrels, `eval.measures`) and the i
 `retrieval.index_dir`). A ColBERT checkpoint is served by `retrieval.colbert_e2e` (end-to-end, `retrieval.k_tokens`,
 `retrieval.depth`).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -71,7 +72,12 @@ from retrieval.encode import (
 )
 
 __all__ = [
-    "INDEX_TYPES", "IndexOptions", "FaissBuilder", "DenseIndex", "index_from_checkpoint", "run_from_hits",
+    "INDEX_TYPES",
+    "IndexOptions",
+    "FaissBuilder",
+    "DenseIndex",
+    "index_from_checkpoint",
+    "run_from_hits",
     "faiss_gpu_available",
 ]
 
@@ -114,7 +120,7 @@ class IndexOptions:
     use_gpu: bool | None = None  # None = use faiss-gpu when present
 
     @classmethod
-    def from_kwargs(cls, **kw) -> "IndexOptions":
+    def from_kwargs(cls, **kw) -> IndexOptions:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(kw) - names)
         if unknown:
@@ -125,7 +131,9 @@ class IndexOptions:
 
     def validate(self) -> None:
         if self.index_type not in INDEX_TYPES:
-            raise InputError("index_type", f"unknown index type '{self.index_type}'; expected one of {list(INDEX_TYPES)}")
+            raise InputError(
+                "index_type", f"unknown index type '{self.index_type}'; expected one of {list(INDEX_TYPES)}"
+            )
         for key in ("nlist", "nprobe", "pq_m", "pq_nbits"):
             v = getattr(self, key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -151,7 +159,9 @@ def resolve_params(opts: IndexOptions, dim: int, n_train: int | None) -> dict:
     if t in ("ivf", "ivfpq"):
         nlist = opts.nlist or max(1, min(int(4 * math.sqrt(n_train)), n_train // 39))
         if nlist > n_train:
-            raise InputError("nlist", f"is {nlist} but only {n_train} vectors are there to train on; expected nlist <= {n_train}")
+            raise InputError(
+                "nlist", f"is {nlist} but only {n_train} vectors are there to train on; expected nlist <= {n_train}"
+            )
         p.update(nlist=nlist, nprobe=min(opts.nprobe or min(nlist, 16), nlist))
     if t in ("pq", "ivfpq"):
         m = opts.pq_m or _default_pq_m(dim)
@@ -159,7 +169,10 @@ def resolve_params(opts: IndexOptions, dim: int, n_train: int | None) -> dict:
             raise InputError("pq_m", f"is {m}, which does not divide the vector dimension {dim}")
         nbits = opts.pq_nbits or max(1, min(8, int(math.log2(max(2, n_train)))))
         if 2**nbits > n_train:
-            raise InputError("pq_nbits", f"is {nbits}: {2**nbits} centroids per sub-quantizer need at least that many training vectors, got {n_train}")
+            raise InputError(
+                "pq_nbits",
+                f"is {nbits}: {2**nbits} centroids per sub-quantizer need at least that many training vectors, got {n_train}",
+            )
         p.update(pq_m=m, pq_nbits=nbits)
     if t == "hnsw":
         p.update(hnsw_m=opts.hnsw_m, ef_construction=opts.ef_construction, ef_search=opts.ef_search)
@@ -206,7 +219,9 @@ class Placement:
                 self.resources = faiss.StandardGpuResources()
             gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, cpu_index)
         except Exception as e:  # e.g. an IVFPQ code size the GPU kernels do not support
-            warnings.warn(f"faiss GPU placement of a '{index_type}' index failed ({e}); using the CPU index", stacklevel=2)
+            warnings.warn(
+                f"faiss GPU placement of a '{index_type}' index failed ({e}); using the CPU index", stacklevel=2
+            )
             return cpu_index
         self.on_gpu = True
         return gpu_index
@@ -226,7 +241,8 @@ class Placement:
 
 class FaissBuilder:
     """Streams float32 vectors into a faiss index; trained types buffer the first `train_size` vectors, train on
-    them, then add them and everything after. `finish()` returns (index, params)."""
+    them, then add them and everything after. `finish()` returns (index, params).
+    """
 
     def __init__(self, opts: IndexOptions, placement: Placement | None = None, what: str = "docs"):
         self.opts = opts
@@ -250,7 +266,9 @@ class FaissBuilder:
         if not len(x):
             return
         if not np.isfinite(x).all():
-            raise InputError(self.what, "an encoded vector is not finite (NaN or inf); check the checkpoint and precision")
+            raise InputError(
+                self.what, "an encoded vector is not finite (NaN or inf); check the checkpoint and precision"
+            )
         self.count += len(x)
         if self.index is None and self.opts.index_type in TRAINED:
             self._pending.append(x)
@@ -284,7 +302,7 @@ class FaissBuilder:
 
 
 def run_from_hits(qids: list, scores: np.ndarray, rows: np.ndarray, doc_ids: list[str]) -> dict[str, dict[str, float]]:
-    """faiss (D, I) -> {qid: {doc id: score}}; rows of -1 (fewer hits than k) are dropped."""
+    """Faiss (D, I) -> {qid: {doc id: score}}; rows of -1 (fewer hits than k) are dropped."""
     run = {}
     for qid, srow, irow in zip(qids, scores, rows):
         run[str(qid)] = {doc_ids[i]: float(s) for s, i in zip(srow, irow) if i >= 0}
@@ -300,7 +318,10 @@ def read_manifest(path: Path, fmt: str) -> dict:
     except (OSError, ValueError) as e:
         raise InputError(str(mpath), f"unreadable manifest ({type(e).__name__}: {e})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != fmt:
-        raise InputError(str(mpath), f"format is {manifest.get('format') if isinstance(manifest, dict) else None!r}; expected '{fmt}'")
+        raise InputError(
+            str(mpath),
+            f"format is {manifest.get('format') if isinstance(manifest, dict) else None!r}; expected '{fmt}'",
+        )
     return manifest
 
 
@@ -310,7 +331,9 @@ def read_doc_ids(path: Path, count: int) -> list[str]:
     except (OSError, ValueError) as e:
         raise InputError(str(path), f"unreadable doc ids ({type(e).__name__}: {e})") from e
     if not isinstance(ids, list) or len(ids) != count:
-        raise InputError(str(path), f"holds {len(ids) if isinstance(ids, list) else 'no list of'} doc ids; the manifest says {count}")
+        raise InputError(
+            str(path), f"holds {len(ids) if isinstance(ids, list) else 'no list of'} doc ids; the manifest says {count}"
+        )
     return [str(i) for i in ids]
 
 
@@ -320,7 +343,10 @@ def read_faiss(path: Path, count: int):
     try:
         index = load_faiss().read_index(str(path))
     except Exception as e:
-        raise InputError(str(path), f"cannot read faiss index ({str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})") from e
+        raise InputError(
+            str(path),
+            f"cannot read faiss index ({str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})",
+        ) from e
     if index.ntotal != count:
         raise InputError(str(path), f"holds {index.ntotal} vectors; the manifest says {count}")
     return index
@@ -332,9 +358,16 @@ def _config_dict(cfg) -> dict:
 
 def base_manifest(fmt: str, ranker, checkpoint, params: dict, dim: int, count: int, precision: str) -> dict:
     return {
-        "format": fmt, "version": VERSION, "ranker": ranker.cfg.name, "ranker_config": _config_dict(ranker.cfg),
-        "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None, "index_type": params["index_type"],
-        "params": params, "dim": int(dim), "count": int(count), "precision": precision,
+        "format": fmt,
+        "version": VERSION,
+        "ranker": ranker.cfg.name,
+        "ranker_config": _config_dict(ranker.cfg),
+        "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None,
+        "index_type": params["index_type"],
+        "params": params,
+        "dim": int(dim),
+        "count": int(count),
+        "precision": precision,
         "faiss_version": getattr(load_faiss(), "__version__", "?"),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -342,7 +375,9 @@ def base_manifest(fmt: str, ranker, checkpoint, params: dict, dim: int, count: i
 
 def check_ranker_matches(ranker, manifest: dict, path) -> None:
     if ranker is not None and ranker.cfg.name != manifest["ranker"]:
-        raise InputError("ranker", f"index '{path}' was built with ranker '{manifest['ranker']}', got '{ranker.cfg.name}'")
+        raise InputError(
+            "ranker", f"index '{path}' was built with ranker '{manifest['ranker']}', got '{ranker.cfg.name}'"
+        )
 
 
 # ---- the dense index -------------------------------------------------------------------------------------------
@@ -350,7 +385,8 @@ def check_ranker_matches(ranker, manifest: dict, path) -> None:
 
 def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
     """Append an encoded batch's ids (as strings) to `doc_ids`, the index's row -> doc id map; a repeated id is an
-    input error (two rows could not be told apart in a run)."""
+    input error (two rows could not be told apart in a run).
+    """
     for i in ids:
         s = str(i)
         if s in seen:
@@ -361,11 +397,15 @@ def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
 
 def ensure_ranker(index):
     """The ranker of a loaded index (DenseIndex or ColBERTIndex): the one given, else re-read from the checkpoint
-    its manifest records (checked against the manifest); its pair tokenizer likewise."""
+    its manifest records (checked against the manifest); its pair tokenizer likewise.
+    """
     if index.ranker is None:
         ckpt = index.manifest.get("checkpoint")
         if not ckpt:
-            raise InputError("ranker", f"this index was loaded without a ranker and records no checkpoint; pass ranker= to {type(index).__name__}.load")
+            raise InputError(
+                "ranker",
+                f"this index was loaded without a ranker and records no checkpoint; pass ranker= to {type(index).__name__}.load",
+            )
         index.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
         check_ranker_matches(index.ranker, index.manifest, ckpt)
     if index.pair_tokenizer is None:
@@ -376,7 +416,15 @@ def ensure_ranker(index):
 class DenseIndex:
     """A faiss index over the pooled vectors of a single-vector ranker, with the doc id of every row."""
 
-    def __init__(self, index, doc_ids: list[str], manifest: dict, ranker=None, pair_tokenizer=None, placement: Placement | None = None):
+    def __init__(
+        self,
+        index,
+        doc_ids: list[str],
+        manifest: dict,
+        ranker=None,
+        pair_tokenizer=None,
+        placement: Placement | None = None,
+    ):
         self.index = index
         self.doc_ids = doc_ids
         self.manifest = manifest
@@ -410,35 +458,55 @@ class DenseIndex:
         if not isinstance(ranker, SingleVectorEncoder):
             name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
             hint = "; for colbert use retrieval.colbert_e2e.ColBERTIndex" if name == "colbert" else ""
-            raise InputError("model.name", f"'{name}' is not a single-vector ranker; DenseIndex serves repbert and bert_dot{hint}")
+            raise InputError(
+                "model.name", f"'{name}' is not a single-vector ranker; DenseIndex serves repbert and bert_dot{hint}"
+            )
 
     @classmethod
-    def build(cls, ranker, docs: Mapping | Iterable, *, pair_tokenizer=None, batch_size: int = 64, device=None,
-              precision: str = "fp32", sort_window: int | None = None, checkpoint: str | None = None,
-              encoded: Iterable | None = None, **index_opts) -> "DenseIndex":
+    def build(
+        cls,
+        ranker,
+        docs: Mapping | Iterable,
+        *,
+        pair_tokenizer=None,
+        batch_size: int = 64,
+        device=None,
+        precision: str = "fp32",
+        sort_window: int | None = None,
+        checkpoint: str | None = None,
+        encoded: Iterable | None = None,
+        **index_opts,
+    ) -> DenseIndex:
         """Encode `docs` ({id: text} or an iterable of (id, text)) in streamed batches and index their vectors.
         `encoded`: the batches (ids, vectors) of `docs` already encoded (retrieval/split.py's merge of a split
         encoding), indexed instead of encoding here. `index_opts`: the fields of `IndexOptions` (index_type, nlist,
-        nprobe, hnsw_m, ...)."""
+        nprobe, hnsw_m, ...).
+        """
         cls._check(ranker)
         opts = IndexOptions.from_kwargs(**index_opts)
         if isinstance(docs, Sized) and opts.index_type in TRAINED:  # fail before encoding when the size is known
             n = min(len(docs), opts.train_size)
             if n and opts.nlist is not None and opts.nlist > n:
-                raise InputError("nlist", f"is {opts.nlist} but only {n} vectors are there to train on; expected nlist <= {n}")
+                raise InputError(
+                    "nlist", f"is {opts.nlist} but only {n} vectors are there to train on; expected nlist <= {n}"
+                )
         pt = pair_tokenizer or pair_tokenizer_for(ranker)
         builder = FaissBuilder(opts)
         doc_ids: list[str] = []
         seen: set[str] = set()
         if encoded is None:
-            encoded = encode_docs(ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence")
+            encoded = encode_docs(
+                ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence"
+            )
         for ids, vecs in encoded:
             record_doc_ids(ids, doc_ids, seen)
             builder.add(cls._prepare(vecs, ranker.cosine))
         del seen
         index, params = builder.finish()
         manifest = base_manifest(FORMAT, ranker, checkpoint, params, builder.dim, builder.count, precision)
-        manifest.update(score="cosine" if ranker.cosine else "dot", metric="inner_product", normalized=bool(ranker.cosine))
+        manifest.update(
+            score="cosine" if ranker.cosine else "dot", metric="inner_product", normalized=bool(ranker.cosine)
+        )
         return cls(index, doc_ids, manifest, ranker, pt, builder.placement)
 
     @staticmethod
@@ -475,23 +543,37 @@ class DenseIndex:
             raise InputError("k", f"is {k!r}; expected a positive integer")
         x = np.ascontiguousarray(torch.as_tensor(vectors, dtype=torch.float32).numpy())
         if x.ndim != 2 or x.shape[1] != self.dim:
-            raise InputError("queries", f"query vectors have shape {tuple(x.shape)}; this index holds {self.dim}-dimensional vectors")
+            raise InputError(
+                "queries", f"query vectors have shape {tuple(x.shape)}; this index holds {self.dim}-dimensional vectors"
+            )
         k = min(k, len(self.doc_ids))
         if self.placement.on_gpu and k > GPU_MAX_K:
             raise InputError("k", f"is {k}; faiss on the GPU returns at most {GPU_MAX_K} hits per query")
         return self.index.search(x, k)
 
-    def encode_queries(self, queries: Mapping | Iterable, batch_size: int = 64, device=None, precision: str | None = None):
+    def encode_queries(
+        self, queries: Mapping | Iterable, batch_size: int = 64, device=None, precision: str | None = None
+    ):
         """Yields (qids, prepared query vectors [B, dim]) in batches."""
         ranker = self._ensure_ranker()
         prec = precision or self.manifest.get("precision", "fp32")
-        for qids, vecs in encode_queries(ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="sequence"):
+        for qids, vecs in encode_queries(
+            ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="sequence"
+        ):
             yield qids, self._prepare(vecs, self.cosine)
 
-    def search(self, queries: Mapping[str, str] | Iterable, k: int = 100, *, batch_size: int = 64, device=None,
-               precision: str | None = None) -> dict[str, dict[str, float]]:
+    def search(
+        self,
+        queries: Mapping[str, str] | Iterable,
+        k: int = 100,
+        *,
+        batch_size: int = 64,
+        device=None,
+        precision: str | None = None,
+    ) -> dict[str, dict[str, float]]:
         """Top-k documents of every query: {qid: {doc id: score}} (a run; write it with write_trec_run).
-        `precision` defaults to the one the index was built with."""
+        `precision` defaults to the one the index was built with.
+        """
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InputError("k", f"is {k!r}; expected a positive integer")
         run: dict[str, dict[str, float]] = {}
@@ -514,9 +596,10 @@ class DenseIndex:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None) -> "DenseIndex":
+    def load(cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None) -> DenseIndex:
         """Read an index directory. Without `ranker`, `search` rebuilds it from the recorded checkpoint when first
-        needed (`search_vectors` needs no ranker)."""
+        needed (`search_vectors` needs no ranker).
+        """
         path = Path(path)
         manifest = read_manifest(path, FORMAT)
         if ranker is not None:
@@ -526,7 +609,10 @@ class DenseIndex:
         doc_ids = read_doc_ids(path / "doc_ids.json", count)
         cpu_index = read_faiss(path / "index.faiss", count)
         if cpu_index.d != manifest["dim"]:
-            raise InputError(str(path / "index.faiss"), f"holds {cpu_index.d}-dimensional vectors; the manifest says {manifest['dim']}")
+            raise InputError(
+                str(path / "index.faiss"),
+                f"holds {cpu_index.d}-dimensional vectors; the manifest says {manifest['dim']}",
+            )
         placement = Placement(use_gpu)
         index = placement.place(cpu_index, manifest["index_type"])
         placement.set_params(index, manifest["params"])
@@ -535,6 +621,9 @@ class DenseIndex:
 
 def index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> DenseIndex:
     """Rebuild the RankingModule of a checkpoint (as `pipeline.run.evaluate` does) and index `docs` with its ranker.
-    `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...)."""
+    `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...).
+    """
     module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)
-    return DenseIndex.build(module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts)
+    return DenseIndex.build(
+        module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts
+    )

@@ -16,6 +16,7 @@ Outputs, on the CPU in float32:
   (not normalised: scoring-specific preparation is the index's job);
 - multi-vector rankers (ColBERT): an `Encoded` with the token vectors `[B, L, D]` and the padding mask `[B, L]`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,18 @@ from lightning_modules.encoding import encode_stream
 from lightning_modules.rankers.base import BiEncoder, Encoded
 
 __all__ = [
-    "PRECISIONS", "iter_items", "windows", "window_size", "encode_windows", "encode_docs", "encode_queries", "encode_texts",
-    "pair_tokenizer_for", "autocast", "resolve_device", "check_encode_args",
+    "PRECISIONS",
+    "iter_items",
+    "windows",
+    "window_size",
+    "encode_windows",
+    "encode_docs",
+    "encode_queries",
+    "encode_texts",
+    "pair_tokenizer_for",
+    "autocast",
+    "resolve_device",
+    "check_encode_args",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -47,7 +58,9 @@ def iter_items(texts: Mapping | Iterable, what: str = "docs") -> Iterator[tuple[
             try:
                 ident, text = item
             except (TypeError, ValueError):
-                raise InputError(what, f"item {pos} is {type(item).__name__}; expected a text or an (id, text) pair") from None
+                raise InputError(
+                    what, f"item {pos} is {type(item).__name__}; expected a text or an (id, text) pair"
+                ) from None
         if not isinstance(text, str):
             raise InputError(what, f"text of '{ident}' is {type(text).__name__}; expected a string")
         yield ident, text
@@ -96,7 +109,10 @@ def resolve_device(ranker: torch.nn.Module, device: str | torch.device | None) -
 def _check_ranker(ranker) -> None:
     if not isinstance(ranker, BiEncoder):
         name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
-        raise InputError("model.name", f"'{name}' is not a bi-encoder; full ranking needs separately encoded passages (colbert, repbert, bert_dot)")
+        raise InputError(
+            "model.name",
+            f"'{name}' is not a bi-encoder; full ranking needs separately encoded passages (colbert, repbert, bert_dot)",
+        )
 
 
 def check_encode_args(ranker, side: str, output: str, precision: str, batch_size: int) -> None:
@@ -125,13 +141,23 @@ def encode_texts(
     output: str = "auto",
 ) -> Iterator[tuple[list, Tensor | Encoded]]:
     """Yield (ids, vectors [B, D] | Encoded) per batch; see the module docstring. `side`: "docs" or "queries".
-    `output`: "auto" (pooled vectors when the ranker pools, else token vectors), "sequence" or "tokens"."""
+    `output`: "auto" (pooled vectors when the ranker pools, else token vectors), "sequence" or "tokens".
+    """
     check_encode_args(ranker, side, output, precision, batch_size)
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
     dev = resolve_device(ranker, device)
     window = window_size(batch_size, sort_window)
-    for _, ids, out in encode_windows(ranker, pt, enumerate(windows(iter_items(texts, side), window)), side=side,
-                                      batch_size=batch_size, device=dev, precision=precision, sort=window > batch_size, output=output):
+    for _, ids, out in encode_windows(
+        ranker,
+        pt,
+        enumerate(windows(iter_items(texts, side), window)),
+        side=side,
+        batch_size=batch_size,
+        device=dev,
+        precision=precision,
+        sort=window > batch_size,
+        output=output,
+    ):
         yield ids, out
 
 
@@ -140,17 +166,34 @@ def window_size(batch_size: int, sort_window: int | None) -> int:
     return 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
 
 
-def encode_windows(ranker: BiEncoder, pt: PairTokenizer, numbered: Iterable[tuple[int, list[tuple[Hashable, str]]]], *,
-                   side: str, batch_size: int, device: torch.device, precision: str, sort: bool,
-                   output: str) -> Iterator[tuple[int, list, Tensor | Encoded]]:
+def encode_windows(
+    ranker: BiEncoder,
+    pt: PairTokenizer,
+    numbered: Iterable[tuple[int, list[tuple[Hashable, str]]]],
+    *,
+    side: str,
+    batch_size: int,
+    device: torch.device,
+    precision: str,
+    sort: bool,
+    output: str,
+) -> Iterator[tuple[int, list, Tensor | Encoded]]:
     """(window number, ids, vectors | Encoded) per batch of the numbered windows of (id, text) items: each window
     through the one encoder (lightning_modules/encoding.py): length-sorted batches (`sort`), eval and inference
     mode, autocast, out-of-memory halving. A window's batches depend on that window alone, so a rank that encodes
-    every other window (retrieval/split.py) makes exactly the batches one process makes of them."""
+    every other window (retrieval/split.py) makes exactly the batches one process makes of them.
+    """
     ranker_side = "doc" if side == "docs" else "query"
     for w, items in numbered:
-        stream = encode_stream(ranker, pt.ids([t for _, t in items], ranker_side), ranker_side, batch_size=batch_size,
-                               pad_id=pt.tokenizer.pad_token_id, autocast=lambda: autocast(device, precision), sort=sort)
+        stream = encode_stream(
+            ranker,
+            pt.ids([t for _, t in items], ranker_side),
+            ranker_side,
+            batch_size=batch_size,
+            pad_id=pt.tokenizer.pad_token_id,
+            autocast=lambda: autocast(device, precision),
+            sort=sort,
+        )
         for chunk, enc in stream:
             ids = [items[i][0] for i in chunk]
             want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
@@ -162,11 +205,33 @@ def encode_windows(ranker: BiEncoder, pt: PairTokenizer, numbered: Iterable[tupl
                 yield w, ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
 
 
-def encode_docs(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):
+def encode_docs(
+    ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw
+):
     """Passages, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
-    return encode_texts(ranker, pair_tokenizer, texts_iterable, side="docs", batch_size=batch_size, device=device, precision=precision, **kw)
+    return encode_texts(
+        ranker,
+        pair_tokenizer,
+        texts_iterable,
+        side="docs",
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+        **kw,
+    )
 
 
-def encode_queries(ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw):
+def encode_queries(
+    ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw
+):
     """Queries, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
-    return encode_texts(ranker, pair_tokenizer, texts_iterable, side="queries", batch_size=batch_size, device=device, precision=precision, **kw)
+    return encode_texts(
+        ranker,
+        pair_tokenizer,
+        texts_iterable,
+        side="queries",
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+        **kw,
+    )

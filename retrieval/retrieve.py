@@ -6,6 +6,7 @@ The module comes from `ckpt=` (or is built untrained from `model=`); RepBERT / B
 the index (`<output_dir>/index` unless `retrieval.index_dir`), `run.trec`, `per_query.json` and `metrics.json` (the
 split's qrels, `eval.measures`, plus the retrieval settings), metrics.json last.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,8 @@ __all__ = ["retrieve"]
 
 def _launch(opts: DenseRetrievalConfig) -> str | None:
     """The device this process encodes on. With `retrieval.devices` > 1 (or under `torchrun`), Lightning Fabric starts
-    the other processes (each runs this command again) and the process group the split encoding needs."""
+    the other processes (each runs this command again) and the process group the split encoding needs.
+    """
     if opts.devices == 1 and not _torchrun():
         return opts.device
     fabric = Fabric(accelerator=opts.accelerator, devices=opts.devices, strategy="ddp")
@@ -44,14 +46,19 @@ def _torchrun() -> bool:
 def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     """Module (checkpoint or untrained), data, index, run, metrics; `model_from_cli`: the command line picked the
     model, so the checkpoint's ranker must match it. With `retrieval.devices` > 1 the ranks share the encoding
-    (retrieval/split.py) and only rank 0 goes on to index, search and write; the others return None."""
+    (retrieval/split.py) and only rank 0 goes on to index, search and write; the others return None.
+    """
     opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
     out = Path(cfg.output_dir)
     index_dir = Path(opts.index_dir) if opts.index_dir else out / "index"
     ds = load_dataset(data_config(cfg), cfg.seed)  # before any weights: bad data stops the run at once
     split = ds.split(opts.split)
     if not any(g > 0 for judged in split.qrels.values() for g in judged.values()):
-        raise empty_split(data_config(cfg), opts.split, f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)")
+        raise empty_split(
+            data_config(cfg),
+            opts.split,
+            f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)",
+        )
     device = _launch(opts)  # after the data's checks: a bad input stops before any process starts
     module = load_module(cfg, model_from_cli).eval()
     if device:
@@ -60,17 +67,35 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     encoded = None
     if ranks()[1] > 1:
         # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
-        encoded = split_encode(module.ranker, module.pair_tokenizer, ds.docs, index_dir.parent / f".{index_dir.name}.encode-parts",
-                               batch_size=opts.batch_size, device=device, precision=opts.precision,
-                               output="tokens" if multi else "sequence")
+        encoded = split_encode(
+            module.ranker,
+            module.pair_tokenizer,
+            ds.docs,
+            index_dir.parent / f".{index_dir.name}.encode-parts",
+            batch_size=opts.batch_size,
+            device=device,
+            precision=opts.precision,
+            output="tokens" if multi else "sequence",
+        )
         if encoded is None:
             return None
-    common = dict(pair_tokenizer=module.pair_tokenizer, batch_size=opts.batch_size, device=device,
-                  precision=opts.precision, checkpoint=cfg.ckpt or None, encoded=encoded, **opts.index_options())
+    common = dict(
+        pair_tokenizer=module.pair_tokenizer,
+        batch_size=opts.batch_size,
+        device=device,
+        precision=opts.precision,
+        checkpoint=cfg.ckpt or None,
+        encoded=encoded,
+        **opts.index_options(),
+    )
     if multi:
         # the token store is written beside the index folder while building, so saving links it instead of copying
-        index = ColBERTIndex.build(module.ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common)
-        run = index.search(split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size)
+        index = ColBERTIndex.build(
+            module.ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common
+        )
+        run = index.search(
+            split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size
+        )
     else:
         index = DenseIndex.build(module.ranker, ds.docs, **common)
         run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
@@ -78,10 +103,24 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         index.save(index_dir)
     means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
     # the run's own index is one of its result files: replaced together with run.trec and metrics.json, or not at all
-    write_result_dir(out, {**means, "retrieval": {"split": opts.split, "k": opts.k, "index": index.manifest["params"],
-                                                  "docs": len(index), "queries": len(run)}},
-                     per_query, run, tag=f"{module.ranker.cfg.name}-{opts.index_type}", config=OmegaConf.to_yaml(cfg),
-                     folders=None if opts.index_dir else {index_dir.name: index.save})
+    write_result_dir(
+        out,
+        {
+            **means,
+            "retrieval": {
+                "split": opts.split,
+                "k": opts.k,
+                "index": index.manifest["params"],
+                "docs": len(index),
+                "queries": len(run),
+            },
+        },
+        per_query,
+        run,
+        tag=f"{module.ranker.cfg.name}-{opts.index_type}",
+        config=OmegaConf.to_yaml(cfg),
+        folders=None if opts.index_dir else {index_dir.name: index.save},
+    )
     for name, v in means.items():
         print(f"{name}\t{v:.4f}")
     return means

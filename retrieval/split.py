@@ -17,6 +17,7 @@ retrieve.py starts them with Lightning Fabric: `retrieval.devices=N`, or under `
 The shares are on disk, not gathered through the process group: at MS MARCO size they are tens of GB, and a
 file read back in order needs no memory beyond one batch.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,15 @@ from torch import Tensor
 from core.errors import InputError
 from core.npy import NpyRowWriter
 from lightning_modules.rankers.base import Encoded
-from retrieval.encode import check_encode_args, encode_windows, iter_items, pair_tokenizer_for, resolve_device, window_size, windows
+from retrieval.encode import (
+    check_encode_args,
+    encode_windows,
+    iter_items,
+    pair_tokenizer_for,
+    resolve_device,
+    window_size,
+    windows,
+)
 
 __all__ = ["ranks", "split_encode", "ShareWriter", "read_shares", "share_windows"]
 
@@ -47,7 +56,8 @@ def ranks() -> tuple[int, int]:
 def share_windows(docs: Mapping | Iterable, window: int, rank: int, world: int) -> Iterator[tuple[int, list]]:
     """(window number, [(id, text)]) of the windows of `window` items that rank `rank` of `world` encodes: numbers
     rank, rank + world, ... A collection with row access (`id_at` / `text_at` and a length: the document store)
-    reads only its rows; any other collection is walked and the other windows skipped."""
+    reads only its rows; any other collection is walked and the other windows skipped.
+    """
     if hasattr(docs, "id_at") and hasattr(docs, "text_at") and hasattr(docs, "__len__"):
         n = len(docs)
         for w in range(rank, -(-n // window), world):
@@ -61,7 +71,8 @@ def share_windows(docs: Mapping | Iterable, window: int, rank: int, world: int) 
 class ShareWriter:
     """One rank's encoded batches in `folder`: `vectors.npy` (float32 rows: pooled vectors, or the token vectors of
     each text without padding), `lengths.npy` (tokens: the texts' lengths), `ids.jsonl` (a batch's ids per line),
-    `batches.npy` (int64 [batches, 3]: window, texts, rows) and `done.json`, written last."""
+    `batches.npy` (int64 [batches, 3]: window, texts, rows) and `done.json`, written last.
+    """
 
     def __init__(self, folder: Path):
         shutil.rmtree(folder, ignore_errors=True)  # a failed earlier attempt's share
@@ -107,7 +118,8 @@ def _share_folder(parts_dir: Path, rank: int) -> Path:
 def read_shares(parts_dir: str | Path, world: int) -> Iterator[tuple[list, Tensor | Encoded]]:
     """The batches of `world` ranks' shares in `parts_dir`, window by window ((ids, vectors | Encoded), as
     `encode_docs` yields them): window w comes from rank w mod world. Reads each share front to back, one batch
-    at a time."""
+    at a time.
+    """
     parts_dir = Path(parts_dir)
     shares = []
     for r in range(world):
@@ -116,7 +128,10 @@ def read_shares(parts_dir: str | Path, world: int) -> Iterator[tuple[list, Tenso
             raise InputError(str(folder), "is not a complete share of the split encoding (no done.json)")
         done = json.loads((folder / "done.json").read_text())
         shares.append((done["kind"], np.load(folder / "batches.npy"), np.load(folder / "lengths.npy"), folder))
-    files = [(open(f / "vectors.npy", "rb") if b.size else None, open(f / "ids.jsonl", encoding="utf-8")) for _, b, _, f in shares]
+    files = [
+        (open(f / "vectors.npy", "rb") if b.size else None, open(f / "ids.jsonl", encoding="utf-8"))
+        for _, b, _, f in shares
+    ]
     try:
         for fv, _ in files:
             if fv is not None:
@@ -163,12 +178,22 @@ def _all_ok(ok: bool) -> bool:
     return bool(flag.item())
 
 
-def split_encode(ranker, pair_tokenizer, docs: Mapping | Iterable, parts_dir: str | Path, *, batch_size: int = 64,
-                 device=None, precision: str = "fp32", sort_window: int | None = None,
-                 output: str = "auto") -> Iterator[tuple[list, Tensor | Encoded]] | None:
+def split_encode(
+    ranker,
+    pair_tokenizer,
+    docs: Mapping | Iterable,
+    parts_dir: str | Path,
+    *,
+    batch_size: int = 64,
+    device=None,
+    precision: str = "fp32",
+    sort_window: int | None = None,
+    output: str = "auto",
+) -> Iterator[tuple[list, Tensor | Encoded]] | None:
     """This rank's share of `docs` encoded into `parts_dir`; on rank 0 an iterator over every rank's batches in one
     process's order (see the module docstring), on the others None. Without a process group (or with one rank)
-    the share is the whole collection. Call it on every rank."""
+    the share is the whole collection. Call it on every rank.
+    """
     check_encode_args(ranker, "docs", output, precision, batch_size)
     rank, world = ranks()
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
@@ -178,9 +203,17 @@ def split_encode(ranker, pair_tokenizer, docs: Mapping | Iterable, parts_dir: st
     writer = None
     try:
         writer = ShareWriter(_share_folder(parts_dir, rank))
-        for w, ids, out in encode_windows(ranker, pt, share_windows(docs, window, rank, world), side="docs",
-                                          batch_size=batch_size, device=dev, precision=precision,
-                                          sort=window > batch_size, output=output):
+        for w, ids, out in encode_windows(
+            ranker,
+            pt,
+            share_windows(docs, window, rank, world),
+            side="docs",
+            batch_size=batch_size,
+            device=dev,
+            precision=precision,
+            sort=window > batch_size,
+            output=output,
+        ):
             writer.add(w, ids, out)
         writer.finish()
         ok = True
@@ -195,7 +228,10 @@ def split_encode(ranker, pair_tokenizer, docs: Mapping | Iterable, parts_dir: st
     if world > 1 and not _all_ok(ok):
         if rank == 0:
             shutil.rmtree(parts_dir, ignore_errors=True)
-            raise InputError("retrieval.devices", "another rank failed while encoding its share of the collection; see its message above")
+            raise InputError(
+                "retrieval.devices",
+                "another rank failed while encoding its share of the collection; see its message above",
+            )
         return None
     if rank != 0:
         return None

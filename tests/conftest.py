@@ -1,5 +1,6 @@
 """Shared fixtures. Unit tests run on tiny random BERTs built here (a ColBERT step < 1 s); only smoke tests
 and benchmarks load MiniLM."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ def require_shared(root: Path, relpaths: tuple[str, ...] = (), what: str = "shar
         return
     names = ", ".join(str(p) for p in missing)
     if in_ci():
-        pytest.fail(f"{what} missing in CI (CI=true): {names}; CI must provide ../shared/{root.name} next to the repo",
-                    pytrace=False)
+        pytest.fail(
+            f"{what} missing in CI (CI=true): {names}; CI must provide ../shared/{root.name} next to the repo",
+            pytrace=False,
+        )
     pytest.skip(f"{what} not present: {names}")
 
 
@@ -65,8 +68,16 @@ def make_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
     """A random BERT with MiniLM's uncased WordPiece tokenizer, saved as an HF model directory."""
     from lightning_modules.rankers.backbone import save_random_bert  # lazy: the rankers package registers every ranker
 
-    save_random_bert(path, seed=seed, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-                     intermediate_size=2 * hidden, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    save_random_bert(
+        path,
+        seed=seed,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     return path
 
 
@@ -113,7 +124,9 @@ def crash_when(monkeypatch):
     return install
 
 
-def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True, env: dict | None = None):
+def run_script(
+    script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True, env: dict | None = None
+):
     """Run train.py / evaluate.py as a user would, in a subprocess; returns the CompletedProcess."""
     import subprocess
     import sys
@@ -124,7 +137,9 @@ def run_script(script: str, *args: str, cwd: Path = REPO, timeout: int = 600, ch
         [sys.executable, *target, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc
 
 

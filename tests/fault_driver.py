@@ -9,6 +9,7 @@ do to a real job). The fault and the script come from the environment, so DDP ra
 
 Test-only: the pipeline itself has no fault hooks; this wraps its Trainer and file writes from outside.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ user's Ctrl-C or a scheduler's SIGTERM would arrive there (tests/test_faults_wri
 Test-only: the pipeline has no fault hooks; this wraps library functions from outside. os.kill on our own pid runs
 the Python-level handler at the next bytecode, so the signal lands deterministically at the chosen point.
 """
+
 from __future__ import annotations
 
 import os
@@ -81,6 +82,7 @@ def at_cell() -> None:
         def started():
             on_start()
             _fire()
+
         return real(cell, spec, started)
 
     pipeline.grid.run_cell = run_cell

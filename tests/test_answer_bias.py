@@ -1,6 +1,7 @@
 """The position-biased training split (datamodules/answer_bias.py): which questions it keeps (checked by brute force
 against word positions counted here with str.split, not with the code under test), what it leaves alone (val,
 test, the collection), its re-weighting mode, the config keys and their errors, and the data module on top."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,12 @@ def _early_by_hand(ds: IRDataset, k: float) -> tuple[set[str], set[str]]:
     early, none = set(), set()
     train = ds.splits["train"]
     for qid in train.queries:
-        starts = [_word_position(ds.docs[d], s) for d, g in train.qrels[qid].items() if g > 0
-                  for s, _ in ds.answers.get((qid, d), [])]
+        starts = [
+            _word_position(ds.docs[d], s)
+            for d, g in train.qrels[qid].items()
+            if g > 0
+            for s, _ in ds.answers.get((qid, d), [])
+        ]
         if not starts:
             none.add(qid)
         elif all(p < k for p in starts):
@@ -74,15 +79,20 @@ def test_filter_keeps_exactly_the_early_questions_squad():
 
 def _toy() -> IRDataset:
     docs = {"d1": "alpha beta gamma delta", "d2": "one two three four five six seven eight nine ten", "d3": "x y z"}
-    train = Split(queries={"q1": "a", "q2": "b", "q3": "c", "q4": "d"},
-                  qrels={"q1": {"d1": 1}, "q2": {"d2": 1}, "q3": {"d3": 1}, "q4": {"d1": 1, "d2": 1}},
-                  triples=[("q1", "d1", "d3"), ("q2", "d2", "d1"), ("q3", "d3", "d1"), ("q4", "d1", "d3")],
-                  candidates={"q1": ["d1", "d2"], "q2": ["d2"], "q3": ["d3"], "q4": ["d1"]})
+    train = Split(
+        queries={"q1": "a", "q2": "b", "q3": "c", "q4": "d"},
+        qrels={"q1": {"d1": 1}, "q2": {"d2": 1}, "q3": {"d3": 1}, "q4": {"d1": 1, "d2": 1}},
+        triples=[("q1", "d1", "d3"), ("q2", "d2", "d1"), ("q3", "d3", "d1"), ("q4", "d1", "d3")],
+        candidates={"q1": ["d1", "d2"], "q2": ["d2"], "q3": ["d3"], "q4": ["d1"]},
+    )
     val = Split(queries={"v": "v"}, qrels={"v": {"d2": 1}})
-    answers = {("q1", "d1"): [(0, 5)],  # word 0 of 4: 0.0
-               ("q2", "d2"): [(4, 7), (45, 48)],  # words 1 and 9 of 10: 0.1 and 0.9
-               ("q4", "d1"): [(6, 10)], ("q4", "d2"): [(14, 19)],  # 1/4 and 3/10
-               ("v", "d2"): [(45, 48)]}
+    answers = {
+        ("q1", "d1"): [(0, 5)],  # word 0 of 4: 0.0
+        ("q2", "d2"): [(4, 7), (45, 48)],  # words 1 and 9 of 10: 0.1 and 0.9
+        ("q4", "d1"): [(6, 10)],
+        ("q4", "d2"): [(14, 19)],  # 1/4 and 3/10
+        ("v", "d2"): [(45, 48)],
+    }
     return IRDataset(name="toy", docs=docs, splits={"train": train, "val": val, "test": Split()}, answers=answers)
 
 
@@ -92,8 +102,17 @@ def test_every_span_must_be_early_and_questions_without_spans_are_dropped():
     # q1 (0.0) kept; q2 has a span at 0.9; q3 has no span; q4's spans are at 0.25 and 0.3 (not < 0.3)
     assert list(b.splits["train"].queries) == ["q1"]
     assert b.splits["train"].triples == [("q1", "d1", "d3")] and b.splits["train"].candidates == {"q1": ["d1", "d2"]}
-    assert b.answer_bias == {"keep_first": 0.3, "late_keep": 0.0, "seed": 13, "questions": 4, "kept": 1, "early": 1,
-                             "late_kept": 0, "late_dropped": 2, "no_answer_dropped": 1}
+    assert b.answer_bias == {
+        "keep_first": 0.3,
+        "late_keep": 0.0,
+        "seed": 13,
+        "questions": 4,
+        "kept": 1,
+        "early": 1,
+        "late_kept": 0,
+        "late_dropped": 2,
+        "no_answer_dropped": 1,
+    }
     assert list(apply_answer_bias(ds, 0.31).splits["train"].queries) == ["q1", "q4"]
     assert b.splits["val"] is ds.splits["val"]
 
@@ -119,8 +138,15 @@ def test_late_keep_reweights_with_its_own_seed():
 
 def test_the_data_module_builds_triples_from_the_biased_questions_only(tmp_path):
     def module(**bias) -> RankingDataModule:
-        cfg = SyntheticConfig(num_docs=120, num_train_queries=60, num_val_queries=8, num_test_queries=8, num_topics=4,
-                              cache_dir=str(tmp_path), **bias)
+        cfg = SyntheticConfig(
+            num_docs=120,
+            num_train_queries=60,
+            num_val_queries=8,
+            num_test_queries=8,
+            num_topics=4,
+            cache_dir=str(tmp_path),
+            **bias,
+        )
         dm = RankingDataModule(cfg, tokenizer=None, seed=5)
         dm.setup()
         return dm
@@ -139,20 +165,25 @@ def test_the_data_module_builds_triples_from_the_biased_questions_only(tmp_path)
 
 def test_squad_biased_config_composes():
     cfg = compose(["data=squad_biased"])
-    assert cfg.data.source == "squad" and cfg.data.answer_bias_keep_first == 0.25 and cfg.data.answer_bias_late_keep == 0.0
+    assert (
+        cfg.data.source == "squad" and cfg.data.answer_bias_keep_first == 0.25 and cfg.data.answer_bias_late_keep == 0.0
+    )
     assert compose(["data=squad"]).data.answer_bias_keep_first is None
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["data=squad_biased", "data.answer_bias_keep_first=0"], "data.answer_bias_keep_first"),
-    (["data=squad_biased", "data.answer_bias_keep_first=1.5"], "data.answer_bias_keep_first"),
-    (["data.answer_bias_keep_first=-0.2"], "data.answer_bias_keep_first"),
-    (["data.answer_bias_keep_first=nan"], "data.answer_bias_keep_first"),
-    (["data.answer_bias_keep_first=early"], "data.answer_bias_keep_first"),
-    (["data=squad_biased", "data.answer_bias_late_keep=1.2"], "data.answer_bias_late_keep"),
-    (["data.answer_bias_late_keep=0.3"], "data.answer_bias_late_keep"),  # without keep_first
-    (["data.answer_bias_keep_firstt=0.3"], "data.answer_bias_keep_firstt"),
-])
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["data=squad_biased", "data.answer_bias_keep_first=0"], "data.answer_bias_keep_first"),
+        (["data=squad_biased", "data.answer_bias_keep_first=1.5"], "data.answer_bias_keep_first"),
+        (["data.answer_bias_keep_first=-0.2"], "data.answer_bias_keep_first"),
+        (["data.answer_bias_keep_first=nan"], "data.answer_bias_keep_first"),
+        (["data.answer_bias_keep_first=early"], "data.answer_bias_keep_first"),
+        (["data=squad_biased", "data.answer_bias_late_keep=1.2"], "data.answer_bias_late_keep"),
+        (["data.answer_bias_late_keep=0.3"], "data.answer_bias_late_keep"),  # without keep_first
+        (["data.answer_bias_keep_firstt=0.3"], "data.answer_bias_keep_firstt"),
+    ],
+)
 def test_bad_values_are_one_line_errors_naming_the_key(argv, key):
     with pytest.raises(InputError) as e:
         compose(argv)

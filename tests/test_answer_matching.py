@@ -1,5 +1,6 @@
 """Answer spans from answer strings (datamodules/answer_matching.py) and through the ir_datasets source, for
 MS MARCO QnA-style queries that carry answer texts (a local dataset registered here; no download)."""
+
 from __future__ import annotations
 
 import uuid
@@ -41,13 +42,17 @@ def _register_qna(tmp_path) -> str:
             return QnAQuery
 
     docs = tmp_path / "docs.tsv"
-    docs.write_text("p1\tit was written by jane doe in 1990 and jane  doe liked it\n"
-                    "p2\tnothing about that\np3\tthe sky is blue\np4\tblue is the colour of the sea\n")
+    docs.write_text(
+        "p1\tit was written by jane doe in 1990 and jane  doe liked it\n"
+        "p2\tnothing about that\np3\tthe sky is blue\np4\tblue is the colour of the sea\n"
+    )
     qrels = tmp_path / "qrels.txt"
     qrels.write_text("1 0 p1 1\n2 0 p2 1\n3 0 p3 1\n3 0 p4 1\n3 0 p1 0\n")
     name = f"isorank-test/{uuid.uuid4().hex}"
-    ir_datasets.registry.register(name, ir_datasets.Dataset(TsvDocs(LocalDownload(str(docs))), Queries(),
-                                                            TrecQrels(LocalDownload(str(qrels)), {})))
+    ir_datasets.registry.register(
+        name,
+        ir_datasets.Dataset(TsvDocs(LocalDownload(str(docs))), Queries(), TrecQrels(LocalDownload(str(qrels)), {})),
+    )
     return name
 
 

@@ -2,6 +2,7 @@
 the text training actually sees, the summary statistics by hand, atomic outputs, the CLI (synthetic data, W&B
 offline, one-line errors), and on real SQuAD (skipped when absent) the paper's Figure 1 claims: rotation flattens
 the distribution, and the biased split has all its answers in the first k."""
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,12 @@ DOC = "The quick  brown fox\njumps"  # 5 words; "quick" is word 1, "fox" word 3
 
 def _toy() -> IRDataset:
     split = Split(queries={"q": "which fox"}, qrels={"q": {"d": 1, "other": 0}})
-    return IRDataset(name="toy", docs={"d": DOC, "other": "nothing here"},
-                     splits={"train": split, "val": split, "test": Split()},
-                     answers={("q", "d"): [(4, 9), (17, 20)]})  # "quick", "fox"
+    return IRDataset(
+        name="toy",
+        docs={"d": DOC, "other": "nothing here"},
+        splits={"train": split, "val": split, "test": Split()},
+        answers={("q", "d"): [(4, 9), (17, 20)]},
+    )  # "quick", "fox"
 
 
 def _seed_with_cut(key: str, r: int, n: int) -> int:
@@ -66,7 +70,12 @@ def test_rotation_moves_positions_as_computed_by_hand():
     two = relative_starts(ds, [Unit("q", "d", "0:d", per_epoch=True)], rotate=True, seed=seed, epochs=2)
     r1 = rotation_index(seed, 1, "0:d", 5)
     assert two.tolist() == [0.8, 0.2, ((1 - r1) % 5) / 5, ((3 - r1) % 5) / 5]
-    assert relative_starts(ds, [Unit("q", "d", "0:d")], rotate=True, seed=seed, epochs=2).tolist() == [0.8, 0.2, 0.8, 0.2]
+    assert relative_starts(ds, [Unit("q", "d", "0:d")], rotate=True, seed=seed, epochs=2).tolist() == [
+        0.8,
+        0.2,
+        0.8,
+        0.2,
+    ]
 
 
 @pytest.mark.parametrize("rotation", ["per_passage", "per_epoch"])
@@ -75,8 +84,16 @@ def test_rotated_positions_are_where_the_training_text_has_the_answer(tmp_path, 
     the word of the rotated training passage (TripletDataset) where rotation.rotate maps the answer span, under
     either `data.rotation`: per_passage cuts a passage at passage_rotation_index(seed, doc id) every epoch,
     per_epoch at rotation_index(seed, epoch, "triple:doc id")."""
-    cfg = SyntheticConfig(num_docs=120, num_train_queries=60, num_val_queries=8, num_test_queries=8, num_topics=4,
-                          rotate_train=True, rotation=rotation, cache_dir=str(tmp_path))
+    cfg = SyntheticConfig(
+        num_docs=120,
+        num_train_queries=60,
+        num_val_queries=8,
+        num_test_queries=8,
+        num_topics=4,
+        rotate_train=True,
+        rotation=rotation,
+        cache_dir=str(tmp_path),
+    )
     dm = RankingDataModule(cfg, tokenizer=None, seed=9)
     dm.setup()
     ds = dm.dataset
@@ -91,9 +108,13 @@ def test_rotated_positions_are_where_the_training_text_has_the_answer(tmp_path, 
             if (qid, pos) not in ds.answers:
                 continue
             text = tds[(epoch, i)][1]
-            (s, e), = ds.answers[(qid, pos)]
+            ((s, e),) = ds.answers[(qid, pos)]
             n = len(text.split())
-            r = passage_rotation_index(9, pos, n) if rotation == "per_passage" else rotation_index(9, epoch, f"{i}:{pos}", n)
+            r = (
+                passage_rotation_index(9, pos, n)
+                if rotation == "per_passage"
+                else rotation_index(9, epoch, f"{i}:{pos}", n)
+            )
             rotated, spans = rotate(ds.docs[pos], r, [(s, e)])
             assert rotated == text
             start = spans[-1][0]  # a span split by the cut keeps its first word at the end
@@ -118,9 +139,19 @@ def test_summary_statistics_by_hand():
 
 
 def _synthetic_result(tmp_path, *extra: str) -> tuple[object, dict]:
-    cfg = compose(["logger=none", f"output_dir={tmp_path / 'out'}", f"data.cache_dir={tmp_path / 'cache'}",
-                   "data.num_docs=200", "data.num_train_queries=80", "data.num_val_queries=10", "data.num_test_queries=10",
-                   "data.num_topics=4", *extra])
+    cfg = compose(
+        [
+            "logger=none",
+            f"output_dir={tmp_path / 'out'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.num_docs=200",
+            "data.num_train_queries=80",
+            "data.num_val_queries=10",
+            "data.num_test_queries=10",
+            "data.num_topics=4",
+            *extra,
+        ]
+    )
     return cfg, analyse(cfg, Options(bins=10))
 
 
@@ -133,8 +164,21 @@ def test_outputs_are_written_atomically_with_the_expected_keys(tmp_path, monkeyp
     assert set(saved) == {"definition", "settings", "answer_bias", "series", "figure"}
     assert set(saved["series"]) == {"original", "rotated", "biased", "biased_rotated"}
     for s in saved["series"].values():
-        assert {"count", "mean", "median", "quantiles", "share_first_10", "share_first_25", "share_first_k", "ks_uniform",
-                "chi2_uniform", "kl_uniform_nats", "histogram", "units", "questions"} <= set(s)
+        assert {
+            "count",
+            "mean",
+            "median",
+            "quantiles",
+            "share_first_10",
+            "share_first_25",
+            "share_first_k",
+            "ks_uniform",
+            "chi2_uniform",
+            "kl_uniform_nats",
+            "histogram",
+            "units",
+            "questions",
+        } <= set(s)
         assert len(s["histogram"]["counts"]) == 10
     assert saved["series"]["biased"]["share_first_k"] == 1.0
     assert saved["answer_bias"]["kept"] == saved["series"]["biased"]["questions"]
@@ -169,8 +213,16 @@ def test_cli_on_synthetic_writes_outputs_and_logs_to_wandb_offline(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", WANDB_DIR=str(tmp_path), HOME=str(tmp_path), PYTHONUNBUFFERED="1")
-    proc = run_script("evaluate.py", "analysis=answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
-                      "data.answer_bias_keep_first=0.25", "analysis.epochs=2", env=env)
+    proc = run_script(
+        "evaluate.py",
+        "analysis=answer_positions",
+        "logger=wandb",
+        f"output_dir={out}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "data.answer_bias_keep_first=0.25",
+        "analysis.epochs=2",
+        env=env,
+    )
     assert "biased_rotated" in proc.stdout and "of 400 training questions kept" in proc.stdout
     saved = json.loads((out / JSON_NAME).read_text())
     assert saved["settings"]["epochs"] == 2
@@ -180,18 +232,23 @@ def test_cli_on_synthetic_writes_outputs_and_logs_to_wandb_offline(tmp_path):
     assert list(run.glob("files/media/images/answer_positions/histogram_*.png"))
 
 
-@pytest.mark.parametrize("args, key", [
-    (["data.answer_bias_keep_first=1.5"], "data.answer_bias_keep_first"),
-    (["data.answer_bias_keep_first=0"], "data.answer_bias_keep_first"),
-    (["analysis.bins=0"], "analysis.bins"),
-    (["analysis.spans=last"], "analysis.spans"),
-    (["analysis.epochs=0"], "analysis.epochs"),
-    (["data.no_such_key=1"], "data.no_such_key"),
-])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["data.answer_bias_keep_first=1.5"], "data.answer_bias_keep_first"),
+        (["data.answer_bias_keep_first=0"], "data.answer_bias_keep_first"),
+        (["analysis.bins=0"], "analysis.bins"),
+        (["analysis.spans=last"], "analysis.spans"),
+        (["analysis.epochs=0"], "analysis.epochs"),
+        (["data.no_such_key=1"], "data.no_such_key"),
+    ],
+)
 @pytest.mark.slow
 def test_cli_bad_values_are_one_line_errors(tmp_path, args, key):
     out = tmp_path / "out"
-    proc = run_script("evaluate.py", "analysis=answer_positions", "logger=none", f"output_dir={out}", *args, check=False)
+    proc = run_script(
+        "evaluate.py", "analysis=answer_positions", "logger=none", f"output_dir={out}", *args, check=False
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], proc.stderr
@@ -225,7 +282,9 @@ def test_evaluate_analysis_entry_matches_the_library_call(tmp_path):
     a = json.loads((out / JSON_NAME).read_text())
     b = json.loads(json.dumps(analyse(compose(args), Options(epochs=2, bins=10))))
     assert a == b and a["settings"]["bins"] == 10
-    bad = run_script("evaluate.py", "analysis=answer_positions", "analysis.bin=3", f"output_dir={tmp_path / 'x'}", check=False)
+    bad = run_script(
+        "evaluate.py", "analysis=answer_positions", "analysis.bin=3", f"output_dir={tmp_path / 'x'}", check=False
+    )
     assert bad.returncode == 2 and "analysis.bin" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
 
@@ -238,6 +297,7 @@ def test_registry_refuses_two_definitions_under_one_name():
     def make():
         def build():
             return 1
+
         return build
 
     first = make()

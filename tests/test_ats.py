@@ -1,5 +1,6 @@
 """ATS / MATS (position-bias paper Eq. 8-9) against a brute-force double loop and a loop over Eq. 9's printed sum
 (both `eval.mats` switches), and on encoders with and without positional information."""
+
 from __future__ import annotations
 
 import math
@@ -70,13 +71,16 @@ def hand_made_set(seed=0, passages=12, length=15, vocab=6, dim=5):
 def test_ats_equals_brute_force_double_loop():
     vectors, terms, positions, passages = hand_made_set()
     ref, ref_mats = brute_force_ats(vectors, terms, positions, passages)
-    got = average_term_similarity(torch.tensor(vectors, dtype=torch.float64), terms, positions, passages, max_occurrences=None)
+    got = average_term_similarity(
+        torch.tensor(vectors, dtype=torch.float64), terms, positions, passages, max_occurrences=None
+    )
     assert len(got.ats) >= len(ref)
     np.testing.assert_allclose(got.ats[: len(ref)], ref, atol=1e-6, equal_nan=True)
-    assert np.isnan(got.ats[len(ref):]).all()
+    assert np.isnan(got.ats[len(ref) :]).all()
     assert abs(got.mats - ref_mats) < 1e-6 and got.mats_mode == "paper"
-    mean = average_term_similarity(torch.tensor(vectors, dtype=torch.float64), terms, positions, passages, max_occurrences=None,
-                                   mats="mean")
+    mean = average_term_similarity(
+        torch.tensor(vectors, dtype=torch.float64), terms, positions, passages, max_occurrences=None, mats="mean"
+    )
     np.testing.assert_array_equal(mean.ats, got.ats)
     assert abs(mean.mats - reference_mats(ref, "mean")[0]) < 1e-6 and mean.mats < got.mats
     assert mean.mats_std == pytest.approx(got.mats_std, abs=1e-15)  # the spread of the drops, whichever MATS
@@ -99,14 +103,18 @@ def test_input_order_and_rank_split_do_not_change_the_sampled_result():
     vectors, terms, positions, passages = hand_made_set(seed=1, passages=40)
     a = average_term_similarity(torch.tensor(vectors), terms, positions, passages, max_occurrences=8, seed=3)
     perm = np.random.default_rng(0).permutation(len(terms))
-    b = average_term_similarity(torch.tensor(vectors[perm]), terms[perm], positions[perm], passages[perm], max_occurrences=8, seed=3)
+    b = average_term_similarity(
+        torch.tensor(vectors[perm]), terms[perm], positions[perm], passages[perm], max_occurrences=8, seed=3
+    )
     np.testing.assert_array_equal(a.ats, b.ats)
     assert a.occurrences == 6 * 8  # six terms, each capped at 8
     # the metric class, fed in two "shards", equals the function on the union
     m = AverageTermSimilarity(max_occurrences=8, seed=3)
     half = len(terms) // 2
     for sl in (slice(0, half), slice(half, None)):
-        m.update(torch.tensor(vectors[sl]), torch.tensor(terms[sl]), torch.tensor(positions[sl]), torch.tensor(passages[sl]))
+        m.update(
+            torch.tensor(vectors[sl]), torch.tensor(terms[sl]), torch.tensor(positions[sl]), torch.tensor(passages[sl])
+        )
     np.testing.assert_allclose(m.compute().ats, a.ats, atol=1e-6, equal_nan=True)  # float32 states
 
 
@@ -202,8 +210,15 @@ def test_eval_mats_reaches_the_callback_and_the_metric(tmp_path):
 
     assert compose([]).eval.mats == "paper"
     for mode in MATS_MODES:
-        cfg = compose([f"eval.mats={mode}", "logger=none", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false",
-                       f"output_dir={tmp_path}"])
+        cfg = compose(
+            [
+                f"eval.mats={mode}",
+                "logger=none",
+                "trainer.accelerator=cpu",
+                "trainer.enable_progress_bar=false",
+                f"output_dir={tmp_path}",
+            ]
+        )
         (cb,) = [c for c in build_trainer(cfg, False, False).callbacks if isinstance(c, ATSCallback)]
         assert cb.mats == mode
     with pytest.raises(InputError, match=r"eval\.mats"):
@@ -212,7 +227,9 @@ def test_eval_mats_reaches_the_callback_and_the_metric(tmp_path):
     for mode in MATS_MODES:
         m = AverageTermSimilarity(max_occurrences=None, mats=mode)
         m.update(torch.tensor(vectors), torch.tensor(terms), torch.tensor(positions), torch.tensor(passages))
-        want = average_term_similarity(torch.tensor(vectors, dtype=torch.float32), terms, positions, passages, None, mats=mode)
+        want = average_term_similarity(
+            torch.tensor(vectors, dtype=torch.float32), terms, positions, passages, None, mats=mode
+        )
         assert m.compute().mats == pytest.approx(want.mats, abs=1e-12) and want.mats_mode == mode
     with pytest.raises(ValueError, match="max_occurrences"):
         average_term_similarity(torch.zeros(2, 2), [0, 0], [0, 1], [0, 1], max_occurrences=1)
@@ -257,7 +274,9 @@ def test_bi_encoder_passage_terms_are_its_token_representations(name, tiny_bert)
         ids = ranker.tokenizer(text, truncation=True, max_length=20)["input_ids"]
         keep = [i for i, t in enumerate(ids) if t not in special]
         with torch.no_grad():
-            enc = ranker.token_representations(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), side="doc")
+            enc = ranker.token_representations(
+                torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), side="doc"
+            )
         n = len(keep)
         sl = slice(start, start + n)
         assert got.terms[sl].tolist() == [ids[i] for i in keep]
@@ -296,9 +315,17 @@ def test_bert_cat_passage_terms_are_the_passage_side_of_the_pair(tiny_bert):
 
 # ------------------------------------------------------------------------------ callback and DDP
 
-FAST = ["logger=csv", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
-        "eval.probe_docs=16", "data.max_eval_queries=16", "data.candidate_depth=20", "eval.ats_passages=24",
-        "eval.ats_max_occurrences=20"]
+FAST = [
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "data.max_eval_queries=16",
+    "data.candidate_depth=20",
+    "eval.ats_passages=24",
+    "eval.ats_max_occurrences=20",
+]
 
 
 @pytest.mark.slow
@@ -316,8 +343,18 @@ def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation
 
     model = ["model=tk", f"model.backbone={tiny_bert}", "model.heads=2", "model.head_dim=8", "model.ff_dim=24"]
     out = tmp_path / "run"
-    cfg = compose([*FAST, *model, "data.max_train_triples=16", "data.batch_size=8", "trainer.max_steps=2",
-                   "trainer.val_check_interval=2", "eval.before_training=false", f"output_dir={out}"])
+    cfg = compose(
+        [
+            *FAST,
+            *model,
+            "data.max_train_triples=16",
+            "data.batch_size=8",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "eval.before_training=false",
+            f"output_dir={out}",
+        ]
+    )
     train(cfg)
     metrics = json.loads((out / "metrics.json").read_text())
     logged = list(csv.DictReader(open(next(out.glob("csv/*/metrics.csv")))))
@@ -329,7 +366,9 @@ def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation
     split = load_data(ev).eval_splits["test"]
     docs, _ = ats_sample(len(split.dtexts), len(split.qtexts), 24, ev.seed)
     terms = passage_terms(module.ranker, module.pair_tokenizer, [split.dtexts[i] for i in docs])
-    ref = average_term_similarity(terms.vectors, terms.terms, terms.positions, terms.passages, max_occurrences=20, seed=ev.seed)
+    ref = average_term_similarity(
+        terms.vectors, terms.terms, terms.positions, terms.passages, max_occurrences=20, seed=ev.seed
+    )
     assert np.isfinite(ref.mats)
     assert metrics["mats"] == pytest.approx(ref.mats, abs=1e-6)
     assert metrics["ats0"] == pytest.approx(ref.ats[0], abs=1e-6)
@@ -343,8 +382,12 @@ def _ats_ddp_worker(rank: int, world: int, init_file: str, out_file: str) -> Non
         vectors, terms, positions, passages = hand_made_set(seed=4, passages=30)
         mine = np.isin(passages, np.arange(30)[rank::world])  # each rank encodes its own passages
         m = AverageTermSimilarity(max_occurrences=6, seed=2)
-        m.update(torch.tensor(vectors[mine], dtype=torch.float32), torch.tensor(terms[mine]), torch.tensor(positions[mine]),
-                 torch.tensor(passages[mine]))
+        m.update(
+            torch.tensor(vectors[mine], dtype=torch.float32),
+            torch.tensor(terms[mine]),
+            torch.tensor(positions[mine]),
+            torch.tensor(passages[mine]),
+        )
         result = m.compute()
         if rank == 0:
             torch.save(torch.tensor(result.ats), out_file)
@@ -360,7 +403,9 @@ def test_metric_gathers_occurrences_across_ddp_ranks(tmp_path):
     out = tmp_path / "ats.pt"
     mp.spawn(_ats_ddp_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
     vectors, terms, positions, passages = hand_made_set(seed=4, passages=30)
-    single = average_term_similarity(torch.tensor(vectors, dtype=torch.float32), terms, positions, passages, max_occurrences=6, seed=2)
+    single = average_term_similarity(
+        torch.tensor(vectors, dtype=torch.float32), terms, positions, passages, max_occurrences=6, seed=2
+    )
     np.testing.assert_allclose(torch.load(out).numpy(), single.ats, atol=1e-12, equal_nan=True)
 
 
@@ -387,14 +432,33 @@ def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation
     from pipeline.config import compose
     from pipeline.run import evaluate
 
-    tk = {"name": "tk", "backbone": tiny_bert, "heads": 2, "head_dim": 8, "ff_dim": 24, "query_max_len": 16, "doc_max_len": 40}
+    tk = {
+        "name": "tk",
+        "backbone": tiny_bert,
+        "heads": 2,
+        "head_dim": 8,
+        "ff_dim": 24,
+        "query_max_len": 16,
+        "doc_max_len": 40,
+    }
     cat = {"name": "bert_cat", "backbone": tiny_bert, "query_max_len": 16, "doc_max_len": 40}
     tk_module = _save_checkpoint(tmp_path / "tk.ckpt", tk, 0)
     cat_module = _save_checkpoint(tmp_path / "cat.ckpt", cat, 1)
     out = tmp_path / "ats"
-    cfg = compose(["analysis=ats", "logger=none", f"ckpt={tmp_path / 'tk.ckpt'}", "analysis.label=tk",
-                   f"analysis.compare.cat={tmp_path / 'cat.ckpt'}", "analysis.passages=30", "analysis.max_occurrences=12",
-                   "data.rotate_eval=true", "eval.mats=mean", f"output_dir={out}"])
+    cfg = compose(
+        [
+            "analysis=ats",
+            "logger=none",
+            f"ckpt={tmp_path / 'tk.ckpt'}",
+            "analysis.label=tk",
+            f"analysis.compare.cat={tmp_path / 'cat.ckpt'}",
+            "analysis.passages=30",
+            "analysis.max_occurrences=12",
+            "data.rotate_eval=true",
+            "eval.mats=mean",
+            f"output_dir={out}",
+        ]
+    )
     evaluate(cfg, model_from_cli=False)
     saved = json.loads((out / "ats.json").read_text())
     assert (out / "ats.png").stat().st_size > 0 and set(saved["models"]) == {"tk", "cat"}
@@ -422,8 +486,15 @@ def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation
 def test_analysis_bad_compare_checkpoint_is_one_line_error(tmp_path):
     from conftest import run_script
 
-    proc = run_script("evaluate.py", "analysis=ats", "logger=none", "model=tk", f"analysis.compare.x={tmp_path / 'nope.ckpt'}",
-                      f"output_dir={tmp_path / 'o'}", check=False)
+    proc = run_script(
+        "evaluate.py",
+        "analysis=ats",
+        "logger=none",
+        "model=tk",
+        f"analysis.compare.x={tmp_path / 'nope.ckpt'}",
+        f"output_dir={tmp_path / 'o'}",
+        check=False,
+    )
     assert proc.returncode == 2
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "analysis.compare.x" in err[0] and "does not exist" in err[0], proc.stderr[-2000:]

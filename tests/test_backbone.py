@@ -1,5 +1,6 @@
 """lightning_modules/rankers/backbone.py: the seeded random BERT that tests and benchmarks build, loaded back the way
 every ranker loads its backbone."""
+
 import torch
 
 from lightning_modules.rankers.backbone import load_backbone, save_random_bert
@@ -21,4 +22,3 @@ def test_random_bert_is_a_function_of_its_seed_and_loads_with_the_asked_shape(tm
     assert a["embeddings.word_embeddings.weight"].shape == (30522, 16)  # MiniLM's uncased WordPiece vocabulary
     encoder, tokenizer = load_backbone(str(tmp_path / "a"))
     assert encoder.config.num_hidden_layers == 1 and len(tokenizer) == 30522
-

@@ -1,4 +1,5 @@
 """bench/bench_gpu.py's comparison of two metrics.json files (the GPU check's verdict), against hand-worked values."""
+
 import math
 
 from bench.bench_gpu import check_bf16, compare, flat_numbers

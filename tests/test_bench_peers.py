@@ -1,6 +1,7 @@
 """bench/bench_peers.py (`python -m bench.bench_peers key=value ...`): the FLOP count it divides by, one alternation round of our driver end to end, and the
 quality guard's data export, run files and evaluation (the peers themselves are not tested here: their venvs are
 not part of CI)."""
+
 import json
 import sys
 
@@ -41,9 +42,21 @@ def test_unknown_tool_is_an_error(capsys):
 @pytest.mark.slow  # two driver processes (~30 s on the shared 2-core machine)
 def test_one_round_of_ours(tiny_bert, tmp_path, capsys):
     out = tmp_path / "peers.json"
-    res = bench_peers.main(["tools=ours", "tasks=colbert_train,rerank", f"backbone={tiny_bert}", "steps=1",
-                            "warmup=0", "rounds=1", "rerank_queries=1", "candidates=3",
-                            "matmul_n=64", "batch=2", f"out={out}"])
+    res = bench_peers.main(
+        [
+            "tools=ours",
+            "tasks=colbert_train,rerank",
+            f"backbone={tiny_bert}",
+            "steps=1",
+            "warmup=0",
+            "rounds=1",
+            "rerank_queries=1",
+            "candidates=3",
+            "matmul_n=64",
+            "batch=2",
+            f"out={out}",
+        ]
+    )
     saved = json.loads(out.read_text())
     for task in ("colbert_train", "rerank"):
         s = saved["summary"][task]["bf16"]["ours"]
@@ -57,8 +70,14 @@ def test_one_round_of_ours(tiny_bert, tmp_path, capsys):
 # ---- the quality guard (--tasks quality) --------------------------------------------------------------------------
 def _lists():
     # two queries over three passages; candidates in BM25 order, as quality_eval_lists writes them
-    return {"qids": ["q1", "q2"], "queries": ["who?", "what?"], "doc_ids": ["d0", "d1", "d2"], "docs": ["a", "b", "c"],
-            "candidates": [[0, 1, 2], [2, 0]], "qrels": {"q1": {"d1": 1}, "q2": {"d2": 1}}}
+    return {
+        "qids": ["q1", "q2"],
+        "queries": ["who?", "what?"],
+        "doc_ids": ["d0", "d1", "d2"],
+        "docs": ["a", "b", "c"],
+        "candidates": [[0, 1, 2], [2, 0]],
+        "qrels": {"q1": {"d1": 1}, "q2": {"d2": 1}},
+    }
 
 
 def test_quality_batches_are_a_seeded_slice_of_the_triples():
@@ -83,8 +102,14 @@ def test_quality_eval_lists_keep_each_querys_candidates_in_order():
 
     from datamodules.datamodule import EvalSplit
 
-    split = EvalSplit(["q1", "q2"], ["d0", "d1", "d2"], np.array([[0, 0], [0, 1], [0, 2], [1, 2], [1, 0]]),
-                      {"q1": {"d1": 1}, "q2": {"d2": 1}}, ["who?", "what?"], ["a", "b", "c"])
+    split = EvalSplit(
+        ["q1", "q2"],
+        ["d0", "d1", "d2"],
+        np.array([[0, 0], [0, 1], [0, 2], [1, 2], [1, 0]]),
+        {"q1": {"d1": 1}, "q2": {"d2": 1}},
+        ["who?", "what?"],
+        ["a", "b", "c"],
+    )
     assert bench_peers.quality_eval_lists(split) == _lists()
     split.unit_doc = np.array([0, 1, 2])
     with pytest.raises(ValueError, match="passage windows"):
@@ -148,9 +173,20 @@ def test_quality_task_of_ours_matches_rerank_texts(tiny_bert, tmp_path, monkeypa
 
     lists = _lists()
     batches = [(["who?", "what?"], ["b", "c"], ["a", "a"])]
-    monkeypatch.setattr(bench_peers, "quality_data", lambda args: {"source": "test", "triplets": batches, "eval": lists})
-    args = bench_peers.parse_args(["tools=ours", "tasks=quality", "quality_steps=1", "batch=2",
-                                   "precision=fp32", f"backbone={tiny_bert}", "quality_ours_compress_dim=0"])
+    monkeypatch.setattr(
+        bench_peers, "quality_data", lambda args: {"source": "test", "triplets": batches, "eval": lists}
+    )
+    args = bench_peers.parse_args(
+        [
+            "tools=ours",
+            "tasks=quality",
+            "quality_steps=1",
+            "batch=2",
+            "precision=fp32",
+            f"backbone={tiny_bert}",
+            "quality_ours_compress_dim=0",
+        ]
+    )
     q = bench_peers.run_quality(args, ["ours"], {"ours": sys.executable}, tiny_bert, tmp_path)
     names = [r["name"] for r in q["rows"]]
     assert names == ["BM25 (candidate order)", "ours, 0 steps (untrained)", "ours, 1 steps"], q["rows"]
@@ -160,8 +196,15 @@ def test_quality_task_of_ours_matches_rerank_texts(tiny_bert, tmp_path, monkeypa
     from datamodules.textfiles import read_trec_run
 
     run = read_trec_run(tmp_path / "ours-0steps.run")
-    module = RankingModule(model=dict(name="colbert", backbone=tiny_bert, query_max_len=bench_peers.QUERY_MAX_LEN,
-                                      doc_max_len=bench_peers.DOC_MAX_LEN), optim=dict(lr=args.lr)).eval()
+    module = RankingModule(
+        model=dict(
+            name="colbert",
+            backbone=tiny_bert,
+            query_max_len=bench_peers.QUERY_MAX_LEN,
+            doc_max_len=bench_peers.DOC_MAX_LEN,
+        ),
+        optim=dict(lr=args.lr),
+    ).eval()
     for qid, text, cands in zip(lists["qids"], lists["queries"], lists["candidates"]):
         want = module.rerank_texts(text, [lists["docs"][j] for j in cands]).tolist()
         got = [run[qid][lists["doc_ids"][j]] for j in cands]

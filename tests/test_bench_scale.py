@@ -1,4 +1,5 @@
 """bench/synthetic_msmarco.py (the MS MARCO-shaped files) and bench/bench_scale.py (stage runner, probe, a full run)."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import bench_scale, synthetic_msmarco as sm
+from bench import bench_scale
+from bench import synthetic_msmarco as sm
 
 SPEC = sm.Spec(passages=700, seed=3, val_queries=20, test_queries=60, other_queries=15, vocab=3000)
 
@@ -81,9 +83,17 @@ def test_pipeline_reads_the_files(generated, tmp_path):
 
     _, folder, _ = generated
     f = sm.files(folder)
-    cfg = TsvConfig(collection=str(f["collection"]), cache_dir=str(tmp_path), train_queries=str(f["queries.train"]),
-                    train_qrels=str(f["qrels.train"]), train_triples=str(f["triples"]), val_queries=str(f["queries.dev"]),
-                    val_qrels=str(f["qrels.dev"]), test_queries=str(f["queries.test"]), test_qrels=str(f["qrels.test"]))
+    cfg = TsvConfig(
+        collection=str(f["collection"]),
+        cache_dir=str(tmp_path),
+        train_queries=str(f["queries.train"]),
+        train_qrels=str(f["qrels.train"]),
+        train_triples=str(f["triples"]),
+        val_queries=str(f["queries.dev"]),
+        val_qrels=str(f["qrels.dev"]),
+        test_queries=str(f["queries.test"]),
+        test_qrels=str(f["qrels.test"]),
+    )
     ds = load_dataset(cfg, seed=0)
     assert len(ds.docs) == SPEC.passages and len(ds.split("train").triples) == round(4.5 * SPEC.passages)
     assert len(ds.split("test").queries) == SPEC.test_queries
@@ -98,7 +108,10 @@ def test_reused_and_reproducible(generated, tmp_path):
     for k, p in sm.files(folder).items():
         assert (other / p.name).read_bytes() == p.read_bytes(), k
     seed4, _, _ = sm.ensure(tmp_path, sm.Spec(**{**SPEC.__dict__, "seed": 4}), log=lambda *a: None)
-    assert seed4.name != folder.name and (seed4 / "collection.tsv").read_bytes() != sm.files(folder)["collection"].read_bytes()
+    assert (
+        seed4.name != folder.name
+        and (seed4 / "collection.tsv").read_bytes() != sm.files(folder)["collection"].read_bytes()
+    )
 
 
 def test_more_queries_than_passages(tmp_path):
@@ -161,18 +174,47 @@ def test_options_errors():
 def test_full_run_at_2k_passages(tmp_path):
     """Every stage at 2,000 passages with small settings: each completes and the JSON holds its figures."""
     out = tmp_path / "scale.json"
-    result = bench_scale.main([
-        "sizes=2000", f"data_dir={tmp_path / 'data'}", f"work_dir={tmp_path / 'work'}", f"out={out}",
-        "val_queries=20", "test_queries=100", "other_queries=20", "bm25_depth=100", "train_eval_queries=4",
-        "train_candidate_depth=10", "train_warm=false", "dense_chunk=512", "dense_search_queries=5", "dense_k=10",
-        "encode_passages=32", "isotropy_backbone=tiny", "isotropy_queries=8", "isotropy_depth=10", "stage_timeout=600",
-    ])
+    result = bench_scale.main(
+        [
+            "sizes=2000",
+            f"data_dir={tmp_path / 'data'}",
+            f"work_dir={tmp_path / 'work'}",
+            f"out={out}",
+            "val_queries=20",
+            "test_queries=100",
+            "other_queries=20",
+            "bm25_depth=100",
+            "train_eval_queries=4",
+            "train_candidate_depth=10",
+            "train_warm=false",
+            "dense_chunk=512",
+            "dense_search_queries=5",
+            "dense_k=10",
+            "encode_passages=32",
+            "isotropy_backbone=tiny",
+            "isotropy_queries=8",
+            "isotropy_depth=10",
+            "stage_timeout=600",
+        ]
+    )
     saved = json.loads(out.read_text())
     assert saved["records"] == result["records"] and not saved["failed"], saved["failed"]
     recs = {(r["stage"], r["run"]): r for r in saved["records"]}
-    want = [("data", "generate"), ("store", "build"), ("store", "reuse"), ("bm25", "build"), ("bm25", "reuse"),
-            ("train", "cold"), ("train_ddp", "2proc"), ("dense", "flat"), ("encode", "minilm"), ("isotropy", "prep"),
-            ("isotropy", "on"), ("isotropy", "off"), ("isotropy", "ratio")]
+    want = [
+        ("data", "generate"),
+        ("store", "build"),
+        ("store", "reuse"),
+        ("bm25", "build"),
+        ("bm25", "reuse"),
+        ("train", "cold"),
+        ("train_ddp", "2proc"),
+        ("dense", "flat"),
+        ("encode", "minilm"),
+        ("isotropy", "prep"),
+        ("isotropy", "on"),
+        ("isotropy", "off"),
+        ("isotropy", "ratio"),
+    ]
     assert sorted(recs) == sorted(want)
     for key, r in recs.items():
         assert r["ok"], (key, r.get("error"))
@@ -187,5 +229,8 @@ def test_full_run_at_2k_passages(tmp_path):
     assert all(0 < r["peak_rss_gb"] and 0 < r["first_step_s"] for r in ranks)
     assert recs["dense", "flat"]["result"]["vectors"] == 2000 and recs["dense", "flat"]["result"]["dim"] == 384
     assert recs["encode", "minilm"]["result"]["passages_per_s"] > 0
-    assert recs["isotropy", "on"]["result"]["isotropy_paper_batches"] and not recs["isotropy", "off"]["result"]["isotropy_paper_batches"]
+    assert (
+        recs["isotropy", "on"]["result"]["isotropy_paper_batches"]
+        and not recs["isotropy", "off"]["result"]["isotropy_paper_batches"]
+    )
     assert recs["isotropy", "ratio"]["ratio"] > 0

@@ -1,5 +1,6 @@
 """BM25 as a ranker (datamodules/bm25.py `bm25_run`, `python evaluate.py model=bm25`): scores equal the float64 formula
 for every variant parameter set, the CLI writes a trec_eval-consistent run, and real collections land in a sane range."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,16 @@ def _write_tsv(tmp_path):
 def test_cli_writes_run_metrics_per_query(tmp_path):
     data, qs = _write_tsv(tmp_path)
     out = tmp_path / "bm25"
-    proc = run_script("evaluate.py", "model=bm25", *data, "logger=none", f"output_dir={out}", "model.depth=5", "model.k1=0.9",
-                      "model.b=0.4")
+    proc = run_script(
+        "evaluate.py",
+        "model=bm25",
+        *data,
+        "logger=none",
+        f"output_dir={out}",
+        "model.depth=5",
+        "model.k1=0.9",
+        "model.b=0.4",
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert m["bm25"]["k1"] == 0.9 and m["bm25"]["b"] == 0.4 and m["bm25"]["queries"] == 3
     # run.trec re-read and scored independently gives the same numbers (trec_eval semantics)
@@ -75,19 +84,39 @@ def test_cli_writes_run_metrics_per_query(tmp_path):
 @pytest.mark.slow
 def test_cli_bad_split_leaves_nothing(tmp_path):
     data, _ = _write_tsv(tmp_path)
-    proc = run_script("evaluate.py", "model=bm25", *data, "logger=none", f"output_dir={tmp_path / 'o'}", "model.split=dev", check=False)
+    proc = run_script(
+        "evaluate.py",
+        "model=bm25",
+        *data,
+        "logger=none",
+        f"output_dir={tmp_path / 'o'}",
+        "model.split=dev",
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: config key 'model.split':")
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name,lo,hi", [pytest.param("cranfield", 0.30, 0.45, marks=pytest.mark.data("cranfield")),
-                                        pytest.param("vaswani", 0.35, 0.50, marks=pytest.mark.data("vaswani_npl"))])
+@pytest.mark.parametrize(
+    "name,lo,hi",
+    [
+        pytest.param("cranfield", 0.30, 0.45, marks=pytest.mark.data("cranfield")),
+        pytest.param("vaswani", 0.35, 0.50, marks=pytest.mark.data("vaswani_npl")),
+    ],
+)
 @pytest.mark.slow
 def test_classic_collections_in_published_range(tmp_path, name, lo, hi):
     """All judged queries, as BM25 baselines are usually reported (results/2026-11-22-bm25-baselines.md lists the figures)."""
     out = tmp_path / name
-    run_script("evaluate.py", "model=bm25", f"data={name}", "logger=none", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
-               "model.split=all")
+    run_script(
+        "evaluate.py",
+        "model=bm25",
+        f"data={name}",
+        "logger=none",
+        f"output_dir={out}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "model.split=all",
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert lo < m["ndcg_cut_10"] < hi, m
     assert m["bm25"]["judged_queries"] == {"cranfield": 225, "vaswani": 93}[name]

@@ -2,6 +2,7 @@
 own in-memory index (the previous implementation, kept here as the reference), on a toy collection, a random
 Zipf-like one with ties and on Cranfield; it is built once per collection and reused for other queries, keyed by the
 collection's fingerprint when it has one, rebuilt with a warning when damaged, and built by one process of several."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,15 @@ from datamodules.bm25 import METHODS, BM25Params, bm25_index, bm25_run, compute_
 # ---- the reference: the previous implementation (bm25s' tokenize and index, one query at a time) --------------------
 def ref_tokenize(texts):
     stemmer, _ = bm25._stemmer()
-    return bm25s_module().tokenize(texts, lower=True, token_pattern=bm25.TOKEN_PATTERN, stopwords=bm25.STOPWORDS,
-                                   stemmer=stemmer, return_ids=False, show_progress=False)
+    return bm25s_module().tokenize(
+        texts,
+        lower=True,
+        token_pattern=bm25.TOKEN_PATTERN,
+        stopwords=bm25.STOPWORDS,
+        stemmer=stemmer,
+        return_ids=False,
+        show_progress=False,
+    )
 
 
 def ref_top_k(scores, k):
@@ -84,8 +92,17 @@ def small_chunks(monkeypatch):
 
 # ---- same results as bm25s' own index -------------------------------------------------------------------------------
 def test_tokenizer_gives_bm25s_tokens():
-    texts = [*DOCS.values(), *QUERIES.values(), "Ünïcödé Straße ΣΊΣΥΦΟΣ naïve", "x_y 42 3.14 a1 B2B", "", "the of",
-             "Running runs RAN runner's", "tab\tnew\nline", "日本語 テキスト"]
+    texts = [
+        *DOCS.values(),
+        *QUERIES.values(),
+        "Ünïcödé Straße ΣΊΣΥΦΟΣ naïve",
+        "x_y 42 3.14 a1 B2B",
+        "",
+        "the of",
+        "Running runs RAN runner's",
+        "tab\tnew\nline",
+        "日本語 テキスト",
+    ]
     assert bm25.tokenize(texts) == ref_tokenize(texts)
     terms = bm25._Terms()
     tok, row = bm25._encode(texts, terms)
@@ -129,9 +146,11 @@ def test_same_run_on_cranfield(tmp_path):
 def test_top_k_equals_a_full_sort():
     rng = np.random.default_rng(0)
     for n, k in [(300_000, 1000), (300_000, 10), (200_000, 1), (50, 10), (300_000, 2000)]:
-        for scores in (np.round(rng.random(n) * 20) / 4 * (rng.random(n) < 0.7),  # many ties and zeros
-                       (rng.random(n) < 0.001) * rng.random(n),  # few positive
-                       np.sort(rng.random(n))):  # the best at the end (a strided sample misses them)
+        for scores in (
+            np.round(rng.random(n) * 20) / 4 * (rng.random(n) < 0.7),  # many ties and zeros
+            (rng.random(n) < 0.001) * rng.random(n),  # few positive
+            np.sort(rng.random(n)),
+        ):  # the best at the end (a strided sample misses them)
             scores = scores.astype(np.float32)
             assert np.array_equal(bm25._top_k(scores, k), ref_top_k(scores, k)), (n, k)
 
@@ -145,10 +164,19 @@ def test_index_reused_for_other_queries_and_depths(tmp_path, monkeypatch):
     docs, queries = zipf_collection(n_docs=500)
     first = bm25_run(docs, dict(list(queries.items())[:20]), 10, tmp_path, "a")
     entries = sorted(p.name for p in (tmp_path / "bm25").iterdir())
-    assert [e for e in entries if e.startswith("index-")] and not [e for e in entries if e.startswith(".")]  # no locks, temps
+    assert [e for e in entries if e.startswith("index-")] and not [
+        e for e in entries if e.startswith(".")
+    ]  # no locks, temps
     folder = next((tmp_path / "bm25").glob("index-*"))
-    assert {p.name for p in folder.iterdir()} >= {"data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy",
-                                                  "vocab.index.json", "params.index.json", "doc_ids.npy", "manifest.json"}
+    assert {p.name for p in folder.iterdir()} >= {
+        "data.csc.index.npy",
+        "indices.csc.index.npy",
+        "indptr.csc.index.npy",
+        "vocab.index.json",
+        "params.index.json",
+        "doc_ids.npy",
+        "manifest.json",
+    }
     monkeypatch.setattr(bm25, "_build_index", _no_build)
     other = dict(list(queries.items())[20:])
     assert bm25_run(docs, other, 50, tmp_path, "b") == ref_run(docs, other, 50)
@@ -262,13 +290,23 @@ def test_processes_share_one_build_and_one_run(tmp_path):
     docs, _ = zipf_collection(n_docs=300)
     (tmp_path / "docs.json").write_text(json.dumps(docs))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "docs.json"), str(tmp_path / "log"),
-                               str(tmp_path / "cache")], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tmp_path / "docs.json"), str(tmp_path / "log"), str(tmp_path / "cache")],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     runs = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
-    assert runs[0] == runs[1] == runs[2] == json.loads(json.dumps(ref_run(docs, {"a": "w1x w2x", "b": "w3x w3x w9x"}, 10)))
+    assert (
+        runs[0] == runs[1] == runs[2] == json.loads(json.dumps(ref_run(docs, {"a": "w1x w2x", "b": "w3x w3x w9x"}, 10)))
+    )
     log = (tmp_path / "log").read_text().split()
     assert log[0::2] == ["build", "rank"]  # once each, over the three processes
-    assert sorted(p.name for p in Path(tmp_path / "cache" / "bm25").iterdir() if p.name.startswith("."))  == []
+    assert sorted(p.name for p in Path(tmp_path / "cache" / "bm25").iterdir() if p.name.startswith(".")) == []

@@ -1,6 +1,7 @@
 """The shared command-line wrapper (pipeline/cli.py) that train.py and evaluate.py run under, for every job
 (fine-tuning, stage=head, stage=export, evaluation, model=bm25, retrieval=dense, analysis=NAME): `key=value`
 arguments only, exit codes, one-line input errors, `--dry-run` through the same compose path."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,13 @@ from pipeline.cli import main
 
 def test_job_gets_the_composed_config():
     seen = []
-    assert main(["logger=none", "seed=5", "retrieval=dense", "retrieval.k=9"], lambda cfg, _: seen.append((cfg.seed, cfg.retrieval.k))) == 0
+    assert (
+        main(
+            ["logger=none", "seed=5", "retrieval=dense", "retrieval.k=9"],
+            lambda cfg, _: seen.append((cfg.seed, cfg.retrieval.k)),
+        )
+        == 0
+    )
     assert seen == [(5, 9)]
 
 
@@ -29,23 +36,26 @@ def test_input_errors_are_one_line_and_exit_code_2(capsys):
     assert "argument '--k': expected key=value" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["retrieval=dense", "retrieval.k=0"], "retrieval.k"),
-    (["retrieval=dense", "retrieval.index_type=annoy"], "retrieval.index_type"),
-    (["retrieval=dense", "retrieval.precision=fp8"], "retrieval.precision"),
-    (["retrieval=dense", "retrieval.pq_nbits=17"], "retrieval.pq_nbits"),
-    (["retrieval=dense", "retrieval.store_dtype=int8"], "retrieval.store_dtype"),
-    (["retrieval=dense", "retrieval.split=dev"], "retrieval.split"),
-    (["retrieval=dense", "retrieval.gpu_index=maybe"], "retrieval.gpu_index"),
-    (["retrieval=dense", "retrieval.no_gpu_index=true"], "retrieval.no_gpu_index"),
-    (["retrieval.k=5"], "retrieval.k"),  # retrieval=none has no keys
-    (["model=bm25", "model.split=dev"], "model.split"),
-    (["stage=publish"], "stage"),
-    (["analysis=random_rerank"], "analysis.run"),
-    (["analysis=random_rerank", "analysis.run=x.trec", "analysis.permutations=0"], "analysis.permutations"),
-    (["analysis=fit_mlm_head", "analysis.heldout=1.5"], "analysis.heldout"),
-    (["analysis=fit_mlm_head", "analysis.mask_rate=0"], "analysis.mask_rate"),
-])
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["retrieval=dense", "retrieval.k=0"], "retrieval.k"),
+        (["retrieval=dense", "retrieval.index_type=annoy"], "retrieval.index_type"),
+        (["retrieval=dense", "retrieval.precision=fp8"], "retrieval.precision"),
+        (["retrieval=dense", "retrieval.pq_nbits=17"], "retrieval.pq_nbits"),
+        (["retrieval=dense", "retrieval.store_dtype=int8"], "retrieval.store_dtype"),
+        (["retrieval=dense", "retrieval.split=dev"], "retrieval.split"),
+        (["retrieval=dense", "retrieval.gpu_index=maybe"], "retrieval.gpu_index"),
+        (["retrieval=dense", "retrieval.no_gpu_index=true"], "retrieval.no_gpu_index"),
+        (["retrieval.k=5"], "retrieval.k"),  # retrieval=none has no keys
+        (["model=bm25", "model.split=dev"], "model.split"),
+        (["stage=publish"], "stage"),
+        (["analysis=random_rerank"], "analysis.run"),
+        (["analysis=random_rerank", "analysis.run=x.trec", "analysis.permutations=0"], "analysis.permutations"),
+        (["analysis=fit_mlm_head", "analysis.heldout=1.5"], "analysis.heldout"),
+        (["analysis=fit_mlm_head", "analysis.mask_rate=0"], "analysis.mask_rate"),
+    ],
+)
 def test_dry_run_checks_every_job_key(capsys, argv, key):
     """The jobs that were `python -m` tools with `--options` are config keys now, each checked when the config is
     composed: `--dry-run` rejects what the run would, in one line naming the key."""
@@ -57,22 +67,38 @@ def test_dry_run_checks_every_job_key(capsys, argv, key):
 def test_dry_run_prints_the_new_job_keys(capsys):
     from omegaconf import OmegaConf
 
-    assert main(["--dry-run", "retrieval=dense", "retrieval.k=1000", "retrieval.precision=bf16", "retrieval.gpu_index=false"],
-                lambda cfg, _: pytest.fail("ran")) == 0
+    assert (
+        main(
+            [
+                "--dry-run",
+                "retrieval=dense",
+                "retrieval.k=1000",
+                "retrieval.precision=bf16",
+                "retrieval.gpu_index=false",
+            ],
+            lambda cfg, _: pytest.fail("ran"),
+        )
+        == 0
+    )
     printed = OmegaConf.create(capsys.readouterr().out)
-    assert printed.retrieval.k == 1000 and printed.retrieval.precision == "bf16" and printed.retrieval.gpu_index is False
+    assert (
+        printed.retrieval.k == 1000 and printed.retrieval.precision == "bf16" and printed.retrieval.gpu_index is False
+    )
     assert printed.retrieval.index_type == "flat" and printed.retrieval.depth == 1000
     assert main(["--dry-run", "model=bm25", "model.split=all", "stage=export"], lambda cfg, _: None) == 0
     printed = OmegaConf.create(capsys.readouterr().out)
     assert printed.model.split == "all" and printed.stage == "export" and printed.retrieval.name == "none"
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["logger=none"], False),
-    (["model=repbert"], True),
-    (["model.compress_dim=8"], True),
-    (["data.num_docs=50"], False),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["logger=none"], False),
+        (["model=repbert"], True),
+        (["model.compress_dim=8"], True),
+        (["data.num_docs=50"], False),
+    ],
+)
 def test_main_says_whether_the_command_line_picks_the_model(argv, expected):
     seen = []
     assert main(argv, lambda cfg, model_from_cli: seen.append(model_from_cli)) == 0

@@ -5,6 +5,7 @@ The residual stores are checked against brute-force ColBERT in NumPy float64 ove
 ranker's own encoders, nothing of the index), within the per-query-token tolerance the module docstring and
 docs/retrieval.md document.
 """
+
 from __future__ import annotations
 
 import gc
@@ -13,14 +14,14 @@ import os
 import numpy as np
 import pytest
 import torch
+from test_retrieval import DOCS, QUERIES, make, one_thread  # noqa: F401 (one_thread: autouse fixture)
 
 from core.errors import InputError
-from lightning_modules.rankers.colbert import ColBERTConfig
 from core.npy import NpyRowWriter
+from lightning_modules.rankers.colbert import ColBERTConfig
 from retrieval.colbert_e2e import CODEC_FILE, TOKENS_FILE, ColBERTIndex
 from retrieval.config import DenseRetrievalConfig
 from retrieval.encode import pair_tokenizer_for
-from test_retrieval import DOCS, QUERIES, make, one_thread  # noqa: F401 (one_thread: autouse fixture)
 
 # documented bound on |exact score - float32 score| per query token (module docstring, docs/retrieval.md)
 RESIDUAL_TOLERANCE = {"residual8": 0.005, "residual4": 0.02}
@@ -76,12 +77,18 @@ def test_small_chunks_equal_one_chunk(colbert, store_dtype, tmp_path):
     np.testing.assert_array_equal(one.offsets, small.offsets)
     assert one.manifest["store_dtype"] == store_dtype
     for k_tokens, depth in ((one.n_tokens, None), (3, 5)):
-        assert one.search(QUERIES, k=6, k_tokens=k_tokens, depth=depth) == small.search(QUERIES, k=6, k_tokens=k_tokens, depth=depth)
+        assert one.search(QUERIES, k=6, k_tokens=k_tokens, depth=depth) == small.search(
+            QUERIES, k=6, k_tokens=k_tokens, depth=depth
+        )
 
 
 def test_store_is_a_memory_map_in_a_temporary_folder_removed_with_the_index(colbert, tmp_path):
     idx = ColBERTIndex.build(colbert, DOCS, batch_size=8, store_dir=tmp_path)
-    assert isinstance(idx.tokens, np.memmap) and idx.tokens.dtype == np.float16 and idx.tokens.shape == (idx.n_tokens, idx.dim)
+    assert (
+        isinstance(idx.tokens, np.memmap)
+        and idx.tokens.dtype == np.float16
+        and idx.tokens.shape == (idx.n_tokens, idx.dim)
+    )
     (staging,) = _staging_folders(tmp_path)
     assert idx.store_path == tmp_path / staging / TOKENS_FILE
     del idx
@@ -106,7 +113,9 @@ def test_save_links_the_store_and_the_index_reads_the_saved_one(colbert, tmp_pat
 
 def test_failed_build_leaves_no_store_behind(colbert, tmp_path):
     with pytest.raises(InputError, match="duplicate doc id 'd0'"):
-        ColBERTIndex.build(colbert, [("d0", "a b"), ("d1", "c"), ("d0", "d")], batch_size=1, store_dir=tmp_path, store_chunk=1)
+        ColBERTIndex.build(
+            colbert, [("d0", "a b"), ("d1", "c"), ("d0", "d")], batch_size=1, store_dir=tmp_path, store_chunk=1
+        )
     assert _staging_folders(tmp_path) == []
 
 

@@ -1,4 +1,5 @@
 """Config composition: defaults, group choice, overrides, and one-line errors for bad keys, groups and types."""
+
 import pytest
 
 from core.errors import InputError
@@ -48,7 +49,14 @@ def test_unknown_ranker_name():
         compose(["model.name=splade"])
 
 
-@pytest.mark.parametrize("argv,key", [(["trainer.max_steps=abc"], "trainer.max_steps"), (["data.rotate_train=maybe"], "data.rotate_train"), (["seed=1.5"], "seed")])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["trainer.max_steps=abc"], "trainer.max_steps"),
+        (["data.rotate_train=maybe"], "data.rotate_train"),
+        (["seed=1.5"], "seed"),
+    ],
+)
 def test_wrong_types_are_errors(argv, key):
     with pytest.raises(InputError, match=key.replace(".", r"\.")):
         compose(argv)
@@ -61,8 +69,13 @@ def test_argument_without_equals():
 
 @pytest.mark.parametrize(
     "argv,key",
-    [(["optim.loss=hing"], "optim.loss"), (["optim.schedule=cosine"], "optim.schedule"),
-     (["data.negatives=hard"], "data.negatives"), (["logger.mode=ofline"], "logger.mode"), (["logger.name=tensorboard"], "logger.name")],
+    [
+        (["optim.loss=hing"], "optim.loss"),
+        (["optim.schedule=cosine"], "optim.schedule"),
+        (["data.negatives=hard"], "data.negatives"),
+        (["logger.mode=ofline"], "logger.mode"),
+        (["logger.name=tensorboard"], "logger.name"),
+    ],
 )
 def test_misspelt_choices_are_errors_not_defaults(argv, key):
     with pytest.raises(InputError, match=rf"config key '{key}'.*expected one of"):
@@ -74,19 +87,34 @@ def test_tk_composes_with_the_papers_settings():
     assert (m.name, m.layers, m.heads, m.head_dim, m.ff_dim) == ("tk", 2, 16, 32, 100)
     assert (m.kernels, m.sigma, m.passage_position_offset, m.embeddings) == (11, 0.1, 500, "backbone")
     assert (m.contextualization_lr, m.kernel_lr) == (1e-4, 1e-3)
-    assert compose(["model=tk", "model.embeddings=/data/glove.42B.300d.txt", "model.kernel_lr=null"]).model.kernel_lr is None
+    assert (
+        compose(["model=tk", "model.embeddings=/data/glove.42B.300d.txt", "model.kernel_lr=null"]).model.kernel_lr
+        is None
+    )
 
 
-@pytest.mark.parametrize("argv,key", [(["model.kernels=1"], "model.kernels"), (["model.sigma=0"], "model.sigma"),
-                                      (["model.dropout=1.5"], "model.dropout"), (["model.kernel_lr=-1"], "model.kernel_lr")])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["model.kernels=1"], "model.kernels"),
+        (["model.sigma=0"], "model.sigma"),
+        (["model.dropout=1.5"], "model.dropout"),
+        (["model.kernel_lr=-1"], "model.kernel_lr"),
+    ],
+)
 def test_tk_bad_values_are_errors(argv, key):
     with pytest.raises(InputError, match=rf"config key '{key}'"):
         compose(["model=tk", *argv])
 
 
-@pytest.mark.parametrize("argv,key", [(["model.length_buckets=0"], "model.length_buckets"),
-                                      (["model=repbert", "model.doc_max_len=0"], "model.doc_max_len"),
-                                      (["model=tk", "model.query_max_len=-3"], "model.query_max_len")])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["model.length_buckets=0"], "model.length_buckets"),
+        (["model=repbert", "model.doc_max_len=0"], "model.doc_max_len"),
+        (["model=tk", "model.query_max_len=-3"], "model.query_max_len"),
+    ],
+)
 def test_ranker_lengths_and_buckets_must_be_positive(argv, key):
     with pytest.raises(InputError, match=rf"config key '{key}'.*expected >= 1"):
         compose(argv)
@@ -96,11 +124,19 @@ def test_ranker_lengths_and_buckets_must_be_positive(argv, key):
 # Every numeric and choice key has a declared range or set (core/ranges.py), checked by compose, which --dry-run
 # and every real run go through: (arguments, the key named, what the message says after "config key '<key>': ").
 OUT_OF_RANGE = [
-    (["trainer.devices=0"], "trainer.devices", "is 0; expected an integer >= 1, or -1, or 'auto' (or a non-empty list of device indices"),
+    (
+        ["trainer.devices=0"],
+        "trainer.devices",
+        "is 0; expected an integer >= 1, or -1, or 'auto' (or a non-empty list of device indices",
+    ),
     (["trainer.devices=[]"], "trainer.devices", "is []; expected an integer >= 1"),
     (["trainer.max_steps=-5"], "trainer.max_steps", "is -5; expected >= 0, or -1 (-1: no limit)"),
     (["trainer.max_epochs=0"], "trainer.max_epochs", "is 0; expected >= 1, or -1"),
-    (["trainer.val_check_interval=0"], "trainer.val_check_interval", "is 0; expected an integer >= 1 (steps), or a number in (0, 1]"),
+    (
+        ["trainer.val_check_interval=0"],
+        "trainer.val_check_interval",
+        "is 0; expected an integer >= 1 (steps), or a number in (0, 1]",
+    ),
     (["trainer.val_check_interval=1.5"], "trainer.val_check_interval", "is 1.5; expected an integer >= 1 (steps)"),
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches", "is 0; expected >= 1"),
     (["trainer.num_nodes=0"], "trainer.num_nodes", "is 0; expected >= 1"),
@@ -155,12 +191,24 @@ def test_out_of_range_values_are_one_line_errors(argv, key, expect):
 
 
 def test_range_bounds_and_special_values_are_accepted():
-    cfg = compose(["trainer.devices=-1", "trainer.max_steps=-1", "trainer.val_check_interval=0.5", "optim.warmup_steps=0",
-                   "optim.weight_decay=0", "trainer.gradient_clip_val=null", "data.max_eval_queries=null", "seed=0"])
+    cfg = compose(
+        [
+            "trainer.devices=-1",
+            "trainer.max_steps=-1",
+            "trainer.val_check_interval=0.5",
+            "optim.warmup_steps=0",
+            "optim.weight_decay=0",
+            "trainer.gradient_clip_val=null",
+            "data.max_eval_queries=null",
+            "seed=0",
+        ]
+    )
     assert (cfg.trainer.devices, cfg.trainer.max_steps, cfg.trainer.val_check_interval) == (-1, -1, 0.5)
     assert compose(["trainer.devices=auto"]).trainer.devices == "auto"
     assert list(compose(["trainer.devices=[0,1]"]).trainer.devices) == [0, 1]
-    assert compose(["trainer.devices=0,1"]).trainer.devices == "0,1"  # Lightning's own form for device indices, passed on as it is
+    assert (
+        compose(["trainer.devices=0,1"]).trainer.devices == "0,1"
+    )  # Lightning's own form for device indices, passed on as it is
     with pytest.raises(InputError, match="trainer.devices"):
         compose(["trainer.devices=0,x"])
     assert compose(["trainer.max_steps=0"]).trainer.max_steps == 0  # tests the starting model only
@@ -169,8 +217,15 @@ def test_range_bounds_and_special_values_are_accepted():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
-@pytest.mark.parametrize("arg,key", [("trainer.devices=0", "trainer.devices"), ("trainer.max_steps=-5", "trainer.max_steps"),
-                                     ("optim.lr=-1", "optim.lr"), ("data.batch_size=0", "data.batch_size")])
+@pytest.mark.parametrize(
+    "arg,key",
+    [
+        ("trainer.devices=0", "trainer.devices"),
+        ("trainer.max_steps=-5", "trainer.max_steps"),
+        ("optim.lr=-1", "optim.lr"),
+        ("data.batch_size=0", "data.batch_size"),
+    ],
+)
 def test_out_of_range_stops_train_py_before_anything(tmp_path, arg, key, dry):
     """The same check with --dry-run and in a real run: exit 2, one line, no output folder, no model loaded."""
     from conftest import run_script
@@ -178,5 +233,7 @@ def test_out_of_range_stops_train_py_before_anything(tmp_path, arg, key, dry):
     out = tmp_path / "out"
     proc = run_script("train.py", arg, "logger=none", f"output_dir={out}", *(["--dry-run"] if dry else []), check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(f"error: config key '{key}': is ")
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(
+        f"error: config key '{key}': is "
+    )
     assert proc.stdout == "" and not out.exists()

@@ -1,5 +1,6 @@
 """Bad data input: every case is one InputError naming FILE:LINE (or the config key) and what was expected.
 Cross-reference errors are raised by IRDataset.validate() through load_dataset."""
+
 from __future__ import annotations
 
 import gzip
@@ -33,8 +34,11 @@ def _w(path: Path, text: str, gz: bool = False) -> str:
 
 
 def _tsv(tmp_path: Path, **override) -> TsvConfig:
-    files = {"collection": ("collection.tsv", COLLECTION), "train_queries": ("queries.tsv", QUERIES),
-             "train_qrels": ("qrels.txt", QRELS)}
+    files = {
+        "collection": ("collection.tsv", COLLECTION),
+        "train_queries": ("queries.tsv", QUERIES),
+        "train_qrels": ("qrels.txt", QRELS),
+    }
     kw = {}
     for key, (name, text) in files.items():
         kw[key] = _w(tmp_path / name, text)
@@ -59,20 +63,29 @@ def test_good_tsv_loads(tmp_path):
     assert len(ds.docs) == 3 and ds.splits["train"].qrels == {"q1": {"d1": 1}, "q2": {"d2": 1}}
 
 
-@pytest.mark.parametrize("key,name,text,line,expect", [
-    ("collection", "collection.tsv", "d1\tok\nd2\tno tab here but\textra\tcolumns\nd3\tok\n", 2, "expected 2 tab-separated columns"),
-    ("collection", "collection.tsv", "d1\tok\nd2 without a tab\n", 2, "expected 2 tab-separated columns"),
-    ("collection", "collection.tsv", "d1\tok\nd2\tok\nd3\t   \n", 3, "empty passage text"),
-    ("collection", "collection.tsv", "d1\tok\nd1\tagain\n", 2, "duplicate passage id 'd1' (first at line 1)"),
-    ("train_queries", "queries.tsv", "q1\tcat\nq2\t\n", 2, "empty query text"),
-    ("train_qrels", "qrels.txt", "q1 0 d1 1\nq2 0 d2 yes\n", 2, "relevance 'yes' is not an integer"),
-    ("train_qrels", "qrels.txt", "q1 0 d1 1\nq2 0 d2\n", 2, "expected 4 whitespace-separated columns"),
-    ("train_qrels", "qrels.txt", "q1 0 d1 1.5\n", 1, "is not an integer"),
-    ("val_run", "run.txt", "q1 Q0 d1 1 2.0 bm25\nq1 Q0 d2 2 1.0\n", 2, "expected 6 whitespace-separated columns"),
-    ("val_run", "run.txt", "q1 Q0 d1 1 high bm25\n", 1, "score 'high' is not a number"),
-    ("val_run", "run.txt", "q1 Q0 d1 first 2.0 bm25\n", 1, "rank 'first' is not an integer"),
-    ("train_triples", "triples.tsv", "q1\td1\td2\nq2\td2\n", 2, "expected 3 tab-separated columns"),
-])
+@pytest.mark.parametrize(
+    "key,name,text,line,expect",
+    [
+        (
+            "collection",
+            "collection.tsv",
+            "d1\tok\nd2\tno tab here but\textra\tcolumns\nd3\tok\n",
+            2,
+            "expected 2 tab-separated columns",
+        ),
+        ("collection", "collection.tsv", "d1\tok\nd2 without a tab\n", 2, "expected 2 tab-separated columns"),
+        ("collection", "collection.tsv", "d1\tok\nd2\tok\nd3\t   \n", 3, "empty passage text"),
+        ("collection", "collection.tsv", "d1\tok\nd1\tagain\n", 2, "duplicate passage id 'd1' (first at line 1)"),
+        ("train_queries", "queries.tsv", "q1\tcat\nq2\t\n", 2, "empty query text"),
+        ("train_qrels", "qrels.txt", "q1 0 d1 1\nq2 0 d2 yes\n", 2, "relevance 'yes' is not an integer"),
+        ("train_qrels", "qrels.txt", "q1 0 d1 1\nq2 0 d2\n", 2, "expected 4 whitespace-separated columns"),
+        ("train_qrels", "qrels.txt", "q1 0 d1 1.5\n", 1, "is not an integer"),
+        ("val_run", "run.txt", "q1 Q0 d1 1 2.0 bm25\nq1 Q0 d2 2 1.0\n", 2, "expected 6 whitespace-separated columns"),
+        ("val_run", "run.txt", "q1 Q0 d1 1 high bm25\n", 1, "score 'high' is not a number"),
+        ("val_run", "run.txt", "q1 Q0 d1 first 2.0 bm25\n", 1, "rank 'first' is not an integer"),
+        ("train_triples", "triples.tsv", "q1\td1\td2\nq2\td2\n", 2, "expected 3 tab-separated columns"),
+    ],
+)
 def test_malformed_tsv_trec_lines(tmp_path, key, name, text, line, expect):
     extra = {"val_queries": _w(tmp_path / "vq.tsv", QUERIES)} if key == "val_run" else {}
     msg = _error(_tsv(tmp_path, **{key: (name, text)}, **extra))
@@ -80,7 +93,9 @@ def test_malformed_tsv_trec_lines(tmp_path, key, name, text, line, expect):
 
 
 def test_malformed_text_triples(tmp_path):
-    msg = _error(_tsv(tmp_path, train_triples=("t.tsv", "cat\tthe cat sat\tdogs bark\ncat\tonly two\n"), triples_format="text"))
+    msg = _error(
+        _tsv(tmp_path, train_triples=("t.tsv", "cat\tthe cat sat\tdogs bark\ncat\tonly two\n"), triples_format="text")
+    )
     assert "t.tsv:2:" in msg and "expected 3 tab-separated columns" in msg
     msg = _error(_tsv(tmp_path, train_triples=("t2.tsv", "cat\t \tdogs bark\n"), triples_format="text"))
     assert "t2.tsv:1:" in msg and "empty positive passage text" in msg
@@ -96,7 +111,11 @@ def test_missing_paths_name_the_config_key(tmp_path, monkeypatch):
     assert msg.startswith("data.val_qrels:") and "no/such/qrels.txt" in msg
     assert _error(TsvConfig()).startswith("data.collection:")
     monkeypatch.chdir(tmp_path)  # relative defaults resolve against the working directory
-    for cfg, key in [(SquadConfig(), "data.path"), (CranfieldConfig(), "data.path"), (BeirConfig(path="x/y"), "data.path")]:
+    for cfg, key in [
+        (SquadConfig(), "data.path"),
+        (CranfieldConfig(), "data.path"),
+        (BeirConfig(path="x/y"), "data.path"),
+    ]:
         msg = _error(cfg)
         assert msg.startswith(f"{key}:") and str(cfg.path) in msg
 
@@ -124,11 +143,19 @@ def _beir(folder: Path, corpus: str | None = None, queries: str | None = None, q
 def test_beir_bad_lines(tmp_path):
     assert len(load_dataset(_beir(tmp_path / "ok"), 0).docs) == 2
     cases = [
-        (dict(corpus='{"_id": "c1", "text": "cats"}\n{"_id": "c2", "text": "dogs"\n'), "corpus.jsonl:2:", "malformed JSON"),
+        (
+            dict(corpus='{"_id": "c1", "text": "cats"}\n{"_id": "c2", "text": "dogs"\n'),
+            "corpus.jsonl:2:",
+            "malformed JSON",
+        ),
         (dict(corpus='{"_id": "c1", "text": "cats"}\n\n["a list"]\n'), "corpus.jsonl:3:", "expected a JSON object"),
         (dict(corpus='{"_id": "c1", "title": " ", "text": ""}\n'), "corpus.jsonl:1:", "empty passage text"),
         (dict(corpus='{"text": "no id"}\n'), "corpus.jsonl:1:", "missing field '_id'"),
-        (dict(queries='{"_id": "q1", "text": "cat"}\n{"_id": "q2", "text": "  "}\n'), "queries.jsonl:2:", "empty query text"),
+        (
+            dict(queries='{"_id": "q1", "text": "cat"}\n{"_id": "q2", "text": "  "}\n'),
+            "queries.jsonl:2:",
+            "empty query text",
+        ),
         (dict(qrels="query-id\tcorpus-id\tscore\nq1\tc1\tone\n"), "test.tsv:2:", "not an integer"),
         (dict(qrels="query-id\tcorpus-id\tscore\nq1 c1 1\n"), "test.tsv:2:", "expected 3 tab-separated columns"),
     ]
@@ -138,8 +165,26 @@ def test_beir_bad_lines(tmp_path):
 
 
 def test_squad_bad_json(tmp_path):
-    good = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
-        {"id": "a", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}
+    good = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": "Paris is in France.",
+                        "qas": [
+                            {
+                                "id": "a",
+                                "question": "Where is Paris?",
+                                "answers": [{"text": "France", "answer_start": 12}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
     ok = {"version": "1.1", "data": [json.loads(json.dumps(good["data"][0])) for _ in range(3)]}
     for i, art in enumerate(ok["data"]):
         art["paragraphs"][0]["qas"][0]["id"] = f"q{i}"
@@ -239,10 +284,15 @@ def test_cross_reference_errors_via_validate(tmp_path):
     msg = _error(_tsv(tmp_path, train_qrels=("qrels_d.txt", "q1 0 d1 1\nq2 0 d2 1\nq1 0 d7 1\n")))
     assert msg.startswith(f"{tmp_path / 'qrels_d.txt'}:3: ") and "unknown doc id 'd7'" in msg
     msg = _error(_tsv(tmp_path, train_triples=("tr.tsv", "q1\td1\td2\nq1\td1\td9\n")))
-    assert msg.startswith(f"{tmp_path / 'tr.tsv'}:2: ") and "triple (q1, d1, d9) of split train names unknown doc id 'd9'" in msg
+    assert (
+        msg.startswith(f"{tmp_path / 'tr.tsv'}:2: ")
+        and "triple (q1, d1, d9) of split train names unknown doc id 'd9'" in msg
+    )
     msg = _error(_tsv(tmp_path, train_triples=("tr2.tsv", "q5\td1\td2\n")))
     assert msg.startswith(f"{tmp_path / 'tr2.tsv'}:1: ") and "names query 'q5'" in msg
-    msg = _error(_tsv(tmp_path, val_queries=("vq.tsv", QUERIES), val_run=("vr.txt", "q1 Q0 d1 1 2.0 r\nq1 Q0 d42 2 1.0 r\n")))
+    msg = _error(
+        _tsv(tmp_path, val_queries=("vq.tsv", QUERIES), val_run=("vr.txt", "q1 Q0 d1 1 2.0 r\nq1 Q0 d42 2 1.0 r\n"))
+    )
     assert msg.startswith(f"{tmp_path / 'vr.txt'}:2: ") and "split val" in msg
     assert "candidates of query 'q1' (split val) name unknown doc id 'd42'" in msg
     folder = tmp_path / "beir"
@@ -261,13 +311,21 @@ def test_test_split_without_scorable_pairs_stops_before_any_output(tmp_path, tin
     otherwise train and then fail with nothing to write: one line naming the split, exit 2, no output folder."""
     from conftest import run_script
 
-    files = {"collection": ("collection.tsv", COLLECTION), "train_queries": ("queries.tsv", QUERIES),
-             "train_qrels": ("qrels.txt", QRELS), "val_queries": ("queries.tsv", QUERIES), "val_qrels": ("qrels.txt", QRELS),
-             "test_queries": ("test_queries.tsv", QUERIES),
-             "test_qrels": ("test_qrels.txt", "q1 0 d1 1\n"), "test_run": ("test_run.txt", "q2 Q0 d2 1 3.0 x\n")}
+    files = {
+        "collection": ("collection.tsv", COLLECTION),
+        "train_queries": ("queries.tsv", QUERIES),
+        "train_qrels": ("qrels.txt", QRELS),
+        "val_queries": ("queries.tsv", QUERIES),
+        "val_qrels": ("qrels.txt", QRELS),
+        "test_queries": ("test_queries.tsv", QUERIES),
+        "test_qrels": ("test_qrels.txt", "q1 0 d1 1\n"),
+        "test_run": ("test_run.txt", "q2 Q0 d2 1 3.0 x\n"),
+    }
     args = [f"data.{key}={_w(tmp_path / name, text)}" for key, (name, text) in files.items()]
     out = tmp_path / "out"
-    proc = run_script("evaluate.py", "data=tsv", *args, f"model.backbone={tiny_bert}", "logger=none", f"output_dir={out}", check=False)
+    proc = run_script(
+        "evaluate.py", "data=tsv", *args, f"model.backbone={tiny_bert}", "logger=none", f"output_dir={out}", check=False
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]  # the model load logs to stderr too
     assert len(err) == 1 and "split 'test'" in err[0] and "no (judged query, candidate) pair" in err[0]
@@ -281,29 +339,64 @@ BOM = "\ufeff"  # what Excel and many Windows tools write at the start of a UTF-
 
 def test_bom_is_not_part_of_the_first_id(tmp_path):
     """Every reader drops a leading BOM: TSV, gzip TSV, qrels, triples, runs, JSONL, SQuAD JSON, SMART, GloVe."""
-    cfg = _tsv(tmp_path, collection=str(tmp_path / "c.tsv.gz"), train_queries=("q.tsv", BOM + QUERIES),
-               train_qrels=("r.txt", BOM + QRELS), train_triples=("t.tsv", BOM + "q1\td1\td2\n"),
-               val_queries=("vq.tsv", BOM + QUERIES), val_run=("vr.txt", BOM + "q1 Q0 d1 1 2.0 r\n"))
+    cfg = _tsv(
+        tmp_path,
+        collection=str(tmp_path / "c.tsv.gz"),
+        train_queries=("q.tsv", BOM + QUERIES),
+        train_qrels=("r.txt", BOM + QRELS),
+        train_triples=("t.tsv", BOM + "q1\td1\td2\n"),
+        val_queries=("vq.tsv", BOM + QUERIES),
+        val_run=("vr.txt", BOM + "q1 Q0 d1 1 2.0 r\n"),
+    )
     _w(tmp_path / "c.tsv.gz", BOM + COLLECTION, gz=True)
     ds = load_dataset(cfg, 0)
     assert set(ds.docs) == {"d1", "d2", "d3"} and set(ds.splits["train"].queries) == {"q1", "q2"}
-    assert ds.splits["train"].qrels == {"q1": {"d1": 1}, "q2": {"d2": 1}} and ds.splits["train"].triples == [("q1", "d1", "d2")]
+    assert ds.splits["train"].qrels == {"q1": {"d1": 1}, "q2": {"d2": 1}} and ds.splits["train"].triples == [
+        ("q1", "d1", "d2")
+    ]
     assert ds.splits["val"].candidates == {"q1": ["d1"]}
 
-    beir = load_dataset(_beir(tmp_path / "beir", corpus=BOM + '{"_id": "c1", "text": "cats"}\n', queries=BOM + '{"_id": "q1", "text": "cat"}\n',
-                              qrels=BOM + "query-id\tcorpus-id\tscore\nq1\tc1\t1\n"), 0)
+    beir = load_dataset(
+        _beir(
+            tmp_path / "beir",
+            corpus=BOM + '{"_id": "c1", "text": "cats"}\n',
+            queries=BOM + '{"_id": "q1", "text": "cat"}\n',
+            qrels=BOM + "query-id\tcorpus-id\tscore\nq1\tc1\t1\n",
+        ),
+        0,
+    )
     assert set(beir.docs) == {"c1"} and beir.splits["test"].qrels == {"q1": {"c1": 1}}
 
-    squad = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
-        {"id": "a", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}
-    ds = load_dataset(SquadConfig(path=_w(tmp_path / "squad.json", BOM + json.dumps(squad)), val_articles=0, test_articles=0), 0)
+    squad = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": "Paris is in France.",
+                        "qas": [
+                            {
+                                "id": "a",
+                                "question": "Where is Paris?",
+                                "answers": [{"text": "France", "answer_start": 12}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    ds = load_dataset(
+        SquadConfig(path=_w(tmp_path / "squad.json", BOM + json.dumps(squad)), val_articles=0, test_articles=0), 0
+    )
     assert set(ds.docs) == {"0-0"}
 
     ds = load_dataset(_cranfield(tmp_path / "cran", BOM + DOCS_SMART, BOM + QRY_SMART, BOM + "1 1 2\n"), 0)
     assert set(ds.docs) == {"1", "2"} and ds.splits["train"].qrels["1"] == {"1": 3}
 
-    from lightning_modules.rankers.word_vectors import from_glove
     from datamodules.textfiles import read_trec_run
+    from lightning_modules.rankers.word_vectors import from_glove
 
     assert read_trec_run(_w(tmp_path / "run.trec", BOM + "q1 Q0 d1 1 2.0 r\n")) == {"q1": {"d1": 2.0}}
     assert from_glove(_w(tmp_path / "g.txt", BOM + "the 1 2\ncat 3 4\n"), {"the": 0, "cat": 1}, 2).found == 2
@@ -317,10 +410,19 @@ def test_bom_files_give_the_same_bm25_metrics(tmp_path):
     outs = []
     for bom in ("", BOM):
         folder = tmp_path / ("bom" if bom else "plain")
-        c, q, r = (_w(folder / name, bom + text) for name, text in (("c.tsv", COLLECTION), ("q.tsv", QUERIES), ("r.txt", QRELS)))
-        files = [f"data.{split}_{kind}={path}" for split in ("train", "val", "test") for kind, path in (("queries", q), ("qrels", r))]
+        c, q, r = (
+            _w(folder / name, bom + text)
+            for name, text in (("c.tsv", COLLECTION), ("q.tsv", QUERIES), ("r.txt", QRELS))
+        )
+        files = [
+            f"data.{split}_{kind}={path}"
+            for split in ("train", "val", "test")
+            for kind, path in (("queries", q), ("qrels", r))
+        ]
         out = folder / "out"
-        run_script("evaluate.py", "model=bm25", "data=tsv", f"data.collection={c}", *files, "logger=none", f"output_dir={out}")
+        run_script(
+            "evaluate.py", "model=bm25", "data=tsv", f"data.collection={c}", *files, "logger=none", f"output_dir={out}"
+        )
         outs.append(out)
     assert (outs[0] / "metrics.json").read_text() == (outs[1] / "metrics.json").read_text()
     assert (outs[0] / "run.trec").read_text() == (outs[1] / "run.trec").read_text()
@@ -330,13 +432,16 @@ def test_bom_files_give_the_same_bm25_metrics(tmp_path):
 # ------------------------------------------------------------------------------------------------ empty inputs
 
 
-@pytest.mark.parametrize("key,name,expect", [
-    ("collection", "collection.tsv", "2 tab-separated columns (passage id, passage text)"),
-    ("train_queries", "queries.tsv", "2 tab-separated columns (query id, query text)"),
-    ("train_qrels", "qrels.txt", "4 whitespace-separated columns (qid, iter, docid, rel)"),
-    ("train_triples", "triples.tsv", "3 tab-separated columns (qid, positive doc id, negative doc id)"),
-    ("val_run", "run.txt", "6 whitespace-separated columns (qid, Q0, docid, rank, score, tag)"),
-])
+@pytest.mark.parametrize(
+    "key,name,expect",
+    [
+        ("collection", "collection.tsv", "2 tab-separated columns (passage id, passage text)"),
+        ("train_queries", "queries.tsv", "2 tab-separated columns (query id, query text)"),
+        ("train_qrels", "qrels.txt", "4 whitespace-separated columns (qid, iter, docid, rel)"),
+        ("train_triples", "triples.tsv", "3 tab-separated columns (qid, positive doc id, negative doc id)"),
+        ("val_run", "run.txt", "6 whitespace-separated columns (qid, Q0, docid, rank, score, tag)"),
+    ],
+)
 @pytest.mark.parametrize("text", ["", "\n \n"], ids=["empty", "blank"])
 def test_empty_files_name_the_file(tmp_path, key, name, expect, text):
     extra = {"val_queries": _w(tmp_path / "vq.tsv", QUERIES)} if key == "val_run" else {}
@@ -345,13 +450,22 @@ def test_empty_files_name_the_file(tmp_path, key, name, expect, text):
 
 
 def test_empty_files_of_other_formats_name_the_file(tmp_path):
-    assert _error(_beir(tmp_path / "b1", corpus="\n")) == f"{tmp_path / 'b1' / 'corpus.jsonl'}: is empty; expected one JSON object a line"
-    assert _error(_beir(tmp_path / "b2", queries="\n")) == f"{tmp_path / 'b2' / 'queries.jsonl'}: is empty; expected one JSON object a line"
+    assert (
+        _error(_beir(tmp_path / "b1", corpus="\n"))
+        == f"{tmp_path / 'b1' / 'corpus.jsonl'}: is empty; expected one JSON object a line"
+    )
+    assert (
+        _error(_beir(tmp_path / "b2", queries="\n"))
+        == f"{tmp_path / 'b2' / 'queries.jsonl'}: is empty; expected one JSON object a line"
+    )
     msg = _error(_cranfield(tmp_path / "c1", "", QRY_SMART, "1 1 2\n"))
     assert msg == f"{tmp_path / 'c1' / 'cran.all.1400'}: is empty; expected SMART records starting with '.I <id>'"
     # every record without text is left out (with a warning), and with it every judgement
     msg = _error(_cranfield(tmp_path / "c2", ".I 1\n.T\n.W\n", QRY_SMART, "1 1 2\n"))
-    assert msg == f"data.path ({tmp_path / 'c2'}): has no judged query (a query with a relevant document in the qrels); expected at least one"
+    assert (
+        msg
+        == f"data.path ({tmp_path / 'c2'}): has no judged query (a query with a relevant document in the qrels); expected at least one"
+    )
     with pytest.raises(InputError, match=r"^c.tsv: holds no passages; expected a collection of at least one passage$"):
         IRDataset("x", {}, {}, docs_origin="c.tsv").validate()  # the backstop for sources without a file of their own
     (tmp_path / "v").mkdir()
@@ -362,17 +476,37 @@ def test_empty_files_of_other_formats_name_the_file(tmp_path):
     assert msg == f"{tmp_path / 'v' / 'doc-text.trec'}: is empty; expected <DOC> ... </DOC> records"
 
 
-SMALL_SYNTHETIC = ["data.num_docs=60", "data.num_train_queries=10", "data.num_val_queries=4", "data.num_test_queries=4",
-                   "data.num_topics=4"]
+SMALL_SYNTHETIC = [
+    "data.num_docs=60",
+    "data.num_train_queries=10",
+    "data.num_val_queries=4",
+    "data.num_test_queries=4",
+    "data.num_topics=4",
+]
 
 
-@pytest.mark.parametrize("setting,split,problem", [
-    ("data.num_train_queries=0", "train", "has no training triple to train on (0 judged queries); check data.num_train_queries=0"),
-    ("data.num_val_queries=0", "val", "has no (judged query, candidate) pair to validate on (0 judged queries with candidates); "
-                                      "check data.candidate_depth=100, data.num_val_queries=0"),
-    ("data.num_test_queries=0", "test", "has no (judged query, candidate) pair to score (0 judged queries with candidates); "
-                                        "check data.candidate_depth=100, data.num_test_queries=0"),
-])
+@pytest.mark.parametrize(
+    "setting,split,problem",
+    [
+        (
+            "data.num_train_queries=0",
+            "train",
+            "has no training triple to train on (0 judged queries); check data.num_train_queries=0",
+        ),
+        (
+            "data.num_val_queries=0",
+            "val",
+            "has no (judged query, candidate) pair to validate on (0 judged queries with candidates); "
+            "check data.candidate_depth=100, data.num_val_queries=0",
+        ),
+        (
+            "data.num_test_queries=0",
+            "test",
+            "has no (judged query, candidate) pair to score (0 judged queries with candidates); "
+            "check data.candidate_depth=100, data.num_test_queries=0",
+        ),
+    ],
+)
 def test_empty_split_names_the_split_and_its_settings(tmp_path, setting, split, problem):
     """Training needs train, val and test; evaluation only test (an empty train or val split is fine there)."""
     from pipeline.config import compose
@@ -387,19 +521,39 @@ def test_empty_split_names_the_split_and_its_settings(tmp_path, setting, split, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,args,expect", [
-    ("evaluate.py", ["model=bm25", "data=tsv", "data.collection={empty}"], "{empty}: is empty; expected lines of 2 tab-separated columns"),
-    ("train.py", [*SMALL_SYNTHETIC, "data.num_val_queries=0"], "data 'synthetic', split 'val': has no (judged query, candidate) pair"),
-], ids=["empty-collection", "empty-val-split"])
+@pytest.mark.parametrize(
+    "script,args,expect",
+    [
+        (
+            "evaluate.py",
+            ["model=bm25", "data=tsv", "data.collection={empty}"],
+            "{empty}: is empty; expected lines of 2 tab-separated columns",
+        ),
+        (
+            "train.py",
+            [*SMALL_SYNTHETIC, "data.num_val_queries=0"],
+            "data 'synthetic', split 'val': has no (judged query, candidate) pair",
+        ),
+    ],
+    ids=["empty-collection", "empty-val-split"],
+)
 def test_empty_inputs_stop_before_anything_is_written(tmp_path, script, args, expect):
     from conftest import run_script
 
     empty = _w(tmp_path / "empty.tsv", "")
     for name, text in (("q.tsv", QUERIES), ("r.txt", QRELS)):
         _w(tmp_path / name, text)
-    files = [f"data.{s}_{k}={tmp_path / n}" for s in ("train", "val", "test") for k, n in (("queries", "q.tsv"), ("qrels", "r.txt"))]
+    files = [
+        f"data.{s}_{k}={tmp_path / n}"
+        for s in ("train", "val", "test")
+        for k, n in (("queries", "q.tsv"), ("qrels", "r.txt"))
+    ]
     out = tmp_path / "out"
-    argv = [a.format(empty=empty) for a in args] + (files if "data=tsv" in args else []) + ["logger=none", f"output_dir={out}"]
+    argv = (
+        [a.format(empty=empty) for a in args]
+        + (files if "data=tsv" in args else [])
+        + ["logger=none", f"output_dir={out}"]
+    )
     proc = run_script(script, *argv, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]  # train.py logs "Seed set to 42" first

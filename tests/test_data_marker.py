@@ -1,5 +1,6 @@
 """`@pytest.mark.data(...)` (tests/conftest.py): a test that reads ../shared/data skips, naming the missing path, when
 the data is absent, except in CI (env CI=true, any case), where it fails instead."""
+
 from __future__ import annotations
 
 import os
@@ -56,7 +57,7 @@ def test_present_data_neither_skips_nor_fails(no_data, monkeypatch):
         conftest.require_shared_data("cranfield", "cacm")  # one missing path is enough
 
 
-SUITE = '''
+SUITE = """
 import pytest
 from conftest import shared_data
 
@@ -70,7 +71,7 @@ def test_marked_param(name):
 
 def test_plain():
     pass
-'''
+"""
 
 
 def _run_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
@@ -84,8 +85,14 @@ def _run_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # no third-party plugins: a second of start-up per run
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "tests"],
-                          cwd=tmp_path / "repo", env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path / "repo",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_hook_fails_marked_tests_in_ci_and_skips_them_elsewhere(tmp_path):

@@ -3,6 +3,7 @@ fewer chunks than ranks) give the metrics of one process, each query scored exac
 
 A rank whose evaluation shard is empty runs one empty placeholder batch (datamodules.datamodule.EmptyShard), so it
 takes part in every collective (the run gather, the isotropy and ATS callbacks) like the others."""
+
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ RETRIEVAL = ("ndcg_cut_10", "ndcg_cut_20", "P_20", "mrr_10", "recall_100")
 
 def per_query(out: Path) -> dict:
     """per_query.json, failing on a query that appears twice (json.loads would keep the last silently)."""
+
     def no_duplicates(pairs):
         keys = [k for k, _ in pairs]
         assert len(keys) == len(set(keys)), f"duplicated keys in per_query.json: {keys}"
@@ -46,12 +48,25 @@ CASES = [(1, 20, 2), (2, 20, 2), (3, 20, 2), (1, 3, 4)]
 def test_ddp_on_splits_smaller_than_the_world_matches_one_process(tmp_path, tiny_bert_nodropout, queries, depth, ranks):
     """Global batch 8 in both runs (as in test_ddp_two_processes_match_one), validation at steps 0, 2 and 4, tests
     before and after training."""
-    base = [*SMALL, f"model.backbone={tiny_bert_nodropout}", f"data.max_eval_queries={queries}", f"data.candidate_depth={depth}",
-            "trainer.max_steps=4", "trainer.val_check_interval=2", *(["eval.probe_docs=1"] if depth < ranks else [])]
+    base = [
+        *SMALL,
+        f"model.backbone={tiny_bert_nodropout}",
+        f"data.max_eval_queries={queries}",
+        f"data.candidate_depth={depth}",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        *(["eval.probe_docs=1"] if depth < ranks else []),
+    ]
     one, many = tmp_path / "one", tmp_path / "many"
     run_script("train.py", *base, "data.batch_size=8", f"output_dir={one}")
-    run_script("train.py", *base, f"data.batch_size={8 // ranks}", "trainer.strategy=ddp", f"trainer.devices={ranks}",
-               f"output_dir={many}")
+    run_script(
+        "train.py",
+        *base,
+        f"data.batch_size={8 // ranks}",
+        "trainer.strategy=ddp",
+        f"trainer.devices={ranks}",
+        f"output_dir={many}",
+    )
     m1, m2 = metrics(one), metrics(many)
     p1, p2 = per_query(one), per_query(many)
     assert len(p1) == queries and p2.keys() == p1.keys()
@@ -62,7 +77,9 @@ def test_ddp_on_splits_smaller_than_the_world_matches_one_process(tmp_path, tiny
     assert ranking(many) == ranking(one)
     assert {q for q, _, _ in ranking(one)} == p1.keys()
     # the validations chose the same best checkpoint
-    assert sorted(p.name for p in (many / "checkpoints").iterdir()) == sorted(p.name for p in (one / "checkpoints").iterdir())
+    assert sorted(p.name for p in (many / "checkpoints").iterdir()) == sorted(
+        p.name for p in (one / "checkpoints").iterdir()
+    )
     for run1, run2 in ((m1, m2), (m1["before_training"], m2["before_training"])):
         assert run2.keys() == run1.keys()
         for k in RETRIEVAL:

@@ -2,6 +2,7 @@
 explicit loops (masking Eq. 7-10, GGNN Eq. 11, attention Eq. 12, decomposition Eq. 14-15, distances Eq. 18-21, MINE
 Eq. 22-24), then the ranker on a tiny random BERT: what it reads from the backbone, padding, gradients, the
 module's loss, and a short training run through train.py."""
+
 from __future__ import annotations
 
 import math
@@ -209,8 +210,11 @@ def test_refinement_attention_eq12(scale):
         np.testing.assert_allclose(got[i], sum(p[j] * hn[j] for j in range(4)), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("norm,scale", [(None, None), ("sum", False), ("mean", False), ("sum", True), ("mean", True)],
-                         ids=["default", "printed", "mean", "scaled", "mean-scaled"])
+@pytest.mark.parametrize(
+    "norm,scale",
+    [(None, None), ("sum", False), ("mean", False), ("sum", True), ("mean", True)],
+    ids=["default", "printed", "mean", "scaled", "mean-scaled"],
+)
 def test_decomposition_eq14_15(norm, scale):
     """Eq. 14-15 as printed by default: Z_dr = sigmoid((W_1 Z_q)(W_2 Z_d)^T) Z_d, a sum over the document words with
     raw dot products; norm=mean divides by the n document words, scale=True the logits by sqrt(d)."""
@@ -223,8 +227,12 @@ def test_decomposition_eq14_15(norm, scale):
     for i in qi:
         p = np.array([sig((w1 @ zn[i]) @ (w2 @ zn[j]) / (2.0 if scale else 1.0)) for j in di])  # sqrt(4) = 2
         div = len(di) if norm == "mean" else 1
-        np.testing.assert_allclose(np_(out.related[0, i]), sum(p[k] * zn[j] for k, j in enumerate(di)) / div, atol=1e-12)
-        np.testing.assert_allclose(np_(out.unrelated[0, i]), sum((1 - p[k]) * zn[j] for k, j in enumerate(di)) / div, atol=1e-12)
+        np.testing.assert_allclose(
+            np_(out.related[0, i]), sum(p[k] * zn[j] for k, j in enumerate(di)) / div, atol=1e-12
+        )
+        np.testing.assert_allclose(
+            np_(out.unrelated[0, i]), sum((1 - p[k]) * zn[j] for k, j in enumerate(di)) / div, atol=1e-12
+        )
         np.testing.assert_allclose(np_(out.query[0, i]), zn[i], atol=0)
     others = [i for i in range(9) if i not in qi]
     assert not out.related[0, others].any() and not out.unrelated[0, others].any()
@@ -237,8 +245,8 @@ def test_cosine_distance_eq18():
     a = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     b = torch.tensor([[0.0, 2.0], [1.0, 0.0]])
     # cos = 0 and 1/sqrt(2): same label 1 - cos, different labels 1 + cos
-    np.testing.assert_allclose(cosine_distance(a, b, torch.tensor([True, True])).numpy(), [1.0, 1 - 2 ** -0.5], atol=1e-7)
-    np.testing.assert_allclose(cosine_distance(a, b, False).numpy(), [1.0, 1 + 2 ** -0.5], atol=1e-7)
+    np.testing.assert_allclose(cosine_distance(a, b, torch.tensor([True, True])).numpy(), [1.0, 1 - 2**-0.5], atol=1e-7)
+    np.testing.assert_allclose(cosine_distance(a, b, False).numpy(), [1.0, 1 + 2**-0.5], atol=1e-7)
 
 
 def test_triangle_distance_on_a_small_example():
@@ -249,7 +257,7 @@ def test_triangle_distance_on_a_small_example():
     qn, dn = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, -3.0]])
     cls_p, cls_n = torch.tensor([[1.0, 0.0]]), torch.tensor([[-1.0, 0.0]])
     rel_p, rel_n = torch.tensor([[3.0, 4.0]]), torch.tensor([[4.0, 3.0]])
-    point = 0.5 * ((1 - 2 ** -0.5) + (1 + -1.0))  # l = 1 for d+, l = 0 for d-
+    point = 0.5 * ((1 - 2**-0.5) + (1 + -1.0))  # l = 1 for d+, l = 0 for d-
     pair = (1 + -1.0) + (1 + 24 / 25)  # both layers, different labels
     args = ((qp, dp, qn, dn), [cls_p, rel_p], [cls_n, rel_n])
     assert distance_loss("point", *args).item() == pytest.approx(point, abs=1e-6)
@@ -328,9 +336,11 @@ def test_attention_scores_are_the_graph_layers_attention_logits(tiny_bert):
         hidden = out.hidden_states[-2]
         q = rearrange(att.query(hidden), "b l (h d) -> b h l d", h=att.num_attention_heads)
         k = rearrange(att.key(hidden), "b l (h d) -> b h l d", h=att.num_attention_heads)
-        per_head = torch.einsum("bhid,bhjd->bhij", q, k) / att.attention_head_size ** 0.5
+        per_head = torch.einsum("bhid,bhjd->bhij", q, k) / att.attention_head_size**0.5
         keys = batch["attention_mask"].bool()[:, None, None, :]
-        torch.testing.assert_close(per_head.masked_fill(~keys, float("-inf")).softmax(-1), out.attentions[-1], atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            per_head.masked_fill(~keys, float("-inf")).softmax(-1), out.attentions[-1], atol=1e-6, rtol=0
+        )
         torch.testing.assert_close(r.attention_scores(hidden), per_head.mean(1), atol=1e-6, rtol=0)
 
 
@@ -344,17 +354,23 @@ def test_score_of_a_pair_does_not_depend_on_padding(tiny_bert, masking):
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kw", [
-    {"masking": "adaptive", "distance": "triangle", "mi": True},
-    {"masking": "heuristic", "distance": "point", "mi": False},
-    {"masking": "none", "distance": "pair", "mi": True, "ggnn_input": "message", "refined_pool": "cls"},
-    {"masking": "adaptive", "distance": "none", "mi": False, "inf_norm": "induced", "decomposition_norm": "sum"},
-], ids=["full", "heuristic-point", "none-pair-message", "adaptive-plain"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"masking": "adaptive", "distance": "triangle", "mi": True},
+        {"masking": "heuristic", "distance": "point", "mi": False},
+        {"masking": "none", "distance": "pair", "mi": True, "ggnn_input": "message", "refined_pool": "cls"},
+        {"masking": "adaptive", "distance": "none", "mi": False, "inf_norm": "induced", "decomposition_norm": "sum"},
+    ],
+    ids=["full", "heuristic-point", "none-pair-message", "adaptive-plain"],
+)
 def test_gradients_reach_every_parameter(tiny_bert, kw):
     r = make(tiny_bert, **kw).train()
     batch = PairTokenizer(r.tokenizer, "cross", 8, 16).triplets(QUERIES, DOCS, DOCS[1:] + DOCS[:1])
     out = r.score_triplets(batch)
-    assert set(out.aux_losses) == ({"distance"} if kw["distance"] != "none" else set()) | ({"mi"} if kw["mi"] else set())
+    assert set(out.aux_losses) == ({"distance"} if kw["distance"] != "none" else set()) | (
+        {"mi"} if kw["mi"] else set()
+    )
     loss = torch.relu(1 - r.hinge_scores(out.pos) + r.hinge_scores(out.neg)).mean() + sum(out.aux_losses.values())
     r.zero_grad(set_to_none=True)
     loss.backward()
@@ -369,8 +385,17 @@ def test_module_loss_is_eq25_plus_lambda_times_the_auxiliary_terms(tiny_bert):
     lambda x (C_triangle + MINE surrogate), lambda = 0.5 here."""
     from lightning_modules.module import RankingModule
 
-    m = RankingModule({"name": "dgre", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16, "aux_lambda": 0.5,
-                       "dropout": 0.0}, {"loss": "hinge", "margin": 1.0})
+    m = RankingModule(
+        {
+            "name": "dgre",
+            "backbone": tiny_bert,
+            "query_max_len": 8,
+            "doc_max_len": 16,
+            "aux_lambda": 0.5,
+            "dropout": 0.0,
+        },
+        {"loss": "hinge", "margin": 1.0},
+    )
     m.eval()  # no dropout: two forwards give the same numbers
     logged = {}
     m.log = lambda name, value, **k: logged.__setitem__(name, float(value.detach()))
@@ -407,13 +432,34 @@ def test_dgre_layers_train_at_their_own_learning_rate(tiny_bert):
 PRINTED = {"attention_scale": False, "decomposition_norm": "sum", "activation": "none", "dropout": 0.0}
 TUNED = {"attention_scale": True, "decomposition_norm": "mean", "activation": "relu", "dropout": 0.1}
 # Every other DGRe key, the same in both files.
-SHARED = {"masking": "adaptive", "inf_norm": "entry", "graph_layer": -1, "ggnn_steps": 2, "ggnn_input": "concat",
-          "refined_pool": "mean", "distance": "triangle", "mi": True, "mi_hidden": 128, "aux_lambda": 0.01,
-          "hinge_on": "probability", "layers_lr": None, "layers_lr_scale": 5.0}
+SHARED = {
+    "masking": "adaptive",
+    "inf_norm": "entry",
+    "graph_layer": -1,
+    "ggnn_steps": 2,
+    "ggnn_input": "concat",
+    "refined_pool": "mean",
+    "distance": "triangle",
+    "mi": True,
+    "mi_hidden": 128,
+    "aux_lambda": 0.01,
+    "hinge_on": "probability",
+    "layers_lr": None,
+    "layers_lr_scale": 5.0,
+}
 
 
-def ref_eq12_to_16(r, h: np.ndarray, real: np.ndarray, query: np.ndarray, doc: np.ndarray, cls: np.ndarray,
-                   attention_scale: bool, decomposition_norm: str, activation: str):
+def ref_eq12_to_16(
+    r,
+    h: np.ndarray,
+    real: np.ndarray,
+    query: np.ndarray,
+    doc: np.ndarray,
+    cls: np.ndarray,
+    attention_scale: bool,
+    decomposition_norm: str,
+    activation: str,
+):
     """Float64 loops from the GGNN output h^T [B, L, d] to g (one sequence at a time), with r's weights:
     Z^l = softmax((W_a h)(W_b h)^T) h over the real tokens (Eq. 12), Z_dr = sigmoid((W_1 Z_q)(W_2 Z_d)^T) Z_d (Eq. 14),
     g = w_2 act(W_1 [mean_q Z_dr, mean Z^l, E^L(0)] + b_1) + b_2 (Eq. 16); each switch as named."""
@@ -461,10 +507,18 @@ def test_the_defaults_are_the_printed_equations():
     assert {k: getattr(cfg, k) for k in SHARED} == SHARED
 
 
-@pytest.mark.parametrize("switches", [
-    {}, {"attention_scale": True}, {"decomposition_norm": "mean"}, {"activation": "relu"}, {"activation": "tanh"},
-    {k: v for k, v in TUNED.items() if k != "dropout"},
-], ids=["printed", "attention_scale", "decomposition_norm=mean", "activation=relu", "activation=tanh", "tuned"])
+@pytest.mark.parametrize(
+    "switches",
+    [
+        {},
+        {"attention_scale": True},
+        {"decomposition_norm": "mean"},
+        {"activation": "relu"},
+        {"activation": "tanh"},
+        {k: v for k, v in TUNED.items() if k != "dropout"},
+    ],
+    ids=["printed", "attention_scale", "decomposition_norm=mean", "activation=relu", "activation=tanh", "tuned"],
+)
 def test_ranker_computes_eq12_to_16_as_printed_and_each_switch_as_named(tiny_bert, switches):
     """The ranker with the default config (`{}`) against float64 loops of Eq. 12, 14-15 and 16 as printed, from the
     GGNN output it computed; each switch against the same loops with that switch, and different from the printed
@@ -537,10 +591,17 @@ def test_train_py_dry_run_shows_the_printed_dgre(capsys):
     assert (cfg["optim"]["loss"], cfg["optim"]["margin"], cfg["model"]["hinge_on"]) == ("hinge", 1.0, "probability")
 
 
-@pytest.mark.parametrize("argv,loss", [(["model=dgre"], ("hinge", 1.0)), (["model=dgre_tuned"], ("hinge", 1.0)),
-                                       (["model=dgre", "optim.loss=ce"], ("ce", 1.0)),
-                                       (["model=dgre", "optim.margin=0.5"], ("hinge", 0.5)),
-                                       (["model=bert_cat"], ("ce", 1.0)), ([], ("ce", 1.0))])
+@pytest.mark.parametrize(
+    "argv,loss",
+    [
+        (["model=dgre"], ("hinge", 1.0)),
+        (["model=dgre_tuned"], ("hinge", 1.0)),
+        (["model=dgre", "optim.loss=ce"], ("ce", 1.0)),
+        (["model=dgre", "optim.margin=0.5"], ("hinge", 0.5)),
+        (["model=bert_cat"], ("ce", 1.0)),
+        ([], ("ce", 1.0)),
+    ],
+)
 def test_model_dgre_trains_with_eq25_unless_the_command_line_says_otherwise(argv, loss):
     """Eq. 25 (margin loss 1 on sigmoid outputs) is model=dgre's default through its YAML's `optim` block; the
     command line overrides it; every other ranker keeps configs/config.yaml's `optim.loss: ce`."""
@@ -550,8 +611,9 @@ def test_model_dgre_trains_with_eq25_unless_the_command_line_says_otherwise(argv
     assert (optim.loss, optim.margin) == loss
 
 
-@pytest.mark.parametrize("grid,switches", [("dgre_cranfield", TUNED), ("dgre_cacm", TUNED),
-                                           ("dgre_cranfield_literal", PRINTED)])
+@pytest.mark.parametrize(
+    "grid,switches", [("dgre_cranfield", TUNED), ("dgre_cacm", TUNED), ("dgre_cranfield_literal", PRINTED)]
+)
 def test_grids_train_dgre_rows_with_their_settings(grid, switches):
     """The grids behind results/2026-11-23-dgre-cranfield-cacm.md train every DGRe row with the tuned settings
     (model=dgre_tuned), as they did when model=dgre meant them; dgre_cranfield_literal with the printed equations.
@@ -570,14 +632,17 @@ def test_grids_train_dgre_rows_with_their_settings(grid, switches):
         assert (cfg.optim.loss, cfg.optim.margin, cfg.model.hinge_on) == ("hinge", 1.0, "probability"), cell.label
 
 
-@pytest.mark.parametrize("argv,key", [
-    (["model=dgre", "model.masking=soft"], "model.masking"),
-    (["model=dgre", "model.distance=triangles"], "model.distance"),
-    (["model=dgre", "model.inf_norm=max"], "model.inf_norm"),
-    (["model=dgre", "model.ggnn_steps=-1"], "model.ggnn_steps"),
-    (["model=dgre", "model.aux_lambda=-0.1"], "model.aux_lambda"),
-    (["model=dgre", "model.mi=maybe"], "model.mi"),
-])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["model=dgre", "model.masking=soft"], "model.masking"),
+        (["model=dgre", "model.distance=triangles"], "model.distance"),
+        (["model=dgre", "model.inf_norm=max"], "model.inf_norm"),
+        (["model=dgre", "model.ggnn_steps=-1"], "model.ggnn_steps"),
+        (["model=dgre", "model.aux_lambda=-0.1"], "model.aux_lambda"),
+        (["model=dgre", "model.mi=maybe"], "model.mi"),
+    ],
+)
 def test_bad_settings_are_input_errors(argv, key):
     from pipeline.config import compose
 
@@ -598,11 +663,27 @@ def test_train_py_runs_dgre_without_nan(tiny_bert, tmp_path):
     import json
 
     out = tmp_path / "run"
-    run_script("train.py", "model=dgre", f"model.backbone={tiny_bert}", "model.query_max_len=8", "model.doc_max_len=24",
-               "optim.loss=hinge", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1", "data.batch_size=4",
-               "data.eval_batch_size=16", "data.max_eval_queries=8", "data.candidate_depth=10", "data.max_train_triples=32",
-               "trainer.accelerator=cpu", "logger=csv", "eval.before_training=false", "trainer.enable_progress_bar=false",
-               f"output_dir={out}")
+    run_script(
+        "train.py",
+        "model=dgre",
+        f"model.backbone={tiny_bert}",
+        "model.query_max_len=8",
+        "model.doc_max_len=24",
+        "optim.loss=hinge",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.log_every_n_steps=1",
+        "data.batch_size=4",
+        "data.eval_batch_size=16",
+        "data.max_eval_queries=8",
+        "data.candidate_depth=10",
+        "data.max_train_triples=32",
+        "trainer.accelerator=cpu",
+        "logger=csv",
+        "eval.before_training=false",
+        "trainer.enable_progress_bar=false",
+        f"output_dir={out}",
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert all(math.isfinite(v) for v in metrics.values())
     import csv

@@ -12,6 +12,7 @@ path is skipped, saying so.
 The dry runs execute the entry scripts in this process (runpy, `__name__ == "__main__"`, sys.argv set: the code
 path of the command line without a Python start-up per command); test_entry_scripts_dry_run_in_a_subprocess runs
 each script once as a real command line."""
+
 from __future__ import annotations
 
 import os
@@ -159,7 +160,13 @@ def test_entry_scripts_dry_run_in_a_subprocess(script):
     args = _first_runnable(script)
     if args is None:
         pytest.skip(f"no documented {script} command without a checkpoint or placeholder")
-    proc = subprocess.run([sys.executable, script, *args, "--dry-run"], cwd=REPO, env={**os.environ, **ENV},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, *args, "--dry-run"],
+        cwd=REPO,
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"{script} {' '.join(args)} --dry-run: {proc.returncode}\n{proc.stderr[-4000:]}"
     assert proc.stdout.strip(), "--dry-run printed nothing"

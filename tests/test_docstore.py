@@ -1,5 +1,6 @@
 """The document store (datamodules/docstore.py) and memory-mapped triples (datamodules/triples.py) against the
 in-memory readers they replace: the same texts, order, ids and errors, built once and reused."""
+
 from __future__ import annotations
 
 import pickle
@@ -29,7 +30,9 @@ def _collection(tmp_path: Path, ids=IDS, name="collection.tsv") -> Path:
 
 
 def _store(path: Path, cache: Path, records=None) -> DocStore:
-    return open_store(cache, fingerprint("tsv-collection", [path]), records or (lambda: iter_id_text(path, "passage")), str(path))
+    return open_store(
+        cache, fingerprint("tsv-collection", [path]), records or (lambda: iter_id_text(path, "passage")), str(path)
+    )
 
 
 @pytest.fixture(params=[3, docstore.BATCH_ROWS], ids=["batches-of-3", "one-batch"])
@@ -45,7 +48,13 @@ def test_store_equals_dict_reader(tmp_path, batch_rows):
     assert len(store) == len(ref) and list(store) == list(ref)  # source order, as the dict's
     assert dict(store.items()) == ref and store == ref
     for row, (d, text) in enumerate(ref.items()):
-        assert store[d] == text and d in store and store.row(d) == row and store.id_at(row) == d and store.text_at(row) == text
+        assert (
+            store[d] == text
+            and d in store
+            and store.row(d) == row
+            and store.id_at(row) == d
+            and store.text_at(row) == text
+        )
     assert list(store.ids) == list(ref) and store.ids[-1] == list(ref)[-1]
     assert [store.id_at(r) for r in store.sorted_rows()] == sorted(ref)
     assert "nope" not in store and 3 not in store and store.row("nope") == -1
@@ -100,7 +109,7 @@ def records():
         f.write("x")
     time.sleep(1.0)
     yield from iter_id_text(path, "passage")
-print(len(open_store({str(tmp_path / 'cache')!r}, fingerprint("tsv-collection", [path]), records, path)))
+print(len(open_store({str(tmp_path / "cache")!r}, fingerprint("tsv-collection", [path]), records, path)))
 """
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
@@ -131,12 +140,18 @@ def test_triple_array_equals_list_reader(tmp_path, batch_rows):
     assert again.path == triples.path  # parsed once
 
 
-@pytest.mark.parametrize("lines, message", [
-    (["q0\t10\t2", "q0\t10\tnope"], ":2: triple (q0, 10, nope) of split train names unknown doc id 'nope'"),
-    (["q0\t10\t2", "q7\t10\t2"], ":2: triple (q7, 10, 2) of split train names query 'q7' which is not among the queries"),
-    (["q0\t10\t2", "q0\t10"], ":2: expected 3 tab-separated columns"),
-    (["q0\t10\t2", "q0\t\t2"], ":2: empty id"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["q0\t10\t2", "q0\t10\tnope"], ":2: triple (q0, 10, nope) of split train names unknown doc id 'nope'"),
+        (
+            ["q0\t10\t2", "q7\t10\t2"],
+            ":2: triple (q7, 10, 2) of split train names query 'q7' which is not among the queries",
+        ),
+        (["q0\t10\t2", "q0\t10"], ":2: expected 3 tab-separated columns"),
+        (["q0\t10\t2", "q0\t\t2"], ":2: empty id"),
+    ],
+)
 def test_triple_errors_name_the_line(tmp_path, lines, message):
     path = _collection(tmp_path)
     store = _store(path, tmp_path / "cache")
@@ -187,7 +202,10 @@ def test_head_stage_training_texts_equal_for_stored_and_listed_triples(tmp_path,
     store = _store(path, tmp_path / "cache")
     queries = {f"q{i}": f"query {i}" for i in range(5)}
     rng = np.random.default_rng(2)
-    tpath = _triples_file(tmp_path, [f"q{rng.integers(5)}\t{IDS[rng.integers(len(IDS))]}\t{IDS[rng.integers(len(IDS))]}" for _ in range(40)])
+    tpath = _triples_file(
+        tmp_path,
+        [f"q{rng.integers(5)}\t{IDS[rng.integers(len(IDS))]}\t{IDS[rng.integers(len(IDS))]}" for _ in range(40)],
+    )
     triples = read_id_triples(tpath, store, queries, tmp_path / "cache", str(tpath))
 
     def dm(docs, trip):

@@ -1,6 +1,7 @@
 """Robust04 / ClueWeb09 through ir_datasets (configs/data/robust04.yaml, clueweb09.yaml), tested on a locally
 registered stand-in with the same layout: a collection id with the documents and topic ids holding queries and qrels
 (one per fold for Robust04, one per year for the Web Track). The licensed documents are never needed here."""
+
 from __future__ import annotations
 
 import json
@@ -31,18 +32,26 @@ def register_standin(tmp_path: Path, parts: int) -> tuple[str, list[str]]:
     from ir_datasets.formats import TrecQrels, TsvDocs, TsvQueries
     from ir_datasets.util import LocalDownload
 
-    docs = "".join(f"D{i}\t" + " ".join(WORDS[(i * 7 + k * (1 + i % 3)) % 10] for k in range(30 + i)) + "\n" for i in range(40))
+    docs = "".join(
+        f"D{i}\t" + " ".join(WORDS[(i * 7 + k * (1 + i % 3)) % 10] for k in range(30 + i)) + "\n" for i in range(40)
+    )
     name = f"isorank-test/{uuid.uuid4().hex}"
-    ir_datasets.registry.register(name, ir_datasets.Dataset(TsvDocs(LocalDownload(_write(tmp_path / "docs.tsv", docs)))))
+    ir_datasets.registry.register(
+        name, ir_datasets.Dataset(TsvDocs(LocalDownload(_write(tmp_path / "docs.tsv", docs))))
+    )
     ids = []
     for p in range(parts):
         qs = [q for q in range(1, N_QUERIES + 1) if q % parts == p]
         queries = "".join(f"{q}\t{WORDS[q % 10]} {WORDS[(q + 3) % 10]}\n" for q in qs)
         qrels = "".join(f"{q} 0 D{(q * 3 + j) % 40} {2 - j}\n" for q in qs for j in range(3))
         sub = f"{name}/part{p + 1}"
-        ir_datasets.registry.register(sub, ir_datasets.Dataset(
-            TsvQueries(LocalDownload(_write(tmp_path / f"q{p}.tsv", queries))),
-            TrecQrels(LocalDownload(_write(tmp_path / f"qrels{p}.txt", qrels)), {0: "not", 1: "rel", 2: "high"})))
+        ir_datasets.registry.register(
+            sub,
+            ir_datasets.Dataset(
+                TsvQueries(LocalDownload(_write(tmp_path / f"q{p}.tsv", queries))),
+                TrecQrels(LocalDownload(_write(tmp_path / f"qrels{p}.txt", qrels)), {0: "not", 1: "rel", 2: "high"}),
+            ),
+        )
         ids.append(sub)
     return name, ids
 
@@ -54,7 +63,15 @@ def _ids(ids: list[str]) -> str:
 def test_robust04_yaml_uses_the_predefined_folds(tmp_path):
     name, folds = register_standin(tmp_path, 5)
     for f in range(5):
-        cfg = compose(["data=robust04", f"data.docs_id={name}", f"data.fold_ids={_ids(folds)}", f"data.fold={f}", f"data.cache_dir={tmp_path}"])
+        cfg = compose(
+            [
+                "data=robust04",
+                f"data.docs_id={name}",
+                f"data.fold_ids={_ids(folds)}",
+                f"data.fold={f}",
+                f"data.cache_dir={tmp_path}",
+            ]
+        )
         ds = load_dataset(data_config(cfg), 0)
         part = lambda i: {str(q) for q in range(1, N_QUERIES + 1) if q % 5 == i % 5}  # noqa: E731 - queries of fold id i
         assert set(ds.split("test").queries) == part(f)
@@ -70,17 +87,30 @@ def test_clueweb09_yaml_pools_the_years_and_deals_folds(tmp_path):
     qids = [str(q) for q in range(1, N_QUERIES + 1)]
     assignment = assign_folds(qids, 5, 13)
     for f in (0, 3):
-        cfg = compose(["data=clueweb09", f"data.docs_id={name}", f"data.pool_ids={_ids(years)}", f"data.fold={f}", f"data.cache_dir={tmp_path}"])
+        cfg = compose(
+            [
+                "data=clueweb09",
+                f"data.docs_id={name}",
+                f"data.pool_ids={_ids(years)}",
+                f"data.fold={f}",
+                f"data.cache_dir={tmp_path}",
+            ]
+        )
         ds = load_dataset(data_config(cfg), 0)
         assert set(ds.split("test").queries) == {q for q in qids if assignment[q] == f}
         assert set(ds.split("val").queries) == {q for q in qids if assignment[q] == (f + 1) % 5}
-        assert len(ds.split("train").queries) == N_QUERIES - len(ds.split("test").queries) - len(ds.split("val").queries)
+        assert len(ds.split("train").queries) == N_QUERIES - len(ds.split("test").queries) - len(
+            ds.split("val").queries
+        )
 
 
-@pytest.mark.parametrize("extra,key", [
-    (["data.num_folds=4"], "data.num_folds"),
-    (["data.train_id=x/y"], "data.train_id"),
-])
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        (["data.num_folds=4"], "data.num_folds"),
+        (["data.train_id=x/y"], "data.train_id"),
+    ],
+)
 def test_fold_ids_misuse_is_input_error(tmp_path, extra, key):
     name, folds = register_standin(tmp_path, 5)
     cfg = compose(["data=robust04", f"data.docs_id={name}", f"data.fold_ids={_ids(folds)}", *extra])
@@ -90,7 +120,9 @@ def test_fold_ids_misuse_is_input_error(tmp_path, extra, key):
 
 def test_pool_ids_need_num_folds(tmp_path):
     name, years = register_standin(tmp_path, 4)
-    cfg = compose(["data=clueweb09", f"data.docs_id={name}", f"data.pool_ids={_ids(years)}", "data.num_folds=null", "data.fold=0"])
+    cfg = compose(
+        ["data=clueweb09", f"data.docs_id={name}", f"data.pool_ids={_ids(years)}", "data.num_folds=null", "data.fold=0"]
+    )
     with pytest.raises(InputError, match="data.num_folds"):
         load_dataset(data_config(cfg), 0)
 
@@ -103,12 +135,32 @@ def test_dgre_maxp_on_the_robust04_standin_end_to_end(tmp_path, tiny_bert):
 
     name, folds = register_standin(tmp_path, 5)
     out = tmp_path / "run"
-    cfg = compose(["data=robust04", "model=dgre", f"model.backbone={tiny_bert}", "model.query_max_len=8", "model.doc_max_len=24",
-                   f"data.docs_id={name}", f"data.fold_ids={_ids(folds)}", "data.fold=1", "data.candidate_depth=6",
-                   "data.passage_words=12", "data.passage_stride=6", "data.batch_size=4", f"data.cache_dir={tmp_path}",
-                   "optim.loss=hinge", "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.accelerator=cpu",
-                   "trainer.enable_progress_bar=false", "logger=none", "eval.before_training=false",
-                   "eval.measures=[P_20,ndcg_cut_20,ndcg_cut_10]", f"output_dir={out}"])
+    cfg = compose(
+        [
+            "data=robust04",
+            "model=dgre",
+            f"model.backbone={tiny_bert}",
+            "model.query_max_len=8",
+            "model.doc_max_len=24",
+            f"data.docs_id={name}",
+            f"data.fold_ids={_ids(folds)}",
+            "data.fold=1",
+            "data.candidate_depth=6",
+            "data.passage_words=12",
+            "data.passage_stride=6",
+            "data.batch_size=4",
+            f"data.cache_dir={tmp_path}",
+            "optim.loss=hinge",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "trainer.accelerator=cpu",
+            "trainer.enable_progress_bar=false",
+            "logger=none",
+            "eval.before_training=false",
+            "eval.measures=[P_20,ndcg_cut_20,ndcg_cut_10]",
+            f"output_dir={out}",
+        ]
+    )
     train(cfg)
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"P_20", "ndcg_cut_20", "ndcg_cut_10"} <= set(metrics)

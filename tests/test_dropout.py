@@ -1,5 +1,6 @@
 """model.fast_dropout: the mask's law, the attention formula against a float64 reference, gradients, and an
 unchanged evaluation path."""
+
 import math
 
 import pytest
@@ -87,7 +88,9 @@ def test_encoder_in_eval_gives_the_plain_sdpa_output(tiny_bert):
     use_fast_dropout(fast)
     assert fast.config._attn_implementation == "isorank_sdpa"
     assert not any(type(m) is nn.Dropout for m in fast.modules())
-    batch = tok(["a short one", "a much longer passage about heat transfer in slabs"], padding=True, return_tensors="pt")
+    batch = tok(
+        ["a short one", "a much longer passage about heat transfer in slabs"], padding=True, return_tensors="pt"
+    )
     plain.eval(), fast.eval()
     with torch.no_grad():
         torch.testing.assert_close(fast(**batch).last_hidden_state, plain(**batch).last_hidden_state, atol=0, rtol=0)
@@ -100,7 +103,9 @@ def test_training_forward_without_dropout_equals_plain(tiny_bert_nodropout):
     plain, tok = load_backbone(tiny_bert_nodropout)
     fast, _ = load_backbone(tiny_bert_nodropout)
     use_fast_dropout(fast)
-    batch = tok(["a short one", "a much longer passage about heat transfer in slabs"], padding=True, return_tensors="pt")
+    batch = tok(
+        ["a short one", "a much longer passage about heat transfer in slabs"], padding=True, return_tensors="pt"
+    )
     outs = []
     for m in (plain, fast):
         m.train()

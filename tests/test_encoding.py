@@ -2,6 +2,7 @@
 order, in memory or spilled to a file read back by pread), `encode_collection`'s variants against separate encodings with
 and without a head, out-of-memory halving of variant outputs, and the isotropy protocol fed by the evaluation's own
 vectors (`RankingModule.keep_vectors`) against the protocol encoding the texts again."""
+
 import contextlib
 from types import SimpleNamespace
 
@@ -11,7 +12,14 @@ import pytorch_lightning as pl
 import torch
 
 from callbacks.isotropy import IsotropyCallback
-from lightning_modules.encoding import RAW, WITH_HEAD, EncodedTextsWriter, encode_collection, encode_stream, variants_forward
+from lightning_modules.encoding import (
+    RAW,
+    WITH_HEAD,
+    EncodedTextsWriter,
+    encode_collection,
+    encode_stream,
+    variants_forward,
+)
 from lightning_modules.rankers.base import Encoded
 
 
@@ -55,11 +63,16 @@ def test_writer_keeps_each_texts_real_tokens_in_any_order(tmp_path, budget):
     p = got.padded([3, 0])
     assert torch.equal(p.tokens[0, : len(ref[3])], ref[3]) and not p.tokens[0, len(ref[3]) :].any()
     rows, lengths = got.token_rows([5, 2])
-    assert torch.equal(got.vecs[torch.from_numpy(rows)], torch.cat([ref[5], ref[2]])) and lengths.tolist() == [len(ref[5]), len(ref[2])]
+    assert torch.equal(got.vecs[torch.from_numpy(rows)], torch.cat([ref[5], ref[2]])) and lengths.tolist() == [
+        len(ref[5]),
+        len(ref[2]),
+    ]
     # spilled: texts read back by pread (rows_file), the same vectors as the map gives
     assert (got.rows_file is not None) == (budget < 1 << 30)
     vecs, lengths = got.text_vectors([5, 2, 5, 22])
-    assert torch.equal(vecs, torch.cat([ref[5], ref[2], ref[5], ref[22]])) and lengths.tolist() == [len(ref[k]) for k in (5, 2, 5, 22)]
+    assert torch.equal(vecs, torch.cat([ref[5], ref[2], ref[5], ref[22]])) and lengths.tolist() == [
+        len(ref[k]) for k in (5, 2, 5, 22)
+    ]
     assert got.text_vectors([])[0].shape == (0, 5)
 
 
@@ -75,7 +88,9 @@ def test_npy_row_reader_reads_spans_like_slicing(tmp_path):
     r = NpyRowReader(tmp_path / "x.npy")
     (tmp_path / "x.npy").unlink()
     starts, lengths = np.array([0, 45, 10, 10, 49]), np.array([3, 5, 0, 4, 1])
-    assert np.array_equal(r.read_spans(starts, lengths), np.concatenate([x[s : s + n] for s, n in zip(starts, lengths)]))
+    assert np.array_equal(
+        r.read_spans(starts, lengths), np.concatenate([x[s : s + n] for s, n in zip(starts, lengths)])
+    )
     assert np.array_equal(np.asarray(r.memmap()), x)
     with pytest.raises(OSError, match="short read"):
         r.read_spans(np.array([48]), np.array([5]))
@@ -130,7 +145,9 @@ def test_out_of_memory_halves_variant_batches(colbert_with_head, monkeypatch):
     r = colbert_with_head
     tok = r.tokenizer
     ids = tok(["one two three", "four five", "six", "seven eight nine ten"])["input_ids"]
-    (_, want), = encode_stream(r, ids, "doc", batch_size=4, pad_id=tok.pad_token_id, forward=variants_forward(r, "doc", (WITH_HEAD, RAW)))
+    ((_, want),) = encode_stream(
+        r, ids, "doc", batch_size=4, pad_id=tok.pad_token_id, forward=variants_forward(r, "doc", (WITH_HEAD, RAW))
+    )
     real, retries = type(r).token_representations, []
 
     def limited(self, input_ids, attention_mask, side=None):
@@ -140,10 +157,19 @@ def test_out_of_memory_halves_variant_batches(colbert_with_head, monkeypatch):
 
     monkeypatch.setattr(type(r), "token_representations", limited)
     with pytest.warns(UserWarning, match="out of memory encoding doc texts on 4 rows"):
-        split = list(encode_stream(r, ids, "doc", batch_size=4, pad_id=tok.pad_token_id,
-                                   forward=variants_forward(r, "doc", (WITH_HEAD, RAW)), on_retry=retries.append))
+        split = list(
+            encode_stream(
+                r,
+                ids,
+                "doc",
+                batch_size=4,
+                pad_id=tok.pad_token_id,
+                forward=variants_forward(r, "doc", (WITH_HEAD, RAW)),
+                on_retry=retries.append,
+            )
+        )
     assert retries == [4] and len(split) == 1
-    (_, got), = split
+    ((_, got),) = split
     for v in (WITH_HEAD, RAW):
         L = want[v].tokens.shape[1]
         torch.testing.assert_close(got[v].tokens[:, :L], want[v].tokens, atol=1e-6, rtol=0)
@@ -157,8 +183,17 @@ def _tiny_test_setup(tmp_path, tiny_bert, model):
 
     torch.manual_seed(0)
     module = RankingModule({"name": model, "backbone": tiny_bert, "query_max_len": 12, "doc_max_len": 24}, {})
-    cfg = SyntheticConfig(num_docs=60, num_train_queries=4, num_val_queries=2, num_test_queries=5, num_topics=3,
-                          candidate_depth=10, data_seed=0, cache_dir=str(tmp_path / "cache"), eval_batch_size=7)
+    cfg = SyntheticConfig(
+        num_docs=60,
+        num_train_queries=4,
+        num_val_queries=2,
+        num_test_queries=5,
+        num_topics=3,
+        candidate_depth=10,
+        data_seed=0,
+        cache_dir=str(tmp_path / "cache"),
+        eval_batch_size=7,
+    )
     dm = RankingDataModule(cfg, tokenizer=module.pair_tokenizer, seed=0)
     return module, dm
 
@@ -172,9 +207,19 @@ def test_protocol_takes_the_evaluations_vectors(tmp_path, tiny_bert_nodropout, m
     cb = IsotropyCallback(batch_pairs=8)
     encoded_again = []
     real = IsotropyCallback._measure_encoding
-    monkeypatch.setattr(IsotropyCallback, "_measure_encoding", lambda self, *a: (encoded_again.append(1), real(self, *a))[1])
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[cb], default_root_dir=str(tmp_path / "out"))
+    monkeypatch.setattr(
+        IsotropyCallback, "_measure_encoding", lambda self, *a: (encoded_again.append(1), real(self, *a))[1]
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=str(tmp_path / "out"),
+    )
     trainer.test(module, datamodule=dm, verbose=False)
     got = module.results["test"]["isotropy"]
     assert encoded_again == [] and got["isotropy_paper_batches"] > 2
@@ -198,8 +243,16 @@ def test_protocol_encodes_again_when_the_kept_vectors_exceed_their_limit(tmp_pat
     for limit in (2**33, 1000):
         cb = IsotropyCallback(batch_pairs=8)
         cb.keep_bytes = limit
-        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=[cb], default_root_dir=str(out))
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[cb],
+            default_root_dir=str(out),
+        )
         if limit == 1000:
             with pytest.warns(UserWarning, match="scored vectors exceed"):
                 trainer.test(module, datamodule=dm, verbose=False)

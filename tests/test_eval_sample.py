@@ -1,11 +1,20 @@
 """`data.max_eval_queries` / `data.eval_sample_seed`: which judged queries an evaluation split keeps."""
+
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources.synthetic import SyntheticConfig
 
 
 def _test_qids(tmp_path, seed: int, **over) -> list[str]:
-    cfg = SyntheticConfig(num_docs=120, num_train_queries=20, num_val_queries=6, num_test_queries=40, num_topics=6,
-                          data_seed=5, cache_dir=str(tmp_path), **over)
+    cfg = SyntheticConfig(
+        num_docs=120,
+        num_train_queries=20,
+        num_val_queries=6,
+        num_test_queries=40,
+        num_topics=6,
+        data_seed=5,
+        cache_dir=str(tmp_path),
+        **over,
+    )
     dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
     dm.setup()
     return dm.eval_splits["test"].qids

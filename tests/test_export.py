@@ -1,5 +1,6 @@
 """`python train.py stage=export`: a trained ranker (and its head) as a Hugging Face folder with a model card, which
 evaluate.py scores exactly as it scores the checkpoints it came from."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,19 @@ import torch
 
 from pipeline.cli import main
 
-SMALL = ["data=synthetic", "data.max_train_triples=24", "data.max_eval_queries=10", "data.candidate_depth=15",
-         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
-         "eval.probe_docs=16", "eval.before_training=false", "data.batch_size=8"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=24",
+    "data.max_eval_queries=10",
+    "data.candidate_depth=15",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "eval.before_training=false",
+    "data.batch_size=8",
+]
 
 
 def _train(args: list[str]) -> None:
@@ -39,20 +50,36 @@ def _export(args: list[str]) -> int:
 @pytest.mark.slow
 def test_export_ranker_scores_identically(tmp_path, tiny_bert, model):
     run = tmp_path / "run"
-    _train([*SMALL, *model, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={run}"])
+    _train(
+        [
+            *SMALL,
+            *model,
+            f"model.backbone={tiny_bert}",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            f"output_dir={run}",
+        ]
+    )
     ckpt = run / "checkpoints" / "last.ckpt"
     out = tmp_path / "exported"
     assert _export([f"ckpt={ckpt}", f"output_dir={out}"]) == 0
     assert main(["--dry-run", *SMALL, f"ckpt={out}"], lambda cfg, _: pytest.fail("ran")) == 0  # an export is a ckpt=
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "ranker.safetensors", "isorank.json", "README.md"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "ranker.safetensors",
+        "isorank.json",
+        "README.md",
+    } <= names
 
     # the backbone loads with plain transformers, with the fine-tuned weights
     from transformers import AutoModel
 
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     hf = AutoModel.from_pretrained(out).state_dict()
-    enc = {k[len("ranker.encoder."):]: v for k, v in state.items() if k.startswith("ranker.encoder.")}
+    enc = {k[len("ranker.encoder.") :]: v for k, v in state.items() if k.startswith("ranker.encoder.")}
     assert enc and all(torch.equal(hf[k], v) for k, v in enc.items())
 
     card = (out / "README.md").read_text()
@@ -71,15 +98,34 @@ def test_export_ranker_scores_identically(tmp_path, tiny_bert, model):
 @pytest.mark.slow
 def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, tiny_bert, capsys):
     run, head = tmp_path / "run", tmp_path / "head"
-    _train([*SMALL, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={run}"])
-    _train([*SMALL, "stage=head", f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "head=whitening",
-            f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={head}"])
+    _train(
+        [
+            *SMALL,
+            f"model.backbone={tiny_bert}",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            f"output_dir={run}",
+        ]
+    )
+    _train(
+        [
+            *SMALL,
+            "stage=head",
+            f"ckpt={run / 'checkpoints' / 'last.ckpt'}",
+            "head=whitening",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"output_dir={head}",
+        ]
+    )
     head_ckpt = head / "checkpoints" / "head.ckpt"
     out = tmp_path / "exported"
     assert _export([f"head_ckpt={head_ckpt}", f"output_dir={out}"]) == 0
     assert (out / "isotropy_head.safetensors").is_file()
     info = json.loads((out / "isorank.json").read_text())
-    assert info["head"]["name"] == "whitening" and "| metric | before head | this model |" in (out / "README.md").read_text()
+    assert (
+        info["head"]["name"] == "whitening"
+        and "| metric | before head | this model |" in (out / "README.md").read_text()
+    )
 
     a = _evaluate([*SMALL, f"head_ckpt={head_ckpt}", f"output_dir={tmp_path / 'ev_ckpt'}"])
     b = _evaluate([*SMALL, f"ckpt={out}", f"output_dir={tmp_path / 'ev_export'}"])
@@ -90,6 +136,16 @@ def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, 
     capsys.readouterr()
     assert _export([f"ckpt={run / 'checkpoints' / 'last.ckpt'}", f"output_dir={out}"]) == 2
     assert capsys.readouterr().err == f"error: output_dir: '{out}' exists and is not empty; export into a new folder\n"
-    assert _export([f"ckpt={run / 'checkpoints' / 'last.ckpt'}", f"init_ckpt={run / 'checkpoints' / 'last.ckpt'}",
-                    f"output_dir={tmp_path / 'other'}"]) == 2
-    assert capsys.readouterr().err.startswith("error: init_ckpt: is for fine-tuning") and not (tmp_path / "other").exists()
+    assert (
+        _export(
+            [
+                f"ckpt={run / 'checkpoints' / 'last.ckpt'}",
+                f"init_ckpt={run / 'checkpoints' / 'last.ckpt'}",
+                f"output_dir={tmp_path / 'other'}",
+            ]
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err.startswith("error: init_ckpt: is for fine-tuning") and not (tmp_path / "other").exists()
+    )

@@ -1,6 +1,7 @@
 """Faults a real run meets, each injected here, with what must be observed (docs/reliability.md).
 
 Signals and kills go to a separate process (tests/fault_driver.py), as a scheduler or the kernel would send them."""
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,30 @@ import pytest
 import torch
 from conftest import REPO, run_script
 
-SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
-         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
-         "eval.probe_docs=16"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=40",
+    "data.max_eval_queries=12",
+    "data.candidate_depth=20",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+]
 GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=64", "head.lr=1e-3"]
 
 
 def with_fault(fault: str, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "FAULT": fault, "SCRIPT": script}
-    return subprocess.run([sys.executable, str(REPO / "tests" / "fault_driver.py"), *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tests" / "fault_driver.py"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def load(ckpt: Path) -> dict:
@@ -43,8 +58,14 @@ def assert_identical(a: dict, b: dict) -> None:
 
 # ---- SIGTERM / SIGINT mid-epoch ---------------------------------------------------------------------------------
 # 40 triples in batches of 8: 5 steps per epoch; validation every 4 steps; 12 steps in all.
-FT = [*SMALL, "data.batch_size=8", "trainer.val_check_interval=4", "trainer.max_steps=12", "optim.warmup_steps=2",
-      "eval.before_training=false"]
+FT = [
+    *SMALL,
+    "data.batch_size=8",
+    "trainer.val_check_interval=4",
+    "trainer.max_steps=12",
+    "optim.warmup_steps=2",
+    "eval.before_training=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +137,16 @@ def test_sigterm_during_validation_lets_it_finish(tmp_path, tiny_bert, uninterru
 def test_preemption_handles_sanity_validation(tmp_path, tiny_bert):
     """The callback sees validation hooks before training starts (Lightning's sanity check): no signal, no effect."""
     out = tmp_path / "run"
-    train_here([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-                "trainer.num_sanity_val_steps=1", f"output_dir={out}"])
+    train_here(
+        [
+            *FT,
+            f"model.backbone={tiny_bert}",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "trainer.num_sanity_val_steps=1",
+            f"output_dir={out}",
+        ]
+    )
     assert load(out / "checkpoints" / "last.ckpt")["global_step"] == 2 and (out / "metrics.json").exists()
 
 
@@ -126,9 +155,17 @@ def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
     """Glow head, 3 epochs over the cached vectors (batch 64): SIGTERM one step into epoch 2 writes a head-only
     last.ckpt that resumes to the uninterrupted head, bit for bit."""
     ft = tmp_path / "ft"
-    train_here([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={ft}"])
-    base = [*SMALL, "stage=head", f"ckpt={ft / 'checkpoints' / 'last.ckpt'}", *GLOW, "head.epochs=3",
-            f"data.cache_dir={tmp_path / 'cache'}"]
+    train_here(
+        [*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={ft}"]
+    )
+    base = [
+        *SMALL,
+        "stage=head",
+        f"ckpt={ft / 'checkpoints' / 'last.ckpt'}",
+        *GLOW,
+        "head.epochs=3",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     full, part = tmp_path / "full", tmp_path / "part"
     train_here([*base, f"output_dir={full}"])
     steps_per_epoch = load(full / "checkpoints" / "last.ckpt")["global_step"] // 3
@@ -175,7 +212,13 @@ def test_kill_during_results_write_leaves_run_unfinished(tmp_path, tiny_bert):
     from pipeline.run import train
 
     out = tmp_path / "run"
-    args = [*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={out}"]
+    args = [
+        *FT,
+        f"model.backbone={tiny_bert}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        f"output_dir={out}",
+    ]
     proc = with_fault("kill-in-write:metrics.json:1", "train.py", *args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert not any((out / name).exists() for name in ("metrics.json", "per_query.json", "run.trec", "validation.json"))
@@ -216,8 +259,10 @@ def test_bad_checkpoints_one_line_error_nothing_overwritten(tmp_path, capsys, un
     (tmp_path / "text.ckpt").write_text("not a checkpoint\n")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.ckpt")
     ck = load(good)
-    torch.save({**ck, "base_ckpt": str(good), "hyper_parameters": {**ck["hyper_parameters"], "head": {"name": "glow"}}},
-               tmp_path / "glow_head.ckpt")
+    torch.save(
+        {**ck, "base_ckpt": str(good), "hyper_parameters": {**ck["hyper_parameters"], "head": {"name": "glow"}}},
+        tmp_path / "glow_head.ckpt",
+    )
     out = tmp_path / "out"  # a run folder with a checkpoint in it, which no failed command may touch
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "last.ckpt").write_bytes(blob)
@@ -229,7 +274,9 @@ def test_bad_checkpoints_one_line_error_nothing_overwritten(tmp_path, capsys, un
         assert err.startswith(f"error: ckpt: cannot read checkpoint '{tmp_path / name}.ckpt'") and "truncated" in err
         err = _error(capsys, lambda c, _: train(c), [*common, f"ckpt_path={tmp_path / name}.ckpt"])
         assert err.startswith("error: ckpt_path: cannot read checkpoint")
-    assert "is not a checkpoint of this pipeline" in _error(capsys, evaluate, [*common, f"ckpt={tmp_path / 'foreign.ckpt'}"])
+    assert "is not a checkpoint of this pipeline" in _error(
+        capsys, evaluate, [*common, f"ckpt={tmp_path / 'foreign.ckpt'}"]
+    )
     err = _error(capsys, evaluate, [*common, "model=repbert", f"ckpt={good}"])
     assert err == f"error: ckpt: checkpoint '{good}' holds ranker 'colbert' but model.name is 'repbert'"
     err = _error(capsys, lambda c, _: train(c), [*common, "model=repbert", f"ckpt_path={good}"])
@@ -237,8 +284,12 @@ def test_bad_checkpoints_one_line_error_nothing_overwritten(tmp_path, capsys, un
     err = _error(capsys, lambda c, _: train(c), [*common, f"ckpt_path={tmp_path / 'glow_head.ckpt'}"])
     assert "is a head checkpoint (from stage=head)" in err
     head = [*common, "stage=head", f"ckpt={good}", "head=nice"]
-    assert "holds head 'glow' but head.name is 'nice'" in _error(capsys, lambda c, _: train(c), [*head, f"ckpt_path={tmp_path / 'glow_head.ckpt'}"])
-    assert "is a fine-tuning checkpoint, not a head checkpoint" in _error(capsys, lambda c, _: train(c), [*head, f"ckpt_path={good}"])
+    assert "holds head 'glow' but head.name is 'nice'" in _error(
+        capsys, lambda c, _: train(c), [*head, f"ckpt_path={tmp_path / 'glow_head.ckpt'}"]
+    )
+    assert "is a fine-tuning checkpoint, not a head checkpoint" in _error(
+        capsys, lambda c, _: train(c), [*head, f"ckpt_path={good}"]
+    )
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
 
 
@@ -311,7 +362,17 @@ def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     _with_callback(monkeypatch, snap)
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match=r"non-finite training loss \(nan\) at step 2; batch skipped \(1 so far"):
-        train(compose([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=4", "trainer.val_check_interval=4", f"output_dir={out}"]))
+        train(
+            compose(
+                [
+                    *FT,
+                    f"model.backbone={tiny_bert}",
+                    "trainer.max_steps=4",
+                    "trainer.val_check_interval=4",
+                    f"output_dir={out}",
+                ]
+            )
+        )
     before, after = snap.before[2], snap.after[2]
     assert all(torch.equal(before[k], after[k]) for k in before), "a NaN batch moved weights"
     assert any(not torch.equal(snap.before[1][k], snap.after[1][k]) for k in before), "finite batches do train"
@@ -339,7 +400,17 @@ def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
     _with_callback(monkeypatch, InfGrad())
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match=r"non-finite gradients at step 2; optimiser step skipped \(1 so far"):
-        train(compose([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=4", "trainer.val_check_interval=4", f"output_dir={out}"]))
+        train(
+            compose(
+                [
+                    *FT,
+                    f"model.backbone={tiny_bert}",
+                    "trainer.max_steps=4",
+                    "trainer.val_check_interval=4",
+                    f"output_dir={out}",
+                ]
+            )
+        )
     before, after = snap.before[2], snap.after[2]
     assert all(torch.equal(before[k], after[k]) for k in before), "an inf gradient moved weights"
     ck = load(out / "checkpoints" / "last.ckpt")
@@ -361,7 +432,8 @@ def test_nonfinite_loss_stop(tmp_path, tiny_bert, monkeypatch, capsys):
     last = out / "checkpoints" / "last.ckpt"
     assert rc == 3
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"stopped: non-finite training loss (nan) at step 6 (optim.nonfinite=stop); nothing was trained on it; the last good checkpoint is {last}")
+        f"stopped: non-finite training loss (nan) at step 6 (optim.nonfinite=stop); nothing was trained on it; the last good checkpoint is {last}"
+    )
     assert load(last)["global_step"] == 4 and not (out / "metrics.json").exists()
 
 
@@ -373,7 +445,17 @@ def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
     from pipeline.run import train
 
     ft = tmp_path / "ft"
-    train(compose([*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={ft}"]))
+    train(
+        compose(
+            [
+                *FT,
+                f"model.backbone={tiny_bert}",
+                "trainer.max_steps=2",
+                "trainer.val_check_interval=2",
+                f"output_dir={ft}",
+            ]
+        )
+    )
     real, calls = FlowHead.forward_and_logdet, []
 
     def nan_logdet(self, x):  # the 2nd training batch (step 1): its log-det is NaN
@@ -389,8 +471,19 @@ def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
     _with_callback(monkeypatch, snap)
     out = tmp_path / "head"
     with pytest.warns(UserWarning, match=r"non-finite training loss \(nan\) at step 1; batch skipped"):
-        train(compose([*SMALL, "stage=head", f"ckpt={ft / 'checkpoints' / 'last.ckpt'}", *GLOW, "head.epochs=1",
-                       f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"]))
+        train(
+            compose(
+                [
+                    *SMALL,
+                    "stage=head",
+                    f"ckpt={ft / 'checkpoints' / 'last.ckpt'}",
+                    *GLOW,
+                    "head.epochs=1",
+                    f"data.cache_dir={tmp_path / 'cache'}",
+                    f"output_dir={out}",
+                ]
+            )
+        )
     assert all(torch.equal(snap.before[1][k], snap.after[1][k]) for k in snap.before[1])
     assert load(out / "checkpoints" / "last.ckpt")["nonfinite_batches"] == 1
 
@@ -401,10 +494,13 @@ def _run_scores(out: Path) -> dict[tuple[str, str], float]:
     return {(r[0], r[2]): float(r[4]) for r in rows}
 
 
-@pytest.mark.parametrize("model,cls,methods", [
-    ("colbert", "lightning_modules.rankers.colbert:ColBERT", ("encode_queries", "encode_docs")),
-    ("bert_cat", "lightning_modules.rankers.bert_cat:BertCat", ("score",)),
-])
+@pytest.mark.parametrize(
+    "model,cls,methods",
+    [
+        ("colbert", "lightning_modules.rankers.colbert:ColBERT", ("encode_queries", "encode_docs")),
+        ("bert_cat", "lightning_modules.rankers.bert_cat:BertCat", ("score",)),
+    ],
+)
 @pytest.mark.slow
 def test_oom_during_evaluation_retried_in_halves(tmp_path, tiny_bert, monkeypatch, model, cls, methods):
     """Every call on more than 3 rows raises torch.OutOfMemoryError (as CUDA would): each batch is retried in halves
@@ -433,7 +529,9 @@ def test_oom_during_evaluation_retried_in_halves(tmp_path, tiny_bert, monkeypatc
 
         monkeypatch.setattr(klass, method, limited)
     out = tmp_path / "oom"
-    with pytest.warns(UserWarning, match=r"out of memory (encoding passages|scoring pairs) on 16 rows; retrying in halves of 8 and 8"):
+    with pytest.warns(
+        UserWarning, match=r"out of memory (encoding passages|scoring pairs) on 16 rows; retrying in halves of 8 and 8"
+    ):
         evaluate(compose([*args, f"output_dir={out}"]), True)
     assert max(calls) == 16 and {c for c in calls if c <= 3}, calls
     a, b = _run_scores(ref), _run_scores(out)
@@ -464,8 +562,13 @@ class _Examples(torch.utils.data.Dataset):
 def _training_loader(ds, workers: int):
     from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader
 
-    return ResumableLoader(ds, batch_sampler=DistributedTrainBatchSampler(len(ds), 4, seed=0, shuffle=False),
-                           num_workers=workers, consumed=lambda: 0, what="training example")
+    return ResumableLoader(
+        ds,
+        batch_sampler=DistributedTrainBatchSampler(len(ds), 4, seed=0, shuffle=False),
+        num_workers=workers,
+        consumed=lambda: 0,
+        what="training example",
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -495,18 +598,21 @@ def test_dataloader_worker_killed_names_the_example_without_hanging():
     assert "training example 13 in DataLoader worker" in str(e.value) and "died while loading it" in str(e.value)
 
 
-@pytest.mark.parametrize("message", [
-    "DataLoader worker (pid 4242) is killed by signal: Killed. ",
-    "DataLoader worker (pid 4242) exited unexpectedly with exit code 1. Details are lost due to multiprocessing.",
-    "DataLoader worker (pid(s) 4241, 4242) exited unexpectedly",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "DataLoader worker (pid 4242) is killed by signal: Killed. ",
+        "DataLoader worker (pid 4242) exited unexpectedly with exit code 1. Details are lost due to multiprocessing.",
+        "DataLoader worker (pid(s) 4241, 4242) exited unexpectedly",
+    ],
+)
 def test_dead_worker_message_forms_name_the_example(message):
     """PyTorch reports a dead worker from its SIGCHLD handler or from its queue poll, whichever notices first (the
     test above hits either, by timing): every form is mapped to the example the dead worker was loading."""
     from datamodules.guarded import ExampleError, GuardedLoader, _GuardedIter
 
     loader = GuardedLoader(_Examples(), num_workers=2, what="training example")
-    loader._pids[0], loader._slots[0] = 4240, 7      # a live worker, busy with another example
+    loader._pids[0], loader._slots[0] = 4240, 7  # a live worker, busy with another example
     loader._pids[1], loader._slots[1] = 4242, 13
 
     def dying():
@@ -515,7 +621,9 @@ def test_dead_worker_message_forms_name_the_example(message):
 
     with pytest.raises(ExampleError) as e:
         next(_GuardedIter(dying(), loader))
-    assert e.value.example == 13 and str(e.value).startswith("training example 13 in DataLoader worker 1: the worker process died")
+    assert e.value.example == 13 and str(e.value).startswith(
+        "training example 13 in DataLoader worker 1: the worker process died"
+    )
 
 
 # ---- DDP: one rank raising ---------------------------------------------------------------------------------------
@@ -527,8 +635,17 @@ def test_ddp_one_rank_raising_stops_all_ranks(tmp_path, tiny_bert, rank):
     import time
 
     out = tmp_path / f"ddp-rank{rank}"
-    args = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp",
-            "trainer.max_steps=6", "trainer.val_check_interval=3", "eval.before_training=false", f"output_dir={out}"]
+    args = [
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=4",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "eval.before_training=false",
+        f"output_dir={out}",
+    ]
     start = time.monotonic()
     proc = with_fault(f"raise:{rank}:2", "train.py", *args, timeout=240)  # TimeoutExpired would mean a hang
     assert proc.returncode != 0 and time.monotonic() - start < 240
@@ -548,8 +665,15 @@ def _wandb_env(tmp_path: Path, **extra) -> dict:
     return env
 
 
-WB = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false",
-      "logger=wandb", "trainer.log_every_n_steps=1"]
+WB = [
+    *SMALL,
+    "data.batch_size=8",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "eval.before_training=false",
+    "logger=wandb",
+    "trainer.log_every_n_steps=1",
+]
 
 
 @pytest.mark.slow
@@ -557,10 +681,17 @@ def test_wandb_unreachable_falls_back_to_offline(tmp_path, tiny_bert):
     """logger.mode=online with a server that refuses connections: a warning, an offline run in <output_dir>/wandb that
     `wandb sync` can upload later, and the training finishes."""
     out = tmp_path / "run"
-    env = _wandb_env(tmp_path, WANDB_API_KEY="local-" + "0" * 40, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="3")
-    proc = run_script("train.py", *WB, f"model.backbone={tiny_bert}", "logger.mode=online", f"output_dir={out}", env=env)
+    env = _wandb_env(
+        tmp_path, WANDB_API_KEY="local-" + "0" * 40, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="3"
+    )
+    proc = run_script(
+        "train.py", *WB, f"model.backbone={tiny_bert}", "logger.mode=online", f"output_dir={out}", env=env
+    )
     assert "W&B online run failed (CommError" in proc.stderr
-    assert f"logging offline to {out / 'wandb'} instead: sync it later with `wandb sync {out / 'wandb'}/offline-run-*`" in proc.stderr
+    assert (
+        f"logging offline to {out / 'wandb'} instead: sync it later with `wandb sync {out / 'wandb'}/offline-run-*`"
+        in proc.stderr
+    )
     (run,) = (out / "wandb").glob("offline-run-*")
     assert list(run.glob("run-*.wandb")) and (out / "metrics.json").exists()
 
@@ -573,7 +704,9 @@ def test_wandb_folder_unwritable_falls_back_to_a_temporary_folder(tmp_path, tiny
     out.mkdir()
     tmp.mkdir()
     (out / "wandb").write_text("not a folder\n")
-    proc = run_script("train.py", *WB, f"model.backbone={tiny_bert}", f"output_dir={out}", env=_wandb_env(tmp_path, TMPDIR=str(tmp)))
+    proc = run_script(
+        "train.py", *WB, f"model.backbone={tiny_bert}", f"output_dir={out}", env=_wandb_env(tmp_path, TMPDIR=str(tmp))
+    )
     (fallback,) = tmp.glob("isorank-wandb-*")
     assert f"logging offline to {fallback / 'wandb'} instead" in proc.stderr
     assert list((fallback / "wandb").glob("offline-run-*/run-*.wandb")) and (out / "metrics.json").exists()
@@ -584,7 +717,19 @@ def test_wandb_names_groups_and_tags():
     from pipeline.config import compose
 
     a = wandb_init_args(compose(["model=repbert", "data=synthetic", "output_dir=outputs/x"]), "x")
-    assert (a["name"], a["group"], a["job_type"], a["tags"]) == ("x", "repbert-synthetic", "train", ["repbert", "synthetic"])
-    b = wandb_init_args(compose(["stage=head", "head=glow", "logger.group=g", "logger.run_name=r", "logger.tags=[t]"]), "y")
-    assert (b["name"], b["group"], b["job_type"], b["tags"]) == ("r", "g", "head", ["colbert", "synthetic", "glow", "t"])
+    assert (a["name"], a["group"], a["job_type"], a["tags"]) == (
+        "x",
+        "repbert-synthetic",
+        "train",
+        ["repbert", "synthetic"],
+    )
+    b = wandb_init_args(
+        compose(["stage=head", "head=glow", "logger.group=g", "logger.run_name=r", "logger.tags=[t]"]), "y"
+    )
+    assert (b["name"], b["group"], b["job_type"], b["tags"]) == (
+        "r",
+        "g",
+        "head",
+        ["colbert", "synthetic", "glow", "t"],
+    )
     assert wandb_init_args(compose([]), "eval-z")["job_type"] == "eval"

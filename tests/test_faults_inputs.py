@@ -5,6 +5,7 @@ ir_datasets splits an evaluation reads, checkpoints of other versions, control c
 Each case asserts the exit code, exactly one line on stderr without "Traceback" (or, for a cache that is rebuilt, the
 one warning line), and that an earlier run's files are byte-identical afterwards. In-process (`pipeline.cli.main`),
 on a tiny random BERT and the synthetic source."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,20 @@ from conftest import REPO
 from core.checkpoints import check_finite, read_checkpoint
 from core.errors import TrainingStopped
 
-SMALL = ["data=synthetic", "data.max_train_triples=16", "data.max_eval_queries=4", "data.candidate_depth=8",
-         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=4",
-         "eval.probe_docs=8", "eval.ats_passages=0", "eval.isotropy_paper=false", "data.batch_size=8"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=16",
+    "data.max_eval_queries=4",
+    "data.candidate_depth=8",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=4",
+    "eval.probe_docs=8",
+    "eval.ats_passages=0",
+    "eval.isotropy_paper=false",
+    "data.batch_size=8",
+]
 
 
 # ---- fixtures: one tiny fine-tuned run, its whitening head, and an earlier run's folder that nothing may touch ----
@@ -35,12 +47,32 @@ def work(tmp_path_factory, tiny_bert) -> dict:
     cache = root / "cache"
     common = [*SMALL, f"model.backbone={tiny_bert}", f"data.cache_dir={cache}"]
     ft = root / "ft"
-    train(compose([*common, "trainer.max_steps=1", "trainer.val_check_interval=1", "eval.before_training=false",
-                   "eval.start_candidate=false", f"output_dir={ft}"]))
+    train(
+        compose(
+            [
+                *common,
+                "trainer.max_steps=1",
+                "trainer.val_check_interval=1",
+                "eval.before_training=false",
+                "eval.start_candidate=false",
+                f"output_dir={ft}",
+            ]
+        )
+    )
     white = root / "white"
-    train(compose([*common, "stage=head", "head=whitening", f"ckpt={ft / 'checkpoints' / 'last.ckpt'}", f"output_dir={white}"]))
-    return {"root": root, "common": common, "ckpt": ft / "checkpoints" / "last.ckpt", "ft": ft,
-            "head": white / "checkpoints" / "head.ckpt", "cache": cache}
+    train(
+        compose(
+            [*common, "stage=head", "head=whitening", f"ckpt={ft / 'checkpoints' / 'last.ckpt'}", f"output_dir={white}"]
+        )
+    )
+    return {
+        "root": root,
+        "common": common,
+        "ckpt": ft / "checkpoints" / "last.ckpt",
+        "ft": ft,
+        "head": white / "checkpoints" / "head.ckpt",
+        "cache": cache,
+    }
 
 
 @pytest.fixture
@@ -94,7 +126,9 @@ def _head_cache(work, tmp_path):
     path = tmp_path / "representations" / "c"
 
     def build():
-        return RepresentationCache.build(path, module.ranker, module.pair_tokenizer, texts[:2], texts[2:], dtype="float32", checkpoint="ck")
+        return RepresentationCache.build(
+            path, module.ranker, module.pair_tokenizer, texts[:2], texts[2:], dtype="float32", checkpoint="ck"
+        )
 
     return build, path
 
@@ -137,9 +171,14 @@ def test_whitening_with_nonfinite_parameters_writes_no_head_ckpt(work, tmp_path,
 
     monkeypatch.setattr(Whitening, "fit", nan_fit)
     out = tmp_path / "white"
-    rc = run_main([*work["common"], "stage=head", "head=whitening", f"ckpt={work['ckpt']}", f"output_dir={out}"], "train")
+    rc = run_main(
+        [*work["common"], "stage=head", "head=whitening", f"ckpt={work['ckpt']}", f"output_dir={out}"], "train"
+    )
     err = one_line(capsys, rc, 3, "stopped: ", warned=True)
-    assert "the fitted whitening head has non-finite parameters (ranker.token_head.transform" in err and "was not written" in err
+    assert (
+        "the fitted whitening head has non-finite parameters (ranker.token_head.transform" in err
+        and "was not written" in err
+    )
     assert not (out / "checkpoints" / "head.ckpt").exists()
 
 
@@ -158,10 +197,14 @@ def test_checkpoint_writer_refuses_nonfinite_weights(tmp_path):
 def test_loading_a_nonfinite_checkpoint_names_it(work, tmp_path, earlier, capsys, kind):
     before = snapshot(earlier)
     if kind == "head":
-        bad = save_variant(work["head"], tmp_path / "nan_head.ckpt",
-                           lambda ck: ck["state_dict"]["ranker.token_head.transform"].fill_(float("nan")))
+        bad = save_variant(
+            work["head"],
+            tmp_path / "nan_head.ckpt",
+            lambda ck: ck["state_dict"]["ranker.token_head.transform"].fill_(float("nan")),
+        )
         args = [f"head_ckpt={bad}"]
     else:
+
         def poison(ck):
             name = next(k for k, v in ck["state_dict"].items() if v.is_floating_point())
             ck["state_dict"][name].view(-1)[0] = float("nan")
@@ -200,12 +243,24 @@ def test_bm25_run_cache_corrupted_is_recomputed_with_a_warning(tmp_path, fault):
 
 
 # ---- 5. model limits at config time ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, text", [
-    (["model=bert_cat", "model.query_max_len=600"], "config key 'model.query_max_len': is 600, but the cross-encoder's input [CLS] query [SEP] passage [SEP] (600 + 180 + 3) is then up to 783 tokens, above the 512 positions"),
-    (["model=colbert", "model.doc_max_len=513"], "config key 'model.doc_max_len': is 513, but a passage is then up to 513 tokens, above the 512 positions"),
-    (["model=tk", "model.query_max_len=600"], "config key 'model.query_max_len': is 600, above model.passage_position_offset=500"),
-    (["model=dgre", "model.graph_layer=9"], "config key 'model.graph_layer': is 9; the backbone has 6 layers"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (
+            ["model=bert_cat", "model.query_max_len=600"],
+            "config key 'model.query_max_len': is 600, but the cross-encoder's input [CLS] query [SEP] passage [SEP] (600 + 180 + 3) is then up to 783 tokens, above the 512 positions",
+        ),
+        (
+            ["model=colbert", "model.doc_max_len=513"],
+            "config key 'model.doc_max_len': is 513, but a passage is then up to 513 tokens, above the 512 positions",
+        ),
+        (
+            ["model=tk", "model.query_max_len=600"],
+            "config key 'model.query_max_len': is 600, above model.passage_position_offset=500",
+        ),
+        (["model=dgre", "model.graph_layer=9"], "config key 'model.graph_layer': is 9; the backbone has 6 layers"),
+    ],
+)
 @pytest.mark.parametrize("dry", [False, True])
 def test_model_limits_stop_at_config_time(tmp_path, earlier, capsys, args, text, dry):
     before = snapshot(earlier)
@@ -232,16 +287,22 @@ def test_pq_m_must_divide_the_dimension(work, capsys, from_ckpt):
     args = ["retrieval=dense", "retrieval.index_type=pq", "retrieval.pq_m=7", "--dry-run"]
     rc = run_main([*SMALL, *args, *([f"ckpt={work['ckpt']}"] if from_ckpt else [])])
     dim = 32 if from_ckpt else 384
-    assert f"config key 'retrieval.pq_m': is 7, which does not divide the {dim}-dimensional vectors of ranker 'colbert'" in one_line(capsys, rc, 2)
+    assert (
+        f"config key 'retrieval.pq_m': is 7, which does not divide the {dim}-dimensional vectors of ranker 'colbert'"
+        in one_line(capsys, rc, 2)
+    )
 
 
 # ---- 6. empty selections -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, text", [
-    (["only=no_such_row/*"], "key only: ['no_such_row/*'] matches none of the"),
-    (["only="], "key only: is empty"),
-    (["measures=[]"], "key measures: is empty"),
-    (["seeds=[]"], "key seeds: is []"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["only=no_such_row/*"], "key only: ['no_such_row/*'] matches none of the"),
+        (["only="], "key only: is empty"),
+        (["measures=[]"], "key measures: is empty"),
+        (["seeds=[]"], "key seeds: is []"),
+    ],
+)
 def test_grid_selection_of_nothing_is_an_error(tmp_path, capsys, args, text):
     from pipeline.grid import main
 
@@ -255,17 +316,23 @@ def test_grid_selection_of_nothing_is_an_error(tmp_path, capsys, args, text):
 
 def test_eval_measures_empty_is_an_error(tmp_path, capsys):
     rc = run_main([*SMALL, "eval.measures=[]", f"output_dir={tmp_path / 'out'}"])
-    assert "config key 'eval.measures': is empty; expected a list of trec_eval measures, e.g. ['ndcg_cut_10'" in one_line(capsys, rc, 2)
+    assert (
+        "config key 'eval.measures': is empty; expected a list of trec_eval measures, e.g. ['ndcg_cut_10'"
+        in one_line(capsys, rc, 2)
+    )
 
 
 # ---- 7. --dry-run reads checkpoint headers -------------------------------------------------------------------------
-@pytest.mark.parametrize("fault, text", [
-    ("zero", "(it is empty, 0 bytes); it is truncated or not a torch file"),
-    ("truncated", "(BadZipFile: File is not a zip file); it is truncated or not a torch file"),
-    ("text", "(BadZipFile: File is not a zip file); it is truncated or not a torch file"),
-    ("foreign", "is not a checkpoint of this pipeline (no ranker hyper-parameters)"),
-    ("storage_missing", "the archive lacks"),
-])
+@pytest.mark.parametrize(
+    "fault, text",
+    [
+        ("zero", "(it is empty, 0 bytes); it is truncated or not a torch file"),
+        ("truncated", "(BadZipFile: File is not a zip file); it is truncated or not a torch file"),
+        ("text", "(BadZipFile: File is not a zip file); it is truncated or not a torch file"),
+        ("foreign", "is not a checkpoint of this pipeline (no ranker hyper-parameters)"),
+        ("storage_missing", "the archive lacks"),
+    ],
+)
 def test_dry_run_reads_checkpoint_headers(work, tmp_path, capsys, fault, text):
     bad = tmp_path / f"{fault}.ckpt"
     blob = work["ckpt"].read_bytes()
@@ -315,10 +382,15 @@ def test_ir_datasets_evaluation_reads_only_test(tmp_path, capsys, monkeypatch):
         return real_load(dataset_id, key)  # a registry look-up: no download
 
     monkeypatch.setattr(src, "_load", load)
-    monkeypatch.setattr(src, "_split", lambda dataset_id, key, cfg, answers: read.append(key) or pytest.fail(f"read {key}"))
+    monkeypatch.setattr(
+        src, "_split", lambda dataset_id, key, cfg, answers: read.append(key) or pytest.fail(f"read {key}")
+    )
     rc = run_main(["data=ir_datasets", "data.test_id=no-such/dataset", "logger=none", f"output_dir={tmp_path / 'out'}"])
     err = one_line(capsys, rc, 2)
-    assert err == "error: data.test_id: unknown ir_datasets id 'no-such/dataset'; expected an id from https://ir-datasets.com"
+    assert (
+        err
+        == "error: data.test_id: unknown ir_datasets id 'no-such/dataset'; expected an id from https://ir-datasets.com"
+    )
     assert looked_up == ["test_id"] and read == [] and not (tmp_path / "out").exists()
 
 
@@ -335,24 +407,32 @@ def test_ir_datasets_build_skips_unused_splits(monkeypatch):
 
 # ---- 9. checkpoints of other versions, control characters --------------------------------------------------------
 def test_checkpoint_with_unknown_hparam_key(work, tmp_path, earlier, capsys):
-    bad = save_variant(work["ckpt"], tmp_path / "newer.ckpt", lambda ck: ck["hyper_parameters"]["model"].update(pooling="max"))
+    bad = save_variant(
+        work["ckpt"], tmp_path / "newer.ckpt", lambda ck: ck["hyper_parameters"]["model"].update(pooling="max")
+    )
     before = snapshot(earlier)
     for extra in ([], ["--dry-run"]):
         rc = run_main([*work["common"], f"ckpt={bad}", f"output_dir={earlier}", *extra])
         err = one_line(capsys, rc, 2)
-        assert err.startswith(f"error: ckpt: checkpoint '{bad}' has hyper-parameter 'model.pooling', which this version does not know"), err
+        assert err.startswith(
+            f"error: ckpt: checkpoint '{bad}' has hyper-parameter 'model.pooling', which this version does not know"
+        ), err
     assert snapshot(earlier) == before
 
 
 def test_checkpoint_with_missing_hparam_key_takes_the_default(work, tmp_path):
     from lightning_modules.loading import module_from_checkpoint
 
-    old = save_variant(work["ckpt"], tmp_path / "older.ckpt", lambda ck: ck["hyper_parameters"]["model"].pop("length_buckets"))
+    old = save_variant(
+        work["ckpt"], tmp_path / "older.ckpt", lambda ck: ck["hyper_parameters"]["model"].pop("length_buckets")
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         module = module_from_checkpoint(old)
     msgs = [str(w.message) for w in caught if "has no hyper-parameter" in str(w.message)]
-    assert msgs == [f"checkpoint '{old}' has no hyper-parameter model.length_buckets (a checkpoint of another version?); taking the default length_buckets=4"]
+    assert msgs == [
+        f"checkpoint '{old}' has no hyper-parameter model.length_buckets (a checkpoint of another version?); taking the default length_buckets=4"
+    ]
     assert module.model_cfg.length_buckets == 4
     assert read_checkpoint(str(old), "ckpt")["hyper_parameters"]["model"]["length_buckets"] == 4
 
@@ -380,7 +460,19 @@ def test_bert_cat_query_max_len_600_subprocess(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "model=bert_cat", "model.query_max_len=600",
-                           f"output_dir={tmp_path / 'out'}"], check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "model=bert_cat",
+            "model.query_max_len=600",
+            f"output_dir={tmp_path / 'out'}",
+        ],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@ Each case asserts the exit code, exactly one `error:` / `stopped:` line on stder
 banners and our warnings aside), that the earlier results are byte-identical, and that no temporary file or staged
 result set is left. The lines are those of docs/reliability.md's table "Faults: writes, interrupts, a folder's files".
 """
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,23 @@ from pathlib import Path
 import pytest
 from conftest import REPO, make_tiny_bert
 
-SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
-         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
-         "eval.probe_docs=16"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=40",
+    "data.max_eval_queries=12",
+    "data.candidate_depth=20",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+]
 FT = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false"]
 SETPRIV = shutil.which("setpriv")
-NO_OVERRIDE = ["--bounding-set=-dac_override,-dac_read_search,-fowner", "--inh-caps=-dac_override,-dac_read_search,-fowner"]
+NO_OVERRIDE = [
+    "--bounding-set=-dac_override,-dac_read_search,-fowner",
+    "--inh-caps=-dac_override,-dac_read_search,-fowner",
+]
 
 
 # ---- the world the cases run in -----------------------------------------------------------------------------------
@@ -45,16 +57,29 @@ class World:
         self.cache = root / "cache"
         self.common = [*SMALL, f"model.backbone={self.tiny}", f"data.cache_dir={self.cache}"]
         self.ft = root / "ft"
-        self._in_process("train", [*FT, f"model.backbone={self.tiny}", f"data.cache_dir={self.cache}", f"output_dir={self.ft}"])
+        self._in_process(
+            "train", [*FT, f"model.backbone={self.tiny}", f"data.cache_dir={self.cache}", f"output_dir={self.ft}"]
+        )
         self.ckpt = self.ft / "checkpoints" / "last.ckpt"
         self.doors = {
             "train": None,  # the fine-tuning run itself (continued with ckpt_path)
             "evaluate": [*self.common, f"ckpt={self.ckpt}"],
             "head": [*self.common, "stage=head", f"ckpt={self.ckpt}", "head=whitening"],
-            "dense": [*self.common, "retrieval=dense", f"ckpt={self.ckpt}", "retrieval.k=10", "retrieval.batch_size=16",
-                      "retrieval.store_dtype=float32"],
-            "analysis": [*self.common, "analysis=whitebox", f"ckpt={self.ckpt}", "analysis.statistics=[delta_es]",
-                         "analysis.max_queries=4"],
+            "dense": [
+                *self.common,
+                "retrieval=dense",
+                f"ckpt={self.ckpt}",
+                "retrieval.k=10",
+                "retrieval.batch_size=16",
+                "retrieval.store_dtype=float32",
+            ],
+            "analysis": [
+                *self.common,
+                "analysis=whitebox",
+                f"ckpt={self.ckpt}",
+                "analysis.statistics=[delta_es]",
+                "analysis.max_queries=4",
+            ],
         }
         self.done = {"train": self.ft}
         for door, args in self.doors.items():
@@ -80,8 +105,14 @@ class World:
     def args(self, door: str, out: Path) -> tuple[str, list[str]]:
         """(script, args) that write `door`'s results into `out` again."""
         if door == "train":  # a continued run: two more steps from the finished run's last.ckpt
-            return "train.py", [*FT, f"model.backbone={self.tiny}", f"data.cache_dir={self.cache}", f"output_dir={out}",
-                                f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}", "trainer.max_steps=4"]
+            return "train.py", [
+                *FT,
+                f"model.backbone={self.tiny}",
+                f"data.cache_dir={self.cache}",
+                f"output_dir={out}",
+                f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
+                "trainer.max_steps=4",
+            ]
         if door == "head":
             return "train.py", [*self.doors["head"], f"output_dir={out}"]
         if door == "export":
@@ -112,8 +143,16 @@ def case(world, request):
 
 
 # ---- running a case -----------------------------------------------------------------------------------------------
-def launch(script: str, args: list[str], *, fsize: int | None = None, no_override: bool = False, point: str | None = None,
-           sig: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def launch(
+    script: str,
+    args: list[str],
+    *,
+    fsize: int | None = None,
+    no_override: bool = False,
+    point: str | None = None,
+    sig: str | None = None,
+    timeout: int = 300,
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     if point:
         env.update(POINT=point, SIG=sig, SCRIPT=script)
@@ -130,7 +169,9 @@ def launch(script: str, args: list[str], *, fsize: int | None = None, no_overrid
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits, check=False)
+    return subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits, check=False
+    )
 
 
 def one_line(proc: subprocess.CompletedProcess, code: int) -> str:
@@ -161,7 +202,9 @@ def unchanged(folder: Path, before: dict[str, bytes], trained: bool = False) -> 
     assert {k: v for k, v in after.items() if k in before} == before
     new = sorted(set(after) - set(before))
     assert all(k.startswith("attempts/") and k.endswith("/config.yaml") for k in new), new
-    leftovers = [p for p in folder.rglob("*") if p.name.startswith(".") and (".tmp" in p.name or p.name.startswith(".results"))]
+    leftovers = [
+        p for p in folder.rglob("*") if p.name.startswith(".") and (".tmp" in p.name or p.name.startswith(".results"))
+    ]
     assert not leftovers, leftovers
 
 
@@ -177,12 +220,19 @@ def loaded_nothing(proc: subprocess.CompletedProcess) -> None:
 
 
 # ---- 1. writes: a file-size limit -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("door,limit,written", [
-    ("train", 64 * 1024, "checkpoints/last.ckpt"),  # a continued run: its checkpoint; torch's inline_container.cc error
-    ("evaluate", 4096, "run.trec"),
-    ("dense", 4096, ".colbert-store-"),  # the token store of the ColBERT index being built
-    ("analysis", 2048, "whitebox_delta_es.png"),
-])
+@pytest.mark.parametrize(
+    "door,limit,written",
+    [
+        (
+            "train",
+            64 * 1024,
+            "checkpoints/last.ckpt",
+        ),  # a continued run: its checkpoint; torch's inline_container.cc error
+        ("evaluate", 4096, "run.trec"),
+        ("dense", 4096, ".colbert-store-"),  # the token store of the ColBERT index being built
+        ("analysis", 2048, "whitebox_delta_es.png"),
+    ],
+)
 @pytest.mark.slow
 def test_fsize_over_earlier_results(world, case, door, limit, written):
     """A write over the file-size limit: one line naming the file and the OS's reason; every earlier result
@@ -192,7 +242,9 @@ def test_fsize_over_earlier_results(world, case, door, limit, written):
     line = one_line(launch(*world.args(door, out), fsize=limit), 1)
     assert line.startswith(f"error: cannot write '{out / written}") and "(File too large); " in line, line
     if door == "evaluate":
-        assert line == f"error: cannot write '{out / 'run.trec'}' (File too large); earlier results in '{out}' unchanged"
+        assert (
+            line == f"error: cannot write '{out / 'run.trec'}' (File too large); earlier results in '{out}' unchanged"
+        )
     unchanged(out, before)
 
 
@@ -205,7 +257,9 @@ def test_fsize_head_stage(world, case):
     cache = case / "cache"
     line = one_line(launch(script, [*args, f"data.cache_dir={cache}"], fsize=8 * 1024), 1)
     # the BM25 index's spill file is the first over the limit; NumPy's tofile reports no errno, only a short write
-    assert line.startswith(f"error: cannot write '{cache}") and ("(File too large)" in line or "a file-size limit" in line), line
+    assert line.startswith(f"error: cannot write '{cache}") and (
+        "(File too large)" in line or "a file-size limit" in line
+    ), line
     assert not (out / "metrics.json").exists()
     no_temp(out)
     assert not [p for p in cache.rglob("*") if ".tmp" in p.name or p.name.startswith(".")]
@@ -239,8 +293,10 @@ def test_read_only_output_dir_stops_before_loading(world, case, door):
     before = snapshot(out)
     proc = launch_read_only([out], *world.args(door, out))
     line = one_line(proc, 2)
-    assert line == (f"error: output_dir: cannot write '{out}' (Permission denied); choose a folder this job can write; "
-                    "nothing was loaded or written")
+    assert line == (
+        f"error: output_dir: cannot write '{out}' (Permission denied); choose a folder this job can write; "
+        "nothing was loaded or written"
+    )
     loaded_nothing(proc)
     assert snapshot(out) == before
 
@@ -253,8 +309,10 @@ def test_read_only_lock_folder(world, case, door, name):
     parent.mkdir()
     proc = launch_read_only([parent], *world.args(door, parent / name))
     line = one_line(proc, 2)
-    assert line == (f"error: output_dir: cannot write '{parent / f'.{name}.lock'}' (Permission denied); output_dir's lock "
-                    "lives in the folder that holds output_dir; nothing was loaded or written")
+    assert line == (
+        f"error: output_dir: cannot write '{parent / f'.{name}.lock'}' (Permission denied); output_dir's lock "
+        "lives in the folder that holds output_dir; nothing was loaded or written"
+    )
     loaded_nothing(proc)
     assert list(parent.iterdir()) == []
 
@@ -268,8 +326,10 @@ def test_read_only_cache_dir(world, case):
     script, args = world.args("evaluate", out)
     proc = launch_read_only([cache], script, [*args, f"data.cache_dir={cache}"])
     line = one_line(proc, 2)
-    assert line == (f"error: data.cache_dir: cannot write '{cache}' (Permission denied); choose a folder this job can "
-                    "write; nothing was loaded or written")
+    assert line == (
+        f"error: data.cache_dir: cannot write '{cache}' (Permission denied); choose a folder this job can "
+        "write; nothing was loaded or written"
+    )
     loaded_nothing(proc)
     assert snapshot(out) == before
 
@@ -280,10 +340,16 @@ def test_read_only_checkpoints_folder_at_write_time(world, case):
     (a fault at write time: exit 1)."""
     out = case / "run"
     (out / "checkpoints").mkdir(parents=True)
-    proc = launch_read_only([out / "checkpoints"], "train.py",
-                            [*FT, f"model.backbone={world.tiny}", f"data.cache_dir={world.cache}", f"output_dir={out}"])
+    proc = launch_read_only(
+        [out / "checkpoints"],
+        "train.py",
+        [*FT, f"model.backbone={world.tiny}", f"data.cache_dir={world.cache}", f"output_dir={out}"],
+    )
     line = one_line(proc, 1)
-    assert line.startswith(f"error: cannot write '{out / 'checkpoints'}/") and "(Permission denied); no partial file was left" in line
+    assert (
+        line.startswith(f"error: cannot write '{out / 'checkpoints'}/")
+        and "(Permission denied); no partial file was left" in line
+    )
     assert list((out / "checkpoints").iterdir()) == []
 
 
@@ -303,19 +369,24 @@ def test_interrupt_evaluate(world, case, point, sig):
     unchanged(out, before)
 
 
-@pytest.mark.parametrize("door,point,sig", [
-    ("train", "data", "SIGINT"),
-    ("train", "write", "SIGTERM"),
-    ("head", "forward", "SIGINT"),
-    ("head", "write", "SIGTERM"),
-    ("dense", "forward", "SIGINT"),
-    ("dense", "write", "SIGTERM"),
-    ("analysis", "forward", "SIGTERM"),
-    ("analysis", "data", "SIGINT"),
-])
+@pytest.mark.parametrize(
+    "door,point,sig",
+    [
+        ("train", "data", "SIGINT"),
+        ("train", "write", "SIGTERM"),
+        ("head", "forward", "SIGINT"),
+        ("head", "write", "SIGTERM"),
+        ("dense", "forward", "SIGINT"),
+        ("dense", "write", "SIGTERM"),
+        ("analysis", "forward", "SIGTERM"),
+        ("analysis", "data", "SIGINT"),
+    ],
+)
 @pytest.mark.slow
 def test_interrupt_other_doors(world, case, door, point, sig):
-    if door == "head":  # a new folder (a head stage never writes over an earlier one) and a new cache, built by the forward passes
+    if (
+        door == "head"
+    ):  # a new folder (a head stage never writes over an earlier one) and a new cache, built by the forward passes
         out, before = case / "out", {}
         script, args = world.args(door, out)
         args = [*args, f"data.cache_dir={case / 'cache'}"]
@@ -364,7 +435,9 @@ def test_continued_run_that_dies_keeps_the_earlier_config(world, case):
     script, args = world.args("train", out)
     proc = launch(script, args, point="forward", sig="SIGTERM")
     line = one_line(proc, 143)
-    assert line.startswith("stopped: interrupted by SIGTERM at step ") and line.endswith(f"; resume with ckpt_path={out / 'checkpoints' / 'last.ckpt'}")
+    assert line.startswith("stopped: interrupted by SIGTERM at step ") and line.endswith(
+        f"; resume with ckpt_path={out / 'checkpoints' / 'last.ckpt'}"
+    )
     assert (out / "config.yaml").read_bytes() == before["config.yaml"]
     assert (out / "metrics.json").read_bytes() == before["metrics.json"]
     assert "max_steps: 4" in (out / "attempts" / "1" / "config.yaml").read_text()
@@ -373,7 +446,10 @@ def test_continued_run_that_dies_keeps_the_earlier_config(world, case):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "max_steps: 4" in (out / "config.yaml").read_text()
     # the finished attempt's pending config became config.yaml; the interrupted one's stays as its record
-    assert sorted(p.relative_to(out / "attempts").as_posix() for p in (out / "attempts").rglob("*")) == ["1", "1/config.yaml"]
+    assert sorted(p.relative_to(out / "attempts").as_posix() for p in (out / "attempts").rglob("*")) == [
+        "1",
+        "1/config.yaml",
+    ]
     assert (out / "metrics.json").read_bytes() != before["metrics.json"]
 
 
@@ -412,7 +488,11 @@ def test_write_fault_names_file_reason_and_what_was_kept(tmp_path, monkeypatch):
         except OSError:  # torch.save's writer: the OSError becomes the context of its RuntimeError
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
     assert str(e.value) == f"cannot write '{path}' (File too large); the earlier last.ckpt is unchanged"
-    assert e.value.code == 1 and path.read_bytes() == b"earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert (
+        e.value.code == 1
+        and path.read_bytes() == b"earlier"
+        and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    )
     with pytest.raises(WriteFault, match="No space left on device"), atomic_open(tmp_path / "run.trec"):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert not (tmp_path / "run.trec").exists()
@@ -420,10 +500,22 @@ def test_write_fault_names_file_reason_and_what_was_kept(tmp_path, monkeypatch):
 
 # ---- experiments.py -------------------------------------------------------------------------------------------------
 def _grid(world: World, path: Path, root: Path, seeds: list[int]) -> Path:
-    grid = {"name": "faults", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-            "train_data": {"syn": ["data=synthetic"]}, "seeds": seeds,
-            "common": ["logger=none", "trainer.accelerator=cpu", "data.candidate_depth=20", f"data.cache_dir={world.cache}"],
-            "measures": ["ndcg_cut_10"], "launcher": "inprocess", "output_root": str(root)}
+    grid = {
+        "name": "faults",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+        "train_data": {"syn": ["data=synthetic"]},
+        "seeds": seeds,
+        "common": [
+            "logger=none",
+            "trainer.accelerator=cpu",
+            "data.candidate_depth=20",
+            f"data.cache_dir={world.cache}",
+        ],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(root),
+    }
     path.write_text(json.dumps(grid))
     return path
 
@@ -438,7 +530,9 @@ def test_interrupt_experiments(world, case, sig):
     line = one_line(proc, 128 + signal.Signals[sig])
     assert line == f"stopped: interrupted by {sig}; finished cells are kept: run the same command again to resume"
     after = snapshot(root)
-    assert {k: v for k, v in after.items() if k in before and "seed1" in k} == {k: v for k, v in before.items() if "seed1" in k}
+    assert {k: v for k, v in after.items() if k in before and "seed1" in k} == {
+        k: v for k, v in before.items() if "seed1" in k
+    }
     no_temp(root)
 
 

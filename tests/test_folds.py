@@ -1,4 +1,5 @@
 """k-fold cross-validation over query sets (datamodules/folds.py, data.num_folds / data.fold / data.fold_seed)."""
+
 import subprocess
 import sys
 
@@ -73,11 +74,19 @@ def test_fold_assignment_independent_of_run_seed_and_stable_across_processes():
     cfg = SyntheticConfig(**SMALL_SYN, num_folds=5, fold=2)
     a, b = load_dataset(cfg, 0), load_dataset(cfg, 123)  # data_seed fixed: same collection, same folds
     assert qsets(a) == qsets(b)
-    code = ("from datamodules.sources import load_dataset; from datamodules.sources.synthetic import SyntheticConfig;"
-            f"ds = load_dataset(SyntheticConfig(**{SMALL_SYN!r}, num_folds=5, fold=2), 0);"
-            "print(sorted(ds.splits['test'].queries))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "777", "PATH": ""}).stdout
+    code = (
+        "from datamodules.sources import load_dataset; from datamodules.sources.synthetic import SyntheticConfig;"
+        f"ds = load_dataset(SyntheticConfig(**{SMALL_SYN!r}, num_folds=5, fold=2), 0);"
+        "print(sorted(ds.splits['test'].queries))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "777", "PATH": ""},
+    ).stdout
     assert out.strip() == str(sorted(a.splits["test"].queries))
     c = load_dataset(SyntheticConfig(**SMALL_SYN, num_folds=5, fold=2, fold_seed=99), 0)
     assert qsets(c) != qsets(a)
@@ -118,7 +127,10 @@ def test_bad_fold_keys():
 def test_triples_or_candidates_refuse_folds():
     docs = {"d1": "alpha", "d2": "beta", "d3": "gamma"}
     for kw in ({"triples": [("q1", "d1", "d2")]}, {"candidates": {"q1": ["d1", "d2"]}}):
-        splits = {n: Split(queries={f"q{i}": "x"}, qrels={f"q{i}": {"d1": 1}}) for i, n in enumerate(("train", "val", "test"), 1)}
+        splits = {
+            n: Split(queries={f"q{i}": "x"}, qrels={f"q{i}": {"d1": 1}})
+            for i, n in enumerate(("train", "val", "test"), 1)
+        }
         for k, v in kw.items():
             setattr(splits["train"], k, v)
         with pytest.raises(InputError, match=r"^data.num_folds: .*source 'tsv' gives"):
@@ -130,7 +142,11 @@ def test_tsv_with_triples_and_folds_is_one_line_error(tmp_path):
     (tmp_path / "q.tsv").write_text("q1\talpha\nq2\tgamma\nq3\tepsilon\n")
     (tmp_path / "qrels.txt").write_text("q1 0 d1 1\nq2 0 d2 1\nq3 0 d3 1\n")
     (tmp_path / "triples.tsv").write_text("q1\td1\td2\n")
-    kw = dict(collection=str(tmp_path / "collection.tsv"), train_queries=str(tmp_path / "q.tsv"),
-              train_qrels=str(tmp_path / "qrels.txt"), train_triples=str(tmp_path / "triples.tsv"))
+    kw = dict(
+        collection=str(tmp_path / "collection.tsv"),
+        train_queries=str(tmp_path / "q.tsv"),
+        train_qrels=str(tmp_path / "qrels.txt"),
+        train_triples=str(tmp_path / "triples.tsv"),
+    )
     with pytest.raises(InputError, match="data.num_folds"):
         load_dataset(TsvConfig(**kw, num_folds=3), 0)

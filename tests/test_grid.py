@@ -1,4 +1,5 @@
 """Grid runner (pipeline/grid.py, experiments.py) and tables (pipeline/tables.py): a tiny grid end to end, resumable."""
+
 import dataclasses
 import gzip
 import io
@@ -17,11 +18,28 @@ from datamodules.config import TRAINING_ONLY, DataConfig
 from pipeline.grid import Cell, exportable, load_grid, plan, run
 from pipeline.tables import render_markdown, summarize
 
-SYN = ["data=synthetic", "data.data_seed=3", "data.num_docs=120", "data.num_train_queries=30", "data.num_val_queries=8",
-       "data.num_test_queries=16", "data.num_topics=6"]
-FAST = ["logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.max_steps=2",
-        "trainer.val_check_interval=2", "data.batch_size=8", "data.max_train_triples=16", "data.candidate_depth=20",
-        "eval.probe_queries=8", "eval.probe_docs=16", "eval.before_training=false"]
+SYN = [
+    "data=synthetic",
+    "data.data_seed=3",
+    "data.num_docs=120",
+    "data.num_train_queries=30",
+    "data.num_val_queries=8",
+    "data.num_test_queries=16",
+    "data.num_topics=6",
+]
+FAST = [
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "data.batch_size=8",
+    "data.max_train_triples=16",
+    "data.candidate_depth=20",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "eval.before_training=false",
+]
 
 
 def write_grid(path, tiny_bert, out, cache):
@@ -29,8 +47,11 @@ def write_grid(path, tiny_bert, out, cache):
         "name": "tiny",
         "baseline": "colbert",
         # model keys go with the rows: BM25's schema has no backbone (a key it does not know is an error)
-        "rows": {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"], "repbert": ["model=repbert", f"model.backbone={tiny_bert}"],
-                 "bm25": ["model=bm25", "model.depth=20"]},
+        "rows": {
+            "colbert": ["model=colbert", f"model.backbone={tiny_bert}"],
+            "repbert": ["model=repbert", f"model.backbone={tiny_bert}"],
+            "bm25": ["model=bm25", "model.depth=20"],
+        },
         "train_data": {"syn": SYN},
         # syn: the training run's own test; syn_start: evaluate.py on another collection (OOD)
         "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
@@ -66,8 +87,16 @@ def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
     bm = [c for c in res["cells"] if c["row"] == "bm25" and c["eval"] == "syn"]
     assert not list((root / "bm25" / "syn" / "seed1").glob("checkpoints/*")) and bm[0]["metrics"] == bm[1]["metrics"]
     direct = tmp_path / "bm25-direct"
-    run_script("evaluate.py", "model=bm25", "model.depth=20", *SYN, "logger=none", f"data.cache_dir={tmp_path / 'cache'}",
-               "seed=1", f"output_dir={direct}")
+    run_script(
+        "evaluate.py",
+        "model=bm25",
+        "model.depth=20",
+        *SYN,
+        "logger=none",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "seed=1",
+        f"output_dir={direct}",
+    )
     assert json.loads((direct / "metrics.json").read_text())["ndcg_cut_10"] == bm[0]["metrics"]["ndcg_cut_10"]
     cell = next(c for c in res["cells"] if c["row"] == "repbert" and c["eval"] == "syn" and c["seed"] == 2)
     assert cell["metrics"]["ndcg_cut_10"] == json.loads((trains[3] / "metrics.json").read_text())["ndcg_cut_10"]
@@ -135,11 +164,30 @@ def results_fixture(values_a, values_b, replicates=("seed1", "seed2")):
     for row, values in (("base", values_a), ("new", values_b)):
         for rep, per_rep in zip(replicates, values):
             pq = {f"q{i}": {"ndcg_cut_10": v} for i, v in enumerate(per_rep)}
-            cells.append({"row": row, "train": "d", "eval": "d", "replicate": rep, "status": "done", "per_query": pq,
-                          "metrics": {"ndcg_cut_10": math.fsum(per_rep) / len(per_rep)}})
-    return {"grid": "g", "baseline": "base", "test": "t_test_one_tailed", "paired_by": "query", "measures": ["ndcg_cut_10"],
-            "rows": ["base", "new"], "train_data": ["d"], "eval_data": ["d"], "replicates": list(replicates), "folds": None,
-            "cells": cells}
+            cells.append(
+                {
+                    "row": row,
+                    "train": "d",
+                    "eval": "d",
+                    "replicate": rep,
+                    "status": "done",
+                    "per_query": pq,
+                    "metrics": {"ndcg_cut_10": math.fsum(per_rep) / len(per_rep)},
+                }
+            )
+    return {
+        "grid": "g",
+        "baseline": "base",
+        "test": "t_test_one_tailed",
+        "paired_by": "query",
+        "measures": ["ndcg_cut_10"],
+        "rows": ["base", "new"],
+        "train_data": ["d"],
+        "eval_data": ["d"],
+        "replicates": list(replicates),
+        "folds": None,
+        "cells": cells,
+    }
 
 
 def test_table_significance_uses_per_query_means_over_seeds():
@@ -148,8 +196,11 @@ def test_table_significance_uses_per_query_means_over_seeds():
     res = results_fixture(a, b)
     ma = [(x + y) / 2 for x, y in zip(*a)]
     mb = [(x + y) / 2 for x, y in zip(*b)]
-    for test, p in (("t_test_one_tailed", stats.ttest_rel(mb, ma, alternative="greater").pvalue),
-                    ("t_test_two_tailed", stats.ttest_rel(mb, ma).pvalue), ("wilcoxon", stats.wilcoxon(mb, ma).pvalue)):
+    for test, p in (
+        ("t_test_one_tailed", stats.ttest_rel(mb, ma, alternative="greater").pvalue),
+        ("t_test_two_tailed", stats.ttest_rel(mb, ma).pvalue),
+        ("wilcoxon", stats.wilcoxon(mb, ma).pvalue),
+    ):
         cell = summarize(res, test)[0]["rows"][1]["measures"]["ndcg_cut_10"]
         assert cell["p"] == pytest.approx(p, rel=1e-12) and cell["pairs"] == 6
         assert cell["mean"] == pytest.approx(sum(mb) / 6)
@@ -165,8 +216,11 @@ def test_table_significance_uses_per_query_means_over_seeds():
     # the isotropy paper's test: Student's t on every run's mean of each row, unpaired
     cell = summarize(res, "student_t_one_tailed", "replicate")[0]["rows"][1]["measures"]["ndcg_cut_10"]
     assert cell["pairs"] == 2 and cell["p"] == pytest.approx(
-        stats.ttest_ind([sum(r) / 6 for r in b], [sum(r) / 6 for r in a], alternative="greater").pvalue, rel=1e-12)
-    assert "one-tailed Student's t-test with equal variances" in render_markdown(res, "student_t_one_tailed", "replicate")
+        stats.ttest_ind([sum(r) / 6 for r in b], [sum(r) / 6 for r in a], alternative="greater").pvalue, rel=1e-12
+    )
+    assert "one-tailed Student's t-test with equal variances" in render_markdown(
+        res, "student_t_one_tailed", "replicate"
+    )
     # identical systems: p = 1, no mark, +0.0%
     same = render_markdown(results_fixture(a, a))
     assert "| new | 0.2667 (+0.0%) |" in same, same
@@ -183,7 +237,9 @@ def test_run_level_isotropy_columns_are_means_without_test():
         cell["metrics"]["iw"] = iw
     res["measures"] = ["ndcg_cut_10", "iw"]
     rows = summarize(res)[0]["rows"]
-    assert rows[0]["measures"]["iw"]["mean"] == pytest.approx(0.65) and rows[1]["measures"]["iw"]["mean"] == pytest.approx(0.2)
+    assert rows[0]["measures"]["iw"]["mean"] == pytest.approx(0.65) and rows[1]["measures"]["iw"][
+        "mean"
+    ] == pytest.approx(0.2)
     assert rows[1]["measures"]["iw"]["p"] is None and rows[1]["measures"]["ndcg_cut_10"]["p"] is not None
     text = render_markdown(res)
     assert "| 0.2000 |" in text and "untested" in text, text
@@ -201,8 +257,12 @@ def test_best_step_column_is_the_mean_step_without_test():
 
 def test_grid_file_errors_and_cell_layout(tmp_path):
     def grid(**kw):
-        base = {"baseline": "a", "rows": {"a": ["model=colbert"], "b": ["model=repbert"]}, "train_data": ["synthetic"],
-                "seeds": [1, 2]}
+        base = {
+            "baseline": "a",
+            "rows": {"a": ["model=colbert"], "b": ["model=repbert"]},
+            "train_data": ["synthetic"],
+            "seeds": [1, 2],
+        }
         base.update(kw)
         p = tmp_path / "g.yaml"
         p.write_text(json.dumps({k: v for k, v in base.items() if v is not None}))
@@ -211,29 +271,64 @@ def test_grid_file_errors_and_cell_layout(tmp_path):
     spec, extra = load_grid([f"grid={grid()}", "trainer.max_steps=3"])
     assert spec.name == "g" and extra == ["trainer.max_steps=3"]
     cells = plan(spec, extra)
-    assert [c.label for c in cells] == ["a/synthetic/seed1", "b/synthetic/seed1", "a/synthetic/seed2", "b/synthetic/seed2"]
-    assert cells[1].argv == ("data=synthetic", "model=repbert", "trainer.max_steps=3", "seed=1", "logger.group=g",
-                             "logger.run_name=b-synthetic-synthetic-seed1", f"output_dir={spec.dir / 'b' / 'synthetic' / 'seed1'}")
+    assert [c.label for c in cells] == [
+        "a/synthetic/seed1",
+        "b/synthetic/seed1",
+        "a/synthetic/seed2",
+        "b/synthetic/seed2",
+    ]
+    assert cells[1].argv == (
+        "data=synthetic",
+        "model=repbert",
+        "trainer.max_steps=3",
+        "seed=1",
+        "logger.group=g",
+        "logger.run_name=b-synthetic-synthetic-seed1",
+        f"output_dir={spec.dir / 'b' / 'synthetic' / 'seed1'}",
+    )
     spec, _ = load_grid([f"grid={grid(folds=5, seeds=[7])}"])
     cells = plan(spec)
     assert [c.replicate for c in cells[::2]] == [f"fold{f}" for f in range(5)]
     assert "data.num_folds=5" in cells[2].argv and "data.fold=1" in cells[2].argv and "seed=7" in cells[2].argv
-    for kw, needle in (({"baseline": "c"}, "baseline: 'c' is not a row"), ({"test": "sign"}, "unknown significance test"),
-                       ({"seeds": ["x"]}, "seeds"), ({"folds": 2}, "folds"), ({"bogus": 1}, "unknown grid key 'bogus'"),
-                       ({"rows": {"a/b": []}, "baseline": "a/b"}, "label 'a/b'"), ({"common": ["seed=3"]}, "set by the grid"),
-                       ({"test": "student_t_one_tailed"}, "paired_by: is 'query'.*expected paired_by: replicate"),
-                       ({"folds": 5, "common": ["data.fold=1"]}, "data.fold"), ({"rows": None}, "rows: is missing")):
+    for kw, needle in (
+        ({"baseline": "c"}, "baseline: 'c' is not a row"),
+        ({"test": "sign"}, "unknown significance test"),
+        ({"seeds": ["x"]}, "seeds"),
+        ({"folds": 2}, "folds"),
+        ({"bogus": 1}, "unknown grid key 'bogus'"),
+        ({"rows": {"a/b": []}, "baseline": "a/b"}, "label 'a/b'"),
+        ({"common": ["seed=3"]}, "set by the grid"),
+        ({"test": "student_t_one_tailed"}, "paired_by: is 'query'.*expected paired_by: replicate"),
+        ({"folds": 5, "common": ["data.fold=1"]}, "data.fold"),
+        ({"rows": None}, "rows: is missing"),
+    ):
         with pytest.raises(InputError, match=needle):
             load_grid([f"grid={grid(**kw)}"])
     with pytest.raises(InputError, match="no grid 'nope'"):
         load_grid(["grid=nope"])
     # another baseline or test on the command line tabulates beside table.md, never over it
-    names = {tuple(a): load_grid([f"grid={grid()}", *a])[0].table_path.name
-             for a in ([], ["baseline=b"], ["test=wilcoxon"], ["baseline=b", "test=student_t_one_tailed", "paired_by=replicate"])}
-    assert list(names.values()) == ["table.md", "table-b.md", "table-wilcoxon-query.md", "table-b-student_t_one_tailed-replicate.md"]
+    names = {
+        tuple(a): load_grid([f"grid={grid()}", *a])[0].table_path.name
+        for a in (
+            [],
+            ["baseline=b"],
+            ["test=wilcoxon"],
+            ["baseline=b", "test=student_t_one_tailed", "paired_by=replicate"],
+        )
+    }
+    assert list(names.values()) == [
+        "table.md",
+        "table-b.md",
+        "table-wilcoxon-query.md",
+        "table-b-student_t_one_tailed-replicate.md",
+    ]
     # only=: globs on the cell labels select what runs (e.g. one fold of every row first)
     spec, _ = load_grid([f"grid={grid(folds=5, seeds=[7])}", "only=[*/fold0,b/*/fold3]"])
-    assert [c.label for c in plan(spec) if spec.selected(c)] == ["a/synthetic/fold0", "b/synthetic/fold0", "b/synthetic/fold3"]
+    assert [c.label for c in plan(spec) if spec.selected(c)] == [
+        "a/synthetic/fold0",
+        "b/synthetic/fold0",
+        "b/synthetic/fold3",
+    ]
     spec, _ = load_grid([f"grid={grid()}"])
     assert all(spec.selected(c) for c in plan(spec))
     with pytest.raises(InputError, match="only: is 5; expected cell-label globs"):
@@ -243,8 +338,16 @@ def test_grid_file_errors_and_cell_layout(tmp_path):
 @pytest.mark.slow
 def test_experiments_cli_one_line_error(tmp_path):
     g = tmp_path / "g.yaml"
-    g.write_text(json.dumps({"baseline": "a", "rows": {"a": ["model=colbert"]}, "train_data": ["synthetic"],
-                             "output_root": str(tmp_path / "out")}))
+    g.write_text(
+        json.dumps(
+            {
+                "baseline": "a",
+                "rows": {"a": ["model=colbert"]},
+                "train_data": ["synthetic"],
+                "output_root": str(tmp_path / "out"),
+            }
+        )
+    )
     proc = run_script("experiments.py", f"grid={g}", "model.compress_dimm=8", check=False)
     assert proc.returncode == 2
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
@@ -267,13 +370,19 @@ def test_head_rows_build_on_their_base_row(tmp_path, tiny_bert):
     """A row with head=whitening reuses its base row's fine-tuned checkpoint (stage=head) and evaluates out of
     distribution with its head; its 'before_head' equals the base row's own test metrics (same model, no head)."""
     grid = {
-        "name": "heads", "baseline": "colbert",
-        "rows": {"colbert_white": ["model=colbert", f"model.backbone={tiny_bert}", "head=whitening"],
-                 "colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+        "name": "heads",
+        "baseline": "colbert",
+        "rows": {
+            "colbert_white": ["model=colbert", f"model.backbone={tiny_bert}", "head=whitening"],
+            "colbert": ["model=colbert", f"model.backbone={tiny_bert}"],
+        },
         "train_data": {"syn": SYN},
         "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
-        "seeds": [1], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"], "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess", "output_root": str(tmp_path / "grids"),
+        "seeds": [1],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
     }
     gfile = tmp_path / "heads.yaml"
     gfile.write_text(json.dumps(grid))
@@ -293,11 +402,20 @@ def test_head_rows_build_on_their_base_row(tmp_path, tiny_bert):
     base_ood = json.loads((root / "colbert" / "syn" / "seed1" / "eval-syn_start" / "metrics.json").read_text())
     assert ood["before_head"]["ndcg_cut_10"] == pytest.approx(base_ood["ndcg_cut_10"], abs=1e-9)
     res = json.loads((root / "results.json").read_text())
-    assert all(isinstance(v, int) if k == "best_step" else isinstance(v, float) for c in res["cells"] for k, v in c["metrics"].items())
+    assert all(
+        isinstance(v, int) if k == "best_step" else isinstance(v, float)
+        for c in res["cells"]
+        for k, v in c["metrics"].items()
+    )
 
 
 def test_head_row_without_base_row_is_an_error(tmp_path, tiny_bert):
-    grid = {"name": "h", "baseline": "w", "rows": {"w": ["model=colbert", "head=whitening"]}, "train_data": ["synthetic"]}
+    grid = {
+        "name": "h",
+        "baseline": "w",
+        "rows": {"w": ["model=colbert", "head=whitening"]},
+        "train_data": ["synthetic"],
+    }
     gfile = tmp_path / "h.yaml"
     gfile.write_text(json.dumps(grid))
     spec, _ = load_grid([f"grid={gfile}"])
@@ -318,11 +436,16 @@ def test_every_shipped_grid_composes(name):
 
 
 def transfer_grid(tmp_path, rows=None, **kw):
-    grid = {"name": "tr", "baseline": "a",
-            # the fine-tuned row first: the plan must still run the cell it starts from before it
-            "rows": rows or {"a_ft": ["model=colbert", "init_ckpt=@a/pre"], "a": ["model=colbert"]},
-            "train_data": {"main": ["data=synthetic"], "pre": ["data=synthetic", "data.data_seed=9"]},
-            "train_on": {"a_ft": ["main"]}, "compare_to": {"a_ft": "a"}, "seeds": [1]}
+    grid = {
+        "name": "tr",
+        "baseline": "a",
+        # the fine-tuned row first: the plan must still run the cell it starts from before it
+        "rows": rows or {"a_ft": ["model=colbert", "init_ckpt=@a/pre"], "a": ["model=colbert"]},
+        "train_data": {"main": ["data=synthetic"], "pre": ["data=synthetic", "data.data_seed=9"]},
+        "train_on": {"a_ft": ["main"]},
+        "compare_to": {"a_ft": "a"},
+        "seeds": [1],
+    }
     grid.update(kw)
     gfile = tmp_path / "tr.yaml"
     gfile.write_text(json.dumps({k: v for k, v in grid.items() if v is not None}))
@@ -333,17 +456,39 @@ def test_transfer_rows_plan_after_the_cell_they_start_from(tmp_path):
     spec, _ = load_grid([f"grid={transfer_grid(tmp_path)}"])
     cells = plan(spec)
     labels = [c.label for c in cells]
-    assert labels == ["a/main/seed1", "a/main/seed1/eval-pre", "a/pre/seed1", "a/pre/seed1/eval-main",
-                      "a_ft/main/seed1", "a_ft/main/seed1/eval-pre"], labels
+    assert labels == [
+        "a/main/seed1",
+        "a/main/seed1/eval-pre",
+        "a/pre/seed1",
+        "a/pre/seed1/eval-main",
+        "a_ft/main/seed1",
+        "a_ft/main/seed1/eval-pre",
+    ], labels
     ft = cells[4]
     assert ft.init_dir == spec.dir / "a" / "pre" / "seed1" and "init_ckpt=@a/pre" in ft.argv
     assert not any(a.startswith("init_ckpt") for a in cells[5].argv)  # evaluation uses the cell's own checkpoint
-    for kw, needle in (({"rows": {"a": ["model=colbert"], "b": ["model=colbert", "init_ckpt=@c/pre"]}, "train_on": None, "compare_to": None}, "init_ckpt=@<row>/<train_data>"),
-                       ({"rows": {"a": ["model=colbert"], "b": ["model=colbert", "init_ckpt=@a/x"]}, "train_on": None, "compare_to": None}, "init_ckpt=@<row>/<train_data>"),
-                       ({"train_on": {"a": ["main"], "a_ft": ["main"]}}, "row 'a' does not train on 'pre'"),
-                       ({"train_on": {"a_ft": ["nope"]}}, "train_on.a_ft"),
-                       ({"compare_to": {"a_ft": "zz"}}, "compare_to.a_ft"),
-                       ({"delta_eval": ["main"]}, "delta_eval")):
+    for kw, needle in (
+        (
+            {
+                "rows": {"a": ["model=colbert"], "b": ["model=colbert", "init_ckpt=@c/pre"]},
+                "train_on": None,
+                "compare_to": None,
+            },
+            "init_ckpt=@<row>/<train_data>",
+        ),
+        (
+            {
+                "rows": {"a": ["model=colbert"], "b": ["model=colbert", "init_ckpt=@a/x"]},
+                "train_on": None,
+                "compare_to": None,
+            },
+            "init_ckpt=@<row>/<train_data>",
+        ),
+        ({"train_on": {"a": ["main"], "a_ft": ["main"]}}, "row 'a' does not train on 'pre'"),
+        ({"train_on": {"a_ft": ["nope"]}}, "train_on.a_ft"),
+        ({"compare_to": {"a_ft": "zz"}}, "compare_to.a_ft"),
+        ({"delta_eval": ["main"]}, "delta_eval"),
+    ):
         with pytest.raises(InputError, match=needle):
             load_grid([f"grid={transfer_grid(tmp_path, **kw)}"])
 
@@ -353,10 +498,16 @@ def test_transfer_grid_fine_tunes_from_the_pretrained_checkpoint(tmp_path, tiny_
     from pipeline.grid import best_checkpoint
 
     model = ["model=bert_dot", f"model.backbone={tiny_bert}"]
-    gfile = transfer_grid(tmp_path, rows={"a_ft": [*model, "init_ckpt=@a/pre"], "a": model},
-                          train_data={"main": SYN, "pre": [*SYN[:1], "data.data_seed=4", *SYN[2:]]}, eval_data={"main": SYN},
-                          common=[*FAST, "eval.ats_passages=16", f"data.cache_dir={tmp_path / 'cache'}"], measures=["ndcg_cut_10", "mats"],
-                          launcher="inprocess", output_root=str(tmp_path / "grids"))
+    gfile = transfer_grid(
+        tmp_path,
+        rows={"a_ft": [*model, "init_ckpt=@a/pre"], "a": model},
+        train_data={"main": SYN, "pre": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
+        eval_data={"main": SYN},
+        common=[*FAST, "eval.ats_passages=16", f"data.cache_dir={tmp_path / 'cache'}"],
+        measures=["ndcg_cut_10", "mats"],
+        launcher="inprocess",
+        output_root=str(tmp_path / "grids"),
+    )
     report = run([f"grid={gfile}"], out=io.StringIO())
     assert set(report.status.values()) == {"ran"} and len(report.status) == 4, report.status  # + a/pre tested on main
     root = tmp_path / "grids" / "tr"
@@ -369,19 +520,42 @@ def test_transfer_grid_fine_tunes_from_the_pretrained_checkpoint(tmp_path, tiny_
 
 def delta_fixture():
     """Two rows, two seeds, evaluated on 'orig' and 'rot' (same queries)."""
-    vals = {("m", "orig"): [[0.5, 0.6, 0.7, 0.8, 0.4, 0.9], [0.6, 0.6, 0.8, 0.7, 0.5, 0.9]],
-            ("m", "rot"): [[0.3, 0.5, 0.6, 0.4, 0.4, 0.7], [0.4, 0.4, 0.5, 0.6, 0.3, 0.8]],
-            ("n", "orig"): [[0.2, 0.3, 0.2, 0.4, 0.3, 0.1], [0.3, 0.2, 0.2, 0.5, 0.3, 0.2]],
-            ("n", "rot"): [[0.2, 0.3, 0.3, 0.4, 0.2, 0.1], [0.3, 0.3, 0.2, 0.4, 0.3, 0.2]]}
+    vals = {
+        ("m", "orig"): [[0.5, 0.6, 0.7, 0.8, 0.4, 0.9], [0.6, 0.6, 0.8, 0.7, 0.5, 0.9]],
+        ("m", "rot"): [[0.3, 0.5, 0.6, 0.4, 0.4, 0.7], [0.4, 0.4, 0.5, 0.6, 0.3, 0.8]],
+        ("n", "orig"): [[0.2, 0.3, 0.2, 0.4, 0.3, 0.1], [0.3, 0.2, 0.2, 0.5, 0.3, 0.2]],
+        ("n", "rot"): [[0.2, 0.3, 0.3, 0.4, 0.2, 0.1], [0.3, 0.3, 0.2, 0.4, 0.3, 0.2]],
+    }
     cells = []
     for (row, ev), per_rep in vals.items():
         for rep, v in zip(("seed1", "seed2"), per_rep):
             pq = {f"q{i}": {"ndcg_cut_10": x} for i, x in enumerate(v)}
-            cells.append({"row": row, "train": "d", "eval": ev, "replicate": rep, "status": "done", "per_query": pq,
-                          "metrics": {"ndcg_cut_10": math.fsum(v) / len(v), "mats": 0.1 if row == "m" else 0.02}})
-    res = {"grid": "g", "baseline": "m", "test": "wilcoxon", "paired_by": "query", "measures": ["ndcg_cut_10", "mats"],
-           "rows": ["m", "n"], "train_data": ["d"], "eval_data": ["orig", "rot"], "replicates": ["seed1", "seed2"],
-           "folds": None, "cells": cells, "delta_eval": ["orig", "rot"], "compare_to": {"n": "n"}}
+            cells.append(
+                {
+                    "row": row,
+                    "train": "d",
+                    "eval": ev,
+                    "replicate": rep,
+                    "status": "done",
+                    "per_query": pq,
+                    "metrics": {"ndcg_cut_10": math.fsum(v) / len(v), "mats": 0.1 if row == "m" else 0.02},
+                }
+            )
+    res = {
+        "grid": "g",
+        "baseline": "m",
+        "test": "wilcoxon",
+        "paired_by": "query",
+        "measures": ["ndcg_cut_10", "mats"],
+        "rows": ["m", "n"],
+        "train_data": ["d"],
+        "eval_data": ["orig", "rot"],
+        "replicates": ["seed1", "seed2"],
+        "folds": None,
+        "cells": cells,
+        "delta_eval": ["orig", "rot"],
+        "compare_to": {"n": "n"},
+    }
     return res, vals
 
 
@@ -402,7 +576,11 @@ def test_delta_table_is_tables_3_4_with_wilcoxon_between_test_sets():
     assert f"| m | d | {sum(a) / 6:.4f} | {sum(b) / 6:.4f} | {100 * (sum(b) - sum(a)) / sum(a):+.1f}%" in text, text
     # compare_to: n is its own reference (no change, no test), m stays the baseline
     rows = summarize(res)[0]["rows"]
-    assert [r["row"] for r in rows] == ["m", "n"] and rows[1]["baseline"] and rows[1]["measures"]["ndcg_cut_10"]["p"] is None
+    assert (
+        [r["row"] for r in rows] == ["m", "n"]
+        and rows[1]["baseline"]
+        and rows[1]["measures"]["ndcg_cut_10"]["p"] is None
+    )
 
 
 @pytest.mark.slow
@@ -412,11 +590,17 @@ def test_untrained_row_is_the_backbone_evaluated_as_it_is(tmp_path, tiny_bert):
     evaluate.py of the same model, and the fine-tuned row is tested against it."""
     model = ["model=colbert", f"model.backbone={tiny_bert}"]
     grid = {
-        "name": "backbone", "baseline": "colbert_backbone", "untrained": ["colbert_backbone"],
+        "name": "backbone",
+        "baseline": "colbert_backbone",
+        "untrained": ["colbert_backbone"],
         "rows": {"colbert_backbone": model, "colbert": model},
-        "train_data": {"syn": SYN}, "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
-        "seeds": [1], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"], "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess", "output_root": str(tmp_path / "grids"),
+        "train_data": {"syn": SYN},
+        "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
+        "seeds": [1],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
     }
     gfile = tmp_path / "backbone.yaml"
     gfile.write_text(json.dumps(grid))
@@ -427,16 +611,24 @@ def test_untrained_row_is_the_backbone_evaluated_as_it_is(tmp_path, tiny_bert):
     cell = tmp_path / "grids" / "backbone" / "colbert_backbone" / "syn" / "seed1"
     assert not (cell / "checkpoints").exists()  # nothing trained
     direct = tmp_path / "direct"
-    run_script("evaluate.py", *model, *SYN, *FAST, f"data.cache_dir={tmp_path / 'cache'}", "seed=1", f"output_dir={direct}")
-    assert json.loads((cell / "metrics.json").read_text())["ndcg_cut_10"] == json.loads((direct / "metrics.json").read_text())["ndcg_cut_10"]
+    run_script(
+        "evaluate.py", *model, *SYN, *FAST, f"data.cache_dir={tmp_path / 'cache'}", "seed=1", f"output_dir={direct}"
+    )
+    assert (
+        json.loads((cell / "metrics.json").read_text())["ndcg_cut_10"]
+        == json.loads((direct / "metrics.json").read_text())["ndcg_cut_10"]
+    )
     res = json.loads((tmp_path / "grids" / "backbone" / "results.json").read_text())
     assert {(c["row"], c["eval"]) for c in res["cells"] if c["status"] == "done"} == {
-        (r, e) for r in ("colbert_backbone", "colbert") for e in ("syn", "syn_start")}
+        (r, e) for r in ("colbert_backbone", "colbert") for e in ("syn", "syn_start")
+    }
 
 
 def test_untrained_key_is_checked(tmp_path):
-    for untrained, rows, msg in ((["nope"], {"a": ["model=colbert"]}, "'nope' is not a row"),
-                                 (["a"], {"a": ["model=colbert", "head=whitening"]}, "sets a head")):
+    for untrained, rows, msg in (
+        (["nope"], {"a": ["model=colbert"]}, "'nope' is not a row"),
+        (["a"], {"a": ["model=colbert", "head=whitening"]}, "sets a head"),
+    ):
         g = tmp_path / "g.yaml"
         g.write_text(json.dumps({"baseline": "a", "rows": rows, "train_data": ["synthetic"], "untrained": untrained}))
         with pytest.raises(InputError, match=msg):
@@ -449,9 +641,16 @@ def test_table_record_with_paper_figures(tmp_path, monkeypatch):
     import pipeline.record as record
 
     monkeypatch.setattr(record, "RESULTS_DIR", tmp_path / "results")
-    grid = {"name": "rec", "baseline": "bm25", "rows": {"bm25": ["model=bm25"], "bm25_b": ["model=bm25", "model.b=0.5"]},
-            "train_data": ["synthetic"], "seeds": [1, 2], "measures": ["ndcg_cut_10"], "output_root": str(tmp_path / "grids"),
-            "paper": {"synthetic": {"bm25_b": {"ndcg_cut_10": 0.612}}}}
+    grid = {
+        "name": "rec",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25"], "bm25_b": ["model=bm25", "model.b=0.5"]},
+        "train_data": ["synthetic"],
+        "seeds": [1, 2],
+        "measures": ["ndcg_cut_10"],
+        "output_root": str(tmp_path / "grids"),
+        "paper": {"synthetic": {"bm25_b": {"ndcg_cut_10": 0.612}}},
+    }
     gfile = tmp_path / "rec.yaml"
     gfile.write_text(json.dumps(grid))
     spec, _ = load_grid([f"grid={gfile}"])
@@ -473,7 +672,15 @@ def test_table_record_with_paper_figures(tmp_path, monkeypatch):
     run([f"grid={gfile}", "action=table", "record=true"], out=io.StringIO())
     assert len(list((tmp_path / "results").glob("*-rec*.md"))) == 2  # the first one is kept
     # eval_data labels of their own (the position-bias grid): the training cells' time counts too
-    two = dict(grid, name="rec2", paper=None, eval_data={"a": ["data=synthetic", "data.max_eval_queries=2"], "b": ["data=synthetic", "data.max_eval_queries=1"]})
+    two = dict(
+        grid,
+        name="rec2",
+        paper=None,
+        eval_data={
+            "a": ["data=synthetic", "data.max_eval_queries=2"],
+            "b": ["data=synthetic", "data.max_eval_queries=1"],
+        },
+    )
     g2 = tmp_path / "rec2.yaml"
     g2.write_text(json.dumps(two))
     spec2, _ = load_grid([f"grid={g2}"])
@@ -481,7 +688,9 @@ def test_table_record_with_paper_figures(tmp_path, monkeypatch):
         c.dir.mkdir(parents=True)
         (c.dir / "metrics.json").write_text(json.dumps({"ndcg_cut_10": 0.5}))
         (c.dir / "per_query.json").write_text(json.dumps({"q1": {"ndcg_cut_10": 0.5}}))
-        (c.dir / "cell.json").write_text(json.dumps({"argv": list(c.argv), "wall_s": 600.0 if c.kind == "train" else 60.0}))
+        (c.dir / "cell.json").write_text(
+            json.dumps({"argv": list(c.argv), "wall_s": 600.0 if c.kind == "train" else 60.0})
+        )
     run([f"grid={g2}", "action=table", "record=true", "seeds=[1]"], out=io.StringIO())
     text = next((tmp_path / "results").glob("*-rec2.md")).read_text()
     assert "- Wall time: 24 min 00 s (sum over 6 cell runs)" in text  # seed 1: 2 rows x (600 s + 2 x 60 s)
@@ -504,9 +713,17 @@ def test_a_cell_claimed_by_another_grid_process_is_left_to_it(tmp_path):
     skipped as busy (not run, not touched), the others run; once the lock is free, the next run takes it."""
     from filelock import FileLock
 
-    grid = {"name": "shared", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-            "train_data": {"syn": SYN}, "seeds": [1, 2], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-            "measures": ["ndcg_cut_10"], "launcher": "inprocess", "output_root": str(tmp_path / "grids")}
+    grid = {
+        "name": "shared",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+        "train_data": {"syn": SYN},
+        "seeds": [1, 2],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
+    }
     gfile = tmp_path / "shared.yaml"
     gfile.write_text(json.dumps(grid))
     held = tmp_path / "grids" / "shared" / "bm25" / "syn" / "seed2"
@@ -548,9 +765,17 @@ def _held_for(lock_path: Path, seconds: float):
 def test_wait_s_takes_the_cells_another_process_leaves(tmp_path):
     """wait_s: a process does not leave a cell that another one holds; it runs what it can, looks again every wait_s
     seconds, and takes the cell when the other process lets go of it unfinished (printing its skip once)."""
-    grid = {"name": "shared", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-            "train_data": {"syn": SYN}, "seeds": [1, 2], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-            "measures": ["ndcg_cut_10"], "launcher": "inprocess", "output_root": str(tmp_path / "grids")}
+    grid = {
+        "name": "shared",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+        "train_data": {"syn": SYN},
+        "seeds": [1, 2],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
+    }
     gfile = tmp_path / "shared.yaml"
     gfile.write_text(json.dumps(grid))
     cells = tmp_path / "grids" / "shared" / "bm25" / "syn"
@@ -566,14 +791,24 @@ def test_wait_s_takes_the_cells_another_process_leaves(tmp_path):
         load_grid([f"grid={gfile}", "wait_s=0"])
 
 
-def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_can_change(tmp_path, tiny_bert, crash_when):
+def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_can_change(
+    tmp_path, tiny_bert, crash_when
+):
     """A cell blocked on a training cell that another process holds waits for it, and runs (saying so) once that cell
     has run; a cell blocked on a training cell that failed here ends the run (no other process could unblock it)."""
     model = ["model=colbert", f"model.backbone={tiny_bert}"]
-    grid = {"name": "waits", "baseline": "colbert", "rows": {"colbert": model},
-            "train_data": {"syn": SYN}, "eval_data": {"syn": SYN, "syn4": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
-            "seeds": [1], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"], "measures": ["ndcg_cut_10"],
-            "launcher": "inprocess", "output_root": str(tmp_path / "grids")}
+    grid = {
+        "name": "waits",
+        "baseline": "colbert",
+        "rows": {"colbert": model},
+        "train_data": {"syn": SYN},
+        "eval_data": {"syn": SYN, "syn4": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
+        "seeds": [1],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
+    }
     gfile = tmp_path / "waits.yaml"
     gfile.write_text(json.dumps(grid))
     train, evaluation = "colbert/syn/seed1", "colbert/syn/seed1/eval-syn4"
@@ -593,16 +828,27 @@ def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_c
     assert text.count(f"eval {evaluation}: blocked") == 1
     # "running" is said when a cell starts: once, after its wait, not before the block
     assert text.count(f"eval {evaluation}: running") == 1
-    assert text.index(f"eval {evaluation}: blocked") < text.index(f"eval {evaluation}: running") < text.index(f"eval {evaluation}: ran")
+    assert (
+        text.index(f"eval {evaluation}: blocked")
+        < text.index(f"eval {evaluation}: running")
+        < text.index(f"eval {evaluation}: ran")
+    )
 
 
 def test_cells_exported_and_imported_tabulate_as_if_run_in_one_place(tmp_path):
     """action=export / import: seed 1 run in one place and seed 2 in another give, once seed 1's finished cells are
     imported beside seed 2, the same results and table as both seeds run in one place; an import that would mix
     other settings, or another grid's cells, stops before writing anything; a cell finished here is kept."""
-    grid = {"name": "travel", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-            "train_data": {"syn": SYN}, "seeds": [1, 2], "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-            "measures": ["ndcg_cut_10", "P_20"], "launcher": "inprocess"}
+    grid = {
+        "name": "travel",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
+        "train_data": {"syn": SYN},
+        "seeds": [1, 2],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10", "P_20"],
+        "launcher": "inprocess",
+    }
     gfile = tmp_path / "travel.yaml"
     gfile.write_text(json.dumps(grid))
     quiet = io.StringIO
@@ -647,6 +893,7 @@ def test_a_training_cell_travels_only_with_the_cells_that_need_its_checkpoint(tm
     """action=export carries no checkpoint: a finished training cell is held back while a cell that needs its
     checkpoint (an evaluation, a head row, and that head row's evaluations) is unfinished, and so are the finished
     cells that need it; a unit whose cells have all finished goes whole."""
+
     def cell(kind, row, ev="syn", base=None, rep="seed1", done=True):
         d = tmp_path / row / "syn" / rep if kind == "train" else tmp_path / row / "syn" / rep / f"eval-{ev}"
         if done:
@@ -675,10 +922,20 @@ def test_the_position_bias_grid_plans_no_test_its_training_cells_already_ran():
     data.rotate_train=true) end with, so only `rotated` gets evaluation cells; a changed test key makes one again."""
     assert TRAINING_ONLY <= {f.name for f in dataclasses.fields(DataConfig)}  # no misspelt key matches nothing
     spec, extra = load_grid(["grid=squad_position_bias"])
-    assert [spec.own_test(t, e) for t in ("biased", "debiased") for e in ("original", "rotated")] == [True, False, True, False]
+    assert [spec.own_test(t, e) for t in ("biased", "debiased") for e in ("original", "rotated")] == [
+        True,
+        False,
+        True,
+        False,
+    ]
     evals = {c.eval for c in plan(spec, extra) if c.kind == "eval"}
     assert evals == {"rotated"}
-    spec, _ = load_grid(["grid=squad_position_bias", "eval_data={original: [data=squad_biased, data.max_eval_queries=50], rotated: [data=squad_biased]}"])
+    spec, _ = load_grid(
+        [
+            "grid=squad_position_bias",
+            "eval_data={original: [data=squad_biased, data.max_eval_queries=50], rotated: [data=squad_biased]}",
+        ]
+    )
     assert not spec.own_test("biased", "original") and spec.own_test("biased", "rotated")
 
 
@@ -688,18 +945,28 @@ def test_a_test_read_from_the_training_cell_equals_evaluate_py_on_its_checkpoint
     checkpoint with the test's own overrides, the cell the grid no longer runs, gives the same metrics and
     per-query values; cells files that still hold such a cell import without it."""
     cache = tmp_path / "cache"
-    grid = {"name": "pb", "baseline": "colbert", "rows": {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
-            "train_data": {"debiased": [*SYN, "data.rotate_train=true"]},
-            "eval_data": {"original": SYN, "rotated": [*SYN, "data.rotate_eval=true"]},
-            "seeds": [1], "common": [*FAST, f"data.cache_dir={cache}"], "measures": ["ndcg_cut_10"], "launcher": "inprocess",
-            "output_root": str(tmp_path / "grids")}
+    grid = {
+        "name": "pb",
+        "baseline": "colbert",
+        "rows": {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+        "train_data": {"debiased": [*SYN, "data.rotate_train=true"]},
+        "eval_data": {"original": SYN, "rotated": [*SYN, "data.rotate_eval=true"]},
+        "seeds": [1],
+        "common": [*FAST, f"data.cache_dir={cache}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
+    }
     gfile = tmp_path / "pb.yaml"
     gfile.write_text(json.dumps(grid))
     report = run([f"grid={gfile}"], out=io.StringIO())
     assert report.status == {"colbert/debiased/seed1": "ran", "colbert/debiased/seed1/eval-rotated": "ran"}
     train_dir = tmp_path / "grids" / "pb" / "colbert" / "debiased" / "seed1"
     res = json.loads((tmp_path / "grids" / "pb" / "results.json").read_text())
-    assert {c["eval"]: c["dir"] for c in res["cells"]} == {"original": str(train_dir), "rotated": str(train_dir / "eval-rotated")}
+    assert {c["eval"]: c["dir"] for c in res["cells"]} == {
+        "original": str(train_dir),
+        "rotated": str(train_dir / "eval-rotated"),
+    }
 
     best = next((train_dir / "checkpoints").glob("best-*.ckpt"))
     out = tmp_path / "eval-original"
@@ -717,7 +984,12 @@ def test_a_test_read_from_the_training_cell_equals_evaluate_py_on_its_checkpoint
     old = {"label": "colbert/debiased/seed1/eval-original", "argv": [], "files": {}}
     cells.write_bytes(gzip.compress(json.dumps(dict(doc, cells=[*doc["cells"], old])).encode()))
     log = io.StringIO()
-    report = run([f"grid={gfile}", f"output_root={tmp_path / 'elsewhere'}", "action=import", f"cells_file={cells}"], out=log)
+    report = run(
+        [f"grid={gfile}", f"output_root={tmp_path / 'elsewhere'}", "action=import", f"cells_file={cells}"], out=log
+    )
     assert report.status["colbert/debiased/seed1/eval-original"] == "skipped"
-    assert sorted(k for k, v in report.status.items() if v == "imported") == ["colbert/debiased/seed1", "colbert/debiased/seed1/eval-rotated"]
+    assert sorted(k for k, v in report.status.items() if v == "imported") == [
+        "colbert/debiased/seed1",
+        "colbert/debiased/seed1/eval-rotated",
+    ]
     assert "1 left out: tests their training cell already ran" in log.getvalue()

@@ -1,5 +1,6 @@
 """train.py stage=head (post-hoc isotropy heads on a frozen ranker) and evaluate.py head_ckpt=, end to end on a tiny
 random BERT: results, head-only checkpoints, the shared representation cache, exact resume, and bad input."""
+
 from __future__ import annotations
 
 import json
@@ -9,17 +10,33 @@ import pytest
 import torch
 from conftest import run_script
 
-SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
-         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
-         "eval.probe_docs=16"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=40",
+    "data.max_eval_queries=12",
+    "data.candidate_depth=20",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+]
 GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
 
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, tiny_bert) -> Path:
     out = tmp_path_factory.mktemp("ft")
-    run_script("train.py", *SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=4",
-               "trainer.val_check_interval=2", "eval.before_training=false", f"output_dir={out}")
+    run_script(
+        "train.py",
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "eval.before_training=false",
+        f"output_dir={out}",
+    )
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -34,7 +51,15 @@ def head_state(ckpt: Path) -> dict:
 @pytest.mark.slow
 def test_whitening_stage_and_evaluate_with_head(tmp_path, finetuned):
     out, cache = tmp_path / "white", tmp_path / "cache"
-    run_script("train.py", *SMALL, "stage=head", f"ckpt={finetuned}", "head=whitening", f"data.cache_dir={cache}", f"output_dir={out}")
+    run_script(
+        "train.py",
+        *SMALL,
+        "stage=head",
+        f"ckpt={finetuned}",
+        "head=whitening",
+        f"data.cache_dir={cache}",
+        f"output_dir={out}",
+    )
     m = metrics(out)
     before = m["before_head"]
     # whitening makes the token vectors isotropic: I(W) up, avgcos down to ~0 (isotropy paper Table 1)
@@ -42,7 +67,10 @@ def test_whitening_stage_and_evaluate_with_head(tmp_path, finetuned):
     assert m["iw_raw"] == pytest.approx(before["iw"], abs=1e-6)  # the callback logs the raw vectors alongside
     ck = torch.load(out / "checkpoints" / "head.ckpt", map_location="cpu", weights_only=False)
     assert ck["base_ckpt"] == str(Path(finetuned).resolve()) and set(ck["state_dict"]) == {
-        "ranker.token_head.mean", "ranker.token_head.transform", "ranker.token_head.fitted"}
+        "ranker.token_head.mean",
+        "ranker.token_head.transform",
+        "ranker.token_head.fitted",
+    }
     ev = tmp_path / "ev"
     run_script("evaluate.py", *SMALL, f"head_ckpt={out / 'checkpoints' / 'head.ckpt'}", f"output_dir={ev}")
     me = metrics(ev)
@@ -116,7 +144,15 @@ def test_one_backbone_pass_equals_separate_passes(tmp_path, finetuned):
     from pipeline.run import load_data
 
     out = tmp_path / "white"
-    run_script("train.py", *SMALL, "stage=head", f"ckpt={finetuned}", "head=whitening", f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}")
+    run_script(
+        "train.py",
+        *SMALL,
+        "stage=head",
+        f"ckpt={finetuned}",
+        "head=whitening",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"output_dir={out}",
+    )
     cfg = compose([*SMALL, "stage=head", f"ckpt={finetuned}", "head=whitening", f"output_dir={tmp_path / 'x'}"])
     head_module = build_module(cfg)
     head_module.load_state_dict(head_state(out / "checkpoints" / "head.ckpt"), strict=False)
@@ -155,7 +191,9 @@ def test_glow_stage_ddp_two_processes_match_one(tmp_path, finetuned):
     base = [*SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=2", f"data.cache_dir={tmp_path / 'cache'}"]
     one, two = tmp_path / "one", tmp_path / "two"
     run_script("train.py", *base, "head.batch_size=256", f"output_dir={one}")
-    run_script("train.py", *base, "head.batch_size=128", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
+    run_script(
+        "train.py", *base, "head.batch_size=128", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}"
+    )
     a, b = head_state(one / "checkpoints" / "last.ckpt"), head_state(two / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys()
     for k in a:
@@ -177,16 +215,27 @@ def test_bf16_mixed_with_gradient_clipping_trains_both_stages(tmp_path, tiny_ber
     Glow head stage both train (Lightning's mixed-precision plugin refuses to clip for any fused optimizer, even under
     bf16 where nothing is scaled; RankingModule clips itself when there is no GradScaler)."""
     ft = tmp_path / "ft-bf16"
-    run_script("train.py", *SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=2",
-               "trainer.val_check_interval=2", "eval.before_training=false", "trainer.precision=bf16-mixed",
-               "trainer.gradient_clip_val=1.0", f"output_dir={ft}")
+    run_script(
+        "train.py",
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "eval.before_training=false",
+        "trainer.precision=bf16-mixed",
+        "trainer.gradient_clip_val=1.0",
+        f"output_dir={ft}",
+    )
     # two optimizer steps moved the encoder away from the backbone's weights, and nothing overflowed
     from safetensors.torch import load_file
 
     ck = torch.load(ft / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ck["global_step"] == 2
     backbone = load_file(Path(tiny_bert) / "model.safetensors")
-    encoder = {k.removeprefix("ranker.encoder."): v for k, v in ck["state_dict"].items() if k.startswith("ranker.encoder.")}
+    encoder = {
+        k.removeprefix("ranker.encoder."): v for k, v in ck["state_dict"].items() if k.startswith("ranker.encoder.")
+    }
     shared = encoder.keys() & backbone.keys()  # the ranker keeps every backbone weight but the unused pooler
     assert shared >= {k for k in backbone if not k.startswith("pooler.")}
     assert all(torch.isfinite(v).all() for v in encoder.values())
@@ -195,6 +244,15 @@ def test_bf16_mixed_with_gradient_clipping_trains_both_stages(tmp_path, tiny_ber
     per_query = [q["ndcg_cut_10"] for q in json.loads((ft / "per_query.json").read_text()).values()]
     assert per_query and metrics(ft)["ndcg_cut_10"] == pytest.approx(sum(per_query) / len(per_query), abs=1e-12)
     head = tmp_path / "glow-bf16"
-    run_script("train.py", *SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=1", "trainer.precision=bf16-mixed",
-               f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={head}")
+    run_script(
+        "train.py",
+        *SMALL,
+        "stage=head",
+        f"ckpt={finetuned}",
+        *GLOW,
+        "head.epochs=1",
+        "trainer.precision=bf16-mixed",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"output_dir={head}",
+    )
     assert (head / "metrics.json").exists()

@@ -1,6 +1,7 @@
 """Isotropy heads (lightning_modules/heads): whitening against Eq. 7-10 in float64 NumPy, flows invertible with
 log-dets equal to brute-force Jacobian determinants, maximum-likelihood training lowering held-out NLL, and the
 isotropy metrics moving the right way."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ def test_whitening_streamed_equals_numpy_eq_7_to_10():
     mu = xn.mean(0)
     cov = (xn - mu).T @ (xn - mu) / (len(xn) - 1)
     lam, u = np.linalg.eigh(cov)
-    z_ref = (xn - mu) @ u @ np.diag(lam ** -0.5)
+    z_ref = (xn - mu) @ u @ np.diag(lam**-0.5)
     z = head(torch.from_numpy(xn)).numpy()
     # eigenvectors are defined up to sign: compare the Gram matrices (sign-free) and the moments
     np.testing.assert_allclose(z @ z.T, z_ref @ z_ref.T, atol=1e-6)
@@ -65,8 +66,10 @@ def test_accumulators_merge_like_one_pass():
         torch.testing.assert_close(u, v, rtol=0, atol=1e-10)
 
 
-FLOWS = {"nice": lambda d: build_nice(d, couplings=4, hidden_layers=2, hidden_units=16),
-         "glow": lambda d: build_glow(d, levels=2, depth=3, hidden_units=16, hidden_layers=1)}
+FLOWS = {
+    "nice": lambda d: build_nice(d, couplings=4, hidden_layers=2, hidden_units=16),
+    "glow": lambda d: build_glow(d, levels=2, depth=3, hidden_units=16, hidden_layers=1),
+}
 
 
 @pytest.mark.parametrize("name", ["nice", "glow"])
@@ -112,7 +115,9 @@ def test_halves_coupling_equals_zukos_gather_scatter_coupling(name, monkeypatch)
 
     fast = run()
     with monkeypatch.context() as m:
-        m.setattr(HalvesCouplingTransform, "forward", lambda self, c=None: CouplingTransform(partial(self.meta, c), self.mask))
+        m.setattr(
+            HalvesCouplingTransform, "forward", lambda self, c=None: CouplingTransform(partial(self.meta, c), self.mask)
+        )
         ref = run()
     for u, v in zip([fast[0], fast[1], *fast[2]], [ref[0], ref[1], *ref[2]]):
         torch.testing.assert_close(u, v, rtol=0, atol=1e-12)
@@ -173,9 +178,21 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
     from lightning_modules.module import RankingModule
 
     m = RankingModule({"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
-    queries, docs = ["what is heat transfer", "slab conduction"], ["heat transfer in slabs", "a study", "flow of air over wings"]
-    cache = RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, queries, docs, granularity=granularity,
-                                      dtype="float32", checkpoint="x", batch_size=2)
+    queries, docs = (
+        ["what is heat transfer", "slab conduction"],
+        ["heat transfer in slabs", "a study", "flow of air over wings"],
+    )
+    cache = RepresentationCache.build(
+        tmp_path / "c",
+        m.ranker,
+        m.pair_tokenizer,
+        queries,
+        docs,
+        granularity=granularity,
+        dtype="float32",
+        checkpoint="x",
+        batch_size=2,
+    )
     want = []
     for texts, side in ((queries, m.pair_tokenizer.queries), (docs, m.pair_tokenizer.docs)):
         for t in texts:
@@ -188,8 +205,17 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
     assert got.shape == want.shape == (cache.count, cache.dim)
     np.testing.assert_allclose(got, want, atol=1e-5)
     mtime = (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns
-    again = RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, queries, docs, granularity=granularity,
-                                      dtype="float32", checkpoint="x", batch_size=2)
+    again = RepresentationCache.build(
+        tmp_path / "c",
+        m.ranker,
+        m.pair_tokenizer,
+        queries,
+        docs,
+        granularity=granularity,
+        dtype="float32",
+        checkpoint="x",
+        batch_size=2,
+    )
     assert (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns == mtime and again.count == cache.count
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

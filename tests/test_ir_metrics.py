@@ -1,4 +1,5 @@
 """IR measures (trec_eval semantics) against values computed by hand, RetrievalRun, and TREC run files."""
+
 from __future__ import annotations
 
 from math import log2
@@ -74,8 +75,12 @@ EXPECTED = {
         "recall_100": 1.0,
         "map": 1 / 11,
     },
-    "q5": dict.fromkeys(["ndcg_cut_10", "ndcg_cut_20", "P_10", "P_20", "mrr_10", "recip_rank", "recall_10", "recall_100", "map"], 0.0),
-    "q6": dict.fromkeys(["ndcg_cut_10", "ndcg_cut_20", "P_10", "P_20", "mrr_10", "recip_rank", "recall_10", "recall_100", "map"], 0.0),
+    "q5": dict.fromkeys(
+        ["ndcg_cut_10", "ndcg_cut_20", "P_10", "P_20", "mrr_10", "recip_rank", "recall_10", "recall_100", "map"], 0.0
+    ),
+    "q6": dict.fromkeys(
+        ["ndcg_cut_10", "ndcg_cut_20", "P_10", "P_20", "mrr_10", "recip_rank", "recall_10", "recall_100", "map"], 0.0
+    ),
 }
 MEASURES = tuple(EXPECTED["q1"])
 
@@ -152,8 +157,11 @@ def test_retrieval_run_dedups_and_maps_indices():
     metric = RetrievalRun()
     metric.update(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2]), torch.tensor([0.5, 0.25, 1.0]))
     # A padded DistributedSampler repeats (0, 1) and (1, 2); a copy may differ by float noise -> max kept.
-    metric.update(torch.tensor([[0, 2], [1, 1]]), torch.tensor([[1, 3], [2, 0]]),
-                  torch.tensor([[0.25, -1.5], [1.0 + 1e-6, 2.0]], dtype=torch.float16))
+    metric.update(
+        torch.tensor([[0, 2], [1, 1]]),
+        torch.tensor([[1, 3], [2, 0]]),
+        torch.tensor([[0.25, -1.5], [1.0 + 1e-6, 2.0]], dtype=torch.float16),
+    )
     qidx, didx, scores = metric.compute()
     assert qidx.tolist() == [0, 0, 1, 1, 2] and didx.tolist() == [0, 1, 0, 2, 3]
     assert scores.dtype == torch.float32

@@ -2,6 +2,7 @@
 eigendecomposition for many sets, isotropy paper Eq. 3) against an independent float64 NumPy formula and the
 one-set `isotropy_iw`, and `IsotropyCallback.measure_paper` (batches measured together, repeated queries weighted
 by their count) against the per-batch computation on the vectors each batch holds."""
+
 import contextlib
 import doctest
 import math
@@ -69,9 +70,15 @@ def test_fewer_rows_than_dimensions_from_the_dual(both_signs):
     small, big = _random_sets(rng, [6, 50], d=24)
     repeated = torch.cat([small, small[:2]])  # rank 6 from 8 rows
     counts = torch.tensor([1.0, 3.0, 2.0, 1.0, 5.0, 1.0], dtype=torch.float64)
-    got = isotropy_iw_batched([small, repeated, small, big], counts=[None, None, counts, None], both_signs=both_signs).tolist()
-    refs = [iw_numpy(small.numpy(), both_signs), iw_numpy(repeated.numpy(), both_signs),
-            iw_numpy(small.repeat_interleave(counts.long(), dim=0).numpy(), both_signs), iw_numpy(big.numpy(), both_signs)]
+    got = isotropy_iw_batched(
+        [small, repeated, small, big], counts=[None, None, counts, None], both_signs=both_signs
+    ).tolist()
+    refs = [
+        iw_numpy(small.numpy(), both_signs),
+        iw_numpy(repeated.numpy(), both_signs),
+        iw_numpy(small.repeat_interleave(counts.long(), dim=0).numpy(), both_signs),
+        iw_numpy(big.numpy(), both_signs),
+    ]
     for value, ref in zip(got, refs):
         assert _rel(value, ref) <= 1e-10
 
@@ -149,8 +156,16 @@ def test_measure_paper_equals_the_per_batch_computation(tmp_path, tiny_bert, mod
 
     torch.manual_seed(0)
     module = RankingModule({"name": model, "backbone": tiny_bert, "query_max_len": 12, "doc_max_len": 24}, {})
-    cfg = SyntheticConfig(num_docs=60, num_train_queries=4, num_val_queries=2, num_test_queries=5, num_topics=3,
-                          candidate_depth=10, data_seed=0, cache_dir=str(tmp_path / "cache"))
+    cfg = SyntheticConfig(
+        num_docs=60,
+        num_train_queries=4,
+        num_val_queries=2,
+        num_test_queries=5,
+        num_topics=3,
+        candidate_depth=10,
+        data_seed=0,
+        cache_dir=str(tmp_path / "cache"),
+    )
     dm = RankingDataModule(cfg, tokenizer=module.pair_tokenizer, seed=0)
     dm.setup()
     trainer = SimpleNamespace(datamodule=dm, precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext))
@@ -163,7 +178,11 @@ def test_measure_paper_equals_the_per_batch_computation(tmp_path, tiny_bert, mod
     for path in sorted((tmp_path / "dump").glob("*.npz"), key=lambda p: int(p.stem)):
         z = np.load(path)
         kinds = ("", "_sequence") if model == "repbert" else ("",)
-        per_batch.append(paper_batch_values({("", name, kind): torch.from_numpy(z[name + kind]) for name in ("query", "passage") for kind in kinds}))
+        per_batch.append(
+            paper_batch_values(
+                {("", name, kind): torch.from_numpy(z[name + kind]) for name in ("query", "passage") for kind in kinds}
+            )
+        )
     ref = aggregate_batches(per_batch)
     ref["isotropy_paper_batches"] = float(len(per_batch))
     assert len(per_batch) == math.ceil(len(dm.eval_splits["test"].pairs) / 8) > 2

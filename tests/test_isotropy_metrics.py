@@ -1,4 +1,5 @@
 """I(W) and avgcos against float64 NumPy references written straight from Eq. 3 / Eq. 4 (plain loops)."""
+
 from __future__ import annotations
 
 import math
@@ -239,8 +240,9 @@ def test_probe_texts_come_from_the_split_measured(tmp_path):
     from datamodules.datamodule import RankingDataModule
     from datamodules.sources.synthetic import SyntheticConfig
 
-    cfg = SyntheticConfig(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4,
-                          cache_dir=str(tmp_path))
+    cfg = SyntheticConfig(
+        num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4, cache_dir=str(tmp_path)
+    )
     dm = RankingDataModule(cfg, tokenizer=None, seed=5)
     dm.setup()
     for split in ("val", "test"):

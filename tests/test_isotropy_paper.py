@@ -1,6 +1,7 @@
 """The isotropy paper's measurement protocol (`iw_paper*`, `avgcos_paper*`): I(W) and avgcos per test batch of
 query-passage pairs, averaged over the batches. Checked against a float64 NumPy formula written from the paper
 (Sec. 3.2, Eq. 3-4), recomputed from the vectors evaluate.py dumps with `eval.dump_isotropy=true`."""
+
 import json
 import math
 
@@ -12,9 +13,16 @@ from conftest import run_script
 from callbacks.isotropy import IsotropyCallback, aggregate_batches, paper_batch_values
 
 SMALL = [
-    "data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=6", "data.candidate_depth=10",
-    "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
-    "eval.probe_docs=16", "eval.ats_passages=0",
+    "data=synthetic",
+    "data.max_train_triples=40",
+    "data.max_eval_queries=6",
+    "data.candidate_depth=10",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "eval.ats_passages=0",
 ]
 
 
@@ -48,7 +56,10 @@ def test_batch_values_and_aggregate_match_the_formulas():
     batches = []
     for _ in range(3):
         q, p = rng.normal(size=(7, 5)) + 0.3, rng.normal(size=(11, 5))
-        vecs = {("", "query", ""): torch.tensor(q, dtype=torch.float32), ("", "passage", ""): torch.tensor(p, dtype=torch.float32)}
+        vecs = {
+            ("", "query", ""): torch.tensor(q, dtype=torch.float32),
+            ("", "passage", ""): torch.tensor(p, dtype=torch.float32),
+        }
         values = paper_batch_values(vecs)
         q32, p32 = q.astype(np.float32), p.astype(np.float32)
         assert values["iw_paper"] == pytest.approx(iw_reference(np.concatenate([q32, p32])), abs=1e-9)
@@ -66,7 +77,17 @@ def test_batch_values_and_aggregate_match_the_formulas():
 
 def _reference(dumps: list, model: str) -> dict[str, list[float]]:
     """The paper's formulas on each dumped test batch: {key: [value per batch]}."""
-    ref = {k: [] for k in ("iw_paper", "iw_paper_query", "iw_paper_passage", "avgcos_paper", "avgcos_paper_query", "avgcos_paper_passage")}
+    ref = {
+        k: []
+        for k in (
+            "iw_paper",
+            "iw_paper_query",
+            "iw_paper_passage",
+            "avgcos_paper",
+            "avgcos_paper_query",
+            "avgcos_paper_passage",
+        )
+    }
     if model == "repbert":
         ref.update({"iw_paper_sequence": [], "avgcos_paper_passage_sequence": []})
     for path in dumps:
@@ -106,8 +127,15 @@ def test_paper_protocol_recomputed_from_the_dump(tmp_path, tiny_bert, model):
     """evaluate.py writes iw_paper* into metrics.json and, with eval.dump_isotropy=true, each test batch's scored
     vectors; the paper's formula on the dump gives the same numbers (1e-6)."""
     out = tmp_path / "eval"
-    run_script("evaluate.py", *SMALL, f"model={model}", f"model.backbone={tiny_bert}", "eval.isotropy_batch_pairs=16",
-               "eval.dump_isotropy=true", f"output_dir={out}")
+    run_script(
+        "evaluate.py",
+        *SMALL,
+        f"model={model}",
+        f"model.backbone={tiny_bert}",
+        "eval.isotropy_batch_pairs=16",
+        "eval.dump_isotropy=true",
+        f"output_dir={out}",
+    )
     m = json.loads((out / "metrics.json").read_text())
     dumps = _dumps(out)
     assert [int(p.stem) for p in dumps] == list(range(len(dumps))) and len(dumps) >= 2
@@ -122,8 +150,16 @@ def test_paper_protocol_on_a_sample_of_the_test_batches(tmp_path, tiny_bert):
     """eval.isotropy_max_batches=2: the means are over 2 of the test batches (the dump holds exactly those, and
     metrics.json says how many), recomputed from the dump with the paper's formula (1e-6)."""
     out = tmp_path / "eval"
-    run_script("evaluate.py", *SMALL, "model=colbert", f"model.backbone={tiny_bert}", "eval.isotropy_batch_pairs=8",
-               "eval.isotropy_max_batches=2", "eval.dump_isotropy=true", f"output_dir={out}")
+    run_script(
+        "evaluate.py",
+        *SMALL,
+        "model=colbert",
+        f"model.backbone={tiny_bert}",
+        "eval.isotropy_batch_pairs=8",
+        "eval.isotropy_max_batches=2",
+        "eval.dump_isotropy=true",
+        f"output_dir={out}",
+    )
     m = json.loads((out / "metrics.json").read_text())
     dumps = _dumps(out)
     assert len(dumps) == 2 and m["isotropy_paper_batches"] == 2
@@ -140,7 +176,9 @@ def test_groups_encode_each_distinct_text_once_within_the_budget():
     length = {x: len(v) for x, v in ids.items()}
 
     def distinct_tokens(group):
-        return sum(length[x] for x in {(s, t) for b in group for s, texts in (("query", b[1]), ("doc", b[2])) for t in texts})
+        return sum(
+            length[x] for x in {(s, t) for b in group for s, texts in (("query", b[1]), ("doc", b[2])) for t in texts}
+        )
 
     cb.group_vectors = 10**9  # the whole split fits: one group, every distinct text encoded once
     assert cb._groups(batches, ids) == [batches]
@@ -171,8 +209,15 @@ def test_a_batch_sample_is_the_same_for_every_run_seed_and_world_size(tmp_path):
     from datamodules.sources.synthetic import SyntheticConfig
 
     def module(seed):
-        cfg = SyntheticConfig(num_docs=80, num_train_queries=10, num_val_queries=4, num_test_queries=12, num_topics=4,
-                              data_seed=3, cache_dir=str(tmp_path))
+        cfg = SyntheticConfig(
+            num_docs=80,
+            num_train_queries=10,
+            num_val_queries=4,
+            num_test_queries=12,
+            num_topics=4,
+            data_seed=3,
+            cache_dir=str(tmp_path),
+        )
         dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
         dm.setup()
         return dm

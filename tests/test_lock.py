@@ -1,6 +1,7 @@
 """One run per output directory (core/lock.py): a second run into a directory in use stops with one line naming it
 and the holder's pid (exit 2, nothing written); the lock of a killed run does not block the next one; a run stopped
 by bad input leaves no lock file or folder behind; DDP children do not lock."""
+
 from __future__ import annotations
 
 import os
@@ -43,15 +44,23 @@ def start_paused(tmp_path, out, go) -> subprocess.Popen:
     script = tmp_path / "paused_evaluate.py"
     script.write_text(PAUSED.format(repo=str(REPO)))
     env = {**os.environ, "WANDB_MODE": "disabled", "GO": str(go)}
-    return subprocess.Popen([sys.executable, str(script), *BM25, f"output_dir={out}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), *BM25, f"output_dir={out}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_until_locked(proc: subprocess.Popen, out, timeout: float = 120) -> None:
     pid_file = lock_files(out)[1]
     deadline = time.monotonic() + timeout
     while not pid_file.is_file():
-        assert proc.poll() is None, f"the first run ended ({proc.returncode}) before taking the lock: {proc.communicate()}"
+        assert proc.poll() is None, (
+            f"the first run ended ({proc.returncode}) before taking the lock: {proc.communicate()}"
+        )
         assert time.monotonic() < deadline, "the first run did not take the lock"
         time.sleep(0.1)
 
@@ -64,8 +73,10 @@ def test_second_run_into_a_directory_in_use_stops(tmp_path):
         wait_until_locked(first, out)
         second = run_script("evaluate.py", *BM25, f"output_dir={out}", check=False)
         assert second.returncode == 2
-        assert second.stderr.splitlines() == [f"error: output_dir: '{out}' is in use by another run (pid {first.pid} on "
-                                              f"{socket.gethostname()}); wait for it to end or choose another output_dir"]
+        assert second.stderr.splitlines() == [
+            f"error: output_dir: '{out}' is in use by another run (pid {first.pid} on "
+            f"{socket.gethostname()}); wait for it to end or choose another output_dir"
+        ]
         assert "Traceback" not in second.stdout + second.stderr
         assert not out.exists()  # the second wrote nothing (and the first has not written yet)
         go.touch()
@@ -93,7 +104,9 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path):
 def test_run_stopped_by_bad_input_leaves_no_lock_or_folder(tmp_path, capsys):
     before = sorted(tmp_path.iterdir())
     out = tmp_path / "new" / "deeper" / "run"  # the lock's parent folders are created, then removed again
-    rc = main(["model=bm25", "data=squad", f"data.path={tmp_path / 'no.json'}", "logger=none", f"output_dir={out}"], evaluate)
+    rc = main(
+        ["model=bm25", "data=squad", f"data.path={tmp_path / 'no.json'}", "logger=none", f"output_dir={out}"], evaluate
+    )
     assert rc == 2 and "no.json" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == before
 

@@ -1,14 +1,26 @@
 """What a researcher sees on the dashboard: NDCG@10, I(W) and avgcos at every validation, through W&B (offline,
 no login) and CSV."""
+
 import csv
 import os
 
 import pytest
 from conftest import run_script
 
-RUN = ["data.max_train_triples=16", "data.max_eval_queries=8", "data.candidate_depth=10", "data.batch_size=8",
-       "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.max_steps=4", "trainer.val_check_interval=2",
-       "eval.probe_queries=8", "eval.probe_docs=16", "eval.before_training=false", "trainer.log_every_n_steps=1"]
+RUN = [
+    "data.max_train_triples=16",
+    "data.max_eval_queries=8",
+    "data.candidate_depth=10",
+    "data.batch_size=8",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "eval.before_training=false",
+    "trainer.log_every_n_steps=1",
+]
 
 
 @pytest.mark.slow
@@ -32,7 +44,15 @@ def test_wandb_offline_without_login(tmp_path, tiny_bert):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_DIR=str(tmp_path), HOME=str(tmp_path), PYTHONUNBUFFERED="1")  # no API key anywhere
     out = tmp_path / "run"
-    proc = run_script("train.py", *RUN, f"model.backbone={tiny_bert}", "logger=wandb", "logger.run_name=t1", f"output_dir={out}", env=env)
+    proc = run_script(
+        "train.py",
+        *RUN,
+        f"model.backbone={tiny_bert}",
+        "logger=wandb",
+        "logger.run_name=t1",
+        f"output_dir={out}",
+        env=env,
+    )
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, proc.stderr[-2000:]
     assert list(runs[0].glob("run-*.wandb")), "the offline run holds the logged history"

@@ -1,5 +1,6 @@
 """RankingModule pieces outside a Trainer: chunked bi-encoder evaluation equals scoring each pair directly, and
 the training losses equal their formulas computed pair by pair."""
+
 import numpy as np
 import pytest
 import torch
@@ -75,7 +76,9 @@ def test_in_batch_negatives_judged_relevant_are_masked(tiny_bert):
     q, pos, neg = QUERIES, DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
     ids_pos, ids_neg = ["d0", "d1", "d2"], ["d3", "d5", "d0"]
     relevant = [["d0", "d1", "d5"], ["d1"], ["d2", "d0"]]
-    keys = [TripletKeys(doc_key(p), doc_key(n), tuple(doc_key(d) for d in r)) for p, n, r in zip(ids_pos, ids_neg, relevant)]
+    keys = [
+        TripletKeys(doc_key(p), doc_key(n), tuple(doc_key(d) for d in r)) for p, n, r in zip(ids_pos, ids_neg, relevant)
+    ]
     batch = TripletCollate(m.pair_tokenizer)(list(zip(q, pos, neg, keys)))
     scores, target, s_pos, s_neg = m.triplet_scores(batch)
     columns = ids_pos + ids_neg
@@ -83,9 +86,13 @@ def test_in_batch_negatives_judged_relevant_are_masked(tiny_bert):
     assert masked == {(0, 1), (0, 4), (0, 5), (2, 0)}
     assert {(i, c) for i in range(3) for c in range(6) if scores[i, c] == float("-inf")} == masked
     ref = reference_scores(m, q, pos + neg).detach().double().numpy()
-    want = np.mean([-ref[i, i] + np.log(sum(np.exp(ref[i, c]) for c in range(6) if (i, c) not in masked)) for i in range(3)])
+    want = np.mean(
+        [-ref[i, i] + np.log(sum(np.exp(ref[i, c]) for c in range(6) if (i, c) not in masked)) for i in range(3)]
+    )
     assert F.cross_entropy(scores, target).item() == pytest.approx(want, abs=1e-5)
-    torch.testing.assert_close(s_neg, torch.tensor([ref[0, 3], ref[1, 4], ref[2, 5]], dtype=s_neg.dtype), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        s_neg, torch.tensor([ref[0, 3], ref[1, 4], ref[2, 5]], dtype=s_neg.dtype), atol=1e-5, rtol=0
+    )
     # switched off: every column stays
     m.optim_cfg.in_batch_mask_relevant = False
     assert torch.isfinite(m.triplet_scores(batch)[0]).all()
@@ -113,7 +120,9 @@ def test_hinge_loss_matches_formula(tiny_bert):
     assert m.training_step(batch, 0).item() == pytest.approx(want, abs=1e-5)
 
 
-@pytest.mark.parametrize("name,temperature,want_t", [("repbert", None, 0.05), ("colbert", None, 1.0), ("repbert", 0.5, 0.5)])
+@pytest.mark.parametrize(
+    "name,temperature,want_t", [("repbert", None, 0.05), ("colbert", None, 1.0), ("repbert", 0.5, 0.5)]
+)
 def test_ce_loss_divides_scores_by_temperature(tiny_bert, name, temperature, want_t):
     """optim.loss=ce: softmax cross-entropy over score / temperature; null takes the ranker's own (RepBERT's
     cosines 0.05, others 1), a number overrides it. Reference: float64 log-softmax computed row by row."""
@@ -189,7 +198,9 @@ def test_gradient_clipping_without_a_scaler_equals_torch_clipping(tiny_bert, alg
     for p, r in zip(params, ref):
         torch.testing.assert_close(p.grad, r, rtol=0, atol=1e-7)
     if algorithm == "norm":
-        assert float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) == pytest.approx(0.5, rel=1e-5)
+        assert float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) == pytest.approx(
+            0.5, rel=1e-5
+        )
     else:
         assert max(float(p.grad.abs().max()) for p in params) <= 0.5
 

@@ -1,5 +1,6 @@
 """BM25 candidates (bm25s, datamodules/bm25.py) against a brute-force NumPy BM25, the on-disk cache, and negative
 sampling (datamodules/negatives.py)."""
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,14 @@ DOCS = {
     "d11": "Bananas are yellow.",  # an exact duplicate: an exact tie, broken by doc id
     "d12": "It is what it is.",  # stopwords only: no tokens
 }
-QUERIES = {"a": "brown fox", "b": "lazy dog", "c": "quantum bits superposition", "d": "yellow bananas",
-           "e": "the of and", "f": "fox dog cat"}
+QUERIES = {
+    "a": "brown fox",
+    "b": "lazy dog",
+    "c": "quantum bits superposition",
+    "d": "yellow bananas",
+    "e": "the of and",
+    "f": "fox dog cat",
+}
 
 
 def brute_force_bm25(docs: dict[str, str], query: str, k1: float = 1.5, b: float = 0.75) -> dict[str, float]:
@@ -98,7 +105,11 @@ def test_bm25_cache_hit_and_keying(tmp_path, monkeypatch):
     monkeypatch.setattr(bm25, "compute_bm25_run", boom)
     assert bm25_candidates(DOCS, QUERIES, 5, cache_dir=tmp_path, key="tiny/val") == first
     # a different collection, queries or k is a different cache entry (so it recomputes)
-    for docs, queries, k in [({**DOCS, "d10": "Bananas are green."}, QUERIES, 5), (DOCS, {"a": "brown"}, 5), (DOCS, QUERIES, 6)]:
+    for docs, queries, k in [
+        ({**DOCS, "d10": "Bananas are green."}, QUERIES, 5),
+        (DOCS, {"a": "brown"}, 5),
+        (DOCS, QUERIES, 6),
+    ]:
         with pytest.raises(AssertionError, match="recomputed"):
             bm25_candidates(docs, queries, k, cache_dir=tmp_path, key="tiny/val")
     assert not [p for p in (tmp_path / "bm25").iterdir() if p.name.endswith(".tmp")]
@@ -118,7 +129,12 @@ def test_bm25_cache_write_is_atomic(tmp_path, monkeypatch):
 def _split() -> Split:
     return Split(
         queries={q: QUERIES[q] for q in "abcf"},
-        qrels={"a": {"d06": 2, "d01": 1, "d02": 0}, "b": {"d01": 1}, "c": {"d04": 1, "d09": 1, "d07": 0}, "f": {"d08": 1}},
+        qrels={
+            "a": {"d06": 2, "d01": 1, "d02": 0},
+            "b": {"d01": 1},
+            "c": {"d04": 1, "d09": 1, "d07": 0},
+            "f": {"d08": 1},
+        },
     )
 
 
@@ -157,7 +173,9 @@ def test_sample_triples_falls_back_to_random_and_order_independence():
     big = _split()
     cands = bm25_candidates(DOCS, big.queries, 10)
     alone = Split(queries={"c": QUERIES["c"]}, qrels={"c": big.qrels["c"]})
-    assert [t for t in sample_triples(big, DOCS, cands, "bm25", 1) if t[0] == "c"] == sample_triples(alone, DOCS, cands, "bm25", 1)
+    assert [t for t in sample_triples(big, DOCS, cands, "bm25", 1) if t[0] == "c"] == sample_triples(
+        alone, DOCS, cands, "bm25", 1
+    )
     with pytest.raises(ValueError):
         sample_triples(big, DOCS, None, "bm25", 0)
 

@@ -2,6 +2,7 @@
 learning rate of every parameter group, the batch size, the re-ranking depth chosen on validation (position-bias
 paper section 3; DGRe paper section 4.1.4), and the `deviations:` list the table and record print. Every check is
 against an independent reference: float64 NumPy formulas, a rule on parameter names, brute-force nDCG@10."""
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,10 @@ def test_hinge_loss_equals_a_float64_numpy_formula(tiny_bert, name, margin):
     """optim.loss=hinge (the position-bias paper's "pairwise hinge loss", DGRe's Eq. 25) is the mean over the batch of
     max(0, margin - s(q, p+) + s(q, p-)), each triplet on its own negative; the reference scores each pair on its
     own and takes the hinge in float64."""
-    m = RankingModule({"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16},
-                      {"loss": "hinge", "margin": margin, "in_batch_negatives": False}).eval()
+    m = RankingModule(
+        {"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16},
+        {"loss": "hinge", "margin": margin, "in_batch_negatives": False},
+    ).eval()
     m.log = lambda *a, **k: None  # no trainer to log to
     q, pos, neg = QUERIES, DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
     tok = m.pair_tokenizer
@@ -63,15 +66,29 @@ def _grid_modules(grid: str, rows: list[str], tiny_bert: str):
     for row in rows:
         cell = next(c for c in plan(spec, extra) if c.row == row and c.kind == "train")
         cfg = compose([*cell.argv, f"model.backbone={tiny_bert}", "model.query_max_len=8", "model.doc_max_len=16"])
-        out.append((row, cfg, RankingModule(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures))))
+        out.append(
+            (
+                row,
+                cfg,
+                RankingModule(
+                    OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)
+                ),
+            )
+        )
     return out
 
 
 # Learning rate by parameter name, as each paper prints it: independent of Ranker.param_groups.
-POSITION_BIAS = {"bert_cat": lambda n: 7e-6, "bert_dot": lambda n: 7e-6,  # "Adam with a learning rate of 7*10^-6"
-                 "tk": lambda n: 1e-3 if n.startswith("ranker.scoring.") else 1e-4}  # "10^-3 for the kernel-pooling weights"
-DGRE = {"bert_cat": lambda n: 1e-5, "bert_maxp": lambda n: 1e-5,  # "The learning rate of BERT fine-tuning ... is 1e-5"
-        "dgre": lambda n: 1e-5 if n.startswith("ranker.encoder.") else 5e-5}  # "... and DGRe is ... 5e-5"
+POSITION_BIAS = {
+    "bert_cat": lambda n: 7e-6,
+    "bert_dot": lambda n: 7e-6,  # "Adam with a learning rate of 7*10^-6"
+    "tk": lambda n: 1e-3 if n.startswith("ranker.scoring.") else 1e-4,
+}  # "10^-3 for the kernel-pooling weights"
+DGRE = {
+    "bert_cat": lambda n: 1e-5,
+    "bert_maxp": lambda n: 1e-5,  # "The learning rate of BERT fine-tuning ... is 1e-5"
+    "dgre": lambda n: 1e-5 if n.startswith("ranker.encoder.") else 5e-5,
+}  # "... and DGRe is ... 5e-5"
 
 
 @pytest.mark.parametrize("grid,rule", [("squad_position_bias", POSITION_BIAS), ("dgre_cranfield_literal", DGRE)])
@@ -115,9 +132,20 @@ def test_position_bias_grid_trains_with_the_papers_printed_settings():
     for cell in cells:
         cfg = compose(list(cell.argv))
         o = cfg.optim
-        assert (o.loss, o.margin, o.in_batch_negatives, o.weight_decay, o.warmup_steps, o.schedule) == ("hinge", 1.0, False, 0.0, 0, "constant"), cell.label
-        assert cfg.data.batch_size * cfg.trainer.accumulate_grad_batches == 32 and cfg.trainer.gradient_clip_val is None, cell.label
-        assert cfg.data.candidate_depth == max(cfg.eval.rerank_depths) == 100 and not cfg.eval.start_candidate, cell.label
+        assert (o.loss, o.margin, o.in_batch_negatives, o.weight_decay, o.warmup_steps, o.schedule) == (
+            "hinge",
+            1.0,
+            False,
+            0.0,
+            0,
+            "constant",
+        ), cell.label
+        assert (
+            cfg.data.batch_size * cfg.trainer.accumulate_grad_batches == 32 and cfg.trainer.gradient_clip_val is None
+        ), cell.label
+        assert cfg.data.candidate_depth == max(cfg.eval.rerank_depths) == 100 and not cfg.eval.start_candidate, (
+            cell.label
+        )
         if cfg.model.name == "tk":
             assert (cfg.model.contextualization_lr, cfg.model.kernel_lr) == (1e-4, 1e-3), cell.label
         else:
@@ -136,7 +164,9 @@ def test_dgre_literal_grid_trains_with_the_papers_printed_settings():
         if cell.row == "bm25":
             continue
         cfg = compose(list(cell.argv))
-        assert (cfg.data.batch_size, cfg.optim.lr, cfg.optim.loss, cfg.optim.margin) == (32, 1e-5, "hinge", 1.0), cell.label
+        assert (cfg.data.batch_size, cfg.optim.lr, cfg.optim.loss, cfg.optim.margin) == (32, 1e-5, "hinge", 1.0), (
+            cell.label
+        )
         if cfg.model.name == "dgre":
             assert (cfg.model.layers_lr, cfg.model.aux_lambda) == (5e-5, 0.01), cell.label
     assert any("20 epochs" in d for d in spec.deviations)
@@ -216,7 +246,9 @@ def test_depth_selection_picks_the_best_validation_ndcg_and_applies_it_to_test(t
         m._eval_epoch_end("test")
         res = m.results["test"]
         assert res["metrics"]["rerank_depth"] == best
-        assert res["metrics"]["ndcg_cut_10"] == pytest.approx(brute_force(test_scores, test_order, test.qrels, best), abs=1e-9)
+        assert res["metrics"]["ndcg_cut_10"] == pytest.approx(
+            brute_force(test_scores, test_order, test.qrels, best), abs=1e-9
+        )
         assert all(set(docs) == set(test_order[q][:best]) for q, docs in res["run"].items())
     assert len(chosen_any) >= 2, chosen_any  # the cases do not all pick the same depth
 
@@ -239,12 +271,31 @@ def test_choose_depth_breaks_ties_towards_the_smaller_depth_and_ranks_passages_b
     assert candidate_ranks(["q"], ["x", "y", "z"], pairs, unit_doc) == {"q": {"z": 0, "x": 1, "y": 2}}
 
 
-SMALL = ["data=synthetic", "data.data_seed=3", "data.num_docs=120", "data.num_train_queries=30", "data.num_val_queries=8",
-         "data.num_test_queries=12", "data.max_train_triples=16", "data.candidate_depth=20", "logger=none",
-         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.max_steps=4", "trainer.val_check_interval=2",
-         "data.batch_size=4", "eval.probe_queries=8", "eval.probe_docs=16", "eval.before_training=false",
-         "eval.start_candidate=false", "eval.isotropy_paper=false", "eval.ats_passages=0", "eval.rerank_depths=[3,5,10,20]",
-         "optim.loss=hinge", "optim.in_batch_negatives=false"]
+SMALL = [
+    "data=synthetic",
+    "data.data_seed=3",
+    "data.num_docs=120",
+    "data.num_train_queries=30",
+    "data.num_val_queries=8",
+    "data.num_test_queries=12",
+    "data.max_train_triples=16",
+    "data.candidate_depth=20",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+    "data.batch_size=4",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "eval.before_training=false",
+    "eval.start_candidate=false",
+    "eval.isotropy_paper=false",
+    "eval.ats_passages=0",
+    "eval.rerank_depths=[3,5,10,20]",
+    "optim.loss=hinge",
+    "optim.in_batch_negatives=false",
+]
 
 
 @pytest.mark.slow
@@ -256,8 +307,19 @@ def test_train_and_evaluate_keep_the_depth_chosen_at_the_tested_checkpoints_vali
     from pipeline.run import evaluate, train
 
     out = tmp_path / "run"
-    assert main([*SMALL, "model=colbert", f"model.backbone={tiny_bert}", f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}"],
-                lambda cfg, _: train(cfg)) == 0
+    assert (
+        main(
+            [
+                *SMALL,
+                "model=colbert",
+                f"model.backbone={tiny_bert}",
+                f"data.cache_dir={tmp_path / 'c'}",
+                f"output_dir={out}",
+            ],
+            lambda cfg, _: train(cfg),
+        )
+        == 0
+    )
     curve = json.loads((out / "validation.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
     chosen = {v["step"]: v["val/rerank_depth"] for v in curve["validations"]}
@@ -277,11 +339,16 @@ def test_train_and_evaluate_keep_the_depth_chosen_at_the_tested_checkpoints_vali
     assert theirs["ndcg_cut_10"] == pytest.approx(metrics["ndcg_cut_10"], abs=1e-6)
 
 
-@pytest.mark.parametrize("argv,key", [(["eval.rerank_depth=[10]"], "eval.rerank_depth"),  # misspelt: unknown key
-                                      (["eval.rerank_depths=[10,200]", "data.candidate_depth=100"], "eval.rerank_depths"),
-                                      (["eval.rerank_depths=[0,10]"], "eval.rerank_depths"),
-                                      (["eval.rerank_depths=[]"], "eval.rerank_depths"),
-                                      (["eval.rerank_depths=20"], "eval.rerank_depths")])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["eval.rerank_depth=[10]"], "eval.rerank_depth"),  # misspelt: unknown key
+        (["eval.rerank_depths=[10,200]", "data.candidate_depth=100"], "eval.rerank_depths"),
+        (["eval.rerank_depths=[0,10]"], "eval.rerank_depths"),
+        (["eval.rerank_depths=[]"], "eval.rerank_depths"),
+        (["eval.rerank_depths=20"], "eval.rerank_depths"),
+    ],
+)
 def test_rerank_depths_is_a_checked_key(argv, key):
     with pytest.raises(InputError, match=key.replace(".", r"\.")):
         compose(argv)
@@ -291,8 +358,16 @@ def test_rerank_depths_is_a_checked_key(argv, key):
 
 
 def _record_grid(tmp_path, **extra) -> Path:
-    grid = {"name": "dev", "baseline": "bm25", "rows": {"bm25": ["model=bm25"], "bm25_b": ["model=bm25", "model.b=0.5"]},
-            "train_data": ["synthetic"], "seeds": [1], "measures": ["ndcg_cut_10"], "output_root": str(tmp_path / "grids"), **extra}
+    grid = {
+        "name": "dev",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25"], "bm25_b": ["model=bm25", "model.b=0.5"]},
+        "train_data": ["synthetic"],
+        "seeds": [1],
+        "measures": ["ndcg_cut_10"],
+        "output_root": str(tmp_path / "grids"),
+        **extra,
+    }
     gfile = tmp_path / "dev.yaml"
     gfile.write_text(json.dumps(grid))
     return gfile
@@ -302,7 +377,10 @@ def test_a_grid_prints_its_deviations_in_the_table_and_the_record(tmp_path, monk
     import pipeline.record as record
 
     monkeypatch.setattr(record, "RESULTS_DIR", tmp_path / "results")
-    devs = ["Backbone: all-MiniLM-L6-v2; the paper: DistilBERT.", "Training length: 120 steps; the paper: early stopping."]
+    devs = [
+        "Backbone: all-MiniLM-L6-v2; the paper: DistilBERT.",
+        "Training length: 120 steps; the paper: early stopping.",
+    ]
     gfile = _record_grid(tmp_path, deviations=devs)
     spec, _ = load_grid([f"grid={gfile}"])
     assert spec.deviations == devs
@@ -320,10 +398,15 @@ def test_a_grid_prints_its_deviations_in_the_table_and_the_record(tmp_path, monk
     assert "Deviations" not in run([f"grid={plain}", "action=table"], out=io.StringIO()).table
 
 
-@pytest.mark.parametrize("extra,msg", [({"deviation": ["x"]}, "unknown grid key 'deviation'"),
-                                       ({"deviations": "one string, not a list"}, "deviations"),
-                                       ({"deviations": [""]}, "deviations"),
-                                       ({"deviations": [{"a": 1}]}, "deviations")])
+@pytest.mark.parametrize(
+    "extra,msg",
+    [
+        ({"deviation": ["x"]}, "unknown grid key 'deviation'"),
+        ({"deviations": "one string, not a list"}, "deviations"),
+        ({"deviations": [""]}, "deviations"),
+        ({"deviations": [{"a": 1}]}, "deviations"),
+    ],
+)
 def test_grid_keys_stay_checked(tmp_path, extra, msg):
     with pytest.raises(InputError, match=msg):
         load_grid([f"grid={_record_grid(tmp_path, **extra)}"])

@@ -34,6 +34,7 @@ again. Docs have no errata: they are corrected.
 The papers folder is absent: skipped, but a failure in CI (env CI=true), as for ../shared/data (conftest.require_shared).
 Standard library and PyYAML only.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -41,12 +42,11 @@ import re
 import sys
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, require_shared
 
 PAPERS = (REPO.parent / "shared" / "papers").resolve()
@@ -59,8 +59,13 @@ PAPER_FILES = {
 }
 OCR_LOST_POINTS = {"dgre"}  # the DGRe text is an OCR of the PDF: some decimal points are lost ("03123")
 # a grid's paper_note starts with the paper's first author
-GRID_AUTHORS = {"Liu et al.": "dgre", "Jung et al.": "isotropy", "Hofstätter et al.": "position_bias",
-                "Formal et al.": "whitebox", "Ram et al.": "vocab"}
+GRID_AUTHORS = {
+    "Liu et al.": "dgre",
+    "Jung et al.": "isotropy",
+    "Hofstätter et al.": "position_bias",
+    "Formal et al.": "whitebox",
+    "Ram et al.": "vocab",
+}
 # a record or doc names its paper in its file name or title (first line); several matches: any of them
 PAPER_KEYWORDS = {
     "dgre": ("dgre",),
@@ -76,12 +81,38 @@ _SEP = r"(?:\s?/\s?|,\s|\s(?:and|to|or|->)\s|-|–)"
 _NUMLIST = rf"{_NUM}(?:{_SEP}{_NUM})*"
 _WORDS = r"(?:[A-Za-z][A-Za-z@_-]*\s+){0,3}"
 QUOTE = re.compile(
-    rf"(?:\b[Tt]he\s+papers?(?:'s|')\s+{_WORDS}|\b[Pp]aper:?\s+|\bprints\s+{_WORDS})(?P<nums>{_NUMLIST})")
+    rf"(?:\b[Tt]he\s+papers?(?:'s|')\s+{_WORDS}|\b[Pp]aper:?\s+|\bprints\s+{_WORDS})(?P<nums>{_NUMLIST})"
+)
 # words after "the paper's" that make the number a reference or our own figure computed the paper's way, not a
 # figure the paper prints ("the paper's Table 2", "the paper's test ... seeds 2-3", "the paper's protocol 0.76")
-NOT_A_FIGURE = {"table", "tables", "figure", "figures", "fig", "eq", "equation", "equations", "section", "sections",
-                "issue", "seed", "seeds", "way", "protocol", "protocols", "test", "tests", "conventions", "setting",
-                "settings", "formula", "reading", "definition", "layout", "order"}
+NOT_A_FIGURE = {
+    "table",
+    "tables",
+    "figure",
+    "figures",
+    "fig",
+    "eq",
+    "equation",
+    "equations",
+    "section",
+    "sections",
+    "issue",
+    "seed",
+    "seeds",
+    "way",
+    "protocol",
+    "protocols",
+    "test",
+    "tests",
+    "conventions",
+    "setting",
+    "settings",
+    "formula",
+    "reading",
+    "definition",
+    "layout",
+    "order",
+}
 NUMBER = re.compile(_NUM)
 
 
@@ -92,6 +123,7 @@ def require_papers() -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the normaliser
+
 
 def parse_number(text: str) -> tuple[Decimal, int] | None:
     """(absolute value, decimals as written) of a number token as our files write it; None if it is not one."""
@@ -123,12 +155,12 @@ class PaperNumbers:
             values.add(_key(Decimal(tok.replace(",", ""))))
             if lost_points and "." not in tok and "," not in tok:
                 if len(tok) >= 2 and tok.startswith("0"):
-                    values.add(_key(Decimal("0." + tok[1:])))   # "03123" -> 0.3123, "04" -> 0.4
+                    values.add(_key(Decimal("0." + tok[1:])))  # "03123" -> 0.3123, "04" -> 0.4
                 elif len(tok) >= 4:
-                    self.bare_digits.add(tok.strip("0"))     # "5424" -> 54.24 (point position unknown)
+                    self.bare_digits.add(tok.strip("0"))  # "5424" -> 54.24 (point position unknown)
         for m in self._SCI.finditer(text):
             values.add(_key(Decimal(f"{1 if m.group(1) == 'l' else m.group(1)}e-{m.group(2)}")))
-        for m in self._POW.finditer(text):   # LaTeX: 7*10^{-6}, 10^{-4}
+        for m in self._POW.finditer(text):  # LaTeX: 7*10^{-6}, 10^{-4}
             values.add(_key(Decimal(f"{m.group(1) or 1}e{m.group(2).replace('−', '-')}")))
         self.values = values
         self.sorted = sorted(values)
@@ -144,7 +176,7 @@ class PaperNumbers:
             return False
         q, k = parsed
         spellings = [(q, k)]
-        if "e" not in text:   # percent <-> fraction: a fraction (<= 1) as a percentage, a percentage (<= 100) as one
+        if "e" not in text:  # percent <-> fraction: a fraction (<= 1) as a percentage, a percentage (<= 100) as one
             spellings += [(q * 100, max(k - 2, 0))] if q <= 1 else []
             spellings += [(q / 100, k + 2)] if q <= 100 else []
         for c, kc in spellings:
@@ -157,7 +189,7 @@ class PaperNumbers:
         return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def paper_numbers(paper: str) -> PaperNumbers:
     text = (PAPERS / PAPER_FILES[paper]).read_text(encoding="utf-8")
     return PaperNumbers(text, lost_points=paper in OCR_LOST_POINTS)
@@ -166,11 +198,12 @@ def paper_numbers(paper: str) -> PaperNumbers:
 # ---------------------------------------------------------------------------------------------------------------
 # grids
 
+
 @dataclass(frozen=True)
 class Finding:
-    where: str     # grid file or markdown file, with the key path or line
+    where: str  # grid file or markdown file, with the key path or line
     number: str
-    paper: str     # paper key(s) checked against
+    paper: str  # paper key(s) checked against
 
     def __str__(self):
         return f"{self.where}: {self.number} does not occur in {self.paper}"
@@ -213,6 +246,7 @@ def grid_files() -> list[Path]:
 # ---------------------------------------------------------------------------------------------------------------
 # prose
 
+
 def papers_of(path: Path, text: str) -> list[str]:
     head = (path.name + " " + text.split("\n", 1)[0]).lower()
     named = [p for p, words in PAPER_KEYWORDS.items() if any(w in head for w in words)]
@@ -222,7 +256,7 @@ def papers_of(path: Path, text: str) -> list[str]:
 @dataclass(frozen=True)
 class Quote:
     line: int
-    text: str      # the matched text, whitespace collapsed
+    text: str  # the matched text, whitespace collapsed
     number: str
 
 
@@ -236,7 +270,7 @@ def find_quotes(text: str) -> list[Quote]:
     # prose: collapse line breaks inside a paragraph (a quote may be wrapped), keep positions for line numbers
     flat = re.sub(r"\s", " ", text)
     for m in QUOTE.finditer(flat):
-        words = m.group(0)[:m.start("nums") - m.start()].lower().split()
+        words = m.group(0)[: m.start("nums") - m.start()].lower().split()
         if NOT_A_FIGURE.intersection(w.strip(".") for w in words):
             continue
         for n in NUMBER.finditer(m.group("nums")):
@@ -266,7 +300,7 @@ def find_quotes(text: str) -> list[Quote]:
 
 def split_errata(text: str) -> tuple[str, str]:
     i = text.find("\n## Erratum")
-    return (text, "") if i < 0 else (text[:i + 1], text[i + 1:])
+    return (text, "") if i < 0 else (text[: i + 1], text[i + 1 :])
 
 
 def _quoted(erratum: str) -> list[str]:
@@ -299,12 +333,29 @@ def markdown_files() -> list[Path]:
 # ---------------------------------------------------------------------------------------------------------------
 # tests
 
+
 def test_normaliser_spellings():
     """The accepted spellings, on a made-up text (no paper needed)."""
-    nums = PaperNumbers("P@20 0.5904 and 26.1 MRR; .7710 lr 1e—5 or le—2, 1,024 vectors, -9.4% drop; 03123 5424 04"
-                        " a rate of 71067superscript1067*10^{-6}")
-    for ok in ("0.5904", "59.04", ".5904", "0.59040", "0.261", "0.771", "1e-5", "0.01", "1,024", "1024",
-               "-9.4 %", "9.4", "0.094", "7e-6"):
+    nums = PaperNumbers(
+        "P@20 0.5904 and 26.1 MRR; .7710 lr 1e—5 or le—2, 1,024 vectors, -9.4% drop; 03123 5424 04"
+        " a rate of 71067superscript1067*10^{-6}"
+    )
+    for ok in (
+        "0.5904",
+        "59.04",
+        ".5904",
+        "0.59040",
+        "0.261",
+        "0.771",
+        "1e-5",
+        "0.01",
+        "1,024",
+        "1024",
+        "-9.4 %",
+        "9.4",
+        "0.094",
+        "7e-6",
+    ):
         assert nums.has(ok, exact=True), ok
     for bad in ("0.5905", "26.2", "1e-4", "0.3123", "54.24", "0.4"):
         assert not nums.has(bad, exact=True), bad
@@ -316,13 +367,28 @@ def test_normaliser_spellings():
 
 
 def test_quote_forms_found():
-    text = ("the paper's -11.8 %: and the\n  paper's TK loses 17 %. (the paper: 0.6105 to 0.9178 and 0.8372),"
-            " paper -0.4; Table 3 prints -9.4 %, -13.4 % and -20.8 %; the papers' conventions, 3 seeds; the paper's"
-            " Table 2 and the paper's way -6.6 %.\n\n"
-            "| x | ours | paper DPR |\n|---|---|---|\n| a | 0.5 | 0.63 / 0.53 |\n| ↳ paper | 0.3123 | 0.4140 |\n")
+    text = (
+        "the paper's -11.8 %: and the\n  paper's TK loses 17 %. (the paper: 0.6105 to 0.9178 and 0.8372),"
+        " paper -0.4; Table 3 prints -9.4 %, -13.4 % and -20.8 %; the papers' conventions, 3 seeds; the paper's"
+        " Table 2 and the paper's way -6.6 %.\n\n"
+        "| x | ours | paper DPR |\n|---|---|---|\n| a | 0.5 | 0.63 / 0.53 |\n| ↳ paper | 0.3123 | 0.4140 |\n"
+    )
     numbers = [q.number.strip() for q in find_quotes(text)]
-    assert numbers == ["-11.8 %", "17 %", "0.6105", "0.9178", "0.8372", "-0.4", "-9.4 %", "-13.4 %", "-20.8 %",
-                       "0.63", "0.53", "0.3123", "0.4140"]
+    assert numbers == [
+        "-11.8 %",
+        "17 %",
+        "0.6105",
+        "0.9178",
+        "0.8372",
+        "-0.4",
+        "-9.4 %",
+        "-13.4 %",
+        "-20.8 %",
+        "0.63",
+        "0.53",
+        "0.3123",
+        "0.4140",
+    ]
 
 
 def test_grid_paper_values_occur_in_their_papers():
@@ -379,12 +445,14 @@ def test_checker_reports_a_perturbed_prose_quote():
     wrong = text.replace("the paper's 0.6105", "the paper's 0.6242", 1)
     findings = check_markdown(f, wrong)
     assert len(findings) == 1
-    line = text[:text.index("the paper's 0.6105")].count("\n") + 1
-    assert str(findings[0]) == (f"results/2026-11-26-squad-colbert-heads-seed1.md:{line} (\"the paper's 0.6242\"): "
-                                "0.6242 does not occur in isotropic-representation-dense-retrieval.txt")
-    erratum = "\n## Erratum (2026-11-27)\n\n\"the paper's 0.6242\" was wrong: Table 1 prints 0.6105.\n"
+    line = text[: text.index("the paper's 0.6105")].count("\n") + 1
+    assert str(findings[0]) == (
+        f'results/2026-11-26-squad-colbert-heads-seed1.md:{line} ("the paper\'s 0.6242"): '
+        "0.6242 does not occur in isotropic-representation-dense-retrieval.txt"
+    )
+    erratum = '\n## Erratum (2026-11-27)\n\n"the paper\'s 0.6242" was wrong: Table 1 prints 0.6105.\n'
     assert check_markdown(f, wrong + erratum) == []
-    bad_erratum = "\n## Erratum (2026-11-27)\n\n\"the paper's 0.6242\" was wrong: Table 1 prints 0.6107.\n"
+    bad_erratum = '\n## Erratum (2026-11-27)\n\n"the paper\'s 0.6242" was wrong: Table 1 prints 0.6107.\n'
     assert [x.number for x in check_markdown(f, wrong + bad_erratum)] == ["0.6107"]
 
 

@@ -1,6 +1,7 @@
 """Long documents as passages (datamodules/passages.py): sliding windows against a brute-force definition, FirstP /
 MaxP document scores through the ordinary evaluation path against scoring every passage one at a time, the
 passages training triplets draw, and the config checks."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,9 @@ from datamodules.sources.synthetic import SyntheticConfig
 from lightning_modules.module import RankingModule
 
 
-@pytest.mark.parametrize("n,size,stride", [(0, 4, 2), (3, 4, 2), (4, 4, 2), (5, 4, 2), (10, 4, 2), (11, 4, 3), (20, 5, 5), (7, 3, 1)])
+@pytest.mark.parametrize(
+    "n,size,stride", [(0, 4, 2), (3, 4, 2), (4, 4, 2), (5, 4, 2), (10, 4, 2), (11, 4, 3), (20, 5, 5), (7, 3, 1)]
+)
 def test_windows_cover_the_document_and_stop_at_its_end(n, size, stride):
     starts = window_starts(n, size, stride)
     assert starts == [stride * k for k in range(len(starts))]
@@ -52,8 +55,18 @@ def test_expand_pairs_matches_a_loop():
 
 
 def data_cfg(**kw) -> SyntheticConfig:
-    base = dict(data_seed=5, num_docs=60, num_train_queries=12, num_val_queries=4, num_test_queries=3, candidate_depth=4,
-                passage_words_min=20, passage_words_max=30, eval_batch_size=5, cache_dir=kw.pop("cache_dir"))
+    base = dict(
+        data_seed=5,
+        num_docs=60,
+        num_train_queries=12,
+        num_val_queries=4,
+        num_test_queries=3,
+        candidate_depth=4,
+        passage_words_min=20,
+        passage_words_max=30,
+        eval_batch_size=5,
+        cache_dir=kw.pop("cache_dir"),
+    )
     return SyntheticConfig(**{**base, **kw})
 
 
@@ -65,9 +78,16 @@ def brute_force_run(module, split, doc_texts, mode, size, stride):
         for d in sorted({int(split.unit_doc[u]) for q, u in split.pairs if q == qi}):
             ps = split_passages(doc_texts[d], size, stride)[: 1 if mode == "first" else None]
             with torch.no_grad():
-                s = [float(r.score(tok.pairs([split.qtexts[qi]], [p]))[0]) if r.kind == "cross"
-                     else float(r.score_pairs(r.encode_queries(tok.queries([split.qtexts[qi]])), r.encode_docs(tok.docs([p])))[0])
-                     for p in ps]
+                s = [
+                    float(r.score(tok.pairs([split.qtexts[qi]], [p]))[0])
+                    if r.kind == "cross"
+                    else float(
+                        r.score_pairs(r.encode_queries(tok.queries([split.qtexts[qi]])), r.encode_docs(tok.docs([p])))[
+                            0
+                        ]
+                    )
+                    for p in ps
+                ]
             run.setdefault(qid, {})[split.doc_ids[d]] = max(s)
     return run
 
@@ -77,7 +97,9 @@ def brute_force_run(module, split, doc_texts, mode, size, stride):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,mode", [("bert_cat", "max"), ("bert_cat", "first"), ("dgre", "max"), ("colbert", "max")])
 def test_firstp_maxp_through_the_evaluation_path(tiny_bert_nodropout, tmp_path, name, mode):
-    module = RankingModule({"name": name, "backbone": tiny_bert_nodropout, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
+    module = RankingModule(
+        {"name": name, "backbone": tiny_bert_nodropout, "query_max_len": 8, "doc_max_len": 16}, {}
+    ).eval()
     cfg = data_cfg(passage_words=8, passage_stride=5, doc_score=mode, cache_dir=str(tmp_path))
     dm = RankingDataModule(cfg, module.pair_tokenizer, seed=0)
     dm.setup()
@@ -88,7 +110,9 @@ def test_firstp_maxp_through_the_evaluation_path(tiny_bert_nodropout, tmp_path, 
         module._eval_queries = module.encode_query_texts(split.qtexts)
     with torch.no_grad():
         for batch in dm.eval_dataloader("test"):
-            scores = module.score_chunk(module._eval_queries, batch) if "pair_d" in batch else module.ranker.score(batch)
+            scores = (
+                module.score_chunk(module._eval_queries, batch) if "pair_d" in batch else module.ranker.score(batch)
+            )
             module.runs["test"].update(batch["qidx"], batch["didx"], scores.float())
     got = module.runs["test"].to_run(split.qids, split.doc_ids)
     want = brute_force_run(module, split, [" ".join(t.split()) for t in doc_texts], mode, 8, 5)
@@ -118,18 +142,23 @@ def test_training_passages_are_seeded_per_epoch_and_cover_the_document(tmp_path)
         q, pos, neg, _ = rnd[(epoch, 0)]
         key = f"0:{triples[0][1]}"
         assert pos == passages[passage_index(3, epoch, key, len(passages))]
-        assert rnd[(epoch, 0)] == TripletDataset(ds, triples, queries, False, 3, (6, 3), "random")[(epoch, 0)]  # reproducible
+        assert (
+            rnd[(epoch, 0)] == TripletDataset(ds, triples, queries, False, 3, (6, 3), "random")[(epoch, 0)]
+        )  # reproducible
         assert first[(epoch, 0)][1] == passages[0]
     assert TripletDataset(ds, triples, queries, False, 3)[(0, 0)][1] == doc  # no window: the whole document
 
 
-@pytest.mark.parametrize("kw,key", [
-    ({"passage_words": 0}, "data.passage_words"),
-    ({"passage_words": 10, "passage_stride": 11}, "data.passage_stride"),
-    ({"passage_stride": 5}, "data.passage_stride"),
-    ({"passage_words": 10, "doc_score": "sum"}, "data.doc_score"),
-    ({"passage_words": 10, "train_passage": "all"}, "data.train_passage"),
-])
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"passage_words": 0}, "data.passage_words"),
+        ({"passage_words": 10, "passage_stride": 11}, "data.passage_stride"),
+        ({"passage_stride": 5}, "data.passage_stride"),
+        ({"passage_words": 10, "doc_score": "sum"}, "data.doc_score"),
+        ({"passage_words": 10, "train_passage": "all"}, "data.train_passage"),
+    ],
+)
 def test_bad_passage_settings_are_input_errors(kw, key):
     with pytest.raises(InputError, match=key.replace(".", r"\.")):
         DataConfig(**kw)

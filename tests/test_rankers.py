@@ -3,6 +3,7 @@
 References take each text's token vectors from `ranker.encoder(...)` run on that text alone (no padding at
 all), so agreement with a padded batch also shows that padding neither enters the score nor changes it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -277,7 +278,9 @@ def test_bert_dot_is_dot_of_cls(tiny_bert, compress_dim):
 
     with torch.no_grad():
         got = scores_np(ranker.score(bi_batch(ranker, QUERIES, DOCS)))
-        assert ranker.encode_queries(bi_batch(ranker, QUERIES, DOCS)).sequence.shape[-1] == (compress_dim or ranker.hidden_size)
+        assert ranker.encode_queries(bi_batch(ranker, QUERIES, DOCS)).sequence.shape[-1] == (
+            compress_dim or ranker.hidden_size
+        )
     np.testing.assert_allclose(got, [dot(qv[i], dv[i]) for i in range(len(QUERIES))], rtol=0, atol=ATOL)
 
     full = check_score_all_vs_pairs(ranker, QUERIES, docs)
@@ -331,7 +334,6 @@ def test_assigned_head_is_registered_as_submodule(tiny_bert):
     assert any(p is head.weight for p in ranker.parameters())
 
 
-
 def test_colbert_token_head_hook(tiny_bert):
     ranker = make(ColBERTConfig(backbone=tiny_bert, query_max_len=16, doc_max_len=24, compress_dim=8))
     torch.manual_seed(5)
@@ -348,7 +350,6 @@ def test_colbert_token_head_hook(tiny_bert):
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 
 
-
 def test_repbert_token_head_hook(tiny_bert):
     ranker = make(RepBERTConfig(backbone=tiny_bert, query_max_len=16, doc_max_len=24))
     torch.manual_seed(6)
@@ -361,7 +362,6 @@ def test_repbert_token_head_hook(tiny_bert):
         ref_repbert(plain_tokens(ranker, q, qm, head), plain_tokens(ranker, d, dm, head)) for q, d in zip(QUERIES, DOCS)
     ]
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
-
 
 
 def test_repbert_sequence_head_hook(tiny_bert):
@@ -382,7 +382,6 @@ def test_repbert_sequence_head_hook(tiny_bert):
 
 
 # ------------------------------------------------------------------------------------------------ gradients
-
 
 
 @pytest.mark.parametrize(
@@ -407,7 +406,9 @@ def test_gradients_reach_every_trainable_parameter(tiny_bert, cfg_cls, kw):
     # BERT's pooler is not loaded (no ranker reads it, and DDP would wait for its gradients): every parameter
     # that exists must receive a finite, non-zero gradient.
     assert not any("pooler" in n for n, _ in ranker.named_parameters())
-    without = {n for n, p in ranker.named_parameters() if p.requires_grad and (p.grad is None or not bool(p.grad.any()))}
+    without = {
+        n for n, p in ranker.named_parameters() if p.requires_grad and (p.grad is None or not bool(p.grad.any()))
+    }
     assert without == set()
     for n, p in ranker.named_parameters():
         assert torch.isfinite(p.grad).all(), n
@@ -470,7 +471,7 @@ def test_encode_collection_keeps_each_texts_real_tokens_in_order(name, tiny_bert
             assert torch.allclose(enc.sequence[k], r.scoring_vectors(alone.sequence[0]).float(), atol=1e-5)
     batch = enc.padded([2, 0])
     assert batch.tokens.shape[:2] == batch.mask.shape == (2, len(ids[2]))
-    assert batch.mask.sum(1).tolist() == [len(ids[2]), len(ids[0])] and not batch.tokens[1, len(ids[0]):].any()
+    assert batch.mask.sum(1).tolist() == [len(ids[2]), len(ids[0])] and not batch.tokens[1, len(ids[0]) :].any()
     assert enc.padded_ids([2, 0])[1].tolist() == ids[0] + [0] * (len(ids[2]) - len(ids[0]))
     pooled = encode_collection(r, ids, "doc", batch_size=2, pad_id=tok.pad_token_id, keep_tokens=False)
     assert pooled.vecs.shape[0] == 0 and (pooled.sequence is None) == (name == "colbert")

@@ -3,6 +3,7 @@
 References are brute force in torch on the same ranker: `ranker.score_all` of every query against every passage,
 all encoded in one batch, so agreement also shows that streaming, length-sorted batching and padding change nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,19 +20,21 @@ from lightning_modules.rankers.bert_dot import BertDotConfig
 from lightning_modules.rankers.colbert import ColBERTConfig
 from lightning_modules.rankers.repbert import RepBERTConfig
 from metrics.trec import write_trec_run
+from pipeline.cli import main
+from pipeline.run import evaluate
 from retrieval.colbert_e2e import (
     ColBERTIndex,
     candidates_from_hits,
     colbert_index_from_checkpoint,
 )
-from pipeline.cli import main
-from pipeline.run import evaluate
 from retrieval.dense import DenseIndex, index_from_checkpoint
 from retrieval.encode import encode_docs, pair_tokenizer_for
 
 ATOL = 1e-5
-WORDS = ("dense retrieval vectors passage query token colbert isotropy ranking neural bert index search faiss "
-         "cosine product late interaction score model training collection document answer position bias").split()
+WORDS = (
+    "dense retrieval vectors passage query token colbert isotropy ranking neural bert index search faiss "
+    "cosine product late interaction score model training collection document answer position bias"
+).split()
 
 
 def _texts(n: int, seed: int, lo: int, hi: int) -> list[str]:
@@ -114,7 +117,11 @@ def assert_same_run(a, b, atol=0.0):
 def test_flat_is_exact_top_k(rankers, name):
     r = rankers[name]
     index = DenseIndex.build(r, DOCS, batch_size=7, sort_window=16)  # streamed, length-sorted windows
-    assert index.index_type == "flat" and len(index) == len(DOCS) and index.manifest["score"] == ("cosine" if name == "repbert" else "dot")
+    assert (
+        index.index_type == "flat"
+        and len(index) == len(DOCS)
+        and index.manifest["score"] == ("cosine" if name == "repbert" else "dot")
+    )
     assert_exact_top_k(index.search(QUERIES, k=10, batch_size=2), r, 10)
     assert_exact_top_k(index.search(QUERIES, k=1000), r, len(DOCS))  # k > collection: everything, ranked
 
@@ -326,9 +333,23 @@ def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     """`python evaluate.py retrieval=dense ...` (retrieval/retrieve.py; the keys of retrieval/config.py)."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    rc = main(["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
-               "data.num_train_queries=10", "data.num_val_queries=3", "data.num_test_queries=6", "logger=none",
-               f"output_dir={out}", "retrieval.k=20", "retrieval.index_type=hnsw"], evaluate)
+    rc = main(
+        [
+            "retrieval=dense",
+            "model=repbert",
+            f"model.backbone={tiny_bert}",
+            "data=synthetic",
+            "data.num_docs=60",
+            "data.num_train_queries=10",
+            "data.num_val_queries=3",
+            "data.num_test_queries=6",
+            "logger=none",
+            f"output_dir={out}",
+            "retrieval.k=20",
+            "retrieval.index_type=hnsw",
+        ],
+        evaluate,
+    )
     assert rc == 0
     run = read_trec_run(out / "run.trec")
     assert len(run) == 6 and all(len(d) == 20 for d in run.values())
@@ -336,8 +357,19 @@ def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     assert "ndcg_cut_10" in metrics and metrics["retrieval"]["docs"] == 60
     assert DenseIndex.load(out / "index").index_type == "hnsw"
     assert (out / "config.yaml").is_file() and (out / "per_query.json").is_file()
-    rc = main(["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60",
-               f"output_dir={out}", "retrieval.index_type=ivf", "retrieval.nlist=5000"], evaluate)
+    rc = main(
+        [
+            "retrieval=dense",
+            "model=repbert",
+            f"model.backbone={tiny_bert}",
+            "data=synthetic",
+            "data.num_docs=60",
+            f"output_dir={out}",
+            "retrieval.index_type=ivf",
+            "retrieval.nlist=5000",
+        ],
+        evaluate,
+    )
     assert rc == 2
 
 
@@ -351,9 +383,25 @@ def test_cli_colbert_end_to_end_from_a_checkpoint(tiny_bert, tmp_path, monkeypat
     ckpt = tmp_path / "c.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
     out = tmp_path / "out"
-    rc = main(["retrieval=dense", f"ckpt={ckpt}", "data=synthetic", "data.num_docs=40", "data.num_train_queries=4",
-               "data.num_val_queries=2", "data.num_test_queries=5", "logger=none", f"output_dir={out}", "retrieval.k=5",
-               "retrieval.k_tokens=100000", "retrieval.depth=null", "retrieval.store_dtype=float32", "retrieval.batch_size=16"], evaluate)
+    rc = main(
+        [
+            "retrieval=dense",
+            f"ckpt={ckpt}",
+            "data=synthetic",
+            "data.num_docs=40",
+            "data.num_train_queries=4",
+            "data.num_val_queries=2",
+            "data.num_test_queries=5",
+            "logger=none",
+            f"output_dir={out}",
+            "retrieval.k=5",
+            "retrieval.k_tokens=100000",
+            "retrieval.depth=null",
+            "retrieval.store_dtype=float32",
+            "retrieval.batch_size=16",
+        ],
+        evaluate,
+    )
     assert rc == 0
     run = read_trec_run(out / "run.trec")
     assert len(run) == 5 and all(len(d) == 5 for d in run.values())

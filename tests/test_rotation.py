@@ -2,6 +2,7 @@
 `data.rotation` (per_passage: one cut per passage across epochs, triples, ranks, workers, training and evaluation;
 per_epoch: a new cut every epoch), and the answer-position distribution before/after rotation (SQuAD from
 ../shared/data, synthetic "start")."""
+
 from __future__ import annotations
 
 import gzip
@@ -74,7 +75,7 @@ def test_rotate_is_a_word_rotation_and_maps_spans():
                 if r == 0 or s >= cut or e <= cut - 1:  # not split by the cut: one span, same text
                     assert answer in pieces
                 else:  # split: the tail part now opens the passage, the head part closes it
-                    head, tail = answer[: cut - 1 - s], answer[cut - s:]
+                    head, tail = answer[: cut - 1 - s], answer[cut - s :]
                     assert (tail == "" or (0, len(tail)) in rspans) and (head == "" or rotated.endswith(head))
                     assert (head + " " + tail).strip() == answer
     assert rotate("a b c d", 0) == ("a b c d", [])
@@ -103,8 +104,10 @@ def test_rotation_index_is_deterministic_across_processes():
     # per_passage: (seed, passage id) only, the epoch-0 cut of the passage id
     b = [passage_rotation_index(42, f"d{i}", 50) for i in range(400)]
     assert b == [rotation_index(42, 0, f"d{i}", 50) for i in range(400)]
-    code = ("from datamodules.rotation import rotation_index as f, passage_rotation_index as g; "
-            "print([[f(42, 3, f'q{i}:d{i}', 50) for i in range(400)], [g(42, f'd{i}', 50) for i in range(400)]])")
+    code = (
+        "from datamodules.rotation import rotation_index as f, passage_rotation_index as g; "
+        "print([[f(42, 3, f'q{i}:d{i}', 50) for i in range(400)], [g(42, f'd{i}', 50) for i in range(400)]])"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [a, b]
@@ -135,15 +138,17 @@ def test_rotation_makes_squad_answer_positions_uniform():
                 rotated, spans = rotate_seeded(context, seed=0, epoch=0, key=qa["id"], spans=[span])
                 assert sorted(rotated.split()) == sorted(context.split())
                 if len(spans) == 1:  # not split by the cut: the slice is the (whitespace-normalised) answer
-                    assert rotated[spans[0][0]:spans[0][1]] == " ".join(ans["text"].split())
+                    assert rotated[spans[0][0] : spans[0][1]] == " ".join(ans["text"].split())
                     checked += 1
                 # the answer starts in the last span: a span split by the cut keeps its first words at the end
                 after.append(relative_answer_positions(rotated, spans[-1:])[0])
     assert len(before) == len(after) == 10570
     assert checked > 0.95 * len(after)
     p_before, p_after = _ks_uniform(before), _ks_uniform(after)
-    print(f"\nSQuAD relative answer start (word-based): before mean {np.mean(before):.3f} (KS p={p_before:.2g}), "
-          f"after rotation mean {np.mean(after):.3f} (KS p={p_after:.2g})")
+    print(
+        f"\nSQuAD relative answer start (word-based): before mean {np.mean(before):.3f} (KS p={p_before:.2g}), "
+        f"after rotation mean {np.mean(after):.3f} (KS p={p_after:.2g})"
+    )
     assert p_after > 0.01
     assert abs(np.mean(after) - 0.5) < 0.02
     deciles = np.bincount(np.minimum((np.array(after) * 10).astype(int), 9), minlength=10)
@@ -185,8 +190,17 @@ def _as_list(items):
 def _module(tmp_path, rotate_train: bool, rotate_eval: bool, seed: int = 5, rotation: str = "per_passage"):
     from datamodules.datamodule import RankingDataModule
 
-    cfg = SyntheticConfig(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6, num_topics=4,
-                          rotate_train=rotate_train, rotate_eval=rotate_eval, rotation=rotation, cache_dir=str(tmp_path))
+    cfg = SyntheticConfig(
+        num_docs=80,
+        num_train_queries=30,
+        num_val_queries=6,
+        num_test_queries=6,
+        num_topics=4,
+        rotate_train=rotate_train,
+        rotate_eval=rotate_eval,
+        rotation=rotation,
+        cache_dir=str(tmp_path),
+    )
     dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
     dm.setup()
     return dm
@@ -196,14 +210,22 @@ def _triplets(dm):
     from datamodules.datamodule import TripletDataset
 
     train = dm.dataset.split("train")
-    return TripletDataset(dm.dataset, dm.triples, train.queries, dm.cfg.rotate_train, dm.seed, rotation_mode=dm.cfg.rotation,
-                          qrels=train.qrels)
+    return TripletDataset(
+        dm.dataset,
+        dm.triples,
+        train.queries,
+        dm.cfg.rotate_train,
+        dm.seed,
+        rotation_mode=dm.cfg.rotation,
+        qrels=train.qrels,
+    )
 
 
 def test_datamodule_switches_rotate_train_and_eval_separately(tmp_path):
     """Through the data module: `rotate_train` rotates both passages of every training triplet, with a cut that
     repeats with the seed and (per_epoch) changes with the epoch; `rotate_eval` rotates the evaluation passages;
     each switch leaves the other side as the normalised original (same spacing, word order untouched)."""
+
     def module(rotate_train: bool, rotate_eval: bool, seed: int = 5, rotation: str = "per_epoch"):
         return _module(tmp_path, rotate_train, rotate_eval, seed, rotation)
 
@@ -271,7 +293,9 @@ def test_per_passage_is_one_cut_per_passage_everywhere(tmp_path):
     # a resumed run (a new data module, a new dataset object) and the other rotation setting's evaluation agree
     again = _triplets(_module(tmp_path, True, True))
     assert [again[(7, i)] for i in range(len(dm.triples))] == [tds[(0, i)] for i in range(len(dm.triples))]
-    assert _module(tmp_path, True, True, rotation="per_epoch").eval_splits["test"].dtexts == dm.eval_splits["test"].dtexts
+    assert (
+        _module(tmp_path, True, True, rotation="per_epoch").eval_splits["test"].dtexts == dm.eval_splits["test"].dtexts
+    )
 
 
 def test_per_epoch_redraws_the_cut_every_epoch(tmp_path):
@@ -286,7 +310,9 @@ def test_per_epoch_redraws_the_cut_every_epoch(tmp_path):
     per_epoch = [[tds[(epoch, i)][1] for i in range(n)] for epoch in range(3)]
     for a, b in ((0, 1), (1, 2), (0, 2)):
         assert sum(x != y for x, y in zip(per_epoch[a], per_epoch[b])) > n // 2
-    assert [_triplets(_module(tmp_path, True, False, rotation="per_epoch"))[(1, i)][1] for i in range(n)] == per_epoch[1]
+    assert [_triplets(_module(tmp_path, True, False, rotation="per_epoch"))[(1, i)][1] for i in range(n)] == per_epoch[
+        1
+    ]
     # per_passage on the same module: every epoch equals epoch 0
     per_passage = _module(tmp_path, True, False)
     same = _triplets(per_passage)
@@ -294,7 +320,11 @@ def test_per_epoch_redraws_the_cut_every_epoch(tmp_path):
     # the training loader builds its dataset with the configured setting
     for module in (dm, per_passage):
         loader = module.train_dataloader()
-        assert loader.dataset.rotation_mode == module.cfg.rotation and loader.dataset[(2, 3)] == _triplets(module)[(2, 3)]
-    assert compose(["data.rotation=per_epoch"]).data.rotation == "per_epoch" and compose([]).data.rotation == "per_passage"
+        assert (
+            loader.dataset.rotation_mode == module.cfg.rotation and loader.dataset[(2, 3)] == _triplets(module)[(2, 3)]
+        )
+    assert (
+        compose(["data.rotation=per_epoch"]).data.rotation == "per_epoch" and compose([]).data.rotation == "per_passage"
+    )
     with pytest.raises(InputError, match=r"data\.rotation"):
         compose(["data.rotation=per_triple"])

@@ -1,6 +1,7 @@
 """What a run checks and says before and while it runs (issue 22): data is read and checked before any model weights
 are loaded; training that will train nothing says so; the progress bar counts epochs to a finite end under
 max_steps; judged queries without candidates are listed, scored 0 and left out of run.trec (trec_eval -c)."""
+
 from __future__ import annotations
 
 import json
@@ -16,29 +17,47 @@ from pipeline.config import compose
 from pipeline.run import evaluate, train
 from pipeline.stages import load_data
 
-SMALL = ["data=synthetic", "data.max_train_triples=16", "data.max_eval_queries=6", "data.candidate_depth=10",
-         "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=4",
-         "eval.probe_docs=8", "eval.before_training=false", "eval.start_candidate=false", "eval.ats_passages=0",
-         "eval.isotropy_paper=false", "data.batch_size=8"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=16",
+    "data.max_eval_queries=6",
+    "data.candidate_depth=10",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=4",
+    "eval.probe_docs=8",
+    "eval.before_training=false",
+    "eval.start_candidate=false",
+    "eval.ats_passages=0",
+    "eval.isotropy_paper=false",
+    "data.batch_size=8",
+]
 
 
 def tsv(tmp_path, qrels: str = "q1 0 d1 1\nq2 0 d2 1\nq3 0 d3 1\n") -> list[str]:
     """A TSV collection whose query q3 is punctuation only (no BM25 candidate); `qrels` for every split."""
-    (tmp_path / "collection.tsv").write_text("d1\tthe cat sat on the mat\nd2\tdogs bark at night\nd3\tbirds sing\n"
-                                             "d4\ta cat and a dog\n")
+    (tmp_path / "collection.tsv").write_text(
+        "d1\tthe cat sat on the mat\nd2\tdogs bark at night\nd3\tbirds sing\nd4\ta cat and a dog\n"
+    )
     (tmp_path / "queries.tsv").write_text("q1\tcat\nq2\tdogs\nq3\t?!\n")
     (tmp_path / "qrels.txt").write_text(qrels)
     args = [f"data.collection={tmp_path / 'collection.tsv'}", "data.train_triples=null"]
     for split in ("train", "val", "test"):
-        args += [f"data.{split}_queries={tmp_path / 'queries.tsv'}", f"data.{split}_qrels={tmp_path / 'qrels.txt'}",
-                 f"data.{split}_run=null"]
+        args += [
+            f"data.{split}_queries={tmp_path / 'queries.tsv'}",
+            f"data.{split}_qrels={tmp_path / 'qrels.txt'}",
+            f"data.{split}_run=null",
+        ]
     return ["data=tsv", *args, "logger=none", f"data.cache_dir={tmp_path / 'cache'}"]
 
 
 # ---- data before models ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("job, extra", [(lambda cfg, _: train(cfg), []), (evaluate, []),
-                                        (evaluate, ["ckpt=/no/such/checkpoint.ckpt"])])
+
+@pytest.mark.parametrize(
+    "job, extra", [(lambda cfg, _: train(cfg), []), (evaluate, []), (evaluate, ["ckpt=/no/such/checkpoint.ckpt"])]
+)
 def test_bad_data_is_reported_before_any_weights_are_loaded(tmp_path, capsys, job, extra):
     """A backbone (or checkpoint) that does not exist would fail as soon as weights are loaded: the data error wins."""
     bad = tsv(tmp_path, qrels="q1 0 d1 1\nq2 0 d2\n")  # line 2 lacks the grade
@@ -51,6 +70,7 @@ def test_bad_data_is_reported_before_any_weights_are_loaded(tmp_path, capsys, jo
 
 # ---- nothing to train --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_nothing_to_train_is_said(tmp_path, tiny_bert):
     base = [*SMALL, f"model.backbone={tiny_bert}", "trainer.val_check_interval=2"]
@@ -62,7 +82,10 @@ def test_nothing_to_train_is_said(tmp_path, tiny_bert):
     last = out / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2
     for steps in (1, 2):  # at and below the checkpoint's step
-        with pytest.warns(UserWarning, match=rf"^nothing will be trained: trainer.max_steps={steps} and ckpt_path is already at step 2; raise trainer.max_steps to train on$"):
+        with pytest.warns(
+            UserWarning,
+            match=rf"^nothing will be trained: trainer.max_steps={steps} and ckpt_path is already at step 2; raise trainer.max_steps to train on$",
+        ):
             train(compose([*base, f"trainer.max_steps={steps}", f"ckpt_path={last}", f"output_dir={out}"]))
     with pytest.warns(UserWarning, match=r"^nothing will be trained: trainer.max_steps=0$"):
         train(compose([*base, "trainer.max_steps=0", f"output_dir={tmp_path / 'zero'}"]))
@@ -70,6 +93,7 @@ def test_nothing_to_train_is_said(tmp_path, tiny_bert):
 
 
 # ---- progress bar ------------------------------------------------------------------------------------------------
+
 
 class _Tiny(pl.LightningModule):
     def __init__(self):
@@ -95,8 +119,15 @@ def test_progress_bar_counts_epochs_to_max_steps(accumulate, epochs):
             shown.append(super()._get_train_description(current_epoch).strip())
             return shown[-1]
 
-    trainer = pl.Trainer(max_steps=12, accumulate_grad_batches=accumulate, callbacks=[Spy()], logger=False,
-                         enable_checkpointing=False, accelerator="cpu", enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_steps=12,
+        accumulate_grad_batches=accumulate,
+        callbacks=[Spy()],
+        logger=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        enable_model_summary=False,
+    )
     trainer.fit(_Tiny())
     assert trainer.max_epochs == -1 and trainer.global_step == 12 and trainer.current_epoch == epochs
     assert shown == [f"Epoch {e}/{epochs - 1}" for e in range(epochs)]
@@ -105,8 +136,12 @@ def test_progress_bar_counts_epochs_to_max_steps(accumulate, epochs):
 
 # ---- queries without candidates ----------------------------------------------------------------------------------
 
+
 def test_query_without_candidates_warned_in_reranking(tmp_path):
-    with pytest.warns(UserWarning, match=r"data 'tsv', split 'test': 1 judged query has no candidate .*: 'q3'; scored 0 on every measure and absent from run.trec \(as trec_eval -c counts them\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"data 'tsv', split 'test': 1 judged query has no candidate .*: 'q3'; scored 0 on every measure and absent from run.trec \(as trec_eval -c counts them\)",
+    ):
         dm = load_data(compose(tsv(tmp_path)))
     test = dm.eval_splits["test"]
     assert "q3" in test.qids and test.qids.index("q3") not in set(test.pairs[:, 0].tolist())
@@ -117,7 +152,10 @@ def test_judged_query_left_out_of_a_given_run_is_scored_zero(tmp_path):
     (trec_eval -c), with the same warning as a query without BM25 candidates, not silently dropped."""
     (tmp_path / "run.txt").write_text("q1 Q0 d1 1 2.0 x\nq1 Q0 d4 2 1.0 x\nq3 Q0 d3 1 1.0 x\n")  # no line for judged q2
     args = [a for a in tsv(tmp_path) if not a.startswith("data.test_run=")] + [f"data.test_run={tmp_path / 'run.txt'}"]
-    with pytest.warns(UserWarning, match=r"data 'tsv', split 'test': 1 judged query has no candidate \(the given run ranks no document for it\): 'q2'"):
+    with pytest.warns(
+        UserWarning,
+        match=r"data 'tsv', split 'test': 1 judged query has no candidate \(the given run ranks no document for it\): 'q2'",
+    ):
         dm = load_data(compose(args))
     test = dm.eval_splits["test"]
     assert test.qids == ["q1", "q2", "q3"]

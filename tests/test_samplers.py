@@ -1,5 +1,6 @@
 """The training batch sampler: every example exactly once per epoch across ranks, same batches on every rank
 count, reproducible per (seed, epoch), and resumable mid-epoch."""
+
 import itertools
 
 import pytest

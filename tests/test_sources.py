@@ -1,6 +1,7 @@
 """Data sources: the synthetic default, SQuAD / classic collections from ../shared/data (skipped when absent), and
 tsv / BEIR / ir_datasets from tiny files written here. Expected values are computed independently from the raw
 files (or written by hand from them), never from the code under test."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +55,10 @@ def test_every_source_is_registered_with_a_dataclass_schema():
         assert entry.schema().source == name
 
 
-@pytest.mark.parametrize("yaml_name", ["synthetic", "squad", "squad_biased", "cranfield", "vaswani", "cisi", "cacm", "tsv", "beir", "ir_datasets"])
+@pytest.mark.parametrize(
+    "yaml_name",
+    ["synthetic", "squad", "squad_biased", "cranfield", "vaswani", "cisi", "cacm", "tsv", "beir", "ir_datasets"],
+)
 def test_data_yaml_holds_only_schema_keys(yaml_name):
     path = REPO / "configs" / "data" / f"{yaml_name}.yaml"
     raw = yaml.safe_load(path.read_text())
@@ -156,8 +160,12 @@ def test_squad_paragraph_retrieval_split_by_article(monkeypatch):
     ds = load_dataset(SquadConfig(), 0)
     raw = json.load(gzip.open(path))
     contexts = [p["context"] for a in raw["data"] for p in a["paragraphs"]]
-    answers = {qa["id"]: (p["context"], {x["text"] for x in qa["answers"]}, qa["question"])
-               for a in raw["data"] for p in a["paragraphs"] for qa in p["qas"]}
+    answers = {
+        qa["id"]: (p["context"], {x["text"] for x in qa["answers"]}, qa["question"])
+        for a in raw["data"]
+        for p in a["paragraphs"]
+        for qa in p["qas"]
+    }
     assert len(ds.docs) == 2067 == len(contexts)
     assert sorted(ds.docs.values()) == sorted(contexts)
     assert sum(len(s.queries) for s in _all_splits(ds)) == 10570 == len(answers)
@@ -176,7 +184,9 @@ def test_squad_paragraph_retrieval_split_by_article(monkeypatch):
     assert all(len(v) == 1 for v in articles.values())  # no article in two splits
     by_split = {n: sum(1 for v in articles.values() if n in v) for n in SPLITS}
     assert by_split == {"train": 34, "val": 7, "test": 7}  # 48 articles, 0.15 each
-    assert load_dataset(SquadConfig(), 1).splits["test"].queries == ds.splits["test"].queries  # split_seed, not run seed
+    assert (
+        load_dataset(SquadConfig(), 1).splits["test"].queries == ds.splits["test"].queries
+    )  # split_seed, not run seed
     capped = load_dataset(SquadConfig(max_questions_per_split=50), 0)
     assert [len(s.queries) for s in _all_splits(capped)] == [50, 50, 50]
     assert set(capped.splits["val"].queries) <= set(ds.splits["val"].queries)
@@ -224,8 +234,10 @@ def test_vaswani(monkeypatch):
     monkeypatch.chdir(REPO)
     ds = load_dataset(VaswaniConfig(), 0)
     assert len(ds.docs) == 11429
-    assert ds.docs["1"] == ("compact memories have flexible capacities a digital data storage system with capacity up "
-                            "to bits and random and or sequential access is described")
+    assert ds.docs["1"] == (
+        "compact memories have flexible capacities a digital data storage system with capacity up "
+        "to bits and random and or sequential access is described"
+    )
     _split_sanity(ds, 93)
     queries = {q: t for s in _all_splits(ds) for q, t in s.queries.items()}
     qrels = {q: j for s in _all_splits(ds) for q, j in s.qrels.items()}
@@ -279,7 +291,9 @@ def _write(path: Path, text: str) -> str:
 @pytest.fixture()
 def tsv_files(tmp_path):
     return {
-        "collection": _write(tmp_path / "collection.tsv.gz", "d1\tthe cat sat on the mat\nd2\tdogs bark at night\nd3\ta cat and a dog\n"),
+        "collection": _write(
+            tmp_path / "collection.tsv.gz", "d1\tthe cat sat on the mat\nd2\tdogs bark at night\nd3\ta cat and a dog\n"
+        ),
         "train_queries": _write(tmp_path / "q.train.tsv", "q1\twhere did the cat sit\nq2\twhat do dogs do\n"),
         "train_qrels": _write(tmp_path / "qrels.train.txt", "q1 0 d1 1\nq2 0 d2 2\nq2 0 d3 0\n"),
         "train_triples": _write(tmp_path / "triples.tsv", "q1\td1\td2\nq2\td2\td1\n"),
@@ -309,9 +323,11 @@ def test_one_trec_run_reader_for_candidates_and_runs(tmp_path):
     run = _write(tmp_path / "run.txt", "q1 Q0 d1 2 1.5 x\nq1 Q0 d3 1 2.5 x\nq1 Q0 d2 3 1.5 x\nq2 Q0 d1 1 -0.5 x\n")
     assert read_trec_run(run) == {"q1": {"d1": 1.5, "d3": 2.5, "d2": 1.5}, "q2": {"d1": -0.5}}
     assert run_candidates(run) == {"q1": ["d3", "d1", "d2"], "q2": ["d1"]}
-    for text, message in (("q1 Q0 d1 1 2.0 x\nq1 Q0 d1 2 1.0 x\n", r"run.bad:2: document 'd1' listed twice for query 'q1'"),
-                          ("q1 Q0 d1 1 nan x\n", r"run.bad:1: score 'nan' is not finite"),
-                          ("q1 Q0 d1 one 2.0 x\n", r"run.bad:1: rank 'one' is not an integer")):
+    for text, message in (
+        ("q1 Q0 d1 1 2.0 x\nq1 Q0 d1 2 1.0 x\n", r"run.bad:2: document 'd1' listed twice for query 'q1'"),
+        ("q1 Q0 d1 1 nan x\n", r"run.bad:1: score 'nan' is not finite"),
+        ("q1 Q0 d1 one 2.0 x\n", r"run.bad:1: rank 'one' is not an integer"),
+    ):
         bad = _write(tmp_path / "run.bad", text)
         for reader in (read_trec_run, run_candidates):
             with pytest.raises(InputError, match=message):
@@ -319,9 +335,11 @@ def test_one_trec_run_reader_for_candidates_and_runs(tmp_path):
 
 
 def test_tsv_text_triples(tmp_path, tsv_files):
-    tsv_files["train_triples"] = _write(tmp_path / "triples.text.tsv",
-                                        "where did the cat sit\tthe cat sat on the mat\ta brand new passage\n"
-                                        "a new query\ta brand new passage\tdogs bark at night\n")
+    tsv_files["train_triples"] = _write(
+        tmp_path / "triples.text.tsv",
+        "where did the cat sit\tthe cat sat on the mat\ta brand new passage\n"
+        "a new query\ta brand new passage\tdogs bark at night\n",
+    )
     ds = load_dataset(TsvConfig(**tsv_files, triples_format="text"), 0)
     train = ds.splits["train"]
     (t1, t2) = train.triples
@@ -337,12 +355,22 @@ def test_tsv_text_triples(tmp_path, tsv_files):
 
 
 def _beir(folder: Path, with_dev: bool):
-    _write(folder / "corpus.jsonl", "\n".join(json.dumps(o) for o in [
-        {"_id": "c1", "title": "Cats", "text": "cats purr", "metadata": {}},
-        {"_id": "c2", "title": "", "text": "dogs bark"},
-        {"_id": "c3", "title": "Fish", "text": "fish swim"},
-    ]) + "\n")
-    _write(folder / "queries.jsonl", "\n".join(json.dumps({"_id": f"q{i}", "text": f"question {i}"}) for i in range(1, 11)) + "\n")
+    _write(
+        folder / "corpus.jsonl",
+        "\n".join(
+            json.dumps(o)
+            for o in [
+                {"_id": "c1", "title": "Cats", "text": "cats purr", "metadata": {}},
+                {"_id": "c2", "title": "", "text": "dogs bark"},
+                {"_id": "c3", "title": "Fish", "text": "fish swim"},
+            ]
+        )
+        + "\n",
+    )
+    _write(
+        folder / "queries.jsonl",
+        "\n".join(json.dumps({"_id": f"q{i}", "text": f"question {i}"}) for i in range(1, 11)) + "\n",
+    )
     rows = "".join(f"q{i}\tc{1 + i % 3}\t{1 + i % 2}\n" for i in range(1, 9))
     _write(folder / "qrels" / "train.tsv", "query-id\tcorpus-id\tscore\n" + rows)
     _write(folder / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq9\tc1\t1\nq10\tc2\t0\nq10\tc3\t2\n")
@@ -417,8 +445,17 @@ def test_ir_datasets_local(tmp_path):
     assert val.triples is None and val.queries == {"1": "query 1", "2": "query 2", "3": "query 3"}  # queries with qrels
     assert test.queries == {} and test.triples is None and test.candidates is None
 
-    capped = load_dataset(IrDatasetsConfig(train_id=with_pairs, val_id=None, test_id=None, max_docpairs=2,
-                                           max_queries_per_split=1, only_referenced_docs=True), 0)
+    capped = load_dataset(
+        IrDatasetsConfig(
+            train_id=with_pairs,
+            val_id=None,
+            test_id=None,
+            max_docpairs=2,
+            max_queries_per_split=1,
+            only_referenced_docs=True,
+        ),
+        0,
+    )
     train = capped.splits["train"]
     assert train.triples == [("1", "p1", "p5")] and list(train.queries) == ["1"]
     assert set(capped.docs) == {"p1", "p5", "p9"}  # qrels, triples and candidates of the kept query

@@ -1,5 +1,6 @@
 """Speed paths give the plain path's numbers: tokenise-once + length-sorted encoding, re-ranking one query's
 candidates, length-grouped evaluation chunks."""
+
 import numpy as np
 import pytest
 import torch
@@ -8,8 +9,13 @@ from datamodules.datamodule import doc_chunks
 from lightning_modules.module import RankingModule
 
 QUERIES = ["what is heat transfer", "slab conduction in thin plates of metal", "flow"]
-DOCS = ["heat transfer in slabs", "a study of boundary layers on thin wings in supersonic flow at high speed",
-        "flow of air over wings at speed", "conduction", "the boundary layer thickens along the plate as flow slows"]
+DOCS = [
+    "heat transfer in slabs",
+    "a study of boundary layers on thin wings in supersonic flow at high speed",
+    "flow of air over wings at speed",
+    "conduction",
+    "the boundary layer thickens along the plate as flow slows",
+]
 
 
 def module(backbone, name):
@@ -71,14 +77,22 @@ def test_doc_chunks_by_length_group_similar_lengths_and_cover_pairs_once():
 def test_fused_adamw_steps_equal_the_foreach_steps(tiny_bert):
     from types import SimpleNamespace
 
-    m = RankingModule({"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {"warmup_steps": 0})
+    m = RankingModule(
+        {"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {"warmup_steps": 0}
+    )
     m._trainer = SimpleNamespace(estimated_stepping_batches=10)
     opt = m.configure_optimizers()["optimizer"]
     m._trainer = None
     assert opt.defaults["fused"] is True
     ref_params = [p.detach().clone().requires_grad_(True) for g in opt.param_groups for p in g["params"]]
-    ref = torch.optim.AdamW([{**g, "params": ref_params[i : i + len(g["params"])]} for i, g in zip(
-        np.cumsum([0] + [len(g["params"]) for g in opt.param_groups])[:-1], opt.param_groups)], foreach=True, fused=False)
+    ref = torch.optim.AdamW(
+        [
+            {**g, "params": ref_params[i : i + len(g["params"])]}
+            for i, g in zip(np.cumsum([0] + [len(g["params"]) for g in opt.param_groups])[:-1], opt.param_groups)
+        ],
+        foreach=True,
+        fused=False,
+    )
     torch.manual_seed(0)
     for _ in range(3):
         grads = [torch.randn_like(p) for p in ref_params]
@@ -100,8 +114,16 @@ def test_length_buckets_give_the_one_block_loss_and_gradients(tiny_bert_nodropou
     results = []
     for buckets in (1, 3):
         torch.manual_seed(0)
-        m = RankingModule({"name": name, "backbone": tiny_bert_nodropout, "query_max_len": 8, "doc_max_len": 16,
-                           "length_buckets": buckets}, {"loss": "ce", "in_batch_negatives": True}).train()
+        m = RankingModule(
+            {
+                "name": name,
+                "backbone": tiny_bert_nodropout,
+                "query_max_len": 8,
+                "doc_max_len": 16,
+                "length_buckets": buckets,
+            },
+            {"loss": "ce", "in_batch_negatives": True},
+        ).train()
         batch = m.pair_tokenizer.triplets(QUERIES + QUERIES[:1], LONG_DOCS[:4], LONG_DOCS[4:])
         loss = m.training_step(batch, 0)
         loss.backward()

@@ -3,6 +3,7 @@ rank 0 reads the shares back as one process's batches, so the index is the one p
 
 In-process tests simulate the ranks (a share per rank, then the merge); the slow tests run `evaluate.py
 retrieval=dense retrieval.devices=2` as two gloo processes and compare with one process."""
+
 import json
 import random
 from pathlib import Path
@@ -34,8 +35,10 @@ DOCS = {f"d{i}": t for i, t in enumerate(_texts(53, 1))}  # 53: the last window 
 @pytest.fixture(scope="module")
 def rankers(tiny_bert):
     torch.manual_seed(0)
-    return {"repbert": build_ranker(RepBERTConfig(backbone=tiny_bert)).eval(),
-            "colbert": build_ranker(ColBERTConfig(backbone=tiny_bert, doc_max_len=24)).eval()}
+    return {
+        "repbert": build_ranker(RepBERTConfig(backbone=tiny_bert)).eval(),
+        "colbert": build_ranker(ColBERTConfig(backbone=tiny_bert, doc_max_len=24)).eval(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +72,17 @@ def _shares(ranker, docs, parts: Path, world: int, output: str, batch_size: int 
     window = window_size(batch_size, sort_window)
     for rank in range(world):
         writer = ShareWriter(parts / f"rank-{rank}")
-        for w, ids, out in encode_windows(ranker, pt, share_windows(docs, window, rank, world), side="docs", batch_size=batch_size,
-                                          device=torch.device("cpu"), precision="fp32", sort=True, output=output):
+        for w, ids, out in encode_windows(
+            ranker,
+            pt,
+            share_windows(docs, window, rank, world),
+            side="docs",
+            batch_size=batch_size,
+            device=torch.device("cpu"),
+            precision="fp32",
+            sort=True,
+            output=output,
+        ):
             writer.add(w, ids, out)
         writer.finish()
 
@@ -134,8 +146,17 @@ def test_incomplete_share_is_one_line(rankers, tmp_path):
         list(read_shares(tmp_path, 2))
 
 
-COMMON = ["retrieval=dense", "data=synthetic", "data.num_docs=70", "data.num_train_queries=4", "data.num_val_queries=2",
-          "data.num_test_queries=6", "logger=none", "retrieval.k=10", "retrieval.batch_size=8"]
+COMMON = [
+    "retrieval=dense",
+    "data=synthetic",
+    "data.num_docs=70",
+    "data.num_train_queries=4",
+    "data.num_val_queries=2",
+    "data.num_test_queries=6",
+    "logger=none",
+    "retrieval.k=10",
+    "retrieval.batch_size=8",
+]
 
 
 @pytest.mark.slow
@@ -143,18 +164,32 @@ COMMON = ["retrieval=dense", "data=synthetic", "data.num_docs=70", "data.num_tra
 def test_two_processes_give_the_one_process_run(tiny_bert, tmp_path, name):
     """`evaluate.py retrieval=dense retrieval.devices=2`: two gloo processes encode a share each and rank 0 indexes:
     run.trec, metrics.json and the index's ids equal one process's; only rank 0 writes; no parts folder is left."""
-    extra = ["retrieval.k_tokens=100000", "retrieval.depth=null", "retrieval.store_dtype=float32"] if name == "colbert" else []
+    extra = (
+        ["retrieval.k_tokens=100000", "retrieval.depth=null", "retrieval.store_dtype=float32"]
+        if name == "colbert"
+        else []
+    )
     outs = {}
     for devices in (1, 2):
         out = tmp_path / f"d{devices}"
-        run_script("evaluate.py", *COMMON, *extra, f"model={name}", f"model.backbone={tiny_bert}", f"output_dir={out}",
-                   f"retrieval.devices={devices}", "seed=3")
+        run_script(
+            "evaluate.py",
+            *COMMON,
+            *extra,
+            f"model={name}",
+            f"model.backbone={tiny_bert}",
+            f"output_dir={out}",
+            f"retrieval.devices={devices}",
+            "seed=3",
+        )
         outs[devices] = out
     one, two = outs[1], outs[2]
     assert (two / "run.trec").read_text() == (one / "run.trec").read_text()
     m1, m2 = (json.loads((o / "metrics.json").read_text()) for o in (one, two))
     assert {k: v for k, v in m1.items() if k != "retrieval"} == {k: v for k, v in m2.items() if k != "retrieval"}
-    assert json.loads((one / "index" / "doc_ids.json").read_text()) == json.loads((two / "index" / "doc_ids.json").read_text())
+    assert json.loads((one / "index" / "doc_ids.json").read_text()) == json.loads(
+        (two / "index" / "doc_ids.json").read_text()
+    )
     assert sorted(p.name for p in two.iterdir() if p.name.startswith(".")) == []  # the parts folder was removed
 
 
@@ -169,8 +204,10 @@ def _rank_main(rank: int, backbone: str, parts: str, port: int, fail_rank: int, 
     torch.manual_seed(0)
     ranker = build_ranker(RepBERTConfig(backbone=backbone)).eval()
     if rank == fail_rank:
+
         def broken(*a, **k):
             raise RuntimeError("simulated encoder fault")
+
         ranker.encode = broken
     try:
         out = split_encode(ranker, None, DOCS, parts, batch_size=4, sort_window=10, output="sequence")

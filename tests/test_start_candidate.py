@@ -1,5 +1,6 @@
 """The validation at step 0 is a candidate for the best checkpoint (`eval.start_candidate`): "best by validation"
 never loses to the model before fine-tuning, and the run says so when the start wins."""
+
 import json
 
 import pytest
@@ -7,9 +8,19 @@ import torch
 from conftest import run_script
 
 SMALL = [
-    "data=synthetic", "data.max_train_triples=24", "data.max_eval_queries=6", "data.candidate_depth=10",
-    "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=4",
-    "eval.probe_docs=8", "eval.ats_passages=0", "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=1",
+    "data=synthetic",
+    "data.max_train_triples=24",
+    "data.max_eval_queries=6",
+    "data.candidate_depth=10",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=4",
+    "eval.probe_docs=8",
+    "eval.ats_passages=0",
+    "data.batch_size=8",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=1",
 ]
 
 
@@ -19,8 +30,14 @@ def test_start_wins_when_training_cannot_improve(tmp_path, tiny_bert_nodropout):
     best checkpoint stays best-0.ckpt, the run warns, and the test after training scores the starting weights, so
     it equals the test before training."""
     out = tmp_path / "run"
-    proc = run_script("train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "optim.lr=1e-20", "optim.warmup_steps=0",
-                      f"output_dir={out}")
+    proc = run_script(
+        "train.py",
+        *SMALL,
+        f"model.backbone={tiny_bert_nodropout}",
+        "optim.lr=1e-20",
+        "optim.warmup_steps=0",
+        f"output_dir={out}",
+    )
     names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
     assert names == ["best-0.ckpt", "last.ckpt"]
     assert "\nwarning: no validation beat the model before fine-tuning" in proc.stderr  # one line, as errors
@@ -41,8 +58,15 @@ def test_start_wins_when_training_cannot_improve(tmp_path, tiny_bert_nodropout):
 @pytest.mark.slow
 def test_start_candidate_off_keeps_the_old_selection(tmp_path, tiny_bert_nodropout):
     out = tmp_path / "run"
-    run_script("train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "optim.lr=1e-20", "optim.warmup_steps=0",
-               "eval.start_candidate=false", f"output_dir={out}")
+    run_script(
+        "train.py",
+        *SMALL,
+        f"model.backbone={tiny_bert_nodropout}",
+        "optim.lr=1e-20",
+        "optim.warmup_steps=0",
+        "eval.start_candidate=false",
+        f"output_dir={out}",
+    )
     names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
     assert "best-0.ckpt" not in names and len([n for n in names if n.startswith("best-")]) == 1
     best = next(n for n in names if n.startswith("best-"))
@@ -58,6 +82,8 @@ def test_no_validation_means_no_start_candidate(tmp_path, tiny_bert_nodropout):
     """trainer.limit_val_batches=0 (the DGRe grids: no validation, the last weights tested) trains and tests without
     a step-0 candidate; it used to fail on the empty validation result."""
     out = tmp_path / "run"
-    run_script("train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "trainer.limit_val_batches=0", f"output_dir={out}")
+    run_script(
+        "train.py", *SMALL, f"model.backbone={tiny_bert_nodropout}", "trainer.limit_val_batches=0", f"output_dir={out}"
+    )
     assert "ndcg_cut_10" in json.loads((out / "metrics.json").read_text())
     assert not (out / "checkpoints" / "best-0.ckpt").exists()

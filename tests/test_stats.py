@@ -1,4 +1,5 @@
 """metrics/significance.py: p-values equal scipy.stats on the same numbers; degenerate inputs give p = 1."""
+
 import math
 import warnings
 
@@ -24,7 +25,9 @@ METHOD = np.clip(BASE + rng.normal(0.05, 0.1, 40), 0, 1)
 
 
 def test_t_tests_equal_scipy():
-    assert p_value(METHOD, BASE, "t_test_one_tailed") == pytest.approx(stats.ttest_rel(METHOD, BASE, alternative="greater").pvalue, rel=1e-12)
+    assert p_value(METHOD, BASE, "t_test_one_tailed") == pytest.approx(
+        stats.ttest_rel(METHOD, BASE, alternative="greater").pvalue, rel=1e-12
+    )
     assert p_value(METHOD, BASE, "t_test_two_tailed") == pytest.approx(stats.ttest_rel(METHOD, BASE).pvalue, rel=1e-12)
     # one-tailed is method > baseline: swapping the systems gives 1 - p
     p = p_value(METHOD, BASE, "t_test_one_tailed")
@@ -35,7 +38,8 @@ def test_t_tests_equal_scipy():
 def test_wilcoxon_equals_scipy():
     assert p_value(METHOD, BASE, "wilcoxon") == pytest.approx(stats.wilcoxon(METHOD, BASE).pvalue, rel=1e-12)
     assert p_value(METHOD, BASE, "wilcoxon_one_tailed") == pytest.approx(
-        stats.wilcoxon(METHOD, BASE, alternative="greater").pvalue, rel=1e-12)
+        stats.wilcoxon(METHOD, BASE, alternative="greater").pvalue, rel=1e-12
+    )
     # ties with zero differences (typical of per-query IR values): zeros dropped ("wilcox"), as scipy's default
     a = np.array([0.5, 0.5, 1.0, 0.2, 0.0, 0.7, 0.3, 1.0])
     b = np.array([0.5, 0.3, 0.5, 0.2, 0.1, 0.4, 0.3, 0.6])
@@ -87,7 +91,11 @@ def test_per_query_means_and_pairing():
     assert means == {"q1": 0.5, "q2": 0.5, "q3": 0.5}
     a, b, qids = pair_by_query(means, {"q2": 0.25, "q1": 0.0, "q9": 1.0})
     assert qids == ["q1", "q2"] and a == [0.5, 0.5] and b == [0.0, 0.25]
-    assert pair_by_replicate({"seed1": 0.3, "seed2": 0.4}, {"seed2": 0.1, "seed1": 0.2}) == ([0.3, 0.4], [0.2, 0.1], ["seed1", "seed2"])
+    assert pair_by_replicate({"seed1": 0.3, "seed2": 0.4}, {"seed2": 0.1, "seed1": 0.2}) == (
+        [0.3, 0.4],
+        [0.2, 0.1],
+        ["seed1", "seed2"],
+    )
 
 
 def test_marks():

@@ -2,6 +2,7 @@
 replaced (kept below as the reference): the same (qid, positive id, negative id) triples, the same added passages and
 queries (ids, texts and order), the same errors word for word, parsed once into the cache and nothing left behind by
 an error."""
+
 from __future__ import annotations
 
 import gzip
@@ -23,7 +24,9 @@ from datamodules.triples import TripleArray
 
 
 # ---- the reference: datamodules/sources/tsv.py's reader before the store (verbatim) --------------------------------
-def reference_read_triples_text(path: Path, docs: dict[str, str], queries: dict[str, str]) -> list[tuple[str, str, str]]:
+def reference_read_triples_text(
+    path: Path, docs: dict[str, str], queries: dict[str, str]
+) -> list[tuple[str, str, str]]:
     doc_by_text = {t: d for d, t in docs.items()}
     query_by_text = {t: q for q, t in queries.items()}
     triples = []
@@ -68,7 +71,9 @@ def _both(tmp_path: Path, cpath: Path, queries: dict[str, str], tpath: Path, cac
     ref_docs, ref_queries = read_id_text_tsv(cpath, "passage"), dict(queries)
     ref = reference_read_triples_text(tpath, ref_docs, ref_queries)
     cache = cache or tmp_path / "cache"
-    store = open_store(cache, fingerprint("tsv-collection", [cpath]), lambda: iter_id_text(cpath, "passage"), str(cpath))
+    store = open_store(
+        cache, fingerprint("tsv-collection", [cpath]), lambda: iter_id_text(cpath, "passage"), str(cpath)
+    )
     new_queries = dict(queries)
     triples = read_text_triples(tpath, store, new_queries, cache)
     return (ref, ref_docs, ref_queries), (triples, triples.docs, new_queries)
@@ -92,7 +97,12 @@ def _assert_same(ref, new, original_docs: int):
 
 
 QUERIES = {"q1": "what is a cat", "q2": "where do dogs sleep", "q3": "how fast is a horse"}
-DOCS = [("d1", "cats sit on mats"), ("d2", "dogs sleep in kennels"), ("d3", "horses run fast"), ("d4", "birds fly south")]
+DOCS = [
+    ("d1", "cats sit on mats"),
+    ("d2", "dogs sleep in kennels"),
+    ("d3", "horses run fast"),
+    ("d4", "birds fly south"),
+]
 
 
 @pytest.fixture(params=[None, 40], ids=["one-block", "blocks-of-40-bytes"])
@@ -111,8 +121,12 @@ def batch_rows(request, monkeypatch):
 # ---- the same triples, passages and queries as the reference -------------------------------------------------------
 def test_all_passages_in_the_collection(tmp_path, block_bytes, batch_rows):
     cpath = _collection(tmp_path, DOCS)
-    lines = ["what is a cat\tcats sit on mats\tdogs sleep in kennels", "where do dogs sleep\tdogs sleep in kennels\tbirds fly south",
-             "what is a cat\tcats sit on mats\thorses run fast", "how fast is a horse\thorses run fast\tcats sit on mats"]
+    lines = [
+        "what is a cat\tcats sit on mats\tdogs sleep in kennels",
+        "where do dogs sleep\tdogs sleep in kennels\tbirds fly south",
+        "what is a cat\tcats sit on mats\thorses run fast",
+        "how fast is a horse\thorses run fast\tcats sit on mats",
+    ]
     tpath = _write(tmp_path / "t.tsv", "\n".join(lines) + "\n")
     ref, new = _both(tmp_path, cpath, QUERIES, tpath)
     _assert_same(ref, new, len(DOCS))
@@ -122,12 +136,14 @@ def test_all_passages_in_the_collection(tmp_path, block_bytes, batch_rows):
 
 def test_new_passages_and_queries(tmp_path, block_bytes, batch_rows):
     cpath = _collection(tmp_path, DOCS)
-    lines = ["what is a cat\tcats sit on mats\ta brand new passage",
-             "a new query\ta brand new passage\tdogs sleep in kennels",
-             "another new query\tsecond new passage\tthird new passage",
-             "a new query\tthird new passage\tcats sit on mats",
-             " what is a cat\tcats sit on mats \tcats sit on mats",  # surrounding spaces: other texts, kept as they are
-             "where do dogs sleep\tsecond new passage\ta brand new passage"]
+    lines = [
+        "what is a cat\tcats sit on mats\ta brand new passage",
+        "a new query\ta brand new passage\tdogs sleep in kennels",
+        "another new query\tsecond new passage\tthird new passage",
+        "a new query\tthird new passage\tcats sit on mats",
+        " what is a cat\tcats sit on mats \tcats sit on mats",  # surrounding spaces: other texts, kept as they are
+        "where do dogs sleep\tsecond new passage\ta brand new passage",
+    ]
     tpath = _write(tmp_path / "t.tsv", "\n".join(lines) + "\n")
     ref, new = _both(tmp_path, cpath, QUERIES, tpath)
     _assert_same(ref, new, len(DOCS))
@@ -145,11 +161,20 @@ def test_duplicate_texts_take_the_last_id(tmp_path, block_bytes, batch_rows):
 
 
 def test_non_ascii_text(tmp_path, block_bytes, batch_rows):
-    docs = [("é", "café crème brûlée"), ("2", "東京の天気は晴れ"), ("3", "emoji 🐈 cat"), ("4", "ideographic\u3000space inside")]
+    docs = [
+        ("é", "café crème brûlée"),
+        ("2", "東京の天気は晴れ"),
+        ("3", "emoji 🐈 cat"),
+        ("4", "ideographic\u3000space inside"),
+    ]
     cpath = _collection(tmp_path, docs)
     queries = {"q": "où est le café", "k": "天気"}
-    lines = ["où est le café\tcafé crème brûlée\t東京の天気は晴れ", "天気\t東京の天気は晴れ\tnouveau passage ü",
-             "новый запрос\temoji 🐈 cat\tideographic\u3000space inside", "новый запрос\tnouveau passage ü\t\u00a0leading nbsp"]
+    lines = [
+        "où est le café\tcafé crème brûlée\t東京の天気は晴れ",
+        "天気\t東京の天気は晴れ\tnouveau passage ü",
+        "новый запрос\temoji 🐈 cat\tideographic\u3000space inside",
+        "новый запрос\tnouveau passage ü\t\u00a0leading nbsp",
+    ]
     tpath = _write(tmp_path / "t.tsv", "\n".join(lines))  # no final newline
     ref, new = _both(tmp_path, cpath, queries, tpath)
     _assert_same(ref, new, len(docs))
@@ -157,10 +182,12 @@ def test_non_ascii_text(tmp_path, block_bytes, batch_rows):
 
 def test_gzip_bom_crlf_and_blank_lines(tmp_path, block_bytes, batch_rows):
     cpath = _collection(tmp_path, DOCS, name="collection.tsv.gz")
-    text = ("\ufeffwhat is a cat\tcats sit on mats\tnew one\r\n\r\n   \n"
-            "a new query\tnew one\tdogs sleep in kennels\r\n\u3000\t\n"  # a whitespace-only line is skipped, tabs and all
-            "where do dogs sleep\tbirds fly south\tcats sit on mats\r\r\n"
-            "a new query\ta lone\rcarriage return\tnew one\n")  # inside a text, \r is text
+    text = (
+        "\ufeffwhat is a cat\tcats sit on mats\tnew one\r\n\r\n   \n"
+        "a new query\tnew one\tdogs sleep in kennels\r\n\u3000\t\n"  # a whitespace-only line is skipped, tabs and all
+        "where do dogs sleep\tbirds fly south\tcats sit on mats\r\r\n"
+        "a new query\ta lone\rcarriage return\tnew one\n"
+    )  # inside a text, \r is text
     tpath = _write(tmp_path / "t.tsv.gz", text)
     ref, new = _both(tmp_path, cpath, QUERIES, tpath)
     _assert_same(ref, new, len(DOCS))
@@ -178,7 +205,10 @@ def test_random_files_equal_the_reference(tmp_path, monkeypatch, seed):
     queries = {f"q{i}": " ".join(rng.choice(words, 2)) for i in range(8)}
     pool = texts + [t + " " for t in texts[:5]] + ["new " + t for t in texts[:10]]
     qpool = list(queries.values()) + ["new query " + w for w in words]
-    lines = [f"{qpool[rng.integers(len(qpool))]}\t{pool[rng.integers(len(pool))]}\t{pool[rng.integers(len(pool))]}" for _ in range(200)]
+    lines = [
+        f"{qpool[rng.integers(len(qpool))]}\t{pool[rng.integers(len(pool))]}\t{pool[rng.integers(len(pool))]}"
+        for _ in range(200)
+    ]
     cpath = _collection(tmp_path, docs)
     tpath = _write(tmp_path / "t.tsv", "\n".join(lines) + "\n")
     monkeypatch.setattr(text_triples, "BLOCK_BYTES", int(rng.integers(30, 400)))
@@ -192,7 +222,10 @@ def test_content_id_clashes(tmp_path):
     whose content id the collection holds for another text is an error (a store is read-only)."""
     cpath = _collection(tmp_path, DOCS)
     queries = {**QUERIES, content_id("q", "brand new query"): "an old text"}
-    tpath = _write(tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tbirds fly south\nbrand new query\tcats sit on mats\tbirds fly south\n")
+    tpath = _write(
+        tmp_path / "t.tsv",
+        "what is a cat\tcats sit on mats\tbirds fly south\nbrand new query\tcats sit on mats\tbirds fly south\n",
+    )
     ref, new = _both(tmp_path, cpath, queries, tpath)
     _assert_same(ref, new, len(DOCS))
     cpath = _collection(tmp_path, DOCS + [(content_id("h", "brand new passage"), "an old passage")], name="c2.tsv")
@@ -206,9 +239,19 @@ def test_text_index_confirms_every_hit(tmp_path, monkeypatch):
     monkeypatch.setattr(docstore, "text_key", lambda data: 7)
     docs = [("a", "one"), ("b", "two"), ("c", "one"), ("d", "three"), ("e", "six")]  # "six": read, not "one" or "two"
     cpath = _collection(tmp_path, docs)
-    store = open_store(tmp_path / "cache", fingerprint("tsv-collection", [cpath]), lambda: iter_id_text(cpath, "passage"), str(cpath))
+    store = open_store(
+        tmp_path / "cache", fingerprint("tsv-collection", [cpath]), lambda: iter_id_text(cpath, "passage"), str(cpath)
+    )
     index = open_text_index(store, tmp_path / "cache")
-    assert index.rows_of([b"one", b"two", b"three", b"six", b"four", b"on", b"xyz"]).tolist() == [2, 1, 3, 4, -1, -1, -1]
+    assert index.rows_of([b"one", b"two", b"three", b"six", b"four", b"on", b"xyz"]).tolist() == [
+        2,
+        1,
+        3,
+        4,
+        -1,
+        -1,
+        -1,
+    ]
     tpath = _write(tmp_path / "t.tsv", "what is a cat\tone\tfour\nwhat is a cat\ttwo\tthree\n")
     ref, new = _both(tmp_path, cpath, QUERIES, tpath, cache=tmp_path / "cache")
     _assert_same(ref, new, len(docs))
@@ -217,7 +260,9 @@ def test_text_index_confirms_every_hit(tmp_path, monkeypatch):
 # ---- parsed once, pickled, end to end -------------------------------------------------------------------------------
 def test_second_load_reuses_the_cache(tmp_path, monkeypatch):
     cpath = _collection(tmp_path, DOCS)
-    tpath = _write(tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n")
+    tpath = _write(
+        tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n"
+    )
     ref, first = _both(tmp_path, cpath, QUERIES, tpath)
 
     def never(*args, **kwargs):
@@ -248,7 +293,9 @@ def test_damaged_cache_is_rebuilt(tmp_path):
 
 def test_pickles_for_dataloader_workers(tmp_path):
     cpath = _collection(tmp_path, DOCS)
-    tpath = _write(tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n")
+    tpath = _write(
+        tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n"
+    )
     (rt, rd, _), (triples, docs, _) = _both(tmp_path, cpath, QUERIES, tpath)
     docs2 = pickle.loads(pickle.dumps(docs))
     assert isinstance(docs2, StackedStore) and dict(docs2.items()) == rd and docs2.fingerprint == docs.fingerprint
@@ -261,9 +308,16 @@ def test_pickles_for_dataloader_workers(tmp_path):
 
 
 def test_load_dataset_with_text_triples(tmp_path):
-    cfg = TsvConfig(collection=str(_collection(tmp_path, DOCS)), train_queries=str(_write(tmp_path / "q.tsv", "q1\twhat is a cat\n")),
-                    train_qrels=str(_write(tmp_path / "qrels.txt", "q1 0 d1 1\n")), triples_format="text", cache_dir=str(tmp_path / "cache"),
-                    train_triples=str(_write(tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\td\n")))
+    cfg = TsvConfig(
+        collection=str(_collection(tmp_path, DOCS)),
+        train_queries=str(_write(tmp_path / "q.tsv", "q1\twhat is a cat\n")),
+        train_qrels=str(_write(tmp_path / "qrels.txt", "q1 0 d1 1\n")),
+        triples_format="text",
+        cache_dir=str(tmp_path / "cache"),
+        train_triples=str(
+            _write(tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\td\n")
+        ),
+    )
     ds = load_dataset(cfg, 0)
     train = ds.splits["train"]
     new_doc, new_q = content_id("h", "new passage"), content_id("q", "new query")
@@ -287,16 +341,29 @@ def _reference_error(tpath: Path) -> str:
 GOOD = "what is a cat\tcats sit on mats\tdogs sleep in kennels\n"
 
 
-@pytest.mark.parametrize("body, line, expect", [
-    (GOOD + "what is a cat\tonly two\n", 2, "expected 3 tab-separated columns"),
-    (GOOD * 3 + "a\tb\tc\td\n", 4, "expected 3 tab-separated columns"),
-    (GOOD + "a\tb\tc\ra\tb\tc\n", 2, "expected 3 tab-separated columns"),  # a lone \r does not end a line
-    (GOOD + "\tcats sit on mats\tx\n", 2, "empty query text"),
-    (GOOD + GOOD + "q\t \tx\n", 3, "empty positive passage text"),
-    (GOOD + "q\tx\t\u3000\u2003\n", 2, "empty negative passage text"),
-    (GOOD + "q\tnew\t\n", 2, "empty negative passage text"),
-    (GOOD + "\n\nq\tnew\n", 4, "expected 3 tab-separated columns"),
-], ids=["two-columns", "four-columns", "lone-cr", "empty-query", "blank-positive", "unicode-blank-negative", "empty-negative", "after-blank-lines"])
+@pytest.mark.parametrize(
+    "body, line, expect",
+    [
+        (GOOD + "what is a cat\tonly two\n", 2, "expected 3 tab-separated columns"),
+        (GOOD * 3 + "a\tb\tc\td\n", 4, "expected 3 tab-separated columns"),
+        (GOOD + "a\tb\tc\ra\tb\tc\n", 2, "expected 3 tab-separated columns"),  # a lone \r does not end a line
+        (GOOD + "\tcats sit on mats\tx\n", 2, "empty query text"),
+        (GOOD + GOOD + "q\t \tx\n", 3, "empty positive passage text"),
+        (GOOD + "q\tx\t\u3000\u2003\n", 2, "empty negative passage text"),
+        (GOOD + "q\tnew\t\n", 2, "empty negative passage text"),
+        (GOOD + "\n\nq\tnew\n", 4, "expected 3 tab-separated columns"),
+    ],
+    ids=[
+        "two-columns",
+        "four-columns",
+        "lone-cr",
+        "empty-query",
+        "blank-positive",
+        "unicode-blank-negative",
+        "empty-negative",
+        "after-blank-lines",
+    ],
+)
 def test_errors_name_the_line(tmp_path, block_bytes, body, line, expect):
     tpath = _write(tmp_path / "t.tsv", body)
     message = _reference_error(tpath)
@@ -309,7 +376,9 @@ def test_errors_name_the_line(tmp_path, block_bytes, body, line, expect):
 
 def _both_new(tmp_path: Path, tpath: Path):
     cpath = _collection(tmp_path, DOCS)
-    store = open_store(tmp_path / "cache", fingerprint("tsv-collection", [cpath]), lambda: iter_id_text(cpath, "passage"), str(cpath))
+    store = open_store(
+        tmp_path / "cache", fingerprint("tsv-collection", [cpath]), lambda: iter_id_text(cpath, "passage"), str(cpath)
+    )
     queries = dict(QUERIES)
     read_text_triples(tpath, store, queries, tmp_path / "cache")
     raise AssertionError("no error")
@@ -338,8 +407,12 @@ def test_bytes_errors_name_the_line(tmp_path, kind):
     with pytest.raises(InputError) as e:
         _both_new(tmp_path, tpath)
     assert str(e.value) == message
-    assert {"bad-utf8": "t.tsv:3: is not valid UTF-8", "corrupt-gzip": "t.tsv.gz:", "empty": "is empty",
-            "blank-only": "is empty"}[kind] in message
+    assert {
+        "bad-utf8": "t.tsv:3: is not valid UTF-8",
+        "corrupt-gzip": "t.tsv.gz:",
+        "empty": "is empty",
+        "blank-only": "is empty",
+    }[kind] in message
     _assert_no_leftovers(tmp_path / "cache")
 
 
@@ -352,7 +425,9 @@ def test_built_by_one_of_two_processes(tmp_path):
     import subprocess
 
     cpath = _collection(tmp_path, DOCS)
-    tpath = _write(tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n")
+    tpath = _write(
+        tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n"
+    )
     counter = tmp_path / "builds"
     script = f"""
 import sys, time
@@ -368,7 +443,7 @@ def counted(*args):
     time.sleep(1.0)
     build(*args)
 text_triples._build = counted
-c, cache = Path({str(cpath)!r}), {str(tmp_path / 'cache')!r}
+c, cache = Path({str(cpath)!r}), {str(tmp_path / "cache")!r}
 store = open_store(cache, fingerprint("tsv-collection", [c]), lambda: iter_id_text(c, "passage"), str(c))
 queries = {QUERIES!r}
 print(list(text_triples.read_text_triples(Path({str(tpath)!r}), store, queries, cache)), len(queries))

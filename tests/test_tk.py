@@ -4,6 +4,7 @@ Kernel pooling is checked against a float64 NumPy loop written from Eq. 5-6; the
 score_indexed, chunked) against score_pairs; contextualisation against Eq. 4 and the paper's position offset; the
 GloVe reader against small files; the learning-rate groups in the optimiser; and train.py end to end.
 """
+
 from __future__ import annotations
 
 import json
@@ -146,7 +147,9 @@ def test_score_all_equals_score_pairs(tk):
         full = tk.score_all(q, d)
         for i in range(3):
             for j in range(4):
-                pair = tk.score_pairs(Encoded(q.tokens[i : i + 1], q.mask[i : i + 1]), Encoded(d.tokens[j : j + 1], d.mask[j : j + 1]))
+                pair = tk.score_pairs(
+                    Encoded(q.tokens[i : i + 1], q.mask[i : i + 1]), Encoded(d.tokens[j : j + 1], d.mask[j : j + 1])
+                )
                 assert float(full[i, j]) == pytest.approx(float(pair[0]), rel=1e-5, abs=1e-6), (i, j)
 
 
@@ -214,7 +217,12 @@ def test_passage_positions_start_at_500_queries_at_0(tk):
                 for i in range(len(ids)):
                     for j in np.flatnonzero(mask[i].numpy()):
                         p = int(pos[i, j])
-                        want = [math.sin(p / 10000 ** (2 * (k // 2) / dim)) if k % 2 == 0 else math.cos(p / 10000 ** (2 * (k // 2) / dim)) for k in range(dim)]
+                        want = [
+                            math.sin(p / 10000 ** (2 * (k // 2) / dim))
+                            if k % 2 == 0
+                            else math.cos(p / 10000 ** (2 * (k // 2) / dim))
+                            for k in range(dim)
+                        ]
                         np.testing.assert_allclose(added[i, j], want, atol=2e-4)
     finally:
         hook.remove()
@@ -263,7 +271,12 @@ def test_embeddings_copy_the_backbone_and_drop_its_transformer(tk, tiny_bert):
     np.testing.assert_allclose(got, bert * factor, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.mean(np.linalg.norm(got, axis=1)), np.sqrt(d), rtol=1e-6)
     assert not hasattr(tk, "encoder") and not any(n.startswith("encoder.") for n, _ in tk.named_parameters())
-    assert tk.embedding_source == {"source": "backbone", "found": 30522, "missing": 0, "scale": pytest.approx(factor, rel=1e-6)}
+    assert tk.embedding_source == {
+        "source": "backbone",
+        "found": 30522,
+        "missing": 0,
+        "scale": pytest.approx(factor, rel=1e-6),
+    }
     raw = make(tiny_bert, embedding_scale=1.0)
     np.testing.assert_array_equal(raw.embeddings.weight.detach().double().numpy(), bert)
 
@@ -298,13 +311,16 @@ def write_glove(path, lines: list[str]):
 
 
 def test_glove_file_maps_tokenizer_vocabulary(tiny_bert, tmp_path, capsys):
-    f = write_glove(tmp_path / "g.txt", [
-        "the 0.1 0.2 0.3 0.4",
-        "notawordpiecetoken 9 9 9 9",  # not in the vocabulary: skipped, numbers never read
-        "cat -1 0.5 2 1e-1",
-        "the 7 7 7 7",  # a repeated token: the first line wins
-        ". . . 1 2 3 4",  # a token with spaces (as in glove.840B): the last d fields are the vector
-    ])
+    f = write_glove(
+        tmp_path / "g.txt",
+        [
+            "the 0.1 0.2 0.3 0.4",
+            "notawordpiecetoken 9 9 9 9",  # not in the vocabulary: skipped, numbers never read
+            "cat -1 0.5 2 1e-1",
+            "the 7 7 7 7",  # a repeated token: the first line wins
+            ". . . 1 2 3 4",  # a token with spaces (as in glove.840B): the last d fields are the vector
+        ],
+    )
     r = make(tiny_bert, embeddings=f, heads=2, head_dim=2)
     vocab = r.tokenizer.get_vocab()
     w = r.embeddings.weight.detach()
@@ -357,7 +373,9 @@ class _StubTrainer:
 def optimizer(tiny_bert, model: dict, **optim):
     from lightning_modules.module import RankingModule
 
-    m = RankingModule({"backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16, **model}, {"warmup_steps": 0, **optim})
+    m = RankingModule(
+        {"backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16, **model}, {"warmup_steps": 0, **optim}
+    )
     m._trainer = _StubTrainer()
     return m, m.configure_optimizers()["optimizer"]
 
@@ -368,7 +386,11 @@ def group_lrs(opt) -> dict[str, float]:
 
 def test_optimizer_groups_carry_tks_learning_rates(tiny_bert):
     m, opt = optimizer(tiny_bert, {"name": "tk"}, lr=5e-5, weight_decay=0.01)
-    assert group_lrs(opt) == {"contextualization/decay": 1e-4, "contextualization/no_decay": 1e-4, "kernel_scoring/decay": 1e-3}
+    assert group_lrs(opt) == {
+        "contextualization/decay": 1e-4,
+        "contextualization/no_decay": 1e-4,
+        "kernel_scoring/decay": 1e-3,
+    }
     r = m.ranker
     by_id = {id(p): g for g in opt.param_groups for p in g["params"]}
     assert by_id[id(r.scoring.weight)]["lr"] == 1e-3 and by_id[id(r.scoring.weight)]["weight_decay"] == 0.01
@@ -380,8 +402,17 @@ def test_optimizer_groups_carry_tks_learning_rates(tiny_bert):
 
 
 def test_optimizer_groups_from_multipliers_and_frozen_embeddings(tiny_bert):
-    m, opt = optimizer(tiny_bert, {"name": "tk", "contextualization_lr": None, "kernel_lr": None, "kernel_lr_scale": 4.0,
-                                   "train_embeddings": False}, lr=2e-4)
+    m, opt = optimizer(
+        tiny_bert,
+        {
+            "name": "tk",
+            "contextualization_lr": None,
+            "kernel_lr": None,
+            "kernel_lr_scale": 4.0,
+            "train_embeddings": False,
+        },
+        lr=2e-4,
+    )
     lrs = group_lrs(opt)
     assert lrs["contextualization/decay"] == 2e-4 and lrs["kernel_scoring/decay"] == pytest.approx(8e-4)
     assert all(p is not m.ranker.embeddings.weight for g in opt.param_groups for p in g["params"])
@@ -389,22 +420,45 @@ def test_optimizer_groups_from_multipliers_and_frozen_embeddings(tiny_bert):
 
 def test_rankers_without_groups_keep_two_unnamed_groups(tiny_bert):
     _, opt = optimizer(tiny_bert, {"name": "colbert"}, lr=3e-5, weight_decay=0.02)
-    assert [(g["lr"], g["weight_decay"], "name" in g) for g in opt.param_groups] == [(3e-5, 0.02, False), (3e-5, 0.0, False)]
+    assert [(g["lr"], g["weight_decay"], "name" in g) for g in opt.param_groups] == [
+        (3e-5, 0.02, False),
+        (3e-5, 0.0, False),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ train.py
 
-RUN = ["logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "data=synthetic",
-       "data.num_docs=120", "data.num_train_queries=30", "data.num_val_queries=8", "data.num_test_queries=8",
-       "data.candidate_depth=10", "data.batch_size=4", "eval.probe_queries=4", "eval.probe_docs=8",
-       "trainer.max_steps=3", "trainer.val_check_interval=3"]
+RUN = [
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "data=synthetic",
+    "data.num_docs=120",
+    "data.num_train_queries=30",
+    "data.num_val_queries=8",
+    "data.num_test_queries=8",
+    "data.candidate_depth=10",
+    "data.batch_size=4",
+    "eval.probe_queries=4",
+    "eval.probe_docs=8",
+    "trainer.max_steps=3",
+    "trainer.val_check_interval=3",
+]
 
 
 @pytest.mark.slow
 def test_train_then_evaluate_tk_writes_metrics(tmp_path, tiny_bert):
     out, ev = tmp_path / "run", tmp_path / "eval"
-    run_script("train.py", "model=tk", f"model.backbone={tiny_bert}", "model.heads=2", "model.head_dim=8",
-               "model.ff_dim=24", *RUN, f"output_dir={out}")
+    run_script(
+        "train.py",
+        "model=tk",
+        f"model.backbone={tiny_bert}",
+        "model.heads=2",
+        "model.head_dim=8",
+        "model.ff_dim=24",
+        *RUN,
+        f"output_dir={out}",
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert 0 <= m["ndcg_cut_10"] <= 1 and 0 < m["iw"] <= 1 and "before_training" in m
     # the checkpoint (no backbone Transformer in it) loads back into TK (model config from the checkpoint) and

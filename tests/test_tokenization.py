@@ -1,4 +1,5 @@
 """PairTokenizer: batch layout of bi-encoder and cross-encoder inputs, truncation budgets, dynamic padding."""
+
 from __future__ import annotations
 
 import pickle
@@ -148,7 +149,9 @@ def test_cross_truncation_budgets(tok):
     assert ids[sep + 1 : -1] == full_p[: QM + DM - (sep - 1)]
     # A long query cannot eat a short passage: it is still cut to QM and the passage is intact.
     ids = real_ids(b, "", 2)
-    assert ids == [tok.cls_token_id] + full_q[:QM] + [tok.sep_token_id] + tok("tiny", add_special_tokens=False)["input_ids"] + [tok.sep_token_id]
+    assert ids == [tok.cls_token_id] + full_q[:QM] + [tok.sep_token_id] + tok("tiny", add_special_tokens=False)[
+        "input_ids"
+    ] + [tok.sep_token_id]
 
 
 def test_cross_query_cut_inside_a_word(tok):

@@ -1,4 +1,5 @@
 """End-to-end: train.py -> evaluate.py, exact resume, and DDP equivalence, on a tiny random BERT (CPU)."""
+
 import json
 from pathlib import Path
 
@@ -8,8 +9,14 @@ from conftest import run_script
 
 # A small synthetic collection; steps chosen so that resume crosses an epoch boundary (5 batches per epoch).
 SMALL = [
-    "data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
-    "logger=none", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8",
+    "data=synthetic",
+    "data.max_train_triples=40",
+    "data.max_eval_queries=12",
+    "data.candidate_depth=20",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
     "eval.probe_docs=16",
 ]
 
@@ -25,14 +32,22 @@ def metrics(out: Path) -> dict:
 def assert_same_weights(a: dict, b: dict, atol: float = 0.0):
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=0), f"{k} differs by {(a[k].float()-b[k].float()).abs().max()}"
+        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=0), (
+            f"{k} differs by {(a[k].float() - b[k].float()).abs().max()}"
+        )
 
 
 @pytest.mark.slow
 def test_train_then_evaluate(tmp_path, tiny_bert):
     out = tmp_path / "run"
-    args = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=4", "trainer.val_check_interval=2",
-            f"output_dir={out}"]
+    args = [
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        f"output_dir={out}",
+    ]
     proc = run_script("train.py", *args)
     m = metrics(out)
     for key in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos", "before_training"):
@@ -59,8 +74,14 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert, crash_when):
     import pipeline.run
     from pipeline.config import compose
 
-    base = [*SMALL, f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.val_check_interval=4",
-            "trainer.max_steps=14", "optim.warmup_steps=2"]
+    base = [
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=8",
+        "trainer.val_check_interval=4",
+        "trainer.max_steps=14",
+        "optim.warmup_steps=2",
+    ]
     full = tmp_path / "full"
     run_script("train.py", *base, f"output_dir={full}")
 
@@ -104,13 +125,21 @@ def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
     metrics match the single-process run up to float summation order. The 16 training triples are one batch, in
     which one query's judged document is another triple's positive: masked (optim.in_batch_mask_relevant) in both
     runs alike, which the equal weights show (a mask that differed would change the gradients)."""
-    base = [*SMALL, f"model={model}", f"model.backbone={tiny_bert_nodropout}", "trainer.max_steps=6", "trainer.val_check_interval=3",
-            "eval.before_training=false"]
+    base = [
+        *SMALL,
+        f"model={model}",
+        f"model.backbone={tiny_bert_nodropout}",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "eval.before_training=false",
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
     base += ["data.max_train_triples=16", "logger=csv", "trainer.log_every_n_steps=1"]
     run_script("train.py", *base, "data.batch_size=16", f"output_dir={one}")
     run_script("train.py", *base, "data.batch_size=8", "trainer.devices=2", "trainer.strategy=ddp", f"output_dir={two}")
-    assert_same_weights(weights(one / "checkpoints" / "last.ckpt"), weights(two / "checkpoints" / "last.ckpt"), atol=1e-5)
+    assert_same_weights(
+        weights(one / "checkpoints" / "last.ckpt"), weights(two / "checkpoints" / "last.ckpt"), atol=1e-5
+    )
     # masked per query, each step (all 16 triples are the batch), against a brute-force count over the triples
     from pipeline.config import compose
     from pipeline.stages import load_data
@@ -118,7 +147,12 @@ def test_ddp_two_processes_match_one(tmp_path, tiny_bert_nodropout, model):
     dm = load_data(compose([*base, "data.batch_size=16", f"output_dir={tmp_path / 'x'}"]), fit=True)
     qrels = dm.dataset.split("train").qrels
     columns = [t[1] for t in dm.triples] + [t[2] for t in dm.triples]
-    judged = sum(qrels[q].get(columns[c], 0) > 0 for i, (q, _, _) in enumerate(dm.triples) for c in range(32) if c not in (i, 16 + i))
+    judged = sum(
+        qrels[q].get(columns[c], 0) > 0
+        for i, (q, _, _) in enumerate(dm.triples)
+        for c in range(32)
+        if c not in (i, 16 + i)
+    )
     assert judged > 0
     assert [float(v) for v in csv_column(one, "train/masked_in_batch")] == pytest.approx([judged / 16] * 6)
     m1, m2 = metrics(one), metrics(two)

@@ -1,6 +1,7 @@
 """Lexical enrichment (analyses/vocab/enrichment.py, lexical_enrichment.py): Eq. 5 and the whitening against float64
 NumPy formulas, Eq. 4's batched optimisation reaching CE <= 0.1 on a tiny head with each item's result independent
 of its batch, and `analysis=lexical_enrichment` end to end (lambda = 0 is the ranker's own evaluation)."""
+
 from __future__ import annotations
 
 import json
@@ -98,12 +99,25 @@ def test_analysis_end_to_end(tmp_path, tiny_bert_nodropout):
     from pipeline.config import compose
 
     head, ckpt = head_and_repbert(tmp_path, tiny_bert_nodropout)
-    args = ["analysis=lexical_enrichment", "logger=none", "data.num_val_queries=10", "data.num_test_queries=12",
-            "data.candidate_depth=10", f"data.cache_dir={tmp_path / 'c'}", f"analysis.mlm_head={head}",
-            "analysis.st_max_steps=3", "analysis.ablations=[no_idf,static]", f"ckpt={ckpt}", f"output_dir={tmp_path / 'o'}"]
+    args = [
+        "analysis=lexical_enrichment",
+        "logger=none",
+        "data.num_val_queries=10",
+        "data.num_test_queries=12",
+        "data.candidate_depth=10",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"analysis.mlm_head={head}",
+        "analysis.st_max_steps=3",
+        "analysis.ablations=[no_idf,static]",
+        f"ckpt={ckpt}",
+        f"output_dir={tmp_path / 'o'}",
+    ]
     res = run_analysis(compose(args), False)
     on_disk = json.loads((tmp_path / "o" / "lexical_enrichment.json").read_text())
-    assert sorted(on_disk["results"]) == ["le", "no_idf", "static"] and (tmp_path / "o" / "lexical_enrichment_lambda.png").exists()
+    assert (
+        sorted(on_disk["results"]) == ["le", "no_idf", "static"]
+        and (tmp_path / "o" / "lexical_enrichment_lambda.png").exists()
+    )
     for r in res["results"].values():
         val = {float(k): v for k, v in r["validation"].items()}
         assert r["lambda"] == max(val, key=lambda x: (val[x], -x))
@@ -123,10 +137,17 @@ def test_analysis_end_to_end(tmp_path, tiny_bert_nodropout):
             if len(c) < 2:
                 continue
             pt = m.pair_tokenizer
-            s = m.ranker.score_all(m.ranker.encode_queries(pt.queries([split.queries[q]])), m.ranker.encode_docs(pt.docs([ds.docs[d] for d in c])))[0]
+            s = m.ranker.score_all(
+                m.ranker.encode_queries(pt.queries([split.queries[q]])),
+                m.ranker.encode_docs(pt.docs([ds.docs[d] for d in c])),
+            )[0]
             run[q] = {d: float(v) for d, v in zip(c, s)}
     means, _ = evaluate_run(run, {q: split.qrels[q] for q in run}, ["ndcg_cut_10"])
     assert res["results"]["le"]["test"]["without_le"] == pytest.approx(means["ndcg_cut_10"], abs=1e-6)
     assert res["single_tokens"]["optimised_now"] == res["settings"]["vocabulary_items"] > 0
-    again = run_analysis(compose([*args[:-1], f"output_dir={tmp_path / 'o2'}", "analysis.ablations=[]", "analysis.lam=0.5"]), False)
-    assert again["single_tokens"]["optimised_now"] == 0 and again["results"]["le"]["lambda"] == 0.5  # s_t from the cache
+    again = run_analysis(
+        compose([*args[:-1], f"output_dir={tmp_path / 'o2'}", "analysis.ablations=[]", "analysis.lam=0.5"]), False
+    )
+    assert (
+        again["single_tokens"]["optimised_now"] == 0 and again["results"]["le"]["lambda"] == 0.5
+    )  # s_t from the cache

@@ -2,6 +2,7 @@
 the decoder is tied to the backbone's input embeddings and never moves, the encoder is frozen (the stored
 vectors are the encoder's own outputs), masked-token accuracy equals a brute-force count, a checkpoint's own head
 reproduces transformers' logits, and bad input is one line."""
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,23 @@ from analyses.vocab.mlm_head import (
 )
 from core.errors import InputError
 
-DOCS = {f"d{i}": t for i, t in enumerate([
-    "the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",
-    "a book about a cat written by a famous author", "dogs and cats are common pets in many homes",
-    "the symptoms include pain and itching of the skin", "rivers flow into the sea through wide deltas",
-    "the great lakes connect to the atlantic ocean", "soul music came out of rhythm and blues",
-    "the supreme court has nine justices", "michael jack was born in folkestone england"])}
+DOCS = {
+    f"d{i}": t
+    for i, t in enumerate(
+        [
+            "the cat sat on the mat near the door",
+            "shingles is a viral infection with a painful rash",
+            "a book about a cat written by a famous author",
+            "dogs and cats are common pets in many homes",
+            "the symptoms include pain and itching of the skin",
+            "rivers flow into the sea through wide deltas",
+            "the great lakes connect to the atlantic ocean",
+            "soul music came out of rhythm and blues",
+            "the supreme court has nine justices",
+            "michael jack was born in folkestone england",
+        ]
+    )
+}
 
 
 def test_mask_passages_picks_non_special_tokens():
@@ -58,7 +70,9 @@ def test_fit_ties_decoder_freezes_encoder_and_counts_accuracy(tiny_bert_nodropou
     head, report, held = fit(tiny_bert_nodropout, DOCS, opts, log=lambda m: None)
     # tied and frozen decoder: the backbone's own vectors, not a parameter, not saved
     assert torch.equal(head.embeddings, emb)
-    assert "embeddings" not in head.state_dict() and all(p.data_ptr() != head.embeddings.data_ptr() for p in head.parameters())
+    assert "embeddings" not in head.state_dict() and all(
+        p.data_ptr() != head.embeddings.data_ptr() for p in head.parameters()
+    )
     # the stored vectors are the frozen encoder's outputs: each held-out passage encoded alone, brute force
     enc = AutoModel.from_pretrained(tiny_bert_nodropout).eval()
     correct, total, row = 0, 0, 0
@@ -89,7 +103,9 @@ def test_train_head_learns_a_decodable_signal_through_the_tied_decoder(tiny_bert
     head = MLMHead(emb)
     head.init_identity()
     before = emb.clone()
-    losses = train_head(head, hidden[:2500], targets[:2500], epochs=15, lr=1e-2, batch_size=100, seed=0, log=lambda m: None)
+    losses = train_head(
+        head, hidden[:2500], targets[:2500], epochs=15, lr=1e-2, batch_size=100, seed=0, log=lambda m: None
+    )
     assert losses[-1] < losses[0] and torch.equal(head.embeddings, before)
     correct, total, _ = masked_accuracy(head, hidden[2500:], targets[2500:])
     assert total == 500 and correct / total > 0.9
@@ -137,17 +153,40 @@ def test_save_load_and_the_checkpoints_own_head(tmp_path, tiny_bert):
 def test_command_line(tmp_path, tiny_bert):
     out = tmp_path / "head.pt"
     """`python evaluate.py analysis=fit_mlm_head` (configs/analysis/fit_mlm_head.yaml)."""
-    proc = run_script("evaluate.py", "analysis=fit_mlm_head", f"model.backbone={tiny_bert}", "data=synthetic", "analysis.max_passages=40",
-                      "logger=none", "analysis.epochs=1", f"analysis.out={out}", f"output_dir={tmp_path / 'o'}")
+    proc = run_script(
+        "evaluate.py",
+        "analysis=fit_mlm_head",
+        f"model.backbone={tiny_bert}",
+        "data=synthetic",
+        "analysis.max_passages=40",
+        "logger=none",
+        "analysis.epochs=1",
+        f"analysis.out={out}",
+        f"output_dir={tmp_path / 'o'}",
+    )
     report = json.loads(out.with_name("head.pt.json").read_text())
     assert "held-out masked-token accuracy" in proc.stdout and report["passages"]["heldout"] == 4
     assert report["settings"]["epochs"] == 1 and report["settings"]["max_passages"] == 40
     assert load_fitted(out, tiny_bert).vocab_size == 30522
-    bad = run_script("evaluate.py", "analysis=fit_mlm_head", f"model.backbone={tiny_bert}", "analysis.heldout=1.5",
-                     f"analysis.out={tmp_path / 'x.pt'}", check=False)
+    bad = run_script(
+        "evaluate.py",
+        "analysis=fit_mlm_head",
+        f"model.backbone={tiny_bert}",
+        "analysis.heldout=1.5",
+        f"analysis.out={tmp_path / 'x.pt'}",
+        check=False,
+    )
     assert bad.returncode == 2 and "analysis.heldout" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.pt").exists()
     # no analysis.out: the head goes into output_dir
-    run_script("evaluate.py", "analysis=fit_mlm_head", f"model.backbone={tiny_bert}", "data=synthetic", "analysis.max_passages=10",
-               "logger=none", "analysis.epochs=1", f"output_dir={tmp_path / 'default'}")
+    run_script(
+        "evaluate.py",
+        "analysis=fit_mlm_head",
+        f"model.backbone={tiny_bert}",
+        "data=synthetic",
+        "analysis.max_passages=10",
+        "logger=none",
+        "analysis.epochs=1",
+        f"output_dir={tmp_path / 'default'}",
+    )
     assert load_fitted(tmp_path / "default" / "mlm_head.pt", tiny_bert).vocab_size == 30522

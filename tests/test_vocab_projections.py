@@ -1,6 +1,7 @@
 """Vocabulary projections (analyses/vocab/projections.py, analysis.py): each statistic on a hand-checked example,
 Eq. 3 against a float64 NumPy reference (ColBERT's max over tokens), the re-ranking scores against the ranker's own
 score_all, and `python evaluate.py analysis=vocab_projections` end to end on a tiny random BERT."""
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,24 @@ def test_ranks_and_top_tokens():
 
 def pairs():
     # q1 = {1, 2, 3}, p1 = {2, 3, 4}: shared {2, 3}; q2 = {5, 6}, p2 = {5, 6, 7}: shared {5, 6}
-    a = PairStats("a", {1, 2, 3}, {2, 3, 4}, rank_q={1: 4, 2: 1, 3: 7, 4: 9}, rank_p={1: 50, 2: 3, 3: 30, 4: 2},
-                  top_q=[2, 9, 4, 8, 1, 3], content={2, 3, 4, 9})
-    b = PairStats("b", {5, 6}, {5, 6, 7}, rank_q={5: 2, 6: 100, 7: 3}, rank_p={5: 1, 6: 12, 7: 40},
-                  top_q=[11, 5, 7], content={5, 6})  # 7 is a stopword here: never an expansion token
+    a = PairStats(
+        "a",
+        {1, 2, 3},
+        {2, 3, 4},
+        rank_q={1: 4, 2: 1, 3: 7, 4: 9},
+        rank_p={1: 50, 2: 3, 3: 30, 4: 2},
+        top_q=[2, 9, 4, 8, 1, 3],
+        content={2, 3, 4, 9},
+    )
+    b = PairStats(
+        "b",
+        {5, 6},
+        {5, 6, 7},
+        rank_q={5: 2, 6: 100, 7: 3},
+        rank_p={5: 1, 6: 12, 7: 40},
+        top_q=[11, 5, 7],
+        content={5, 6},
+    )  # 7 is a stopword here: never an expansion token
     return [a, b]
 
 
@@ -66,14 +81,28 @@ def test_expansion_by_hand():
     assert e["queries_with_expansion"] == {1: 0.0, 3: 0.5, 6: 0.5}
     # top-5 of Q: a -> [2, 9, 4, 8, 1] holds one expansion token (4; 9 is not in p1), b -> [11, 5, 7] none
     assert e["top5_expansion_share"] == pytest.approx(1 / 8)
-    assert is_content("michael") and is_content("##ba") and not is_content("the") and not is_content("?") and not is_content("##,")
+    assert (
+        is_content("michael")
+        and is_content("##ba")
+        and not is_content("the")
+        and not is_content("?")
+        and not is_content("##,")
+    )
 
 
 def test_amnesia_by_hand():
     a, b = pairs()
     ra = amnesia_row(a, ranker_rank=2)  # shared content {2, 3}: P ranks 3, 30; Q ranks 1, 7
-    assert ra == {"qid": "a", "tokens": 2, "ranker_rank": 2, "retrieved": True, "max_rank_P": 30, "median_rank_P": 16.5,
-                  "max_rank_Q": 7, "median_rank_Q": 4.0}
+    assert ra == {
+        "qid": "a",
+        "tokens": 2,
+        "ranker_rank": 2,
+        "retrieved": True,
+        "max_rank_P": 30,
+        "median_rank_P": 16.5,
+        "max_rank_Q": 7,
+        "median_rank_Q": 4.0,
+    }
     rb = amnesia_row(b, ranker_rank=9)
     assert rb["retrieved"] is False and rb["max_rank_P"] == 12 and rb["max_rank_Q"] == 100
     c = PairStats("c", {1}, {1}, {1: 5}, {1: 5}, [], content=set())
@@ -84,7 +113,9 @@ def test_amnesia_by_hand():
     assert s["missed"]["median_max_rank_P"] == 26.0 and s["retrieved"]["median_max_rank_P"] == 30.0
     from scipy.stats import mannwhitneyu
 
-    assert s["mann_whitney_p_missed_greater"]["max_rank_P"] == pytest.approx(mannwhitneyu([12, 40], [30], alternative="greater").pvalue)
+    assert s["mann_whitney_p_missed_greater"]["max_rank_P"] == pytest.approx(
+        mannwhitneyu([12, 40], [30], alternative="greater").pvalue
+    )
 
 
 def test_projection_matches_float64_reference():
@@ -122,7 +153,10 @@ def test_candidate_scores_are_the_rankers(name, tiny_bert_nodropout):
 
     m = RankingModule({"name": name, "backbone": tiny_bert_nodropout}, {}).eval()
     r, tok = m.ranker, m.ranker.tokenizer
-    qs, ps = ["where is the cat", "symptoms of shingles"], ["the cat sat on the mat", "shingles rash", "dogs and cats bark loudly"]
+    qs, ps = (
+        ["where is the cat", "symptoms of shingles"],
+        ["the cat sat on the mat", "shingles rash", "dogs and cats bark loudly"],
+    )
     q = encode(r, tok(qs)["input_ids"], "query", 1, tok.pad_token_id)
     d = encode(r, tok(ps)["input_ids"], "doc", 2, tok.pad_token_id)
     pt = m.pair_tokenizer
@@ -137,14 +171,23 @@ def head_and_repbert(tmp_path, backbone):
     from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 
     emb, _ = backbone_embeddings(backbone)
-    return save_head(MLMHead(emb), tmp_path / "head.pt", backbone, {}), fake_checkpoint(tmp_path / "rb.ckpt", backbone, "repbert")
+    return save_head(MLMHead(emb), tmp_path / "head.pt", backbone, {}), fake_checkpoint(
+        tmp_path / "rb.ckpt", backbone, "repbert"
+    )
 
 
 @pytest.mark.slow
 def test_evaluate_command_end_to_end(tmp_path, tiny_bert_nodropout):
     head, ckpt = head_and_repbert(tmp_path, tiny_bert_nodropout)
-    common = ["analysis=vocab_projections", "logger=none", "data.num_test_queries=12", "data.candidate_depth=15",
-              f"data.cache_dir={tmp_path / 'c'}", f"analysis.mlm_head={head}", "analysis.table_pairs=3"]
+    common = [
+        "analysis=vocab_projections",
+        "logger=none",
+        "data.num_test_queries=12",
+        "data.candidate_depth=15",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"analysis.mlm_head={head}",
+        "analysis.table_pairs=3",
+    ]
     out = tmp_path / "o"
     run_script("evaluate.py", *common, f"ckpt={ckpt}", f"output_dir={out}")
     res = json.loads((out / "vocab_projections.json").read_text())
@@ -156,18 +199,34 @@ def test_evaluate_command_end_to_end(tmp_path, tiny_bert_nodropout):
         cov = [r["coverage"][k]["Q"] for k in sorted(r["coverage"], key=int)]
         assert cov == sorted(cov)  # coverage can only grow with k
         a = r["amnesia"]
-        assert a["retrieved"]["queries"] + a["missed"]["queries"] == a["queries"] == len(a["rows"]) <= a["bm25_top_queries"]
+        assert (
+            a["retrieved"]["queries"] + a["missed"]["queries"]
+            == a["queries"]
+            == len(a["rows"])
+            <= a["bm25_top_queries"]
+        )
     assert res["models"]["trained"]["coverage"] != res["models"]["backbone"]["coverage"]
-    bad = run_script("evaluate.py", *common, "model=repbert", f"model.backbone={tiny_bert_nodropout}", "analysis.mlm_head=null",
-                     f"output_dir={tmp_path / 'x'}", check=False)
-    assert bad.returncode == 2 and "fit_mlm_head" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-800:]
+    bad = run_script(
+        "evaluate.py",
+        *common,
+        "model=repbert",
+        f"model.backbone={tiny_bert_nodropout}",
+        "analysis.mlm_head=null",
+        f"output_dir={tmp_path / 'x'}",
+        check=False,
+    )
+    assert bad.returncode == 2 and "fit_mlm_head" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, (
+        bad.stderr[-800:]
+    )
     from analyses.registry import run_analysis
     from core.errors import InputError
     from pipeline.config import compose
 
-    for args, needle in [(["model=bert_cat", f"model.backbone={tiny_bert_nodropout}"], "model.name"),
-                         (["model=colbert", "model.compress_dim=8", f"model.backbone={tiny_bert_nodropout}"], "model.compress_dim"),
-                         (["analysis.k_values=[0]", f"ckpt={ckpt}"], "analysis.k_values")]:
+    for args, needle in [
+        (["model=bert_cat", f"model.backbone={tiny_bert_nodropout}"], "model.name"),
+        (["model=colbert", "model.compress_dim=8", f"model.backbone={tiny_bert_nodropout}"], "model.compress_dim"),
+        (["analysis.k_values=[0]", f"ckpt={ckpt}"], "analysis.k_values"),
+    ]:
         with pytest.raises(InputError, match=needle):
             run_analysis(compose([*common, *args, f"output_dir={tmp_path / 'x'}"]), True)
     assert not (tmp_path / "x").exists()

@@ -1,6 +1,7 @@
 """What reaches the W&B dashboard besides the scalars (issue 8): the isotropy before/after figure of a head (head
 stage and evaluate.py head_ckpt=) and the test results table of every run, checked in the offline run folder and in
 the run's record file (`run-*.wandb`: summary, name, group, job type), against the run's own metrics.json and PNGs."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,17 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 
-SMALL = ["data=synthetic", "data.max_train_triples=40", "data.max_eval_queries=12", "data.candidate_depth=20",
-         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "eval.probe_queries=8", "eval.probe_docs=16",
-         "trainer.log_every_n_steps=1"]
+SMALL = [
+    "data=synthetic",
+    "data.max_train_triples=40",
+    "data.max_eval_queries=12",
+    "data.candidate_depth=20",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=8",
+    "eval.probe_docs=16",
+    "trainer.log_every_n_steps=1",
+]
 GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +82,9 @@ def offline_run(out: Path) -> tuple[Path, dict, dict]:
 
 def table(run: Path, key: str) -> dict[str, dict]:
     """The last W&B table logged under `key`, as {first column: {column: value}}."""
-    files = sorted((run / "files" / "media" / "table").glob(f"{key}_*.table.json"), key=lambda p: int(p.name.split("_")[-2]))
+    files = sorted(
+        (run / "files" / "media" / "table").glob(f"{key}_*.table.json"), key=lambda p: int(p.name.split("_")[-2])
+    )
     t = json.loads(files[-1].read_text())
     return {row[0]: dict(zip(t["columns"][1:], row[1:])) for row in t["data"]}
 
@@ -83,24 +94,45 @@ def images(run: Path, key: str) -> list[Path]:
 
 
 def assert_row(row: dict, metrics: dict) -> None:
-    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "best_step"}  # a step, not a measure
+    numbers = {
+        k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "best_step"
+    }  # a step, not a measure
     assert {k: v for k, v in row.items() if v is not None} == pytest.approx(numbers, rel=1e-12)
 
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, tiny_bert) -> Path:
     out = tmp_path_factory.mktemp("ft")
-    run_script("train.py", *SMALL, "logger=none", f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=4",
-               "trainer.val_check_interval=2", "eval.before_training=false", f"output_dir={out}")
+    run_script(
+        "train.py",
+        *SMALL,
+        "logger=none",
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "eval.before_training=false",
+        f"output_dir={out}",
+    )
     return out / "checkpoints" / "last.ckpt"
 
 
 @pytest.mark.slow
 def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
     out = tmp_path / "ft"
-    run_script("train.py", *SMALL, "logger=wandb", f"model.backbone={tiny_bert}", "data.batch_size=8", "trainer.max_steps=2",
-               "trainer.val_check_interval=2", "eval.before_training=true", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
-               env=offline_env(tmp_path))
+    run_script(
+        "train.py",
+        *SMALL,
+        "logger=wandb",
+        f"model.backbone={tiny_bert}",
+        "data.batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "eval.before_training=true",
+        f"output_dir={out}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        env=offline_env(tmp_path),
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     run, summary, meta = offline_run(out)
     rows = table(run, "test/results")
@@ -111,7 +143,9 @@ def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
     assert summary["test/results"]["_type"] == "table-file" and summary["test/results"]["nrows"] == 2
     steps = [v["step"] for v in json.loads((out / "validation.json").read_text())["validations"]]
     assert steps == [0, 2] and summary["best_step"] == metrics["best_step"] in steps  # the tested checkpoint's step
-    assert summary["test/ndcg_cut_10"] == pytest.approx(metrics["ndcg_cut_10"], abs=1e-6)  # Lightning's scalar, as logged
+    assert summary["test/ndcg_cut_10"] == pytest.approx(
+        metrics["ndcg_cut_10"], abs=1e-6
+    )  # Lightning's scalar, as logged
     assert {"val/ndcg_cut_10", "val/iw", "val/avgcos", "train/loss", "test/mats"} <= set(summary)
     assert meta == {"name": "ft", "group": "colbert-synthetic", "job_type": "train"}
     # ATS curves (callbacks/ats.py) before training, at the validation and at the final test
@@ -125,8 +159,18 @@ def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
 def test_head_stage_and_evaluation_log_isotropy_figures_and_tables(tmp_path, finetuned):
     out = tmp_path / "glow"
     env = offline_env(tmp_path)
-    run_script("train.py", *SMALL, "logger=wandb", "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=2",
-               f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}", env=env)
+    run_script(
+        "train.py",
+        *SMALL,
+        "logger=wandb",
+        "stage=head",
+        f"ckpt={finetuned}",
+        *GLOW,
+        "head.epochs=2",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"output_dir={out}",
+        env=env,
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     run, summary, meta = offline_run(out)
     assert meta == {"name": "glow", "group": "colbert-synthetic", "job_type": "head"}
@@ -147,8 +191,15 @@ def test_head_stage_and_evaluation_log_isotropy_figures_and_tables(tmp_path, fin
     assert summary["test/iw_raw"] == pytest.approx(metrics["before_head"]["iw"], abs=1e-6)
 
     ev = tmp_path / "ev"
-    run_script("evaluate.py", *SMALL, "logger=wandb", f"head_ckpt={next((out / 'checkpoints').glob('best-*.ckpt'))}",
-               f"data.cache_dir={tmp_path / 'c'}", f"output_dir={ev}", env=env)
+    run_script(
+        "evaluate.py",
+        *SMALL,
+        "logger=wandb",
+        f"head_ckpt={next((out / 'checkpoints').glob('best-*.ckpt'))}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"output_dir={ev}",
+        env=env,
+    )
     em = json.loads((ev / "metrics.json").read_text())
     run, summary, meta = offline_run(ev)
     assert meta == {"name": "eval-ev", "group": "colbert-synthetic", "job_type": "eval"}
@@ -251,8 +302,15 @@ def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
     a = wandb_init_args(compose(["output_dir=outputs/x"]), "whitebox-x", job="analysis")
     assert (a["name"], a["group"], a["job_type"]) == ("whitebox-x", "colbert-synthetic", "analysis")
     out = tmp_path / "pos"
-    run_script("evaluate.py", "analysis=answer_positions", "logger=wandb", f"output_dir={out}", f"data.cache_dir={tmp_path / 'c'}",
-               "analysis.epochs=1", env=offline_env(tmp_path))
+    run_script(
+        "evaluate.py",
+        "analysis=answer_positions",
+        "logger=wandb",
+        f"output_dir={out}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "analysis.epochs=1",
+        env=offline_env(tmp_path),
+    )
     run, summary, meta = offline_run(out)
     assert meta == {"name": "answer_positions-pos", "group": "colbert-synthetic", "job_type": "analysis"}
     (png,) = images(run, "answer_positions/histogram")
@@ -264,11 +322,27 @@ def test_analysis_runs_are_named_and_typed_for_the_dashboard(tmp_path):
 def test_grid_table_is_logged_as_its_own_run(tmp_path):
     """experiments.py with cells logging to W&B: the grid's table goes into a `<grid>-table` run of the grid's group
     (job type grid-table), one line per (train, eval, method), the same means and changes as results.json."""
-    grid = {"name": "tbl", "baseline": "bm25", "rows": {"bm25": ["model=bm25", "model.depth=20"], "bm25_k": ["model=bm25", "model.depth=20", "model.k1=0.6"]},
-            "train_data": {"syn": ["data=synthetic", "data.data_seed=3", "data.num_docs=120", "data.num_train_queries=30",
-                                    "data.num_val_queries=8", "data.num_test_queries=16", "data.num_topics=6"]},
-            "seeds": [1, 2], "measures": ["ndcg_cut_10"], "output_root": str(tmp_path / "grids"), "launcher": "subprocess",
-            "common": ["logger=wandb", f"data.cache_dir={tmp_path / 'c'}"]}
+    grid = {
+        "name": "tbl",
+        "baseline": "bm25",
+        "rows": {"bm25": ["model=bm25", "model.depth=20"], "bm25_k": ["model=bm25", "model.depth=20", "model.k1=0.6"]},
+        "train_data": {
+            "syn": [
+                "data=synthetic",
+                "data.data_seed=3",
+                "data.num_docs=120",
+                "data.num_train_queries=30",
+                "data.num_val_queries=8",
+                "data.num_test_queries=16",
+                "data.num_topics=6",
+            ]
+        },
+        "seeds": [1, 2],
+        "measures": ["ndcg_cut_10"],
+        "output_root": str(tmp_path / "grids"),
+        "launcher": "subprocess",
+        "common": ["logger=wandb", f"data.cache_dir={tmp_path / 'c'}"],
+    }
     gfile = tmp_path / "tbl.yaml"
     gfile.write_text(json.dumps(grid))
     run_script("experiments.py", f"grid={gfile}", env=offline_env(tmp_path))
@@ -282,7 +356,9 @@ def test_grid_table_is_logged_as_its_own_run(tmp_path):
     mean = {r: sum(c["metrics"]["ndcg_cut_10"] for c in cells if c["row"] == r) / 2 for r in ("bm25", "bm25_k")}
     assert set(rows) == {"bm25", "bm25_k"} and rows["bm25"]["train"] == "syn" and rows["bm25"]["eval"] == "syn"
     assert rows["bm25_k"]["ndcg_cut_10"] == pytest.approx(mean["bm25_k"], rel=1e-9)
-    assert rows["bm25_k"]["ndcg_cut_10 change %"] == pytest.approx(100 * (mean["bm25_k"] - mean["bm25"]) / mean["bm25"], rel=1e-9)
+    assert rows["bm25_k"]["ndcg_cut_10 change %"] == pytest.approx(
+        100 * (mean["bm25_k"] - mean["bm25"]) / mean["bm25"], rel=1e-9
+    )
     # each cell is a run of the grid's group named after its cell, BM25 evaluations included, with its results
     cell = root / "bm25_k" / "syn" / "seed2"
     crun, csummary, cell_meta = offline_run(cell)

@@ -4,6 +4,7 @@ length-sorted batches changes nothing, the spectral sample reads the right vecto
 analysis=whitebox` for a checkpoint with its backbone, the JSON consistent with its per-query values (both tau_AP
 variants, their Pearson r against IDF scipy's on the listed words, in every output), and one-line errors that write
 nothing."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,14 @@ from metrics.spectral import sample_rows, spectral_ratio
 from metrics.tau_ap import break_ties, tau_ap_a, tau_ap_b
 
 QUERIES = ["where is the cat sitting", "symptoms of shingles", "who wrote the book of the cat"]
-PASSAGES = ["the cat sat on the mat near the door", "shingles is a viral infection with a painful rash",
-            "a book about a cat, written by a famous author", "dogs and cats", "the symptoms include pain and itching",
-            "the cat sat on the mat near the door"]  # a duplicate passage: ties in every ranking
+PASSAGES = [
+    "the cat sat on the mat near the door",
+    "shingles is a viral infection with a painful rash",
+    "a book about a cat, written by a famous author",
+    "dogs and cats",
+    "the symptoms include pain and itching",
+    "the cat sat on the mat near the door",
+]  # a duplicate passage: ties in every ranking
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +49,11 @@ def encoded(module):
     tok = module.ranker.tokenizer
     q_ids, q_words = query_words(tok, QUERIES, module.model_cfg.query_max_len)
     d_ids = tok(PASSAGES, truncation=True, max_length=module.model_cfg.doc_max_len)["input_ids"]
-    return (encode_texts(module.ranker, q_ids, "query", batch_size=2), q_words,
-            encode_texts(module.ranker, d_ids, "doc", batch_size=4))
+    return (
+        encode_texts(module.ranker, q_ids, "query", batch_size=2),
+        q_words,
+        encode_texts(module.ranker, d_ids, "doc", batch_size=4),
+    )
 
 
 @torch.inference_mode()
@@ -76,7 +85,10 @@ def test_length_sorted_batches_change_nothing(colbert):
         assert i.tolist() == ids[0] and torch.allclose(v, alone.vecs, atol=1e-5)
         assert torch.allclose(v.norm(dim=-1), torch.ones(len(v)), atol=1e-5)  # the unit vectors Eq. 1 compares
     batch = docs.padded([3, 0])
-    assert batch.mask.sum(1).tolist() == [len(docs.token_ids(3)), len(docs.token_ids(0))] and (batch.tokens[~batch.mask] == 0).all()
+    assert (
+        batch.mask.sum(1).tolist() == [len(docs.token_ids(3)), len(docs.token_ids(0))]
+        and (batch.tokens[~batch.mask] == 0).all()
+    )
 
 
 def test_query_analysis_against_direct_computation(colbert):
@@ -160,12 +172,23 @@ def test_both_tau_ap_variants_in_every_output(tmp_path, tiny_bert_nodropout, mon
     logged = {}
     monkeypatch.setattr(wb, "log_analysis", lambda cfg, name, **kw: logged.update(kw))
     out = tmp_path / "o"
-    run_inprocess("analysis=whitebox", "logger=none", "data.num_test_queries=6", "data.candidate_depth=8",
-                  "analysis.statistics=[term_importance]", "model=colbert", f"model.backbone={tiny_bert_nodropout}",
-                  f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}")
+    run_inprocess(
+        "analysis=whitebox",
+        "logger=none",
+        "data.num_test_queries=6",
+        "data.candidate_depth=8",
+        "analysis.statistics=[term_importance]",
+        "model=colbert",
+        f"model.backbone={tiny_bert_nodropout}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"output_dir={out}",
+    )
     on_disk = json.loads((out / JSON_NAME).read_text())
     assert "tau_ap" not in on_disk["settings"] and on_disk["paper_pearson_r"]["tau_ap_a"] == -0.4
-    assert "tau_AP,a" in on_disk["definition"]["term_importance"] and "tau_AP,b" in on_disk["definition"]["term_importance"]
+    assert (
+        "tau_AP,a" in on_disk["definition"]["term_importance"]
+        and "tau_AP,b" in on_disk["definition"]["term_importance"]
+    )
     res = on_disk["models"]["untrained"]
     assert list(res["correlations"]) == list(TAU_AP_KEYS)
     check_tau_ap_outputs(res)
@@ -187,7 +210,9 @@ def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodr
     ckpt = fake_checkpoint(tmp_path / "ft.ckpt", tiny_bert_nodropout)
     cache = f"data.cache_dir={tmp_path / 'c'}"
     both = run_inprocess(*COMMON, cache, f"ckpt={ckpt}", "analysis.with_backbone=true", f"output_dir={tmp_path / 'a'}")
-    plain = run_inprocess(*COMMON, cache, "model=colbert", f"model.backbone={tiny_bert_nodropout}", f"output_dir={tmp_path / 'b'}")
+    plain = run_inprocess(
+        *COMMON, cache, "model=colbert", f"model.backbone={tiny_bert_nodropout}", f"output_dir={tmp_path / 'b'}"
+    )
     assert list(both["models"]) == ["fine-tuned", "backbone"] and list(plain["models"]) == ["untrained"]
     ft, bb, un = both["models"]["fine-tuned"], both["models"]["backbone"], plain["models"]["untrained"]
     assert bb["words"] == un["words"] and bb["subwords"] == un["subwords"]  # the same backbone, same queries
@@ -209,15 +234,34 @@ def test_checkpoint_with_backbone_and_the_untrained_run(tmp_path, tiny_bert_nodr
 @pytest.mark.slow
 def test_command_line_and_one_line_errors(tmp_path, tiny_bert):
     out = tmp_path / "o"
-    run_script("evaluate.py", *COMMON, "model=colbert", f"model.backbone={tiny_bert}", "analysis.statistics=[spectral]",
-               "analysis.max_queries=5", f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}")
+    run_script(
+        "evaluate.py",
+        *COMMON,
+        "model=colbert",
+        f"model.backbone={tiny_bert}",
+        "analysis.statistics=[spectral]",
+        "analysis.max_queries=5",
+        f"data.cache_dir={tmp_path / 'c'}",
+        f"output_dir={out}",
+    )
     res = json.loads((out / JSON_NAME).read_text())
     assert res["settings"]["queries"] == 5 and list(res["models"]["untrained"]["correlations"]) == ["spectral"]
     assert (out / "whitebox_spectral.png").exists() and not (out / "whitebox_delta_es.png").exists()
-    for args, needle in [(["analysis.statistic=[spectral]"], "analysis.statistic"),
-                         (["analysis.statistics=[tfidf]"], "analysis.statistics"),
-                         (["analysis.tau_ap=b"], "analysis.tau_ap"),  # removed: both variants are reported
-                         (["model=repbert", f"model.backbone={tiny_bert}"], "model.name")]:
-        bad = run_script("evaluate.py", *COMMON, *args, f"output_dir={tmp_path / 'x'}", f"data.cache_dir={tmp_path / 'c'}", check=False)
-        assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-500:]
+    for args, needle in [
+        (["analysis.statistic=[spectral]"], "analysis.statistic"),
+        (["analysis.statistics=[tfidf]"], "analysis.statistics"),
+        (["analysis.tau_ap=b"], "analysis.tau_ap"),  # removed: both variants are reported
+        (["model=repbert", f"model.backbone={tiny_bert}"], "model.name"),
+    ]:
+        bad = run_script(
+            "evaluate.py",
+            *COMMON,
+            *args,
+            f"output_dir={tmp_path / 'x'}",
+            f"data.cache_dir={tmp_path / 'c'}",
+            check=False,
+        )
+        assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[
+            -500:
+        ]
         assert not (tmp_path / "x").exists()

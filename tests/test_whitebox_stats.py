@@ -2,6 +2,7 @@
 tau_AP and its tie-aware variants (known rankings, a literal walk down the ranking, the expectation over tie orders,
 published values of Urbano's implementation), Delta_ES (Eq. 2) on a constructed similarity matrix, the spectral
 ratio of rank-1 vs isotropic embeddings, IDF and word segmentation."""
+
 from __future__ import annotations
 
 import itertools
@@ -106,18 +107,27 @@ def test_all_tied():
 # Urbano's R package ircor (the reference implementation, github.com/julian-urbano/ircor), its test data and the
 # values its tests expect (4 decimals): tauAP(x, y), tauAP_a(x, y.ties), tauAP_b(x.ties, y.ties).
 URBANO = [
-    ([0.897, 0.372, 0.908, 0.898, 0.661, 0.062, 0.177, 0.384, 0.498, 0.992],
-     [0.82, 0.406, 0.817, 0.953, 0.673, 0.073, 0.364, 0.547, 0.589, 0.988],
-     [0.9, 0.4, 0.9, 0.9, 0.7, 0.1, 0.2, 0.4, 0.5, 1], [0.8, 0.4, 0.8, 1, 0.7, 0.1, 0.4, 0.5, 0.6, 1],
-     (0.8519, 0.8333, 0.7454, 0.7321)),
-    ([0.266, 0.573, 0.202, 0.945, 0.629, 0.206, 0.687, 0.77, 0.718, 0.38],
-     [0.263, 0.843, 0.728, 0.928, 0.08, 0.114, 0.467, 0.641, 0.973, 0.644],
-     [0.3, 0.6, 0.2, 0.9, 0.6, 0.2, 0.7, 0.8, 0.7, 0.4], [0.3, 0.8, 0.7, 0.9, 0.1, 0.1, 0.5, 0.6, 1, 0.6],
-     (0.2504, 0.2880, 0.2692, 0.2970)),
-    ([0.185, 0.573, 0.944, 0.129, 0.468, 0.553, 0.761, 0.405, 0.976, 0.445],
-     [0.845, 0.272, 0.275, 0.924, 0.605, 0.334, 0.162, 0.872, 0.018, 0.25],
-     [0.2, 0.6, 0.9, 0.1, 0.5, 0.6, 0.8, 0.4, 1, 0.4], [0.8, 0.3, 0.3, 0.9, 0.6, 0.3, 0.2, 0.9, 0, 0.2],
-     (-0.6971, -0.6680, -0.5558, -0.7047)),
+    (
+        [0.897, 0.372, 0.908, 0.898, 0.661, 0.062, 0.177, 0.384, 0.498, 0.992],
+        [0.82, 0.406, 0.817, 0.953, 0.673, 0.073, 0.364, 0.547, 0.589, 0.988],
+        [0.9, 0.4, 0.9, 0.9, 0.7, 0.1, 0.2, 0.4, 0.5, 1],
+        [0.8, 0.4, 0.8, 1, 0.7, 0.1, 0.4, 0.5, 0.6, 1],
+        (0.8519, 0.8333, 0.7454, 0.7321),
+    ),
+    (
+        [0.266, 0.573, 0.202, 0.945, 0.629, 0.206, 0.687, 0.77, 0.718, 0.38],
+        [0.263, 0.843, 0.728, 0.928, 0.08, 0.114, 0.467, 0.641, 0.973, 0.644],
+        [0.3, 0.6, 0.2, 0.9, 0.6, 0.2, 0.7, 0.8, 0.7, 0.4],
+        [0.3, 0.8, 0.7, 0.9, 0.1, 0.1, 0.5, 0.6, 1, 0.6],
+        (0.2504, 0.2880, 0.2692, 0.2970),
+    ),
+    (
+        [0.185, 0.573, 0.944, 0.129, 0.468, 0.553, 0.761, 0.405, 0.976, 0.445],
+        [0.845, 0.272, 0.275, 0.924, 0.605, 0.334, 0.162, 0.872, 0.018, 0.25],
+        [0.2, 0.6, 0.9, 0.1, 0.5, 0.6, 0.8, 0.4, 1, 0.4],
+        [0.8, 0.3, 0.3, 0.9, 0.6, 0.3, 0.2, 0.9, 0, 0.2],
+        (-0.6971, -0.6680, -0.5558, -0.7047),
+    ),
 ]
 
 
@@ -141,8 +151,11 @@ def test_against_direct_formulas_on_random_rankings():
         assert tau_ap_b(x, y) == pytest.approx(0.5 * (walk_tau_ap(x, y) + walk_tau_ap(y, x)), abs=1e-12)
         # ties in both (coarse grades), b against the loop
         xt, yt = rng.integers(0, 4, size=n).astype(float), rng.integers(0, 4, size=n).astype(float)
-        expected = 0.5 * (walk_tau_ap_b_directed(xt, yt) + walk_tau_ap_b_directed(yt, xt)) \
-            if len(set(xt)) > 1 and len(set(yt)) > 1 else float("nan")
+        expected = (
+            0.5 * (walk_tau_ap_b_directed(xt, yt) + walk_tau_ap_b_directed(yt, xt))
+            if len(set(xt)) > 1 and len(set(yt)) > 1
+            else float("nan")
+        )
         got = tau_ap_b(xt, yt)
         assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected, abs=1e-12)
 
@@ -241,9 +254,13 @@ def constructed_candidates():
     Each passage is [CLS] x y [SEP] with [CLS] = e0 and [SEP] = e2, so the [CLS] and [SEP] rows are 1."""
     q = torch.stack([unit(1, 0), unit(1, 1), unit(1, 2)])
     e = torch.zeros(5, dtype=torch.float64)
-    rows = {"A": [(CAT, unit(0.8, 1)), (DOG, unit(0.5, 1, 4))], "B": [(CAT, unit(0.4, 1)), (DOG, unit(0.7, 1, 4))],
-            "C": [(DOG, unit(0.6, 1, 4))], "D": [(CAT, unit(0.9, 1)), (DOG, unit(0.1, 1, 4))],
-            "E": [(CAT, unit(0.5, 1)), (DOG, unit(0.5, 1))]}
+    rows = {
+        "A": [(CAT, unit(0.8, 1)), (DOG, unit(0.5, 1, 4))],
+        "B": [(CAT, unit(0.4, 1)), (DOG, unit(0.7, 1, 4))],
+        "C": [(DOG, unit(0.6, 1, 4))],
+        "D": [(CAT, unit(0.9, 1)), (DOG, unit(0.1, 1, 4))],
+        "E": [(CAT, unit(0.5, 1)), (DOG, unit(0.5, 1))],
+    }
     vecs = torch.zeros(5, 4, 5, dtype=torch.float64)
     ids = torch.zeros(5, 4, dtype=torch.long)
     mask = torch.zeros(5, 4, dtype=torch.bool)
@@ -365,8 +382,10 @@ def test_query_words(tokenizer):
     texts = ["When did Family Feud come out?", "causes of left ventricular hypertrophy"]
     ids, words = query_words(tokenizer, texts, max_len=32)
     keys = [[w.key for w in ws] for ws in words]
-    assert keys == [["when", "did", "family", "feud", "come", "out", "?"],
-                    ["causes", "of", "left", "ventricular", "hypertrophy"]]
+    assert keys == [
+        ["when", "did", "family", "feud", "come", "out", "?"],
+        ["causes", "of", "left", "ventricular", "hypertrophy"],
+    ]
     hyper = words[1][-1]
     assert [tokenizer.convert_ids_to_tokens(t) for t in hyper.subwords] == ["hyper", "##tro", "##phy"]
     assert hyper.positions == [len(ids[1]) - 4, len(ids[1]) - 3, len(ids[1]) - 2]  # before [SEP]
@@ -391,7 +410,9 @@ def test_within_query_correlation_by_hand():
     queries = [
         {"words": [{"word": "a", "tau_ap": 0.9}, {"word": "b", "tau_ap": 0.8}, {"word": "c", "tau_ap": 0.7}]},  # r = -1
         {"words": [{"word": "a", "tau_ap": 0.5}, {"word": "b", "tau_ap": 0.6}, {"word": "d", "tau_ap": 0.9}]},
-        {"words": [{"word": "a", "tau_ap": 0.5}, {"word": "b", "tau_ap": None}, {"word": "c", "tau_ap": 0.1}]},  # 2 values
+        {
+            "words": [{"word": "a", "tau_ap": 0.5}, {"word": "b", "tau_ap": None}, {"word": "c", "tau_ap": 0.1}]
+        },  # 2 values
     ]
     second = np.corrcoef([1.0, 2.0, 4.0], [0.5, 0.6, 0.9])[0, 1]
     got = within_query(queries, words, "tau_ap")

@@ -14,6 +14,7 @@ The gold passage of a query is its relevant passage of the highest grade (ties: 
 Writes `vocab_projections_coverage.png`, `vocab_projections_expansion.png`, `vocab_projections_amnesia.png`, then
 `vocab_projections.json`; logs the scalars, and on W&B Table 1, the curves and the amnesia rows as tables.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,14 +76,19 @@ class VocabProjectionsConfig(AnalysisConfig):
     def __post_init__(self):
         check_choice("analysis.split", self.split, ("train", "val", "test", "all"))
         if not self.k_values or any(int(k) < 1 for k in self.k_values):
-            raise InputError("config key 'analysis.k_values'", f"is {list(self.k_values)}; expected a non-empty list of positive ranks")
+            raise InputError(
+                "config key 'analysis.k_values'",
+                f"is {list(self.k_values)}; expected a non-empty list of positive ranks",
+            )
         for key in ("top_k", "table_pairs", "amnesia_top", "batch_size"):
             if getattr(self, key) < 1:
                 raise InputError(f"config key 'analysis.{key}'", f"is {getattr(self, key)}; expected >= 1")
         for key in ("max_queries", "candidate_depth"):
             v = getattr(self, key)
             if v is not None and v < (2 if key == "candidate_depth" else 1):
-                raise InputError(f"config key 'analysis.{key}'", f"is {v}; expected a positive count (candidate_depth >= 2), or null")
+                raise InputError(
+                    f"config key 'analysis.{key}'", f"is {v}; expected a positive count (candidate_depth >= 2), or null"
+                )
 
 
 def _say(msg: str) -> None:
@@ -92,18 +98,26 @@ def _say(msg: str) -> None:
 def check_ranker(cfg_model, where: str = "model.name") -> None:
     """Rankers with a representation in the backbone's space (no compression layer), so Eq. 3 applies."""
     if cfg_model.name not in RANKERS:
-        raise InputError(where, f"is '{cfg_model.name}'; vocabulary projections read {list(RANKERS)} (single-vector or per-token bi-encoders)")
+        raise InputError(
+            where,
+            f"is '{cfg_model.name}'; vocabulary projections read {list(RANKERS)} (single-vector or per-token bi-encoders)",
+        )
     if getattr(cfg_model, "compress_dim", None):
-        raise InputError("model.compress_dim", f"is {cfg_model.compress_dim}; the MLM head reads vectors of the backbone's width (compress_dim null)")
+        raise InputError(
+            "model.compress_dim",
+            f"is {cfg_model.compress_dim}; the MLM head reads vectors of the backbone's width (compress_dim null)",
+        )
 
 
 def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
-    """label -> RankingModule in eval mode: the checkpoint's ranker (or untrained), and its untrained backbone."""
+    """Label -> RankingModule in eval mode: the checkpoint's ranker (or untrained), and its untrained backbone."""
     module = load_module(cfg, model_from_cli)
     check_ranker(module.model_cfg)
     models = {("trained" if cfg.ckpt else "untrained"): module}
     if with_backbone and cfg.ckpt:
-        models["backbone"] = RankingModule(OmegaConf.to_container(OmegaConf.create(cfg.model)), OmegaConf.to_container(cfg.optim))
+        models["backbone"] = RankingModule(
+            OmegaConf.to_container(OmegaConf.create(cfg.model)), OmegaConf.to_container(cfg.optim)
+        )
     use_gpu = torch.cuda.is_available() and str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda")
     for m in models.values():
         m.eval().to("cuda" if use_gpu else "cpu")
@@ -112,9 +126,11 @@ def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 
 def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> EncodedTexts:
     """The vectors Eq. 3 projects, as `encode` returns them: ColBERT's token vectors, the pooled vector of the
-    single-vector rankers (their token vectors are not kept)."""
-    return encode_collection(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=False,
-                             keep_tokens=ranker.cfg.name == "colbert")
+    single-vector rankers (their token vectors are not kept).
+    """
+    return encode_collection(
+        ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=False, keep_tokens=ranker.cfg.name == "colbert"
+    )
 
 
 def project_texts(head, enc: EncodedTexts, rows) -> torch.Tensor:
@@ -127,7 +143,8 @@ def project_texts(head, enc: EncodedTexts, rows) -> torch.Tensor:
 
 def candidate_scores(ranker, q: EncodedTexts, k: int, docs: EncodedTexts, index: list[int]) -> np.ndarray:
     """The ranker's scores of query k against passages `index`: the dot of the scoring vectors (RepBERT's cosine,
-    BERT_DOT's dot), or ColBERT's sum over query tokens of the max cosine over passage tokens."""
+    BERT_DOT's dot), or ColBERT's sum over query tokens of the max cosine over passage tokens.
+    """
     if q.sequence is not None:
         idx = torch.as_tensor(index, dtype=torch.long)
         return (ranker.scoring_vectors(docs.sequence[idx]) @ ranker.scoring_vectors(q.sequence[k])).double().numpy()
@@ -138,7 +155,7 @@ def candidate_scores(ranker, q: EncodedTexts, k: int, docs: EncodedTexts, index:
 
 
 def gold_passages(ds, qids, cands) -> dict[str, str]:
-    """qid -> its relevant passage of the highest grade (ties: the best candidate rank, then doc id)."""
+    """Qid -> its relevant passage of the highest grade (ties: the best candidate rank, then doc id)."""
     qrels = {}
     for split in ds.splits.values():
         for q, rel in split.qrels.items():
@@ -183,15 +200,29 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
             tq = set(q_ids[qi[j]]) - special
             tp = set(d_ids[di[j]]) - special
             both = tq | tp
-            ps = PairStats(q, tq, tp, ranks_of(Q[j], both), ranks_of(P[j], both), top_tokens(Q[j], k_max),
-                           {t for t in both if is_content(names[t])})
+            ps = PairStats(
+                q,
+                tq,
+                tp,
+                ranks_of(Q[j], both),
+                ranks_of(P[j], both),
+                top_tokens(Q[j], k_max),
+                {t for t in both if is_content(names[t])},
+            )
             pairs.append(ps)
             if len(table) < opts.table_pairs:
                 top_p = top_tokens(P[j], opts.top_k)
                 mark = lambda t: names[t] + ("*" if t in ps.shared else "+" if t in tp and t in ps.content else "")  # noqa: E731
-                table.append({"qid": q, "query": qtexts[q], "passage_id": gold[q], "passage": ds.docs[gold[q]][:400],
-                              "top_Q": " ".join(mark(t) for t in ps.top_q[: opts.top_k]),
-                              "top_P": " ".join(mark(t) for t in top_p)})
+                table.append(
+                    {
+                        "qid": q,
+                        "query": qtexts[q],
+                        "passage_id": gold[q],
+                        "passage": ds.docs[gold[q]][:400],
+                        "top_Q": " ".join(mark(t) for t in ps.top_q[: opts.top_k]),
+                        "top_P": " ".join(mark(t) for t in top_p),
+                    }
+                )
     timings["project_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -214,8 +245,16 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
         "table1": table,
         "coverage": {str(k): v for k, v in coverage(pairs, ks).items()},
         "token_mrr": token_mrr(pairs),
-        "expansion": {**(e := expansion(pairs, ks)), "queries_with_expansion": {str(k): v for k, v in e["queries_with_expansion"].items()}},
-        "amnesia": {"bm25_top_queries": bm25_hits, "queries": len(amnesia_rows), **amnesia_summary(amnesia_rows), "rows": amnesia_rows},
+        "expansion": {
+            **(e := expansion(pairs, ks)),
+            "queries_with_expansion": {str(k): v for k, v in e["queries_with_expansion"].items()},
+        },
+        "amnesia": {
+            "bm25_top_queries": bm25_hits,
+            "queries": len(amnesia_rows),
+            **amnesia_summary(amnesia_rows),
+            "rows": amnesia_rows,
+        },
         "passages_encoded": len(doc_ids),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
@@ -236,7 +275,9 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
         raise InputError("analysis.split", f"no query of split '{opts.split}' of {ds.name} has a relevant passage")
     timings = {"data_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    backbone = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"]["backbone"] if cfg.ckpt else cfg.model.backbone
+    backbone = (
+        read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"]["backbone"] if cfg.ckpt else cfg.model.backbone
+    )
     head, head_source = load_mlm_head(backbone, opts.mlm_head)
     models = load_models(cfg, model_from_cli, opts.with_backbone)
     timings["load_models_s"] = time.perf_counter() - t0
@@ -248,21 +289,29 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     return {
         "definition": {
             "projection": "Eq. 3: log-softmax of the MLM head (Eq. 1) applied to the pooled vector (RepBERT mean, "
-                          "BERT_DOT [CLS]); ColBERT: max over the text's tokens of the per-token log-probabilities",
+            "BERT_DOT [CLS]); ColBERT: max over the text's tokens of the per-token log-probabilities",
             "rank": "1 + number of vocabulary items with a larger log-probability",
             "tokens": "WordPiece ids of the text as encoded (truncated), special tokens excluded; content tokens: "
-                      "no stopword (Lucene's 33), not punctuation only",
+            "no stopword (Lucene's 33), not punctuation only",
             "gold": "the query's relevant passage of the highest grade (ties: best candidate rank, then doc id)",
             "coverage": "share of shared tokens (pooled over pairs) with rank <= k in Q / in P",
             "token_mrr": "mean over (pair, token) of 1 / rank_P(t)",
             "expansion": "share of queries with a content token of the gold passage, absent from the query, in Q's top-k",
             "amnesia": f"queries whose gold passage is in BM25's top-{opts.amnesia_top}; shared content tokens' max / "
-                       f"median rank in P and Q; retrieved = the ranker ranks the passage in its top-{opts.amnesia_top} "
-                       "of the query's candidates",
+            f"median rank in P and Q; retrieved = the ranker ranks the passage in its top-{opts.amnesia_top} "
+            "of the query's candidates",
         },
-        "settings": {**{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"}, "mlm_head_source": head_source,
-                     "dataset": ds.name, "queries": len(qids), "pairs": len(gold), "candidate_depth": depth,
-                     "collection_passages": len(ds.docs), "seed": seed, "checkpoint": cfg.ckpt},
+        "settings": {
+            **{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"},
+            "mlm_head_source": head_source,
+            "dataset": ds.name,
+            "queries": len(qids),
+            "pairs": len(gold),
+            "candidate_depth": depth,
+            "collection_passages": len(ds.docs),
+            "seed": seed,
+            "checkpoint": cfg.ckpt,
+        },
         "models": per_model,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
@@ -273,7 +322,6 @@ def plots(result: dict, out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
-
 
     s = result["settings"]
     sub = f"{s['dataset']} {s['split']}, {s['pairs']} pairs"
@@ -311,14 +359,19 @@ def plots(result: dict, out: Path) -> list[Path]:
         data, labels = [], []
         for label, res in models.items():
             for g, flag in (("top", True), ("missed", False)):
-                data.append([r[f"max_rank_{side}"] for r in res["amnesia"]["rows"] if r["retrieved"] == flag] or [np.nan])
+                data.append(
+                    [r[f"max_rank_{side}"] for r in res["amnesia"]["rows"] if r["retrieved"] == flag] or [np.nan]
+                )
                 labels.append(f"{label}\n{g}-{s['amnesia_top']}")
         ax.boxplot(data, showfliers=False)
         ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel(f"max rank in {side} of shared tokens")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Figure 5: token amnesia, queries with the gold passage in BM25's top-{s['amnesia_top']} ({s['dataset']})", fontsize=9)
+    fig.suptitle(
+        f"Figure 5: token amnesia, queries with the gold passage in BM25's top-{s['amnesia_top']} ({s['dataset']})",
+        fontsize=9,
+    )
     paths.append(save_figure(fig, out / "vocab_projections_amnesia.png"))
     return paths
 
@@ -338,7 +391,10 @@ def log_result(cfg, result: dict, pngs: list[Path]) -> None:
         if rows:
             cols = list(rows[0])
             tables[f"vocab/{label}/table1"] = (cols, [[r[c] for c in cols] for r in rows])
-        tables[f"vocab/{label}/coverage"] = (["k", "Q", "P"], [[int(k), v["Q"], v["P"]] for k, v in res["coverage"].items()])
+        tables[f"vocab/{label}/coverage"] = (
+            ["k", "Q", "P"],
+            [[int(k), v["Q"], v["P"]] for k, v in res["coverage"].items()],
+        )
         e = res["expansion"]["queries_with_expansion"]
         tables[f"vocab/{label}/expansion"] = (["k", "share"], [[int(k), v] for k, v in e.items()])
         am = res["amnesia"]["rows"]
@@ -350,19 +406,32 @@ def log_result(cfg, result: dict, pngs: list[Path]) -> None:
 
 def print_summary(result: dict, written: list[Path]) -> None:
     s = result["settings"]
-    print(f"vocabulary projections: {s['dataset']}, split {s['split']}, {s['pairs']} pairs, head {s['mlm_head_source']}")
+    print(
+        f"vocabulary projections: {s['dataset']}, split {s['split']}, {s['pairs']} pairs, head {s['mlm_head_source']}"
+    )
     for label, res in result["models"].items():
         cov = res["coverage"]
-        cv = " ".join(f"@{k} Q {v['Q']:.3f} P {v['P']:.3f}" for k, v in cov.items() if k in ("5", "20", "100") and v["Q"] is not None)
+        cv = " ".join(
+            f"@{k} Q {v['Q']:.3f} P {v['P']:.3f}"
+            for k, v in cov.items()
+            if k in ("5", "20", "100") and v["Q"] is not None
+        )
         m = res["token_mrr"]
         fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-        print(f"{label:>10}: coverage {cv}; token MRR in P shared {fmt(m['shared']['mrr'])} passage-only {fmt(m['passage_only']['mrr'])}")
+        print(
+            f"{label:>10}: coverage {cv}; token MRR in P shared {fmt(m['shared']['mrr'])} passage-only {fmt(m['passage_only']['mrr'])}"
+        )
         e = res["expansion"]["queries_with_expansion"]
-        print(f"{'':>10}  queries with an expansion token in Q's top-k: " + " ".join(f"@{k} {fmt(v)}" for k, v in e.items()))
+        print(
+            f"{'':>10}  queries with an expansion token in Q's top-k: "
+            + " ".join(f"@{k} {fmt(v)}" for k, v in e.items())
+        )
         a = res["amnesia"]
-        print(f"{'':>10}  amnesia ({a['queries']} of {a['bm25_top_queries']} BM25-top queries): median max rank P "
-              f"retrieved {a['retrieved']['median_max_rank_P']} / missed {a['missed']['median_max_rank_P']} "
-              f"({a['retrieved']['queries']} / {a['missed']['queries']} queries)")
+        print(
+            f"{'':>10}  amnesia ({a['queries']} of {a['bm25_top_queries']} BM25-top queries): median max rank P "
+            f"retrieved {a['retrieved']['median_max_rank_P']} / missed {a['missed']['median_max_rank_P']} "
+            f"({a['retrieved']['queries']} / {a['missed']['queries']} queries)"
+        )
     print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result["timings_s"].items()))
     print("wrote " + ", ".join(str(p) for p in written))
 

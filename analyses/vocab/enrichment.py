@@ -12,6 +12,7 @@ w = IDF over the collection (BM25's form, analyses/whitebox/idf.py), x_1..x_n th
 ranker encodes them (truncated, special tokens excluded, repeats counted). The ablations of section 6.4 are
 switches: `idf=False` (w = 1), static embeddings v_t for s_t, no whitening, no normalisation (e + lambda e_lex).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,16 @@ class SingleTokens:
         return self.cross_entropy <= threshold
 
 
-def single_token_embeddings(head, token_ids, init: Tensor, lr: float = 0.01, threshold: float = 0.1,
-                            max_steps: int = 1000, batch_size: int = 1024, log=None) -> SingleTokens:
+def single_token_embeddings(
+    head,
+    token_ids,
+    init: Tensor,
+    lr: float = 0.01,
+    threshold: float = 0.1,
+    max_steps: int = 1000,
+    batch_size: int = 1024,
+    log=None,
+) -> SingleTokens:
     """Eq. 4 for every item of `token_ids`, `batch_size` items per optimisation; `init` [n, d] the start vectors."""
     ids = torch.as_tensor(token_ids, dtype=torch.long)
     out = init.detach().clone().float()
@@ -55,7 +64,7 @@ def single_token_embeddings(head, token_ids, init: Tensor, lr: float = 0.01, thr
                 hit = ce.detach() <= threshold
                 keep = act if step == max_steps else act[hit]
                 out[keep + s] = x.detach()[keep]
-                ce_out[keep + s] = (ce.detach() if step == max_steps else ce.detach()[hit])
+                ce_out[keep + s] = ce.detach() if step == max_steps else ce.detach()[hit]
                 steps[act[hit] + s] = step
                 done[keep] = True
             if bool(done.all()):
@@ -64,14 +73,17 @@ def single_token_embeddings(head, token_ids, init: Tensor, lr: float = 0.01, thr
             ce[~hit].sum().backward()
             opt.step()
         if log:
-            log(f"single-token embeddings {min(s + batch_size, len(ids)):,}/{len(ids):,}: {int((ce_out[s : s + batch_size] <= threshold).sum())} "
-                f"of {len(t)} reached CE <= {threshold} (last step {step})")
+            log(
+                f"single-token embeddings {min(s + batch_size, len(ids)):,}/{len(ids):,}: {int((ce_out[s : s + batch_size] <= threshold).sum())} "
+                f"of {len(t)} reached CE <= {threshold} (last step {step})"
+            )
     return SingleTokens(ids, out, steps, ce_out)
 
 
 def whiten(x: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor, Tensor]:
     """(whitened rows, mean, W): (x - mu) W has identity covariance, W = U diag(lambda^-1/2) of the covariance
-    (Jung et al., 2022). Float64 for the eigendecomposition."""
+    (Jung et al., 2022). Float64 for the eigendecomposition.
+    """
     x64 = x.double()
     mu = x64.mean(0)
     c = x64 - mu
@@ -81,21 +93,28 @@ def whiten(x: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor, Tensor]:
     return (c @ W).to(x.dtype), mu.to(x.dtype), W.to(x.dtype)
 
 
-def lexical_vectors(texts: list[list[int]], table: dict[int, int], vectors: Tensor, idf: dict[int, float] | None) -> Tensor:
+def lexical_vectors(
+    texts: list[list[int]], table: dict[int, int], vectors: Tensor, idf: dict[int, float] | None
+) -> Tensor:
     """e_lex of Eq. 5 per text: 1/n sum_i w_{x_i} s_{x_i} over its tokens (`table`: token id -> row of `vectors`;
-    `idf` None: w = 1). A text without tokens gets a zero vector."""
+    `idf` None: w = 1). A text without tokens gets a zero vector.
+    """
     out = torch.zeros(len(texts), vectors.shape[1], dtype=vectors.dtype)
     for k, toks in enumerate(texts):
         if not toks:
             continue
         rows = torch.tensor([table[t] for t in toks])
-        w = torch.tensor([idf[t] for t in toks], dtype=vectors.dtype) if idf is not None else torch.ones(len(toks), dtype=vectors.dtype)
+        w = (
+            torch.tensor([idf[t] for t in toks], dtype=vectors.dtype)
+            if idf is not None
+            else torch.ones(len(toks), dtype=vectors.dtype)
+        )
         out[k] = (w[:, None] * vectors[rows]).sum(0) / len(toks)
     return out
 
 
 def enrich(e: Tensor, e_lex: Tensor, lam: float, normalize: bool = True) -> Tensor:
-    """e' = e + lambda * e_lex / ||e_lex|| (Eq. 5); `normalize=False`: e + lambda * e_lex. Zero e_lex adds nothing."""
+    """E' = e + lambda * e_lex / ||e_lex|| (Eq. 5); `normalize=False`: e + lambda * e_lex. Zero e_lex adds nothing."""
     if normalize:
         e_lex = e_lex / e_lex.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return e + lam * e_lex
@@ -114,4 +133,3 @@ def idf_weights(idf, token_ids) -> dict[int, float]:
 
 def vocabulary_of(texts: list[list[int]]) -> list[int]:
     return sorted({t for x in texts for t in x})
-

@@ -14,6 +14,7 @@ head (BERT's init; the near-chance reference) and of always predicting the most 
 Writes the head (`analysis.out`, default `<output_dir>/mlm_head.pt`, atomically) and the report next to it
 (`<out>.json`). Keys: configs/analysis/fit_mlm_head.yaml.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,7 +39,9 @@ from lightning_modules.rankers.backbone import load_backbone
 class FitOptions:
     """How the head is fitted (errors name the config keys `analysis.<key>` of `analysis=fit_mlm_head`)."""
 
-    out: str | None = None  # where the head is written (.pt; the report goes to <out>.json); None = <output_dir>/mlm_head.pt
+    out: str | None = (
+        None  # where the head is written (.pt; the report goes to <out>.json); None = <output_dir>/mlm_head.pt
+    )
     heldout: float = 0.1  # share of passages held out for the accuracy
     max_passages: int | None = None  # a seeded sample of the collection; None = all
     max_len: int = 128  # WordPiece tokens per passage (truncated)
@@ -62,13 +65,17 @@ class FitOptions:
             if getattr(self, k) < 1:
                 raise InputError(f"config key 'analysis.{k}'", f"is {getattr(self, k)}; expected >= 1")
         if self.max_passages is not None and self.max_passages < 2:
-            raise InputError("config key 'analysis.max_passages'", f"is {self.max_passages}; expected >= 2 (fitted and held-out passages)")
+            raise InputError(
+                "config key 'analysis.max_passages'",
+                f"is {self.max_passages}; expected >= 2 (fitted and held-out passages)",
+            )
 
 
 @dataclass
 class FitMLMHeadConfig(FitOptions):
     """`python evaluate.py analysis=fit_mlm_head model.backbone=... data=... [analysis.out=PATH]`
-    (configs/analysis/fit_mlm_head.yaml): the FitOptions keys."""
+    (configs/analysis/fit_mlm_head.yaml): the FitOptions keys.
+    """
 
     name: str = "fit_mlm_head"
 
@@ -86,10 +93,18 @@ class Masked:
     targets: list[int]
 
 
-def mask_passages(ids: list[list[int]], special: set[int], mask_id: int, vocab: int, rate: float,
-                  rng: np.random.Generator, mode: str = "bert") -> list[Masked]:
+def mask_passages(
+    ids: list[list[int]],
+    special: set[int],
+    mask_id: int,
+    vocab: int,
+    rate: float,
+    rng: np.random.Generator,
+    mode: str = "bert",
+) -> list[Masked]:
     """Choose `rate` of each passage's non-special tokens (at least one); `mode` "bert": [MASK] 80 %, a random
-    token 10 %, unchanged 10 %; "mask": always [MASK] (held-out accuracy)."""
+    token 10 %, unchanged 10 %; "mask": always [MASK] (held-out accuracy).
+    """
     out = []
     for x in ids:
         cand = [i for i, t in enumerate(x) if t not in special]
@@ -142,8 +157,17 @@ def masked_accuracy(head: MLMHead, hidden: Tensor, targets: Tensor, batch_size: 
     return correct, n, ce / max(n, 1)
 
 
-def train_head(head: MLMHead, hidden: Tensor, targets: Tensor, epochs: int, lr: float, batch_size: int, seed: int,
-               log=print, bf16: bool = False) -> list[float]:
+def train_head(
+    head: MLMHead,
+    hidden: Tensor,
+    targets: Tensor,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    log=print,
+    bf16: bool = False,
+) -> list[float]:
     """Adam on g and b (the tied embeddings are a buffer, so they cannot move); mean training loss per epoch."""
     opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=lr)
     gen = torch.Generator().manual_seed(seed)
@@ -177,7 +201,9 @@ def random_head(embeddings: Tensor, act: str, eps: float, seed: int, std: float 
     return head.eval()
 
 
-def split_passages(doc_ids: list[str], heldout: float, max_passages: int | None, seed: int) -> tuple[list[str], list[str]]:
+def split_passages(
+    doc_ids: list[str], heldout: float, max_passages: int | None, seed: int
+) -> tuple[list[str], list[str]]:
     rng = np.random.default_rng([seed, 11])
     ids = sorted(doc_ids)
     order = rng.permutation(len(ids))
@@ -205,9 +231,15 @@ def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tup
     special = set(tok.all_special_ids)
     rng = np.random.default_rng([opts.seed, 13])
     fit_tok = enc(fit_ids)
-    fit_ex = [e for _ in range(opts.masks) for e in mask_passages(fit_tok, special, tok.mask_token_id, len(tok), opts.mask_rate, rng, "bert")]
+    fit_ex = [
+        e
+        for _ in range(opts.masks)
+        for e in mask_passages(fit_tok, special, tok.mask_token_id, len(tok), opts.mask_rate, rng, "bert")
+    ]
     held_ex = mask_passages(enc(held_ids), special, tok.mask_token_id, len(tok), opts.mask_rate, rng, "mask")
-    log(f"encoding {len(fit_ex):,} masked passages ({opts.masks} maskings of {len(fit_ids):,}) and {len(held_ex):,} held-out")
+    log(
+        f"encoding {len(fit_ex):,} masked passages ({opts.masks} maskings of {len(fit_ids):,}) and {len(held_ex):,} held-out"
+    )
     h_fit, t_fit = encode_masked(encoder, fit_ex, opts.encode_batch_size, tok.pad_token_id)
     h_held, t_held = encode_masked(encoder, held_ex, opts.encode_batch_size, tok.pad_token_id)
     t_enc = time.perf_counter() - t0
@@ -230,13 +262,22 @@ def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tup
         return {"correct": c[0], "total": c[1], "accuracy": c[0] / max(c[1], 1), "cross_entropy": c[2]}
 
     report = {
-        "backbone": backbone, "settings": asdict(opts),
+        "backbone": backbone,
+        "settings": asdict(opts),
         "passages": {"fitted": len(fit_ids), "heldout": len(held_ids)},
         "masked_tokens": {"fitted": int(len(t_fit)), "heldout": int(len(t_held))},
-        "heldout": {"fitted_head": acc(fitted), "random_head": acc(rand), "initial_head": acc(untrained),
-                    "most_frequent_token": {"token": tok.convert_ids_to_tokens(top), "correct": unigram,
-                                            "total": int(len(t_held)), "accuracy": unigram / max(len(t_held), 1)},
-                    "chance": 1.0 / len(tok)},
+        "heldout": {
+            "fitted_head": acc(fitted),
+            "random_head": acc(rand),
+            "initial_head": acc(untrained),
+            "most_frequent_token": {
+                "token": tok.convert_ids_to_tokens(top),
+                "correct": unigram,
+                "total": int(len(t_held)),
+                "accuracy": unigram / max(len(t_held), 1),
+            },
+            "chance": 1.0 / len(tok),
+        },
         "training_cross_entropy": losses,
         "timings_s": {"encode": round(t_enc, 2), "train": round(t_train, 2)},
     }
@@ -251,10 +292,12 @@ def run(cfg, opts: FitOptions) -> dict:
     out = save_head(head, opts.out or str(Path(cfg.output_dir) / "mlm_head.pt"), backbone, report)
     write_json(Path(str(out) + ".json"), report)
     h = report["heldout"]
-    print(f"held-out masked-token accuracy on {ds.name} ({h['fitted_head']['total']:,} tokens): fitted head "
-          f"{h['fitted_head']['accuracy']:.4f} (CE {h['fitted_head']['cross_entropy']:.3f}), random head "
-          f"{h['random_head']['accuracy']:.4f}, most frequent token '{h['most_frequent_token']['token']}' "
-          f"{h['most_frequent_token']['accuracy']:.4f}, chance {h['chance']:.2e}")
+    print(
+        f"held-out masked-token accuracy on {ds.name} ({h['fitted_head']['total']:,} tokens): fitted head "
+        f"{h['fitted_head']['accuracy']:.4f} (CE {h['fitted_head']['cross_entropy']:.3f}), random head "
+        f"{h['random_head']['accuracy']:.4f}, most frequent token '{h['most_frequent_token']['token']}' "
+        f"{h['most_frequent_token']['accuracy']:.4f}, chance {h['chance']:.2e}"
+    )
     print(f"wrote {out} and {out}.json")
     return report
 

@@ -13,6 +13,7 @@ s_t (Eq. 4) is optimised for the vocabulary items of the texts analysed only (on
 costs hours), cached under `data.cache_dir/single_tokens/`; the whitening is fitted on those s_t.
 Writes `lexical_enrichment_lambda.png` (validation measure vs lambda per variant), then `lexical_enrichment.json`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,7 +58,9 @@ class LexicalEnrichmentConfig(AnalysisConfig):
 
     name: str = "lexical_enrichment"
     mlm_head: str | None = None
-    lambdas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0])
+    lambdas: list[float] = dataclasses.field(
+        default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0]
+    )
     lam: float | None = None  # a fixed lambda (no selection on validation)
     idf: bool = True
     single_token: str = "optimised"  # optimised (Eq. 4) | static (the input embeddings v_t)
@@ -79,17 +82,34 @@ class LexicalEnrichmentConfig(AnalysisConfig):
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
         check_test(self.significance, "analysis.significance", paired=True)
         if not self.lambdas or 0.0 not in [float(x) for x in self.lambdas] or any(float(x) < 0 for x in self.lambdas):
-            raise InputError("config key 'analysis.lambdas'", f"is {list(self.lambdas)}; expected non-negative values including 0 (the ranker as it is)")
+            raise InputError(
+                "config key 'analysis.lambdas'",
+                f"is {list(self.lambdas)}; expected non-negative values including 0 (the ranker as it is)",
+            )
         bad = [a for a in self.ablations if a not in ABLATIONS]
         if bad:
             raise InputError("config key 'analysis.ablations'", f"has {bad}; expected a subset of {list(ABLATIONS)}")
         for key in ("val_split", "test_split"):
             check_choice(f"analysis.{key}", getattr(self, key), ("train", "val", "test"))
-        check_ranges("analysis", self, st_max_steps=COUNT, st_batch_size=COUNT, batch_size=COUNT, st_lr=POSITIVE,
-                     st_threshold=POSITIVE, lam=NON_NEGATIVE, candidate_depth=COUNT)
+        check_ranges(
+            "analysis",
+            self,
+            st_max_steps=COUNT,
+            st_batch_size=COUNT,
+            batch_size=COUNT,
+            st_lr=POSITIVE,
+            st_threshold=POSITIVE,
+            lam=NON_NEGATIVE,
+            candidate_depth=COUNT,
+        )
 
     def variant(self, ablation: str | None) -> dict:
-        v = {"idf": self.idf, "single_token": self.single_token, "whitening": self.whitening, "normalize": self.normalize}
+        v = {
+            "idf": self.idf,
+            "single_token": self.single_token,
+            "whitening": self.whitening,
+            "normalize": self.normalize,
+        }
         if ablation == "no_idf":
             v["idf"] = False
         elif ablation == "static":
@@ -112,22 +132,41 @@ def _head_digest(head) -> str:
     return h.hexdigest()[:24]
 
 
-def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConfig, cache_dir) -> tuple[torch.Tensor, dict]:
+def cached_single_tokens(
+    head, token_ids: list[int], opts: LexicalEnrichmentConfig, cache_dir
+) -> tuple[torch.Tensor, dict]:
     """s_t (Eq. 4) of `token_ids` [n, d] in that order, optimising only items not in the cache (keyed by the head's
-    weights and the optimisation settings); and a summary (items, reached, steps)."""
+    weights and the optimisation settings); and a summary (items, reached, steps).
+    """
     key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
     path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None
-    store = torch.load(path, weights_only=False) if path is not None and path.exists() else {"ids": [], "vectors": None, "ce": None, "steps": None}
+    store = (
+        torch.load(path, weights_only=False)
+        if path is not None and path.exists()
+        else {"ids": [], "vectors": None, "ce": None, "steps": None}
+    )
     have = {t: i for i, t in enumerate(store["ids"])}
     missing = [t for t in token_ids if t not in have]
     t0 = time.perf_counter()
     if missing:
         _say(f"optimising s_t (Eq. 4) for {len(missing):,} vocabulary items ({len(token_ids) - len(missing):,} cached)")
-        st = single_token_embeddings(head, missing, head.embeddings[missing], opts.st_lr, opts.st_threshold,
-                                     opts.st_max_steps, opts.st_batch_size, log=_say)
-        cat = (lambda a, b: b if a is None else torch.cat([a, b]))  # noqa: E731
-        store = {"ids": store["ids"] + missing, "vectors": cat(store["vectors"], st.vectors),
-                 "ce": cat(store["ce"], st.cross_entropy), "steps": cat(store["steps"], st.steps)}
+        st = single_token_embeddings(
+            head,
+            missing,
+            head.embeddings[missing],
+            opts.st_lr,
+            opts.st_threshold,
+            opts.st_max_steps,
+            opts.st_batch_size,
+            log=_say,
+        )
+        cat = lambda a, b: b if a is None else torch.cat([a, b])  # noqa: E731
+        store = {
+            "ids": store["ids"] + missing,
+            "vectors": cat(store["vectors"], st.vectors),
+            "ce": cat(store["ce"], st.cross_entropy),
+            "steps": cat(store["steps"], st.steps),
+        }
         if path is not None:
             with atomic_open(path, "wb") as f:
                 torch.save(store, f)
@@ -136,9 +175,14 @@ def cached_single_tokens(head, token_ids: list[int], opts: LexicalEnrichmentConf
     ce, steps = store["ce"][rows], store["steps"][rows]
     reached = ce <= opts.st_threshold
     return store["vectors"][rows], {
-        "items": len(token_ids), "optimised_now": len(missing), "reached_threshold": int(reached.sum()),
-        "max_cross_entropy": float(ce.max()), "median_steps_reached": float(steps[reached].float().median()) if reached.any() else None,
-        "seconds": round(time.perf_counter() - t0, 2), "cache": str(path) if path else None}
+        "items": len(token_ids),
+        "optimised_now": len(missing),
+        "reached_threshold": int(reached.sum()),
+        "max_cross_entropy": float(ce.max()),
+        "median_steps_reached": float(steps[reached].float().median()) if reached.any() else None,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "cache": str(path) if path else None,
+    }
 
 
 def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], dict, dict, dict]:
@@ -147,7 +191,10 @@ def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], di
     qrels = ds.split(split).qrels
     qids = [q for q in qids if any(g > 0 for g in qrels.get(q, {}).values())]
     if not qids:
-        raise InputError(f"analysis.{'val' if split == 'val' else 'test'}_split", f"split '{split}' of {ds.name} has no judged query with candidates")
+        raise InputError(
+            f"analysis.{'val' if split == 'val' else 'test'}_split",
+            f"split '{split}' of {ds.name} has no judged query with candidates",
+        )
     return qids, texts, cands, {q: qrels[q] for q in qids}
 
 
@@ -169,10 +216,15 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         check_ranker(cfg.model)
     model_cfg = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"] if cfg.ckpt else cfg.model
     if model_cfg["name"] not in ("repbert", "bert_dot"):
-        raise InputError("model.name", f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: repbert or bert_dot")
+        raise InputError(
+            "model.name",
+            f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: repbert or bert_dot",
+        )
     dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
     ds = load_dataset(dc, int(cfg.seed))
-    splits = {s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])}
+    splits = {
+        s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])
+    }
     head, head_source = load_mlm_head(model_cfg["backbone"], opts.mlm_head)
     module = next(iter(load_models(cfg, model_from_cli, False).values()))
     ranker, c = module.ranker, module.model_cfg
@@ -185,12 +237,24 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
     t0 = time.perf_counter()
     _say(f"encoding {len(doc_ids):,} passages and {sum(len(v[0]) for v in splits.values()):,} queries")
     p_tok = text_tokens(tok, [ds.docs[d] for d in doc_ids], c.doc_max_len)
-    ep = encode(ranker, tok([ds.docs[d] for d in doc_ids], truncation=True, max_length=c.doc_max_len)["input_ids"], "doc", opts.batch_size, tok.pad_token_id).sequence
+    ep = encode(
+        ranker,
+        tok([ds.docs[d] for d in doc_ids], truncation=True, max_length=c.doc_max_len)["input_ids"],
+        "doc",
+        opts.batch_size,
+        tok.pad_token_id,
+    ).sequence
     enc_q, q_tok = {}, {}
     for s, (qids, texts, _, _) in splits.items():
         qt = [texts[q] for q in qids]
         q_tok[s] = text_tokens(tok, qt, c.query_max_len)
-        enc_q[s] = encode(ranker, tok(qt, truncation=True, max_length=c.query_max_len)["input_ids"], "query", opts.batch_size, tok.pad_token_id).sequence
+        enc_q[s] = encode(
+            ranker,
+            tok(qt, truncation=True, max_length=c.query_max_len)["input_ids"],
+            "query",
+            opts.batch_size,
+            tok.pad_token_id,
+        ).sequence
     timings["encode_s"] = time.perf_counter() - t0
 
     vocab = vocabulary_of(p_tok + [x for v in q_tok.values() for x in v])
@@ -214,27 +278,61 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         val_qids, _, val_cands, val_qrels = splits[opts.val_split]
         curve = {}
         for lam in grid:
-            curve[lam], _ = _evaluate(ranker, enrich(enc_q[opts.val_split], lex_q[opts.val_split], lam, v["normalize"]),
-                                      enrich(ep, lex_p, lam, v["normalize"]), val_qids, val_cands, prow, val_qrels, opts.measure)
+            curve[lam], _ = _evaluate(
+                ranker,
+                enrich(enc_q[opts.val_split], lex_q[opts.val_split], lam, v["normalize"]),
+                enrich(ep, lex_p, lam, v["normalize"]),
+                val_qids,
+                val_cands,
+                prow,
+                val_qrels,
+                opts.measure,
+            )
         best = grid[0] if opts.lam is not None else max(grid, key=lambda x: (curve[x], -x))
         tq, _, t_cands, t_qrels = splits[opts.test_split]
         m0, pq0 = _evaluate(ranker, enc_q[opts.test_split], ep, tq, t_cands, prow, t_qrels, opts.measure)
-        m1, pq1 = _evaluate(ranker, enrich(enc_q[opts.test_split], lex_q[opts.test_split], best, v["normalize"]),
-                            enrich(ep, lex_p, best, v["normalize"]), tq, t_cands, prow, t_qrels, opts.measure)
+        m1, pq1 = _evaluate(
+            ranker,
+            enrich(enc_q[opts.test_split], lex_q[opts.test_split], best, v["normalize"]),
+            enrich(ep, lex_p, best, v["normalize"]),
+            tq,
+            t_cands,
+            prow,
+            t_qrels,
+            opts.measure,
+        )
         qs = sorted(pq0)
         p = p_value([pq1[q] for q in qs], [pq0[q] for q in qs], opts.significance) if best != 0 else None
-        results[a or "le"] = {"variant": v, "validation": {str(k): val for k, val in curve.items()}, "lambda": best,
-                              "test": {"without_le": m0, "with_le": m1, "delta": m1 - m0, "p_value": p,
-                                       "mark": significance_mark(p), "queries": len(qs)},
-                              "per_query": {q: {"without_le": pq0[q], "with_le": pq1[q]} for q in qs}}
+        results[a or "le"] = {
+            "variant": v,
+            "validation": {str(k): val for k, val in curve.items()},
+            "lambda": best,
+            "test": {
+                "without_le": m0,
+                "with_le": m1,
+                "delta": m1 - m0,
+                "p_value": p,
+                "mark": significance_mark(p),
+                "queries": len(qs),
+            },
+            "per_query": {q: {"without_le": pq0[q], "with_le": pq1[q]} for q in qs},
+        }
     return {
-        "definition": {"eq5": "e' = e + lambda e_lex / ||e_lex||, e_lex = 1/n sum_i IDF(x_i) s_{x_i} over the text's WordPiece tokens (specials excluded)",
-                       "eq4": f"s_t = argmin CE(MLM-Head(s), t), Adam lr {opts.st_lr}, from v_t, kept at CE <= {opts.st_threshold} (max {opts.st_max_steps} steps)",
-                       "lambda": f"best validation {opts.measure} over lambdas on split '{opts.val_split}' (ties: smaller)",
-                       "score": "the ranker's own (RepBERT: cosine of e'; BERT_DOT: dot) over each query's candidates"},
-        "settings": {**{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"}, "mlm_head_source": head_source,
-                     "dataset": ds.name, "passages_encoded": len(doc_ids), "vocabulary_items": len(vocab),
-                     "checkpoint": cfg.ckpt, "ranker": dataclasses.asdict(c)},
+        "definition": {
+            "eq5": "e' = e + lambda e_lex / ||e_lex||, e_lex = 1/n sum_i IDF(x_i) s_{x_i} over the text's WordPiece tokens (specials excluded)",
+            "eq4": f"s_t = argmin CE(MLM-Head(s), t), Adam lr {opts.st_lr}, from v_t, kept at CE <= {opts.st_threshold} (max {opts.st_max_steps} steps)",
+            "lambda": f"best validation {opts.measure} over lambdas on split '{opts.val_split}' (ties: smaller)",
+            "score": "the ranker's own (RepBERT: cosine of e'; BERT_DOT: dot) over each query's candidates",
+        },
+        "settings": {
+            **{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"},
+            "mlm_head_source": head_source,
+            "dataset": ds.name,
+            "passages_encoded": len(doc_ids),
+            "vocabulary_items": len(vocab),
+            "checkpoint": cfg.ckpt,
+            "ranker": dataclasses.asdict(c),
+        },
         "single_tokens": st_summary,
         "results": results,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
@@ -246,7 +344,6 @@ def plot(result: dict, out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: heavy, only figures need it
-
 
     s = result["settings"]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -266,17 +363,30 @@ def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dic
     out = Path(cfg.output_dir)
     png = plot(result, out)
     js = write_result(out, JSON_NAME, result)
-    rows = [[n, r["lambda"], r["test"]["without_le"], r["test"]["with_le"], r["test"]["p_value"], r["test"]["mark"]] for n, r in result["results"].items()]
-    log_analysis(cfg, "lexical_enrichment", scalars={f"le/{n}/{k}": r["test"][k] for n, r in result["results"].items() for k in ("without_le", "with_le")},
-                 tables={"le/results": (["variant", "lambda", "without_le", "with_le", "p_value", "mark"], rows)},
-                 images={"le/lambda": png})
+    rows = [
+        [n, r["lambda"], r["test"]["without_le"], r["test"]["with_le"], r["test"]["p_value"], r["test"]["mark"]]
+        for n, r in result["results"].items()
+    ]
+    log_analysis(
+        cfg,
+        "lexical_enrichment",
+        scalars={f"le/{n}/{k}": r["test"][k] for n, r in result["results"].items() for k in ("without_le", "with_le")},
+        tables={"le/results": (["variant", "lambda", "without_le", "with_le", "p_value", "mark"], rows)},
+        images={"le/lambda": png},
+    )
     s = result["settings"]
-    print(f"lexical enrichment on {s['dataset']} ({s['measure']}, {s['test_split']}; lambda on {s['val_split']}), head {s['mlm_head_source']}")
+    print(
+        f"lexical enrichment on {s['dataset']} ({s['measure']}, {s['test_split']}; lambda on {s['val_split']}), head {s['mlm_head_source']}"
+    )
     if result["single_tokens"]:
         st = result["single_tokens"]
-        print(f"s_t: {st['reached_threshold']:,} of {st['items']:,} items reached CE <= {opts.st_threshold} (max CE {st['max_cross_entropy']:.3f})")
+        print(
+            f"s_t: {st['reached_threshold']:,} of {st['items']:,} items reached CE <= {opts.st_threshold} (max CE {st['max_cross_entropy']:.3f})"
+        )
     for row in rows:
-        print(f"{row[0]:>18}: lambda {row[1]:<5} without {row[2]:.4f}  with {row[3]:.4f}{row[5]}  p {'-' if row[4] is None else format(row[4], '.3g')}")
+        print(
+            f"{row[0]:>18}: lambda {row[1]:<5} without {row[2]:.4f}  with {row[3]:.4f}{row[5]}  p {'-' if row[4] is None else format(row[4], '.3g')}"
+        )
     print(f"wrote {js} and {png}")
     return result
 

@@ -14,6 +14,7 @@ Two sources (`load_mlm_head`):
 v always comes from the pre-trained backbone, never from a fine-tuned ranker's encoder: the projections read a
 fine-tuned ranker through the head of the model it was initialised from (section 3).
 """
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,8 @@ def backbone_embeddings(backbone: str) -> tuple[Tensor, object]:
 
 def has_mlm_weights(backbone: str) -> bool | None:
     """Whether a local checkpoint's weight files hold MLM-head tensors, read from the file index without loading
-    the model; None when that cannot be told (a hub id, an unknown file layout)."""
-
+    the model; None when that cannot be told (a hub id, an unknown file layout).
+    """
     d = Path(resolve(backbone))
     if not d.is_dir():
         return None
@@ -97,7 +98,6 @@ def _from_hf(backbone: str) -> MLMHead | None:
         AutoModelForMaskedLM,  # lazy: heavy, only model building needs it
     )
 
-
     if has_mlm_weights(backbone) is False:
         return None
     try:
@@ -111,7 +111,11 @@ def _from_hf(backbone: str) -> MLMHead | None:
     emb = model.get_input_embeddings().weight.detach().clone()
     if hasattr(model, "cls"):  # BERT family: cls.predictions.{transform.dense, transform.LayerNorm, bias}
         p = model.cls.predictions
-        dense, norm, bias = p.transform.dense, p.transform.LayerNorm, p.decoder.bias if p.decoder.bias is not None else p.bias
+        dense, norm, bias = (
+            p.transform.dense,
+            p.transform.LayerNorm,
+            p.decoder.bias if p.decoder.bias is not None else p.bias,
+        )
         act = cfg.hidden_act if isinstance(cfg.hidden_act, str) else "gelu"
     elif hasattr(model, "lm_head"):  # RoBERTa / MPNet: lm_head.{dense, layer_norm, bias}, GELU
         p = model.lm_head
@@ -127,11 +131,18 @@ def _from_hf(backbone: str) -> MLMHead | None:
 
 
 def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> Path:
-    """g and b with what they were fitted for, atomically (a crash leaves no half-written file)."""
+    """G and b with what they were fitted for, atomically (a crash leaves no half-written file)."""
     path = Path(path)
-    payload = {"format": FORMAT, "backbone": backbone, "vocab_size": head.vocab_size,
-               "hidden_size": head.dense.in_features, "act": head.act_name, "eps": head.norm.eps,
-               "state": {k: v.detach().cpu() for k, v in head.state_dict().items()}, "report": report}
+    payload = {
+        "format": FORMAT,
+        "backbone": backbone,
+        "vocab_size": head.vocab_size,
+        "hidden_size": head.dense.in_features,
+        "act": head.act_name,
+        "eps": head.norm.eps,
+        "state": {k: v.detach().cpu() for k, v in head.state_dict().items()},
+        "report": report,
+    }
     with atomic_open(path, "wb") as f:
         torch.save(payload, f)
     return path
@@ -140,7 +151,10 @@ def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> P
 def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head") -> MLMHead:
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"config key '{where}'", f"file '{path}' does not exist; expected a head written by python evaluate.py analysis=fit_mlm_head")
+        raise InputError(
+            f"config key '{where}'",
+            f"file '{path}' does not exist; expected a head written by python evaluate.py analysis=fit_mlm_head",
+        )
     try:
         payload = torch.load(p, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
@@ -149,8 +163,11 @@ def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head
         raise InputError(str(p), f"is not an MLM head file (expected format {FORMAT})")
     emb, _ = backbone_embeddings(backbone)
     if tuple(emb.shape) != (payload["vocab_size"], payload["hidden_size"]):
-        raise InputError(str(p), f"was fitted for backbone '{payload['backbone']}' ({payload['vocab_size']} x {payload['hidden_size']}); "
-                                 f"model.backbone '{backbone}' has embeddings {tuple(emb.shape)}")
+        raise InputError(
+            str(p),
+            f"was fitted for backbone '{payload['backbone']}' ({payload['vocab_size']} x {payload['hidden_size']}); "
+            f"model.backbone '{backbone}' has embeddings {tuple(emb.shape)}",
+        )
     head = MLMHead(emb, act=payload["act"], eps=payload["eps"])
     head.load_state_dict(payload["state"])
     return head.eval()
@@ -158,11 +175,15 @@ def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head
 
 def load_mlm_head(backbone: str, path: str | None = None, where: str = "analysis.mlm_head") -> tuple[MLMHead, str]:
     """(head, where it came from): the fitted file when `path` is given, else the backbone checkpoint's own head;
-    a backbone without one is a one-line error naming the fitting command."""
+    a backbone without one is a one-line error naming the fitting command.
+    """
     if path:
         return load_fitted(path, backbone, where), str(path)
     head = _from_hf(backbone)
     if head is None:
-        raise InputError(f"config key '{where}'", f"is null and backbone '{backbone}' has no MLM head; fit one with "
-                                                  f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH and set {where}=PATH")
+        raise InputError(
+            f"config key '{where}'",
+            f"is null and backbone '{backbone}' has no MLM head; fit one with "
+            f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH and set {where}=PATH",
+        )
     return head, f"{backbone} (pre-trained MLM head)"

@@ -21,6 +21,7 @@ BM25 uses) and punctuation-only tokens, as the paper does for query expansion (s
 - `amnesia` (Figure 5): over queries whose gold passage p is in BM25's top-5, T = content tokens of S; the max
   (worst) and median rank of T in P and in Q, split by whether the ranker ranks p in its own top-5.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ def is_content(token: str) -> bool:
 @torch.inference_mode()
 def project(head, vectors: Tensor, mask: Tensor | None = None, batch_size: int = 256) -> Tensor:
     """Eq. 3 as log-probabilities [N, V]: one vector per text ([N, d]), or token vectors [N, L, d] with their mask,
-    max-pooled over the real tokens (ColBERT)."""
+    max-pooled over the real tokens (ColBERT).
+    """
     out = []
     if vectors.dim() == 3:  # [n, L, V] log-probabilities: keep a chunk to ~4k token rows (~0.5 GB at V = 30k)
         batch_size = max(1, min(batch_size, 4096 // max(vectors.shape[1], 1)))
@@ -56,7 +58,7 @@ def project(head, vectors: Tensor, mask: Tensor | None = None, batch_size: int =
 
 
 def ranks_of(logp: Tensor, tokens) -> dict[int, int]:
-    """rank of each token id in one projection [V] (1 = top)."""
+    """Rank of each token id in one projection [V] (1 = top)."""
     ids = torch.as_tensor(sorted(set(int(t) for t in tokens)), dtype=torch.long)
     if len(ids) == 0:
         return {}
@@ -88,7 +90,7 @@ class PairStats:
 
 
 def coverage(pairs: list[PairStats], ks: list[int]) -> dict[int, dict[str, float | int]]:
-    """k -> {"Q": share, "P": share, "shared_tokens": n}: shared tokens in the top-k, pooled over pairs."""
+    """K -> {"Q": share, "P": share, "shared_tokens": n}: shared tokens in the top-k, pooled over pairs."""
     n = sum(len(p.shared) for p in pairs)
     out = {}
     for k in ks:
@@ -100,8 +102,11 @@ def coverage(pairs: list[PairStats], ks: list[int]) -> dict[int, dict[str, float
 
 def token_mrr(pairs: list[PairStats]) -> dict[str, dict[str, float | int | None]]:
     """Table 2: MRR in P of the shared tokens and of the other passage tokens (and of query-only tokens)."""
-    groups = {"shared": lambda p: p.shared, "passage_only": lambda p: p.p_tokens - p.q_tokens,
-              "query_only": lambda p: p.q_tokens - p.p_tokens}
+    groups = {
+        "shared": lambda p: p.shared,
+        "passage_only": lambda p: p.p_tokens - p.q_tokens,
+        "query_only": lambda p: p.q_tokens - p.p_tokens,
+    }
     out = {}
     for name, pick in groups.items():
         rr = [1.0 / p.rank_p[t] for p in pairs for t in pick(p)]
@@ -116,7 +121,8 @@ def expansion_tokens(p: PairStats, k: int) -> list[int]:
 
 def expansion(pairs: list[PairStats], ks: list[int], share_k: int = 5) -> dict:
     """Figure 4 (share of queries with an expansion token in the top-k, per k) and the share of Q's top-`share_k`
-    tokens that are expansion tokens."""
+    tokens that are expansion tokens.
+    """
     per_k = {k: (float(np.mean([bool(expansion_tokens(p, k)) for p in pairs])) if pairs else None) for k in ks}
     top = sum(len(p.top_q[:share_k]) for p in pairs)
     share = sum(len(expansion_tokens(p, share_k)) for p in pairs) / top if top else None
@@ -125,20 +131,29 @@ def expansion(pairs: list[PairStats], ks: list[int], share_k: int = 5) -> dict:
 
 def amnesia_row(p: PairStats, ranker_rank: int, top: int = 5) -> dict | None:
     """One query of Figure 5 (its gold passage already known to be in BM25's top-5): max and median ranks of the
-    shared content tokens in P and Q; None when they share no content token."""
+    shared content tokens in P and Q; None when they share no content token.
+    """
     t = sorted(x for x in p.shared if x in p.content)
     if not t:
         return None
     rp = [p.rank_p[x] for x in t]
     rq = [p.rank_q[x] for x in t]
-    return {"qid": p.qid, "tokens": len(t), "ranker_rank": int(ranker_rank), "retrieved": ranker_rank <= top,
-            "max_rank_P": max(rp), "median_rank_P": float(np.median(rp)), "max_rank_Q": max(rq),
-            "median_rank_Q": float(np.median(rq))}
+    return {
+        "qid": p.qid,
+        "tokens": len(t),
+        "ranker_rank": int(ranker_rank),
+        "retrieved": ranker_rank <= top,
+        "max_rank_P": max(rp),
+        "median_rank_P": float(np.median(rp)),
+        "max_rank_Q": max(rq),
+        "median_rank_Q": float(np.median(rq)),
+    }
 
 
 def amnesia_summary(rows: list[dict]) -> dict:
     """Per group (retrieved / missed by the ranker): count and the median over queries of each rank statistic; a
-    one-sided Mann-Whitney U p-value that the missed group's ranks are larger."""
+    one-sided Mann-Whitney U p-value that the missed group's ranks are larger.
+    """
     from scipy.stats import (
         mannwhitneyu,  # lazy: scipy.stats loads slowly, only significance tests need it
     )
@@ -147,12 +162,20 @@ def amnesia_summary(rows: list[dict]) -> dict:
     out: dict = {}
     for g, flag in (("retrieved", True), ("missed", False)):
         rs = [r for r in rows if r["retrieved"] == flag]
-        out[g] = {"queries": len(rs), **{f"median_{k}": (float(np.median([r[k] for r in rs])) if rs else None) for k in keys}}
+        out[g] = {
+            "queries": len(rs),
+            **{f"median_{k}": (float(np.median([r[k] for r in rs])) if rs else None) for k in keys},
+        }
     hit = [r for r in rows if r["retrieved"]]
     miss = [r for r in rows if not r["retrieved"]]
     out["mann_whitney_p_missed_greater"] = {
-        k: (float(mannwhitneyu([r[k] for r in miss], [r[k] for r in hit], alternative="greater").pvalue) if hit and miss else None)
-        for k in keys}
+        k: (
+            float(mannwhitneyu([r[k] for r in miss], [r[k] for r in hit], alternative="greater").pvalue)
+            if hit and miss
+            else None
+        )
+        for k in keys
+    }
     return out
 
 

@@ -11,6 +11,7 @@
   words that are not stopwords, since the paper's Figure 1 discussion singles them out, and inside each query
   (`within_query`).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,13 @@ def delta_es_of(results: list[QueryResult]) -> DeltaES:
     return acc
 
 
-def word_rows(words_per_query: list[list[Word]], results: list[QueryResult], idf: CollectionIDF, tokens: dict[int, str],
-              dES: DeltaES | None) -> list[dict]:
+def word_rows(
+    words_per_query: list[list[Word]],
+    results: list[QueryResult],
+    idf: CollectionIDF,
+    tokens: dict[int, str],
+    dES: DeltaES | None,
+) -> list[dict]:
     """One row per word type, sorted by IDF then word."""
     first: dict[str, Word] = {}
     queries: dict[str, int] = defaultdict(int)
@@ -99,25 +105,33 @@ def word_rows(words_per_query: list[list[Word]], results: list[QueryResult], idf
     return rows
 
 
-def subword_rows(token_ids, idf: CollectionIDF, tokens: dict[int, str], query_occurrences: dict[int, int],
-                 dES: DeltaES | None, spectral: dict[int, SpectralResult] | None) -> list[dict]:
+def subword_rows(
+    token_ids,
+    idf: CollectionIDF,
+    tokens: dict[int, str],
+    query_occurrences: dict[int, int],
+    dES: DeltaES | None,
+    spectral: dict[int, SpectralResult] | None,
+) -> list[dict]:
     rows = []
     for t in sorted({int(t) for t in token_ids}, key=lambda t: (idf.subword(t), tokens[t])):
         sp = (spectral or {}).get(t)
-        rows.append({
-            "subword": tokens[t],
-            "id": t,
-            "df": int(idf.subword_df.get(t, 0)),
-            "idf": idf.subword(t),
-            "query_occurrences": int(query_occurrences.get(t, 0)),
-            "delta_es": _finite(dES.value(t)) if dES is not None else None,
-            "delta_es_pairs": dES.count(t) if dES is not None else None,
-            "delta_es_undefined": int(dES.undefined.get(t, 0)) if dES is not None else None,
-            "passage_occurrences": sp.occurrences if sp else None,
-            "spectral_vectors": sp.used if sp else None,
-            "spectral_ratio": _finite(sp.ratio) if sp else None,
-            "spectral_ratio_equal": _finite(sp.ratio_equal) if sp else None,
-        })
+        rows.append(
+            {
+                "subword": tokens[t],
+                "id": t,
+                "df": int(idf.subword_df.get(t, 0)),
+                "idf": idf.subword(t),
+                "query_occurrences": int(query_occurrences.get(t, 0)),
+                "delta_es": _finite(dES.value(t)) if dES is not None else None,
+                "delta_es_pairs": dES.count(t) if dES is not None else None,
+                "delta_es_undefined": int(dES.undefined.get(t, 0)) if dES is not None else None,
+                "passage_occurrences": sp.occurrences if sp else None,
+                "spectral_vectors": sp.used if sp else None,
+                "spectral_ratio": _finite(sp.ratio) if sp else None,
+                "spectral_ratio_equal": _finite(sp.ratio_equal) if sp else None,
+            }
+        )
     return rows
 
 
@@ -125,7 +139,8 @@ def within_query(queries: list[dict], words: list[dict], key: str) -> dict:
     """Pearson r of IDF and a per-query word value (`key` of the per-query records) inside each query with at least
     3 such words, then the mean and median over queries: a word's tau_AP also depends on how many other words share
     its query (a long query loses less when one word goes), which the pooled correlation mixes in and this one does
-    not. Not in the paper; reported beside its measure."""
+    not. Not in the paper; reported beside its measure.
+    """
     idf = {w["word"]: w["idf"] for w in words}
     rs = []
     for q in queries:
@@ -133,27 +148,39 @@ def within_query(queries: list[dict], words: list[dict], key: str) -> dict:
         r = correlate(*zip(*pts))["pearson_r"] if len(pts) >= 3 else None
         if r is not None:
             rs.append(r)
-    return {"queries": len(rs), "mean_r": float(np.mean(rs)) if rs else None,
-            "median_r": float(np.median(rs)) if rs else None}
+    return {
+        "queries": len(rs),
+        "mean_r": float(np.mean(rs)) if rs else None,
+        "median_r": float(np.median(rs)) if rs else None,
+    }
 
 
-def correlations(words: list[dict], subwords: list[dict], statistics: list[str], queries: list[dict] | None = None) -> dict[str, dict]:
+def correlations(
+    words: list[dict], subwords: list[dict], statistics: list[str], queries: list[dict] | None = None
+) -> dict[str, dict]:
     """Pearson r against IDF of each computed statistic: `tau_ap_a` and `tau_ap_b` (Figure 1's term importance, both
-    variants), `delta_es` (Figure 2) and `spectral` (Figure 3)."""
+    variants), `delta_es` (Figure 2) and `spectral` (Figure 3).
+    """
     out: dict[str, dict] = {}
     content = [w for w in words if not w["stopword"]]
     queries = queries or []
     if "term_importance" in statistics:
         for key in TAU_AP_KEYS.values():
-            out[key] = {**correlate([w["idf"] for w in words], [w[key] for w in words]),
-                        "without_stopwords": correlate([w["idf"] for w in content], [w[key] for w in content]),
-                        "within_query": within_query(queries, words, key)}
+            out[key] = {
+                **correlate([w["idf"] for w in words], [w[key] for w in words]),
+                "without_stopwords": correlate([w["idf"] for w in content], [w[key] for w in content]),
+                "within_query": within_query(queries, words, key),
+            }
     if "delta_es" in statistics:
-        out["delta_es"] = {**correlate([w["idf"] for w in words], [w["delta_es"] for w in words]),
-                           "without_stopwords": correlate([w["idf"] for w in content], [w["delta_es"] for w in content]),
-                           "subwords": correlate([s["idf"] for s in subwords], [s["delta_es"] for s in subwords]),
-                           "within_query": within_query(queries, words, "delta_es")}
+        out["delta_es"] = {
+            **correlate([w["idf"] for w in words], [w["delta_es"] for w in words]),
+            "without_stopwords": correlate([w["idf"] for w in content], [w["delta_es"] for w in content]),
+            "subwords": correlate([s["idf"] for s in subwords], [s["delta_es"] for s in subwords]),
+            "within_query": within_query(queries, words, "delta_es"),
+        }
     if "spectral" in statistics:
-        out["spectral"] = {**correlate([s["idf"] for s in subwords], [s["spectral_ratio"] for s in subwords]),
-                           "equal_occurrences": correlate([s["idf"] for s in subwords], [s["spectral_ratio_equal"] for s in subwords])}
+        out["spectral"] = {
+            **correlate([s["idf"] for s in subwords], [s["spectral_ratio"] for s in subwords]),
+            "equal_occurrences": correlate([s["idf"] for s in subwords], [s["spectral_ratio_equal"] for s in subwords]),
+        }
     return out

@@ -24,6 +24,7 @@ word, every subword, every query's per-word values); logs the r values (any logg
 pearson_r` and `/n`, statistics `tau_ap_a`, `tau_ap_b`, `delta_es`, `spectral`), and on W&B the word and subword
 tables and the figures.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,12 @@ SPLIT_CHOICES = ("train", "val", "test", "all")
 CORRELATIONS = {"term_importance": tuple(TAU_AP_KEYS.values()), "delta_es": ("delta_es",), "spectral": ("spectral",)}
 # The paper's Pearson r (TREC DL 2019+2020, BERT-base ColBERT): Figure 1 (one tau_AP, variant unstated), 2 and 3.
 PAPER_R = {"tau_ap_a": -0.4, "tau_ap_b": -0.4, "delta_es": 0.667, "spectral": 0.77}
-LABELS = {"tau_ap_a": "tau_AP,a vs IDF (words)", "tau_ap_b": "tau_AP,b vs IDF (words)",
-          "delta_es": "Delta_ES vs IDF (words)", "spectral": "spectral ratio vs IDF (subwords)"}
+LABELS = {
+    "tau_ap_a": "tau_AP,a vs IDF (words)",
+    "tau_ap_b": "tau_AP,b vs IDF (words)",
+    "delta_es": "Delta_ES vs IDF (words)",
+    "spectral": "spectral ratio vs IDF (subwords)",
+}
 
 
 @dataclasses.dataclass
@@ -90,24 +95,39 @@ class WhiteboxConfig(AnalysisConfig):
 
     def __post_init__(self):
         if not self.statistics or any(s not in STATISTICS for s in self.statistics):
-            raise InputError("config key 'analysis.statistics'", f"is {list(self.statistics)}; expected a non-empty subset of {list(STATISTICS)}")
+            raise InputError(
+                "config key 'analysis.statistics'",
+                f"is {list(self.statistics)}; expected a non-empty subset of {list(STATISTICS)}",
+            )
         check_choice("analysis.split", self.split, SPLIT_CHOICES)
         check_choice("analysis.spectral_passages", self.spectral_passages, ("candidates", "collection"))
         for key in ("max_queries", "candidate_depth"):
             v = getattr(self, key)
             if v is not None and v < (2 if key == "candidate_depth" else 1):
-                raise InputError(f"config key 'analysis.{key}'", f"is {v}; expected a positive count{' >= 2 (a ranking needs two passages)' if key == 'candidate_depth' else ''}, or null")
+                raise InputError(
+                    f"config key 'analysis.{key}'",
+                    f"is {v}; expected a positive count{' >= 2 (a ranking needs two passages)' if key == 'candidate_depth' else ''}, or null",
+                )
         if self.spectral_max_occurrences < 2 or self.spectral_min_occurrences < 1 or self.batch_size < 1:
-            raise InputError("config key 'analysis.spectral_max_occurrences'", f"is {self.spectral_max_occurrences} (min {self.spectral_min_occurrences}, batch {self.batch_size}); expected max >= 2, min >= 1, batch_size >= 1")
+            raise InputError(
+                "config key 'analysis.spectral_max_occurrences'",
+                f"is {self.spectral_max_occurrences} (min {self.spectral_min_occurrences}, batch {self.batch_size}); expected max >= 2, min >= 1, batch_size >= 1",
+            )
         eq = self.spectral_equal_occurrences
         if eq is not None and not 2 <= eq <= self.spectral_max_occurrences:
-            raise InputError("config key 'analysis.spectral_equal_occurrences'", f"is {eq}; expected 2..spectral_max_occurrences ({self.spectral_max_occurrences}), or null")
+            raise InputError(
+                "config key 'analysis.spectral_equal_occurrences'",
+                f"is {eq}; expected 2..spectral_max_occurrences ({self.spectral_max_occurrences}), or null",
+            )
 
 
 # ---- input --------------------------------------------------------------------------------------------------
-def queries_and_candidates(ds, dc, opts: WhiteboxConfig, seed: int) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
+def queries_and_candidates(
+    ds, dc, opts: WhiteboxConfig, seed: int
+) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
     """(qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, a
-    seeded sample of `max_queries` of them, sorted."""
+    seeded sample of `max_queries` of them, sorted.
+    """
     depth = int(opts.candidate_depth or dc.candidate_depth)
     names = [s for s in ("train", "val", "test") if s in ds.splits] if opts.split == "all" else [opts.split]
     texts: dict[str, str] = {}
@@ -124,7 +144,9 @@ def queries_and_candidates(ds, dc, opts: WhiteboxConfig, seed: int) -> tuple[lis
                 texts[q], cands[q] = split.queries[q], c
     qids = sorted(cands)
     if not qids:
-        raise InputError("analysis.split", f"split '{opts.split}' of dataset {ds.name} has no query with two or more candidates")
+        raise InputError(
+            "analysis.split", f"split '{opts.split}' of dataset {ds.name} has no query with two or more candidates"
+        )
     if opts.max_queries is not None and len(qids) > opts.max_queries:
         pick = np.random.default_rng([seed, 7]).permutation(len(qids))[: opts.max_queries]
         qids = sorted(qids[i] for i in pick)
@@ -133,11 +155,14 @@ def queries_and_candidates(ds, dc, opts: WhiteboxConfig, seed: int) -> tuple[lis
 
 def _check_colbert(name: str) -> None:
     if name != "colbert":
-        raise InputError("model.name", f"is '{name}'; the white-box analysis reads ColBERT's Eq. 1 (model=colbert or a ColBERT checkpoint)")
+        raise InputError(
+            "model.name",
+            f"is '{name}'; the white-box analysis reads ColBERT's Eq. 1 (model=colbert or a ColBERT checkpoint)",
+        )
 
 
 def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
-    """label -> RankingModule in eval mode: the checkpoint's ranker (or the untrained one), and the backbone."""
+    """Label -> RankingModule in eval mode: the checkpoint's ranker (or the untrained one), and the backbone."""
     module = load_module(cfg, model_from_cli)
     _check_colbert(module.model_cfg.name)
     models = {("fine-tuned" if cfg.ckpt else "untrained"): module}
@@ -154,8 +179,9 @@ def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 
 
 # ---- one model ----------------------------------------------------------------------------------------------
-def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts: WhiteboxConfig, seed: int,
-                  label: str = "") -> dict:
+def analyse_model(
+    module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts: WhiteboxConfig, seed: int, label: str = ""
+) -> dict:
     """Every statistic for one ranker (rows, correlations, per-query values, timings)."""
     ranker, c = module.ranker, module.model_cfg
     tok = ranker.tokenizer
@@ -185,16 +211,29 @@ def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts
         if not need_matches:
             break
         cand = [index[d] for d in cands[q]]
-        res = analyse_query(query_maxsim(queries, k, docs, cand), q_words[k], "term_importance" in stats,
-                            "delta_es" in stats)
+        res = analyse_query(
+            query_maxsim(queries, k, docs, cand), q_words[k], "term_importance" in stats, "delta_es" in stats
+        )
         results.append(res)
         per_word_diff: dict[str, float] = {}
         for key, _pos, _tid, diff in res.differences:
             per_word_diff[key] = per_word_diff.get(key, 0.0) + diff  # NaN stays NaN
-        per_query.append({"qid": q, "query": qtexts[q], "candidates": len(cand), "words": [
-            {"word": key, **{name: _num(res.tau[v].get(key)) for v, name in TAU_AP_KEYS.items()},
-             "delta_es": _num(per_word_diff.get(key)), "exact_match_share": res.exact_share[key]}
-            for key in dict.fromkeys(w.key for w in q_words[k])]})
+        per_query.append(
+            {
+                "qid": q,
+                "query": qtexts[q],
+                "candidates": len(cand),
+                "words": [
+                    {
+                        "word": key,
+                        **{name: _num(res.tau[v].get(key)) for v, name in TAU_AP_KEYS.items()},
+                        "delta_es": _num(per_word_diff.get(key)),
+                        "exact_match_share": res.exact_share[key],
+                    }
+                    for key in dict.fromkeys(w.key for w in q_words[k])
+                ],
+            }
+        )
     timings["per_query_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -205,8 +244,14 @@ def analyse_model(module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts
                 query_subwords[t] = query_subwords.get(t, 0) + 1
     spectral = None
     if "spectral" in stats:
-        spectral = spectral_by_subword(docs, query_subwords, opts.spectral_max_occurrences, opts.spectral_min_occurrences,
-                                       opts.spectral_equal_occurrences, seed)
+        spectral = spectral_by_subword(
+            docs,
+            query_subwords,
+            opts.spectral_max_occurrences,
+            opts.spectral_min_occurrences,
+            opts.spectral_equal_occurrences,
+            seed,
+        )
     timings["spectral_s"] = time.perf_counter() - t0
 
     dES = delta_es_of(results) if "delta_es" in stats else None
@@ -266,29 +311,36 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     return {
         "definition": {
             "score": "Eq. 1: s(q, d) = sum over query tokens ([CLS], words, [SEP]) of max over passage tokens of the "
-                     "cosine of the ranker's token vectors; no [Q]/[D] markers",
+            "cosine of the ranker's token vectors; no [Q]/[D] markers",
             "words": "pre-tokens of the backbone tokenizer (lower-cased, split at whitespace and punctuation), keyed "
-                     "by their WordPiece subwords joined; [CLS]/[SEP] never analysed"
-                     + ("; punctuation-only words not analysed" if opts.skip_punctuation else ""),
+            "by their WordPiece subwords joined; [CLS]/[SEP] never analysed"
+            + ("; punctuation-only words not analysed" if opts.skip_punctuation else ""),
             "term_importance": "tau_AP between the ranking of S_q and the ranking with every occurrence of the word's "
-                               "subword rows removed from Eq. 1, mean over queries, in both of Urbano & Marrero's "
-                               "variants (the paper does not say which): tau_ap_a = tau_AP,a (the original ranking as "
-                               "the truth, its ties broken by candidate order; the expectation over orders of the "
-                               "masked ranking's ties; Yilmaz et al.'s tau_AP when there are no ties), tau_ap_b = "
-                               "tau_AP,b (symmetric, ties in both; without ties the mean of Yilmaz's tau_AP in both "
-                               "directions)",
+            "subword rows removed from Eq. 1, mean over queries, in both of Urbano & Marrero's "
+            "variants (the paper does not say which): tau_ap_a = tau_AP,a (the original ranking as "
+            "the truth, its ties broken by candidate order; the expectation over orders of the "
+            "masked ranking's ties; Yilmaz et al.'s tau_AP when there are no ties), tau_ap_b = "
+            "tau_AP,b (symmetric, ties in both; without ties the mean of Yilmaz's tau_AP in both "
+            "directions)",
             "delta_es": "Eq. 2 per subword type (mean over its query occurrences with both exact and soft matches in "
-                        "S_q), summed over the word's subwords",
+            "S_q), summed over the word's subwords",
             "spectral": f"lambda_1 / sum(lambda), singular values of the subword's unit contextual vectors in the "
-                        f"{opts.spectral_passages} passages, <= {opts.spectral_max_occurrences} sampled, "
-                        f"subwords with >= {opts.spectral_min_occurrences}; spectral_ratio_equal over exactly "
-                        f"{opts.spectral_equal_occurrences} vectors",
+            f"{opts.spectral_passages} passages, <= {opts.spectral_max_occurrences} sampled, "
+            f"subwords with >= {opts.spectral_min_occurrences}; spectral_ratio_equal over exactly "
+            f"{opts.spectral_equal_occurrences} vectors",
             "idf": "ln(1 + (N - df + 0.5) / (df + 0.5)) over every passage of the collection (full text)",
             "correlation": "Pearson r (scipy.stats.pearsonr) against IDF, one point per word (subword for spectral)",
         },
-        "settings": {**{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"},
-                     "source": dc.source, "dataset": ds.name, "queries": len(qids), "candidate_depth": depth,
-                     "collection_passages": len(ds.docs), "seed": seed, "checkpoint": cfg.ckpt},
+        "settings": {
+            **{k: v for k, v in dataclasses.asdict(opts).items() if k != "name"},
+            "source": dc.source,
+            "dataset": ds.name,
+            "queries": len(qids),
+            "candidate_depth": depth,
+            "collection_passages": len(ds.docs),
+            "seed": seed,
+            "checkpoint": cfg.ckpt,
+        },
         "paper_pearson_r": PAPER_R,
         "models": per_model,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
@@ -318,8 +370,14 @@ def log_result(cfg, result: dict, pngs: list[Path]) -> None:
                 cols = list(rows[0])
                 tables[f"whitebox/{label}/{kind}"] = (cols, [[_cell(r[c]) for c in cols] for r in rows])
     images = {f"whitebox/{Path(p).stem.removeprefix('whitebox_')}": p for p in pngs}
-    log_analysis(cfg, "whitebox", scalars=scalars, tables=tables, images=images,
-                 summary={"whitebox": {m: r["correlations"] for m, r in result["models"].items()}})
+    log_analysis(
+        cfg,
+        "whitebox",
+        scalars=scalars,
+        tables=tables,
+        images=images,
+        summary={"whitebox": {m: r["correlations"] for m, r in result["models"].items()}},
+    )
 
 
 def _cell(v):
@@ -328,8 +386,10 @@ def _cell(v):
 
 def print_summary(result: dict) -> None:
     s = result["settings"]
-    print(f"white-box ColBERT: {s['dataset']} ({s['collection_passages']:,} passages), split {s['split']}, "
-          f"{s['queries']} queries, |S_q| <= {s['candidate_depth']}")
+    print(
+        f"white-box ColBERT: {s['dataset']} ({s['collection_passages']:,} passages), split {s['split']}, "
+        f"{s['queries']} queries, |S_q| <= {s['candidate_depth']}"
+    )
     print(f"{'statistic':<34}{'model':<12}{'n':>6}{'Pearson r':>11}{'p':>10}{'Spearman':>10}{'paper r':>9}")
     for stat in (key for s in STATISTICS for key in CORRELATIONS[s]):
         for label, res in result["models"].items():
@@ -337,8 +397,10 @@ def print_summary(result: dict) -> None:
             if c is None:
                 continue
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-            print(f"{LABELS[stat]:<34}{label:<12}{c['n']:>6}{fmt(c['pearson_r'], '.3f'):>11}{fmt(c['p_value'], '.1e'):>10}"
-                  f"{fmt(c['spearman_rho'], '.3f'):>10}{PAPER_R[stat]:>9}")
+            print(
+                f"{LABELS[stat]:<34}{label:<12}{c['n']:>6}{fmt(c['pearson_r'], '.3f'):>11}{fmt(c['p_value'], '.1e'):>10}"
+                f"{fmt(c['spearman_rho'], '.3f'):>10}{PAPER_R[stat]:>9}"
+            )
     print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result["timings_s"].items()))
 
 

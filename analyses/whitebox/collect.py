@@ -6,6 +6,7 @@ exact-match matrices (maxsim.py), from which every word's removal (tau_AP,a and 
 query token's Eq. 2 term are computed (`analyse_query`); the spectral ratio reads the stored passage vectors of the
 query subwords (`spectral_by_subword`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ class QueryResult:
 def analyse_query(ms: MaxSim, words: list[Word], term_importance: bool = True, delta_es: bool = True) -> QueryResult:
     """Term importance of every word type of the query (all its occurrences removed together, the word being
     masked), as tau_AP,a and tau_AP,b (tau_ap.correlations), and the Eq. 2 term of every subword occurrence.
-    Float64 for the scores, so removing a row does not create ties that float32 rounding would."""
+    Float64 for the scores, so removing a row does not create ties that float32 rounding would.
+    """
     c_star = ms.c_star.double().numpy()
     exact = ms.exact.numpy()
     score = c_star.sum(0)
@@ -74,10 +76,12 @@ class SpectralResult:
     ratio_equal: float | None  # over exactly `equal` vectors (None: fewer occurrences than that)
 
 
-def spectral_by_subword(docs: EncodedTexts, token_ids, cap: int, min_occurrences: int, equal: int | None,
-                        seed: int) -> dict[int, SpectralResult]:
+def spectral_by_subword(
+    docs: EncodedTexts, token_ids, cap: int, min_occurrences: int, equal: int | None, seed: int
+) -> dict[int, SpectralResult]:
     """Spectral ratio (spectral.py) of each subword's contextual vectors in the encoded passages, over a seeded
-    sample of at most `cap` occurrences; subwords with fewer than `min_occurrences` are left out."""
+    sample of at most `cap` occurrences; subwords with fewer than `min_occurrences` are left out.
+    """
     flat = docs.ids.numpy()
     order = np.argsort(flat, kind="stable")
     sorted_ids = flat[order]
@@ -93,4 +97,3 @@ def spectral_by_subword(docs: EncodedTexts, token_ids, cap: int, min_occurrences
         eq = spectral_ratio(vecs[:equal]) if equal is not None and n >= equal else None
         out[t] = SpectralResult(occurrences=n, used=len(rows), ratio=spectral_ratio(vecs), ratio_equal=eq)
     return out
-

@@ -10,6 +10,7 @@ terms. Words and subwords come from the ranker's own tokenizer over the full pas
 collection statistic, not what one encoding sees): words as words.py defines them (so a query word's key finds its
 df), subwords as WordPiece ids.
 """
+
 from __future__ import annotations
 
 import math

@@ -13,6 +13,7 @@ Removing a word from Eq. 1 (section 3: "we remove from the sum in Equation (1) a
 that compose the word") is then `score - c_star[rows].sum(0)`: no re-encoding, the context of the other tokens is
 the one the full query gave them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ class MaxSim:
 
 def max_sim(q_vecs: Tensor, q_ids: Tensor, d_vecs: Tensor, d_mask: Tensor, d_ids: Tensor) -> MaxSim:
     """q_vecs [Lq, D], q_ids [Lq] (real tokens only, unit vectors); d_vecs [n, Ld, D], d_mask [n, Ld] bool,
-    d_ids [n, Ld]. C_ij in float32 whatever the storage type."""
+    d_ids [n, Ld]. C_ij in float32 whatever the storage type.
+    """
     sim = torch.einsum("id,njd->inj", q_vecs.float(), d_vecs.float())  # [Lq, n, Ld] = C_ij per candidate
     valid = d_mask[None, :, :]
     best = c_star(sim, valid)

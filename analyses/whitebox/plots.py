@@ -1,6 +1,8 @@
 """Figures 1-3 of the white-box paper as scatter plots against IDF: one colour per model (fine-tuned ColBERT, its
 untrained backbone), Pearson r in the legend, stopwords hollow, a least-squares line per model. Figure 1 has a panel
-per tau_AP variant (tau_AP,a and tau_AP,b, tau_ap.py: the paper does not say which it used), on a shared y axis."""
+per tau_AP variant (tau_AP,a and tau_AP,b, tau_ap.py: the paper does not say which it used), on a shared y axis.
+"""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,14 +14,30 @@ from core.io import save_figure
 FIGURES = {
     # statistic: (file, rows ("words" / "subwords"), panels: ((y key = correlation key, y label, panel title), ...),
     #             x label, title)
-    "term_importance": ("whitebox_term_importance.png", "words",
-                        (("tau_ap_a", "mean tau_AP,a", "tau_AP,a (accuracy; Yilmaz et al.'s tau_AP if no ties)"),
-                         ("tau_ap_b", "mean tau_AP,b", "tau_AP,b (agreement; symmetric)")),
-                        "IDF (word)", "Figure 1: tau_AP of the ranking without the word vs IDF"),
-    "delta_es": ("whitebox_delta_es.png", "words", (("delta_es", "Delta_ES(w) (Eq. 2, summed over subwords)", ""),),
-                 "IDF (word)", "Figure 2: exact vs soft matches vs IDF"),
-    "spectral": ("whitebox_spectral.png", "subwords", (("spectral_ratio", "lambda_1 / sum lambda", ""),),
-                 "IDF (subword)", "Figure 3: spectral ratio of contextual embeddings vs subword IDF"),
+    "term_importance": (
+        "whitebox_term_importance.png",
+        "words",
+        (
+            ("tau_ap_a", "mean tau_AP,a", "tau_AP,a (accuracy; Yilmaz et al.'s tau_AP if no ties)"),
+            ("tau_ap_b", "mean tau_AP,b", "tau_AP,b (agreement; symmetric)"),
+        ),
+        "IDF (word)",
+        "Figure 1: tau_AP of the ranking without the word vs IDF",
+    ),
+    "delta_es": (
+        "whitebox_delta_es.png",
+        "words",
+        (("delta_es", "Delta_ES(w) (Eq. 2, summed over subwords)", ""),),
+        "IDF (word)",
+        "Figure 2: exact vs soft matches vs IDF",
+    ),
+    "spectral": (
+        "whitebox_spectral.png",
+        "subwords",
+        (("spectral_ratio", "lambda_1 / sum lambda", ""),),
+        "IDF (subword)",
+        "Figure 3: spectral ratio of contextual embeddings vs subword IDF",
+    ),
 }
 # the correlation of a y key, where the two differ
 CORRELATION_OF = {"spectral_ratio": "spectral"}

@@ -10,6 +10,7 @@ every score and are never analysed (this ColBERT has no [Q]/[D] markers, as the 
 query truncation (`model.query_max_len`) cut is left out. Punctuation-only words and stopwords are flagged here;
 the analysis decides what to do with them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ def word_key(pieces: list[str]) -> str:
 
 
 def group_words(input_ids: list[int], word_ids: list[int | None], tokens: list[str]) -> dict[int, Word]:
-    """word index -> Word (positions in order), from one encoding's ids, `word_ids` and token strings."""
+    """Word index -> Word (positions in order), from one encoding's ids, `word_ids` and token strings."""
     words: dict[int, Word] = {}
     for pos, (tid, w) in enumerate(zip(input_ids, word_ids)):
         if w is None:  # [CLS], [SEP], padding
@@ -55,7 +56,8 @@ def group_words(input_ids: list[int], word_ids: list[int | None], tokens: list[s
 
 def query_words(tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[list[Word]]]:
     """Per query: the token ids as the ranker sees them (truncated to `max_len`, with [CLS]/[SEP], as
-    PairTokenizer.queries makes them, without padding) and its complete words in order of appearance."""
+    PairTokenizer.queries makes them, without padding) and its complete words in order of appearance.
+    """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("word segmentation needs a fast tokenizer (word_ids)")
     cut = tokenizer(texts, truncation=True, max_length=max_len)

@@ -5,6 +5,7 @@ A driver is `python -m bench.peers.<driver> SPEC.json OUT.json`, run from the re
 names one task, the precision, the thread count, the backbone directory and the data file; the driver times that
 task and writes {"times": [seconds per unit of work], "units": texts per timed unit, "peak_rss_mib": ..., ...} to OUT.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -8,6 +8,7 @@ one query and its candidates. quality: `train_steps` colbert_train steps, then `
 query and its candidate passages (Lightning IR's re-ranking call; it encodes a passage again for every query that
 lists it, so its scoring time is not comparable with the others').
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,14 @@ def main() -> None:
     # multiple below, so it never sees more tokens than the others (its figures are, if anything, flattered).
     d_len = spec["doc_max_len"] // 8 * 8
     if task == "single_train":
-        config = DprConfig(query_length=q_len, doc_length=d_len, similarity_function="cosine",
-                           query_pooling_strategy="mean", doc_pooling_strategy="mean", projection=None)
+        config = DprConfig(
+            query_length=q_len,
+            doc_length=d_len,
+            similarity_function="cosine",
+            query_pooling_strategy="mean",
+            doc_pooling_strategy="mean",
+            projection=None,
+        )
     else:
         config = ColConfig(query_length=q_len, doc_length=d_len, similarity_function="dot", normalization_strategy="l2")
     module = BiEncoderModule(spec["backbone"], config=config, loss_functions=[InBatchCrossEntropy()])
@@ -47,8 +54,9 @@ def main() -> None:
 
         def step(item):
             i, (q, pos, neg) = item
-            batch = TrainBatch(queries=q, docs=[[p, n] for p, n in zip(pos, neg)],
-                               targets=torch.tensor([[1.0, 0.0]] * len(q)))
+            batch = TrainBatch(
+                queries=q, docs=[[p, n] for p, n in zip(pos, neg)], targets=torch.tensor([[1.0, 0.0]] * len(q))
+            )
             with autocast(prec):
                 loss = module.training_step(batch, i)["loss"]
             loss.backward()

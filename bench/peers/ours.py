@@ -8,6 +8,7 @@ encode: `RankingModule.encode_texts` (what evaluation uses). rerank: one query a
 the peers' plain AdamW), then the evaluation path: every query and every distinct candidate passage encoded once
 (`encode_texts`), each (query, candidate) pair scored by the ranker's `score_indexed` (MaxSim).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,13 @@ from lightning_modules.module import RankingModule
 def build(name: str, spec: dict):
 
     torch.manual_seed(spec.get("seed", 0))
-    model = dict(name=name, backbone=spec["backbone"], query_max_len=spec["query_max_len"], doc_max_len=spec["doc_max_len"],
-                 **spec.get("model_overrides", {}))
+    model = dict(
+        name=name,
+        backbone=spec["backbone"],
+        query_max_len=spec["query_max_len"],
+        doc_max_len=spec["doc_max_len"],
+        **spec.get("model_overrides", {}),
+    )
     return RankingModule(model=model, optim=dict(lr=spec["lr"], **spec.get("optim_overrides", {})))
 
 
@@ -36,8 +42,12 @@ def score_lists(module, lists: dict, prec: str, batch_size: int) -> tuple[dict, 
     with torch.inference_mode(), autocast(prec):
         q = module.encode_texts(lists["queries"], side="query", batch_size=batch_size)
         d = module.encode_texts(lists["docs"], side="doc", batch_size=batch_size)
-        flat = torch.cat([module.ranker.score_indexed(q, d, iq[s : s + 512], id_[s : s + 512]).float()
-                          for s in range(0, len(pairs), 512)]).tolist()
+        flat = torch.cat(
+            [
+                module.ranker.score_indexed(q, d, iq[s : s + 512], id_[s : s + 512]).float()
+                for s in range(0, len(pairs), 512)
+            ]
+        ).tolist()
     scores, k = {}, 0
     for qid, cands in zip(lists["qids"], lists["candidates"]):
         scores[qid], k = flat[k : k + len(cands)], k + len(cands)

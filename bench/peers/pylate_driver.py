@@ -8,6 +8,7 @@ query and its candidates encoded, then `rank.rerank`. quality: `train_steps` col
 and every distinct candidate passage encoded once (`ColBERT.encode`) and each query's candidates scored by
 `rank.rerank` (MaxSim).
 """
+
 from __future__ import annotations
 
 import time
@@ -35,7 +36,9 @@ def main() -> None:
         def step(batch):
             q, pos, neg = batch
             # as PyLate's ColBERTCollator tokenises a training batch: pad=True (to query/document_length)
-            feats = [model.tokenize(t, is_query=side == "q", pad=True) for side, t in (("q", q), ("d", pos), ("d", neg))]
+            feats = [
+                model.tokenize(t, is_query=side == "q", pad=True) for side, t in (("q", q), ("d", pos), ("d", neg))
+            ]
             with autocast(prec):
                 loss = loss_fn(feats)
             loss.backward()
@@ -49,10 +52,17 @@ def main() -> None:
             model.eval()
             lists, t0 = data["eval"], time.perf_counter()
             with torch.inference_mode(), autocast(prec):
-                qe = model.encode(lists["queries"], is_query=True, batch_size=spec["encode_batch"], show_progress_bar=False)
-                de = model.encode(lists["docs"], is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False)
-                ranked = rank.rerank(documents_ids=lists["candidates"], queries_embeddings=qe,
-                                     documents_embeddings=[[de[j] for j in c] for c in lists["candidates"]])
+                qe = model.encode(
+                    lists["queries"], is_query=True, batch_size=spec["encode_batch"], show_progress_bar=False
+                )
+                de = model.encode(
+                    lists["docs"], is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False
+                )
+                ranked = rank.rerank(
+                    documents_ids=lists["candidates"],
+                    queries_embeddings=qe,
+                    documents_embeddings=[[de[j] for j in c] for c in lists["candidates"]],
+                )
             # rerank returns each list sorted by score: back to {candidate index: score}
             res["scores"] = scores_by_query(lists, [{r["id"]: r["score"] for r in rs} for rs in ranked])
             res["score_s"] = time.perf_counter() - t0
@@ -73,7 +83,9 @@ def main() -> None:
             with autocast(prec):
                 qe = model.encode([q], is_query=True, show_progress_bar=False)
                 de = model.encode(cands, is_query=False, batch_size=spec["encode_batch"], show_progress_bar=False)
-            return rank.rerank(documents_ids=[list(range(len(cands)))], queries_embeddings=qe, documents_embeddings=[de])
+            return rank.rerank(
+                documents_ids=[list(range(len(cands)))], queries_embeddings=qe, documents_embeddings=[de]
+            )
 
         res.update(time_rerank(rr, data, spec))
     else:

@@ -12,10 +12,11 @@ that exists (a `val_fraction` of the train queries, chosen with `split_seed`, le
 missing train or test file, the split is empty (zero-shot evaluation needs only test). BEIR files carry no triples
 or candidate lists: negatives are sampled and candidates are the BM25 top-k.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -116,15 +117,22 @@ def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
 
 @SOURCES.register("beir", schema=BeirConfig)
 def build(cfg: BeirConfig, seed: int) -> IRDataset:
-    folder = resolve_path(cfg.path, "path", "BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)", must_be_dir=True)
+    folder = resolve_path(
+        cfg.path, "path", "BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)", must_be_dir=True
+    )
     corpus = _find(folder, "corpus.jsonl")
     if corpus is None:
         raise InputError("data.path", f"'{folder}' has no corpus.jsonl; expected a BEIR dataset folder")
     qfile = _find(folder, "queries.jsonl")
     if qfile is None:
         raise InputError("data.path", f"'{folder}' has no queries.jsonl; expected a BEIR dataset folder")
-    docs = open_store(cfg.cache_dir, fingerprint("beir-corpus", [corpus], use_title=bool(cfg.use_title)),
-                      lambda: iter_corpus(corpus, cfg.use_title), origin=str(corpus), kind="corpus _id")
+    docs = open_store(
+        cfg.cache_dir,
+        fingerprint("beir-corpus", [corpus], use_title=bool(cfg.use_title)),
+        lambda: iter_corpus(corpus, cfg.use_title),
+        origin=str(corpus),
+        kind="corpus _id",
+    )
     queries = read_queries(qfile)
 
     qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {}

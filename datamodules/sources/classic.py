@@ -28,6 +28,7 @@ CACM: 12 of 64) are left out of every split: they give no training signal, and t
 from the averages anyway, so keeping them would only skew val/test sizes. None of these files carries triples or
 candidate lists (negatives are sampled, candidates are the BM25 top-k).
 """
+
 from __future__ import annotations
 
 import logging
@@ -112,7 +113,8 @@ def parse_smart(path: Path, fields: str, after_text: str = "") -> list[tuple[int
     """SMART tagged records -> [(line of `.I`, id, {field letter: text})].
 
     `fields` are the accepted field letters; once in `.W` only the letters in `after_text` start a new field, any
-    other marker line inside the abstract is dropped (the text continues)."""
+    other marker line inside the abstract is dropped (the text continues).
+    """
     records: list[tuple[int, str, dict[str, list[str]]]] = []
     seen: dict[str, int] = {}
     field: str | None = None
@@ -123,7 +125,10 @@ def parse_smart(path: Path, fields: str, after_text: str = "") -> list[tuple[int
                 raise InputError(f"{path}:{lineno}", f"malformed record start {line.strip()!r}; expected '.I <id>'")
             ident = parts[1]
             if ident in seen:
-                raise InputError(f"{path}:{lineno}", f"duplicate record id '.I {ident}' (first at line {seen[ident]}); expected unique ids")
+                raise InputError(
+                    f"{path}:{lineno}",
+                    f"duplicate record id '.I {ident}' (first at line {seen[ident]}); expected unique ids",
+                )
             seen[ident] = lineno
             records.append((lineno, ident, {}))
             field = None
@@ -138,13 +143,18 @@ def parse_smart(path: Path, fields: str, after_text: str = "") -> list[tuple[int
             if field == "W" and letter not in after_text:
                 continue
             if letter not in fields:
-                raise InputError(f"{path}:{lineno}", f"unknown field marker '.{letter}'; expected one of {['.' + f for f in fields]}")
+                raise InputError(
+                    f"{path}:{lineno}", f"unknown field marker '.{letter}'; expected one of {['.' + f for f in fields]}"
+                )
             field = letter
             records[-1][2].setdefault(letter, [])
             continue
         if field is None:
             if line.strip():
-                raise InputError(f"{path}:{lineno}", f"text before any field marker; expected one of {['.' + f for f in fields]} after '.I'")
+                raise InputError(
+                    f"{path}:{lineno}",
+                    f"text before any field marker; expected one of {['.' + f for f in fields]} after '.I'",
+                )
             continue
         records[-1][2][field].append(line)
     if not records:
@@ -172,7 +182,9 @@ def parse_trec_sgml(path: Path, record: str, id_tag: str) -> list[tuple[int, str
             off = start + len(gap) - len(gap.lstrip())
             if re.match(rf"<{record}>", text[off:], re.I):
                 raise InputError(f"{path}:{line_of(off)}", f"<{record}> is never closed; expected </{record}>")
-            raise InputError(f"{path}:{line_of(off)}", f"text outside a <{record}> record; expected <{record}> ... </{record}>")
+            raise InputError(
+                f"{path}:{line_of(off)}", f"text outside a <{record}> record; expected <{record}> ... </{record}>"
+            )
 
     for m in pattern.finditer(text):
         check_gap(pos, m.start())
@@ -180,16 +192,22 @@ def parse_trec_sgml(path: Path, record: str, id_tag: str) -> list[tuple[int, str
         lineno = line_of(m.start())
         body = m.group(1)
         if re.search(rf"<{record}>", body, re.I):
-            raise InputError(f"{path}:{lineno}", f"<{record}> is never closed before the next <{record}>; expected </{record}>")
+            raise InputError(
+                f"{path}:{lineno}", f"<{record}> is never closed before the next <{record}>; expected </{record}>"
+            )
         idm = id_re.search(body)
         if idm is None or not idm.group(1).strip():
             raise InputError(f"{path}:{lineno}", f"record has no <{id_tag}>; expected <{id_tag}>id</{id_tag}>")
         ident = idm.group(1).strip()
-        content = _clean(re.sub(r"<[^>]*>", " ", body[: idm.start()] + " " + body[idm.end():]))
+        content = _clean(re.sub(r"<[^>]*>", " ", body[: idm.start()] + " " + body[idm.end() :]))
         if not content:
-            raise InputError(f"{path}:{lineno}", f"record '{ident}' has empty text; expected a non-empty passage or query")
+            raise InputError(
+                f"{path}:{lineno}", f"record '{ident}' has empty text; expected a non-empty passage or query"
+            )
         if ident in seen:
-            raise InputError(f"{path}:{lineno}", f"duplicate <{id_tag}> '{ident}' (first at line {seen[ident]}); expected unique ids")
+            raise InputError(
+                f"{path}:{lineno}", f"duplicate <{id_tag}> '{ident}' (first at line {seen[ident]}); expected unique ids"
+            )
         seen[ident] = lineno
         out.append((lineno, ident, content))
     check_gap(pos, len(text))
@@ -208,7 +226,10 @@ def _texts(path: Path, records, parts: str, kind: str, dropped: set[str] | None 
                 dropped.add(ident)
                 _log.warning("%s:%d: %s '%s' has no text; left out of the collection", path, lineno, kind, ident)
                 continue
-            raise InputError(f"{path}:{lineno}", f"{kind} '{ident}' has empty text; expected non-empty {'/'.join('.' + p for p in parts)}")
+            raise InputError(
+                f"{path}:{lineno}",
+                f"{kind} '{ident}' has empty text; expected non-empty {'/'.join('.' + p for p in parts)}",
+            )
         out[ident] = text
     return out
 
@@ -263,7 +284,7 @@ def load_cacm(folder: Path):
     for lineno, obj in read_jsonl(dpath):
         ident, contents = obj.get("id"), obj.get("contents")
         if not isinstance(ident, str) or not ident:
-            raise InputError(f"{dpath}:{lineno}", "missing 'id'; expected {\"id\": ..., \"contents\": ...}")
+            raise InputError(f"{dpath}:{lineno}", 'missing \'id\'; expected {"id": ..., "contents": ...}')
         if not isinstance(contents, str) or not contents.strip():
             raise InputError(f"{dpath}:{lineno}", f"empty 'contents' for id '{ident}'; expected a non-empty passage")
         ident = _cacm_id(ident)
@@ -289,11 +310,17 @@ def split_queries(queries: dict[str, str], qrels: dict[str, dict[str, int]], cfg
     missing = sorted((q for q in qrels if q not in queries), key=natural)
     n = len(judged)
     if not n:
-        raise InputError(f"data.path ({cfg.path})", "has no judged query (a query with a relevant document in the qrels); expected at least one")
+        raise InputError(
+            f"data.path ({cfg.path})",
+            "has no judged query (a query with a relevant document in the qrels); expected at least one",
+        )
     n_test = int(round(float(cfg.test_fraction) * n))
     n_val = int(round(float(cfg.val_fraction) * n))
     if n_test + n_val >= n:
-        raise InputError("data.val_fraction", f"val ({n_val}) + test ({n_test}) queries leave none of the {n} judged queries for training")
+        raise InputError(
+            "data.val_fraction",
+            f"val ({n_val}) + test ({n_test}) queries leave none of the {n} judged queries for training",
+        )
     order = np.random.default_rng(cfg.split_seed).permutation(n)
     parts = {"train": order[n_test + n_val :], "val": order[n_test : n_test + n_val], "test": order[:n_test]}
     splits = {}

@@ -33,6 +33,7 @@ deals them into folds. Either way train_id / val_id / test_id must be null and t
 ir_datasets downloads into IR_DATASETS_HOME on first use (network needed once); a dataset registered from local
 files (`ir_datasets.registry.register(name, ir_datasets.Dataset(TsvDocs(LocalDownload(path)), ...))`) needs none.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,7 +78,7 @@ class IrDatasetsConfig(DataConfig):
 def _text(obj) -> str:
     if hasattr(obj, "default_text"):
         return obj.default_text()
-    return getattr(obj, "text")
+    return obj.text
 
 
 def _load(dataset_id: str, key: str):
@@ -86,7 +87,9 @@ def _load(dataset_id: str, key: str):
     try:
         return ir_datasets.load(dataset_id)
     except KeyError:
-        raise InputError(f"data.{key}", f"unknown ir_datasets id '{dataset_id}'; expected an id from https://ir-datasets.com") from None
+        raise InputError(
+            f"data.{key}", f"unknown ir_datasets id '{dataset_id}'; expected an id from https://ir-datasets.com"
+        ) from None
 
 
 def _read(dataset_id: str, key: str, what: str, fn):
@@ -96,7 +99,9 @@ def _read(dataset_id: str, key: str, what: str, fn):
         raise
     except Exception as e:  # download failures, malformed files (ir_datasets raises RuntimeError/ValueError)
         msg = " ".join(str(e).split())
-        raise InputError(f"data.{key}", f"reading {what} of ir_datasets '{dataset_id}' failed ({type(e).__name__}: {msg})") from e
+        raise InputError(
+            f"data.{key}", f"reading {what} of ir_datasets '{dataset_id}' failed ({type(e).__name__}: {msg})"
+        ) from e
 
 
 def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[str, ...]]) -> Split:
@@ -109,6 +114,7 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
         triples = _read(dataset_id, key, "docpairs", lambda: _docpairs(ds, dataset_id, cfg))
     qrels: dict[str, dict[str, int]] = {}
     if ds.has_qrels():
+
         def read_qrels():
             for q in ds.qrels_iter():
                 judged = qrels.setdefault(str(q.query_id), {})
@@ -117,6 +123,7 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
         _read(dataset_id, key, "qrels", read_qrels)
     candidates = None
     if ds.has_scoreddocs():
+
         def read_scored():
             rows: dict[str, list[tuple[float, int, str]]] = {}
             for i, sd in enumerate(ds.scoreddocs_iter()):
@@ -126,6 +133,7 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
         candidates = _read(dataset_id, key, "scoreddocs", read_scored)
     all_queries: dict[str, str] = {}
     if ds.has_queries():
+
         def read_queries():
             for q in ds.queries_iter():
                 all_queries[str(q.query_id)] = _text(q)
@@ -157,15 +165,20 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
 
 def _docpairs(ds, dataset_id: str, cfg) -> ArrowTriples:
     """The dataset's docpairs (the first `max_docpairs`; null: all) as an Arrow file in data.cache_dir, written once
-    (MS MARCO's 39.8M triples-small pairs: about 5 minutes of ir_datasets parsing, then memory-mapped by every run)."""
+    (MS MARCO's 39.8M triples-small pairs: about 5 minutes of ir_datasets parsing, then memory-mapped by every run).
+    """
     import ir_datasets
 
     cap = cfg.max_docpairs
     total = ds.docpairs_count() if hasattr(ds, "docpairs_count") else None
     if cap is not None and (total is None or total > cap):
         of = f"the first {cap} of its {total}" if total is not None else f"at most the first {cap}"
-        rank_zero_warn(f"data.max_docpairs={cap}: training on {of} docpairs of ir_datasets '{dataset_id}' (null: all of them)")
-    source = hashlib.sha256(json.dumps({"docpairs": dataset_id, "ir_datasets": ir_datasets.__version__, "cap": cap}).encode()).hexdigest()
+        rank_zero_warn(
+            f"data.max_docpairs={cap}: training on {of} docpairs of ir_datasets '{dataset_id}' (null: all of them)"
+        )
+    source = hashlib.sha256(
+        json.dumps({"docpairs": dataset_id, "ir_datasets": ir_datasets.__version__, "cap": cap}).encode()
+    ).hexdigest()
     path = Path(cfg.cache_dir) / "docpairs" / f"{source[:32]}.arrow"
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
@@ -185,7 +198,9 @@ def merge_splits(parts: list[Split]) -> Split:
     for part in parts:
         for qid, text in part.queries.items():
             if out.queries.setdefault(qid, text) != text:
-                raise InputError(part.origins.get("queries", "data"), f"query '{qid}' has two different texts in the pooled ids")
+                raise InputError(
+                    part.origins.get("queries", "data"), f"query '{qid}' has two different texts in the pooled ids"
+                )
         for qid, judged in part.qrels.items():
             out.qrels.setdefault(qid, {}).update(judged)
         if part.triples is not None:
@@ -204,14 +219,22 @@ def _multi_id_splits(cfg: IrDatasetsConfig, answer_texts) -> tuple[dict[str, Spl
         raise InputError("data.pool_ids", "is set together with data.fold_ids; expected one of them")
     set_ids = [k for k in keys.values() if getattr(cfg, k) is not None]
     if set_ids:
-        raise InputError(f"data.{set_ids[0]}", f"is '{getattr(cfg, set_ids[0])}' but data.{multi} gives the splits; set {', '.join(keys.values())} to null")
+        raise InputError(
+            f"data.{set_ids[0]}",
+            f"is '{getattr(cfg, set_ids[0])}' but data.{multi} gives the splits; set {', '.join(keys.values())} to null",
+        )
     if not ids:
         raise InputError(f"data.{multi}", "is empty; expected a list of ir_datasets ids")
     k = cfg.num_folds
     if multi == "fold_ids" and k != len(ids):
-        raise InputError("data.num_folds", f"is {k} but data.fold_ids lists {len(ids)} folds; expected data.num_folds={len(ids)}")
+        raise InputError(
+            "data.num_folds", f"is {k} but data.fold_ids lists {len(ids)} folds; expected data.num_folds={len(ids)}"
+        )
     if multi == "pool_ids" and k is None:
-        raise InputError("data.num_folds", "is null but data.pool_ids pools queries for cross-validation; expected e.g. data.num_folds=5")
+        raise InputError(
+            "data.num_folds",
+            "is null but data.pool_ids pools queries for cross-validation; expected e.g. data.num_folds=5",
+        )
     parts = [_split(i, multi, cfg, answer_texts) for i in ids]
     if multi == "pool_ids":
         splits = {"train": merge_splits(parts), "val": Split(), "test": Split()}
@@ -230,7 +253,8 @@ def folds_given_by_source(cfg) -> bool:
 def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
     """`splits`: the splits the job uses (evaluation: test only; None: all). The others are never read (nor
     downloaded): an evaluation with an unknown test id reports it at once, not after fetching the training triples.
-    Every id that will be read is looked up in ir_datasets' registry (no download) before any is read, test first."""
+    Every id that will be read is looked up in ir_datasets' registry (no download) before any is read, test first.
+    """
     keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
     used = [name for name in ("test", "val", "train") if splits is None or name in splits]
     answer_texts: dict[str, tuple[str, ...]] = {}
@@ -239,13 +263,23 @@ def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = Non
     else:
         if all(getattr(cfg, keys[name]) is None for name in used):
             wanted = ", ".join(f"data.{keys[n]}" for n in used)
-            raise InputError(f"data.{keys[used[0]]}", f"{wanted} {'is' if len(used) == 1 else 'are all'} null; expected an ir_datasets id "
-                             f"(or data.fold_ids / data.pool_ids)")
+            raise InputError(
+                f"data.{keys[used[0]]}",
+                f"{wanted} {'is' if len(used) == 1 else 'are all'} null; expected an ir_datasets id "
+                f"(or data.fold_ids / data.pool_ids)",
+            )
         for key in [keys[n] for n in used] + (["docs_id"] if cfg.docs_id is not None else []):
             if getattr(cfg, key) is not None:
                 _load(getattr(cfg, key), key)  # a registry look-up: an unknown id stops here, before any download
-        splits_read = {name: _split(getattr(cfg, key), key, cfg, answer_texts) if name in used else Split() for name, key in keys.items()}
-        doc_sources = [(keys[n], getattr(cfg, keys[n])) for n in ("train", "val", "test") if n in used and getattr(cfg, keys[n]) is not None]
+        splits_read = {
+            name: _split(getattr(cfg, key), key, cfg, answer_texts) if name in used else Split()
+            for name, key in keys.items()
+        }
+        doc_sources = [
+            (keys[n], getattr(cfg, keys[n]))
+            for n in ("train", "val", "test")
+            if n in used and getattr(cfg, keys[n]) is not None
+        ]
     splits = splits_read
 
     docs_key, docs_id = "docs_id", cfg.docs_id
@@ -255,7 +289,9 @@ def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = Non
                 docs_key, docs_id = key, dataset_id
                 break
     if docs_id is None:
-        raise InputError("data.docs_id", "none of train_id/val_id/test_id provides docs; expected docs_id naming a dataset with docs")
+        raise InputError(
+            "data.docs_id", "none of train_id/val_id/test_id provides docs; expected docs_id naming a dataset with docs"
+        )
     ds = _load(docs_id, docs_key)
     if not ds.has_docs():
         raise InputError(f"data.{docs_key}", f"ir_datasets '{docs_id}' provides no docs; expected a dataset with docs")
@@ -267,7 +303,9 @@ def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = Non
             for judged in s.qrels.values():
                 referenced.update(judged)
             if s.triples is not None:
-                referenced.update(s.triples.doc_ids() if hasattr(s.triples, "doc_ids") else (d for t in s.triples for d in t[1:]))
+                referenced.update(
+                    s.triples.doc_ids() if hasattr(s.triples, "doc_ids") else (d for t in s.triples for d in t[1:])
+                )
             for lst in (s.candidates or {}).values():
                 referenced.update(lst)
 
@@ -292,20 +330,34 @@ def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = Non
         import ir_datasets
 
         fp = fingerprint("ir_datasets-docs", [], docs_id=docs_id, ir_datasets=ir_datasets.__version__)
-        docs = _read(docs_id, docs_key, "docs", lambda: open_store(cfg.cache_dir, fp, records, origin=f"data.{docs_key} ({docs_id})", kind="doc id"))
+        docs = _read(
+            docs_id,
+            docs_key,
+            "docs",
+            lambda: open_store(cfg.cache_dir, fp, records, origin=f"data.{docs_key} ({docs_id})", kind="doc id"),
+        )
     else:
         docs = _read(docs_id, docs_key, "docs", read_docs)
     for name, split in splits.items():
         if hasattr(split.triples, "resolve"):
-            split.triples = (split.triples.resolve(docs, split.queries, cfg.cache_dir, split.origins.get("triples", "data"), name)
-                             if hasattr(docs, "fingerprint") else list(split.triples))
-    return IRDataset(name=f"ir_datasets:{docs_id}", docs=docs, splits=splits, docs_origin=f"data.{docs_key} ({docs_id})",
-                     answers=_answer_spans(splits, docs, answer_texts))
+            split.triples = (
+                split.triples.resolve(docs, split.queries, cfg.cache_dir, split.origins.get("triples", "data"), name)
+                if hasattr(docs, "fingerprint")
+                else list(split.triples)
+            )
+    return IRDataset(
+        name=f"ir_datasets:{docs_id}",
+        docs=docs,
+        splits=splits,
+        docs_origin=f"data.{docs_key} ({docs_id})",
+        answers=_answer_spans(splits, docs, answer_texts),
+    )
 
 
 def _answer_spans(splits: dict[str, Split], docs: dict[str, str], answer_texts: dict[str, tuple[str, ...]]):
     """(qid, relevant doc id) -> spans of the query's answer strings matched in the passage (answer_matching.py);
-    pairs without a match are left out, as the position-bias paper omits unmatched MS MARCO answers."""
+    pairs without a match are left out, as the position-bias paper omits unmatched MS MARCO answers.
+    """
     answers = {}
     for split in splits.values():
         for qid, judged in split.qrels.items():

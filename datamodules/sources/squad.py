@@ -12,6 +12,7 @@
 
 The file is `dev-v1.1.json(.gz)` (train-v1.1.json works too). SQuAD carries no triples or candidate lists.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,6 @@ from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.sources.registry import SOURCES
 from datamodules.textfiles import read_text, resolve_path
-
 
 ARTICLES = Range(0, note="< 1: a fraction of the articles; >= 1: a count")
 
@@ -41,7 +41,9 @@ class SquadConfig(DataConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_ranges("data", self, val_articles=ARTICLES, test_articles=ARTICLES, split_seed=SEED, max_questions_per_split=COUNT)
+        check_ranges(
+            "data", self, val_articles=ARTICLES, test_articles=ARTICLES, split_seed=SEED, max_questions_per_split=COUNT
+        )
 
 
 def _count(value: float, n: int, key: str) -> int:
@@ -58,7 +60,9 @@ def load_json(path) -> dict:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}", f"malformed JSON ({e.msg} at column {e.colno}); expected the SQuAD v1.1 JSON format") from None
+        raise InputError(
+            f"{path}:{e.lineno}", f"malformed JSON ({e.msg} at column {e.colno}); expected the SQuAD v1.1 JSON format"
+        ) from None
 
 
 def _get(obj, key: str, typ: type, where: str):
@@ -109,7 +113,9 @@ def build(cfg: SquadConfig, seed: int) -> IRDataset:
                     start = _get(ans, "answer_start", int, nwhere)
                     end = start + len(text)
                     if start < 0 or end > len(context) or context[start:end] != text:
-                        raise InputError(nwhere, f"answer_start {start} does not point at the answer text {text!r} in the context")
+                        raise InputError(
+                            nwhere, f"answer_start {start} does not point at the answer text {text!r} in the context"
+                        )
                     if end > start:
                         spans.add((start, end))
                 if spans:
@@ -121,10 +127,15 @@ def build(cfg: SquadConfig, seed: int) -> IRDataset:
     n_test = _count(cfg.test_articles, n, "test_articles")
     n_val = _count(cfg.val_articles, n, "val_articles")
     if n_test + n_val >= n:
-        raise InputError("data.val_articles", f"val ({n_val}) + test ({n_test}) articles leave none of the {n} articles for training")
+        raise InputError(
+            "data.val_articles", f"val ({n_val}) + test ({n_test}) articles leave none of the {n} articles for training"
+        )
     order = np.random.default_rng(cfg.split_seed).permutation(n)
-    assign = {"test": sorted(order[:n_test].tolist()), "val": sorted(order[n_test : n_test + n_val].tolist()),
-              "train": sorted(order[n_test + n_val :].tolist())}
+    assign = {
+        "test": sorted(order[:n_test].tolist()),
+        "val": sorted(order[n_test : n_test + n_val].tolist()),
+        "train": sorted(order[n_test + n_val :].tolist()),
+    }
 
     cap = cfg.max_questions_per_split
     splits: dict[str, Split] = {}

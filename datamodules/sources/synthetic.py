@@ -22,6 +22,7 @@ Everything is drawn from one numpy Generator seeded with `data_seed` (or, when n
 collection is identical in every process. No triples and no candidate lists: negatives are sampled (BM25 or
 random) and candidates are the BM25 top-k, like for the classic collections.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,20 +56,63 @@ class SyntheticConfig(DataConfig):
     def __post_init__(self):
         super().__post_init__()
         check_choice("data.answer_position", self.answer_position, ("uniform", "start"))
-        check_ranges("data", self, data_seed=SEED, num_docs=COUNT, num_topics=COUNT, topic_words=COUNT, passage_words_min=COUNT,
-                     passage_words_max=COUNT, num_train_queries=NON_NEGATIVE, num_val_queries=NON_NEGATIVE,
-                     num_test_queries=NON_NEGATIVE, start_beta=POSITIVE, partial_relevance=PROBABILITY)
+        check_ranges(
+            "data",
+            self,
+            data_seed=SEED,
+            num_docs=COUNT,
+            num_topics=COUNT,
+            topic_words=COUNT,
+            passage_words_min=COUNT,
+            passage_words_max=COUNT,
+            num_train_queries=NON_NEGATIVE,
+            num_val_queries=NON_NEGATIVE,
+            num_test_queries=NON_NEGATIVE,
+            start_beta=POSITIVE,
+            partial_relevance=PROBABILITY,
+        )
 
 
-FUNCTION_WORDS = ["the", "of", "and", "in", "a", "to", "is", "for", "with", "on", "by", "as", "that", "from", "was",
-                  "are", "its", "which", "at", "this", "an", "or", "be", "has", "were", "it"]
+FUNCTION_WORDS = [
+    "the",
+    "of",
+    "and",
+    "in",
+    "a",
+    "to",
+    "is",
+    "for",
+    "with",
+    "on",
+    "by",
+    "as",
+    "that",
+    "from",
+    "was",
+    "are",
+    "its",
+    "which",
+    "at",
+    "this",
+    "an",
+    "or",
+    "be",
+    "has",
+    "were",
+    "it",
+]
 QUESTION_WORDS = ["what", "which", "who", "where", "how", "when"]
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "h", "w", "br", "st", "tr", "pl"]
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o"]
 _CODAS = ["", "", "", "", "n", "r", "s", "l", "m", "t"]
 # evidence blocks: "A" = the answer, "R" = the rare key term, "K" = the first topic key term
-_TEMPLATES = [["A", "is", "the", "K", "of", "R"], ["R", "K", "was", "A"], ["K", "by", "A", "in", "R"],
-              ["the", "R", "K", "of", "A"], ["A", "and", "R", "K"]]
+_TEMPLATES = [
+    ["A", "is", "the", "K", "of", "R"],
+    ["R", "K", "was", "A"],
+    ["K", "by", "A", "in", "R"],
+    ["the", "R", "K", "of", "A"],
+    ["A", "and", "R", "K"],
+]
 
 
 def _pseudo_words(rng: np.random.Generator, n: int, exclude: set[str]) -> list[str]:
@@ -76,8 +120,12 @@ def _pseudo_words(rng: np.random.Generator, n: int, exclude: set[str]) -> list[s
     seen = set(exclude)
     while len(words) < n:
         k = 2 if rng.random() < 0.8 else 3
-        w = "".join(_ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))] + _CODAS[rng.integers(len(_CODAS))]
-                    for _ in range(k))
+        w = "".join(
+            _ONSETS[rng.integers(len(_ONSETS))]
+            + _VOWELS[rng.integers(len(_VOWELS))]
+            + _CODAS[rng.integers(len(_CODAS))]
+            for _ in range(k)
+        )
         if w not in seen and len(w) >= 4:
             seen.add(w)
             words.append(w)
@@ -87,12 +135,20 @@ def _pseudo_words(rng: np.random.Generator, n: int, exclude: set[str]) -> list[s
 def _check(cfg) -> None:
     """What the single-key ranges of SyntheticConfig cannot say: how the sizes fit together."""
     if cfg.passage_words_max < cfg.passage_words_min:
-        raise InputError("data.passage_words_max", f"is {cfg.passage_words_max} < passage_words_min {cfg.passage_words_min}")
+        raise InputError(
+            "data.passage_words_max", f"is {cfg.passage_words_max} < passage_words_min {cfg.passage_words_min}"
+        )
     total = cfg.num_train_queries + cfg.num_val_queries + cfg.num_test_queries
     if total > cfg.num_docs:
-        raise InputError("data.num_docs", f"is {cfg.num_docs}; every query needs its own relevant passage, so expected >= {total} (the total number of queries)")
+        raise InputError(
+            "data.num_docs",
+            f"is {cfg.num_docs}; every query needs its own relevant passage, so expected >= {total} (the total number of queries)",
+        )
     if cfg.num_docs < 2 * cfg.num_topics:
-        raise InputError("data.num_topics", f"is {cfg.num_topics}; expected at most num_docs / 2 = {cfg.num_docs // 2} so each topic has two passages")
+        raise InputError(
+            "data.num_topics",
+            f"is {cfg.num_topics}; expected at most num_docs / 2 = {cfg.num_docs // 2} so each topic has two passages",
+        )
 
 
 @SOURCES.register("synthetic", schema=SyntheticConfig)
@@ -126,8 +182,12 @@ def build(cfg: SyntheticConfig, seed: int) -> IRDataset:
         tw = rng.choice(cfg.topic_words, size=length, p=zipf)
         bg = rng.integers(len(background), size=length)
         topic = topics[doc_topic[d]]
-        tokens.append([FUNCTION_WORDS[fn[i]] if u < 0.3 else topic[tw[i]] if u < 0.8 else background[bg[i]]
-                       for i, u in enumerate(kind)])
+        tokens.append(
+            [
+                FUNCTION_WORDS[fn[i]] if u < 0.3 else topic[tw[i]] if u < 0.8 else background[bg[i]]
+                for i, u in enumerate(kind)
+            ]
+        )
 
     # unique two-word answer names
     name_pairs = set()

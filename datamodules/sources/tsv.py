@@ -19,6 +19,7 @@ Optional files may be null: no triples -> `Split.triples = None` (negatives are 
 `Split.candidates = None` (BM25 top-k). Every reader raises `InputError("FILE:LINE", what was expected)` on the
 first malformed line; nothing is written.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,8 +72,12 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
     collection = resolve_path(cfg.collection, "collection", "collection TSV")
     tpath = _opt(cfg, "train_triples", "training triples TSV")
-    docs = open_store(cfg.cache_dir, fingerprint("tsv-collection", [collection]),
-                      lambda: iter_id_text(collection, "passage"), origin=str(collection))
+    docs = open_store(
+        cfg.cache_dir,
+        fingerprint("tsv-collection", [collection]),
+        lambda: iter_id_text(collection, "passage"),
+        origin=str(collection),
+    )
     splits: dict[str, Split] = {}
     for name in ("train", "val", "test"):
         qpath = _opt(cfg, f"{name}_queries", f"{name} queries TSV")
@@ -80,7 +85,9 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         run_path = _opt(cfg, f"{name}_run", f"{name} TREC run")
         queries = read_id_text_tsv(qpath, "query") if qpath else {}
         split = Split(queries=queries, qrels=read_trec_qrels(qrels_path) if qrels_path else {})
-        split.origins.update({k: str(v) for k, v in (("queries", qpath), ("qrels", qrels_path), ("candidates", run_path)) if v})
+        split.origins.update(
+            {k: str(v) for k, v in (("queries", qpath), ("qrels", qrels_path), ("candidates", run_path)) if v}
+        )
         if run_path:
             split.candidates = run_candidates(run_path)
         if name == "train" and tpath is not None:

@@ -8,6 +8,7 @@ Every head is an `IsotropyHead`: `forward(x) -> z` on [..., D] vectors (what sco
 `nll(x) -> [...]` the per-vector negative log-likelihood under a standard Gaussian in z (flows train on it,
 isotropy paper Eq. 5; whitening has no parameters to train but reports it too, for comparison).
 """
+
 from core.registry import Registry
 
 HEADS: Registry = Registry("isotropy head")

@@ -1,4 +1,5 @@
 """The head contract and its shared config."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,15 @@ class HeadConfig:
     def __post_init__(self):
         check_choice("head.granularity", self.granularity, ("token", "sequence"))
         check_choice("head.cache_dtype", self.cache_dtype, ("float16", "float32"))
-        check_ranges("head", self, epochs=COUNT, lr=POSITIVE, batch_size=COUNT, max_train_texts=COUNT, val_memory_gib=NON_NEGATIVE)
+        check_ranges(
+            "head",
+            self,
+            epochs=COUNT,
+            lr=POSITIVE,
+            batch_size=COUNT,
+            max_train_texts=COUNT,
+            val_memory_gib=NON_NEGATIVE,
+        )
 
 
 class IsotropyHead(nn.Module):
@@ -61,4 +70,3 @@ class IsotropyHead(nn.Module):
 def build_head(cfg, dim: int) -> IsotropyHead | None:
     """The head of `cfg` for vectors of width `dim`; None for `name: none`."""
     return HEADS.get(cfg.name, "head.name").build(cfg, dim)
-

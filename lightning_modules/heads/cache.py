@@ -16,6 +16,7 @@ key is rebuilt, not reused). A cache with the right key is verified before it is
 a readable manifest, the file's size against count x dim x dtype, every value finite, scanned in chunks); one that
 fails is rebuilt, with a warning naming what was wrong. Nothing non-finite is ever written into a cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,7 +52,10 @@ def _vectors(ranker, ids: torch.Tensor, mask: torch.Tensor, side: str, granulari
         return enc.tokens[enc.mask]
     pooled = ranker.pool(enc).sequence
     if pooled is None:
-        raise InputError("head.granularity", f"'sequence' needs a single-vector ranker; '{ranker.cfg.name}' scores token vectors (use 'token')")
+        raise InputError(
+            "head.granularity",
+            f"'sequence' needs a single-vector ranker; '{ranker.cfg.name}' scores token vectors (use 'token')",
+        )
     return pooled
 
 
@@ -70,7 +74,8 @@ class RepresentationCache:
 
     def problem(self, key: str | None = None, chunk_bytes: int = 1 << 26) -> str | None:
         """What is wrong with the cache on disk ("" / None: nothing): its key (when given), the manifest's fields, the
-        size of vectors.bin (count x dim x dtype), non-finite values (a chunked scan of the file)."""
+        size of vectors.bin (count x dim x dtype), non-finite values (a chunked scan of the file).
+        """
         m = self.manifest
         if key is not None and m.get("key") != key:
             return "its key differs"
@@ -97,12 +102,25 @@ class RepresentationCache:
 
     def vectors(self) -> np.memmap:
         """[count, dim], read-only and memory-mapped."""
-        return np.memmap(self.path / "vectors.bin", dtype=DTYPES[self.manifest["dtype"]], mode="r", shape=(self.count, self.dim))
+        return np.memmap(
+            self.path / "vectors.bin", dtype=DTYPES[self.manifest["dtype"]], mode="r", shape=(self.count, self.dim)
+        )
 
     @classmethod
-    def build(cls, path: str | os.PathLike, ranker, pair_tokenizer, queries: list[str], docs: list[str], *,
-              granularity: str = "token", dtype: str = "float16", checkpoint: str = "", batch_size: int = 64,
-              autocast=None) -> "RepresentationCache":
+    def build(
+        cls,
+        path: str | os.PathLike,
+        ranker,
+        pair_tokenizer,
+        queries: list[str],
+        docs: list[str],
+        *,
+        granularity: str = "token",
+        dtype: str = "float16",
+        checkpoint: str = "",
+        batch_size: int = 64,
+        autocast=None,
+    ) -> RepresentationCache:
         """Encode `queries` and `docs` once and write their vectors; reuse an existing cache with the same key."""
         if dtype not in DTYPES:
             raise InputError("head.cache_dtype", f"is '{dtype}'; expected one of {sorted(DTYPES)}")
@@ -127,20 +145,40 @@ class RepresentationCache:
             with open(tmp / "vectors.bin", "wb") as f:
                 for texts, side in ((queries, "query"), (docs, "doc")):
                     # in the texts' order (sort=False): the file's rows are the texts' vectors, text after text
-                    stream = encode_stream(ranker, pair_tokenizer.ids(texts, side), side, batch_size=batch_size, pad_id=pad_id,
-                                           forward=lambda i, m, side=side: _vectors(ranker, i, m, side, granularity),
-                                           autocast=autocast or (lambda: torch.autocast(device.type, enabled=False)), sort=False)
+                    stream = encode_stream(
+                        ranker,
+                        pair_tokenizer.ids(texts, side),
+                        side,
+                        batch_size=batch_size,
+                        pad_id=pad_id,
+                        forward=lambda i, m, side=side: _vectors(ranker, i, m, side, granularity),
+                        autocast=autocast or (lambda: torch.autocast(device.type, enabled=False)),
+                        sort=False,
+                    )
                     for chunk, v in stream:
                         v = v.float().cpu().numpy().astype(DTYPES[dtype])
                         if not np.isfinite(v).all():
-                            raise TrainingStopped(f"the frozen ranker gives non-finite representations (texts {chunk[0]}..{chunk[-1] + 1}"
-                                                  f"{'' if dtype == 'float32' else ', or beyond the range of ' + dtype + ': try head.cache_dtype=float32'}); "
-                                                  f"no representation cache written at '{path}'")
+                            raise TrainingStopped(
+                                f"the frozen ranker gives non-finite representations (texts {chunk[0]}..{chunk[-1] + 1}"
+                                f"{'' if dtype == 'float32' else ', or beyond the range of ' + dtype + ': try head.cache_dtype=float32'}); "
+                                f"no representation cache written at '{path}'"
+                            )
                         f.write(np.ascontiguousarray(v).tobytes())
                         count, dim = count + len(v), v.shape[1]
                 f.flush()
                 os.fsync(f.fileno())
-            write_json(tmp / "manifest.json", {"key": key, "count": count, "dim": dim, "dtype": dtype, "granularity": granularity,
-                                               "checkpoint": checkpoint, "queries": len(queries), "docs": len(docs),
-                                               "bytes": count * (dim or 0) * np.dtype(DTYPES[dtype]).itemsize})
+            write_json(
+                tmp / "manifest.json",
+                {
+                    "key": key,
+                    "count": count,
+                    "dim": dim,
+                    "dtype": dtype,
+                    "granularity": granularity,
+                    "checkpoint": checkpoint,
+                    "queries": len(queries),
+                    "docs": len(docs),
+                    "bytes": count * (dim or 0) * np.dtype(DTYPES[dtype]).itemsize,
+                },
+            )
         return cls(path)

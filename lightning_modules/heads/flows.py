@@ -19,6 +19,7 @@ Numerics: zuko's affine transforms soft-clip log-scales to |log s| < log(1000), 
 ActNorm is initialised from the first training batch (`init_from`), which puts raw BERT vectors (norms of 5-20,
 a few huge dimensions) at unit scale before any coupling sees them. Log-determinants are summed per vector.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,8 @@ class _HalvesCoupling(CouplingTransform):
     is two views and the merge one `cat`: a Glow training step at 768 dims, batch 1,024, fp32 went from 330 to
     250 ms on the 2-core CPU (the gathers, scatters and their zero-filled gradients were ~20 % of it). Which
     features form x_a is a free choice for Glow (the invertible linear map before each coupling mixes all features;
-    Glow itself splits channels into halves) and, for NICE, a fixed permutation of its alternating partition."""
+    Glow itself splits channels into halves) and, for NICE, a fixed permutation of its alternating partition.
+    """
 
     def __init__(self, meta, k: int, a_first: bool):
         Transform.__init__(self)
@@ -80,7 +82,8 @@ class _HalvesCoupling(CouplingTransform):
 class HalvesCouplingTransform(GeneralCouplingTransform):
     """`GeneralCouplingTransform` whose mask is a prefix (x_a = the first features) or a suffix of the features,
     applied with `_HalvesCoupling`. A mask loaded from an older checkpoint that is neither (the alternating
-    even/odd masks heads were first trained with) still works, through zuko's gather/scatter coupling."""
+    even/odd masks heads were first trained with) still works, through zuko's gather/scatter coupling.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -91,7 +94,9 @@ class HalvesCouplingTransform(GeneralCouplingTransform):
     def _read_mask(self) -> None:
         mask = self.mask.cpu()
         k = int(mask.sum())
-        self._halves = (k, True) if bool(mask[:k].all()) else (mask.numel() - k, False) if bool(mask[-k:].all()) else None
+        self._halves = (
+            (k, True) if bool(mask[:k].all()) else (mask.numel() - k, False) if bool(mask[-k:].all()) else None
+        )
 
     def forward(self, c: Tensor | None = None) -> Transform:
         if self._halves is None:
@@ -165,7 +170,8 @@ class FlowHead(IsotropyHead):
     @torch.no_grad()
     def init_from(self, x: Tensor) -> None:
         """Data-dependent init of the first element-wise affine (ActNorm / input scaling): zero mean, unit variance
-        per feature on this batch. Done once; the flag is saved with the head, so a resumed run does not redo it."""
+        per feature on this batch. Done once; the flag is saved with the head, so a resumed run does not redo it.
+        """
         if bool(self.initialized):
             return
         first = self.flow.transforms[0]
@@ -201,8 +207,15 @@ class NICEConfig(HeadConfig):
 def build_nice(dim: int, couplings: int = 4, hidden_layers: int = 5, hidden_units: int = 1000) -> FlowHead:
     transforms: list[LazyTransform] = [_actnorm(dim)]  # input scaling (data-initialised), see init_from
     for i in range(couplings):
-        transforms.append(HalvesCouplingTransform(dim, mask=_halves_mask(dim, i), univariate=AdditiveTransform, shapes=[()],
-                                                   hidden_features=[hidden_units] * hidden_layers))
+        transforms.append(
+            HalvesCouplingTransform(
+                dim,
+                mask=_halves_mask(dim, i),
+                univariate=AdditiveTransform,
+                shapes=[()],
+                hidden_features=[hidden_units] * hidden_layers,
+            )
+        )
     transforms.append(_actnorm(dim))  # NICE's diagonal scaling layer
     return FlowHead(dim, transforms)
 
@@ -224,7 +237,9 @@ def _glow_step(dim: int, i: int, hidden: list[int]) -> list[LazyTransform]:
     return [
         _actnorm(dim),
         UnconditionalTransform(_lu, torch.eye(dim)),  # starts at the identity: L = tril(I), U = I
-        HalvesCouplingTransform(dim, mask=_halves_mask(dim, i), univariate=MonotonicAffineTransform, shapes=[(), ()], hidden_features=hidden),
+        HalvesCouplingTransform(
+            dim, mask=_halves_mask(dim, i), univariate=MonotonicAffineTransform, shapes=[(), ()], hidden_features=hidden
+        ),
     ]
 
 

@@ -11,6 +11,7 @@ across DDP ranks by adding its three sums, and `Whitening.fit` turns them into t
 `eps * max eigenvalue` are raised to that floor: a rank-deficient covariance (fewer vectors than dimensions, or
 collapsed directions of a fine-tuned model) would otherwise divide by ~0 and blow those directions up.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ class MomentAccumulator:
         self.sum += x.sum(0)
         self.outer += x.T @ x
 
-    def merge(self, other: "MomentAccumulator") -> None:
+    def merge(self, other: MomentAccumulator) -> None:
         self.n += other.n
         self.sum += other.sum
         self.outer += other.outer
@@ -70,7 +71,7 @@ class Whitening(IsotropyHead):
         self.register_buffer("fitted", torch.tensor(False))
 
     @torch.no_grad()
-    def fit(self, acc: MomentAccumulator) -> "Whitening":
+    def fit(self, acc: MomentAccumulator) -> Whitening:
         mu, cov = acc.moments()
         evals, evecs = torch.linalg.eigh(cov)
         evals = evals.clamp_min(self.eps * float(evals.max().clamp_min(torch.finfo(torch.float64).tiny)))

@@ -1,4 +1,5 @@
 """Ranker registry: `model.name` in YAML picks one of these."""
+
 from core.registry import Registry
 
 RANKERS: Registry = Registry("ranker")

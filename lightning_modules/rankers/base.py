@@ -15,6 +15,7 @@ white-box ColBERT) reuse them directly. Two kinds:
 Both expose `score(batch) -> [B]` over tokenised (query, passage) pairs, the only call evaluation needs.
 `hinge_scores` maps scores to what the pairwise margin loss compares (identity; DGRe: its sigmoid probability).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,7 +57,8 @@ class RankerConfig:
     def token_budgets(self) -> dict[str, tuple[str, int]]:
         """{key: (what the key bounds, its token count)}, checked against the backbone's position embeddings at
         config time (lightning_modules/rankers/limits.py): a bi-encoder's query and passage each (special tokens
-        included), a cross-encoder's query + passage + 3 special tokens together."""
+        included), a cross-encoder's query + passage + 3 special tokens together.
+        """
         q, d = int(self.query_max_len), int(self.doc_max_len)
         if self.cross:
             what = f"the cross-encoder's input [CLS] query [SEP] passage [SEP] ({q} + {d} + 3)"
@@ -79,7 +81,8 @@ class EncodedTexts:
     the real tokens' vectors flat (no padding stored), text k at rows starts[k] : starts[k] + lengths[k] (texts may lie
     in any order: lightning_modules/encoding.EncodedTextsWriter writes them as they arrive), with the tokens'
     vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts back
-    as an `Encoded` batch for the scoring functions."""
+    as an `Encoded` batch for the scoring functions.
+    """
 
     vecs: Tensor  # [T, D]
     starts: np.ndarray  # [K] int64
@@ -89,7 +92,9 @@ class EncodedTexts:
     rows_file: NpyRowReader | None = None  # where vecs is a mapped file: texts' rows read from it by pread instead
 
     @classmethod
-    def from_offsets(cls, vecs: Tensor, offsets, ids: Tensor | None = None, sequence: Tensor | None = None) -> EncodedTexts:
+    def from_offsets(
+        cls, vecs: Tensor, offsets, ids: Tensor | None = None, sequence: Tensor | None = None
+    ) -> EncodedTexts:
         """Texts stored one after another: text k at rows offsets[k] : offsets[k + 1]."""
         offsets = np.asarray(offsets, dtype=np.int64)
         return cls(vecs, offsets[:-1].copy(), np.diff(offsets), ids, sequence)
@@ -108,7 +113,8 @@ class EncodedTexts:
 
     def text_vectors(self, texts) -> tuple[Tensor, np.ndarray]:
         """(the token vectors of `texts`, text after text, [sum of lengths, D]; each text's token count). From a
-        spilled file by `pread` (`rows_file`), so reading them leaves no pages mapped in this process."""
+        spilled file by `pread` (`rows_file`), so reading them leaves no pages mapped in this process.
+        """
         texts = np.asarray(texts, dtype=np.int64)
         if self.rows_file is not None:
             lengths = self.lengths[texts]
@@ -135,7 +141,8 @@ class EncodedTexts:
 
     def padded(self, index) -> Encoded:
         """Texts `index` as [n, L, D] token vectors (zero past each text's end) with their [n, L] mask, L = the
-        longest of them, and their pooled vectors."""
+        longest of them, and their pooled vectors.
+        """
         index, rows, mask = self._rows(index)
         tokens = self.vecs[rows] * mask[..., None].to(self.vecs.dtype)
         return Encoded(tokens, mask, None if self.sequence is None else self.sequence[torch.from_numpy(index)])
@@ -154,7 +161,8 @@ def masked_mean(tokens: Tensor, mask: Tensor) -> Tensor:
 @dataclass
 class ParamGroup:
     """Parameters trained with their own learning rate (e.g. TK's kernel weights, position-bias paper section 3):
-    `lr` when set, else `lr_scale` x optim.lr. Warm-up, schedule and the weight-decay split apply as to any group."""
+    `lr` when set, else `lr_scale` x optim.lr. Warm-up, schedule and the weight-decay split apply as to any group.
+    """
 
     params: list[nn.Parameter] = field(default_factory=list)
     lr: float | None = None
@@ -183,12 +191,14 @@ class Ranker(nn.Module):
     def hinge_scores(self, scores: Tensor) -> Tensor:
         """Scores as the pairwise margin loss (optim.loss=hinge) compares them. Identity by default; a ranker whose
         loss is defined on a transformed output (DGRe: sigmoid probabilities, its paper's Eq. 17 and 25) maps them
-        here, while evaluation ranks by `score` (the same order, without saturating to ties)."""
+        here, while evaluation ranks by `score` (the same order, without saturating to ties).
+        """
         return scores
 
     def param_groups(self) -> dict[str, ParamGroup]:
         """Named parameter groups with their own learning rates; parameters in none of them train at optim.lr.
-        Default: none (one learning rate for the whole ranker)."""
+        Default: none (one learning rate for the whole ranker).
+        """
         return {}
 
 
@@ -205,7 +215,8 @@ class BiEncoder(Ranker):
 
     def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
         """Contextual token vectors x_j (isotropy paper notation), before any isotropy head. `side`: "query" or
-        "doc" (the same backbone encodes both here, so it is not used)."""
+        "doc" (the same backbone encodes both here, so it is not used).
+        """
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return Encoded(tokens=out, mask=attention_mask.bool())
 
@@ -215,7 +226,8 @@ class BiEncoder(Ranker):
     def finish(self, raw: Encoded, heads: bool = True) -> Encoded:
         """Token representations -> what the ranker scores with: token head, pooling, sequence head.
         `raw` is left as it is, so one encoding serves both `heads=True` and `heads=False` (the "Ft" and
-        "Ft -> head" columns of the isotropy paper from a single pass of the frozen backbone)."""
+        "Ft -> head" columns of the isotropy paper from a single pass of the frozen backbone).
+        """
         enc = Encoded(raw.tokens, raw.mask)
         if heads and self.token_head is not None:
             enc.tokens = self.token_head(enc.tokens)
@@ -241,7 +253,8 @@ class BiEncoder(Ranker):
     def encode_bucketed(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
         """`encode` of the batch in `cfg.length_buckets` groups of similar length, each cut to its own longest
         sequence, then put back in order and padded to the batch's length (zeros past a group's length; padding is
-        masked, as everywhere). Right padding only; otherwise, or for one bucket, `encode` as it is."""
+        masked, as everywhere). Right padding only; otherwise, or for one bucket, `encode` as it is.
+        """
         k = min(getattr(self.cfg, "length_buckets", 1), input_ids.shape[0])
         if k <= 1 or self.tokenizer.padding_side != "right":
             return self.encode(input_ids, attention_mask, side=side)
@@ -323,18 +336,23 @@ class CrossEncoder(Ranker):
     def passage_token_representations(self, batch: dict[str, Tensor]) -> Encoded:
         """The contextual vectors of the passage's tokens in `[CLS] q [SEP] p [SEP]` (the backbone's last layer; what
         the position-bias paper's ATS reads for a cross-encoder): `mask` is True on passage tokens (segment 1) that
-        are not special tokens, so [SEP] and the query never count."""
+        are not special tokens, so [SEP] and the query never count.
+        """
         if "token_type_ids" not in batch:
             raise ValueError("passage_token_representations needs token_type_ids to tell the passage from the query")
-        out = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           token_type_ids=batch["token_type_ids"]).last_hidden_state
+        out = self.encoder(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+        ).last_hidden_state
         special = torch.tensor(self.tokenizer.all_special_ids, device=batch["input_ids"].device)
-        mask = batch["attention_mask"].bool() & (batch["token_type_ids"] == 1) & ~torch.isin(batch["input_ids"], special)
+        mask = (
+            batch["attention_mask"].bool() & (batch["token_type_ids"] == 1) & ~torch.isin(batch["input_ids"], special)
+        )
         return Encoded(tokens=out, mask=mask)
 
     def score_triplets(self, batch: dict[str, Tensor]) -> TripletOutput:
         """Training forward over a triplet batch (PairTokenizer.triplets: B positive pairs, then B negatives).
-        Default: the scores only; rankers with auxiliary losses override it and compute everything in one pass."""
+        Default: the scores only; rankers with auxiliary losses override it and compute everything in one pass.
+        """
         s = self.score(batch)
         b = s.shape[0] // 2
         return TripletOutput(pos=s[:b], neg=s[b:])
@@ -346,6 +364,15 @@ def cosine_normalize(x: Tensor) -> Tensor:
 
 
 __all__ = [
-    "RankerConfig", "Encoded", "ParamGroup", "Ranker", "BiEncoder", "SingleVectorEncoder", "CrossEncoder", "TripletOutput", "masked_mean",
-    "cosine_normalize", "take",
+    "RankerConfig",
+    "Encoded",
+    "ParamGroup",
+    "Ranker",
+    "BiEncoder",
+    "SingleVectorEncoder",
+    "CrossEncoder",
+    "TripletOutput",
+    "masked_mean",
+    "cosine_normalize",
+    "take",
 ]

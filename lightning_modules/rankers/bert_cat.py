@@ -1,4 +1,5 @@
 """BERT_CAT: the cross-encoder `[CLS] q [SEP] p [SEP]` -> linear([CLS]) (position-bias paper section 4)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ class BertCat(CrossEncoder):
 
     def cls_representation(self, batch: dict[str, Tensor]) -> Tensor:
         out = self.encoder(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch.get("token_type_ids")
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch.get("token_type_ids"),
         ).last_hidden_state
         return out[:, 0]
 

@@ -1,5 +1,7 @@
 """BERT_DOT: dot product of the [CLS] vectors (position-bias paper section 4), optionally compressed
-by a linear layer as in that paper's setup (off by default)."""
+by a linear layer as in that paper's setup (off by default).
+"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

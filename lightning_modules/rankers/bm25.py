@@ -6,6 +6,7 @@ retrieval with bm25s over `model.split`, scored with trec_eval semantics); `trai
 
     python evaluate.py model=bm25 data=cranfield model.split=all model.depth=1000 output_dir=outputs/bm25-cranfield
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,4 +37,7 @@ class BM25Config:
 
 @RANKERS.register("bm25", schema=BM25Config)
 def build(cfg: BM25Config):
-    raise InputError("model.name", "bm25 is not a neural ranker and has nothing to train; run `python evaluate.py model=bm25 data=...`")
+    raise InputError(
+        "model.name",
+        "bm25 is not a neural ranker and has nothing to train; run `python evaluate.py model=bm25 data=...`",
+    )

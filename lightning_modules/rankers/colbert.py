@@ -5,6 +5,7 @@
 Padding tokens take part in neither the max nor the sum. The linear compression of the original ColBERT
 is optional and off by default, as in the isotropy paper, so heads act on the backbone's own vectors.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,6 +12,7 @@ the per-head size decoupled from the embedding width: the paper's setting is "2 
 with size 32 and a feed-forward dimension of 100" on 300-d GloVe vectors, i.e. attention projects 300 -> 16 x 32
 and back, which torch's TransformerEncoderLayer (head size = width / heads) cannot express.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,7 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, keys: Tensor) -> Tensor:
-        """x [B, L, dim]; keys [B, L] bool: the positions every term may attend to."""
+        """X [B, L, dim]; keys [B, L] bool: the positions every term may attend to."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(
@@ -61,8 +62,9 @@ class Contextualizer(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(dim, heads, head_dim, ff_dim, dropout) for _ in range(layers))
 
     def forward(self, x: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
-        """x [B, L, dim], mask [B, L] bool (True on terms), positions [B, L] -> [B, L, dim]; rows off the mask
-        are left to the caller to discard."""
+        """X [B, L, dim], mask [B, L] bool (True on terms), positions [B, L] -> [B, L, dim]; rows off the mask
+        are left to the caller to discard.
+        """
         # A text with no term at all (empty after dropping [CLS]/[SEP]) would attend to nothing, and softmax over
         # nothing is NaN: let such a row attend everywhere; its outputs are masked out anyway.
         keys = mask | ~mask.any(dim=1, keepdim=True)

@@ -13,6 +13,7 @@ mask is stored as bool for the backward. Attention: softmax(Q K^T / sqrt(d_k) + 
 Eq. 1) with the same dropout on the probabilities; without dropout (evaluation, p = 0, or CUDA tensors, whose SDPA
 kernels drop out themselves) it is PyTorch's SDPA unchanged, so evaluation scores are identical to the plain path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,15 +63,30 @@ class FastDropout(nn.Dropout):
         return fast_dropout(x, self.p, self.training)
 
 
-def attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, dropout: float = 0.0,
-              scaling: float | None = None, **kwargs):
-    """transformers attention interface: SDPA, or with dropout on CPU the math path with `fast_dropout`."""
+def attention(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+):
+    """Transformers attention interface: SDPA, or with dropout on CPU the math path with `fast_dropout`."""
     from transformers.integrations.sdpa_attention import (
         sdpa_attention_forward,  # lazy: heavy, only model building needs it
     )
 
-    if dropout == 0.0 or query.is_cuda or kwargs.get("position_bias") is not None or getattr(module, "is_causal", False):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if (
+        dropout == 0.0
+        or query.is_cuda
+        or kwargs.get("position_bias") is not None
+        or getattr(module, "is_causal", False)
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     # every pass over the [B, heads, L, L] tensor counts: the scale goes on Q, the mask is filled in place, the
     # softmax runs in the input dtype (PyTorch's CPU kernel accumulates bf16 in float), dropped probabilities are

@@ -9,6 +9,7 @@ from every similarity of a query term gets exp(-200)-sized activations, which ar
 log 0 = -inf (the authors' TK code floors it the same way, at 1e-10). It is the one departure from Eq. 6 as
 printed, and only for kernels that would otherwise contribute -inf or below log(1e-10) = -23.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,8 @@ def kernel_pooling(cos: Tensor, q_mask: Tensor, d_mask: Tensor, mu: Tensor, sigm
 
     `q_mask` [..., Lq] and `d_mask` [..., Ld] (True on real terms) broadcast against `cos`'s leading dims, so one
     call scores aligned pairs ([B, Lq, Ld] with [B, Lq], [B, Ld]) or every query against every passage
-    ([Bq, Bd, Lq, Ld] with [Bq, 1, Lq], [1, Bd, Ld])."""
+    ([Bq, Bd, Lq, Ld] with [Bq, 1, Lq], [1, Bd, Ld]).
+    """
     k = torch.exp(-((cos.unsqueeze(-1) - mu) ** 2) / (2 * sigma**2))  # [..., Lq, Ld, K]  (Eq. 5)
     # where, not a product: a non-finite value in a padded slot must not reach the sums (0 * nan = nan)
     k = torch.where(d_mask[..., None, :, None], k, torch.zeros((), dtype=k.dtype, device=k.device))

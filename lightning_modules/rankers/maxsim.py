@@ -2,7 +2,9 @@
 C_ij the cosine of query token i and passage token j (vectors already unit length), padding masked out.
 
 One implementation for the ranker's scores (rankers/colbert.py), end-to-end re-scoring (through the ranker) and
-the analyses (white-box C*_id and exact matches, vocabulary re-ranking)."""
+the analyses (white-box C*_id and exact matches, vocabulary re-ranking).
+"""
+
 from __future__ import annotations
 
 import torch

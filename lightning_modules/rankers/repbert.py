@@ -5,6 +5,7 @@
 The mean runs over non-padding tokens only. A token-wise isotropy head acts before the mean, a
 sequence-wise head after it (isotropy paper section 4.1).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ A term is a WordPiece id; special tokens ([CLS], [SEP], [UNK], padding) are neve
 index among its passage's terms (0 for the first), so it is the absolute position up to the constant shift of
 [CLS] or of the query, which deltas do not see.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -32,13 +33,21 @@ class PassageTerms:
     passages: Tensor  # [N] passage index (first_passage + index in `docs`)
 
 
-
 @torch.inference_mode()
-def passage_terms(ranker: Ranker, pair_tokenizer, docs: list[str], queries: list[str] | None = None, batch_size: int = 32,
-                  device: torch.device | str = "cpu", first_passage: int = 0, autocast=None) -> PassageTerms:
+def passage_terms(
+    ranker: Ranker,
+    pair_tokenizer,
+    docs: list[str],
+    queries: list[str] | None = None,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    first_passage: int = 0,
+    autocast=None,
+) -> PassageTerms:
     """Every term occurrence of `docs` with its vector, in eval mode (the ranker's mode is restored).
     `queries` (cross-encoders only, required there) are paired with the passages cyclically. `autocast`: a context
-    manager factory for the forward passes (e.g. Lightning's precision plugin), none by default."""
+    manager factory for the forward passes (e.g. Lightning's precision plugin), none by default.
+    """
     cross = ranker.kind == "cross"
     if cross and not queries:
         raise ValueError("a cross-encoder's passage vectors depend on a query: pass `queries`")

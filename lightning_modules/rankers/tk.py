@@ -42,6 +42,7 @@ Choices, each with the paper's wording where it has one:
 - Precision. The match matrix and kernels are computed in float32 even under bf16 autocast: with sigma = 0.1 a
   bf16 cosine (3 significant digits) would move the kernel activations visibly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -104,13 +105,29 @@ class TKConfig(RankerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_ranges("model", self, layers=COUNT, heads=COUNT, head_dim=COUNT, ff_dim=COUNT, sigma=POSITIVE,
-                     kernel_lr_scale=POSITIVE, contextualization_lr=POSITIVE, kernel_lr=POSITIVE,
-                     embedding_scale=Range(0, lo_open=True, also=("auto",)), kernels=Range(2, note="means from -1 to +1"),
-                     dropout=FRACTION, passage_position_offset=NON_NEGATIVE, gate_init=PROBABILITY)
+        check_ranges(
+            "model",
+            self,
+            layers=COUNT,
+            heads=COUNT,
+            head_dim=COUNT,
+            ff_dim=COUNT,
+            sigma=POSITIVE,
+            kernel_lr_scale=POSITIVE,
+            contextualization_lr=POSITIVE,
+            kernel_lr=POSITIVE,
+            embedding_scale=Range(0, lo_open=True, also=("auto",)),
+            kernels=Range(2, note="means from -1 to +1"),
+            dropout=FRACTION,
+            passage_position_offset=NON_NEGATIVE,
+            gate_init=PROBABILITY,
+        )
         if self.query_max_len > self.passage_position_offset:  # query positions 0.. would run into the passage's
-            raise InputError("config key 'model.query_max_len'", f"is {self.query_max_len}, above model.passage_position_offset={self.passage_position_offset}: "
-                             "query positions would overlap the passage's; expected at most the offset")
+            raise InputError(
+                "config key 'model.query_max_len'",
+                f"is {self.query_max_len}, above model.passage_position_offset={self.passage_position_offset}: "
+                "query positions would overlap the passage's; expected at most the offset",
+            )
 
     def token_budgets(self) -> dict[str, tuple[str, int]]:
         return {}  # sinusoidal positions of its own: no backbone position embedding bounds them
@@ -118,7 +135,8 @@ class TKConfig(RankerConfig):
 
 def embedding_scale(setting: str | int | float, vectors: WordVectors) -> float:
     """The factor on the word vectors (module docstring, Scale): "auto" gives backbone vectors a mean row norm of
-    sqrt(d) and leaves GloVe as the paper used it."""
+    sqrt(d) and leaves GloVe as the paper used it.
+    """
     if setting != "auto":
         return float(setting)
     if vectors.source != "backbone":
@@ -140,10 +158,17 @@ class TK(BiEncoder):
             vectors = from_glove(cfg.embeddings, tok.get_vocab(), len(tok))
         del self.encoder  # TK keeps no BERT layer: only the word embeddings came from it
         scale = embedding_scale(cfg.embedding_scale, vectors)
-        self.embedding_source = {"source": vectors.source, "found": vectors.found, "missing": vectors.missing, "scale": scale}
+        self.embedding_source = {
+            "source": vectors.source,
+            "found": vectors.found,
+            "missing": vectors.missing,
+            "scale": scale,
+        }
         self.embeddings = nn.Embedding.from_pretrained(vectors.weight * scale, freeze=not cfg.train_embeddings)
         self.hidden_size = vectors.weight.shape[1]
-        self.contextualizer = Contextualizer(self.hidden_size, cfg.layers, cfg.heads, cfg.head_dim, cfg.ff_dim, cfg.dropout)
+        self.contextualizer = Contextualizer(
+            self.hidden_size, cfg.layers, cfg.heads, cfg.head_dim, cfg.ff_dim, cfg.dropout
+        )
         self.gate = nn.Parameter(torch.tensor(float(cfg.gate_init)))
         self.scoring = nn.Linear(cfg.kernels, 1, bias=False)  # W_s of Eq. 6
         # small initial weights: the pooled features are sums of logs, tens in magnitude (authors' code: +-0.014)
@@ -159,7 +184,8 @@ class TK(BiEncoder):
 
     def position_ids(self, mask: Tensor, side: str | None) -> Tensor:
         """Position of every term, counted over terms only: 0, 1, ... for queries, 500, 501, ... for passages.
-        (Slots off the mask repeat a neighbour's position; they are never attended to nor scored.)"""
+        (Slots off the mask repeat a neighbour's position; they are never attended to nor scored.)
+        """
         if side not in SIDES:
             raise ValueError(f"TK encodes queries and passages differently: side must be one of {SIDES}, got {side!r}")
         offset = 0 if side == "query" else self.cfg.passage_position_offset
@@ -194,7 +220,8 @@ class TK(BiEncoder):
 
         Passages are taken in chunks so that no [.., Lq, Ld, K] tensor exceeds `max_kernel_elements`; when that
         takes more than one chunk under autograd, each chunk is checkpointed (recomputed in backward), so training
-        memory stays bounded too and in-batch negatives scale with the batch."""
+        memory stays bounded too and in-batch negatives scale with the batch.
+        """
         with torch.autocast(q.tokens.device.type, enabled=False):
             qn, dn = cosine_normalize(q.tokens.float()), cosine_normalize(d.tokens.float())
             if not cross and qn.shape[0] != dn.shape[0]:
@@ -223,7 +250,9 @@ class TK(BiEncoder):
     def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
         # gather the token tensors of a chunk of pairs at a time: [P, L, D] copies for all pairs would dominate memory
         step = self._step(q.tokens.shape[1] * d.tokens.shape[1] * len(self.mu))
-        parts = [self.score_pairs(take(q, iq[a : a + step]), take(d, id_[a : a + step])) for a in range(0, len(iq), step)]
+        parts = [
+            self.score_pairs(take(q, iq[a : a + step]), take(d, id_[a : a + step])) for a in range(0, len(iq), step)
+        ]
         return torch.cat(parts) if parts else q.tokens.new_zeros(0, dtype=torch.float32)
 
     # ---- optimisation --------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ uncased GloVe such as 42B); WordPiece continuations ("##ing") and special tokens
 token absent from the file, get random N(0, s^2) rows, s the standard deviation of the vectors found. How many
 were found is printed and kept in `WordVectors.found` / `missing`.
 """
+
 from __future__ import annotations
 
 import sys
@@ -61,9 +62,14 @@ def from_glove(path: str, vocab: dict[str, int], vocab_size: int) -> WordVectors
                 continue
             dim = len(fields) - 1
             if dim < 1:
-                raise InputError(f"{path}:{lineno}", "expected 'token v1 ... vd' (a token and its numbers); got one field")
+                raise InputError(
+                    f"{path}:{lineno}", "expected 'token v1 ... vd' (a token and its numbers); got one field"
+                )
         if len(fields) < dim + 1:
-            raise InputError(f"{path}:{lineno}", f"expected 'token v1 ... v{dim}' (a token and {dim} numbers, as on the first line); got {len(fields)} fields")
+            raise InputError(
+                f"{path}:{lineno}",
+                f"expected 'token v1 ... v{dim}' (a token and {dim} numbers, as on the first line); got {len(fields)} fields",
+            )
         token = " ".join(fields[:-dim])
         if token not in vocab or token in vectors:
             continue  # first occurrence wins
@@ -74,7 +80,9 @@ def from_glove(path: str, vocab: dict[str, int], vocab_size: int) -> WordVectors
     if dim is None:
         raise InputError(KEY, f"'{path}' holds no word vectors")
     if not vectors:
-        raise InputError(KEY, f"no token of the tokenizer's vocabulary is in '{path}' (an uncased tokenizer needs an uncased GloVe)")
+        raise InputError(
+            KEY, f"no token of the tokenizer's vocabulary is in '{path}' (an uncased tokenizer needs an uncased GloVe)"
+        )
     found = np.stack(list(vectors.values()))
     # absent tokens drawn at the scale of the file's vectors, so they neither dominate nor vanish in the cosines
     weight = torch.randn(vocab_size, dim) * float(found.std())
@@ -82,8 +90,12 @@ def from_glove(path: str, vocab: dict[str, int], vocab_size: int) -> WordVectors
         weight[vocab[token]] = torch.from_numpy(v)
     rows_found = len({vocab[t] for t in vectors})
     result = WordVectors(weight, str(path), found=rows_found, missing=vocab_size - rows_found)
-    print(f"{KEY}: {result.found:,} of {vocab_size:,} tokenizer tokens found in '{path}' (d={dim}); "
-          f"{result.missing:,} drawn from N(0, {float(found.std()):.3f}^2)", file=sys.stderr, flush=True)
+    print(
+        f"{KEY}: {result.found:,} of {vocab_size:,} tokenizer tokens found in '{path}' (d={dim}); "
+        f"{result.missing:,} drawn from N(0, {float(found.std()):.3f}^2)",
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 

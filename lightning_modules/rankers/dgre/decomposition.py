@@ -17,6 +17,7 @@ Z_dr + Z_du is the mean document word for every query word whatever the document
 with n, and with it the scale of everything downstream); `scale=True` divides the logits of P by sqrt(d) (as
 Eq. 5), since sigmoid of raw d = 384 dot products is 0 or 1 almost everywhere.
 """
+
 from __future__ import annotations
 
 import math

@@ -19,6 +19,7 @@ with padding excluded from the keys. Eq. 12 is printed without a 1/sqrt(d): `sca
 `attention_scale=false`) is that equation; `scale=True` divides the logits by sqrt(d) as Eq. 5 does, since unscaled
 dot products of d = 384 LayerNorm'd vectors saturate the softmax (configs/model/dgre_tuned.yaml).
 """
+
 from __future__ import annotations
 
 import math

@@ -33,6 +33,7 @@ Readings of the OCR'd equations (each a choice where the text is garbled):
 - A row with no non-zero entry (every relation of the word filtered) has no neighbours: its row of A~ is 0 and
   the word gets no message in Eq. 11 (0/0 is never formed).
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,7 +46,8 @@ INF_NORMS = ("entry", "row", "induced")
 def segments(input_ids: Tensor, attention_mask: Tensor, sep_token_id: int) -> tuple[Tensor, Tensor]:
     """(query word mask, document word mask), each [B, L] bool, of `[CLS] q [SEP] d [SEP]` sequences (padding
     after the last [SEP]): query words lie between [CLS] (position 0) and the first [SEP], document words between
-    the first and the second [SEP]. Derived from the [SEP] positions, so it holds with or without token type ids."""
+    the first and the second [SEP]. Derived from the [SEP] positions, so it holds with or without token type ids.
+    """
     real = attention_mask.bool()
     is_sep = (input_ids == sep_token_id) & real
     seps_before = torch.cumsum(is_sep.long(), dim=1) - is_sep.long()  # [SEP]s strictly before each position
@@ -87,7 +89,8 @@ def modified_softmax(x: Tensor, dim: int = -1) -> Tensor:
 
     For x >= 0 (what Eq. 8's ReLU produces) the weights are >= 0, exactly 0 where x_i = 0, and sum to 1 over the
     non-zero entries; a vector of zeros maps to zeros. expm1 keeps small entries accurate (exp(x) - 1 would lose
-    them to rounding)."""
+    them to rounding).
+    """
     w = torch.where(x != 0, torch.expm1(x), torch.zeros((), dtype=x.dtype, device=x.device))
     total = w.sum(dim=dim, keepdim=True)
     return w / torch.where(total != 0, total, torch.ones_like(total))
@@ -100,8 +103,9 @@ def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, p, torch.zeros((), dtype=p.dtype, device=p.device))
 
 
-def disentangled_graph(scores: Tensor, query: Tensor, doc: Tensor, attention_mask: Tensor, masking: str = "adaptive",
-                       norm: str = "entry") -> Tensor:
+def disentangled_graph(
+    scores: Tensor, query: Tensor, doc: Tensor, attention_mask: Tensor, masking: str = "adaptive", norm: str = "entry"
+) -> Tensor:
     """A~ [B, L, L] from the scores S [B, L, L] under `masking` (none | heuristic | adaptive), module docstring."""
     real = attention_mask.bool()
     if masking == "none":
@@ -114,5 +118,14 @@ def disentangled_graph(scores: Tensor, query: Tensor, doc: Tensor, attention_mas
     raise ValueError(f"unknown masking {masking!r}; expected one of {MASKINGS}")
 
 
-__all__ = ["MASKINGS", "INF_NORMS", "segments", "heuristic_mask", "adaptive_scores", "infinity_normalise",
-           "modified_softmax", "masked_softmax", "disentangled_graph"]
+__all__ = [
+    "MASKINGS",
+    "INF_NORMS",
+    "segments",
+    "heuristic_mask",
+    "adaptive_scores",
+    "infinity_normalise",
+    "modified_softmax",
+    "masked_softmax",
+    "disentangled_graph",
+]

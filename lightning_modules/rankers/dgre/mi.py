@@ -28,6 +28,7 @@ descends L_ru and L_qu and ascends L_qr: the gradient the encoder receives is th
 `mi` is L_mi = I_ru + I_qu - I_qr itself. (MINE's moving-average correction of the biased gradient of the log term
 is not used; the paper does not mention it.)
 """
+
 from __future__ import annotations
 
 import math
@@ -59,12 +60,18 @@ def donsker_varadhan(joint: Tensor, marginal: Tensor) -> Tensor:
 
 class MINE(nn.Module):
     """The statistics network T_phi(x, y) = MLP([x; y]) -> R and its DV estimate of I(X; Y). The output layer has
-    no bias: the DV bound is unchanged by adding a constant to T, so such a bias would never get a gradient."""
+    no bias: the DV bound is unchanged by adding a constant to T, so such a bias would never get a gradient.
+    """
 
     def __init__(self, dim_x: int, dim_y: int, hidden: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim_x + dim_y, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, 1, bias=False))
+        self.net = nn.Sequential(
+            nn.Linear(dim_x + dim_y, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 1, bias=False),
+        )
 
     def statistic(self, x: Tensor, y: Tensor) -> Tensor:
         return self.net(torch.cat([x, y], dim=-1)).squeeze(-1)
@@ -83,7 +90,9 @@ class MutualInformation(nn.Module):
         self.query_unrelated = MINE(dim, dim, hidden)  # L_qu, Eq. 23
         self.query_related = MINE(dim, dim, hidden)  # L_qr, Eq. 24
 
-    def forward(self, query: Tensor, related: Tensor, unrelated: Tensor, permutation: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(
+        self, query: Tensor, related: Tensor, unrelated: Tensor, permutation: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """query, related, unrelated: [N, d] rows of the same N query words. Returns (surrogate loss, estimates)."""
         if permutation is None:
             permutation = torch.randperm(query.shape[0], device=query.device)

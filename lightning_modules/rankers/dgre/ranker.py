@@ -33,6 +33,7 @@ Choices where the paper is silent (each also in its file):
   `layers_lr_scale` x optim.lr (default 5, the paper's ratio).
 - The paper's T (GGNN steps) is not given; 2 by default.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,7 +74,9 @@ class DGReConfig(RankerConfig):
     name: str = "dgre"
     masking: str = "adaptive"  # none | heuristic | adaptive (Table 3)
     inf_norm: str = "entry"  # Eq. 10: entry | row | induced (masking.py)
-    graph_layer: int = -1  # the l of Eq. 8-16: the transformer layer whose scores form the graph and whose output is h^0
+    graph_layer: int = (
+        -1
+    )  # the l of Eq. 8-16: the transformer layer whose scores form the graph and whose output is h^0
     ggnn_steps: int = 2  # T of Eq. 11 (the paper gives none)
     ggnn_input: str = "concat"  # concat: GRU([h, A~h], h) as Eq. 11 reads | message: GRU(A~h, h) (Li et al.)
     # Defaults below are the printed equations; configs/model/dgre_tuned.yaml holds the settings of our grids.
@@ -101,8 +104,16 @@ class DGReConfig(RankerConfig):
         check_choice("model.distance", self.distance, DISTANCES)
         check_choice("model.hinge_on", self.hinge_on, ("probability", "logit"))
         # graph_layer is checked against the backbone's depth when the ranker is built
-        check_ranges("model", self, ggnn_steps=NON_NEGATIVE, dropout=FRACTION, aux_lambda=NON_NEGATIVE, mi_hidden=COUNT,
-                     layers_lr_scale=POSITIVE, layers_lr=POSITIVE)
+        check_ranges(
+            "model",
+            self,
+            ggnn_steps=NON_NEGATIVE,
+            dropout=FRACTION,
+            aux_lambda=NON_NEGATIVE,
+            mi_hidden=COUNT,
+            layers_lr_scale=POSITIVE,
+            layers_lr=POSITIVE,
+        )
 
 
 @dataclass
@@ -124,12 +135,16 @@ class DGReOutput:
 
 def bert_self_attention(encoder: nn.Module, layer: int):
     """The self-attention block (with `query`, `key`, `num_attention_heads`, `attention_head_size`) of a BERT-family
-    encoder's layer, or InputError: DGRe reads the graph layer's attention-like scores from it."""
+    encoder's layer, or InputError: DGRe reads the graph layer's attention-like scores from it.
+    """
     try:
         att = encoder.encoder.layer[layer].attention.self
         att.query, att.key, att.num_attention_heads, att.attention_head_size  # noqa: B018 - attribute check
     except (AttributeError, IndexError) as e:
-        raise InputError("model.backbone", f"DGRe needs a BERT-family encoder (encoder.layer[i].attention.self.query/key); {type(encoder).__name__} has none at layer {layer}") from e
+        raise InputError(
+            "model.backbone",
+            f"DGRe needs a BERT-family encoder (encoder.layer[i].attention.self.query/key); {type(encoder).__name__} has none at layer {layer}",
+        ) from e
     return att
 
 
@@ -138,32 +153,42 @@ class DGRe(CrossEncoder):
         super().__init__(cfg)
         n_layers = self.encoder.config.num_hidden_layers
         if not -n_layers <= cfg.graph_layer < n_layers:
-            raise InputError("config key 'model.graph_layer'", f"is {cfg.graph_layer}; the backbone has {n_layers} layers (expected -{n_layers}..{n_layers - 1})")
+            raise InputError(
+                "config key 'model.graph_layer'",
+                f"is {cfg.graph_layer}; the backbone has {n_layers} layers (expected -{n_layers}..{n_layers - 1})",
+            )
         self.graph_layer = cfg.graph_layer % n_layers
         bert_self_attention(self.encoder, self.graph_layer)  # fails early on a non-BERT backbone
         if self.tokenizer.sep_token_id is None:
-            raise InputError("model.backbone", "DGRe needs a tokenizer with a [SEP] token (query and document segments)")
+            raise InputError(
+                "model.backbone", "DGRe needs a tokenizer with a [SEP] token (query and document segments)"
+            )
         d = self.hidden_size
         self.ggnn = GGNN(d, cfg.ggnn_steps, cfg.ggnn_input)
         self.refine = RefinementAttention(d, scale=cfg.attention_scale)
         self.decomposition = Decomposition(d, norm=cfg.decomposition_norm, scale=cfg.attention_scale)
-        self.predict = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(3 * d, d), ACTIVATIONS[cfg.activation](), nn.Linear(d, 1))
+        self.predict = nn.Sequential(
+            nn.Dropout(cfg.dropout), nn.Linear(3 * d, d), ACTIVATIONS[cfg.activation](), nn.Linear(d, 1)
+        )
         self.mutual_information = MutualInformation(d, cfg.mi_hidden) if cfg.mi else None
 
     # ---- forward -------------------------------------------------------------------------------------------
     def attention_scores(self, hidden: Tensor) -> Tensor:
         """S = mean over heads of (W_Q^h E)(W_K^h E)^T / sqrt(d_k) of the graph layer, from its input `hidden`
         [B, L, d] -> [B, L, L] float32. The mean over H heads of per-head scaled dot products is one dot product
-        of the concatenated projections divided by H sqrt(d_k)."""
+        of the concatenated projections divided by H sqrt(d_k).
+        """
         att = bert_self_attention(self.encoder, self.graph_layer)  # looked up, not kept: a second reference
         # would register the layer's weights twice in the state dict
         q, k = att.query(hidden).float(), att.key(hidden).float()
-        return torch.einsum("bid,bjd->bij", q, k) / (att.num_attention_heads * att.attention_head_size ** 0.5)
+        return torch.einsum("bid,bjd->bij", q, k) / (att.num_attention_heads * att.attention_head_size**0.5)
 
     def forward(self, batch: dict[str, Tensor]) -> DGReOutput:
         cfg = self.cfg
         ids, am = batch["input_ids"], batch["attention_mask"]
-        out = self.encoder(input_ids=ids, attention_mask=am, token_type_ids=batch.get("token_type_ids"), output_hidden_states=True)
+        out = self.encoder(
+            input_ids=ids, attention_mask=am, token_type_ids=batch.get("token_type_ids"), output_hidden_states=True
+        )
         hidden = out.hidden_states  # [embeddings, layer 1, ..., layer L]
         last = out.last_hidden_state
         query, doc = segments(ids, am, self.tokenizer.sep_token_id)
@@ -177,8 +202,16 @@ class DGRe(CrossEncoder):
         cls = last[:, 0]
         logits = self.predict(torch.cat([related, refined, cls], dim=-1)).squeeze(-1)
         return DGReOutput(
-            logits=logits, scores=scores, graph=graph, query_mask=query, doc_mask=doc, cls=cls,
-            query_words=masked_mean(last, query), doc_words=masked_mean(last, doc), refined=z, related=related,
+            logits=logits,
+            scores=scores,
+            graph=graph,
+            query_mask=query,
+            doc_mask=doc,
+            cls=cls,
+            query_words=masked_mean(last, query),
+            doc_words=masked_mean(last, doc),
+            refined=z,
+            related=related,
             mi_rows=(dec.query[query], dec.related[query], dec.unrelated[query]),
         )
 
@@ -191,7 +224,8 @@ class DGRe(CrossEncoder):
     # ---- training ------------------------------------------------------------------------------------------
     def auxiliary_losses(self, out: DGReOutput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """(weighted losses, logged values) of a triplet batch's forward: lambda x C_distance (Eq. 18-21) and
-        lambda x the MINE surrogate of L_mi (Eq. 22-24); rows 0..B-1 are the positive pairs, B..2B-1 the negatives."""
+        lambda x the MINE surrogate of L_mi (Eq. 22-24); rows 0..B-1 are the positive pairs, B..2B-1 the negatives.
+        """
         cfg = self.cfg
         b = out.logits.shape[0] // 2
         pos, neg = slice(0, b), slice(b, 2 * b)
