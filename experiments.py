@@ -1,6 +1,8 @@
-"""Run a grid of experiments and tabulate it: `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml;
-see pipeline/grid.py). `--dry-run` (or `--print-config`) is `action=list`: every cell's config composed and checked, the
-cells and their state printed, nothing run or written.
+"""Run a grid of experiments and tabulate it.
+
+Usage: `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml; see pipeline/grid.py).
+`--dry-run` (or `--print-config`) is `action=list`: every cell's config composed and checked, the cells and their
+state printed, nothing run or written.
 """
 
 import sys
@@ -12,8 +14,10 @@ from pipeline.grid import main
 
 
 def run(argv: list[str]) -> int:
-    """grid.main, with SIGINT / SIGTERM and refused writes as one line: 130 / 143 (a cell running in a subprocess is
-    stopped with it; finished cells stay finished) and 1.
+    """Run `grid.main` on `argv` and return its exit code, turning interrupts and refused writes into one line.
+
+    SIGINT / SIGTERM exit 130 / 143 (a cell running in a subprocess is stopped with it; finished cells stay
+    finished); a refused write exits 1.
     """
     raise_on_signals()
     try:

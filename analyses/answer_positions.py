@@ -1,6 +1,7 @@
-"""Answer-position analysis (position-bias paper, Sec. 4.1 and Figure 1): the distribution of relative answer
-start positions in the relevant passages of a split, before and after rotation (Eq. 7), and of the
-position-biased training split when one is configured.
+"""Answer-position analysis (position-bias paper, Sec. 4.1 and Figure 1).
+
+The distribution of relative answer start positions in the relevant passages of a split, before and after rotation
+(Eq. 7), and of the position-biased training split when one is configured.
 
     python evaluate.py analysis=answer_positions data=squad_biased output_dir=outputs/answer-positions-squad
                        [analysis.split=train] [analysis.epochs=1] [analysis.bins=20] [analysis.spans=all|first]
@@ -33,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from analyses.outputs import log_analysis
+from analyses.outputs import analysis_set, log_analysis, placed
 from analyses.position_plot import plot_histograms
 from analyses.position_stats import summarize
 from analyses.positions import SPAN_MODES, eval_units, relative_starts, train_units
@@ -43,7 +44,7 @@ from core.io import write_json
 from datamodules.answer_bias import apply_answer_bias, describe
 from datamodules.corpus import SPLITS
 from datamodules.datamodule import RankingDataModule
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 
 JSON_NAME = "answer_positions.json"
 PNG_NAME = "answer_positions.png"
@@ -52,6 +53,11 @@ SCALARS = ("count", "mean", "median", "share_first_10", "share_first_25", "share
 
 @dataclasses.dataclass
 class Options:
+    """What `analyse` computes: the split, rotated epochs to pool, histogram bins and which answer spans count.
+
+    The same keys as `AnswerPositionsConfig` (configs/analysis/answer_positions.yaml), without the analysis name.
+    """
+
     split: str = "train"
     epochs: int = 1
     bins: int = 20
@@ -85,6 +91,7 @@ class AnswerPositionsConfig(AnalysisConfig):
         self.options().check("analysis.")
 
     def options(self) -> Options:
+        """Return the config's keys as the `Options` that `analyse` and `run` take."""
         return Options(self.split, self.epochs, self.bins, self.spans)
 
 
@@ -102,11 +109,12 @@ def analyse(cfg, opts: Options) -> dict:
     seed = int(cfg.seed)
     k = dc.answer_bias_keep_first
     plain = dataclasses.replace(dc, answer_bias_keep_first=None, answer_bias_late_keep=0.0)
-    ds = load_dataset(plain, seed)
+    ds = load_dataset(plain, seed, used_splits(opts.split))
     if not ds.answers:
         raise InputError(
             "data.source",
-            f"dataset {ds.name} has no answer spans; expected a source with answers (squad, synthetic, ir_datasets with answer strings)",
+            f"dataset {ds.name} has no answer spans; expected a source with answers "
+            "(squad, synthetic, ir_datasets with answer strings)",
         )
     sets = {"": (plain, ds)}
     bias_counts = None
@@ -131,8 +139,8 @@ def analyse(cfg, opts: Options) -> dict:
             }
     return {
         "definition": {
-            "relative_start": "index of the whitespace word holding the answer span's first character / number of words "
-            "of the whitespace-normalized passage, in [0, 1) (analyses/positions.py)",
+            "relative_start": "index of the whitespace word holding the answer span's first character / "
+            "number of words of the whitespace-normalized passage, in [0, 1) (analyses/positions.py)",
             "spans": opts.spans,
             "units": (
                 "training triples' positives with answer spans, rotated as data.rotate_train rotates them: "
@@ -144,7 +152,8 @@ def analyse(cfg, opts: Options) -> dict:
             )
             if opts.split == "train"
             else "(question, relevant passage) pairs with answer spans, one cut per doc id (data.rotate_eval)",
-            "uniform_tests": "ks_uniform: Kolmogorov-Smirnov D to U(0,1); chi2_uniform: Pearson chi-square of the bin counts; "
+            "uniform_tests": "ks_uniform: Kolmogorov-Smirnov D to U(0,1); "
+            "chi2_uniform: Pearson chi-square of the bin counts; "
             "kl_uniform_nats: KL(binned || uniform)",
         },
         "settings": {
@@ -165,7 +174,7 @@ def analyse(cfg, opts: Options) -> dict:
 
 
 def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
-    """The PNG, then the JSON (last, so a JSON means a finished analysis), both atomically."""
+    """Write the PNG, then the JSON (last, so a JSON means a finished analysis), both atomically."""
     out = Path(out)
     s, settings = result["series"], result["settings"]
     split = settings["split"]
@@ -174,7 +183,8 @@ def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
         c = result["answer_bias"]
         panels.append(
             (
-                f"biased split: answer in the first {c['keep_first']:g} ({c['kept']:,} of {c['questions']:,} questions)",
+                f"biased split: answer in the first {c['keep_first']:g} "
+                f"({c['kept']:,} of {c['questions']:,} questions)",
                 {"original": s["biased"], "rotated": s["biased_rotated"]},
             )
         )
@@ -182,7 +192,8 @@ def write_outputs(result: dict, out: str | Path) -> tuple[Path, Path]:
         panels,
         out / PNG_NAME,
         settings["bins"],
-        f"Relative answer start positions ({settings['dataset']}, {split} split, {result['definition']['spans']} spans)",
+        "Relative answer start positions "
+        f"({settings['dataset']}, {split} split, {result['definition']['spans']} spans)",
     )
     js = out / JSON_NAME
     write_json(js, result)
@@ -213,6 +224,10 @@ def log_result(cfg, result: dict, png: Path) -> None:
 
 
 def print_summary(result: dict) -> None:
+    """Print a table of every series' count, mean, median, shares in the first 10% / 25% and KS D to uniform.
+
+    When the split was position-biased, the bias filter's counts follow.
+    """
     print(f"{'series':<16}{'count':>8}{'mean':>8}{'median':>8}{'<0.10':>8}{'<0.25':>8}{'KS D':>8}")
     for name, s in result["series"].items():
         print(
@@ -224,8 +239,13 @@ def print_summary(result: dict) -> None:
 
 
 def run(cfg, opts: Options) -> dict:
+    """Run the answer-position analysis: compute, write the PNG and JSON into `cfg.output_dir`, log, print.
+
+    Returns the result that `answer_positions.json` holds.
+    """
     result = analyse(cfg, opts)
-    png, js = write_outputs(result, cfg.output_dir)
+    with analysis_set(cfg.output_dir, JSON_NAME) as stage:
+        png, js = placed(cfg.output_dir, list(write_outputs(result, stage)))
     log_result(cfg, result, png)
     print_summary(result)
     print(f"wrote {js} and {png}")

@@ -1,4 +1,6 @@
-"""`python evaluate.py analysis=ats ckpt=PATH [analysis.compare.LABEL=PATH ...] [data=...]`: ATS per positional delta
+"""ATS per positional delta and MATS of a ranker's passage term vectors.
+
+`python evaluate.py analysis=ats ckpt=PATH [analysis.compare.LABEL=PATH ...] [data=...]`: ATS per positional delta
 and MATS (position-bias paper section 5, Eq. 8-9, Table 2, Figure 2) of a ranker's passage term vectors.
 
 Passages: a seeded sample of `analysis.passages` passages of the collection (all with `passages: null`), as the
@@ -25,12 +27,12 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from analyses.outputs import log_analysis, write_result
+from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.datamodule import passage_text, rotation_draw
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
 from lightning_modules.rankers.terms import passage_terms
 from metrics.ats import average_term_similarity
@@ -77,6 +79,7 @@ class ATSConfig(AnalysisConfig):
 
 
 def options(cfg) -> ATSConfig:
+    """Return `cfg.analysis` (a DictConfig or a plain dict) as a checked `ATSConfig`, without its `name`."""
     raw = cfg.analysis
     raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
     return ATSConfig(**{k: v for k, v in raw.items() if k != "name"})
@@ -102,9 +105,16 @@ def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
 
 
 def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
+    """Compute ATS per positional delta (Eq. 8) and MATS (Eq. 9) of each model on the same sampled passages.
+
+    The data is loaded before the models, so bad data fails before any weights load. Returns the definition, the
+    settings, and per model label the curve, std, pairs per delta, MATS, token counts and timings (`ats.json`).
+    """
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     dc = data_config(cfg)
-    ds = load_dataset(dc, int(cfg.seed))  # the data before the models: bad data fails before any weights load
+    ds = load_dataset(
+        dc, int(cfg.seed), used_splits(opts.split)
+    )  # the data before the models: bad data fails before any weights load
     models = _models(cfg, opts, model_from_cli)
     doc_ids = sorted(ds.docs)
     rng = np.random.default_rng([seed, 8])
@@ -160,6 +170,10 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
 
 
 def plot(result: dict):
+    """Return the figure of ATS against the positional delta: a line and a +-1 std band per model, MATS in the legend.
+
+    The layout of the position-bias paper's Figure 2.
+    """
     import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
@@ -183,12 +197,17 @@ def plot(result: dict):
 
 
 def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
+    """Run the ATS analysis: compute, write `ats.png` then `ats.json` into `cfg.output_dir`, log and print MATS.
+
+    Returns the result that `ats.json` holds.
+    """
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    png = save_figure(plot(result), out / PNG_NAME)
-    result["figure"] = PNG_NAME
-    js = write_result(out, JSON_NAME, result)
+    with analysis_set(out, JSON_NAME) as stage:
+        save_figure(plot(result), stage / PNG_NAME)
+        result["figure"] = PNG_NAME
+        write_result(stage, JSON_NAME, result)
+    png, js = out / PNG_NAME, out / JSON_NAME
     models = result["models"]
     rows = [
         [label, d, a, s, n]

@@ -1,7 +1,8 @@
-"""The answer-position histogram in the layout of the position-bias paper's Figure 1 ("QA collection in-passage
-relative answer positions"): per training set one panel, the original passages against the rotated (debiased,
-Eq. 7) ones, as the share of answers per equal-width bin of relative start position, with the uniform share
-dashed. Drawn with matplotlib's Agg backend (no display) and written atomically.
+"""The answer-position histogram in the layout of the position-bias paper's Figure 1.
+
+Figure 1: "QA collection in-passage relative answer positions". Per training set one panel, the original passages
+against the rotated (debiased, Eq. 7) ones, as the share of answers per equal-width bin of relative start position,
+with the uniform share dashed. Drawn with matplotlib's Agg backend (no display) and written atomically.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ STYLES = {
 
 
 def plot_histograms(panels: list[tuple[str, dict[str, dict]]], path: str | Path, bins: int, title: str) -> Path:
-    """`panels`: (panel title, {"original": summary, "rotated": summary}) with summaries from position_stats;
+    """Draw the answer-position histograms (Figure 1 layout) and write them as a PNG to `path`, atomically.
+
+    `panels`: (panel title, {"original": summary, "rotated": summary}) with summaries from position_stats;
     one panel per entry, side by side, same y axis. Returns the path written.
     """
     import matplotlib  # lazy: heavy, only figures need it

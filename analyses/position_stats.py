@@ -1,6 +1,7 @@
-"""Summary statistics of a relative answer-position distribution (values in [0, 1)), against the uniform
-distribution an unbiased passage collection would give (position-bias paper Sec. 1: "inside a passage ... no word
-position is supposed to be explicitly favored").
+"""Summary statistics of a relative answer-position distribution, against the uniform distribution.
+
+The values lie in [0, 1); the uniform distribution is what an unbiased passage collection would give
+(position-bias paper Sec. 1: "inside a passage ... no word position is supposed to be explicitly favored").
 
 - count, mean, std, median, quantiles (10/25/50/75/90 %), and the shares of answers starting in the first 10 %
   and 25 % of the passage (and in the first k when a biased split's k is given).
@@ -23,6 +24,10 @@ QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
 def summarize(values, bins: int = 20, keep_first: float | None = None) -> dict:
+    """Return the summary statistics of relative answer positions (module doc), with `bins` histogram bins.
+
+    `keep_first`: a biased split's k, adding `share_first_k`. An empty sample gives only `{"count": 0}`.
+    """
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return {"count": 0}

@@ -1,6 +1,7 @@
-"""Relative answer start positions of one split, as the position-bias paper's Figure 1 shows them (Sec. 4.1:
-"the distribution of the QA-answer start positions in their respective relevant passages"), for the original
-passages and for the passages rotated by Eq. 7 exactly as training and evaluation rotate them.
+"""Relative answer start positions of one split, as the position-bias paper's Figure 1 shows them.
+
+Sec. 4.1: "the distribution of the QA-answer start positions in their respective relevant passages", for the
+original passages and for the passages rotated by Eq. 7 exactly as training and evaluation rotate them.
 
 Definition (chosen to follow the paper and `datamodules/rotation.py`):
 
@@ -45,8 +46,9 @@ class Unit:
 
 
 def train_units(ds: IRDataset, triples: list[tuple[str, str, str]], rotation_mode: str = "per_passage") -> list[Unit]:
-    """Positives of the training triples (in training order) that have answer spans, keyed as `data.rotation`
-    = `rotation_mode` cuts them (`rotation_draw`).
+    """Return the positives of the training triples (in training order) that have answer spans, as units.
+
+    Each is keyed as `data.rotation` = `rotation_mode` cuts them (`rotation_draw`).
     """
     per_epoch = rotation_mode == "per_epoch"
     return [
@@ -78,9 +80,10 @@ def start_words(ds: IRDataset, unit: Unit, spans: str = "all") -> tuple[list[int
 def relative_starts(
     ds: IRDataset, units: list[Unit], spans: str = "all", rotate: bool = False, seed: int = 0, epochs: int = 1
 ) -> np.ndarray:
-    """Relative answer starts of `units`: in the original passages, or (rotate=True) in the passages rotated with
-    the run seed at each epoch 0..epochs-1 (epoch-major order; a unit that is not `per_epoch` has its epoch-0 cut
-    at every epoch).
+    """Return the relative answer starts of `units`, in the original or the rotated passages.
+
+    In the original passages, or (rotate=True) in the passages rotated with the run seed at each epoch
+    0..epochs-1 (epoch-major order; a unit that is not `per_epoch` has its epoch-0 cut at every epoch).
     """
     words = [start_words(ds, u, spans) for u in units]
     if not rotate:

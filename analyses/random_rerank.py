@@ -1,6 +1,7 @@
 """The floor a re-ranker must clear: the expected effectiveness of a RANDOM order of the same candidate lists.
 
-    python evaluate.py analysis=random_rerank analysis.run=outputs/grids/dgre_cranfield/bert_cat/cranfield/fold0/run.trec \
+    python evaluate.py analysis=random_rerank \
+        analysis.run=outputs/grids/dgre_cranfield/bert_cat/cranfield/fold0/run.trec \
         data=cranfield data.num_folds=5 data.fold=0 output_dir=outputs/random-cranfield-fold0 \
         [analysis.split=test] [analysis.permutations=200] [analysis.seed=0]
 
@@ -21,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from analyses.outputs import log_analysis, write_result
+from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError, check_choice
 from datamodules.corpus import SPLITS
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.textfiles import read_trec_run
 from metrics.ir import evaluate_run
 
@@ -77,12 +78,13 @@ def run(cfg, opts: RandomRerankConfig) -> dict:
     if not Path(opts.run).is_file():
         raise InputError("config key 'analysis.run'", f"'{opts.run}' does not exist; expected a TREC run")
     trec = read_trec_run(opts.run)
-    split = load_dataset(data_config(cfg), cfg.seed).split(opts.split)
+    split = load_dataset(data_config(cfg), cfg.seed, used_splits(opts.split)).split(opts.split)
     missing = sorted(set(trec) - set(split.qrels))
     if missing:
         raise InputError(
             opts.run,
-            f"query '{missing[0]}' has no qrels in split {opts.split} of the configured data; expected the run of that split",
+            f"query '{missing[0]}' has no qrels in split {opts.split} of the configured data; "
+            "expected the run of that split",
         )
     candidates = {q: sorted(docs) for q, docs in trec.items()}
     result = random_rerank(candidates, split.qrels, list(cfg.eval.measures), opts.permutations, opts.seed)
@@ -94,7 +96,9 @@ def run(cfg, opts: RandomRerankConfig) -> dict:
         "seed": opts.seed,
         "random_order": result,
     }
-    path = write_result(cfg.output_dir, JSON_NAME, doc)
+    with analysis_set(cfg.output_dir, JSON_NAME) as stage:
+        write_result(stage, JSON_NAME, doc)
+    path = Path(cfg.output_dir) / JSON_NAME
     log_analysis(
         cfg,
         "random_rerank",

@@ -40,6 +40,10 @@ _loaded = False
 
 
 def load_all() -> Registry:
+    """Import every module in `MODULES` once, so that all analyses are registered, and return the registry.
+
+    The import is deferred to first use so that train.py does not pay for the analyses' dependencies.
+    """
     global _loaded
     if not _loaded:
         for m in MODULES:

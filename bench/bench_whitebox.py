@@ -1,8 +1,8 @@
 """White-box ColBERT analyses over a ~10k-passage collection: the time of each stage, and the per-word removal on
 the max-sim matrix against re-scoring through the ranker.
 
-    python -m bench.bench_whitebox [data=vaswani|squad|cranfield] [data_dir=../shared/data] [ckpt=PATH] [queries=N] [depth=100]
-                                   [spectral_passages=collection|candidates] [batch_size=64] [threads=2]
+    python -m bench.bench_whitebox [data=vaswani|squad|cranfield] [data_dir=../shared/data] [ckpt=PATH] [queries=N]
+                                   [depth=100] [spectral_passages=collection|candidates] [batch_size=64] [threads=2]
                                    [peer_queries=10] [out=bench/results/whitebox.json]
 
 Default: Vaswani/NPL (11,429 abstracts, 93 queries, ../shared/data/vaswani_npl), MiniLM ColBERT (untrained unless

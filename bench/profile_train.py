@@ -77,8 +77,10 @@ def main(argv=None) -> None:
                 times[plain].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(
-            f"{a.precision}, {a.ab} steps each, alternating: plain {med[True]:.2f} s/step ({16 / med[True]:.2f} triplets/s), "
-            f"default {med[False]:.2f} s/step ({16 / med[False]:.2f} triplets/s), speed-up {med[True] / med[False]:.2f}x; "
+            f"{a.precision}, {a.ab} steps each, alternating: "
+            f"plain {med[True]:.2f} s/step ({16 / med[True]:.2f} triplets/s), "
+            f"default {med[False]:.2f} s/step ({16 / med[False]:.2f} triplets/s), "
+            f"speed-up {med[True] / med[False]:.2f}x; "
             f"load average {os.getloadavg()[0]:.1f}"
         )
         return

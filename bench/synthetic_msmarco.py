@@ -8,15 +8,18 @@ Writes `<data_dir>/synth-<passages>-s<seed>-<digest>/` (digest: the other settin
 | file | lines | layout |
 |---|---|---|
 | `collection.tsv` | passages, pids 0..N-1 | `pid<TAB>text` |
-| `queries.train.tsv`, `qrels.train.tsv` | ~0.057 N (MS MARCO: 502k judged train queries for 8.8M passages) | `qid<TAB>text`; `qid 0 pid 1` |
+| `queries.train.tsv`, `qrels.train.tsv` | ~0.057 N (see below) | `qid<TAB>text`; `qid 0 pid 1` |
 | `triples.train.ids.tsv` | `triples_per_passage` x N (4.5: 39.8M at 8.8M) | `qid<TAB>pos pid<TAB>neg pid` |
 | `queries.dev.tsv`, `qrels.dev.tsv` | `val_queries` (validation) | |
 | `queries.test.tsv`, `qrels.test.tsv` | `test_queries` (6,980, as MS MARCO dev small) | |
 | `queries.other.tsv`, `qrels.other.tsv` | `other_queries`, disjoint ids: a second query set over the same index | |
 
-Text: a vocabulary of `vocab` made-up words of 2-3 syllables, shortest first, drawn Zipf-Mandelbrot (p(rank r) ~ (r + 2.7)^-s);
-passage lengths Gamma(7, 8) words (mean 56, sd 21, clipped to [8, 200]). Each query has one relevant passage (distinct
-passages while the collection has enough) and `query_words` words drawn from that passage's words, so BM25 finds it.
+Train queries: ~0.057 N, as MS MARCO (502k judged train queries for 8.8M passages).
+
+Text: a vocabulary of `vocab` made-up words of 2-3 syllables, shortest first, drawn Zipf-Mandelbrot
+(p(rank r) ~ (r + 2.7)^-s); passage lengths Gamma(7, 8) words (mean 56, sd 21, clipped to [8, 200]). Each query has
+one relevant passage (distinct passages while the collection has enough) and `query_words` words drawn from that
+passage's words, so BM25 finds it.
 A triple's query is a uniform train query, its positive that query's relevant passage, its negative a uniform other
 passage. Every draw comes from a generator seeded by (seed, stream, chunk), so the files are the same byte for byte for
 the same settings. Lines are assembled with NumPy gathers over a byte pool of the words, 50,000 passages (or 1M

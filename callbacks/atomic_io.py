@@ -15,7 +15,21 @@ from core.io import atomic_open
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint IO that writes each checkpoint atomically (temp file, fsync, rename over the target).
+
+    Give it to the Trainer as a plugin: an interrupted save then leaves the previous checkpoint intact.
+    """
+
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        """Write `checkpoint` to `path` atomically, refusing one with NaN/inf weights.
+
+        Raises
+        ------
+        TypeError
+            If `storage_options` is given: this IO takes none.
+        TrainingStopped
+            If the state dict holds non-finite parameters; nothing is written then (`core.checkpoints.check_finite`).
+        """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options}")
         check_finite(

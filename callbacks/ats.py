@@ -1,5 +1,7 @@
-"""Logs ATS per positional delta and MATS (position-bias paper Eq. 8-9, Figure 2, Table 2) at every validation and
-test: how much a ranker's passage term vectors depend on their absolute position.
+"""Log ATS per positional delta and MATS (position-bias paper Eq. 8-9) at every validation and test.
+
+ATS and MATS (position-bias paper Eq. 8-9, Figure 2, Table 2) measure how much a ranker's passage term vectors
+depend on their absolute position.
 
 Passages: a fixed, seeded sample of `eval.ats_passages` passages of the split being evaluated (validation
 candidates at validation, test candidates at test, as the data module gives them: rotated with
@@ -12,8 +14,9 @@ Logged: `<split>/mats`, `<split>/mats_std`, `<split>/ats0` (scalars, every logge
 `metrics.json` and the grids' tables get `mats` per run.
 DDP: each rank encodes its shard of the passages (global passage ids; a shard may be empty), and
 `AverageTermSimilarity.compute()` gathers every rank's occurrences and computes on the whole set (pairs across ranks
-count), so the figures equal a single process's. BM25 (no nn.Module) and rankers without term vectors are skipped, and so are the validations of a frozen
-ranker (train.py stage=head: its term vectors do not change; the test still measures them).
+count), so the figures equal a single process's. BM25 (no nn.Module) and rankers without term vectors are skipped,
+and so are the validations of a frozen ranker (train.py stage=head: its term vectors do not change; the test still
+measures them).
 """
 
 from __future__ import annotations
@@ -36,6 +39,25 @@ def ats_sample(n_passages: int, n_queries: int, count: int, seed: int) -> tuple[
 
 
 class ATSCallback(Callback):
+    """Measure and log ATS/MATS (position-bias paper Eq. 8-9) of the ranker's passage term vectors.
+
+    Runs at the end of every validation (unless the ranker is frozen) and test; see the module docstring for what is
+    logged and where.
+
+    Parameters
+    ----------
+    passages : int
+        Size of the seeded passage sample (`eval.ats_passages`); 0 or less turns the measure off.
+    max_occurrences : int
+        Seeded cap on the occurrences kept per term (`AverageTermSimilarity`).
+    seed : int
+        Seed of the passage/query sample and of the metric's own subsampling.
+    batch_size : int
+        Passages (or pairs) encoded per forward pass.
+    mats : str
+        MATS mode, one of `metrics.ats.MATS_MODES` (`eval.mats`): `paper` (Eq. 9 as printed) or `mean`.
+    """
+
     def __init__(
         self, passages: int = 256, max_occurrences: int = 100, seed: int = 0, batch_size: int = 32, mats: str = "paper"
     ):
@@ -43,6 +65,16 @@ class ATSCallback(Callback):
         self.mats = mats  # metrics.ats.MATS_MODES (eval.mats)
 
     def measure(self, trainer, module, split: str) -> ATSResult | None:
+        """Compute ATS per delta and MATS of `module.ranker` on the passage sample of `split` ("val" or "test").
+
+        Every DDP rank must call it (the metric gathers across ranks); each encodes its shard of the sample.
+
+        Returns
+        -------
+        ATSResult or None
+            None when the measure does not apply: turned off, a ranker that is neither bi- nor cross-encoder (BM25),
+            no data for `split`, or fewer than 2 sampled passages.
+        """
         ranker = module.ranker
         data = trainer.datamodule.eval_splits.get(split) if trainer.datamodule is not None else None
         if self.passages <= 0 or ranker.kind not in ("bi", "cross") or data is None:
@@ -106,6 +138,7 @@ class ATSCallback(Callback):
 
     @torch.inference_mode()
     def on_validation_epoch_end(self, trainer, module) -> None:
+        """Log ATS/MATS of the validation passages, unless sanity checking or the ranker itself is frozen."""
         # a frozen ranker (the head stage trains an isotropy head on top) has the same term vectors at every validation
         trained = any(
             p.requires_grad
@@ -117,4 +150,5 @@ class ATSCallback(Callback):
 
     @torch.inference_mode()
     def on_test_epoch_end(self, trainer, module) -> None:
+        """Log ATS/MATS of the test passages (always, frozen ranker or not)."""
         self._log(trainer, module, "test")

@@ -23,6 +23,19 @@ from pytorch_lightning.trainer.states import TrainerFn
 
 
 class RankingCheckpoint(ModelCheckpoint):
+    """Keep the best checkpoint by the monitored validation metric, a resumable `last.ckpt`, and the validation curve.
+
+    The best checkpoint is `best-{step}.ckpt` (top 1, mode max); `last.ckpt` is written at every validation and after
+    the final training step (see the module docstring for why Lightning's own `save_last` is not enough).
+
+    Parameters
+    ----------
+    dirpath : str
+        Folder of the checkpoints.
+    monitor : str
+        Validation metric that picks the best checkpoint, higher is better.
+    """
+
     def __init__(self, dirpath: str, monitor: str = "val/ndcg_cut_10"):
         super().__init__(
             dirpath=dirpath,
@@ -42,16 +55,19 @@ class RankingCheckpoint(ModelCheckpoint):
         self.best_step: int | None = None  # the step of best_model_path
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        """Set up as ModelCheckpoint does, without its warning about a non-empty checkpoint folder."""
         with warnings.catch_warnings():
             # best-0.ckpt (add_start_candidate) is ours: train.py refuses an output_dir that already holds checkpoints
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)
 
     def add_start_candidate(self, trainer, score: float) -> str:
-        """The model before fine-tuning as the first candidate for "best": its validation (`score` of the monitored
-        metric at step 0) enters the ranking like any later validation, so the best checkpoint by validation never
-        loses to the starting model. Written as `best-0.ckpt` and replaced, as any best, when a validation beats it.
-        Called between trainer.validate and trainer.fit, on every rank (saving is a collective).
+        """Save the model before fine-tuning as the first candidate for "best"; return its path.
+
+        Its validation (`score` of the monitored metric at step 0) enters the ranking like any later validation, so
+        the best checkpoint by validation never loses to the starting model. Written as `best-0.ckpt` and replaced, as
+        any best, when a validation beats it. Called between trainer.validate and trainer.fit, on every rank (saving
+        is a collective).
         """
         path = str(Path(self.dirpath) / f"best-{trainer.global_step}{self.FILE_EXTENSION}")
         trainer.save_checkpoint(path)
@@ -65,8 +81,10 @@ class RankingCheckpoint(ModelCheckpoint):
         return path
 
     def curve(self) -> dict | None:
-        """validation.json: the monitor, the best checkpoint's step and every validation; None without one. Read it
-        before trainer.test(ckpt_path=best): loading a checkpoint restores this callback's state as it was saved.
+        """Return the content of validation.json: the monitor, the best checkpoint's step and every validation.
+
+        None without a validation. Read it before trainer.test(ckpt_path=best): loading a checkpoint restores this
+        callback's state as it was saved.
         """
         if not self.validations:
             return None
@@ -85,6 +103,7 @@ class RankingCheckpoint(ModelCheckpoint):
         self.validations.append({"step": trainer.global_step, **dict(sorted(logged.items()))})
 
     def state_dict(self) -> dict:
+        """Return ModelCheckpoint's state plus the start model's path, the pre-training test metrics and the curve."""
         return {
             **super().state_dict(),
             "start_model_path": self.start_model_path,
@@ -94,6 +113,7 @@ class RankingCheckpoint(ModelCheckpoint):
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the state of `state_dict`; keys missing from an older checkpoint get their empty defaults."""
         super().load_state_dict(state_dict)
         self.start_model_path = state_dict.get("start_model_path", "")
         self.before_training = state_dict.get("before_training")
@@ -116,6 +136,7 @@ class RankingCheckpoint(ModelCheckpoint):
         self._last_step_written = trainer.global_step
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        """Rank the validation as ModelCheckpoint does, then (while fitting) record it and write `last.ckpt`."""
         best_before = self.best_model_path
         super().on_validation_end(trainer, pl_module)
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
@@ -127,6 +148,7 @@ class RankingCheckpoint(ModelCheckpoint):
             self._write_last(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Write `last.ckpt` once the step reaches `max_steps`, before Lightning marks the epoch as finished."""
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if 0 < trainer.max_steps <= trainer.global_step:
             self._write_last(trainer)

@@ -57,6 +57,32 @@ RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: 
 
 
 class IsotropyCallback(Callback):
+    """Measure and log I(W) (isotropy paper Eq. 3) and avgcos (Eq. 4) of a bi-encoder's vectors.
+
+    At every validation and test on the probe texts (`measure`), at test also by the isotropy paper's per-batch
+    protocol (`measure_paper`), and with a head the before/after cosine figure; see the module docstring.
+
+    Parameters
+    ----------
+    batch_size : int
+        Texts encoded per forward pass.
+    max_vectors : int
+        Cap on the vectors each probe-set `IsotropyIW` keeps (the first ones, in probe order).
+    figure_vectors : int
+        Size of the figure's seeded sample of vectors, per kind (token, sequence).
+    seed : int
+        Seed of the figure's sample.
+    batch_pairs : int
+        (query, passage) pairs per test batch of the `paper` protocol (`eval.isotropy_batch_pairs`); 0 turns the
+        protocol off.
+    dump_dir : str or Path, optional
+        Folder for each test batch's vectors as `<k>.npz` (`eval.dump_isotropy`); None writes nothing.
+    max_batches : int, optional
+        At most this many test batches for the `paper` protocol (`eval.isotropy_max_batches`); None: all.
+    sample_seed : int
+        Seed of the sample of test batches when `max_batches` limits them (`eval.isotropy_sample_seed`).
+    """
+
     def __init__(
         self,
         batch_size: int = 32,
@@ -89,6 +115,12 @@ class IsotropyCallback(Callback):
 
     @torch.inference_mode()
     def measure(self, trainer, module, split: str = "val") -> dict[str, float]:
+        """Return I(W) and avgcos of the probe texts of `split`, token and sequence vectors, with and without the head.
+
+        Keys: `iw`, `avgcos`, `iw_sequence`, `avgcos_sequence`, and the same with `_raw` when a head is attached (the
+        raw representations, from the same backbone pass); empty for a ranker that is not a bi-encoder. Also keeps the
+        figure's sample in `self.sample`. A collective under DDP: every rank must call it.
+        """
         ranker = module.ranker
         self.sample = {}
         if ranker.kind != "bi":
@@ -167,7 +199,9 @@ class IsotropyCallback(Callback):
         return {k: float(m.compute()) for k, m in metrics.items()}
 
     def _warn_rank_deficient(self, metric: IsotropyIW, split: str) -> None:
-        """The probe's sequence set (one vector per probe text) is smaller than the dimension for most backbones
+        """Warn, once per run, when the probe's sequence set has fewer vectors than dimensions.
+
+        The probe's sequence set (one vector per probe text) is smaller than the dimension for most backbones
         (96 texts, 384 dimensions): W^T W is then rank-deficient and I(W) measures mostly its null space. Said
         once per run, loudly; the `paper` protocol is the one to compare with the isotropy paper.
         """
@@ -191,7 +225,9 @@ class IsotropyCallback(Callback):
 
     @torch.inference_mode()
     def measure_paper(self, trainer, module, split: str = "test") -> dict[str, float]:
-        """The isotropy paper's protocol (Sec. 3.2, "averaging the metric values of the entire test batches"): I(W)
+        """Return I(W) and avgcos by the isotropy paper's per-test-batch protocol: mean and std over the batches.
+
+        The isotropy paper's protocol (Sec. 3.2, "averaging the metric values of the entire test batches"): I(W)
         (Eq. 3) and avgcos (Eq. 4) of each test batch of `batch_pairs` (query, passage) pairs, on the vectors as
         the scorer sees them (`scoring_vectors`, padding removed, uncentred), for the queries' vectors, the
         passages' and both together; then the mean and standard deviation over all batches. Token vectors always;
@@ -236,8 +272,10 @@ class IsotropyCallback(Callback):
         return (WITH_HEAD, RAW) if (ranker.token_head is not None or ranker.sequence_head is not None) else (WITH_HEAD,)
 
     def _measure_encoding(self, trainer, module, split: str, variants, measure: PaperMeasure) -> None:
-        """The protocol's batches of this rank, their texts encoded here: where the evaluation's own vectors are not at
-        hand (a DDP rank scored only its share of the passages; a direct call outside a test).
+        """Add this rank's protocol batches to `measure`, their texts encoded here.
+
+        Used where the evaluation's own vectors are not at hand (a DDP rank scored only its share of the passages; a
+        direct call outside a test).
         """
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed)
         tok = module.pair_tokenizer
@@ -260,8 +298,9 @@ class IsotropyCallback(Callback):
                     dump_batch(self.dump_dir / f"{k}.npz", batch_vectors(encoded, rows))
 
     def _groups(self, batches: list, ids: dict[tuple[str, str], list[int]]) -> list[list]:
-        """Consecutive runs of test batches whose distinct texts (`ids`: (side, text) -> token ids) hold at most
-        `group_vectors` tokens together (a batch is never split; one larger than the budget is a group of its own).
+        """Split `batches` into consecutive runs whose distinct texts hold at most `group_vectors` tokens together.
+
+        `ids`: (side, text) -> token ids. A batch is never split; one larger than the budget is a group of its own.
         """
         groups, group, seen, size = [], [], set(), 0
         for b in batches:
@@ -275,8 +314,10 @@ class IsotropyCallback(Callback):
         return groups + [group] if group else groups
 
     def _encode_distinct(self, trainer, module, ids: list[list[int]], side: str, variants) -> dict[str, EncodedTexts]:
-        """{variant: the scored vectors of the texts tokenised as `ids` (the ranker's PairTokenizer), as an
-        EncodedTexts, padding removed}: one backbone pass, finished with and without the heads (`encode_collection`).
+        """Encode the texts tokenised as `ids` once per variant: {variant: their scored vectors as EncodedTexts}.
+
+        `ids` are token ids from the ranker's PairTokenizer; padding is removed. One backbone pass, finished with and
+        without the heads (`encode_collection`).
         """
         return encode_collection(
             module.ranker,
@@ -310,10 +351,12 @@ class IsotropyCallback(Callback):
             logger.log_image(key=f"{split}/isotropy_cosines", images=[str(png)], step=trainer.global_step)
 
     def on_validation_epoch_end(self, trainer, module) -> None:
+        """Measure and log the validation probe (and draw the figure with a head), except while sanity checking."""
         if not trainer.sanity_checking:
             self._log(trainer, module, "val")
 
     def on_test_epoch_start(self, trainer, module) -> None:
+        """Ask the module to keep the test's scored vectors for the `paper` protocol (one process only)."""
         # one process scores every passage of the split: the protocol can take the evaluation's vectors instead of
         # encoding the texts again (under DDP each rank scores only its chunks, so the ranks encode their batches)
         if (
@@ -325,13 +368,16 @@ class IsotropyCallback(Callback):
             module.keep_vectors("test", self._variants(module.ranker), self.keep_bytes)
 
     def on_test_epoch_end(self, trainer, module) -> None:
+        """Measure and log the test probe and the `paper` protocol (and draw the figure with a head)."""
         self._log(trainer, module, "test")
 
 
 class BatchSets(NamedTuple):
-    """One test batch's vectors of one (variant, kind) for the `paper` protocol: W of the queries-and-passages set
-    as its distinct rows, the queries' first, with each row's count in the batch (a query repeated in the batch
-    counts each time: Z(a) and W^T W weigh its rows by that count instead of repeating them).
+    """Hold one test batch's vectors of one (variant, kind) for the `paper` protocol.
+
+    W of the queries-and-passages set as its distinct rows, the queries' first, with each row's count in the batch (a
+    query repeated in the batch counts each time: Z(a) and W^T W weigh its rows by that count instead of repeating
+    them).
     """
 
     vectors: Tensor  # [m, d] distinct query rows, then distinct passage rows
@@ -339,8 +385,9 @@ class BatchSets(NamedTuple):
     counts: Tensor | None  # [m] float64 row counts; None: each row once
 
     def side(self, side: str) -> tuple[Tensor, Tensor | None]:
-        """(rows, counts) of the set `side`: "" (queries and passages), "_query" or "_passage"; counts None where
-        every row is there once (no weighting pass).
+        """Return (rows, counts) of the set `side`: "" (queries and passages), "_query" or "_passage".
+
+        Counts are None where every row is there once (no weighting pass).
         """
         rows = {"": slice(None), "_query": slice(0, self.n_query), "_passage": slice(self.n_query, None)}[side]
         counts = None if self.counts is None else self.counts[rows]
@@ -348,13 +395,14 @@ class BatchSets(NamedTuple):
 
 
 class PaperMeasure:
-    """I(W) (Eq. 3) and avgcos (Eq. 4) of a stream of test batches, the `paper` protocol. `add` keeps a batch; the
-    pending batches are measured together when they hold `max_bytes` (their vectors and the Gram matrices they
-    will need) or at `flush()`, so memory stays bounded however many batches there are: per batch the two sides'
-    Gram matrices and unit-vector sums (the queries-and-passages set's are their sums: the cost of a batch is its
-    three eigendecompositions and projections, not three Gram matrices), then one batched eigendecomposition of
-    the stacked Gram matrices (`isotropy_iw_batched`). On a GPU all pending batches are one such call; on the CPU
-    they are split over `torch.get_num_threads()` threads with one BLAS / LAPACK thread each (`_map_threads`).
+    """Measure I(W) (Eq. 3) and avgcos (Eq. 4) of a stream of test batches, the `paper` protocol.
+
+    `add` keeps a batch; the pending batches are measured together when they hold `max_bytes` (their vectors and the
+    Gram matrices they will need) or at `flush()`, so memory stays bounded however many batches there are: per batch the
+    two sides' Gram matrices and unit-vector sums (the queries-and-passages set's are their sums: the cost of a batch is
+    its three eigendecompositions and projections, not three Gram matrices), then one batched eigendecomposition of the
+    stacked Gram matrices (`isotropy_iw_batched`). On a GPU all pending batches are one such call; on the CPU they are
+    split over `torch.get_num_threads()` threads with one BLAS / LAPACK thread each (`_map_threads`).
     `values`: [(k, {key: value})], in the order added; the keys are `paper_batch_values`'.
     """
 
@@ -409,8 +457,9 @@ def _measure_batches(batches: list[tuple[int, dict[tuple[str, str], BatchSets]]]
 
 
 def _map_threads(fn, parts: list) -> list:
-    """[fn(part) for part in parts], each part in its own thread with one torch (BLAS / LAPACK) thread, or in this
-    thread when there is one part. Why: a batched eigh on the CPU is one LAPACK call per matrix in a loop, and a
+    """Return [fn(part) for part in parts], each part in its own thread with one torch (BLAS / LAPACK) thread.
+
+    In this thread when there is one part. Why: a batched eigh on the CPU is one LAPACK call per matrix in a loop, and a
     LAPACK or BLAS call with several threads spins on its threads' barriers when the cores are shared (DDP ranks,
     other jobs): on this project's 2-core CPU under a load of ~8 other processes, the old per-batch path with 2 BLAS
     threads used 6x the CPU time of one thread (0.84 s against 0.13 s of CPU a batch, d = 384); a 2-threaded eigh took
@@ -431,9 +480,11 @@ def _map_threads(fn, parts: list) -> list:
 
 
 def paper_batch_values(vectors: dict[tuple[str, str, str], Tensor]) -> dict[str, float]:
-    """I(W) and avgcos of one test batch: `vectors` {(variant, "query" | "passage", "" | "_sequence"): [n, d]} ->
+    """Return I(W) and avgcos of one test batch, the one-batch form of `PaperMeasure`.
+
+    `vectors` {(variant, "query" | "passage", "" | "_sequence"): [n, d]} ->
     {iw_paper<side><kind><variant>: value, avgcos_paper...}, side "" (queries and passages concatenated), "_query"
-    or "_passage". The one-batch form of `PaperMeasure`, every row given as it is.
+    or "_passage". Every row is given as it is.
     """
     measure = PaperMeasure()
     measure.add(
@@ -452,16 +503,18 @@ def paper_batch_values(vectors: dict[tuple[str, str, str], Tensor]) -> dict[str,
 
 
 def _distinct(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct text rows of a batch's side, how many times each is in it)."""
+    """Return (the distinct text rows of a batch's side, how many times each is in it)."""
     return np.unique(np.asarray(rows, dtype=np.int64), return_counts=True)
 
 
 def batch_sets(
     encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]], device
 ) -> dict[tuple[str, str], BatchSets]:
-    """A test batch's `PaperMeasure` input: `encoded` {"query" | "passage": {variant: EncodedTexts}}, `rows`
-    {"query" | "passage": the batch's texts as rows of those, repeats included} -> {(variant, kind): BatchSets}
-    on `device`, each distinct text's vectors once (one gather), weighted by its count.
+    """Build a test batch's `PaperMeasure` input: {(variant, kind): BatchSets} on `device`.
+
+    `encoded` {"query" | "passage": {variant: EncodedTexts}}, `rows` {"query" | "passage": the batch's texts as rows
+    of those, repeats included} -> {(variant, kind): BatchSets} on `device`, each distinct text's vectors once (one
+    gather), weighted by its count.
     """
     distinct = {name: _distinct(r) for name, r in rows.items()}
     repeats = any(bool((c > 1).any()) for _, c in distinct.values())
@@ -494,8 +547,9 @@ def batch_sets(
 
 
 def batch_vectors(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, list[int]]) -> dict[str, Tensor]:
-    """A test batch's vectors as scored (without a head's `_raw` variant), every row as the batch holds it, for
-    `dump_batch`: {"query" | "passage" [+ "_sequence"]: [n, d]}.
+    """Return a test batch's vectors as scored, every row as the batch holds it, for `dump_batch`.
+
+    Without a head's `_raw` variant: {"query" | "passage" [+ "_sequence"]: [n, d]}.
     """
     out = {}
     for name, r in rows.items():
@@ -507,9 +561,10 @@ def batch_vectors(encoded: dict[str, dict[str, EncodedTexts]], rows: dict[str, l
 
 
 def aggregate_batches(batches: list[dict[str, float]]) -> dict[str, float]:
-    """Mean over the test batches (the paper's number) and the standard deviation over them (`<key>_std`,
-    population, ddof 0). A value a batch cannot define (avgcos of fewer than two non-zero vectors, e.g. the pooled
-    query of a last batch of one pair) is left out of that key's mean and std.
+    """Return the mean over the test batches (the paper's number) and the standard deviation over them.
+
+    The standard deviation is `<key>_std` (population, ddof 0). A value a batch cannot define (avgcos of fewer than two
+    non-zero vectors, e.g. the pooled query of a last batch of one pair) is left out of that key's mean and std.
     """
     out = {}
     for key in sorted({k for b in batches for k in b}):
@@ -521,15 +576,17 @@ def aggregate_batches(batches: list[dict[str, float]]) -> dict[str, float]:
 
 
 def dump_batch(path: Path, arrays: dict[str, Tensor]) -> None:
-    """One test batch's vectors as scored (float32, padding removed) for recomputation: `eval.dump_isotropy`."""
+    """Write one test batch's vectors as scored (float32, padding removed) for recomputation: `eval.dump_isotropy`."""
     with atomic_open(path, "wb") as f:
         np.savez(f, **{k: x.numpy().astype(np.float32) for k, x in arrays.items()})
 
 
 class _KeptSample:
-    """A seeded uniform sample of at most `size` rows of a stream of batches: each row gets a random key and the
-    rows with the smallest keys are kept, so the sample does not depend on the batch sizes and memory stays O(size).
-    Several parallel streams (raw and head vectors of the same rows) share the keys and keep the same rows.
+    """Keep a seeded uniform sample of at most `size` rows of a stream of batches.
+
+    Each row gets a random key and the rows with the smallest keys are kept, so the sample does not depend on the batch
+    sizes and memory stays O(size). Several parallel streams (raw and head vectors of the same rows) share the keys and
+    keep the same rows.
     """
 
     def __init__(self, size: int, generator: torch.Generator):
@@ -548,9 +605,10 @@ class _KeptSample:
             self.rows[v] = (rows if old is None else torch.cat([old, rows]))[keep]
 
     def merged(self) -> dict[str, Tensor]:
-        """The rows with the `size` smallest keys over every DDP rank's sample (in rank, then stream order): under
-        DDP each rank sees only its shard of the probe texts, so the figure is drawn from all ranks' rows, like the
-        numbers in its legend. Without DDP, this rank's rows. A collective: every rank must call it.
+        """Return the rows with the `size` smallest keys over every DDP rank's sample (in rank, then stream order).
+
+        Under DDP each rank sees only its shard of the probe texts, so the figure is drawn from all ranks' rows, like
+        the numbers in its legend. Without DDP, this rank's rows. A collective: every rank must call it.
         """
         if not _distributed() or dist.get_world_size() == 1:
             return self.rows
@@ -568,7 +626,7 @@ def _distributed() -> bool:
 
 
 def pairwise_cosines(x: Tensor) -> Tensor:
-    """cos(w_i, w_j) for the unordered pairs i < j of the rows of x (zero rows left out, as avgcos does)."""
+    """Return cos(w_i, w_j) for the unordered pairs i < j of the rows of x (zero rows left out, as avgcos does)."""
     x = x.double()
     x = x[x.norm(dim=1) > 0]
     u = x / x.norm(dim=1, keepdim=True)
@@ -577,8 +635,10 @@ def pairwise_cosines(x: Tensor) -> Tensor:
 
 
 def cosine_figure(sample: dict[str, dict[str, Tensor]], values: dict[str, float], title: str, head: str = "head"):
-    """Histograms of pairwise cosine similarities, raw ("Ft", `sample["_raw"]`) vs with the head (`sample[""]`), of
-    token vectors and sequence vectors; `values` the callback's I(W) and avgcos (legend).
+    """Draw histograms of pairwise cosine similarities, raw vs with the head, of token and sequence vectors.
+
+    Raw is "Ft", `sample["_raw"]`; with the head is `sample[""]`. `values`: the callback's I(W) and avgcos (legend).
+    Returns the matplotlib figure.
     """
     import matplotlib  # lazy: heavy, only figures need it
 

@@ -29,6 +29,10 @@ from core.errors import InputError
 
 
 def key_configured() -> bool:
+    """Return whether a W&B API key is set up (`WANDB_API_KEY`, or api.wandb.ai in ~/.netrc).
+
+    Decides `logger.mode=auto`: online with a key, offline without one.
+    """
     if os.environ.get("WANDB_API_KEY"):
         return True
     netrc = Path.home() / ".netrc"
@@ -36,6 +40,11 @@ def key_configured() -> bool:
 
 
 def wandb_init_args(cfg: DictConfig, name: str, job: str | None = None) -> dict:
+    """Return the W&B run's project, entity, name, group, job type and tags (the dashboard layout above).
+
+    `name` is the run name when `logger.run_name` is unset; `job` the job type, else from the run: `eval` for a
+    name starting `eval-`, `head` for stage=head, else `train`.
+    """
     lc = cfg.logger
     job = job or ("eval" if name.startswith("eval-") else ("head" if cfg.get("stage") == "head" else "train"))
     model, data = cfg.model.name, cfg.data.get("source", "data")
@@ -57,7 +66,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _try(args: dict, save_dir: Path, mode: str, config: dict):
-    """A WandbLogger whose run is already initialised (so failures happen here), or the exception."""
+    """Return a WandbLogger whose run is already initialised (so failures happen here), or the exception."""
     import wandb  # lazy: heavy, only W&B logging needs it
 
     try:
@@ -72,6 +81,13 @@ def _try(args: dict, save_dir: Path, mode: str, config: dict):
 
 
 def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
+    """Build the W&B logger of a run, falling back when W&B cannot be used (see Faults above).
+
+    Tries the configured mode (`auto`: online with a key, else offline) into `<output_dir>/wandb`, then offline there
+    (unless that was the mode tried), then offline into a fresh temporary folder, then the CSV logger; each fallback
+    warns. Returns the logger, or False
+    when none could be built (training goes on without a logger).
+    """
     mode = cfg.logger.mode
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if key_configured() else "offline")
@@ -85,28 +101,35 @@ def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
         if not isinstance(logger, Exception):
             warnings.warn(
                 f"W&B {mode} run failed ({_first_line(first)}); logging offline to {save_dir / 'wandb'} instead: "
-                f"sync it later with `wandb sync {save_dir / 'wandb'}/offline-run-*`"
+                f"sync it later with `wandb sync {save_dir / 'wandb'}/offline-run-*`",
+                stacklevel=2,
             )
             return logger
     try:
         logger = CSVLogger(save_dir=str(out), name="csv")
         Path(logger.log_dir).mkdir(parents=True, exist_ok=True)
-        warnings.warn(f"W&B unavailable ({_first_line(first)}), offline too; logging to CSV in {logger.log_dir}")
+        warnings.warn(
+            f"W&B unavailable ({_first_line(first)}), offline too; logging to CSV in {logger.log_dir}", stacklevel=2
+        )
         return logger
     except Exception as e:
         warnings.warn(
-            f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); training without a logger"
+            f"W&B unavailable ({_first_line(first)}) and CSV logging failed ({_first_line(e)}); "
+            "training without a logger",
+            stacklevel=2,
         )
         return False
 
 
 def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", extra: dict | None = None) -> bool:
-    """A run's test results as the W&B table `key`: one row per label of `rows` (e.g. "before training" and "after
-    training", or "Ft" and "Ft -> glow", the isotropy paper's rows), one column per measure, the values of
-    `metrics.json`; the same under the summary key `results` (`results.<row>.<measure>` columns in the runs table).
-    `extra` goes into the summary as it is: values that are not measures of a row (`best_step`, the step of the
-    tested checkpoint, a column of the runs table beside the results). False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a W&B
-    failure here is a warning, not a lost run.
+    """Log a run's test results as the W&B table `key` and the summary key `results`; return whether it was logged.
+
+    One row per label of `rows` (e.g. "before training" and "after training", or "Ft" and "Ft -> glow", the isotropy
+    paper's rows), one column per measure, the values of `metrics.json`; the same under the summary key `results`
+    (`results.<row>.<measure>` columns in the runs table). `extra` goes into the summary as it is: values that are not
+    measures of a row (`best_step`, the step of the tested checkpoint, a column of the runs table beside the
+    results). False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a
+    W&B failure here is a warning, not a lost run.
     """
     if not logger or not hasattr(logger, "log_table"):
         return False
@@ -130,20 +153,31 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", 
         if extra:
             logger.experiment.summary.update(extra)
     except Exception as e:  # noqa: BLE001 - the results are on disk already
-        warnings.warn(f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them")
+        warnings.warn(
+            f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them", stacklevel=2
+        )
         return False
     return True
 
 
 def head_rows(before: dict, after: dict, head: str) -> dict[str, dict]:
-    """The rows of a test with an isotropy head: "Ft" and "Ft -> <head>" (the `*_raw` isotropy values of the head
-    run are the Ft row's, so they are not repeated as columns).
+    """Return the rows of a test with an isotropy head: "Ft" and "Ft -> <head>".
+
+    The `*_raw` isotropy values of the head run are the Ft row's, so they are not repeated as columns.
     """
     return {"Ft": before, f"Ft -> {head}": {k: v for k, v in after.items() if not k.endswith("_raw")}}
 
 
 def build_logger(cfg: DictConfig, name: str, job: str | None = None):
-    """The configured logger (`job`: the W&B job type, else from the run: train, head or eval)."""
+    """Build the configured logger (`job`: the W&B job type, else from the run: train, head or eval).
+
+    False for `logger.name=none`; a CSVLogger for `csv`; `wandb_logger` for `wandb`.
+
+    Raises
+    ------
+    InputError
+        For any other `logger.name`.
+    """
     lc = cfg.logger
     out = Path(cfg.output_dir)
     if lc.name == "none":

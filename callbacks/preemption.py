@@ -1,6 +1,8 @@
-"""Pre-emption: SIGTERM (what a cluster scheduler sends before it kills a job) or SIGINT (Ctrl-C) during training
-writes a resumable `last.ckpt` and stops; `ckpt_path=<that file>` then continues to the same final weights as a run
-that was never interrupted.
+"""Pre-emption: on SIGTERM or SIGINT during training, write a resumable `last.ckpt` and stop.
+
+SIGTERM (what a cluster scheduler sends before it kills a job) or SIGINT (Ctrl-C) during training writes a resumable
+`last.ckpt` and stops; `ckpt_path=<that file>` then continues to the same final weights as a run that was never
+interrupted.
 
 The signal only sets a flag. Lightning's own SIGTERM handler does that and its training loop raises
 `SIGTERMException` at the end of the current batch, after that batch's validation (if one was due) and after the
@@ -47,8 +49,9 @@ class Interrupted(SystemExit):
 
 
 class Signalled(BaseException):
-    """SIGINT / SIGTERM outside a training loop (raise_on_signals); BaseException, so that no `except Exception`
-    swallows it.
+    """Signal that SIGINT / SIGTERM arrived outside a training loop (raise_on_signals).
+
+    A BaseException, so that no `except Exception` swallows it.
     """
 
     def __init__(self, signum: int):
@@ -70,9 +73,11 @@ def _raise(signum, frame) -> None:
 
 
 def raise_on_signals() -> dict:
-    """SIGINT and SIGTERM raise Signalled in this process from now on (Lightning's signal connector keeps these
-    handlers beside its own during fit, validate and test, and restores them after); returns the handlers they
-    replace, for restore_signals (an entry point called inside another program, e.g. a test, gives them back).
+    """Make SIGINT and SIGTERM raise Signalled in this process from now on; return the handlers they replace.
+
+    Lightning's signal connector keeps these handlers beside its own during fit, validate and test, and restores them
+    after. The returned handlers are for restore_signals (an entry point called inside another program, e.g. a test,
+    gives them back). Outside the main thread nothing is changed and {} is returned.
     """
     if threading.current_thread() is not threading.main_thread():
         return {}
@@ -84,12 +89,24 @@ def raise_on_signals() -> dict:
 
 
 def restore_signals(old: dict) -> None:
+    """Reinstate the signal handlers that `raise_on_signals` returned.
+
+    A None entry (a handler not installed from Python, which cannot be reinstated) is skipped.
+    """
     for signum, handler in old.items():
         if handler is not None:
             signal.signal(signum, handler)
 
 
 class Preemption(Callback):
+    """Stop training cleanly on SIGTERM or SIGINT, after the current batch, with a resumable `last.ckpt`.
+
+    Routes SIGINT to Lightning's SIGTERM flag (a second Ctrl-C raises `Signalled` at once), holds a signal that
+    arrives during a validation until it ends, and writes `last.ckpt` through the checkpoint callback's `write_last`
+    when Lightning raises SIGTERMException. After the run, `signum`, `step` and `checkpoint` say what stopped it,
+    where, and the file to resume from (see `interruptible`).
+    """
+
     def __init__(self):
         self.signum: int | None = None
         self.checkpoint: str | None = None
@@ -97,6 +114,7 @@ class Preemption(Callback):
         self._pending: int | None = None  # a signal held back until the validation in progress ends
 
     def on_train_start(self, trainer, pl_module) -> None:
+        """Install this callback's SIGTERM and SIGINT handlers in place of Lightning's (main thread only)."""
         # after Lightning's signal connector registered its handlers; it restores the originals at teardown
         self._trainer, self._pending = trainer, None
         if threading.current_thread() is threading.main_thread():
@@ -113,7 +131,8 @@ class Preemption(Callback):
             raise Signalled(signum)  # a second Ctrl-C: stop now, without a checkpoint
         if self.signum is None and signum == signal.SIGINT:
             warnings.warn(
-                "SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)"
+                "SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)",
+                stacklevel=2,
             )
         self.signum = self.signum or signum
         if self._trainer.validating:
@@ -129,11 +148,13 @@ class Preemption(Callback):
             self._trainer._signal_connector.received_sigterm = True
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        """Pass on a signal held back during the validation, so training stops after this batch."""
         if self._pending is not None:
             signum, self._pending = self._pending, None
             self._stop(signum, None)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Write the resumable `last.ckpt` when fitting stops on SIGTERMException; record the signal and step."""
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
             return
         self.signum = self.signum or signal.SIGTERM
@@ -145,8 +166,10 @@ class Preemption(Callback):
 
 @contextmanager
 def interruptible(trainer):
-    """Turns Lightning's SIGTERMException (fit, validation or test) into `Interrupted`, naming the checkpoint to
-    resume from: the one written on the way out, else the run's latest `last.ckpt`.
+    """Turn Lightning's SIGTERMException (fit, validation or test) and `Signalled` into `Interrupted`.
+
+    `Interrupted` names the checkpoint to resume from: the one written on the way out, else the run's latest
+    `last.ckpt`.
     """
     try:
         yield

@@ -14,8 +14,9 @@ from pytorch_lightning.callbacks import RichProgressBar
 
 
 def last_epoch(max_steps: int, batches_per_epoch: float, accumulate: int) -> int | None:
-    """The 0-based index of the epoch in which step `max_steps` falls; None when unknown (no step limit, or a loader
-    without a length).
+    """Return the 0-based index of the epoch in which step `max_steps` falls.
+
+    None when unknown (no step limit, or a loader without a length).
     """
     if max_steps < 1 or not 0 < batches_per_epoch < math.inf:
         return None
@@ -23,6 +24,12 @@ def last_epoch(max_steps: int, batches_per_epoch: float, accumulate: int) -> int
 
 
 class RankingProgressBar(RichProgressBar):
+    """Lightning's RichProgressBar whose epoch label reads "Epoch i/last" when `max_steps` ends training.
+
+    `last` is the epoch that `max_steps` reaches (`last_epoch`); with `max_epochs` set, or no step limit, the label is
+    Lightning's own.
+    """
+
     def _get_train_description(self, current_epoch: int) -> str:
         t = self.trainer
         last = (

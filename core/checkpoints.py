@@ -1,5 +1,6 @@
-"""Reading a checkpoint of this pipeline: one clear line for a missing, truncated, foreign, non-finite or
-other-version file.
+"""Reading a checkpoint of this pipeline.
+
+A missing, truncated, foreign, non-finite or other-version file is one clear line.
 
 - `read_checkpoint`: the whole checkpoint, then every check registered with `register_check` (the layers above add
   theirs: lightning_modules/loading.py checks the hyper-parameters against this version's schemas), then a
@@ -25,11 +26,17 @@ _CHECKS: list[Callable[[dict, str, str], None]] = []
 
 
 def register_check(check: Callable[[dict, str, str], None]) -> None:
+    """Add `check` to the checks `read_checkpoint` and `read_header` run on every checkpoint (once, however often).
+
+    `check(ckpt, path, key)` raises InputError for a checkpoint it rejects; the layers that know the schemas register
+    theirs (lightning_modules/loading.py checks the hyper-parameters against this version's schemas).
+    """
     if check not in _CHECKS:
         _CHECKS.append(check)
 
 
 def run_checks(ckpt: dict, path: str, key: str) -> None:
+    """Run every registered check on `ckpt`, read from `path`; a rejected checkpoint raises InputError naming `key`."""
     for check in _CHECKS:
         check(ckpt, path, key)
 
@@ -49,8 +56,10 @@ def _is_ours(ckpt) -> bool:
 
 
 def read_checkpoint(path: str, key: str) -> dict:
-    """The checkpoint dict at `path` (named by config key `key` in errors); it must hold a ranker's hyper-parameters
-    that this version knows and finite parameters.
+    """Return the checkpoint dict at `path` (named by config key `key` in errors), checked.
+
+    It must hold a ranker's hyper-parameters that this version knows (the registered checks) and finite parameters;
+    otherwise InputError.
     """
     p = Path(path)
     if not p.is_file():
@@ -61,7 +70,8 @@ def read_checkpoint(path: str, key: str) -> dict:
     except Exception as e:
         raise InputError(
             key,
-            f"cannot read checkpoint '{path}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is truncated or not a torch file",
+            f"cannot read checkpoint '{path}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "it is truncated or not a torch file",
         ) from e
     if not _is_ours(ckpt):
         raise InputError(key, f"'{path}' is not a checkpoint of this pipeline (no ranker hyper-parameters)")
@@ -88,13 +98,16 @@ def nonfinite_tensors(state: Mapping) -> dict[str, int]:
 
 
 def describe_nonfinite(bad: dict[str, int]) -> str:
+    """Describe `nonfinite_tensors`' result in a message: the first three tensors and their counts, how many more."""
     first = ", ".join(f"{k}: {v} value{'s' if v > 1 else ''}" for k, v in list(bad.items())[:3])
     return first + (f" and {len(bad) - 3} more tensors" if len(bad) > 3 else "")
 
 
 def check_finite(state: Mapping, path, what: str) -> None:
-    """Before writing the checkpoint `path`: its parameters must be finite, else TrainingStopped (exit 3) and
-    nothing is written (a checkpoint that looks complete but holds NaN would only fail later, at evaluation).
+    """Check, before the checkpoint `path` is written, that its parameters `state` are finite.
+
+    Otherwise TrainingStopped (exit 3), naming `what`, and nothing is written (a checkpoint that looks complete but
+    holds NaN would only fail later, at evaluation).
     """
     bad = nonfinite_tensors(state)
     if bad:
@@ -106,8 +119,10 @@ def check_finite(state: Mapping, path, what: str) -> None:
 
 # ---- --dry-run: the header only ----------------------------------------------------------------------------------
 class _Stub(dict):
-    """Stands in for every class in a checkpoint's pickle: tensors, storages, numpy arrays become empty stubs; dict
-    subclasses (Lightning's AttributeDict) keep their items, so the top-level keys and hyper-parameters are read.
+    """Stand-in for every class in a checkpoint's pickle.
+
+    Tensors, storages, numpy arrays become empty stubs; dict subclasses (Lightning's AttributeDict) keep their items,
+    so the top-level keys and hyper-parameters are read.
     """
 
     def __init__(self, *args, **kwargs):
@@ -155,9 +170,12 @@ def _plain(value):
 
 
 def read_header(path: str, key: str, head: bool = False) -> dict:
-    """`--dry-run`: the checkpoint at `path` is a readable torch zip file holding `state_dict` and ranker
-    `hyper_parameters` (`head`: also `base_ckpt`, a head checkpoint), with every tensor's storage present, and its
-    hyper-parameters pass the registered checks; no tensor is loaded. Returns the top-level dict, tensors stubbed.
+    """Check the checkpoint at `path` for `--dry-run` without loading a tensor; return its top-level dict.
+
+    The checkpoint must be a readable torch zip file holding `state_dict` and ranker `hyper_parameters` (`head`: also
+    `base_ckpt`, a head checkpoint), with every tensor's storage present, and its hyper-parameters must pass the
+    registered checks; otherwise InputError naming `key`. No tensor is loaded. Returns the top-level dict, tensors
+    stubbed.
     """
     p = Path(path)
     if not p.is_file():
@@ -185,7 +203,8 @@ def read_header(path: str, key: str, head: bool = False) -> dict:
     if missing:
         raise InputError(
             key,
-            f"{unreadable} (the archive lacks {len(missing)} of its {len(storages)} tensor storages); it is truncated or not a torch file",
+            f"{unreadable} (the archive lacks {len(missing)} of its {len(storages)} tensor storages); "
+            "it is truncated or not a torch file",
         )
     ckpt = _plain(ckpt)
     if not _is_ours(ckpt):
@@ -199,7 +218,7 @@ def read_header(path: str, key: str, head: bool = False) -> dict:
 
 
 def check_same_ranker(ckpt: dict, cfg, key: str, path: str) -> None:
-    """The checkpoint holds the ranker that `cfg.model.name` asks for."""
+    """Check that the checkpoint holds the ranker that `cfg.model.name` asks for; otherwise InputError naming `key`."""
     saved = ckpt["hyper_parameters"]["model"]["name"]
     if saved != cfg.model.name:
         raise InputError(key, f"checkpoint '{path}' holds ranker '{saved}' but model.name is '{cfg.model.name}'")

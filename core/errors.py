@@ -21,6 +21,7 @@ def check_choice(key: str, value, choices) -> None:
 
 
 class TrainingStopped(RuntimeError):
-    """Training stopped by a configured policy (e.g. `optim.nonfinite=stop`); the message says why and which
-    checkpoint is the last good one.
+    """Training stopped by a configured policy (e.g. `optim.nonfinite=stop`).
+
+    The message says why and which checkpoint is the last good one.
     """

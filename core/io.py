@@ -1,5 +1,7 @@
-"""Atomic file and folder writes: a crash never leaves a half-written metrics file, run, checkpoint, index or export
-behind; a write that the machine refuses (full disk, file-size limit, permission, I/O error) is one `WriteFault`.
+"""Atomic file and folder writes, and one `WriteFault` for a write that the machine refuses.
+
+A crash never leaves a half-written metrics file, run, checkpoint, index or export behind; a write that the machine
+refuses (full disk, file-size limit, permission, I/O error) is one `WriteFault`.
 
 - `atomic_open` / `write_json` / `AtomicDir`: temp file (or temporary sibling folder), fsync, rename. Any OSError on
   the way, or torch.save's "enforce fail at inline_container.cc" (its writer's report of an OSError), becomes a
@@ -44,8 +46,10 @@ PATH_ERRNOS = {
 
 
 class WriteFault(Exception):
-    """A write the machine refused: `path`, the OS's reason, and what was kept. `code`: the exit code (1: a fault of
-    the machine; 2: found by the probe before the job started, on a path the user chose).
+    """A write the machine refused: `path`, the OS's reason, and what was kept.
+
+    `code`: the exit code (1: a fault of the machine; 2: found by the probe before the job started, on a path the user
+    chose).
     """
 
     def __init__(
@@ -62,8 +66,10 @@ class WriteFault(Exception):
 
 
 def os_error_of(exc: BaseException) -> OSError | None:
-    """The OSError behind `exc`: itself, or the one torch.save's C++ writer reports as "enforce fail at
-    inline_container.cc" (Python keeps it as the RuntimeError's context).
+    """Return the OSError behind `exc`, or None.
+
+    That is `exc` itself, or the one torch.save's C++ writer reports as "enforce fail at inline_container.cc" (Python
+    keeps it as the RuntimeError's context). A TimeoutError or ConnectionError is not a write failure: None.
     """
     if isinstance(exc, OSError):
         return None if isinstance(exc, (TimeoutError, ConnectionError)) else exc
@@ -82,13 +88,14 @@ _FAISS_WRITE = re.compile(r"write error in .*\((?P<reason>[^()]+)\)\s*$")  # fai
 
 
 def torch_write_failure(exc: BaseException) -> bool:
+    """Tell whether `exc` is torch.save's report of a failed write (a RuntimeError from its C++ zip writer)."""
     return isinstance(exc, RuntimeError) and (
         "inline_container.cc" in str(exc) or "PytorchStreamWriter failed" in str(exc)
     )
 
 
 def _library_reason(exc: BaseException) -> str | None:
-    """The OS's reason in the message of a library's writer that does not raise OSError (safetensors, faiss)."""
+    """Return the OS's reason in the message of a library's writer that does not raise OSError (safetensors, faiss)."""
     text = str(exc)
     m = _OS_ERROR.search(text)
     if m and ("I/O error" in text or "serializ" in text.lower()):
@@ -103,6 +110,11 @@ _SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")  # NumPy's tofil
 
 
 def reason_of(exc: BaseException) -> str:
+    """Return why a write failed, for a WriteFault's message.
+
+    The OS's reason (strerror) when an OSError is behind `exc`, else the reason a library writer's message names,
+    else torch.save's first line.
+    """
     e = os_error_of(exc)
     if e is not None and e.strerror:
         return e.strerror
@@ -120,8 +132,10 @@ def reason_of(exc: BaseException) -> str:
 
 
 def as_write_fault(exc: BaseException, path: str | os.PathLike, kept: str) -> WriteFault | None:
-    """`exc` as a WriteFault on `path` (None when it is not a write failure): an OSError, torch.save's report of
-    one, or a library writer's (safetensors, faiss) that names the OS's reason.
+    """Return `exc` as a WriteFault on `path` that says what was `kept`, or None when it is not a write failure.
+
+    A write failure is an OSError, torch.save's report of one, or a library writer's (safetensors, faiss) that names
+    the OS's reason.
     """
     if isinstance(exc, WriteFault):
         return exc
@@ -134,8 +148,10 @@ def as_write_fault(exc: BaseException, path: str | os.PathLike, kept: str) -> Wr
 
 
 def path_in_traceback(exc: BaseException) -> str | None:
-    """For an OSError raised by a plain `f.write` (which names no file): the file being written, read from the
-    innermost frames' locals (an open file object's name, else a local path such as `path`, `folder` or `spill_dir`).
+    """Return the file being written when a plain `f.write` raised the OSError `exc` (which names no file), or None.
+
+    The file is read from the innermost frames' locals: an open file object's name, else a local path such as `path`,
+    `folder` or `spill_dir`.
     """
     import io as _io
 
@@ -184,12 +200,14 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
 
 
 def current_umask() -> int:
+    """Return the process's umask (read by setting it, so it is set back at once)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
 def write_json(path: str | os.PathLike, obj) -> None:
+    """Write `obj` to `path` as JSON (indented, keys sorted) through `atomic_open`; a refused write is a WriteFault."""
     with atomic_open(path) as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -204,7 +222,9 @@ def _fsync_path(p: Path) -> None:
 
 
 class AtomicDir:
-    """`with AtomicDir(path) as tmp:` write files into `tmp`; on success they are fsynced and `tmp` replaces `path`
+    """A folder written whole or not at all: a temporary sibling that replaces `path` on success.
+
+    `with AtomicDir(path) as tmp:` write files into `tmp`; on success they are fsynced and `tmp` replaces `path`
     (an existing directory of the same kind is swapped out and deleted); on error `tmp` is removed and `path` is
     untouched. A non-empty `path` without the file `marker` (an index's manifest.json) is never replaced: it is not
     ours to delete.
@@ -273,11 +293,14 @@ PUBLISHED: set[Path] = set()
 
 @contextmanager
 def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple[Path, ...] = ()) -> Iterator[Path]:
-    """`with result_set(out) as tmp:` write one result's files (and folders, e.g. an index) into `tmp`, a hidden
-    folder inside `out` that no reader looks at; on success they are fsynced and renamed into `out` as a set: the earlier `last` (metrics.json,
-    the mark of a finished run) is removed first, `last` is renamed in last, with SIGINT / SIGTERM held throughout,
-    and the files in `retire` (a pending attempt's config) are removed with them. On any error or interrupt `tmp` is
-    removed and `out` holds the earlier result unchanged; a refused write is a WriteFault saying so.
+    """Publish one result's files into `out` as a set: all of them, or on any error none.
+
+    `with result_set(out) as tmp:` write one result's files (and folders, e.g. an index) into `tmp`, a hidden
+    folder inside `out` that no reader looks at; on success they are fsynced and renamed into `out` as a set: the
+    earlier `last` (metrics.json, the mark of a finished run) is removed first, `last` is renamed in last, with
+    SIGINT / SIGTERM held throughout, and the files in `retire` (a pending attempt's config) are removed with them.
+    On any error or interrupt `tmp` is removed and `out` holds the earlier result unchanged; a refused write is a
+    WriteFault saying so.
     """
     out = Path(out)
     kept = f"earlier results in '{out}' unchanged" if (out / last).exists() else f"no result was written to '{out}'"
@@ -334,10 +357,12 @@ def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple
 
 
 def check_writable(path: str | os.PathLike, key: str) -> None:
-    """The probe every job runs before it loads data or a model: `path` (created if missing) takes a file that is
-    written, renamed and removed. Folders it created are removed again, so a job stopped later by bad input leaves
-    nothing behind. A refusal is a WriteFault naming `key` and the path: exit 2 for a path the user cannot use
-    (permission, read-only file system, not a folder), 1 for a fault of the machine (full disk, I/O error).
+    """Probe that `path` can be written: every job runs this before it loads data or a model.
+
+    `path` (created if missing) takes a file that is written, renamed and removed. Folders it created are removed
+    again, so a job stopped later by bad input leaves nothing behind. A refusal is a WriteFault naming `key` and the
+    path: exit 2 for a path the user cannot use (permission, read-only file system, not a folder), 1 for a fault of
+    the machine (full disk, I/O error).
     """
     p = Path(path)
     created = [q for q in (p, *p.parents) if not q.exists()]
@@ -381,7 +406,7 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
-    """A matplotlib figure to PNG via a temp file and rename (no half-written image), then closed."""
+    """Save a matplotlib figure to PNG via a temp file and rename (no half-written image), then close it."""
     import matplotlib.pyplot as plt  # heavy, and only analyses and figure callbacks draw
 
     path = Path(path)

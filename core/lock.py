@@ -34,13 +34,19 @@ def lock_files(output_dir: str | os.PathLike) -> tuple[Path, Path]:
 
 
 def global_rank_zero() -> bool:
+    """Tell whether this process is global rank 0 of its job, or not part of a distributed job: only it locks.
+
+    That is, every variable of RANK_VARIABLES is unset, empty or 0.
+    """
     return all(os.environ.get(v, "").strip() in ("", "0") for v in RANK_VARIABLES)
 
 
 @contextmanager
 def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
-    """Hold `output_dir`'s lock for the block; when another process holds it, InputError naming the folder and the
-    holder's pid.
+    """Hold `output_dir`'s lock for the block (on global rank 0 only; other ranks run the block without it).
+
+    When another process holds it: InputError naming the folder and the holder's pid. An `output_dir` that exists
+    and is not a folder is an InputError too; a lock that cannot be written beside it is a WriteFault.
     """
     if not global_rank_zero():
         yield
@@ -60,7 +66,8 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     except Timeout:
         raise InputError(
             "output_dir",
-            f"'{output_dir}' is in use by another run ({_holder(pid_path)}); wait for it to end or choose another output_dir",
+            f"'{output_dir}' is in use by another run ({_holder(pid_path)}); "
+            "wait for it to end or choose another output_dir",
         ) from None
     except OSError as e:  # a folder the user may not write: found here, before anything is loaded
         _remove_created(created)
@@ -90,8 +97,9 @@ def _remove_created(created: list[Path]) -> None:
 
 
 def _lock_fault(path: Path, e: BaseException) -> WriteFault:
-    """The lock (or its pid file) cannot be written beside output_dir: one line, exit 2 for a folder the user may not
-    write, 1 for a fault of the machine.
+    """Return the WriteFault for a lock (or its pid file) that cannot be written beside output_dir.
+
+    One line, exit 2 for a folder the user may not write, 1 for a fault of the machine.
     """
     err = e if isinstance(e, OSError) else None
     errno_ = err.errno if err is not None else getattr(e, "errno", None)
@@ -108,8 +116,9 @@ def _lock_fault(path: Path, e: BaseException) -> WriteFault:
 
 @contextmanager
 def claim(lock_path: str | os.PathLike) -> Iterator[bool]:
-    """Hold the lock file `lock_path` for the block when no other process holds it (True), else do nothing (False),
-    without waiting: how several processes share a list of jobs, each taking the ones nobody has.
+    """Hold the lock file `lock_path` for the block when no other process holds it (True), else do nothing (False).
+
+    It never waits: this is how several processes share a list of jobs, each taking the ones nobody has.
     """
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)

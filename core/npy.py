@@ -1,5 +1,7 @@
-"""A .npy file written row block by row block, its length known only at the end: stores too large for memory (the
-ColBERT end-to-end token store, MS MARCO's training triples) go to disk as they are made.
+"""A .npy file written row block by row block, its length known only at the end.
+
+Stores too large for memory (the ColBERT end-to-end token store, MS MARCO's training triples) go to disk as they are
+made.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import numpy as np
 
 
 class NpyRowWriter:
-    """A `[rows, width]` .npy file appended to chunk by chunk, its row count known only at `close`. The header is
-    written first for the largest row count and overwritten in place at the end: numpy pads a header to a multiple
-    of 64 bytes, so any row count gives the same header length (checked), and the rows are never moved (a 150 GB
-    store is not copied to prepend a header). Writes go through the file, not a writable memory map, so written
-    rows leave the process's memory for the page cache at once.
+    """A `[rows, width]` .npy file appended to chunk by chunk, its row count known only at `close`.
+
+    The header is written first for the largest row count and overwritten in place at the end: numpy pads a header to
+    a multiple of 64 bytes, so any row count gives the same header length (checked), and the rows are never moved (a
+    150 GB store is not copied to prepend a header). Writes go through the file, not a writable memory map, so
+    written rows leave the process's memory for the page cache at once.
     """
 
     def __init__(self, path: Path, dtype, width: int, readable: bool = False):
@@ -37,6 +40,7 @@ class NpyRowWriter:
         return buf.getvalue()
 
     def write(self, x: np.ndarray) -> None:
+        """Append the rows `x` ([n, width], cast to the writer's dtype); ValueError for any other shape."""
         x = np.ascontiguousarray(x, dtype=self.dtype)
         if x.ndim != 2 or x.shape[1] != self.width:
             raise ValueError(f"expected rows of width {self.width}, got shape {x.shape}")
@@ -54,8 +58,9 @@ class NpyRowWriter:
         return np.load(self.path, mmap_mode="r")
 
     def reader(self) -> NpyRowReader:
-        """Write the true header and hand the open file to a `NpyRowReader` (the writer was made `readable`): the
-        rows are readable even when the path no longer exists.
+        """Write the true header and hand the open file to a `NpyRowReader` (the writer was made `readable`).
+
+        The rows are readable even when the path no longer exists.
         """
         self._file.seek(0)
         self._file.write(self._header(self.rows))
@@ -64,14 +69,19 @@ class NpyRowWriter:
         return NpyRowReader(self._file)
 
     def abort(self) -> None:
+        """Close the file without writing the true header, after a failure: the file is not a valid .npy of the rows.
+
+        Removing it is the caller's job.
+        """
         self._file.close()
 
 
 class NpyRowReader:
-    """Rows of a `[rows, width]` .npy file read with `pread`, span by span, into fresh arrays: the pages read stay in
-    the page cache, not in this process's resident memory (a memory map of the file would count every page touched,
-    2 MB at a time on kernels that map large folios). The file stays open, so its path may be unlinked at once.
-    `memmap()` maps it too (copy-on-write) for a consumer that wants a tensor of every row.
+    """Rows of a `[rows, width]` .npy file read with `pread`, span by span, into fresh arrays.
+
+    The pages read stay in the page cache, not in this process's resident memory (a memory map of the file would
+    count every page touched, 2 MB at a time on kernels that map large folios). The file stays open, so its path may
+    be unlinked at once. `memmap()` maps it too (copy-on-write) for a consumer that wants a tensor of every row.
     """
 
     def __init__(self, path):
@@ -99,9 +109,11 @@ class NpyRowReader:
         return out
 
     def memmap(self) -> np.ndarray:
+        """Return every row as a copy-on-write memory map of the file, `[rows, width]` (changes never reach it)."""
         return np.memmap(self._file, dtype=self.dtype, mode="c", offset=self.offset, shape=self.shape)
 
     def close(self) -> None:
+        """Close the file; no row can be read after it (a memory map taken before stays valid)."""
         self._file.close()
 
     def __del__(self):

@@ -1,5 +1,6 @@
-"""Declared ranges of numeric config keys, checked when the config is composed (so `--dry-run` checks them too,
-before any file is written or any model loaded).
+"""Declared ranges of numeric config keys, checked when the config is composed.
+
+So `--dry-run` checks them too, before any file is written or any model loaded.
 
 Each schema lists its numeric keys once, in its `__post_init__`:
 
@@ -20,7 +21,9 @@ from core.errors import InputError
 
 @dataclass(frozen=True)
 class Range:
-    """Numbers from `lo` to `hi` (None: unbounded; `lo_open` / `hi_open` leave the bound itself out), plus the
+    """The allowed values of a numeric config key: `value in r` tests one, `str(r)` describes them in messages.
+
+    Numbers from `lo` to `hi` (None: unbounded; `lo_open` / `hi_open` leave the bound itself out), plus the
     special values in `also` (Lightning's -1 = no limit, "auto"). `integer`: whole numbers only, for keys typed Any
     where an int and a float mean different things. `note` says why, in the message.
     """
@@ -48,7 +51,10 @@ class Range:
     def __str__(self) -> str:
         what = "an integer" if self.integer else "a number"
         if self.lo is not None and self.hi is not None:
-            text = f"{what} in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+            text = (
+                f"{what} in {'(' if self.lo_open else '['}{_num(self.lo)}, "
+                f"{_num(self.hi)}{')' if self.hi_open else ']'}"
+            )
         elif self.lo is not None:
             text = f"{what + ' ' if self.integer else ''}{'>' if self.lo_open else '>='} {_num(self.lo)}"
         elif self.hi is not None:

@@ -17,14 +17,18 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
+    """One registered implementation: its `name`, the `build` callable that makes it, and its config `schema`."""
+
     name: str
     build: Callable[..., T]
     schema: type | None  # dataclass describing the entry's config keys
 
 
 def _same_definition(a: Callable, b: Callable) -> bool:
-    """The same source definition imported twice: `python -m pkg.mod` runs mod as __main__, and the registry's own
-    import of pkg.mod then registers it again (the later definition wins).
+    """Tell whether `a` and `b` are the same source definition imported twice.
+
+    `python -m pkg.mod` runs mod as __main__, and the registry's own import of pkg.mod then registers it again (the
+    later definition wins).
     """
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
     return (
@@ -37,11 +41,19 @@ def _same_definition(a: Callable, b: Callable) -> bool:
 
 
 class Registry(Generic[T]):
+    """Name -> implementation registry of one `kind` (rankers, data sources, heads, metrics), filled by `register`."""
+
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
     def register(self, name: str, schema: type | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Return a decorator that registers the decorated builder under `name`, its config checked against `schema`.
+
+        Another definition under a name already taken is a RuntimeError; the same definition imported twice (see
+        `_same_definition`) replaces the first.
+        """
+
         def deco(build: Callable[..., T]) -> Callable[..., T]:
             if name in self._entries and not _same_definition(self._entries[name].build, build):
                 raise RuntimeError(f"{self.kind} '{name}' registered twice")
@@ -51,6 +63,10 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str, where: str | None = None) -> Entry[T]:
+        """Return the entry registered as `name`; an unknown name is an InputError at `where` listing the known ones.
+
+        `where` defaults to the registry's kind.
+        """
         if name not in self._entries:
             raise InputError(
                 where or self.kind, f"unknown {self.kind} '{name}'; expected one of {sorted(self._entries)}"
@@ -58,6 +74,7 @@ class Registry(Generic[T]):
         return self._entries[name]
 
     def names(self) -> list[str]:
+        """Return the registered names, sorted."""
         return sorted(self._entries)
 
     def __contains__(self, name: Any) -> bool:

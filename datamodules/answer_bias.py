@@ -1,7 +1,8 @@
-"""A position-biased training split on real text: the answer-position bias the position-bias paper found in
-MS MARCO (Sec. 4.1, Fig. 1: "the answer positions in the MS MARCO dataset strongly favor earlier positions in the
-paragraphs"), built from a dataset with answer spans (SQuAD, where the paper found answers "relatively unbiased"),
-because MS MARCO passages cannot be had here.
+"""A position-biased training split on real text, built from a dataset with answer spans.
+
+It reproduces the answer-position bias the position-bias paper found in MS MARCO (Sec. 4.1, Fig. 1: "the answer
+positions in the MS MARCO dataset strongly favor earlier positions in the paragraphs"), built from a dataset with answer
+spans (SQuAD, where the paper found answers "relatively unbiased"), because MS MARCO passages cannot be had here.
 
 How the split is built (`data.answer_bias_keep_first` = k, `data.answer_bias_late_keep` = p,
 `data.answer_bias_seed`):
@@ -54,8 +55,9 @@ def late_kept(seed: int, qid: str, p: float) -> bool:
 
 
 def apply_answer_bias(ds: IRDataset, keep_first: float, late_keep: float = 0.0, seed: int = 13) -> IRDataset:
-    """`ds` with its training split cut to the position-biased questions (module doc); the counts go into
-    `IRDataset.answer_bias`.
+    """Return `ds` with its training split cut to the position-biased questions (module doc).
+
+    The counts go into `IRDataset.answer_bias`.
     """
     if not 0 < keep_first <= 1:
         raise InputError(
@@ -86,7 +88,8 @@ def apply_answer_bias(ds: IRDataset, keep_first: float, late_keep: float = 0.0, 
     if not keep:
         raise InputError(
             "config key 'data.answer_bias_keep_first'",
-            f"is {keep_first}: no training question of dataset {ds.name} has its answer in the first {keep_first:g} of its passage; expected a larger fraction",
+            f"is {keep_first}: no training question of dataset {ds.name} has its answer in the first "
+            f"{keep_first:g} of its passage; expected a larger fraction",
         )
     biased = Split(
         queries={q: t for q, t in train.queries.items() if q in keep},
@@ -114,6 +117,7 @@ def describe(counts: dict) -> str:
     return (
         f"position-biased training split (data.answer_bias_keep_first={counts['keep_first']:g}, "
         f"late_keep={counts['late_keep']:g}): {counts['kept']:,} of {counts['questions']:,} training questions kept "
-        f"({counts['early']:,} answered in the first {counts['keep_first']:g}, {counts['late_kept']:,} later ones kept; "
+        f"({counts['early']:,} answered in the first {counts['keep_first']:g}, "
+        f"{counts['late_kept']:,} later ones kept; "
         f"dropped {counts['late_dropped']:,} answered later and {counts['no_answer_dropped']:,} without answer spans)"
     )

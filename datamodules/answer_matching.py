@@ -1,5 +1,6 @@
-"""Answer spans from answer strings, for QA datasets that give answer texts but no offsets (MS MARCO QnA through
-ir_datasets: `MsMarcoQnAQuery.answers`).
+"""Answer spans from answer strings, for QA datasets that give answer texts but no offsets.
+
+Such as MS MARCO QnA through ir_datasets: `MsMarcoQnAQuery.answers`.
 
 The position-bias paper (Sec. 4.1) builds Figure 1 this way: "we matched the available answer tokens to the
 passage tokens of the selected passages ... and counted all matches. For MS MARCO we omitted answers that could not
@@ -20,7 +21,10 @@ NO_ANSWER = "no answer present."
 
 
 def answer_pattern(answer: str) -> re.Pattern | None:
-    """A regex for the answer's words separated by any whitespace, at word boundaries; None for an empty answer."""
+    """Return a regex for the answer's words separated by any whitespace, at word boundaries.
+
+    None for an empty answer (or MS MARCO's "No Answer Present.").
+    """
     words = answer.split()
     if not words or answer.strip().lower() == NO_ANSWER:
         return None

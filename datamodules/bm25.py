@@ -1,4 +1,4 @@
-"""BM25 with bm25s: the first stage of re-ranking evaluation, the source of BM25 negatives, and a baseline run.
+r"""BM25 with bm25s: the first stage of re-ranking evaluation, the source of BM25 negatives, and a baseline run.
 
 Scoring: bm25s' variants (Kamphuis et al. 2020), "lucene" by default (k1 = 1.5, b = 0.75):
 
@@ -6,7 +6,7 @@ Scoring: bm25s' variants (Kamphuis et al. 2020), "lucene" by default (k1 = 1.5, 
     idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5)),
 
 summed over the query's tokens as they occur (a repeated query term counts twice, as in Lucene's BooleanQuery
-of term clauses), over bm25s' tokenizer rules: lower-cased, tokens `(?u)\\b\\w\\w+\\b`, English stopwords removed,
+of term clauses), over bm25s' tokenizer rules: lower-cased, tokens `(?u)\b\w\w+\b`, English stopwords removed,
 stemmed with PyStemmer's English Snowball stemmer only when PyStemmer is installed (optional; the stemmer is part
 of the cache key). Documents are indexed in sorted doc-id order; a query's ranking holds the documents with a score
 > 0 (for lucene, robertson and atire: those sharing at least one term with it), best first, ties broken by doc id,
@@ -81,6 +81,13 @@ Ranking = list[tuple[str, float]]
 
 @dataclass(frozen=True)
 class BM25Params:
+    """A BM25 variant and its parameters; the method is checked on construction.
+
+    `method` is one of METHODS, bm25s' variants (Kamphuis et al. 2020); the defaults are Lucene's (k1 = 1.5,
+    b = 0.75), which BM25 candidates and negatives use; `model=bm25` sets them from `model.method`, `model.k1` and
+    `model.b`. Part of the index's and the run cache's keys.
+    """
+
     method: str = "lucene"
     k1: float = 1.5
     b: float = 0.75
@@ -91,8 +98,10 @@ class BM25Params:
 
 @dataclass
 class BM25Index:
-    """A collection's index: bm25s' retriever (CSC score matrix, vocabulary stem -> term id) and the doc id of each
-    row (sorted; a NumPy array, memory-mapped when loaded).
+    """A collection's BM25 index: bm25s' retriever and the doc id of each row.
+
+    The retriever holds the CSC score matrix and the vocabulary stem -> term id; the doc ids are sorted (a NumPy array,
+    memory-mapped when loaded).
     """
 
     retriever: Any
@@ -109,6 +118,10 @@ def _stemmer():
 
 
 def settings(params: BM25Params = BM25Params()) -> dict:
+    """Return everything besides the texts that decides a BM25 run: the parameters, tokenizer, stemmer, cache version.
+
+    Written into each run cache file and hashed into its name, so a change of any of them recomputes the run.
+    """
     return {
         **asdict(params),
         "token_pattern": TOKEN_PATTERN,
@@ -127,8 +140,10 @@ def _hash_items(h, tag: bytes, items: Mapping[str, str]) -> None:
 
 
 def collection_digest(docs: Mapping[str, str]) -> str:
-    """The collection's content: its `fingerprint` when it has one (a DocStore's SHA-256 of its sources, so nothing
-    is read), else a SHA-256 of its sorted (id, text) items (read one at a time).
+    """Return a SHA-256 digest of the collection's content, the key its BM25 index and runs are cached under.
+
+    Its `fingerprint` when it has one (a DocStore's SHA-256 of its sources, so nothing is read), else a SHA-256 of its
+    sorted (id, text) items (read one at a time).
     """
     fp = getattr(docs, "fingerprint", None)
     if isinstance(fp, str):
@@ -164,8 +179,10 @@ def tokenize(texts: list[str]) -> list[list[str]]:
 
 
 class _Terms(dict):
-    """word -> term id while an index is built (-1: a stop word): a word seen for the first time is stemmed and its
-    stem gets the next id (`stems`: stem -> term id), so a token costs one dict lookup.
+    """Map word -> term id while an index is built (-1: a stop word).
+
+    A word seen for the first time is stemmed and its stem gets the next id (`stems`: stem -> term id), so a token costs
+    one dict lookup.
     """
 
     def __init__(self):
@@ -197,8 +214,9 @@ def _encode(texts: list[str], terms: _Terms) -> tuple[np.ndarray, np.ndarray]:
 def _pair_scores(
     terms: np.ndarray, tf: np.ndarray, lengths: np.ndarray, idf: np.ndarray, nonocc, avgdl, r
 ) -> np.ndarray:
-    """bm25s' score of each (document, term) pair, computed as bm25s' index computes it
-    (scoring._build_scores_and_indices_for_matrix): its tf scorer called with the document length as a Python int,
+    """Return bm25s' score of each (document, term) pair, computed as bm25s' index computes it.
+
+    As in scoring._build_scores_and_indices_for_matrix: its tf scorer called with the document length as a Python int,
     float32 tf and idf, one call per distinct length here (not per document), so the scores are bm25s' to the bit
     under NumPy's promotion rules of any version.
     """
@@ -217,7 +235,7 @@ def _pair_scores(
 
 
 def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | None = None) -> BM25Index | None:
-    """The index of `docs` in memory (module docstring: build memory); None when no document has a token.
+    """Build the index of `docs` in memory (module docstring: build memory); None when no document has a token.
 
     Two passes over chunks of CHUNK_DOCS documents in sorted doc-id order. The first tokenises a chunk into its
     (term id, tf) pairs, counts document frequencies and lengths, and spills the pairs to an unlinked temp file in
@@ -324,7 +342,8 @@ def _save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
 
 
 def _load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
-    """The index in `folder` when its manifest is `manifest` and its files match it (sizes, SHA-256, array shapes);
+    """Load the index in `folder` when its manifest is `manifest` and its files match it (sizes, SHA-256, shapes).
+
     None when there is none, or (with a warning when `warn`) when it does not match.
     """
     if not (folder / MANIFEST).is_file():
@@ -366,9 +385,11 @@ def _load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
 
 
 def _once(lock: Path, load: Callable[[bool], Any], make: Callable[[], Any], what: str) -> Any:
-    """`load(warn)`'s result, else `make()`'s, made by one process at a time: the one holding `lock` (core.lock.claim)
-    looks again and makes it; the others wait until the lock is free, then load it (once: loading verifies checksums).
-    claim does not wait, hence the polling; a holder that dies releases the lock (flock), and a waiter takes over.
+    """Return `load(warn)`'s result, else `make()`'s, made by one process at a time.
+
+    The one holding `lock` (core.lock.claim) looks again and makes it; the others wait until the lock is free, then load
+    it (once: loading verifies checksums). claim does not wait, hence the polling; a holder that dies releases the lock
+    (flock), and a waiter takes over.
     """
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -401,8 +422,10 @@ _NOTHING = object()  # a collection without a single token: no index, nothing to
 def bm25_index(
     docs: Mapping[str, str], params: BM25Params = BM25Params(), cache_dir=None, digest: str | None = None
 ) -> BM25Index | None:
-    """The index of `docs`: loaded from `<cache_dir>/bm25/index-<digest>/`, or built (and saved there, when cache_dir
-    is given); None when no document has a token. `digest`: the collection_digest, when the caller has it.
+    """Return the index of `docs`: loaded from `<cache_dir>/bm25/index-<digest>/`, or built.
+
+    A built index is saved there when cache_dir is given; None when no document has a token. `digest`: the
+    collection_digest, when the caller has it.
     """
     if cache_dir is None:
         return _build_index(docs, params)
@@ -437,7 +460,7 @@ _SAMPLE_STRIDE = 16
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best positive scores, by score desc then index asc (deterministic under ties).
+    """Return the indices of the k best positive scores, by score desc then index asc (deterministic under ties).
 
     On a large collection a threshold t > 0 is taken from a strided sample first, the sample's 2k/stride-th best, so
     that about 2k scores are >= t; when at least k are, they hold the k-th best score and all its ties, and only they
@@ -471,10 +494,11 @@ def _threads() -> int:
 
 
 def rank(index: BM25Index, queries: Mapping[str, str], k: int) -> dict[str, Ranking]:
-    """Qid -> up to k (doc id, score) of `index`, best first. Queries run in parallel threads (NumPy's scoring and
-    selection release the GIL). Each query's scores are bm25s' get_scores_from_ids (float32, its terms added in
-    query order, a repeated term twice); bm25s' retrieve is not used: it returns exactly k documents, zero scores
-    included, with ties in no defined order.
+    """Rank `index` for every query: qid -> up to k (doc id, score), best first.
+
+    Queries run in parallel threads (NumPy's scoring and selection release the GIL). Each query's scores are bm25s'
+    get_scores_from_ids (float32, its terms added in query order, a repeated term twice); bm25s' retrieve is not used:
+    it returns exactly k documents, zero scores included, with ties in no defined order.
     """
     r, doc_ids, vocab = index.retriever, index.doc_ids, index.retriever.vocab_dict
     qids = list(queries)
@@ -504,8 +528,10 @@ def compute_bm25_run(
     cache_dir=None,
     digest: str | None = None,
 ) -> dict[str, Ranking]:
-    """No run cache: rank the collection for every query, qid -> [(doc id, score)], with its index (bm25_index:
-    saved under cache_dir and reused, or in memory only when cache_dir is None).
+    """Rank the collection for every query without a run cache: qid -> [(doc id, score)].
+
+    Uses the collection's index (bm25_index: saved under cache_dir and reused, or in memory only when cache_dir is
+    None).
     """
     if not len(docs) or not queries or k <= 0:
         return {q: [] for q in queries}
@@ -526,12 +552,15 @@ def _run_path(digest: str, queries, k: int, cache_dir, key: str, params: BM25Par
 def cache_path(
     docs: Mapping[str, str], queries: Mapping[str, str], k: int, cache_dir, key: str, params: BM25Params = BM25Params()
 ) -> Path:
+    """Return the file `bm25_run` caches this run in: `<cache_dir>/bm25/<key>-<digest>.json` (module docstring)."""
     return _run_path(collection_digest(docs), queries, k, cache_dir, key, params)
 
 
 def _write_run(f, expected: dict, result: dict[str, Ranking]) -> None:
-    """{"settings": ..., "run": {qid: [[doc id, score], ...]}}, one query at a time with json.dumps: json.dump
-    encodes in pure Python (its C encoder serves dumps only), 3x slower on a 1,000-query run.
+    """Write a run cache file, {"settings": ..., "run": {qid: [[doc id, score], ...]}}, to the open file `f`.
+
+    One query at a time with json.dumps: json.dump encodes in pure Python (its C encoder serves dumps only), 3x slower
+    on a 1,000-query run.
     """
     f.write('{"settings":' + json.dumps(expected, separators=(",", ":")) + ',"run":{')
     for i, (qid, ranking) in enumerate(result.items()):
@@ -547,9 +576,10 @@ def bm25_run(
     key: str = "bm25",
     params: BM25Params = BM25Params(),
 ) -> dict[str, Ranking]:
-    """Qid -> up to k (doc id, BM25 score), best first. Cached on disk under cache_dir (None: no cache, the index
-    built in memory); `key` names the run's cache file (e.g. "squad-val"), the digest makes it specific to the
-    inputs; the collection's index is shared by every run over it.
+    """Return qid -> up to k (doc id, BM25 score), best first, cached on disk under cache_dir.
+
+    cache_dir None: no cache, the index built in memory; `key` names the run's cache file (e.g. "squad-val"), the digest
+    makes it specific to the inputs; the collection's index is shared by every run over it.
     """
     if cache_dir is None:
         return compute_bm25_run(docs, queries, k, params)
@@ -558,8 +588,9 @@ def bm25_run(
     expected = {**settings(params), "k": int(k)}
 
     def load(warn: bool):
-        """The cached run when it is sound: readable JSON, this run's settings and queries, finite scores; else None
-        (`warn`: say what was wrong before it is recomputed and overwritten).
+        """Return the cached run when it is sound: readable JSON, this run's settings and queries, finite scores.
+
+        Else None (`warn`: say what was wrong before it is recomputed and overwritten).
         """
         if not path.exists():
             return None
@@ -593,11 +624,12 @@ def bm25_run(
 
 
 def no_candidates_warning(where: str, qids: list[str], why: str = "no query term occurs in the collection") -> str:
-    """The one-line warning listing the judged queries that have no candidate (BM25 finds none of their terms in the
-    collection, e.g. a query of punctuation only), "" when there are none. Such queries score 0 on every measure and
-    have no line in run.trec, which is what `trec_eval -c` does with them; trec_eval without -c leaves them out of
-    its means. `why`: for candidates from a given run, that the run ranks nothing for them. The caller warns (once,
-    on rank 0).
+    """Return the one-line warning listing the judged queries that have no candidate; "" when there are none.
+
+    BM25 finds none of their terms in the collection (e.g. a query of punctuation only). Such queries score 0 on every
+    measure and have no line in run.trec, which is what `trec_eval -c` does with them; trec_eval without -c leaves them
+    out of its means. `why`: for candidates from a given run, that the run ranks nothing for them. The caller warns
+    (once, on rank 0).
     """
     if not qids:
         return ""

@@ -1,5 +1,7 @@
-"""Keys shared by every data source (`configs/data/*.yaml`). Each source subclasses `DataConfig` with the
-keys of its own files, so an unknown or misspelt key is an error for that source.
+"""Keys shared by every data source (`configs/data/*.yaml`).
+
+Each source subclasses `DataConfig` with the keys of its own files, so an unknown or misspelt key is an error for that
+source.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ TRAINING_ONLY = frozenset(
 
 @dataclass
 class DataConfig:
+    """The `data` config group's keys common to every source, checked when the config is built.
+
+    Each key's comment below says what it does. Construction validates choices and ranges, the fold keys
+    (`check_fold_config`), the answer-bias keys (`check_answer_bias`) and the passage windows (`check_passages`), so a
+    bad value raises InputError before any data is read.
+    """
+
     source: str = "synthetic"
     batch_size: int = 16  # training triplets per optimiser step and rank
     # Evaluation step size: distinct passages for bi-encoders (each encoded once however many queries list it),
@@ -128,8 +137,9 @@ def passage_window(cfg: DataConfig) -> tuple[int, int] | None:
 
 
 def check_answer_bias(cfg: DataConfig) -> None:
-    """The answer-bias keys are in range (k in (0, 1], a keep probability in [0, 1]); run at composition time, so a
-    bad value stops the run before any data is read.
+    """Check that the answer-bias keys are in range (k in (0, 1], a keep probability in [0, 1]).
+
+    Run at composition time, so a bad value stops the run before any data is read.
     """
     k = cfg.answer_bias_keep_first
     if k is not None and not 0 < k <= 1:  # also rejects NaN
@@ -145,13 +155,15 @@ def check_answer_bias(cfg: DataConfig) -> None:
     if k is None and cfg.answer_bias_late_keep:
         raise InputError(
             "config key 'data.answer_bias_late_keep'",
-            f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); set both or neither",
+            f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); "
+            "set both or neither",
         )
 
 
 def split_settings(cfg: DataConfig, split: str) -> str:
-    """`data.key=value` of the keys that decide what `split` holds (its files or ids, counts and fractions, folds,
-    sampling), for the message of a split left empty.
+    """Return `data.key=value` of the keys that decide what `split` holds, for the message of a split left empty.
+
+    Those keys are its files or ids, counts and fractions, folds, sampling.
     """
     values = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
     when_set = (
@@ -178,7 +190,7 @@ def split_settings(cfg: DataConfig, split: str) -> str:
 
 
 def empty_split(cfg: DataConfig, split: str, problem: str) -> InputError:
-    """The error for a split left with nothing to use: names the split and the settings that emptied it."""
+    """Return the error for a split left with nothing to use: names the split and the settings that emptied it."""
     return InputError(
         f"data '{cfg.source}', split '{split}'", f"{problem}; check {split_settings(cfg, split) or 'the data source'}"
     )

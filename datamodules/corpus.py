@@ -24,6 +24,12 @@ Span = tuple[int, int]
 
 @dataclass
 class Split:
+    """One split (train, val or test) of an `IRDataset`: queries, graded qrels, triplets, candidates, origins.
+
+    A source fills what its files hold; a missing part (None triples or candidates) is filled later by
+    `datamodules.negatives`. `origins` lets cross-reference errors point at the file (and line) an entry came from.
+    """
+
     queries: dict[str, str] = field(default_factory=dict)  # qid -> text
     qrels: dict[str, dict[str, int]] = field(default_factory=dict)  # qid -> doc id -> grade (> 0 relevant)
     # training triplets (a list, or a memory-mapped datamodules.triples.TripleArray); None = sample them from qrels
@@ -36,6 +42,11 @@ class Split:
 
 @dataclass
 class IRDataset:
+    """The one internal form every data source produces: the collection, the splits and the answer spans.
+
+    Sources return it from their `build`; `validate` then cross-checks it before the data module serves it.
+    """
+
     name: str
     docs: Mapping[str, str]  # doc id -> passage text: a dict, or a disk-backed datamodules.docstore.DocStore
     splits: dict[str, Split]
@@ -47,6 +58,7 @@ class IRDataset:
     answer_bias: dict | None = None
 
     def split(self, name: str) -> Split:
+        """Return the split `name`; InputError naming the splits there are when the dataset has no such split."""
         if name not in self.splits:
             raise InputError(f"dataset {self.name}", f"has no '{name}' split; it has {sorted(self.splits)}")
         return self.splits[name]
@@ -72,8 +84,8 @@ class IRDataset:
                 )
         for split_name, split in self.splits.items():
 
-            def where(kind: str, *ids: str) -> str:
-                return locate(split.origins.get(kind), *ids) or f"dataset {self.name}, split {split_name}"
+            def where(kind: str, *ids: str, origins=split.origins, split_name=split_name) -> str:
+                return locate(origins.get(kind), *ids) or f"dataset {self.name}, split {split_name}"
 
             for qid, text in split.queries.items():
                 if not text or not text.strip():
@@ -97,7 +109,8 @@ class IRDataset:
                 if qid not in split.queries:
                     raise InputError(
                         where("triples", qid, pos, neg),
-                        f"triple ({qid}, {pos}, {neg}) of split {split_name} names query '{qid}' which is not among the queries",
+                        f"triple ({qid}, {pos}, {neg}) of split {split_name} names query '{qid}' "
+                        "which is not among the queries",
                     )
                 for doc_id in (pos, neg):
                     if doc_id not in self.docs:
@@ -120,8 +133,9 @@ class IRDataset:
 
 
 def locate(origin: str | None, *ids: str) -> str | None:
-    """`file:line` of the first line of the file `origin` whose whitespace-separated fields include every id; the
-    origin itself when it is a config key or the line is not found (ids rewritten by the reader); None without one.
+    """Return `file:line` of the first line of the file `origin` whose whitespace-separated fields include every id.
+
+    The origin itself when it is a config key or the line is not found (ids rewritten by the reader); None without one.
 
     Only called on an error, so re-reading the file costs nothing in a valid run.
     """

@@ -1,5 +1,6 @@
-"""The LightningDataModule: training triplets and evaluation candidates from any source, optionally
-rotation-debiased (position-bias paper Eq. 7), sharded over DDP ranks without padding or dropping.
+"""The LightningDataModule: training triplets and evaluation candidates from any source.
+
+Optionally rotation-debiased (position-bias paper Eq. 7), sharded over DDP ranks without padding or dropping.
 
 Rotation (`data.rotate_train`, `data.rotate_eval`, `data.rotation`; datamodules/rotation.py): with `per_passage`
 (default, the paper's "debiased instance" of each passage) a passage has one cut, from (seed, doc id), in every
@@ -40,8 +41,9 @@ from datamodules.tokenization import PairTokenizer
 
 
 def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> str:
-    """The whitespace-normalized passage, rotated (Eq. 7) at `rotation_index(seed, epoch, key)` when `rotate`; take
-    (epoch, key) from `rotation_draw`.
+    """Return the whitespace-normalized passage, rotated (Eq. 7) at `rotation_index(seed, epoch, key)` when `rotate`.
+
+    Take (epoch, key) from `rotation_draw`.
     """
     words = rotation.normalize(text, [])[0]
     if not rotate:
@@ -51,25 +53,29 @@ def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> st
 
 
 def train_rotation_key(index: int, doc_id: str) -> str:
-    """The key of a training example's passage: triple index and doc id. The `per_epoch` rotation key (the positive
-    and the negative of one triple, and the same passage in two triples, are cut independently, and analyses
-    reproduce the cuts), and the key of the per-epoch passage-window draw (datamodules/passages.py).
+    """Return the key of a training example's passage: triple index and doc id.
+
+    The `per_epoch` rotation key (the positive and the negative of one triple, and the same passage in two triples, are
+    cut independently, and analyses reproduce the cuts), and the key of the per-epoch passage-window draw
+    (datamodules/passages.py).
     """
     return f"{index}:{doc_id}"
 
 
 def eval_rotation_key(doc_id: str) -> str:
-    """The rotation key of a passage cut once (at epoch 0): its doc id, so a passage is cut alike for every query and
-    at every evaluation, and with `per_passage` also in every training triple and epoch
-    (`rotation.passage_rotation_index`).
+    """Return the rotation key of a passage cut once (at epoch 0): its doc id.
+
+    So a passage is cut alike for every query and at every evaluation, and with `per_passage` also in every training
+    triple and epoch (`rotation.passage_rotation_index`).
     """
     return doc_id
 
 
 def rotation_draw(rotation_mode: str, epoch: int, doc_id: str, index: int | None = None) -> tuple[int, str]:
-    """(epoch, key) whose `rotation.rotation_index` is the Eq. 7 cut of passage `doc_id`: `per_passage` (and any
-    evaluation passage, `index=None`) -> (0, doc id) at every epoch; `per_epoch` training passage of triple `index`
-    -> (epoch, "index:doc id").
+    """Return the (epoch, key) whose `rotation.rotation_index` is the Eq. 7 cut of passage `doc_id`.
+
+    `per_passage` (and any evaluation passage, `index=None`) -> (0, doc id) at every epoch; `per_epoch` training
+    passage of triple `index` -> (epoch, "index:doc id").
     """
     if rotation_mode not in rotation.ROTATIONS:
         raise ValueError(f"rotation mode {rotation_mode!r}; expected one of {list(rotation.ROTATIONS)}")
@@ -80,8 +86,10 @@ def rotation_draw(rotation_mode: str, epoch: int, doc_id: str, index: int | None
 
 @dataclass(frozen=True)
 class TripletKeys:
-    """Which documents a triplet holds, for the in-batch negatives: `doc_key` of its positive and negative, and of
-    every document judged relevant to its query (another query's passage may be one of them).
+    """Which documents a triplet holds, for the in-batch negatives.
+
+    `doc_key` of its positive and negative, and of every document judged relevant to its query (another query's passage
+    may be one of them).
     """
 
     pos: int
@@ -90,17 +98,20 @@ class TripletKeys:
 
 
 def doc_key(doc_id: str) -> int:
-    """A document id as a non-negative int64, the same in every process and DDP rank (Python's hash() is salted);
-    63 bits, so two different ids of one batch collide with probability 2^-63.
+    """Return a document id as a non-negative int64, the same in every process and DDP rank.
+
+    Python's hash() is salted, so a BLAKE2b digest is used; 63 bits, so two different ids of one batch collide with
+    probability 2^-63.
     """
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
 class TripletDataset(Dataset):
-    """(query, positive, negative) texts of triplet i at an epoch, with its TripletKeys. With `rotate`, each passage is cut as
-    `rotation_mode` says (`rotation_draw`: once per passage, or per epoch and triple). With `window` (size, stride)
-    each document is replaced by one of its passages (datamodules/passages.py, `train_passage`: drawn per epoch, or
-    the first), cut from the rotated document.
+    """Training dataset: item (epoch, i) -> (query, positive, negative) texts of triplet i, with its TripletKeys.
+
+    With `rotate`, each passage is cut as `rotation_mode` says (`rotation_draw`: once per passage, or per epoch and
+    triple). With `window` (size, stride) each document is replaced by one of its passages (datamodules/passages.py,
+    `train_passage`: drawn per epoch, or the first), cut from the rotated document.
     """
 
     def __init__(
@@ -149,9 +160,16 @@ class TripletDataset(Dataset):
 
 @dataclass
 class TripletCollate:
+    """Collate TripletDataset items into a tokenised training batch with the doc keys for in-batch negatives.
+
+    Besides the tokenizer's `triplets` output, the batch holds `pos_doc`, `neg_doc` and `relevant_docs` (each query's
+    judged documents, padded with -1), so the module can mask an in-batch negative judged relevant to the query.
+    """
+
     tokenizer: PairTokenizer
 
     def __call__(self, items: list[tuple[str, str, str, TripletKeys]]) -> dict[str, torch.Tensor]:
+        """Tokenise the batch's triplets and add the doc-key tensors."""
         q, p, n, keys = map(list, zip(*items))
         batch = self.tokenizer.triplets(q, p, n)
         # doc keys of the batch's passages and, per query, of its judged documents (-1 pads): the module masks an
@@ -166,8 +184,10 @@ class TripletCollate:
 
 
 class PairDataset(Dataset):
-    """(query, candidate) pairs of one split, one rank's contiguous shard (cross-encoders: a batch is pairs). With
-    passages, a pair names a passage (a unit of `dtexts`) and `unit_doc` maps it to its document's index.
+    """Evaluation dataset of (query, candidate) pairs of one split, one rank's contiguous shard.
+
+    Cross-encoders: a batch is pairs. With passages, a pair names a passage (a unit of `dtexts`) and `unit_doc` maps it
+    to its document's index.
     """
 
     def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str], unit_doc: np.ndarray | None = None):
@@ -184,9 +204,12 @@ class PairDataset(Dataset):
 
 @dataclass
 class PairCollate:
+    """Collate PairDataset items into a tokenised batch of pairs with their `qidx` and `didx` (cross-encoders)."""
+
     tokenizer: PairTokenizer
 
     def __call__(self, items) -> dict[str, torch.Tensor]:
+        """Tokenise the batch's (query, passage) pairs and add their query and document indices."""
         qi, di, q, d = map(list, zip(*items))
         batch = self.tokenizer.pairs(q, d)
         batch["qidx"] = torch.tensor(qi)
@@ -195,8 +218,9 @@ class PairCollate:
 
 
 def doc_chunks(pairs: np.ndarray, max_docs: int, doc_len: np.ndarray | None = None) -> list[np.ndarray]:
-    """Cut (qidx, didx) pairs into chunks of at most `max_docs` distinct passages, grouped by passage. With
-    `doc_len` (a length per passage index), passages of similar length share a chunk, longest first, so dynamic
+    """Cut (qidx, didx) pairs into chunks of at most `max_docs` distinct passages, grouped by passage.
+
+    With `doc_len` (a length per passage index), passages of similar length share a chunk, longest first, so dynamic
     padding pads little; scores do not depend on the grouping.
     """
     if len(pairs) == 0:
@@ -209,9 +233,11 @@ def doc_chunks(pairs: np.ndarray, max_docs: int, doc_len: np.ndarray | None = No
 
 
 class DocChunkDataset(Dataset):
-    """Bi-encoder evaluation: one item is a chunk of distinct passages, tokenised (and so encoded) once, with
-    every (query, passage) pair that needs them. The split's queries are encoded once per evaluation by the
-    module (`RankingModule.encode_query_texts`) and scored against each chunk by index.
+    """Bi-encoder evaluation dataset: one item is a chunk of distinct passages with the pairs that need them.
+
+    The passages are tokenised (and so encoded) once, with every (query, passage) pair that needs them. The split's
+    queries are encoded once per evaluation by the module (`RankingModule.encode_query_texts`) and scored against each
+    chunk by index.
     """
 
     def __init__(
@@ -239,12 +265,13 @@ class DocChunkDataset(Dataset):
 
 
 class EmptyShard(Dataset):
-    """The evaluation loader of a DDP rank whose shard is empty (fewer chunks or pairs than ranks, e.g. a 1-query
-    split): one batch with no pairs, which `RankingModule` skips. Lightning's alternative,
-    `allow_zero_length_dataloader_with_multiple_devices`, skips the whole evaluation loop on that rank, epoch-end
-    hooks included, so the others would wait forever in the collectives there (the run gather, the isotropy and
-    ATS callbacks) and in the DDP wrapper's buffer sync on the first step: every rank must run the loop, and the
-    same collectives, once each.
+    """Dataset for a DDP rank whose evaluation shard is empty: one batch with no pairs.
+
+    Used when there are fewer chunks or pairs than ranks (e.g. a 1-query split); `RankingModule` skips the batch.
+    Lightning's alternative, `allow_zero_length_dataloader_with_multiple_devices`, skips the whole evaluation loop on
+    that rank, epoch-end hooks included, so the others would wait forever in the collectives there (the run gather, the
+    isotropy and ATS callbacks) and in the DDP wrapper's buffer sync on the first step: every rank must run the loop,
+    and the same collectives, once each.
     """
 
     def __len__(self) -> int:
@@ -255,9 +282,10 @@ class EmptyShard(Dataset):
 
 
 class PassageTexts(Sequence[str]):
-    """The evaluation texts of `doc_ids`, each read from the collection when asked (`passage_text`, cut once per
-    passage): a split re-ranking MS MARCO's top 1,000 names millions of passages, which a list would hold in every
-    rank. Compares equal to the list of the same texts.
+    """The evaluation texts of `doc_ids`, each read from the collection when asked.
+
+    Via `passage_text`, cut once per passage: a split re-ranking MS MARCO's top 1,000 names millions of passages, which
+    a list would hold in every rank. Compares equal to the list of the same texts.
     """
 
     def __init__(self, docs, doc_ids: list[str], rotate: bool, seed: int, rotation_mode: str):
@@ -292,6 +320,24 @@ class EvalSplit:
 
 
 class RankingDataModule(pl.LightningDataModule):
+    """Serve training triplets and evaluation candidates of the configured source to a ranker.
+
+    Loads the dataset (`load_dataset`), draws the training triplets (`train_triples`) and builds the val and test
+    `EvalSplit`s; its loaders shard them over DDP ranks without padding, rotation-debiased as `data.rotate_train` /
+    `data.rotate_eval` say (module docstring). It also gives the isotropy callback its probe texts and test batches.
+
+    Parameters
+    ----------
+    cfg
+        The run's `data` config (a `DataConfig` of the source).
+    tokenizer : PairTokenizer
+        Tokenises batches in the loaders (and their workers).
+    seed : int
+        Run seed: triplet sampling, rotation cuts, the training order and the probe set.
+    probe_queries, probe_docs : int
+        Size of the isotropy probe set (`probe_texts`).
+    """
+
     def __init__(self, cfg, tokenizer: PairTokenizer, seed: int, probe_queries: int = 32, probe_docs: int = 64):
         super().__init__()
         self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
@@ -305,18 +351,22 @@ class RankingDataModule(pl.LightningDataModule):
 
     # ---- loading -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
+        """Load the dataset, unless loaded already (rank 0 only, so the BM25 caches are filled once)."""
         # Rank 0 only: fills the BM25 caches so the other ranks read instead of recompute. The entry points
         # have usually loaded the data already (to validate it before writing anything).
         if self.dataset is None:
             self._load()
 
     def setup(self, stage: str | None = None) -> None:
+        """Load the dataset on this rank, unless loaded already."""
         if self.dataset is None:
             self._load()
 
     def _candidates(self, ds: IRDataset, split_name: str, qids: list[str] | None = None) -> dict[str, list[str]]:
-        """The split's candidate lists, or the BM25 top-k of its queries (`qids`: of these only, e.g. the sampled
-        evaluation queries; ranking 6,980 MS MARCO dev queries to test 8 of them would waste minutes).
+        """Return the split's candidate lists, or the BM25 top-k of its queries.
+
+        `qids`: of these only (e.g. the sampled evaluation queries; ranking 6,980 MS MARCO dev queries to test 8 of
+        them would waste minutes).
         """
         split = ds.split(split_name)
         if split.candidates is not None:
@@ -327,9 +377,10 @@ class RankingDataModule(pl.LightningDataModule):
         )
 
     def train_triples(self, ds: IRDataset) -> list[tuple[str, str, str]]:
-        """The training triplets of `ds` in training order: the source's, or sampled from its qrels (BM25 or random
-        negatives), then cut to `max_train_triples`. Index i of this list is the i of `train_rotation_key`
-        (the `per_epoch` rotation key).
+        """Return the training triplets of `ds` in training order.
+
+        The source's, or sampled from its qrels (BM25 or random negatives), then cut to `max_train_triples`. Index i of
+        this list is the i of `train_rotation_key` (the `per_epoch` rotation key).
         """
         cfg = self.cfg
         train = ds.split("train")
@@ -397,6 +448,7 @@ class RankingDataModule(pl.LightningDataModule):
         return torch.Generator().manual_seed(self.seed)
 
     def train_dataloader(self) -> DataLoader:
+        """Return the resumable training loader: triplets in the seeded per-epoch order, sharded over DDP ranks."""
         rank, world = self._rank_world()
         train = self.dataset.split("train")
         ds = TripletDataset(
@@ -423,6 +475,12 @@ class RankingDataModule(pl.LightningDataModule):
         )
 
     def eval_dataloader(self, name: str) -> DataLoader:
+        """Return this rank's loader of the evaluation split `name` ("val" or "test").
+
+        Bi-encoders: chunks of distinct passages (each encoded once), strided over the ranks. Cross-encoders: a
+        contiguous shard of the (query, passage) pairs in batches of `eval_batch_size`. A rank with an empty share
+        gets one empty batch (`EmptyShard`).
+        """
         rank, world = self._rank_world()
         split = self.eval_splits[name]
         common = dict(
@@ -449,16 +507,20 @@ class RankingDataModule(pl.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        """Return this rank's loader of the validation split."""
         return self.eval_dataloader("val")
 
     def test_dataloader(self) -> DataLoader:
+        """Return this rank's loader of the test split."""
         return self.eval_dataloader("test")
 
     # ---- isotropy probe ------------------------------------------------------------------------------------
     def pair_batches(
         self, split: str, batch_pairs: int, max_batches: int | None = None, sample_seed: int = 0, texts: bool = True
     ) -> list[tuple[int, list, list]]:
-        """The split's (query, candidate) pairs in split order (queries in order, candidates in their order), cut into
+        """Return this rank's share of the split's pairs in batches of `batch_pairs`: [(k, queries, passages)].
+
+        The split's (query, candidate) pairs in split order (queries in order, candidates in their order), cut into
         consecutive batches of `batch_pairs` pairs, as an evaluation loop of that batch size would see them (the
         isotropy paper's test mini-batches, Sec. 3.2): [(k, query texts, passage texts)], this rank's share (the
         j-th batch taken goes to rank j mod world size), so DDP ranks split the batches without overlap and k names
@@ -483,9 +545,11 @@ class RankingDataModule(pl.LightningDataModule):
         return out
 
     def probe_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
-        """A fixed, seeded probe set (queries and candidate passages of `split`: "val" at every validation, "test"
-        at test), this rank's shard: I(W) and avgcos are measured on the same texts at every validation, and DDP
-        ranks split it without overlap. A split the source does not have falls back to the validation split.
+        """Return this rank's shard of a fixed, seeded probe set: (query texts, passage texts) of `split`.
+
+        The queries and candidate passages of `split` ("val" at every validation, "test" at test), this rank's shard:
+        I(W) and avgcos are measured on the same texts at every validation, and DDP ranks split it without overlap. A
+        split the source does not have falls back to the validation split.
         """
         split = self.eval_splits[split if split in self.eval_splits else "val"]
         rng = np.random.default_rng([self.seed, 3])

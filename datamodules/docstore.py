@@ -52,13 +52,14 @@ _FILES = ("docs.arrow", "index_keys.npy", "index_rows.npy", "sorted_rows.npy")
 
 
 def id_key(doc_id: str) -> int:
-    """The 64-bit key of a doc id in the store's index (BLAKE2b, the same in every process: hash() is salted)."""
+    """Return the 64-bit key of a doc id in the store's index (BLAKE2b, the same in every process: hash() is salted)."""
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def fingerprint(kind: str, paths: Iterable[Path], **settings) -> str:
-    """SHA-256 of a source's files (their bytes, in the given order) and the reader's settings: the store's name.
-    Hashing reads each file once (about 2 s per GB here), far less than parsing it.
+    """Return the SHA-256 of a source's files (their bytes, in the given order) and the reader's settings.
+
+    It is the store's name. Hashing reads each file once (about 2 s per GB here), far less than parsing it.
     """
     h = hashlib.sha256(json.dumps({"kind": kind, "version": STORE_VERSION, **settings}, sort_keys=True).encode())
     for path in paths:
@@ -78,8 +79,10 @@ def _sha256(path: Path) -> str:
 
 
 class RowStore(Mapping[str, str]):
-    """A read-only Mapping doc id -> text whose documents have rows 0..len-1: subclasses give `row(doc_id)`,
-    `text_at(row)`, `id_at(row)`, `__len__`, `__iter__` and `_sorted_rows`; the lookups by id are shared.
+    """A read-only Mapping doc id -> text whose documents have rows 0..len-1.
+
+    Subclasses give `row(doc_id)`, `text_at(row)`, `id_at(row)`, `__len__`, `__iter__` and `_sorted_rows`; the lookups
+    by id are shared.
     """
 
     # the texts were checked (non-empty, ids unique) when the store was built: IRDataset.validate need not read them
@@ -87,12 +90,15 @@ class RowStore(Mapping[str, str]):
     _sorted_rows: np.ndarray
 
     def row(self, doc_id: str) -> int:
+        """Return the row of `doc_id`, -1 when the store does not hold it (each subclass implements it)."""
         raise NotImplementedError
 
     def text_at(self, row: int) -> str:
+        """Return the text of row `row` (each subclass implements it)."""
         raise NotImplementedError
 
     def id_at(self, row: int) -> str:
+        """Return the doc id of row `row` (each subclass implements it)."""
         raise NotImplementedError
 
     def rows(self, doc_ids: Iterable[str]) -> np.ndarray:
@@ -105,7 +111,7 @@ class RowStore(Mapping[str, str]):
         return StoreIds(self)
 
     def sorted_rows(self) -> np.ndarray:
-        """The rows in sorted doc-id order (memory-mapped)."""
+        """Return the rows in sorted doc-id order (memory-mapped)."""
         return self._sorted_rows
 
     def __getitem__(self, doc_id: str) -> str:
@@ -119,8 +125,10 @@ class RowStore(Mapping[str, str]):
 
 
 class DocStore(RowStore):
-    """The collection of one store folder (module docstring): a read-only Mapping doc id -> text whose texts live in
-    a memory-mapped Arrow file. Pickles as its folder, so DataLoader workers reopen it instead of copying it.
+    """The collection of one store folder (module docstring), a read-only Mapping doc id -> text.
+
+    Its texts live in a memory-mapped Arrow file. Pickles as its folder, so DataLoader workers reopen it instead of
+    copying it.
     """
 
     def __init__(self, folder: str | os.PathLike):
@@ -172,8 +180,9 @@ class DocStore(RowStore):
         return self._bytes(column, row).decode("utf-8")
 
     def _column_batch(self, column: str, b: int) -> tuple[np.ndarray, bytes]:
-        """(offsets from 0, UTF-8 bytes) of column `column` in record batch `b`, read with pread (a pass over the
-        whole collection through the mapping would leave every page of it in this process's RSS).
+        """Return (offsets from 0, UTF-8 bytes) of column `column` in record batch `b`, read with pread.
+
+        A pass over the whole collection through the mapping would leave every page of it in this process's RSS.
         """
         n = self._batches[b].num_rows
         offsets_at, data_at = self._cols[column][b]
@@ -182,8 +191,9 @@ class DocStore(RowStore):
         return offsets - offsets[0], data
 
     def _spans(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(file offset of the first byte, of the byte after the last) of column `column` in each of `rows`,
-        vectorised over the rows of each record batch (its int32 offsets are read through the mapping: 4 bytes a row).
+        """Return (file offset of the first byte, of the byte after the last) of column `column` in each of `rows`.
+
+        Vectorised over the rows of each record batch (its int32 offsets are read through the mapping: 4 bytes a row).
         """
         rows = np.asarray(rows, dtype=np.int64)
         starts, ends = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
@@ -200,17 +210,19 @@ class DocStore(RowStore):
         return starts, ends
 
     def text_at(self, row: int) -> str:
+        """Return the text of row `row`, read with pread (not through the mapping: see `__init__`)."""
         return self._string("text", row)
 
     def text_bytes_at(self, row: int) -> bytes:
-        """The text of row `row` as UTF-8 bytes (no decoding: how the text index confirms a hit)."""
+        """Return the text of row `row` as UTF-8 bytes (no decoding: how the text index confirms a hit)."""
         return self._bytes("text", row)
 
     def id_at(self, row: int) -> str:
+        """Return the doc id of row `row`, read with pread."""
         return self._string("id", row)
 
     def row(self, doc_id: str) -> int:
-        """The row of `doc_id`, -1 when the store does not hold it."""
+        """Return the row of `doc_id`, -1 when the store does not hold it (a binary search of the id index)."""
         key = np.uint64(id_key(doc_id))
         i = int(np.searchsorted(self._keys, key))
         while i < self._n and self._keys[i] == key:
@@ -229,6 +241,7 @@ class DocStore(RowStore):
             yield from batch.column("id").to_pylist()
 
     def items(self):
+        """Return the (doc id, text) items, streamed batch by batch in row order."""
         return _StoreItems(self)
 
 
@@ -241,6 +254,8 @@ class _StoreItems(ItemsView):
 
 
 class StoreIds(Sequence[str]):
+    """The doc ids of a RowStore in row order, a lazy sequence: ids[i] reads row i's id when asked."""
+
     def __init__(self, store: RowStore):
         self.store = store
 
@@ -258,14 +273,16 @@ class StoreIds(Sequence[str]):
 
 
 def ids_in_order(docs: Mapping[str, str]) -> Sequence[str]:
-    """A collection's doc ids in its order, by position: the store's lazy view, or a dict's keys as a list."""
+    """Return a collection's doc ids in its order, by position: the store's lazy view, or a dict's keys as a list."""
     ids = getattr(docs, "ids", None)
     return ids if isinstance(ids, Sequence) else list(docs)
 
 
 def _file_offsets(array, base: int) -> tuple[int, int]:
-    """(file offset of the int32 offsets of row 0, file offset of the bytes) of a string array of a memory-mapped
-    Arrow file whose first byte is at address `base` (zero-copy buffers: their address minus the map's).
+    """Return (file offset of the int32 offsets of row 0, file offset of the bytes) of a string array.
+
+    The array belongs to a memory-mapped Arrow file whose first byte is at address `base` (zero-copy buffers: their
+    address minus the map's).
     """
     _, offsets, data = array.buffers()
     return offsets.address - base + 4 * array.offset, (data.address - base) if data is not None else 0
@@ -273,6 +290,7 @@ def _file_offsets(array, base: int) -> tuple[int, int]:
 
 # ---- building ------------------------------------------------------------------------------------------------
 def store_folder(cache_dir: str | os.PathLike, fp: str) -> Path:
+    """Return the folder of the store of content `fp`: `<cache_dir>/docstore/<fp[:32]>/`."""
     return Path(cache_dir) / "docstore" / fp[:32]
 
 
@@ -308,8 +326,10 @@ def open_store(
     origin: str,
     kind: str = "passage id",
 ) -> DocStore:
-    """The store of content `fp` in `cache_dir`, built from `records()` ((line number, id, text) in source order; the
-    reader raises InputError on a malformed line) when no complete one exists. One process builds, others wait.
+    """Open the store of content `fp` in `cache_dir`, building it first when no complete one exists.
+
+    It is built from `records()` ((line number, id, text) in source order; the reader raises InputError on a malformed
+    line). One process builds, others wait.
     """
     from filelock import FileLock
 
@@ -349,8 +369,10 @@ def _build(folder: Path, fp: str, records, origin: str, kind: str) -> None:
 
 
 def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "passage id") -> None:
-    """The files of a store of content `fp` (module docstring) from `records()` into the existing empty folder `tmp`,
-    fsynced; the caller renames it into place (open_store) or writes it inside a folder it renames (text triples).
+    """Write the files of a store of content `fp` (module docstring) from `records()` into the empty folder `tmp`.
+
+    `tmp` must exist; the files are fsynced; the caller renames it into place (open_store) or writes it inside a folder
+    it renames (text triples).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -410,7 +432,7 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
 
 
 def _check_unique(table, sorted_keys: np.ndarray, rows: np.ndarray, lines: np.ndarray, origin: str, kind: str) -> None:
-    """A doc id listed twice is an error naming both lines, as the in-memory readers report it."""
+    """Raise InputError for a doc id listed twice, naming both lines, as the in-memory readers report it."""
     same = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
     ids = table.column("id")
     dups = []
@@ -431,7 +453,7 @@ TEXT_INDEX_VERSION = 1
 
 
 def text_key(data: bytes | memoryview) -> int:
-    """The 64-bit key of a text's UTF-8 bytes in a text index (BLAKE2b, as `id_key`)."""
+    """Return the 64-bit key of a text's UTF-8 bytes in a text index (BLAKE2b, as `id_key`)."""
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
@@ -442,13 +464,16 @@ def text_keys(texts: Sequence[bytes | memoryview]) -> np.ndarray:
 
 
 def text_index_folder(cache_dir: str | os.PathLike, fp: str) -> Path:
+    """Return the folder of the text index of the store of content `fp`: `<cache_dir>/docstore/<fp[:32]>-texts/`."""
     return Path(cache_dir) / "docstore" / f"{fp[:32]}-texts"
 
 
 class TextIndex:
-    """Rows of a store by text: `keys.npy`, the 64-bit `text_key` of every text, sorted (rows ascending among equal
-    keys), and `rows.npy`, each key's row; both memory-mapped. A lookup is a binary search, then a read of the row's
-    text to confirm it (a key collision costs a read, never a wrong row).
+    """Rows of a store by text, the index text triples resolve passages with.
+
+    `keys.npy`, the 64-bit `text_key` of every text, sorted (rows ascending among equal keys), and `rows.npy`, each
+    key's row; both memory-mapped. A lookup is a binary search, then a read of the row's text to confirm it (a key
+    collision costs a read, never a wrong row).
     """
 
     def __init__(self, folder: str | os.PathLike, store: DocStore):
@@ -459,8 +484,10 @@ class TextIndex:
             raise ValueError(f"{self.folder}: {self.keys.shape[0]} keys for {len(store)} texts")
 
     def rows_of(self, texts: Sequence[bytes | memoryview]) -> np.ndarray:
-        """The row of each text (UTF-8 bytes), -1 where the store does not hold it; a text the store holds more than
-        once gets its last row (as `{text: id for id, text in docs.items()}` keeps the last id).
+        """Return the row of each text (UTF-8 bytes), -1 where the store does not hold it.
+
+        A text the store holds more than once gets its last row (as `{text: id for id, text in docs.items()}` keeps the
+        last id).
         """
         keys = text_keys(texts)
         out = np.full(len(texts), -1, dtype=np.int64)
@@ -494,9 +521,10 @@ class TextIndex:
 
 
 def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
-    """The text index of `store` in `cache_dir` (`<fingerprint[:32]>-texts/` beside the store), built from the store's
-    texts (read batch by batch with pread: the collection's texts never sit in memory) when missing or damaged. One
-    process builds, others wait.
+    """Open the text index of `store` in `cache_dir` (`<fingerprint[:32]>-texts/` beside the store).
+
+    Built from the store's texts (read batch by batch with pread: the collection's texts never sit in memory) when
+    missing or damaged. One process builds, others wait.
     """
     from filelock import FileLock
 
@@ -540,9 +568,10 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
 
 # ---- two stores as one collection ----------------------------------------------------------------------------------
 class StackedStore(RowStore):
-    """The read-only Mapping doc id -> text of `base` followed by `extra` (two stores with disjoint ids), with the
-    DocStore methods the pipeline uses; row r < len(base) is base's row r, row len(base) + r is extra's row r.
-    `sorted_rows` is the file of `stacked_sorted_rows(base, extra)`. Pickles as the two folders and that path.
+    """The read-only Mapping doc id -> text of `base` followed by `extra` (two stores with disjoint ids).
+
+    It has the DocStore methods the pipeline uses; row r < len(base) is base's row r, row len(base) + r is extra's row
+    r. `sorted_rows` is the file of `stacked_sorted_rows(base, extra)`. Pickles as the two folders and that path.
     """
 
     def __init__(self, base: DocStore, extra: DocStore, sorted_rows: str | os.PathLike):
@@ -570,18 +599,22 @@ class StackedStore(RowStore):
         return (self.base, row) if row < self._n0 else (self.extra, row - self._n0)
 
     def text_at(self, row: int) -> str:
+        """Return the text of stacked row `row` (base's rows first, then extra's)."""
         store, r = self._at(row)
         return store.text_at(r)
 
     def text_bytes_at(self, row: int) -> bytes:
+        """Return the text of stacked row `row` as UTF-8 bytes."""
         store, r = self._at(row)
         return store.text_bytes_at(r)
 
     def id_at(self, row: int) -> str:
+        """Return the doc id of stacked row `row`."""
         store, r = self._at(row)
         return store.id_at(r)
 
     def row(self, doc_id: str) -> int:
+        """Return the stacked row of `doc_id` (base's row, else extra's plus len(base)); -1 when neither holds it."""
         r = self.base.row(doc_id)
         if r >= 0:
             return r
@@ -596,6 +629,7 @@ class StackedStore(RowStore):
         yield from self.extra
 
     def items(self):
+        """Return the (doc id, text) items, base's then extra's, streamed batch by batch."""
         return _StackedItems(self)
 
 
@@ -606,7 +640,7 @@ class _StackedItems(ItemsView):
 
 
 def stacked_sorted_rows(base: DocStore, extra: DocStore) -> np.ndarray:
-    """The rows of StackedStore(base, extra) in sorted doc-id order (an argsort of both id columns: ids only)."""
+    """Return the rows of StackedStore(base, extra) in sorted doc-id order (an argsort of both id columns: ids only)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -112,8 +112,9 @@ def _natural(q: str):
 
 
 def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
-    """(queries, qrels) of every query with a relevant document, over all splits. A query id in two splits must have
-    the same text and judgements there (else there is no single query to assign).
+    """Return (queries, qrels) of every query with a relevant document, over all splits.
+
+    A query id in two splits must have the same text and judgements there (else there is no single query to assign).
     """
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
@@ -125,7 +126,8 @@ def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, i
             if qid in queries and (queries[qid] != split.queries[qid] or qrels[qid] != judged):
                 raise InputError(
                     "data.num_folds",
-                    f"dataset {ds.name}: query '{qid}' is in splits {seen_in[qid]} and {name} with different text or judgements; folds need each query once",
+                    f"dataset {ds.name}: query '{qid}' is in splits {seen_in[qid]} and {name} "
+                    "with different text or judgements; folds need each query once",
                 )
             queries[qid] = split.queries[qid]
             qrels[qid] = dict(judged)
@@ -134,8 +136,10 @@ def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, i
 
 
 def query_groups(ds: IRDataset, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, str] | None:
-    """Qid -> group that must stay in one fold, or None (every query on its own). SQuAD: the article of the
-    query's relevant paragraph, so no paragraph is relevant in two folds (as its own split by article).
+    """Return qid -> group that must stay in one fold, or None (every query on its own).
+
+    SQuAD: the article of the query's relevant paragraph, so no paragraph is relevant in two folds (as its own split
+    by article).
     """
     if ds.name != "squad":
         return None
@@ -147,8 +151,9 @@ def query_groups(ds: IRDataset, qrels: Mapping[str, Mapping[str, int]]) -> dict[
 
 
 def apply_folds(ds: IRDataset, num_folds: int, fold: int, seed: int, source: str = "") -> IRDataset:
-    """`ds` with its splits rebuilt from fold `fold` of `num_folds` (see the module docstring); docs and answers
-    are kept. Raises InputError naming data.num_folds when a split carries triples or candidates.
+    """Return `ds` with its splits rebuilt from fold `fold` of `num_folds` (see the module docstring).
+
+    Docs and answers are kept. Raises InputError naming data.num_folds when a split carries triples or candidates.
     """
     source = source or ds.name
     for name, split in ds.splits.items():
@@ -156,7 +161,8 @@ def apply_folds(ds: IRDataset, num_folds: int, fold: int, seed: int, source: str
             if value is not None:
                 raise InputError(
                     "data.num_folds",
-                    f"is {num_folds} but source '{source}' gives {what} (split {name}), which belong to its own splits; "
+                    f"is {num_folds} but source '{source}' gives {what} (split {name}), "
+                    "which belong to its own splits; "
                     "folds only re-split sources without triples and candidate lists (cranfield, vaswani, cisi, cacm, "
                     "synthetic, squad); set data.num_folds=null",
                 )

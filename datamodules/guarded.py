@@ -1,6 +1,8 @@
-"""DataLoaders whose failures name the example: an exception inside `dataset[i]` or a worker process that dies
-(the OOM killer, a crash in a tokenizer) stops the run with a RuntimeError naming the example index and the
-worker, never a hang and never a bare "worker exited unexpectedly".
+"""DataLoaders whose failures name the example.
+
+An exception inside `dataset[i]` or a worker process that dies (the OOM killer, a crash in a tokenizer) stops the run
+with a RuntimeError naming the example index and the worker, never a hang and never a bare "worker exited
+unexpectedly".
 
 Each worker writes the example it is loading into a shared slot before loading it and clears it after, so when
 PyTorch reports a dead worker (it checks its workers every few seconds) the slot still holds the example it died

@@ -1,5 +1,6 @@
-"""Training-negative sampling for sources whose files have no triples: negatives drawn from each query's BM25
-candidates (datamodules/bm25.py) or uniformly from the collection.
+"""Training-negative sampling for sources whose files have no triples.
+
+Negatives are drawn from each query's BM25 candidates (datamodules/bm25.py) or uniformly from the collection.
 """
 
 from __future__ import annotations

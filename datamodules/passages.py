@@ -1,6 +1,7 @@
-"""Documents longer than a cross-encoder's input as passages: sliding windows, FirstP / MaxP (Dai & Callan 2019,
-the BERT-MaxP baseline of the DGRe paper), for any ranker (`data.passage_words`, `data.passage_stride`,
-`data.doc_score`, `data.train_passage`).
+"""Documents longer than a cross-encoder's input as passages: sliding windows, FirstP / MaxP.
+
+FirstP / MaxP are Dai & Callan 2019's, the BERT-MaxP baseline of the DGRe paper; here for any ranker
+(`data.passage_words`, `data.passage_stride`, `data.doc_score`, `data.train_passage`).
 
 - Windows: a document's whitespace words are cut into windows of `size` words starting every `stride` words
   (0, stride, 2 stride, ...), the last window being the first that reaches the end of the document (it may be
@@ -39,6 +40,10 @@ def window_starts(n_words: int, size: int, stride: int) -> list[int]:
 
 
 def split_passages(text: str, size: int, stride: int) -> list[str]:
+    """Cut `text` into its passages: windows of `size` whitespace words every `stride` words, words joined by a space.
+
+    A text of at most `size` words is one passage; the last window may be shorter (module docstring).
+    """
     words = text.split()
     return [" ".join(words[s : s + size]) for s in window_starts(len(words), size, stride)]
 
@@ -52,6 +57,11 @@ def passage_index(seed: int, epoch: int, key: str, n_passages: int) -> int:
 
 
 def training_passage(text: str, size: int, stride: int, mode: str, seed: int, epoch: int, key: str) -> str:
+    """Return the passage of a training document that a triplet uses (`data.train_passage`).
+
+    `mode` "first": its first window (FirstP's training); else (`random`) the window drawn from (seed, epoch, key) by
+    `passage_index`, so every process and a resumed run draw the same one, and the epochs cycle through them.
+    """
     passages = split_passages(text, size, stride)
     return passages[0] if mode == "first" else passages[passage_index(seed, epoch, key, len(passages))]
 
@@ -59,8 +69,10 @@ def training_passage(text: str, size: int, stride: int, mode: str, seed: int, ep
 def expand_pairs(
     pairs: np.ndarray, doc_texts: list[str], size: int, stride: int, doc_score: str
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """(query, document) pairs -> (query, passage) pairs: returns (pairs over passage units [N', 2], passage texts,
-    unit -> document index). Every document's passages are cut once, in document order; `first` keeps one.
+    """Turn (query, document) pairs into (query, passage) pairs for evaluation.
+
+    Returns (pairs over passage units [N', 2], passage texts, unit -> document index). Every document's passages are
+    cut once, in document order; `first` keeps one.
     """
     texts: list[str] = []
     counts = np.zeros(len(doc_texts), dtype=np.int64)

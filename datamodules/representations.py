@@ -1,5 +1,7 @@
-"""Data for the post-hoc head stage (`train.py stage=head`): training batches are rows of the on-disk
-representation cache (lightning_modules/heads/cache.py); validation and test are the usual re-ranking splits.
+"""Data for the post-hoc head stage (`train.py stage=head`).
+
+Training batches are rows of the on-disk representation cache (lightning_modules/heads/cache.py); validation and test
+are the usual re-ranking splits.
 
 The batches come from the same sampler as fine-tuning (`DistributedTrainBatchSampler`): one seeded permutation
 per (seed, epoch), sharded across DDP ranks without padding, and resumable mid-epoch through `ResumableLoader`.
@@ -16,6 +18,11 @@ from datamodules.samplers import DistributedTrainBatchSampler, ResumableLoader
 
 
 class CachedVectors(Dataset):
+    """The rows of the representation cache as a Dataset: item (epoch, row) -> that row as a float32 tensor.
+
+    Indexed by `DistributedTrainBatchSampler`'s (epoch, example index) pairs; the epoch is ignored.
+    """
+
     def __init__(self, vectors: np.ndarray):
         self.vectors = vectors  # a read-only memmap: rows are read when a batch asks for them
 
@@ -27,8 +34,10 @@ class CachedVectors(Dataset):
 
 
 def training_texts(dm: RankingDataModule, max_texts: int | None, seed: int) -> tuple[list[str], list[str]]:
-    """The distinct training queries and passages (positives and negatives of the triplets), in first-seen order;
-    with `max_texts`, a seeded sample of that many texts, split between queries and passages in proportion.
+    """Return the distinct training queries and passages (positives and negatives of the triplets).
+
+    In first-seen order; with `max_texts`, a seeded sample of that many texts, split between queries and passages in
+    proportion.
     """
     queries_of = dm.dataset.split("train").queries
     triples = dm.triples
@@ -69,6 +78,7 @@ class HeadDataModule(RankingDataModule):
     head_batch_size: int = 1024
 
     def train_dataloader(self) -> ResumableLoader:
+        """Return the resumable loader of cached vectors: `head_batch_size` rows a batch, seeded and DDP-sharded."""
         rank, world = self._rank_world()
         ds = CachedVectors(self.vectors)
         sampler = DistributedTrainBatchSampler(len(ds), self.head_batch_size, self.seed, rank, world)

@@ -1,4 +1,6 @@
-"""Rotation debiasing of passages (position-bias paper, Sec. 4.2, Eq. 7):
+"""Rotation debiasing of passages (position-bias paper, Sec. 4.2, Eq. 7).
+
+The rotation is
 
     p~_{1:n} = [p_{r:n} ; p_{1:r-1}]
 
@@ -124,8 +126,10 @@ def rotation_index(seed: int, epoch: int, key: str, n_words: int) -> int:
 
 
 def passage_rotation_index(seed: int, passage_id: str, n_words: int) -> int:
-    """The `per_passage` cut (Sec. 4.2: one debiased instance per passage): r in [0, n_words) from (seed, passage id)
-    alone, `rotation_index(seed, 0, passage_id, n_words)`; no epoch, no example, no process enters it.
+    """Return the `per_passage` cut (Sec. 4.2: one debiased instance per passage), r in [0, n_words).
+
+    Drawn from (seed, passage id) alone, `rotation_index(seed, 0, passage_id, n_words)`; no epoch, no example, no
+    process enters it.
     """
     return rotation_index(seed, 0, str(passage_id), n_words)
 
@@ -137,8 +141,10 @@ def rotate_seeded(text: str, seed: int, epoch: int, key: str, spans: Sequence[Sp
 
 
 def answer_start_words(text: str, spans: Sequence[Span]) -> tuple[list[int], int]:
-    """(index of the word holding each span's start, number of words), on the normalized text; spans that
-    `normalize` drops (empty or whitespace only) are skipped. Under rotation by r, word w moves to (w - r) mod n.
+    """Return (index of the word holding each span's start, number of words), on the normalized text.
+
+    Spans that `normalize` drops (empty or whitespace only) are skipped. Under rotation by r, word w moves to
+    (w - r) mod n.
     """
     norm, nspans = normalize(text, spans)
     n = len(word_starts(norm))
@@ -146,9 +152,10 @@ def answer_start_words(text: str, spans: Sequence[Span]) -> tuple[list[int], int
 
 
 def relative_answer_positions(text: str, spans: Sequence[Span]) -> list[float]:
-    """Word-based relative position of each answer start: (index of the word holding the span start) / (number of
-    words), in [0, 1), on the normalized text. Word-based because rotation moves whole words: a uniformly drawn r
-    makes this exactly uniform over {0, 1/n, ..., (n-1)/n} for every passage.
+    """Return the word-based relative position of each answer start, in [0, 1).
+
+    (index of the word holding the span start) / (number of words), on the normalized text. Word-based because rotation
+    moves whole words: a uniformly drawn r makes this exactly uniform over {0, 1/n, ..., (n-1)/n} for every passage.
     """
     words, n = answer_start_words(text, spans)
     return [w / n for w in words]

@@ -22,13 +22,16 @@ from datamodules.guarded import GuardedLoader
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """Return the training order of `epoch`: a permutation of range(n) seeded by (seed, epoch), alike on all ranks."""
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 class DistributedTrainBatchSampler(Sampler[list]):
-    """Yields lists of (epoch, example index); the dataset uses the epoch to seed per-example randomness
-    (`data.rotation=per_epoch` rotation debiasing, passage-window draws), which keeps that randomness a function of
-    (seed, epoch, example).
+    """Yield this rank's training batches as lists of (epoch, example index), reproducible across ranks and resume.
+
+    The dataset uses the epoch to seed per-example randomness (`data.rotation=per_epoch` rotation debiasing,
+    passage-window draws), which keeps that randomness a function of (seed, epoch, example). Batching and sharding
+    are described in the module docstring.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
@@ -57,16 +60,19 @@ class DistributedTrainBatchSampler(Sampler[list]):
 
     @property
     def sampler(self) -> DistributedTrainBatchSampler:
+        """Return this batch sampler itself, so that Lightning's `set_epoch` calls reach it."""
         # Lightning calls set_epoch on `loader.sampler` and `loader.batch_sampler.sampler`, never on the batch
         # sampler itself; exposing ourselves as `.sampler` is how our set_epoch gets called.
         return self
 
     def set_epoch(self, epoch: int) -> None:
+        """Use the permutation of `epoch` from the next iteration; a new epoch drops a pending resume skip."""
         if epoch != self.epoch:
             self._skip = 0
         self.epoch = epoch
 
     def resume(self, epoch: int, consumed: int) -> None:
+        """Continue epoch `epoch` after its first `consumed` batches (the next epoch when all were consumed)."""
         if consumed >= len(self):  # saved at the end of an epoch: the next epoch starts fresh
             epoch, consumed = epoch + 1, 0
         self.epoch, self._skip = epoch, consumed
@@ -94,9 +100,11 @@ class ResumableLoader(GuardedLoader):
         self._consumed = consumed
 
     def state_dict(self) -> dict:
+        """Return the loader's position: the sampler's epoch and the batches the training loop has consumed."""
         return {"epoch": int(self.batch_sampler.epoch), "consumed": int(self._consumed())}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume at the position `state_dict` recorded: the same epoch, its consumed batches skipped."""
         self.batch_sampler.resume(state["epoch"], state["consumed"])
 
 

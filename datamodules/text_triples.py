@@ -1,6 +1,8 @@
-"""Text triples (`query text<TAB>positive passage<TAB>negative passage`, as MS MARCO `triples.train.small.tsv`) over a
-document store, streamed: the collection is never read into memory, and the triples become the memory-mapped rows of
-datamodules/triples.py (a TripleArray), so training, DDP sharding, exact resume and `distinct` treat them as id
+r"""Text triples over a document store, streamed, read into the memory-mapped rows of a TripleArray.
+
+Text triples are `query text<TAB>positive passage<TAB>negative passage` lines, as MS MARCO `triples.train.small.tsv`,
+over a document store, streamed: the collection is never read into memory, and the triples become the memory-mapped rows
+of datamodules/triples.py (a TripleArray), so training, DDP sharding, exact resume and `distinct` treat them as id
 triples.
 
     triples = read_text_triples(path, store, queries, cache_dir)   # parsed once, then opened
@@ -11,7 +13,7 @@ id (the last one in the collection's order when several share the text), any oth
 text)` and is added to the collection; a query text equal to a query of `queries` takes its qid (the last such),
 otherwise `content_id("q", text)`, added to `queries` (the dict is updated in place, as the reader it replaces did).
 
-How: the file is cut into blocks of whole lines (on "\\n", as the line reader of datamodules/textfiles.py cuts them),
+How: the file is cut into blocks of whole lines (on "\n", as the line reader of datamodules/textfiles.py cuts them),
 and pyarrow compute splits, checks and dictionary-encodes each block: the only Python loop is over a block's distinct
 texts. A passage text is looked up in the store's text index (docstore.open_text_index: 64-bit keys, each hit
 confirmed by reading the text), a query text in a dict of the queries. Passages not in the collection go into a
@@ -78,8 +80,9 @@ class _Unparsed(Exception):
 def read_text_triples(
     path: Path, store: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike
 ) -> TripleArray:
-    """The text triples of the file `path` over `store` and `queries` (module docstring); `queries` gets the qids the
-    triples assign, and the result's `docs` is the collection the triples' ids are in.
+    """Read the text triples of the file `path` over `store` and `queries` (module docstring); parsed once, then cached.
+
+    `queries` gets the qids the triples assign, and the result's `docs` is the collection the triples' ids are in.
     """
     from filelock import FileLock
 
@@ -118,8 +121,9 @@ def _digest(path: Path, store: DocStore, queries: dict[str, str]) -> str:
 
 
 def _open(folder: Path, digest: str, store: DocStore, queries: dict[str, str]) -> TripleArray | None:
-    """The cached triples of `digest` in `folder` (applying the qids they assign to `queries`), None when the folder
-    is missing, incomplete or damaged.
+    """Open the cached triples of `digest` in `folder`, applying the qids they assign to `queries`.
+
+    None when the folder is missing, incomplete or damaged.
     """
     try:
         m = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
@@ -146,7 +150,7 @@ def _open(folder: Path, digest: str, store: DocStore, queries: dict[str, str]) -
 
 # ---- building ------------------------------------------------------------------------------------------------------
 def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: dict[str, str], digest: str) -> None:
-    """The cache folder's files into `tmp` (AtomicDir renames it into place; an exception removes it)."""
+    """Write the cache folder's files into `tmp` (AtomicDir renames it into place; an exception removes it)."""
     resolver = _Resolver(store, index, dict(queries), tmp / "extra.spill.arrow")
     dtype = np.int32 if max(len(store), len(queries)) < 1 << 30 else np.int64
     writer = NpyRowWriter(tmp / "triples.npy", dtype, 3)
@@ -197,8 +201,9 @@ def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: di
 
 
 def _raise_line_error(path: Path) -> None:
-    """Read `path` line by line with the checks of the reader this module replaced: raises the InputError naming the
-    first bad line (or the file, when it holds no line).
+    """Read `path` line by line with the checks of the reader this module replaced.
+
+    Raises the InputError naming the first bad line (or the file, when it holds no line).
     """
     for lineno, cols in iter_rows(path, COLUMNS):
         for col, what in zip(cols, WHAT):
@@ -208,8 +213,10 @@ def _raise_line_error(path: Path) -> None:
 
 
 def _line_blocks(path: Path, size: int | None = None) -> Iterator[bytes]:
-    """The bytes of `path` (gunzipped when named *.gz, as the line reader opens it) in pieces of whole lines (the last
-    may lack its newline), a leading byte-order mark dropped; a corrupt stream raises _Unparsed.
+    """Yield the bytes of `path` in pieces of whole lines (the last may lack its newline).
+
+    Gunzipped when named *.gz, as the line reader opens it; a leading byte-order mark is dropped; a corrupt stream
+    raises _Unparsed.
     """
     size = size or BLOCK_BYTES
     try:
@@ -230,8 +237,9 @@ def _line_blocks(path: Path, size: int | None = None) -> Iterator[bytes]:
 
 
 def _columns(buf: bytes):
-    """(queries, positives, negatives) as pyarrow string arrays of the non-blank lines of `buf`, None when all are
-    blank; _Unparsed when a line is not UTF-8, has another number of columns than 3, or an empty text.
+    """Return (queries, positives, negatives) as pyarrow string arrays of the non-blank lines of `buf`.
+
+    None when all are blank; _Unparsed when a line is not UTF-8, has another number of columns than 3, or an empty text.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -263,8 +271,9 @@ def _columns(buf: bytes):
 
 
 def _blank(texts) -> np.ndarray:
-    """Whether each text is empty or whitespace only (`not text.strip()`): only texts starting with whitespace are
-    trimmed.
+    """Return whether each text is empty or whitespace only (`not text.strip()`).
+
+    Only texts starting with whitespace are trimmed.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -281,7 +290,7 @@ def _blank(texts) -> np.ndarray:
 
 
 def _views(strings) -> list[memoryview]:
-    """The UTF-8 bytes of each element of a pyarrow string array, as views of its buffer (nothing decoded)."""
+    """Return the UTF-8 bytes of each element of a pyarrow string array, as views of its buffer (nothing decoded)."""
     import pyarrow as pa
 
     _, offsets, data = strings.buffers()
@@ -292,8 +301,10 @@ def _views(strings) -> list[memoryview]:
 
 
 class _Resolver:
-    """Block after block, the rows (query index, positive row, negative row) of text triples; the qids assigned and
-    the passages added so far (spilled to an Arrow file, BATCH_ROWS at a time: they may be many).
+    """Resolve text triples block after block into rows (query index, positive row, negative row).
+
+    It keeps the qids assigned and the passages added so far (spilled to an Arrow file, BATCH_ROWS at a time: they may
+    be many).
     """
 
     def __init__(self, store: DocStore, index: TextIndex, queries: dict[str, str], spill: Path):

@@ -1,6 +1,7 @@
-"""The line readers every file-based data source shares (tsv, beir, classic, squad, ir_datasets): gzip or plain
-UTF-8 text, TSV rows, TREC qrels and candidate runs, JSONL; each raises `InputError("FILE:LINE", what was expected)`
-on the first malformed line.
+"""The line readers every file-based data source shares (tsv, beir, classic, squad, ir_datasets).
+
+They read gzip or plain UTF-8 text, TSV rows, TREC qrels and candidate runs, JSONL; each raises
+`InputError("FILE:LINE", what was expected)` on the first malformed line.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def resolve_path(value: str | None, key: str, what: str = "file", must_be_dir: b
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line without its newline) for a UTF-8 text file, gzip-compressed when named *.gz.
+    """Yield (1-based line number, line without its newline) for a UTF-8 text file, gzip-compressed when named *.gz.
+
     A leading byte-order mark is dropped.
 
     Undecodable bytes or a corrupt gzip stream raise InputError naming the file (and line).
@@ -65,8 +67,9 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterator[tuple[int, list[str]]]:
-    """(line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False); a line with
-    another number of columns, or a file without any line, raises InputError naming the file (and line).
+    """Yield (line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False).
+
+    A line with another number of columns, or a file without any line, raises InputError naming the file (and line).
     """
     sep, kind = ("\t", "tab") if tabs else (None, "whitespace")
     rows = 0
@@ -89,12 +92,15 @@ def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterat
 
 
 def read_text(path: Path) -> str:
+    """Return a whole text file (gzip or plain UTF-8, as `iter_lines` reads it), lines joined by newlines."""
     return "\n".join(line for _, line in iter_lines(path))
 
 
 def iter_id_text(path: Path, kind: str) -> Iterator[tuple[int, str, str]]:
-    """(line number, id, text) of each `id<TAB>text` line; kind = "passage" or "query" (for messages). Blank lines are
-    skipped; an empty id or text raises InputError naming the line. Uniqueness is the caller's to check.
+    """Yield (line number, id, text) of each `id<TAB>text` line; kind = "passage" or "query" (for messages).
+
+    Blank lines are skipped; an empty id or text raises InputError naming the line. Uniqueness is the caller's to
+    check.
     """
     for lineno, cols in iter_rows(path, (f"{kind} id", f"{kind} text")):
         ident, text = cols[0].strip(), cols[1]
@@ -119,6 +125,7 @@ def read_id_text_tsv(path: Path, kind: str, into: dict[str, str] | None = None) 
 
 
 def parse_int(value: str, where: str, what: str) -> int:
+    """Return `value` as an int; InputError at `where` ("FILE:LINE") saying the `what` is not an integer otherwise."""
     try:
         return int(value)
     except ValueError:
@@ -126,7 +133,8 @@ def parse_int(value: str, where: str, what: str) -> int:
 
 
 def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
-    """TREC qrels `qid iter docid rel` (columns=4) or `qid docid rel` (columns=3) -> {qid: {docid: rel}}.
+    """Read TREC qrels `qid iter docid rel` (columns=4) or `qid docid rel` (columns=3) -> {qid: {docid: rel}}.
+
     A pair listed twice keeps its highest grade.
     """
     qrels: dict[str, dict[str, int]] = {}
@@ -140,15 +148,16 @@ def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
 
 
 def read_trec_run(path: Path) -> dict[str, dict[str, float]]:
-    """TREC run `qid Q0 docid rank score tag` -> {qid: {docid: score}}, in file order: the one reader of run files
-    (candidate lists, and runs read back). The rank must be an integer and the score a finite number; a document
-    listed twice for a query is an error, as in trec_eval.
+    """Read a TREC run `qid Q0 docid rank score tag` -> {qid: {docid: score}}, in file order.
+
+    The one reader of run files (candidate lists, and runs read back). The rank must be an integer and the score a
+    finite number; a document listed twice for a query is an error, as in trec_eval.
     """
     return {qid: {d: score for d, (score, _) in docs.items()} for qid, docs in _run_rows(path).items()}
 
 
 def run_candidates(path: Path) -> dict[str, list[str]]:
-    """A TREC run as candidate lists, {qid: [docid, ...]}, best first: by score (descending), then rank."""
+    """Read a TREC run as candidate lists, {qid: [docid, ...]}, best first: by score (descending), then rank."""
     return {qid: sorted(docs, key=lambda d: (-docs[d][0], docs[d][1])) for qid, docs in _run_rows(path).items()}
 
 
@@ -174,8 +183,9 @@ def _run_rows(path: Path) -> dict[str, dict[str, tuple[float, int]]]:
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; a malformed line, a non-object or an empty file raises
-    InputError.
+    """Yield (line number, object) for every non-blank line of a JSONL file.
+
+    A malformed line, a non-object or an empty file raises InputError.
     """
     rows = 0
     for lineno, line in iter_lines(path):
@@ -196,4 +206,8 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def content_id(prefix: str, text: str) -> str:
+    """Return the id a text gets from its content: `prefix` + the first 16 hex digits of its UTF-8 SHA-1.
+
+    Deterministic, so text triples (datamodules/text_triples.py) give a text the same id in every run and process.
+    """
     return prefix + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]

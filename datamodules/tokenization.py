@@ -11,6 +11,22 @@ from torch import Tensor
 
 
 class PairTokenizer:
+    """Tokenise queries, passages, evaluation pairs and training triplets for a bi- or cross-encoder.
+
+    Bi-encoders (`kind="bi"`) get separate `q_*` and `d_*` inputs; cross-encoders (`kind="cross"`) get one input per
+    (query, passage) pair in the tokenizer's pair format, the query truncated to its own budget first. Each side is
+    truncated to `query_max_len` / `doc_max_len` tokens and a batch is padded to its longest input.
+
+    Parameters
+    ----------
+    tokenizer
+        A Hugging Face tokenizer.
+    kind : str
+        "bi" or "cross" (ValueError otherwise).
+    query_max_len, doc_max_len : int
+        Token budgets of a query and a passage.
+    """
+
     def __init__(self, tokenizer, kind: str, query_max_len: int, doc_max_len: int):
         if kind not in ("bi", "cross"):
             raise ValueError(f"kind must be 'bi' or 'cross', got {kind!r}")
@@ -43,8 +59,9 @@ class PairTokenizer:
         return out
 
     def ids(self, texts: list[str], side: str) -> list[list[int]]:
-        """Token ids of each text (special tokens added, truncated to the side's budget), unpadded: tokenise once,
-        then `pad` any grouping of them (e.g. batches of similar length).
+        """Return the token ids of each text (special tokens added, truncated to the side's budget), unpadded.
+
+        Tokenise once, then `pad` any grouping of them (e.g. batches of similar length).
         """
         if not texts:  # a DDP rank's share can be empty; Hugging Face tokenizers raise IndexError on []
             return []
@@ -58,9 +75,11 @@ class PairTokenizer:
         return {f"{prefix}input_ids": t["input_ids"], f"{prefix}attention_mask": t["attention_mask"]}
 
     def queries(self, texts: list[str]) -> dict[str, Tensor]:
+        """Tokenise queries for a bi-encoder: `q_input_ids` and `q_attention_mask`, padded to the longest."""
         return self._side(texts, self.query_max_len, "q_")
 
     def docs(self, texts: list[str]) -> dict[str, Tensor]:
+        """Tokenise passages for a bi-encoder: `d_input_ids` and `d_attention_mask`, padded to the longest."""
         return self._side(texts, self.doc_max_len, "d_")
 
     def pairs(self, queries: list[str], docs: list[str]) -> dict[str, Tensor]:
@@ -70,8 +89,10 @@ class PairTokenizer:
         return {**self.queries(queries), **self.docs(docs)}
 
     def triplets(self, queries: list[str], pos: list[str], neg: list[str]) -> dict[str, Tensor]:
-        """Training batch. Bi-encoders: B queries and 2B passages (positives, then negatives), so each query is
-        encoded once. Cross-encoders: 2B pairs, (q_i, pos_i) for i < B then (q_i, neg_i).
+        """Tokenise a training batch of B (query, positive, negative) triplets.
+
+        Bi-encoders: B queries and 2B passages (positives, then negatives), so each query is encoded once.
+        Cross-encoders: 2B pairs, (q_i, pos_i) for i < B then (q_i, neg_i).
         """
         if self.kind == "cross":
             return self._cross(queries + queries, pos + neg)
@@ -79,8 +100,9 @@ class PairTokenizer:
 
 
 def length_order(lengths) -> np.ndarray:
-    """Text indices longest first, equal lengths in input order: batches of similar length pad little (SQuAD
-    paragraphs at 180 tokens: real/padded tokens 0.76 in arbitrary batches of 32, ~0.98 sorted). Every encoder of
-    already tokenised texts batches in this order (evaluation, the analyses).
+    """Return the text indices longest first, equal lengths in input order.
+
+    Batches of similar length pad little (SQuAD paragraphs at 180 tokens: real/padded tokens 0.76 in arbitrary batches
+    of 32, ~0.98 sorted). Every encoder of already tokenised texts batches in this order (evaluation, the analyses).
     """
     return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")

@@ -1,5 +1,7 @@
-"""Training triples of a document store as a memory-mapped array: MS MARCO's 39.8M id triples without 39.8M tuples of
-strings (about 10 GB a rank as Python objects; 0.48 GB as int32 rows on disk, shared through the page cache).
+"""Training triples of a document store as a memory-mapped array.
+
+MS MARCO's 39.8M id triples without 39.8M tuples of strings (about 10 GB a rank as Python objects; 0.48 GB as int32
+rows on disk, shared through the page cache).
 
     triples = read_id_triples(path, store, queries, cache_dir, origin)   # parsed once, then memory-mapped
     qid, pos, neg = triples[i]                                            # as the list of tuples it replaces
@@ -32,8 +34,10 @@ TRIPLES_VERSION = 1
 
 
 class TripleArray(Sequence[tuple[str, str, str]]):
-    """(qid, positive doc id, negative doc id) of triple i, read from `rows` [n, 3] (query index, positive row,
-    negative row), optionally through a selection `keep` (a cap on the triples). Pickles as its file's path.
+    """A sequence of (qid, positive doc id, negative doc id) triples backed by a memory-mapped int array.
+
+    Triple i is read from `rows` [n, 3] (query index, positive row, negative row), optionally through a selection `keep`
+    (a cap on the triples). Pickles as its file's path.
     """
 
     # ids were resolved against the queries and the store when the array was built: IRDataset.validate skips them
@@ -72,15 +76,17 @@ class TripleArray(Sequence[tuple[str, str, str]]):
     __hash__ = None
 
     def take(self, indices: np.ndarray) -> TripleArray:
-        """The triples at `indices`, in that order (a view: nothing is copied but the indices)."""
+        """Return the triples at `indices`, in that order (a view: nothing is copied but the indices)."""
         indices = np.asarray(indices, dtype=np.int64)
         keep = indices if self.keep is None else self.keep[indices]
         return TripleArray(self.path, self.qids, self.docs, keep)
 
     def distinct(self, block: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
-        """(the distinct query indices, the distinct passage rows) of the triples, each in first-seen order (passages:
-        positive, then negative, triple after triple), as a loop over the triples would list them, from block-wise
-        NumPy passes over the array: 39.8M triples are never turned into Python objects.
+        """Return (the distinct query indices, the distinct passage rows) of the triples, each in first-seen order.
+
+        First-seen order of passages: positive, then negative, triple after triple; so the order is the one a loop over
+        the triples would list them in. Computed by block-wise NumPy passes over the array: 39.8M triples are never
+        turned into Python objects.
         """
         seen = {
             "q": (np.zeros(0, np.int64), np.zeros(0, np.int64)),
@@ -102,14 +108,15 @@ class TripleArray(Sequence[tuple[str, str, str]]):
         return tuple(values[np.argsort(first, kind="stable")] for values, first in (seen["q"], seen["d"]))
 
     def query_indices(self) -> np.ndarray:
-        """The distinct query indices of the triples (a pass over the array's first column)."""
+        """Return the distinct query indices of the triples (a pass over the array's first column)."""
         col = self.rows[:, 0] if self.keep is None else self.rows[self.keep, 0]
         return np.unique(col)
 
 
 def read_id_triples_list(path: Path) -> list[tuple[str, str, str]]:
-    """Id triples as a list of (qid, positive doc id, negative doc id), read line by line (small files, and the exact
-    file:line of a malformed line).
+    """Read id triples as a list of (qid, positive doc id, negative doc id), line by line.
+
+    For small files, and for the exact file:line of a malformed line.
     """
     triples = []
     for lineno, cols in iter_rows(path, ("qid", "positive doc id", "negative doc id")):
@@ -129,8 +136,9 @@ def _digest(source: str, docs: DocStore, qids: Sequence[str]) -> str:
 def read_id_triples(
     path: Path, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str, split: str = "train"
 ) -> TripleArray:
-    """The id triples of the file `path` over `docs` and `queries` (module docstring): parsed once into
-    `<cache_dir>/triples/`, then memory-mapped.
+    """Read the id triples of the file `path` over `docs` and `queries` (module docstring).
+
+    Parsed once into `<cache_dir>/triples/`, then memory-mapped.
     """
     return cached_triples(
         fingerprint("triples", [path]),
@@ -154,10 +162,11 @@ def cached_triples(
     split: str = "train",
     on_error=None,
 ) -> TripleArray:
-    """Triples from `blocks()` (pyarrow string arrays (qids, positive ids, negative ids), block by block) as a
-    TripleArray over `docs` and `queries`, kept in `<cache_dir>/triples/` under the digest of `source` (a name of the
-    triples' content), the store and the queries. `on_error()` re-reads the source line by line when pyarrow cannot
-    parse it, to raise the InputError naming the line.
+    """Resolve the triples of `blocks()` into a TripleArray over `docs` and `queries`, cached on disk.
+
+    `blocks()` yields pyarrow string arrays (qids, positive ids, negative ids), block by block. The array is kept in
+    `<cache_dir>/triples/` under the digest of `source` (a name of the triples' content), the store and the queries.
+    `on_error()` re-reads the source line by line when pyarrow cannot parse it, to raise the InputError naming the line.
     """
     import pyarrow as pa
 
@@ -256,9 +265,10 @@ def _unknown(origin: str, ids: list[str], block_row: np.ndarray, split: str) -> 
 
 
 class ArrowTriples(Sequence[tuple[str, str, str]]):
-    """Id triples as strings in a memory-mapped Arrow file (columns qid, pos, neg), before a store resolves them to a
-    TripleArray (`resolve`): what a source holds while it does not know the collection yet (ir_datasets docpairs).
-    `source` names the content (the cache key of the resolved array).
+    """Id triples as strings in a memory-mapped Arrow file (columns qid, pos, neg).
+
+    They stay so until a store resolves them to a TripleArray (`resolve`): what a source holds while it does not know
+    the collection yet (ir_datasets docpairs). `source` names the content (the cache key of the resolved array).
     """
 
     def __init__(self, path: str | os.PathLike, source: str, selection=None):
@@ -284,18 +294,19 @@ class ArrowTriples(Sequence[tuple[str, str, str]]):
             yield from zip(*(batch.column(c).to_pylist() for c in ("qid", "pos", "neg")))
 
     def query_ids(self) -> list[str]:
-        """The distinct qids in order of first appearance."""
+        """Return the distinct qids in order of first appearance."""
         import pyarrow.compute as pc
 
         return pc.unique(self.table.column("qid")).to_pylist()
 
     def doc_ids(self) -> set[str]:
+        """Return the set of doc ids the triples name, positives and negatives."""
         import pyarrow.compute as pc
 
         return {d for c in ("pos", "neg") for d in pc.unique(self.table.column(c)).to_pylist()}
 
     def only_queries(self, keep: Sequence[str]) -> ArrowTriples:
-        """The triples of the queries `keep` (their order kept)."""
+        """Return the triples of the queries `keep` (their order kept), with a `source` of their own."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -310,6 +321,11 @@ class ArrowTriples(Sequence[tuple[str, str, str]]):
     def resolve(
         self, docs: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike, origin: str, split: str = "train"
     ) -> TripleArray:
+        """Resolve the ids against `docs` and `queries` into a TripleArray, cached under `source` (`cached_triples`).
+
+        An empty or unknown id raises InputError naming `origin` (and the line when it can be found).
+        """
+
         def blocks():
             for batch in self.table.to_batches(max_chunksize=1 << 20):
                 yield tuple(batch.column(c) for c in ("qid", "pos", "neg"))
@@ -318,8 +334,9 @@ class ArrowTriples(Sequence[tuple[str, str, str]]):
 
 
 def write_arrow_triples(path: str | os.PathLike, triples, batch_rows: int = 1 << 20) -> None:
-    """(qid, pos, neg) string triples from an iterator into an Arrow file, `batch_rows` at a time (bounded memory),
-    atomically.
+    """Write (qid, pos, neg) string triples from an iterator into an Arrow file, atomically.
+
+    `batch_rows` at a time, so memory stays bounded.
     """
     import pyarrow as pa
 

@@ -14,9 +14,10 @@
 `forward(input_ids, attention_mask)` says what a batch becomes: by default `ranker.encode` (heads applied);
 `variants_forward` gives several readings of one backbone pass ("" with the isotropy heads, "_raw" without).
 
-`EncodedTextsWriter` gathers such batches, arriving in any order, into an `EncodedTexts` without padding. It holds
-them in memory up to `budget_bytes` and spills beyond that to a file (in `spill_dir`, unlinked as soon as it is
-created, so nothing is left behind even if the process is killed), whose texts are read back by `pread`; so a collection larger than memory needs disk, not RAM.
+`EncodedTextsWriter` gathers such batches, arriving in any order, into an `EncodedTexts` without padding. It holds them
+in memory up to `budget_bytes` and spills beyond that to a file (in `spill_dir`, unlinked as soon as it is created, so
+nothing is left behind even if the process is killed), whose texts are read back by `pread`; so a collection larger than
+memory needs disk, not RAM.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ DEFAULT_BUDGET = 2**30  # bytes of vectors an EncodedTextsWriter keeps in memory
 
 @contextlib.contextmanager
 def eval_mode(module: torch.nn.Module):
+    """Put `module` in eval mode (no dropout) inside the block, and restore its train / eval mode on leaving it."""
     was = module.training
     module.eval()
     try:
@@ -62,8 +64,9 @@ def eval_mode(module: torch.nn.Module):
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Right-padded input ids and attention mask of `ids`, to the longest of them (what `PairTokenizer.pad` gives for
-    a right-padding tokenizer).
+    """Return right-padded input ids and attention mask of `ids`, to the longest of them.
+
+    This is what `PairTokenizer.pad` gives for a right-padding tokenizer.
     """
     lens = [len(x) for x in ids]
     width = max(lens, default=0)
@@ -78,8 +81,10 @@ def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor
 def variants_forward(
     ranker, side: str, variants: Sequence[str] = (WITH_HEAD,)
 ) -> Callable[[Tensor, Tensor], dict[str, Encoded]]:
-    """A `forward` for `encode_stream`: one backbone pass (`token_representations`), finished once per variant
-    (`WITH_HEAD`: token head, pooling, sequence head; `RAW`: pooling only), {variant: Encoded}.
+    """Build a `forward` for `encode_stream` that returns several readings of one backbone pass.
+
+    One backbone pass (`token_representations`), finished once per variant (`WITH_HEAD`: token head, pooling,
+    sequence head; `RAW`: pooling only), gives {variant: Encoded}.
     """
 
     def forward(input_ids: Tensor, attention_mask: Tensor) -> dict[str, Encoded]:
@@ -101,9 +106,10 @@ def encode_stream(
     sort: bool = True,
     on_retry: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[np.ndarray, object]]:
-    """(the batch's text indices into `ids`, `forward`'s output for them) per batch of `batch_size` texts; see the
-    module docstring. `side`: "query" or "doc"; `ids`: token ids with special tokens, unpadded. The output stays on
-    the ranker's device, as `forward` returns it.
+    """Encode texts batch by batch, yielding (the batch's text indices into `ids`, `forward`'s output for them).
+
+    One pair per batch of `batch_size` texts; see the module docstring. `side`: "query" or "doc"; `ids`: token ids with
+    special tokens, unpadded. The output stays on the ranker's device, as `forward` returns it.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
@@ -132,13 +138,14 @@ def encode_stream(
 
 
 class EncodedTextsWriter:
-    """`count` texts' vectors, added batch by batch in any order, as one `EncodedTexts` (float32, on the CPU): each
-    text's real tokens (its mask) flat, in the order they arrived (`starts` / `lengths` say where), and its pooled
-    vector where there is one. `keep_tokens=False` keeps the pooled vectors only. Token rows stay in memory until
-    they exceed `budget_bytes`; then they (and every later row) go to a .npy file in `spill_dir` (default: the
-    system's temporary folder), unlinked at once and read back through the open file by `finish` (texts by pread,
-    the whole also memory-mapped). The pooled vectors likewise: a
-    memory-mapped file when `count` x width exceeds the budget. A text added twice keeps its last vectors.
+    """Gather `count` texts' vectors, added batch by batch in any order, into one `EncodedTexts` (float32, on the CPU).
+
+    It holds each text's real tokens (its mask) flat, in the order they arrived (`starts` / `lengths` say where), and
+    its pooled vector where there is one. `keep_tokens=False` keeps the pooled vectors only. Token rows stay in memory
+    until they exceed `budget_bytes`; then they (and every later row) go to a .npy file in `spill_dir` (default: the
+    system's temporary folder), unlinked at once and read back through the open file by `finish` (texts by pread, the
+    whole also memory-mapped). The pooled vectors likewise: a memory-mapped file when `count` x width exceeds the
+    budget. A text added twice keeps its last vectors.
     """
 
     def __init__(
@@ -173,8 +180,10 @@ class EncodedTextsWriter:
         self._parts = []
 
     def add(self, rows, enc: Encoded, token_ids: Sequence[int] | None = None) -> None:
-        """Texts `rows` (indices < count) as one padded batch `enc` (any device and dtype); `token_ids`: the real
-        tokens' vocabulary ids, flat in row order (the texts' unpadded ids, concatenated), kept when `keep_ids`.
+        """Add the vectors of texts `rows` (indices < count), given as one padded batch `enc` (any device and dtype).
+
+        `token_ids`: the real tokens' vocabulary ids, flat in row order (the texts' unpadded ids, concatenated), kept
+        when `keep_ids`.
         """
         rows = np.asarray(rows, dtype=np.int64)
         if self.keep_tokens:
@@ -220,6 +229,7 @@ class EncodedTextsWriter:
         self._parts, self._ids, self._sequence = [], [], None
 
     def finish(self) -> EncodedTexts:
+        """Return everything added as one `EncodedTexts`; spilled token rows are read back through the open file."""
         reader = None
         if self._file is not None:
             # texts' rows are read back by pread (EncodedTexts.text_vectors / tokens); the copy-on-write map (writable
@@ -255,10 +265,11 @@ def encode_collection(
     budget_bytes: int = DEFAULT_BUDGET,
     spill_dir=None,
 ) -> EncodedTexts | dict[str, EncodedTexts]:
-    """Tokenised texts (with [CLS]/[SEP]) encoded by `encode_stream` into an `EncodedTexts` on the CPU: the vectors
-    as the score compares them (`scoring_vectors`), or as `encode` returns them (`scoring=False`: what the MLM head
-    projects, vocabulary paper Eq. 3). `keep_tokens=False`: the pooled vectors only (single-vector rankers).
-    `variants` (e.g. (WITH_HEAD, RAW)): {variant: EncodedTexts}, all from one backbone pass per batch.
+    """Encode tokenised texts (with [CLS]/[SEP]) by `encode_stream` into an `EncodedTexts` on the CPU.
+
+    The vectors are kept as the score compares them (`scoring_vectors`), or as `encode` returns them (`scoring=False`:
+    what the MLM head projects, vocabulary paper Eq. 3). `keep_tokens=False`: the pooled vectors only (single-vector
+    rankers). `variants` (e.g. (WITH_HEAD, RAW)): {variant: EncodedTexts}, all from one backbone pass per batch.
     """
     prep = ranker.scoring_vectors if scoring else (lambda x: x)
     names = tuple(variants) if variants is not None else (WITH_HEAD,)

@@ -31,11 +31,19 @@ HEAD_PREFIXES = ("ranker.token_head.", "ranker.sequence_head.")
 
 
 def head_config(head: dict):
+    """Turn a `head` dict (from YAML or a checkpoint) into the head's dataclass config, checked by its schema."""
     schema = HEADS.get(head["name"], "head.name").schema
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), head))
 
 
 class HeadModule(RankingModule):
+    """A frozen fine-tuned bi-encoder with an isotropy head (whitening, NICE or Glow) attached, training the head only.
+
+    `model`, `optim` and `measures` are those of the fine-tuned ranker (`RankingModule`); `head` is the head's config
+    (`configs/head/*.yaml`) and `base_ckpt` the ranker checkpoint the head belongs to (its weights are loaded with
+    `load_base`). See the module docstring for training, evaluation and checkpoints.
+    """
+
     def __init__(self, model: dict, optim: dict, measures: list[str] | None, head: dict, base_ckpt: str):
         super().__init__(model, optim, measures)
         self.save_hyperparameters()
@@ -64,9 +72,11 @@ class HeadModule(RankingModule):
 
     @property
     def head(self):
+        """The isotropy head, whether or not it is attached to the ranker."""
         return self._head[0]
 
     def ranker_dim(self) -> int:
+        """Width of the ranker's output vectors, which the head transforms (`compress_dim` where the ranker has one)."""
         compress = getattr(self.model_cfg, "compress_dim", None)
         return int(compress or self.ranker.hidden_size)
 
@@ -76,6 +86,10 @@ class HeadModule(RankingModule):
         setattr(self.ranker, slot, self.head if on else None)
 
     def load_base(self, base_state: dict) -> None:
+        """Load the fine-tuned ranker's weights from its checkpoint's `state_dict` (any head weights in it are ignored).
+
+        Raises InputError when the checkpoint does not hold this ranker.
+        """
         ranker_state = {k: v for k, v in base_state.items() if not k.startswith(HEAD_PREFIXES)}
         missing, unexpected = self.load_state_dict(ranker_state, strict=False)
         missing = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
@@ -87,6 +101,10 @@ class HeadModule(RankingModule):
 
     # ---- training: maximum likelihood of cached representations (flows) -----------------------------------
     def training_step(self, batch: torch.Tensor, batch_idx: int):
+        """Return the head's mean negative log-likelihood (isotropy paper Eq. 5) of cached representations [B, d].
+
+        Returns None (no step) for a non-finite loss under `optim.nonfinite: skip`.
+        """
         loss = self.head.nll(batch.float()).mean()
         if self.skip_nonfinite(loss):  # an exploding log-det: optim.nonfinite of the run (skip | stop)
             return None
@@ -94,6 +112,7 @@ class HeadModule(RankingModule):
         return loss
 
     def configure_optimizers(self):
+        """Return Adam at `head.lr` over the head's parameters only (the ranker is frozen)."""
         params = [p for p in self.parameters() if p.requires_grad]
         # fused: one kernel for all of the flow's tensors (~10 % of a Glow step at 768 dims on CPU); the same update
         return torch.optim.Adam(params, lr=self.head_cfg.lr, fused=self.fused_optimizer(params))
@@ -158,6 +177,7 @@ class HeadModule(RankingModule):
             self._keep(split, "passage", batch["dpos"], self._variants(raw, docs, docs_raw))
 
     def on_test_epoch_end(self) -> None:
+        """Evaluate both test runs: without the head ("Ft", `test_raw`) and with it ("Ft -> head", `test`)."""
         self._eval_epoch_end("test", "test_raw")
         self._eval_epoch_end("test")
         self._eval_queries_raw = None
@@ -172,6 +192,7 @@ class HeadModule(RankingModule):
 
     # ---- head-only checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Keep the head's weights only in the checkpoint, with `base_ckpt` naming the ranker to rebuild it on."""
         super().on_save_checkpoint(checkpoint)
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith(HEAD_PREFIXES)}
         checkpoint["base_ckpt"] = self.hparams.base_ckpt

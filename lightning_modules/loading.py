@@ -31,15 +31,18 @@ def _schema(group: str, values: Mapping, path: str, key: str):
         kind = "ranker" if group == "model" else "head"
         raise InputError(
             key,
-            f"checkpoint '{path}' holds {kind} '{name}', which this version does not know; expected one of {registry.names()}",
+            f"checkpoint '{path}' holds {kind} '{name}', which this version does not know; "
+            f"expected one of {registry.names()}",
         )
     return registry.get(name).schema
 
 
 def check_hparams(ckpt: dict, path: str, key: str) -> None:
-    """A checkpoint of another version: its `model`, `optim` and `head` hyper-parameters against this version's
-    schemas. A key this version does not know stops with one line naming the key and the checkpoint (it would change
-    what the checkpoint means); a key it lacks takes this version's default, with a warning. Fills the defaults in.
+    """Check a checkpoint's `model`, `optim` and `head` hyper-parameters against this version's schemas.
+
+    This matters for a checkpoint of another version. A key this version does not know stops with one line naming the
+    key and the checkpoint (it would change what the checkpoint means); a key it lacks takes this version's default,
+    with a warning. Fills the defaults in.
     """
     hp = ckpt["hyper_parameters"]
     for group in ("model", "optim", "head"):
@@ -51,7 +54,8 @@ def check_hparams(ckpt: dict, path: str, key: str) -> None:
         if not isinstance(values, Mapping):
             raise InputError(
                 key,
-                f"checkpoint '{path}': hyper-parameter '{group}' is {type(values).__name__}; expected a mapping of keys",
+                f"checkpoint '{path}': hyper-parameter '{group}' is {type(values).__name__}; "
+                "expected a mapping of keys",
             )
         schema = _schema(group, values, path, key)
         if schema is None:
@@ -80,8 +84,10 @@ register_check(check_hparams)
 
 
 def module_from_state(ckpt: dict, path: str | os.PathLike, key: str, measures: list[str] | None) -> RankingModule:
-    """The RankingModule a read checkpoint describes (ranker and optimiser configs from its `hyper_parameters`),
-    loaded with its `state_dict`; `key`: the config key that named `path`, for the error.
+    """Build the RankingModule a read checkpoint describes, loaded with its `state_dict`.
+
+    The ranker and optimiser configs come from its `hyper_parameters`; `key`: the config key that named `path`, for
+    the error.
     """
     hp = ckpt["hyper_parameters"]
     module = RankingModule(hp["model"], hp.get("optim", {}), measures)
@@ -89,7 +95,8 @@ def module_from_state(ckpt: dict, path: str | os.PathLike, key: str, measures: l
     if missing or unexpected:
         raise InputError(
             key,
-            f"'{path}' does not match ranker '{hp['model'].get('name')}' (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            f"'{path}' does not match ranker '{hp['model'].get('name')}' "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
         )
     module.rerank_depth = ckpt.get("rerank_depth")  # the re-ranking depth its validation chose (eval.rerank_depths)
     return module
@@ -98,7 +105,7 @@ def module_from_state(ckpt: dict, path: str | os.PathLike, key: str, measures: l
 def module_from_checkpoint(
     path: str | os.PathLike, key: str = "ckpt", measures: list[str] | None = None, device=None
 ) -> RankingModule:
-    """The RankingModule of the checkpoint at `path`, in eval mode (on `device` when given)."""
+    """Load the RankingModule of the checkpoint at `path`, in eval mode (on `device` when given)."""
     ckpt = read_checkpoint(str(path), key)
     module = module_from_state(ckpt, path, key, measures or ckpt["hyper_parameters"].get("measures"))
     del ckpt
@@ -109,9 +116,10 @@ def module_from_checkpoint(
 
 
 def load_module(cfg: DictConfig, model_from_cli: bool) -> RankingModule:
-    """The RankingModule of `cfg.ckpt` (its ranker config wins over `cfg.model`, which it replaces), or of
-    `cfg.model` untrained (the backbone as pre-trained) when no checkpoint is given. `model_from_cli`: the command
-    line picked the model, so the checkpoint must hold that ranker.
+    """Load the RankingModule of `cfg.ckpt`, or build `cfg.model` untrained when no checkpoint is given.
+
+    The checkpoint's ranker config wins over `cfg.model`, which it replaces; without a checkpoint the backbone is as
+    pre-trained. `model_from_cli`: the command line picked the model, so the checkpoint must hold that ranker.
     """
     if not cfg.ckpt:
         return RankingModule(

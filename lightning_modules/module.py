@@ -43,6 +43,12 @@ from metrics.rerank_depth import candidate_ranks, choose_depth, truncate
 
 @dataclass
 class OptimConfig:
+    """The `optim` section of the config: learning rate and schedule, the training loss, and non-finite handling.
+
+    Validated on construction (choices and ranges), so a typo in a YAML file or an override fails before training.
+    The comments on the fields say what each one does.
+    """
+
     lr: float = 5e-5
     weight_decay: float = 0.01
     warmup_steps: int = 10
@@ -79,12 +85,19 @@ class OptimConfig:
 
 
 def ranker_config(model: dict):
-    """Dict (from YAML or a checkpoint) -> the ranker's dataclass config, validated against its schema."""
+    """Turn a `model` dict (from YAML or a checkpoint) into the ranker's dataclass config, checked by its schema."""
     schema = RANKERS.get(model["name"], "model.name").schema
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model))
 
 
 class RankingModule(pl.LightningModule):
+    """Train any registered ranker (`model.name`) on triplets and evaluate it by re-ranking with trec_eval semantics.
+
+    `model` is the ranker's config (`ranker_config`), `optim` the `OptimConfig`, `measures` the trec_eval measures
+    of every evaluation (default `DEFAULT_MEASURES`). The losses and the evaluation are described in the module
+    docstring; the results of the latest evaluation of each split are in `results[split]`.
+    """
+
     def __init__(self, model: dict, optim: dict, measures: list[str] | None = None):
         super().__init__()
         self.save_hyperparameters()
@@ -107,18 +120,22 @@ class RankingModule(pl.LightningModule):
 
     @property
     def temperature(self) -> float:
+        """The ce loss's softmax temperature: `optim.temperature`, or the ranker's own when that is null."""
         t = self.optim_cfg.temperature
         return float(t) if t is not None else float(self.ranker.ce_temperature)
 
     @property
     def pair_tokenizer(self) -> PairTokenizer:
+        """A tokenizer for the ranker's texts, with its query / passage maximum lengths and its layout (bi or cross)."""
         c = self.model_cfg
         return PairTokenizer(self.ranker.tokenizer, self.ranker.kind, c.query_max_len, c.doc_max_len)
 
     # ---- training ------------------------------------------------------------------------------------------
     def _gather_docs(self, d: Encoded, keys: Tensor | None = None) -> tuple[Encoded, Tensor | None, int]:
-        """All ranks' passages (with gradients), their doc keys (`keys`: this rank's, one per passage; None stays
-        None), and where this rank's block starts in them.
+        """Gather all ranks' passages for in-batch negatives.
+
+        Returns all ranks' passages (with gradients), their doc keys (`keys`: this rank's, one per passage; None
+        stays None), and where this rank's block starts in them.
         """
         world = self.trainer.world_size if self._trainer is not None else 1
         n = d.tokens.shape[0]
@@ -147,9 +164,11 @@ class RankingModule(pl.LightningModule):
 
     @staticmethod
     def _judged_columns(keys: Tensor, relevant: Tensor, start: int) -> Tensor:
-        """[B, C] bool: column c of the global batch (doc key `keys[c]`) is judged relevant to query i (`relevant`:
-        [B, R] doc keys, -1 pads), other than the query's own positive and negative (those stay: a bad triple is the
-        data's to fix, not the loss's).
+        """Mark the in-batch passages judged relevant to each query, to leave out of its softmax.
+
+        Returns [B, C] bool: column c of the global batch (doc key `keys[c]`) is judged relevant to query i
+        (`relevant`: [B, R] doc keys, -1 pads), other than the query's own positive and negative (those stay: a bad
+        triple is the data's to fix, not the loss's).
         """
         judged = (keys[None, :, None] == relevant[:, None, :]).any(-1)
         b = relevant.shape[0]
@@ -159,8 +178,10 @@ class RankingModule(pl.LightningModule):
         return judged
 
     def training_outputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, TripletOutput]:
-        """(score matrix [B, C], target column [B], TripletOutput: s(q, p+) [B], s(q, own p-) [B] and the ranker's
-        auxiliary losses and logs).
+        """Score a training batch of triplets.
+
+        Returns (score matrix [B, C], target column [B], TripletOutput: s(q, p+) [B], s(q, own p-) [B] and the
+        ranker's auxiliary losses and logs).
         """
         r = self.ranker
         if r.kind == "cross":
@@ -190,6 +211,11 @@ class RankingModule(pl.LightningModule):
         return scores, target, out.pos, out.neg
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """Return the batch's training loss (`optim.loss` plus the ranker's auxiliary losses) and log its parts.
+
+        Returns None, so that Lightning skips the optimiser step, when the loss is non-finite and `optim.nonfinite`
+        is `skip` (`skip_nonfinite`).
+        """
         scores, target, out = self.training_outputs(batch)
         pos, neg = out.pos, out.neg
         if self.optim_cfg.loss == "ce":
@@ -209,8 +235,9 @@ class RankingModule(pl.LightningModule):
         return None if self.skip_nonfinite(loss) else loss
 
     def skip_nonfinite(self, loss: Tensor) -> bool:
-        """Whether this batch's loss is NaN/inf on any rank, applying `optim.nonfinite`. Ranks agree (one
-        all-reduce), since a rank that steps while another skips would desynchronise DDP.
+        """Return whether this batch's loss is NaN/inf on any rank, applying `optim.nonfinite`.
+
+        Ranks agree (one all-reduce), since a rank that steps while another skips would desynchronise DDP.
         """
         bad = (~torch.isfinite(loss.detach())).float().reshape(())
         if self._trainer is not None and self.trainer.world_size > 1:
@@ -221,17 +248,22 @@ class RankingModule(pl.LightningModule):
             last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") if self._trainer is not None else ""
             good = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
             raise TrainingStopped(
-                f"non-finite training loss ({loss.item()}) at step {self.global_step} (optim.nonfinite=stop); nothing was trained on it; {good}"
+                f"non-finite training loss ({loss.item()}) at step {self.global_step} (optim.nonfinite=stop); "
+                f"nothing was trained on it; {good}"
             )
         self.nonfinite_batches += 1
         warnings.warn(
-            f"non-finite training loss ({loss.item()}) at step {self.global_step}; batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)"
+            f"non-finite training loss ({loss.item()}) at step {self.global_step}; "
+            f"batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)",
+            stacklevel=2,
         )
         self.log("train/nonfinite_batches", float(self.nonfinite_batches))
         return True
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies
+        """Apply `optim.nonfinite` to inf/NaN gradients before the optimiser step.
+
+        A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies
         to them too. Skipping drops every gradient, so the optimiser leaves every weight and moment as it is
         (the step still counts). Gradients are already all-reduced here, so DDP ranks decide alike.
         """
@@ -248,13 +280,17 @@ class RankingModule(pl.LightningModule):
             p.grad = None
         self.nonfinite_batches += 1
         warnings.warn(
-            f"non-finite gradients at step {self.global_step}; optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)"
+            f"non-finite gradients at step {self.global_step}; "
+            f"optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)",
+            stacklevel=2,
         )
         self.log("train/nonfinite_batches", float(self.nonfinite_batches))
 
     def optimizer_groups(self) -> list[dict]:
-        """AdamW parameter groups: the ranker's named groups (`Ranker.param_groups`, each at its own learning rate)
-        and the rest at optim.lr, each split into decayed weights and undecayed biases / norms / scalars. Rankers
+        """Return the AdamW parameter groups.
+
+        They are the ranker's named groups (`Ranker.param_groups`, each at its own learning rate) and the rest at
+        optim.lr, each split into decayed weights and undecayed biases / norms / scalars. Rankers
         without groups get exactly two unnamed groups, as before, so their checkpoints resume unchanged.
         """
         o = self.optim_cfg
@@ -282,21 +318,24 @@ class RankingModule(pl.LightningModule):
         return groups
 
     def _grad_scaler(self):
-        """The precision plugin's GradScaler (fp16 mixed precision), None otherwise (fp32, bf16)."""
+        """Return the precision plugin's GradScaler (fp16 mixed precision), None otherwise (fp32, bf16)."""
         return getattr(getattr(self._trainer, "precision_plugin", None), "scaler", None)
 
     def fused_optimizer(self, params) -> bool | None:
-        """Whether to use one fused optimizer kernel over all tensors (on CPU too: ~3x faster than foreach for
-        MiniLM's 22M weights). Not under fp16's GradScaler, where gradients must be unscaled before clipping and a
-        fused optimizer would unscale them only inside its step.
+        """Return whether to use one fused optimizer kernel over all tensors (True, or None for torch's default).
+
+        Fused is used on CPU too: ~3x faster than foreach for MiniLM's 22M weights. Not under fp16's GradScaler, where
+        gradients must be unscaled before clipping and a fused optimizer would unscale them only inside its step.
         """
         eligible = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
         return (eligible and self._grad_scaler() is None) or None
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """`trainer.gradient_clip_val` as Lightning applies it, except with no GradScaler (fp32, bf16-mixed): the
-        gradients are clipped as they are, because Lightning's mixed-precision plugin refuses any fused optimizer
-        ("performs unscaling of gradients internally"), even under bf16 where nothing is scaled.
+        """Clip gradients by `trainer.gradient_clip_val` as Lightning does, but allowing fused optimizers.
+
+        Without a GradScaler (fp32, bf16-mixed) the gradients are clipped as they are, because Lightning's
+        mixed-precision plugin refuses any fused optimizer ("performs unscaling of gradients internally"), even under
+        bf16 where nothing is scaled.
         """
         if not gradient_clip_val or self._grad_scaler() is not None:
             return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -307,6 +346,11 @@ class RankingModule(pl.LightningModule):
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def configure_optimizers(self):
+        """Return AdamW over `optimizer_groups` with a per-step schedule: linear warm-up over `optim.warmup_steps`.
+
+        After the warm-up the learning rate decays linearly to 0 at the last step (`optim.schedule: linear`) or
+        stays constant.
+        """
         o = self.optim_cfg
         groups = self.optimizer_groups()
         fused = self.fused_optimizer([p for g in groups for p in g["params"]])
@@ -327,16 +371,19 @@ class RankingModule(pl.LightningModule):
     # ---- evaluation ----------------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode_query_texts(self, texts: list[str], batch_size: int = 128, encode=None) -> Encoded:
-        """All queries of an evaluation split, encoded once (bi-encoders), padded to one length.
+        """Encode all queries of an evaluation split once (bi-encoders), padded to one length.
+
         `encode(batch) -> Encoded` replaces the ranker's `encode_queries` (e.g. raw token representations).
         """
         return self.encode_texts(texts, side="query", batch_size=batch_size, encode=encode)
 
     @torch.inference_mode()
     def encode_texts(self, texts: list[str], side: str = "doc", batch_size: int = 32, encode=None) -> Encoded:
-        """Texts of one side encoded by the one encoder (`encoding.encode_stream`: batches of similar token length,
-        the precision plugin's autocast, out-of-memory halving) and returned in the given order, padded to one
-        length. `encode(batch) -> Encoded` replaces the ranker's `encode_queries` / `encode_docs`.
+        """Encode texts of one side, returned in the given order, padded to one length.
+
+        The one encoder runs them (`encoding.encode_stream`: batches of similar token length, the precision plugin's
+        autocast, out-of-memory halving). `encode(batch) -> Encoded` replaces the ranker's `encode_queries` /
+        `encode_docs`.
         """
         tok = self.pair_tokenizer
         encode = encode or (self.ranker.encode_queries if side == "query" else self.ranker.encode_docs)
@@ -375,8 +422,9 @@ class RankingModule(pl.LightningModule):
 
     @torch.inference_mode()
     def rerank_texts(self, query: str, candidates: list[str], batch_size: int = 32) -> Tensor:
-        """Bi-encoder scores of one query's candidate passages [n]: the query encoded once, the passages in
-        length-sorted batches.
+        """Return bi-encoder scores of one query's candidate passages [n].
+
+        The query is encoded once, the passages in length-sorted batches.
         """
         if self.ranker.kind != "bi":
             raise ValueError("rerank_texts needs a bi-encoder; cross-encoders score pairs with ranker.score")
@@ -394,8 +442,10 @@ class RankingModule(pl.LightningModule):
     def score_chunk(
         self, queries: Encoded, batch: dict[str, Tensor], pairs_per_pass: int = 512, docs: Encoded | None = None
     ) -> Tensor:
-        """Bi-encoder evaluation: encode a chunk of passages once (or take them as `docs`) and score its pairs
-        against the split's pre-encoded queries (`batch["qidx"]` indexes `queries`).
+        """Score a chunk of evaluation pairs with a bi-encoder.
+
+        Encode a chunk of passages once (or take them as `docs`) and score its pairs against the split's pre-encoded
+        queries (`batch["qidx"]` indexes `queries`).
         """
         r = self.ranker
         if docs is None:
@@ -414,8 +464,9 @@ class RankingModule(pl.LightningModule):
         return torch.cat(out)
 
     def with_oom_retry(self, fn, batch: dict[str, Tensor], what: str):
-        """`fn(batch)`, retried in halves on out-of-memory (lightning_modules/oom.py); retries counted per split
-        and logged as `<split>/oom_retries`.
+        """Return `fn(batch)`, retried in halves on out-of-memory (lightning_modules/oom.py).
+
+        Retries are counted per split and logged as `<split>/oom_retries`.
         """
 
         def count(_rows: int) -> None:
@@ -427,16 +478,20 @@ class RankingModule(pl.LightningModule):
     kept_variants: tuple[str, ...] = (WITH_HEAD,)  # the readings _eval_epoch_start / _eval_step hand to _keep
 
     def keep_vectors(self, split: str, variants: tuple[str, ...] = (WITH_HEAD,), max_bytes: int | None = None) -> None:
-        """Keep the vectors of `split`'s next evaluation as it scores them (`scoring_vectors`, padding removed), per
-        variant (WITH_HEAD; RAW where a head is attached, `HeadModule`), for `kept_vectors(split)` to hand out at the
-        epoch's end (bi-encoders). Beyond `DEFAULT_BUDGET` bytes they go to memory-mapped files in the run's folder;
-        beyond `max_bytes` in all (a test split of MS MARCO's size) nothing is kept, and `kept_vectors` says None.
+        """Ask for the vectors of `split`'s next evaluation to be kept as it scores them.
+
+        They are kept as scored (`scoring_vectors`, padding removed), per variant (WITH_HEAD; RAW where a head is
+        attached, `HeadModule`), for `kept_vectors(split)` to hand out at the epoch's end (bi-encoders). Beyond
+        `DEFAULT_BUDGET` bytes they go to memory-mapped files in the run's folder; beyond `max_bytes` in all (a test
+        split of MS MARCO's size) nothing is kept, and `kept_vectors` says None.
         """
         self._keep_request[split] = (tuple(variants), max_bytes)
 
     def kept_vectors(self, split: str) -> dict[str, dict[str, EncodedTexts]] | None:
-        """{"query" | "passage": {variant: EncodedTexts}} of the evaluation of `split` that just ran, rows as the
-        split's `qtexts` / `dtexts` (a passage this rank did not score has no token rows), once; None if not kept.
+        """Hand out the vectors kept by `keep_vectors` for the evaluation of `split` that just ran, once.
+
+        Returns {"query" | "passage": {variant: EncodedTexts}}, rows as the split's `qtexts` / `dtexts` (a passage
+        this rank did not score has no token rows); None if not kept.
         """
         writers = self._kept.pop(split, None)
         return (
@@ -477,7 +532,8 @@ class RankingModule(pl.LightningModule):
             self._drop_kept(split)
             warnings.warn(
                 f"{split}: the scored vectors exceed {self._keep_limit / 2**30:.1f} GiB; they are not kept, and "
-                f"their consumer (the isotropy protocol) encodes the texts it needs itself"
+                f"their consumer (the isotropy protocol) encodes the texts it needs itself",
+                stacklevel=2,
             )
 
     def _eval_epoch_start(self, split: str) -> None:
@@ -487,9 +543,11 @@ class RankingModule(pl.LightningModule):
             self._keep(split, "query", np.arange(len(self._eval_queries.mask)), {WITH_HEAD: self._eval_queries})
 
     def on_validation_epoch_start(self) -> None:
+        """Start keeping requested vectors and, for a bi-encoder, encode the validation split's queries once."""
         self._eval_epoch_start("val")
 
     def on_test_epoch_start(self) -> None:
+        """Start keeping requested vectors and, for a bi-encoder, encode the test split's queries once."""
         self._eval_epoch_start("test")
 
     def _eval_step(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
@@ -516,9 +574,11 @@ class RankingModule(pl.LightningModule):
             run.update(batch["qidx"], batch["didx"], torch.zeros(0, device=batch["qidx"].device))
 
     def validation_step(self, batch, batch_idx):
+        """Score one validation batch of (query, candidate) pairs into the `val` run."""
         self._eval_batch(batch, batch_idx, "val")
 
     def test_step(self, batch, batch_idx):
+        """Score one test batch of (query, candidate) pairs into the `test` run."""
         self._eval_batch(batch, batch_idx, "test")
 
     def _eval_epoch_end(self, split: str, key: str | None = None) -> None:
@@ -548,8 +608,10 @@ class RankingModule(pl.LightningModule):
     rerank_depth: int | None = None  # the depth chosen at the latest validation (saved in checkpoints)
 
     def _at_rerank_depth(self, run: dict, es, split: str) -> tuple[dict, int | None]:
-        """(`run` cut to the re-ranking depth, that depth; None when eval.rerank_depths is unset). Validation chooses
-        the depth with the best nDCG@10 and keeps it; a test applies the kept one (the tested checkpoint's).
+        """Return (`run` cut to the re-ranking depth, that depth; None when eval.rerank_depths is unset).
+
+        Validation chooses the depth with the best nDCG@10 and keeps it; a test applies the kept one (the tested
+        checkpoint's).
         """
         if not self.rerank_depths:
             return run, None
@@ -559,25 +621,30 @@ class RankingModule(pl.LightningModule):
         elif self.rerank_depth is None:
             warnings.warn(
                 f"eval.rerank_depths is set but no validation chose a depth for this model (none ran, or its "
-                f"checkpoint predates the setting): testing at the largest, {max(self.rerank_depths)}"
+                f"checkpoint predates the setting): testing at the largest, {max(self.rerank_depths)}",
+                stacklevel=2,
             )
         depth = self.rerank_depth if self.rerank_depth is not None else max(self.rerank_depths)
         return truncate(run, ranks, depth), depth
 
     def on_validation_epoch_end(self) -> None:
+        """Evaluate the gathered validation run (choosing the re-ranking depth) and log `val/<measure>`."""
         self._eval_epoch_end("val")
 
     def on_test_epoch_end(self) -> None:
+        """Evaluate the gathered test run at the chosen re-ranking depth and log `test/<measure>`."""
         self._eval_epoch_end("test")
 
     # ---- exact resume --------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Save what exact resume needs beyond Lightning's own state: RNG states, skip count, re-ranking depth."""
         # Lightning restores weights, optimiser, schedule, loop and loader state; the RNG (dropout masks) is ours.
         checkpoint["rng_states"] = _collect_rng_states()
         checkpoint["nonfinite_batches"] = self.nonfinite_batches
         checkpoint["rerank_depth"] = self.rerank_depth  # the depth its validation chose (eval.rerank_depths)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the skipped-batch count and re-ranking depth; the RNG states wait for the first training batch."""
         # Applied at the first training batch, not now: setting up the resumed run (loaders, sanity checks)
         # draws random numbers that the uninterrupted run drew long before the checkpoint.
         self._pending_rng = checkpoint.get("rng_states")
@@ -585,6 +652,7 @@ class RankingModule(pl.LightningModule):
         self.rerank_depth = checkpoint.get("rerank_depth")
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
+        """Restore a resumed checkpoint's RNG states at the first training batch, so dropout masks match."""
         if getattr(self, "_pending_rng", None) is not None:
             _set_rng_states(self._pending_rng)
             self._pending_rng = None

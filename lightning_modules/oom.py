@@ -1,10 +1,11 @@
-"""Out of accelerator memory during evaluation: retry the batch in halves (as Lightning IR does), never give up on
-the run because one batch of long passages did not fit.
+"""Out of accelerator memory during evaluation: retry the batch in halves (as Lightning IR does).
 
-`halving(fn, batch)` calls `fn` on a dict of row-aligned tensors; on `torch.OutOfMemoryError` it frees the cache,
-splits every tensor with the batch's row count in two, recurses on each half and concatenates the results
-(tensors, `Encoded` token vectors padded to a common length, or dicts of them). A single row that does not fit re-raises. Results
-equal the unsplit call's: evaluation runs each row independently (no batch statistics at inference).
+Never give up on the run because one batch of long passages did not fit.
+
+`halving(fn, batch)` calls `fn` on a dict of row-aligned tensors; on `torch.OutOfMemoryError` it frees the cache, splits
+every tensor with the batch's row count in two, recurses on each half and concatenates the results (tensors, `Encoded`
+token vectors padded to a common length, or dicts of them). A single row that does not fit re-raises. Results equal the
+unsplit call's: evaluation runs each row independently (no batch statistics at inference).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def _cat(parts: list):
 
 
 def halving(fn: Callable, batch: dict, what: str, on_retry: Callable[[int], None] | None = None):
+    """Return `fn(batch)`, retried in halves (recursively) on out-of-memory; see the module docstring.
+
+    `what` names the work in the warning ("encoding passages"); `on_retry(n)` is called with the row count of each
+    batch that is split.
+    """
     try:
         return fn(batch)
     except torch.OutOfMemoryError:
@@ -50,7 +56,7 @@ def halving(fn: Callable, batch: dict, what: str, on_retry: Callable[[int], None
     # outside the except block, so the failed attempt's tensors (held by the traceback) can be freed
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    warnings.warn(f"out of memory {what} on {n} rows; retrying in halves of {(n + 1) // 2} and {n // 2}")
+    warnings.warn(f"out of memory {what} on {n} rows; retrying in halves of {(n + 1) // 2} and {n // 2}", stacklevel=2)
     if on_retry is not None:
         on_retry(n)
     mid = (n + 1) // 2

@@ -1,5 +1,6 @@
-"""Average term similarity per positional delta (ATS) and its mean drop (MATS): position-bias paper section 5,
-Eq. 8-9 (shared/papers/position-bias-passage-reranking.txt).
+"""Average term similarity per positional delta (ATS) and its mean drop (MATS).
+
+Position-bias paper section 5, Eq. 8-9 (shared/papers/position-bias-passage-reranking.txt):
 
     ATS(da)  = 1/|T| sum_{t in T} 1/|C_{t,da}| sum_{(r^t_a1, r^t_a2) in C_{t,da}} cos(r^t_a1, r^t_a2)        (Eq. 8)
     C_{t,da} = {(r^t_a1, r^t_a2) : da = |a1 - a2|, occurrences of t in different passages}
@@ -75,9 +76,11 @@ class ATSResult:
 
     @property
     def deltas(self) -> np.ndarray:
+        """Return the positional deltas 0 .. max_delta that `ats`, `std`, `terms` and `pairs` are indexed by."""
         return np.arange(len(self.ats))
 
     def to_dict(self) -> dict:
+        """Return the result as JSON-ready plain types, NaN written as None (JSON has no NaN)."""
         nan = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731 - JSON has no NaN
         return {
             "mats": nan(self.mats),
@@ -95,7 +98,8 @@ class ATSResult:
 
 
 def mats_from_curve(ats: np.ndarray, mode: str = "paper") -> tuple[float, float]:
-    """(MATS, mats_std) of an ATS curve (index = delta) by Eq. 9 over the K deltas i >= 1 that have a value:
+    """Return (MATS, mats_std) of an ATS curve (index = delta) by Eq. 9 over the K deltas i >= 1 that have a value.
+
     `paper` = sum of the K drops ATS(0) - ATS(i) / (K - 1) (the printed 1/(max(da) - 1); NaN for K = 1), `mean` =
     their mean; mats_std = their standard deviation (1/K) in both modes. See the module doc.
     """
@@ -117,8 +121,9 @@ def mats_from_curve(ats: np.ndarray, mode: str = "paper") -> tuple[float, float]
 
 
 def _sample(terms: Tensor, positions: Tensor, passages: Tensor, cap: int | None, seed: int) -> Tensor:
-    """Indices of the kept occurrences, grouped by term (terms ascending), at most `cap` per term, each term's a
-    uniform seeded sample; independent of the input order.
+    """Return the indices of the kept occurrences, grouped by term (terms ascending), at most `cap` per term.
+
+    Each term's occurrences are a uniform seeded sample; independent of the input order.
     """
     canon = torch.from_numpy(np.lexsort((positions.numpy(), passages.numpy(), terms.numpy())))
     if cap is None:
@@ -232,9 +237,11 @@ def average_term_similarity(
 
 
 class AverageTermSimilarity(Metric):
-    """ATS / MATS over the occurrences of every `update`; under DDP `compute()` gathers all ranks' occurrences
-    (cat states) and computes on the whole set, so pairs across ranks count and every rank gets the same answer.
-    Passage ids must be global (unique across ranks), e.g. the passage's index in the probe set.
+    """ATS / MATS over the occurrences of every `update`.
+
+    Under DDP `compute()` gathers all ranks' occurrences (cat states) and computes on the whole set, so pairs across
+    ranks count and every rank gets the same answer. Passage ids must be global (unique across ranks), e.g. the
+    passage's index in the probe set.
     """
 
     full_state_update = False
@@ -255,12 +262,17 @@ class AverageTermSimilarity(Metric):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
     def update(self, vectors: Tensor, terms: Tensor, positions: Tensor, passages: Tensor) -> None:
+        """Add a batch of occurrences: vectors [N, d] and their term ids, absolute positions and passage ids [N].
+
+        Passage ids must be global (unique across ranks); vectors are kept as float32.
+        """
         self.vectors.append(vectors.detach().float())
         self.terms.append(terms.long())
         self.positions.append(positions.long())
         self.passages.append(passages.long())
 
     def compute(self) -> ATSResult:
+        """Return `average_term_similarity` (Eq. 8-9) of all the occurrences added, on every rank's under DDP."""
         if isinstance(self.vectors, list) and not self.vectors:  # after a DDP sync the states are tensors
             raise ValueError("AverageTermSimilarity.compute() before any update")
         return average_term_similarity(

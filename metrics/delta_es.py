@@ -1,4 +1,4 @@
-"""Exact vs soft matches (white-box paper section 4, Eq. 2):
+"""Exact vs soft matches (white-box paper section 4, Eq. 2).
 
     Delta_ES(t) = mean_{i, q : i -> t} ( mean_{d in S_q : d*_i -> t} C*_id  -  mean_{d in S_q : d*_i -/-> t} C*_id )
 
@@ -19,8 +19,10 @@ import numpy as np
 
 
 def pair_difference(c_star, exact) -> float:
-    """One query token's term of Eq. 2: mean C* over exact-match candidates minus mean over soft-match ones (NaN
-    when every candidate matches the same way). `c_star` [n] floats, `exact` [n] bools.
+    """Compute one query token's term of Eq. 2.
+
+    That is the mean C* over exact-match candidates minus the mean over soft-match ones (NaN when every candidate
+    matches the same way). `c_star` [n] floats, `exact` [n] bools.
     """
     c = np.asarray(c_star, dtype=np.float64)
     e = np.asarray(exact, dtype=bool)
@@ -37,6 +39,7 @@ class DeltaES:
         self.undefined: dict[int, int] = defaultdict(int)
 
     def add(self, token_id: int, difference: float) -> None:
+        """Record one occurrence's `pair_difference` for token type `token_id`; a NaN one is counted as undefined."""
         if math.isnan(difference):
             self.undefined[int(token_id)] += 1
         else:
@@ -48,6 +51,7 @@ class DeltaES:
         return float(np.mean(d)) if d else float("nan")
 
     def count(self, token_id: int) -> int:
+        """Return how many defined differences Delta_ES(t) averages for token type `token_id`."""
         return len(self.pairs.get(int(token_id), ()))
 
     def word(self, subwords: list[int]) -> float:

@@ -107,7 +107,7 @@ def _clean_run(run: Run, keep: set[str]) -> dict[str, dict[str, float]]:
 
 
 def _clean_qrels(qrels: Qrels, relevance_level: int) -> dict[str, dict[str, int]]:
-    """The qrels of the queries with at least one relevant document, grades as ints."""
+    """Return the qrels of the queries with at least one relevant document, grades as ints."""
     out = {}
     for qid, docs in qrels.items():
         grades = {}
@@ -188,10 +188,12 @@ class RetrievalRun(Metric):
         self.add_state("scores", default=[], dist_reduce_fx="cat")
 
     def update(self, qidx: Tensor, didx: Tensor, scores: Tensor) -> None:
+        """Append a batch of (query index, document index, score) triples: three equal-size tensors of any shape."""
         qidx, didx, scores = (torch.as_tensor(t).detach().reshape(-1) for t in (qidx, didx, scores))
         if not (qidx.numel() == didx.numel() == scores.numel()):
             raise ValueError(
-                f"RetrievalRun.update: qidx, didx and scores differ in size ({qidx.numel()}, {didx.numel()}, {scores.numel()})"
+                "RetrievalRun.update: qidx, didx and scores differ in size "
+                f"({qidx.numel()}, {didx.numel()}, {scores.numel()})"
             )
         if qidx.is_floating_point() or didx.is_floating_point():
             raise ValueError("RetrievalRun.update: qidx and didx must be integer tensors")

@@ -115,8 +115,10 @@ def _chunks(W: Tensor, counts: Tensor | None = None):
 
 
 def _canonical_signs(E: Tensor) -> Tensor:
-    """Flip each column of E ([d, k], or a batch [..., d, k]) so that its largest-magnitude entry (the first one, on
-    ties) is positive.
+    """Fix the sign of each eigenvector column of E, in place.
+
+    Each column of E ([d, k], or a batch [..., d, k]) is flipped so that its largest-magnitude entry (the first one,
+    on ties) is positive.
     """
     rows = E.abs().argmax(dim=-2, keepdim=True)
     signs = torch.sign(E.gather(-2, rows))
@@ -126,13 +128,15 @@ def _canonical_signs(E: Tensor) -> Tensor:
 
 @contextmanager
 def one_thread():
-    """Torch's CPU ops on one thread inside the block. A d x d eigendecomposition (d <= 1024) gains little from
-    threads, and when the cores are shared (DDP ranks, dataloader workers, other jobs) LAPACK's threads wait on each
-    other: measured 0.6-5 s for d = 384 with 2 threads on a loaded 2-core machine against 0.05 s with one (values
-    equal to 2e-15). A batched eigh on the CPU is the same LAPACK call per matrix in a loop, and it fares the same:
-    for batches of 1, 3 and 48 matrices (d = 384, 768) on this 2-core machine, 2 threads were 2.4x faster while it
-    was idle but 6-50x slower (0.7-29 s against 0.1-0.8 s a matrix) under a load of 5 other processes. To use
-    several cores, run independent single-threaded parts in threads instead (the `paper` protocol does so).
+    """Run torch's CPU ops on one thread inside the block.
+
+    A d x d eigendecomposition (d <= 1024) gains little from threads, and when the cores are shared (DDP ranks,
+    dataloader workers, other jobs) LAPACK's threads wait on each other: measured 0.6-5 s for d = 384 with 2 threads on
+    a loaded 2-core machine against 0.05 s with one (values equal to 2e-15). A batched eigh on the CPU is the same
+    LAPACK call per matrix in a loop, and it fares the same: for batches of 1, 3 and 48 matrices (d = 384, 768) on this
+    2-core machine, 2 threads were 2.4x faster while it was idle but 6-50x slower (0.7-29 s against 0.1-0.8 s a matrix)
+    under a load of 5 other processes. To use several cores, run independent single-threaded parts in threads instead
+    (the `paper` protocol does so).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -143,10 +147,12 @@ def one_thread():
 
 
 def gram_matrix(W, counts=None) -> Tensor:
-    """W^T W, float64 (d, d). The Gram matrix of stacked sets is the sum of theirs, which is how the `paper`
-    protocol gets the queries-and-passages set's from the two it measures anyway. `counts` (n,): row i stands for
-    counts[i] equal rows (sum_i counts_i w_i w_i^T), so a set that repeats rows (a query repeated in a test batch)
-    is given once per distinct row.
+    """Return W^T W, float64 (d, d).
+
+    The Gram matrix of stacked sets is the sum of theirs, which is how the `paper` protocol gets the
+    queries-and-passages set's from the two it measures anyway. `counts` (n,): row i stands for counts[i] equal rows
+    (sum_i counts_i w_i w_i^T), so a set that repeats rows (a query repeated in a test batch) is given once per distinct
+    row.
     """
     W = _as_matrix(W)
     counts = _check_counts(counts, W)
@@ -157,8 +163,10 @@ def gram_matrix(W, counts=None) -> Tensor:
 
 
 def _directions(grams: Tensor, both_signs: bool) -> Tensor:
-    """Eigenvectors of each of the [..., d, d] Gram matrices as columns with the sign convention above: one
-    (batched) eigh where the matrices are, single-threaded on the CPU (`one_thread`).
+    """Return the eigenvectors of each of the [..., d, d] Gram matrices as columns.
+
+    Signs follow the convention above; one (batched) eigh where the matrices are, single-threaded on the CPU
+    (`one_thread`).
     """
     with one_thread() if grams.device.type == "cpu" else nullcontext():
         _, E = torch.linalg.eigh(grams.to(torch.float64))
@@ -178,8 +186,10 @@ def _log_z(W: Tensor, E: Tensor, counts: Tensor | None) -> Tensor:
 
 
 def eigen_directions(W, *, both_signs: bool = False, gram: Tensor | None = None) -> Tensor:
-    """The directions E of Eq. 3 as columns, float64: eigenvectors of W^T W with the sign convention above
-    (`gram`: W^T W when the caller has it already, e.g. summed from parts).
+    """Return the directions E of Eq. 3 as columns, float64.
+
+    They are the eigenvectors of W^T W with the sign convention above (`gram`: W^T W when the caller has it
+    already, e.g. summed from parts).
     """
     W = _as_matrix(W)
     if gram is None:
@@ -198,8 +208,9 @@ def log_partition(W, *, both_signs: bool = False, gram: Tensor | None = None) ->
 
 
 def isotropy_iw(W, *, both_signs: bool = False, gram: Tensor | None = None) -> float:
-    """I(W) of Eq. 3 for the rows of W (n, d), in [0, 1]; 1 is isotropic. See the module docstring. `gram`: W^T W
-    (float64) when the caller has it already; the result is the same.
+    """Compute I(W) of Eq. 3 for the rows of W (n, d), in [0, 1]; 1 is isotropic.
+
+    See the module docstring. `gram`: W^T W (float64) when the caller has it already; the result is the same.
     """
     log_z = log_partition(W, both_signs=both_signs, gram=gram)
     return float(torch.exp(log_z.min() - log_z.max()))
@@ -260,8 +271,10 @@ def isotropy_iw_batched(
 
 
 def _log_z_dual(W: Tensor, counts: Tensor | None, both_signs: bool) -> Tensor:
-    """Log Z(a) for the d eigenvectors a of W^T W (counts c: W^T C W) from the n x n matrix C^1/2 W W^T C^1/2 (n < d),
-    float64: an eigenvector u with eigenvalue l > 0 gives a = W^T C^1/2 u / sqrt(l) (the same directions a d x d eigh
+    """Compute log Z(a) for the d eigenvectors a of W^T W from the n x n dual, float64.
+
+    With counts c the Gram matrix is W^T C W, and the dual is the n x n matrix C^1/2 W W^T C^1/2 (n < d): an
+    eigenvector u with eigenvalue l > 0 gives a = W^T C^1/2 u / sqrt(l) (the same directions a d x d eigh
     returns, to rounding; signs as `_canonical_signs`), and each of the other directions is orthogonal to every row,
     so its w_i . a = 0 and Z(a) = sum_i c_i (a d x d eigh gives those w_i . a at rounding level, ~1e-16).
     """
@@ -286,8 +299,10 @@ def _log_z_dual(W: Tensor, counts: Tensor | None, both_signs: bool) -> Tensor:
 
 
 def unit_sum(W, counts=None) -> tuple[Tensor, int]:
-    """(sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows). `counts` as in
-    `gram_matrix`: row i counts counts[i] times (the number is then the sum of the non-zero rows' counts).
+    """Return (sum of the unit vectors of the non-zero rows, float64 (d,); number of non-zero rows).
+
+    `counts` as in `gram_matrix`: row i counts counts[i] times (the number is then the sum of the non-zero rows'
+    counts).
     """
     counts = _check_counts(counts, W)
     total = torch.zeros(W.shape[1], dtype=torch.float64, device=W.device)
@@ -369,7 +384,8 @@ class IsotropyIW(Metric):
             if x.shape[0] > room:
                 if not self._warned:
                     warnings.warn(
-                        f"IsotropyIW: max_vectors={self.max_vectors} reached; further vectors are ignored until reset()",
+                        f"IsotropyIW: max_vectors={self.max_vectors} reached; "
+                        "further vectors are ignored until reset()",
                         stacklevel=2,
                     )
                     self._warned = True
@@ -388,6 +404,7 @@ class IsotropyIW(Metric):
         return (int(v[0].shape[1]) if v else 0) if isinstance(v, list) else int(v.shape[-1])
 
     def compute(self) -> Tensor:
+        """Return I(W) (Eq. 3) of all the kept vectors as a float64 scalar tensor; NaN when none was kept."""
         if isinstance(self.vectors, list) and not self.vectors:
             return torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         W = dim_zero_cat(self.vectors)
@@ -396,6 +413,7 @@ class IsotropyIW(Metric):
         return torch.tensor(isotropy_iw(W, both_signs=self.both_signs), dtype=torch.float64, device=self.device)
 
     def reset(self) -> None:
+        """Clear the kept vectors and the `max_vectors` count and warning, for the next epoch or stage."""
         super().reset()
         self._kept = 0
         self._warned = False
@@ -436,5 +454,6 @@ class AvgCos(Metric):
         return int(self.unit_sum.shape[0]) if self.unit_sum.ndim == 1 else 0
 
     def compute(self) -> Tensor:
+        """Return avgcos (Eq. 4) of all the non-zero vectors seen, a float64 scalar tensor; NaN with fewer than two."""
         value = avg_cos_from_unit_sum(self.unit_sum, int(self.count))
         return torch.tensor(value, dtype=torch.float64, device=self.device)

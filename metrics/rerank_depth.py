@@ -1,6 +1,8 @@
-"""The re-ranking depth chosen on validation (`eval.rerank_depths`), as the position-bias paper does (section 3: "The
-re-ranking depth for each model instance is tuned on the best mean nDCG@10 of the validation set, as part of an early
-stopping strategy. For MS MARCO we evaluate a re-ranking depth until 1000 and for SQuAD up to 100").
+"""The re-ranking depth chosen on validation (`eval.rerank_depths`), as the position-bias paper does.
+
+Section 3 of the paper: "The re-ranking depth for each model instance is tuned on the best mean nDCG@10 of the
+validation set, as part of an early stopping strategy. For MS MARCO we evaluate a re-ranking depth until 1000 and for
+SQuAD up to 100".
 
 Re-ranking at depth d means scoring the first-stage top d of each query and ranking only those. A split is scored
 once, at its full candidate depth (`data.candidate_depth`, which must be at least the largest depth listed), and the
@@ -38,8 +40,10 @@ Run = Mapping[str, Mapping[str, float]]
 def candidate_ranks(
     qids: Sequence[str], doc_ids: Sequence[str], pairs: np.ndarray, unit_doc: np.ndarray | None = None
 ) -> dict[str, dict[str, int]]:
-    """{qid: {docid: 0-based first-stage rank}} of an evaluation split's (qidx, unit) `pairs`, given in first-stage
-    order per query; `unit_doc` maps passage units to their document (None: the units are the documents).
+    """Return {qid: {docid: 0-based first-stage rank}} of an evaluation split's (qidx, unit) `pairs`.
+
+    The pairs are given in first-stage order per query; `unit_doc` maps passage units to their document (None: the
+    units are the documents).
     """
     ranks: dict[str, dict[str, int]] = {}
     for qi, unit in np.asarray(pairs, dtype=np.int64).reshape(-1, 2).tolist():
@@ -50,8 +54,9 @@ def candidate_ranks(
 
 
 def truncate(run: Run, ranks: Mapping[str, Mapping[str, int]], depth: int) -> dict[str, dict[str, float]]:
-    """`run` cut to each query's first `depth` candidates; a pair without a first-stage rank is dropped (it was not
-    a candidate at any depth).
+    """Cut `run` to each query's first `depth` candidates.
+
+    A pair without a first-stage rank is dropped (it was not a candidate at any depth).
     """
     out: dict[str, dict[str, float]] = {}
     for qid, docs in run.items():
@@ -65,7 +70,7 @@ def truncate(run: Run, ranks: Mapping[str, Mapping[str, int]], depth: int) -> di
 def choose_depth(
     run: Run, qrels: Mapping[str, Mapping[str, int]], ranks: Mapping[str, Mapping[str, int]], depths: Sequence[int]
 ) -> tuple[int, dict[int, float]]:
-    """(the depth with the best mean `SELECT_BY`, the smallest on a tie; {depth: its mean}) over `depths`."""
+    """Return (the depth with the best mean `SELECT_BY`, the smallest on a tie; {depth: its mean}) over `depths`."""
     if not depths:
         raise ValueError("choose_depth needs at least one depth")
     by_depth = {

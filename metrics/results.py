@@ -1,4 +1,6 @@
-"""The result directory of every evaluation (train.py, evaluate.py, BM25, dense and ColBERT end-to-end retrieval):
+"""Write the result directory of every evaluation.
+
+Every evaluation (train.py, evaluate.py, BM25, dense and ColBERT end-to-end retrieval) writes:
 
     per_query.json   {qid: {measure: value}}: every measure for every query (for significance tests)
     run.trec         the run, TREC format (metrics/trec.py)
@@ -34,7 +36,9 @@ def write_result_dir(
     retire: tuple = (),
     folders: Mapping[str, Callable[[Path], object]] | None = None,
 ) -> None:
-    """`config`: the resolved config (YAML text), written as config.yaml with the results; `extra`: more JSON files
+    """Write one evaluation's results to `out` as one set: per_query.json, run.trec, metrics.json (module docstring).
+
+    `config`: the resolved config (YAML text), written as config.yaml with the results; `extra`: more JSON files
     of the set ({name: object}, e.g. validation.json); `folders`: folders of the set, each written by its function
     into the path it is given (e.g. {"index": index.save}); `retire`: files removed when the set is in place (a
     pending attempt's config).

@@ -1,5 +1,6 @@
-"""Significance tests for comparing a method with a baseline (scipy.stats): paired tests, and the isotropy paper's
-unpaired one.
+"""Significance tests for comparing a method with a baseline (scipy.stats).
+
+There are paired tests, and the isotropy paper's unpaired one.
 
 Units of pairing:
 
@@ -10,7 +11,8 @@ Units of pairing:
 
 Tests (`TESTS`):
 
-- `t_test_one_tailed`: paired t-test, alternative "method > baseline" (`scipy.stats.ttest_rel(..., alternative="greater")`);
+- `t_test_one_tailed`: paired t-test, alternative "method > baseline"
+  (`scipy.stats.ttest_rel(..., alternative="greater")`);
 - `t_test_two_tailed`: paired t-test, two-sided;
 - `wilcoxon`: Wilcoxon signed-rank test, two-sided (`scipy.stats.wilcoxon`, zero differences dropped: "wilcox");
 - `wilcoxon_one_tailed`: the same, alternative "method > baseline";
@@ -21,7 +23,8 @@ Tests (`TESTS`):
   ignores which seed is which.
 
 Degenerate inputs give p = 1.0 instead of NaN or an exception: all differences zero (identical systems), fewer than
-two pairs (two values a side for the unpaired test). (A constant non-zero difference is scipy's own answer: t = +-inf, p = 0 or 1.)
+two pairs (two values a side for the unpaired test). (A constant non-zero difference is scipy's own answer:
+t = +-inf, p = 0 or 1.)
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ UNPAIRED = ("student_t_one_tailed",)  # tests of two independent samples (of the
 
 
 def check_test(name: str, where: str = "test", paired: bool = False) -> str:
-    """`name` if it is a test of TESTS (a paired one where `paired`: per-query comparisons), else InputError at `where`."""
+    """Return `name` if it is a test of TESTS (a paired one where `paired`: per-query comparisons).
+
+    Raises InputError at `where` otherwise.
+    """
     allowed = [t for t in TESTS if not (paired and t in UNPAIRED)]
     if name not in TESTS:
         raise InputError(where, f"unknown significance test '{name}'; expected one of {allowed}")
@@ -62,8 +68,10 @@ def check_test(name: str, where: str = "test", paired: bool = False) -> str:
 
 
 def p_value(method: Sequence[float], baseline: Sequence[float], test: str = "t_test_one_tailed") -> float:
-    """p-value of `test`: on paired samples (method[i] with baseline[i]), or for an UNPAIRED test on two independent
-    samples (lengths may differ); one-tailed tests ask "method > baseline".
+    """Return the p-value of `test`.
+
+    On paired samples (method[i] with baseline[i]), or for an UNPAIRED test on two independent samples (lengths may
+    differ); one-tailed tests ask "method > baseline".
     """
     from scipy import stats  # lazy: scipy.stats loads slowly, only significance tests need it
 
@@ -72,7 +80,8 @@ def p_value(method: Sequence[float], baseline: Sequence[float], test: str = "t_t
     b = np.asarray(baseline, dtype=np.float64)
     if a.ndim != 1 or b.ndim != 1 or (a.shape != b.shape and test not in UNPAIRED):
         raise ValueError(
-            f"p_value: method and baseline must be 1-d and, for a paired test, of equal length (got {a.shape} and {b.shape})"
+            "p_value: method and baseline must be 1-d and, for a paired test, of equal length "
+            f"(got {a.shape} and {b.shape})"
         )
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("p_value: values must be finite")
@@ -110,7 +119,7 @@ def per_query_means(runs: Iterable[Mapping[str, Mapping[str, float]]], measure: 
 def pair_by_query(
     method: Mapping[str, float], baseline: Mapping[str, float]
 ) -> tuple[list[float], list[float], list[str]]:
-    """(method values, baseline values, qids) on the queries both have, in qid order."""
+    """Return (method values, baseline values, qids) on the queries both have, in qid order."""
     qids = sorted(set(method) & set(baseline))
     return [method[q] for q in qids], [baseline[q] for q in qids], qids
 
@@ -118,7 +127,7 @@ def pair_by_query(
 def pair_by_replicate(
     method: Mapping[str, float], baseline: Mapping[str, float]
 ) -> tuple[list[float], list[float], list[str]]:
-    """(method means, baseline means, replicate ids) on the seeds/folds both have."""
+    """Return (method means, baseline means, replicate ids) on the seeds/folds both have."""
     return pair_by_query(method, baseline)
 
 

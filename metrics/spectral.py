@@ -1,7 +1,8 @@
-"""Spectral ratio of a term's contextual embeddings (white-box paper section 4, Figure 3): stack every contextual
-vector of the subword t (its occurrences in the passages) into a matrix M [n, d], take its singular values
-lambda_1 >= ... >= lambda_r (r = min(n, d); "an SVD decomposition of the matrix composed of all the contextual
-representations for a given term t") and report
+"""Spectral ratio of a term's contextual embeddings (white-box paper section 4, Figure 3).
+
+Stack every contextual vector of the subword t (its occurrences in the passages) into a matrix M [n, d], take its
+singular values lambda_1 >= ... >= lambda_r (r = min(n, d); "an SVD decomposition of the matrix composed of all the
+contextual representations for a given term t") and report
 
     ratio(t) = lambda_1 / sum_k lambda_k.
 
@@ -39,9 +40,11 @@ def spectral_ratio(m) -> float:
 
 
 def sample_rows(n: int, cap: int, seed: int, token_id: int) -> np.ndarray:
-    """Indices of min(n, cap) of n occurrences, uniformly without replacement, in the order of a permutation drawn
-    from a generator seeded by (seed, token id): one subword's sample does not depend on which other subwords are
-    analysed, and the first k indices are the equal-size sample (nested in the capped one).
+    """Return the indices of min(n, cap) of n occurrences, uniformly without replacement.
+
+    They come in the order of a permutation drawn from a generator seeded by (seed, token id): one subword's sample does
+    not depend on which other subwords are analysed, and the first k indices are the equal-size sample (nested in the
+    capped one).
     """
     perm = np.random.default_rng([int(seed), int(token_id)]).permutation(n)
     return perm[: min(n, cap)]

@@ -1,6 +1,8 @@
-"""AP rank correlation tau_AP (Yilmaz, Aslam & Robertson, SIGIR 2008) and its two tie-aware variants (Urbano &
-Marrero, "The Treatment of Ties in AP Correlation", ICTIR 2017), the correlation the white-box paper uses for
-ColBERT term importance (section 3: "using the Python implementation provided by [13]", i.e. Urbano & Marrero's).
+"""AP rank correlation tau_AP and its two tie-aware variants, for ColBERT term importance.
+
+tau_AP is Yilmaz, Aslam & Robertson's (SIGIR 2008); the variants are Urbano & Marrero's ("The Treatment of Ties in
+AP Correlation", ICTIR 2017). It is the correlation the white-box paper uses for ColBERT term importance (section 3:
+"using the Python implementation provided by [13]", i.e. Urbano & Marrero's).
 
 Scores, not ranks: higher is better, `x` is the reference ranking and `y` the one compared to it (for term
 importance: x = the ColBERT scores of Eq. 1, y = the scores with one word's subword rows removed). A pair (i, j)
@@ -65,8 +67,9 @@ def _above(v: np.ndarray) -> np.ndarray:
 
 
 def _directed_b(ax: np.ndarray, ay: np.ndarray) -> float:
-    """tau_AP,b(x -> y) from `_above(x)`, `_above(y)`: walk y's ranking (tied groups by their first rank),
-    concordance judged by x.
+    """Compute the directed tau_AP,b(x -> y) from `_above(x)`, `_above(y)`.
+
+    Walk y's ranking (tied groups by their first rank), concordance judged by x.
     """
     n_above = ay.sum(1)  # p_i - 1
     c = (ay & ax).sum(1)
@@ -87,8 +90,10 @@ def tau_ap(x, y) -> float:
 
 
 def tau_ap_a(x, y) -> float:
-    """Urbano & Marrero's tau_AP,a (accuracy): x a reference without ties, ties allowed in y; the expectation of
-    tau_ap over every order of y's ties (NaN for n < 2).
+    """Compute Urbano & Marrero's tau_AP,a (accuracy) of ranking y against reference x.
+
+    x is a reference without ties, ties are allowed in y; the value is the expectation of tau_ap over every order of
+    y's ties (NaN for n < 2).
     """
     x, y = _as_pair(x, y)
     if _has_ties(x):
@@ -124,8 +129,10 @@ def tau_ap_b(x, y) -> float:
 
 
 def break_ties(scores, order_key=None) -> np.ndarray:
-    """Scores without ties that keep every strict order of `scores` and order tied items by `order_key` ascending
-    (default: position), e.g. a candidate list's rank: the reference tau_ap_a needs. Returns -rank (higher = better).
+    """Return scores without ties, the reference tau_ap_a needs.
+
+    They keep every strict order of `scores` and order tied items by `order_key` ascending (default: position), e.g.
+    a candidate list's rank. Returns -rank (higher = better).
     """
     s = np.asarray(scores, dtype=np.float64)
     key = np.arange(len(s)) if order_key is None else np.asarray(order_key)
@@ -145,8 +152,9 @@ def correlation(x, y, variant: str = "b") -> float:
 
 
 def correlations(x, y) -> dict[str, float]:
-    """Both term-importance correlations, {"a": correlation(x, y, "a"), "b": correlation(x, y, "b")}, sharing the
-    pairwise matrices (NaN for n < 2).
+    """Return both term-importance correlations, {"a": correlation(x, y, "a"), "b": correlation(x, y, "b")}.
+
+    The two share the pairwise matrices (NaN for n < 2).
     """
     x, y = _as_pair(x, y)
     if len(x) < 2:

@@ -1,7 +1,8 @@
-"""Shared command-line wrappers: compose the config, run, and turn every way a job can stop into one line on stderr
-and an exit code: bad input 2 (`error: ...`), a write the machine refused 1 (`error: cannot write ...`; 2 when the
-probe at the start finds a path the user cannot use), SIGINT 130 and SIGTERM 143 (`stopped: interrupted by ...`),
-a training-policy stop 3. No traceback for any of them.
+"""Shared command-line wrappers: compose the config, run, and turn every way a job can stop into one line.
+
+Each way a job can stop becomes one line on stderr and an exit code: bad input 2 (`error: ...`), a write the machine
+refused 1 (`error: cannot write ...`; 2 when the probe at the start finds a path the user cannot use), SIGINT 130
+and SIGTERM 143 (`stopped: interrupted by ...`), a training-policy stop 3. No traceback for any of them.
 
 `--dry-run` (or `--print-config`) anywhere on the command line validates the composed config (every key against
 its schema, the checkpoints it names exist) and prints it as YAML, without loading a model or reading data.
@@ -29,8 +30,10 @@ from pipeline.config import compose, parse_args, to_yaml
 
 
 def main(argv: list[str], job: Callable) -> int:
-    """`job(cfg, model_from_cli)` on the config composed from `key=value` args; `model_from_cli`: the command line
-    picks the model (`model=` or a `model.` key), so a checkpoint's ranker must match it.
+    """Run `job(cfg, model_from_cli)` on the config composed from `key=value` args and return the exit code.
+
+    `model_from_cli`: the command line picks the model (`model=` or a `model.` key), so a checkpoint's ranker must
+    match it.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
@@ -89,7 +92,7 @@ def _results_state(cfg) -> str:
 
 
 def _analysis_results(out: Path) -> bool:
-    """An analysis's finished JSON (analyses/outputs.py writes it last), e.g. whitebox.json."""
+    """Tell whether `out` holds an analysis's finished JSON (analyses/outputs.py writes it last), e.g. whitebox.json."""
     try:
         return any(
             p.suffix == ".json" and not p.name.startswith(".") and p.name != "validation.json" for p in out.iterdir()
@@ -99,13 +102,14 @@ def _analysis_results(out: Path) -> bool:
 
 
 def interrupt_line(signum: int, cfg) -> str:
-    """The one line of a job stopped by SIGINT / SIGTERM outside a training loop."""
+    """Return the one line of a job stopped by SIGINT / SIGTERM outside a training loop."""
     return f"interrupted by {signal.Signals(signum).name}; {_results_state(cfg)}"
 
 
 def fault_line(e: BaseException, cfg) -> str | None:
-    """One line for an OSError (or torch.save's report of one) that no writer turned into a WriteFault; None for
-    any other error, which keeps its traceback.
+    """Return one line for an OSError that no writer turned into a WriteFault, else None.
+
+    An OSError (or torch.save's report of one); None for any other error, which keeps its traceback.
     """
     fault = as_write_fault(e, getattr(e, "filename", None) or path_in_traceback(e) or "?", _results_state(cfg))
     if fault is None:
@@ -121,8 +125,10 @@ _library_format = warnings.formatwarning
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:
-    """Our own warnings as one line, `warning: ...`, as errors print `error: ...`; the file:line and source line of
-    Python's format stay for warnings raised by libraries, where they help to find the cause.
+    """Format our own warnings as one line, `warning: ...`, as errors print `error: ...`.
+
+    The file:line and source line of Python's format stay for warnings raised by libraries, where they help to find
+    the cause.
     """
     try:
         ours = Path(filename).resolve().is_relative_to(_ROOT) and "site-packages" not in Path(filename).parts
@@ -134,8 +140,10 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def check_files(cfg) -> None:
-    """`--dry-run`: the checkpoints a run would read exist and their headers are sound (a torch zip file with our keys
-    and hyper-parameters this version knows: core/checkpoints.read_header); no tensor loaded.
+    """Check for `--dry-run` that the checkpoints a run would read exist and their headers are sound.
+
+    Sound: a torch zip file with our keys and hyper-parameters this version knows (core/checkpoints.read_header);
+    no tensor loaded.
     """
     from core.checkpoints import read_header
 

@@ -117,6 +117,8 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
+    """The `logger` group: where a run's metrics go (W&B, a CSV file, or nowhere) and how its W&B run is named."""
+
     name: str = "wandb"  # wandb | csv | none
     project: str = "isorank"
     entity: str | None = None
@@ -133,6 +135,8 @@ class LoggerConfig:
 
 @dataclass
 class EvalConfig:
+    """The `eval` keys: the measures every test reports, the isotropy and ATS protocols, and the re-ranking depths."""
+
     measures: list[str] = field(default_factory=lambda: list(DEFAULT_MEASURES))
     before_training: bool = True  # test once before fine-tuning too, for the before/after table
     start_candidate: bool = True  # validate at step 0 too: the starting model is a candidate for the best checkpoint
@@ -184,7 +188,8 @@ class EvalConfig:
             ):
                 raise InputError(
                     "config key 'eval.rerank_depths'",
-                    f"is {depths!r}; expected a non-empty list of distinct depths >= 1 (e.g. [10, 20, 50, 100]), or null",
+                    f"is {depths!r}; expected a non-empty list of distinct depths >= 1 (e.g. [10, 20, 50, 100]), "
+                    "or null",
                 )
         if self.dump_isotropy and not self.isotropy_paper:
             raise InputError(
@@ -200,6 +205,11 @@ def _group_schemas():
 
 @dataclass
 class RunConfig:
+    """The top-level keys of a run: the groups, the seed, the output folder, the checkpoints to read and the stage.
+
+    `model`, `data` and `optim` are validated against their own schemas (the ranker's, the source's, OptimConfig).
+    """
+
     model: Any = None
     data: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -209,12 +219,11 @@ class RunConfig:
     seed: int = 42
     output_dir: str = "outputs/default"
     ckpt_path: str | None = None  # train.py: resume this run (optimiser, schedule, step, data order)
-    ckpt: str | None = (
-        None  # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker; stage=export: the one exported
-    )
-    head_ckpt: str | None = (
-        None  # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`; stage=export: the head exported
-    )
+    # evaluate.py: the checkpoint to evaluate; train.py stage=head: the fine-tuned ranker; stage=export: the one
+    # exported
+    ckpt: str | None = None
+    # evaluate.py: an isotropy head (from stage=head) to apply on top of `ckpt`; stage=export: the head exported
+    head_ckpt: str | None = None
     # train.py: finetune (the ranker) | head (post-hoc isotropy head on a frozen ranker) | export (ckpt= or head_ckpt=
     # as a Hugging Face folder into output_dir, pipeline/export.py)
     stage: str = "finetune"
@@ -268,8 +277,10 @@ def _structured(
     where: Callable[[str], str] = _config_key,
     unknown: Callable[[str], InputError] | None = None,
 ) -> DictConfig:
-    """`layers` merged in order onto `schema`, each value checked against its field's type (pipeline/grid_config.py
-    reuses this for grid files); a key the schema lacks is the error `unknown(key)` (default: names the schema).
+    """Merge `layers` in order onto `schema`, each value checked against its field's type.
+
+    pipeline/grid_config.py reuses this for grid files; a key the schema lacks is the error `unknown(key)` (default:
+    names the schema).
     """
     node = OmegaConf.structured(schema)
     for layer in layers:
@@ -295,7 +306,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_control_characters(key: str, value: str) -> None:
-    """Paths and names with a control character (a newline in output_dir, pasted from a wrapped line) are refused:
+    """Refuse a path or name `value` (of config key `key`) that holds a control character.
+
+    Paths and names with a control character (a newline in output_dir, pasted from a wrapped line) are refused:
     YAML would fold the newline into a space and the run would write into another path than the one typed.
     """
     m = _CONTROL.search(value)
@@ -322,6 +335,10 @@ def _check_strings(node: Any, prefix: str = "") -> None:
 
 
 def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Split `key=value` args into group choices (`model=repbert`, `experiment=...`) and key overrides (`a.b=value`).
+
+    An argument without `=`, or one holding a control character, is a one-line error.
+    """
     choices, overrides = {}, []
     for arg in argv:
         if "=" in arg:
@@ -337,6 +354,11 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def compose(argv: list[str]) -> DictConfig:
+    """Compose and validate the run config of the `key=value` args (module doc: the layers and their precedence).
+
+    Every group is checked against its schema, then the cross-group limits (rerank depths, model limits, index
+    limits) before anything is read or written; a problem is an InputError naming the key.
+    """
     rankers, sources, optim_schema = _group_schemas()
     choices, overrides = parse_args(argv)
     base = _load_yaml(CONFIG_DIR / "config.yaml", "config.yaml")
@@ -402,8 +424,10 @@ def compose(argv: list[str]) -> DictConfig:
 
 
 def check_index_limits(cfg: DictConfig) -> None:
-    """`retrieval.pq_m` must divide the vectors' width, when that is known at config time: from the ranker config of
-    the command line, or (ckpt=) from the checkpoint's hyper-parameters, read from its header without its tensors.
+    """Check that `retrieval.pq_m` divides the vectors' width, when that is known at config time.
+
+    The width comes from the ranker config of the command line, or (ckpt=) from the checkpoint's hyper-parameters,
+    read from its header without its tensors.
     """
     r = cfg.retrieval
     if r.name != "dense" or r.get("index_type") not in ("pq", "ivfpq") or not r.get("pq_m"):
@@ -431,9 +455,11 @@ def check_rerank_depths(cfg: DictConfig) -> None:
         raise InputError(
             "config key 'eval.rerank_depths'",
             f"lists depth {max(depths)} but data.candidate_depth is {candidates}: "
-            f"every split is scored once at data.candidate_depth and cut to each depth; set data.candidate_depth={max(depths)}",
+            "every split is scored once at data.candidate_depth and cut to each depth; "
+            f"set data.candidate_depth={max(depths)}",
         )
 
 
 def to_yaml(cfg: DictConfig) -> str:
+    """Return the composed config as YAML, as `--dry-run` prints it."""
     return OmegaConf.to_yaml(cfg)

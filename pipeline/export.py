@@ -4,16 +4,16 @@
     python train.py stage=export head_ckpt=outputs/run-glow/checkpoints/best-3.ckpt output_dir=exported/colbert-glow
     python evaluate.py ckpt=exported/colbert data=cranfield output_dir=outputs/exported-on-cranfield
 
-The folder (`output_dir`, new or empty; written atomically: a temporary sibling renamed into place):
+The folder (`output_dir`, new or empty; written atomically: a temporary sibling renamed into place), file: what:
 
-| file | what |
-|---|---|
-| `config.json`, `model.safetensors` | the fine-tuned backbone, `save_pretrained`: `AutoModel.from_pretrained(folder)` loads it |
-| tokenizer files | `AutoTokenizer.from_pretrained(folder)` |
-| `ranker.safetensors` | the ranker's own weights outside the backbone (ColBERT's compression, BERT_CAT's classifier, TK's whole model) |
-| `isotropy_head.safetensors` | the head (whitening, NICE, Glow), when exported with `head_ckpt=` |
-| `isorank.json` | ranker and head configs, format version, the checkpoints it came from |
-| `README.md` | model card: what it is, how to load it, the training config and the test metrics of the run |
+- `config.json`, `model.safetensors`: the fine-tuned backbone, `save_pretrained`:
+  `AutoModel.from_pretrained(folder)` loads it;
+- tokenizer files: `AutoTokenizer.from_pretrained(folder)`;
+- `ranker.safetensors`: the ranker's own weights outside the backbone (ColBERT's compression, BERT_CAT's
+  classifier, TK's whole model);
+- `isotropy_head.safetensors`: the head (whitening, NICE, Glow), when exported with `head_ckpt=`;
+- `isorank.json`: ranker and head configs, format version, the checkpoints it came from;
+- `README.md`: model card: what it is, how to load it, the training config and the test metrics of the run.
 
 TK keeps no backbone Transformer (only its word embeddings, which live in `ranker.safetensors`); its folder holds
 the tokenizer, and loading rebuilds TK from its recorded `backbone` before replacing every weight.
@@ -50,11 +50,16 @@ def _split_state(module) -> tuple[dict, dict]:
 
 
 def _run_dir(ckpt: str) -> Path:
-    """The run folder of a checkpoint (`<run>/checkpoints/x.ckpt`), where config.yaml and metrics.json are."""
+    """Return the run folder of a checkpoint (`<run>/checkpoints/x.ckpt`), where config.yaml and metrics.json are."""
     return Path(ckpt).resolve().parent.parent
 
 
 def model_card(info: dict, run: Path) -> str:
+    """Return the exported folder's README.md: what the model is, how to load it, the run's test metrics and config.
+
+    `info`: the folder's isorank.json; `run`: the run folder of the exported checkpoint, whose metrics.json (with the
+    before-training or before-head column when recorded) and config.yaml are copied in when they exist.
+    """
     model, head = info["model"], info.get("head")
     title = f"{model['name']}" + (f" -> {head['name']}" if head else "")
     lines = [
@@ -121,8 +126,9 @@ def model_card(info: dict, run: Path) -> str:
 
 
 def export(cfg: DictConfig, out: str) -> Path:
-    """`ckpt=` (or `head_ckpt=`, with its head) into the new or empty folder `out` (`train.py stage=export`:
-    `output_dir`).
+    """Export `ckpt=` (or `head_ckpt=`, with its head) into the new or empty folder `out`; return its path.
+
+    `train.py stage=export`: `out` is `output_dir`.
     """
     out_path = Path(out)
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
@@ -171,6 +177,7 @@ def _shareable(folder: Path) -> None:
 
 
 def read_info(folder: str | Path) -> dict:
+    """Return an exported folder's isorank.json; a folder without one, or of another format, is an InputError."""
     p = Path(folder) / "isorank.json"
     if not p.is_file():
         raise InputError("ckpt", f"'{folder}' is a folder but not an isorank export (no isorank.json)")
@@ -181,7 +188,7 @@ def read_info(folder: str | Path) -> dict:
 
 
 def load_exported(folder: str | Path, measures: list[str] | None = None):
-    """The RankingModule (or HeadModule, with the head attached) of an exported folder, weights as exported."""
+    """Load the RankingModule (or HeadModule, with the head attached) of an exported folder, weights as exported."""
     folder = Path(folder).resolve()
     info = read_info(folder)
     model = dict(info["model"])

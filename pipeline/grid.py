@@ -14,7 +14,8 @@ A grid file (see configs/grid/squad_3seeds.yaml; its schema and checks: pipeline
     eval_data: [squad]            # data options to test on (default: train_data)
     seeds: [1, 2, 3]              # and/or folds: 5 (k-fold cross-validation, data.num_folds / data.fold)
     common: [trainer.max_steps=50]  # overrides for every cell
-    measures: [ndcg_cut_10, P_20] # table columns (default: eval.measures); among eval.measures, or iw / avgcos (untested)
+    measures: [ndcg_cut_10, P_20] # table columns (default: eval.measures); among eval.measures,
+                                  # or iw / avgcos (untested)
     test: t_test_one_tailed       # t_test_one_tailed | t_test_two_tailed | wilcoxon | wilcoxon_one_tailed
     paired_by: query              # query (per-query values, mean over runs first) | replicate (per seed/fold means)
     launcher: subprocess          # subprocess (train.py / evaluate.py per cell) | inprocess
@@ -40,27 +41,28 @@ row with the same overrides without `head...` (which must exist; it is run first
 `train.py stage=head ckpt=<the base cell's best checkpoint>`, its evaluation cells `evaluate.py
 head_ckpt=<its best head>`, so "Ft" and "Ft -> head" share one fine-tuned model per seed (isotropy paper Tables 1-3).
 
-Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (run.py writes them atomically when the
-run is over; `cell.json` keeps the overrides it started with, and a started cell whose overrides differ from what the
-grid plans now, other than logging ones, stops the run instead of being reused), a training cell with a `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact
-resume; a run already at max_steps only repeats its test), any other cell runs from scratch. Delete a cell's folder
-to recompute it from scratch. Several grid processes may run one grid at once (one per GPU, say): a process claims
-each cell with the lock file `.<cell>.grid.lock` beside it while it runs it, and skips (status busy) the cells another
-process holds, so no cell runs twice and no process deletes another's checkpoints. With the subprocess launcher each cell's output goes to `train.log` / `evaluate.log`
-in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell (exit code 2) stops the grid; another failure is
-reported, the other cells go on, and the grid exits 1.
+Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (run.py writes them atomically when the run
+is over; `cell.json` keeps the overrides it started with, and a started cell whose overrides differ from what the grid
+plans now, other than logging ones, stops the run instead of being reused), a training cell with a
+`checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact resume; a run already at max_steps only
+repeats its test), any other cell runs from scratch. Delete a cell's folder to recompute it from scratch. Several grid
+processes may run one grid at once (one per GPU, say): a process claims each cell with the lock file `.<cell>.grid.lock`
+beside it while it runs it, and skips (status busy) the cells another process holds, so no cell runs twice and no
+process deletes another's checkpoints. With the subprocess launcher each cell's output goes to `train.log` /
+`evaluate.log` in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell
+(exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1.
 
 At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
 (long format, per query; qid `all` = the run's mean), and pipeline/tables.py renders `<name>/table.md` (against another
 baseline given on the command line, `baseline=<row>`: `<name>/table-<row>.md`; printed,
 and logged as a wandb.Table into a `<name>-table` run of the group when the cells log to W&B).
 
-Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_root=...`, `action=...`) override the
-grid file; any other key is a pipeline override appended to every cell (`trainer.max_steps=10`).
-`action=run` (default) runs and tabulates, `action=table` only collects and tabulates what is finished,
-`action=list` prints every cell and its state, `action=export` / `action=import` with `cells_file=F` carry finished
-cells to and from another machine or sitting (pipeline/grid_cells.py). `only=["*/fold0"]` (globs on the cell labels printed by
-`action=list`) runs just those cells, e.g. one fold of every row first; the table takes whatever is finished.
+Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_root=...`, `action=...`) override the grid
+file; any other key is a pipeline override appended to every cell (`trainer.max_steps=10`). `action=run` (default) runs
+and tabulates, `action=table` only collects and tabulates what is finished, `action=list` prints every cell and its
+state, `action=export` / `action=import` with `cells_file=F` carry finished cells to and from another machine or sitting
+(pipeline/grid_cells.py). `only=["*/fold0"]` (globs on the cell labels printed by `action=list`) runs just those cells,
+e.g. one fold of every row first; the table takes whatever is finished.
 
 `paired_by: query` pairs and averages by query id, so a query id must name the same query in every run: true for
 files on disk and for folds; for `synthetic` over several seeds set `data.data_seed` (else each seed draws its own
@@ -72,6 +74,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,8 +85,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.preemption import Signalled
 from core.errors import InputError
-from core.io import WriteFault, atomic_open, write_json
+from core.io import WriteFault, atomic_open, check_writable, write_json
 from lightning_modules.rankers import UNTRAINED
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
@@ -101,13 +105,21 @@ DONE, PARTIAL, TODO = "done", "partial (resumable)", "todo"
 
 
 def cell_label(row: str, train: str, replicate: str, ev: str | None = None) -> str:
-    """`row/train/replicate` for a training cell, `.../eval-<ev>` for an evaluation cell (action=list, `only`, cells files)."""
+    """Return a cell's label: `row/train/replicate` for a training cell, `.../eval-<ev>` for an evaluation cell.
+
+    The label action=list prints, `only` globs match and cells files carry.
+    """
     base = f"{row}/{train}/{replicate}"
     return base if ev is None else f"{base}/eval-{ev}"
 
 
 @dataclass(frozen=True)
 class Cell:
+    """One run of a grid: a training cell (row, training data, replicate) or an evaluation cell on other data.
+
+    `argv` holds the overrides it runs with and `dir` its folder; the properties tell its state from the files there.
+    """
+
     kind: str  # "train" | "eval"
     row: str
     train: str
@@ -118,18 +130,22 @@ class Cell:
     dir: Path
     argv: tuple[str, ...]
     base_dir: Path | None = None  # head rows: the training cell of the base row (its best checkpoint is `ckpt`)
-    init_dir: Path | None = None  # `init_ckpt=@row/train` rows: the training cell whose best checkpoint starts this one
+    # `init_ckpt=@row/train` rows: the training cell whose best checkpoint starts this one
+    init_dir: Path | None = None
     listed_untrained: bool = False  # its row is in the grid key `untrained`
 
     @cached_property
     def untrained(self) -> bool:
-        """Evaluated as it is, no training and no checkpoint: a row of the grid key `untrained` (the backbone) or a
-        model with nothing to train (BM25). Composed only when asked, once `check` has validated every cell.
+        """Whether the cell is evaluated as it is, with no training and no checkpoint.
+
+        A row of the grid key `untrained` (the backbone) or a model with nothing to train (BM25). Composed only when
+        asked, once `check` has validated every cell.
         """
         return self.listed_untrained or _untrained(self.argv)
 
     @property
     def label(self) -> str:
+        """The cell's label (`cell_label`), as action=list prints it."""
         return cell_label(self.row, self.train, self.replicate, None if self.kind == "train" else self.eval)
 
     @property
@@ -139,32 +155,36 @@ class Cell:
 
     @property
     def train_dir(self) -> Path:
+        """The folder of the cell's training cell: its own for a training cell, its parent for an evaluation cell."""
         return self.dir if self.kind == "train" else self.dir.parent
 
     @property
     def uses(self) -> set[Path]:
-        """The training cells whose best checkpoint this cell runs from: its own (an evaluation), its base row's (a
-        head row) or its `init_ckpt=@` row's.
+        """The training cells whose best checkpoint this cell runs from.
+
+        Its own (an evaluation), its base row's (a head row) or its `init_ckpt=@` row's.
         """
         return {self.train_dir if self.kind == "eval" else None, self.base_dir, self.init_dir} - {None}
 
     @property
     def last_ckpt(self) -> Path:
+        """The cell's `checkpoints/last.ckpt`, from which a partial training cell resumes."""
         return self.dir / "checkpoints" / "last.ckpt"
 
     # The resume decision, for run, table and list alike: a done cell is skipped, a partial one resumes from its
     # last.ckpt, a todo one runs from scratch; a started one (done or partial) with other settings stops the run.
     @property
     def state(self) -> str:
-        """Done | partial (resumable): a training cell killed after a checkpoint | todo."""
+        """The cell's state: done | partial (resumable): a training cell killed after a checkpoint | todo."""
         if self.done:
             return DONE
         return PARTIAL if self.kind == "train" and self.last_ckpt.is_file() else TODO
 
     def other_settings(self) -> str | None:
-        """For a started cell whose overrides in cell.json differ from the planned ones, logging ones (NEUTRAL)
-        aside: what differs; else None. Cells from before `cell.json` existed are not checked (the grid-level warning
-        of _record_spec covers them).
+        """Return what differs when a started cell's overrides in cell.json are not the planned ones, else None.
+
+        Logging overrides (NEUTRAL) are set aside. Cells from before `cell.json` existed are not checked (the grid-level
+        warning of _record_spec covers them).
         """
         path = self.dir / CELL_FILE
         if self.state == TODO or not path.is_file():
@@ -185,6 +205,8 @@ class Cell:
 
 @dataclass
 class GridReport:
+    """What a grid run did: each cell's status, where the results went and the rendered table."""
+
     spec: GridSpec
     status: dict[str, str] = field(
         default_factory=dict
@@ -198,7 +220,7 @@ class GridReport:
         return [k for k, v in self.status.items() if v in ("failed", "blocked")]
 
     def having(self, status: str) -> list[str]:
-        """The cells with this status."""
+        """Return the labels of the cells with this status."""
         return [k for k, v in self.status.items() if v == status]
 
 
@@ -234,8 +256,10 @@ def head_bases(spec: GridSpec) -> dict[str, str]:
 
 
 def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
-    """Every cell, replicates outermost (a grid stopped early has every method on the first seeds); within a
-    replicate, head rows after the rows they build on.
+    """Return every cell of the grid, in the order they run.
+
+    Replicates outermost (a grid stopped early has every method on the first seeds); within a replicate, head rows
+    after the rows they build on.
     """
     cells = []
     bases = head_bases(spec)
@@ -308,8 +332,10 @@ def plan(spec: GridSpec, extra: list[str] = ()) -> list[Cell]:
 
 
 def own_test_labels(spec: GridSpec) -> list[str]:
-    """The labels evaluation cells would have where `spec.own_test` reads the test from the training cell instead
-    (an eval_data label other than the training one): cells files exported before it did still hold them.
+    """Return the labels of the evaluation cells that `spec.own_test` replaces by the training cell's own test.
+
+    Those are the labels evaluation cells would have where `spec.own_test` reads the test from the training cell
+    instead (an eval_data label other than the training one): cells files exported before it did still hold them.
     """
     return [
         cell_label(row, train, rep, ev)
@@ -323,8 +349,9 @@ def own_test_labels(spec: GridSpec) -> list[str]:
 
 
 def _after_references(cells: list[Cell]) -> list[Cell]:
-    """The cells of one replicate in their order, except that a cell initialised from another cell's checkpoint
-    (and its evaluation cells) moves after that cell.
+    """Return the cells of one replicate in their order, a cell initialised from another's checkpoint after it.
+
+    A cell initialised from another cell's checkpoint (and its evaluation cells) moves after that cell.
     """
     done: set[Path] = set()
     out: list[Cell] = []
@@ -346,8 +373,9 @@ def _after_references(cells: list[Cell]) -> list[Cell]:
 
 
 def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
-    """Compose every distinct cell config (a misspelt key or option stops here, before anything runs) and check the
-    table's measures; returns the first cell's config.
+    """Compose every distinct cell config and check the table's measures; return the first cell's config.
+
+    A misspelt key or option stops here, before anything runs.
     """
     first = None
     seen = set()
@@ -370,7 +398,8 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
         if missing:
             raise InputError(
                 grid_key(spec.source, "measures"),
-                f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; add them to eval.measures in common",
+                f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; "
+                "add them to eval.measures in common",
             )
     return first
 
@@ -388,15 +417,18 @@ def best_checkpoint(train_dir: Path) -> Path | None:
 
 
 def _stop_if_other_settings(spec: GridSpec, cells: list[Cell]) -> None:
-    """A grid never mixes cells of different settings in one table: started cells whose overrides differ from the
-    plan (the grid file or the command line changed) stop the run with what differs.
+    """Stop the run when started cells have other settings than planned: a grid never mixes them in one table.
+
+    Started cells whose overrides differ from the plan (the grid file or the command line changed) stop the run
+    with what differs.
     """
     stale = [(c, d) for c in cells if spec.selected(c) and (d := c.other_settings())]
     if stale:
         c, d = stale[0]
         raise InputError(
             f"grid {spec.name}",
-            f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); delete those cells' folders under {spec.dir} to recompute them, or run with another output_root",
+            f"{len(stale)} started cell(s) have other settings than planned now, e.g. {c.label} ({d}); "
+            f"delete those cells' folders under {spec.dir} to recompute them, or run with another output_root",
         )
 
 
@@ -425,14 +457,48 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tupl
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {sys.executable} {script} {' '.join(argv)}\n")
         log.flush()
-        rc = subprocess.run(
-            [sys.executable, str(REPO / script), *argv], stdout=log, stderr=subprocess.STDOUT, env=env
-        ).returncode
+        # its own session: a Ctrl-C in the terminal reaches the grid only, which hands it on once (_stop_cell)
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / script), *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait()
+        except Signalled as e:
+            _stop_cell(proc, e.signum, log)
+            raise
     if rc == 0:
         return 0, ""
     text = log_path.read_text(encoding="utf-8", errors="replace")
     errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
     return rc, errors[-1] if errors else "\n".join(text.splitlines()[-25:])
+
+
+CELL_STOP_GRACE_S = 600.0  # how long a signalled cell may take to save and stop before it is killed
+
+
+def _stop_cell(proc: subprocess.Popen, signum: int, log) -> None:
+    """Hand the grid's SIGINT / SIGTERM on to its running cell and wait until the cell has stopped.
+
+    The cell stops as it would alone: a training cell after its current batch, with a resumable `last.ckpt`; an
+    evaluation cell with its earlier results untouched. A second signal, or `CELL_STOP_GRACE_S` without an end,
+    kills it (SIGKILL), and the cell is then resumed from its last checkpoint.
+    """
+    log.write(f"\n[grid] {signal.Signals(signum).name}: handed on to the cell\n")
+    log.flush()
+    proc.send_signal(signum)
+    old = {s: signal.signal(s, lambda *_: proc.kill()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        proc.wait(timeout=CELL_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _finish_wandb() -> None:
@@ -446,7 +512,7 @@ def _untrained(argv: list[str]) -> bool:
 
 
 def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
-    """The best checkpoint of the finished training cell `train_dir`; else (None, why `what` blocks the cell)."""
+    """Return (the best checkpoint of the finished training cell `train_dir`, ""), else (None, why `what` blocks)."""
     if not (train_dir / "metrics.json").is_file():
         return None, f"{what} did not finish"
     ckpt = best_checkpoint(train_dir)
@@ -454,8 +520,10 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
 
 
 def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, str]:
-    """Run one unfinished cell; (status, message). Status: ran | resumed | failed | input-error | blocked.
-    `on_start()` is called when it really starts (not for a blocked cell).
+    """Run one unfinished cell; return (status, message).
+
+    Status: ran | resumed | failed | input-error | blocked. `on_start()` is called when it really starts (not for a
+    blocked cell).
     """
     argv = list(cell.argv)
     status = "ran"
@@ -497,9 +565,11 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
 
 
 def exportable(cells: list[Cell]) -> list[Cell]:
-    """The finished cells that can travel (action=export). No checkpoint travels, so a training cell goes only once
-    every cell that needs its checkpoint (its evaluations, head rows on it, rows initialised from it) has finished,
-    and the cells that need it go only with it: imported alone, either would leave the other unable to run.
+    """Return the finished cells that can travel (action=export).
+
+    No checkpoint travels, so a training cell goes only once every cell that needs its checkpoint (its evaluations, head
+    rows on it, rows initialised from it) has finished, and the cells that need it go only with it: imported alone,
+    either would leave the other unable to run.
     """
     needs: dict[Path, list[Cell]] = {}  # a training cell's folder -> the cells that use its checkpoint
     for c in cells:
@@ -613,7 +683,7 @@ def write_results(results: dict, out_dir: Path) -> Path:
 
 
 def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
-    """A `<name>-table` run in the grid's W&B group holding the table, when the cells log to W&B."""
+    """Log the table into a `<name>-table` run of the grid's W&B group, when the cells log to W&B."""
     if cfg is None or cfg.logger.name != "wandb" or os.environ.get("WANDB_MODE") == "disabled":
         return
     try:
@@ -687,9 +757,11 @@ def _add_wall_time(cell: Cell, seconds: float) -> None:
 
 
 def _write_record(spec: GridSpec, argv: list[str], results: dict, table: str, cells: list[Cell]) -> Path:
-    """results/<date>-<grid>.md: the table with the command, commit, machine and the summed wall time of every
-    finished cell of the tabulated replicates (training cells too: with eval_data labels of their own, as in the
-    position-bias grid, the table's entries are evaluation cells only).
+    """Write the grid's record, results/<date>-<grid>.md, and return its path.
+
+    The table with the command, commit, machine and the summed wall time of every finished cell of the tabulated
+    replicates (training cells too: with eval_data labels of their own, as in the position-bias grid, the table's
+    entries are evaluation cells only).
     """
     reps = set(results["replicates"])
     done = [c for c in cells if c.done and c.replicate in reps]
@@ -738,7 +810,8 @@ def run(argv: list[str], out=None) -> GridReport:
         say(
             f"exported {n} finished cells to {spec.cells_file}"
             + (
-                f"; {held} finished cells held back: they belong to a training cell whose checkpoint other cells still need"
+                f"; {held} finished cells held back: "
+                "they belong to a training cell whose checkpoint other cells still need"
                 if held
                 else ""
             )
@@ -764,6 +837,8 @@ def run(argv: list[str], out=None) -> GridReport:
             report.status[c.label] = c.state + (" (other settings)" if c.other_settings() else "")
             say(f"  {c.label}: {report.status[c.label]}")
         return report
+    if spec.action in ("run", "table", "import"):  # each writes under spec.dir: probed before any cell or table
+        check_writable(spec.dir, grid_key(spec.source, "output_root"))
     if spec.action == "run":
         _stop_if_other_settings(spec, cells)
         _record_spec(spec, extra, cells, say)
@@ -777,7 +852,8 @@ def run(argv: list[str], out=None) -> GridReport:
     stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:
         say(
-            f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, e.g. {stale[0]} (action=list marks them)"
+            f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, "
+            f"e.g. {stale[0]} (action=list marks them)"
         )
     results = collect(spec, cells)
     report.results_path = write_results(results, spec.dir)
@@ -801,9 +877,10 @@ def run(argv: list[str], out=None) -> GridReport:
 def _run_pass(
     spec: GridSpec, cells: list[Cell], report: GridReport, say, said: set[tuple[str, str]], first_only: bool
 ) -> tuple[bool, bool]:
-    """One look over the unfinished cells in plan order, running each that can run (`first_only`: just the first, so
-    that the next look starts again from the top and the processes on one grid finish the first seeds first).
-    Returns (a cell ran, another process holds a cell this one has not finished).
+    """Look once over the unfinished cells in plan order, running each that can run.
+
+    `first_only`: just the first, so that the next look starts again from the top and the processes on one grid
+    finish the first seeds first. Returns (a cell ran, another process holds a cell this one has not finished).
     """
 
     def once(cell: Cell, status: str, msg: str) -> None:
@@ -827,7 +904,8 @@ def _run_pass(
                 once(cell, "skipped", f"{tag}: skipped (metrics.json exists)")
                 continue
             t0 = time.monotonic()
-            status, msg = run_cell(cell, spec, on_start=lambda: say(f"{tag}: running"))  # a blocked cell does not start
+            # a blocked cell does not start
+            status, msg = run_cell(cell, spec, on_start=lambda tag=tag: say(f"{tag}: running"))
             if status == "input-error":
                 report.status[cell.label] = "failed"
                 raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
@@ -844,6 +922,11 @@ def _run_pass(
 
 
 def main(argv: list[str]) -> int:
+    """Run a grid from the command line (`experiments.py`) and return the exit code.
+
+    2 on bad input (one `error: ...` line), 130 on Ctrl-C (finished cells are kept), 1 when a cell failed or was
+    blocked, else 0.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         report = run(argv)

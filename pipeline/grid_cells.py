@@ -45,23 +45,25 @@ class CellLike(Protocol):
 
 
 def settings(argv: Iterable[str]) -> list[str]:
-    """The overrides that decide a cell's numbers (NEUTRAL ones dropped), in order."""
+    """Return the overrides that decide a cell's numbers (NEUTRAL ones dropped), in order."""
     return [a for a in argv if not a.split("=", 1)[0].startswith(NEUTRAL)]
 
 
 def portable(argv: Iterable[str]) -> list[str]:
-    """`settings` without the cell's own folder (`output_dir`), which names where it ran, not what."""
+    """Return `settings` without the cell's own folder (`output_dir`), which names where it ran, not what."""
     return [a for a in settings(argv) if not a.startswith("output_dir=")]
 
 
 def read_json(path: Path) -> Any:
+    """Return the parsed content of the UTF-8 JSON file `path` (a cell's cell.json or result files)."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 
 def claim_cell(cell_dir: Path):
-    """The claim (core.lock.claim) a grid process holds on a cell while it runs or writes it: the lock file
-    `.<cell>.grid.lock` beside the cell's folder; True when this process got it.
+    """Claim a cell for this grid process while it runs or writes it (core.lock.claim).
+
+    The lock file is `.<cell>.grid.lock` beside the cell's folder; the context yields True when this process got it.
     """
     return claim(cell_dir.parent / f".{cell_dir.name}.grid.lock")
 
@@ -107,10 +109,12 @@ def _load(path: Path) -> dict:
 def import_cells(
     grid: str, cells: list[CellLike], path: Path, own_tests: Iterable[str] = ()
 ) -> tuple[list[str], list[str], list[str]]:
-    """Write the cells exported to `path` into this grid's cell folders: (imported labels, labels already finished
-    here and kept, labels left out). Left out: evaluation cells in `own_tests`, which the grid reads from their
-    training cell now (files exported before it did). InputError, before anything is written, when the file is of
-    another grid or holds any other cell this grid does not plan or plans with other overrides.
+    """Write the cells exported to `path` into this grid's cell folders.
+
+    Returns (imported labels, labels already finished here and kept, labels left out). Left out: evaluation cells in
+    `own_tests`, which the grid reads from their training cell now (files exported before it did). InputError, before
+    anything is written, when the file is of another grid or holds any other cell this grid does not plan or plans with
+    other overrides.
     """
     path = Path(path)
     doc = _load(path)
@@ -146,7 +150,8 @@ def import_cells(
                 kept.append(cell.label)
                 continue
             cell.dir.mkdir(parents=True, exist_ok=True)
-            # cell.json with the overrides as planned here (its own output_dir), so a resumed grid sees no other settings
+            # cell.json with the overrides as planned here (its own output_dir), so a resumed grid sees no other
+            # settings
             write_json(
                 cell.dir / CELL_FILE,
                 {"argv": list(cell.argv), "wall_s": entry.get("wall_s"), "imported_from": str(path)},

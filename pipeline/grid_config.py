@@ -1,9 +1,11 @@
-"""The grid file of `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml, run by pipeline/grid.py)
-as one typed schema, `GridSpec`: its fields are the grid keys. `load_grid` merges the file and the command line's grid
-keys onto it as an OmegaConf structured config (pipeline/config.py's `_structured`, as for the run configs), so a
-key it does not know or a value of the wrong type stops the load; `GridSpec.__post_init__` checks choices, ranges
-and the references between keys. Every action (run, table, list) loads through here, and every message names the
-grid file and the key path: `grid file configs/grid/x.yaml, key rows.colbert: ...`.
+"""The grid file of `python experiments.py grid=NAME [key=value ...]` as one typed schema, `GridSpec`.
+
+The grid file (configs/grid/NAME.yaml, run by pipeline/grid.py) as one typed schema, `GridSpec`: its fields are the
+grid keys. `load_grid` merges the file and the command line's grid keys onto it as an OmegaConf structured config
+(pipeline/config.py's `_structured`, as for the run configs), so a key it does not know or a value of the wrong type
+stops the load; `GridSpec.__post_init__` checks choices, ranges and the references between keys. Every action (run,
+table, list) loads through here, and every message names the grid file and the key path:
+`grid file configs/grid/x.yaml, key rows.colbert: ...`.
 
 Keys with a shorthand are typed `Any` and normalised by `__post_init__`: rows / train_data / eval_data are a mapping
 {label: overrides} or a list of labels and one-key mappings; overrides are a list or one space-separated string;
@@ -51,8 +53,10 @@ def grid_key(source: str | os.PathLike, key: str) -> str:
 
 @dataclass
 class GridSpec:
-    """A grid: the grid file's keys, command-line grid keys merged in. After `__post_init__` rows, train_data and
-    eval_data are {label: [overrides]}, seeds a list (None: the config's seed), and the other keys are filled in.
+    """A grid: the grid file's keys, command-line grid keys merged in.
+
+    After `__post_init__` rows, train_data and eval_data are {label: [overrides]}, seeds a list (None: the config's
+    seed), and the other keys are filled in.
     """
 
     name: str | None = None  # folder and W&B group (load_grid: the file's name when unset)
@@ -128,7 +132,8 @@ class GridSpec:
         if self.measures is not None and not self.measures:  # an empty selection is an error, never "the defaults"
             raise InputError(
                 "measures",
-                "is empty; expected a list of measure names among the cells' eval.measures, or null (leave it out) for all of them",
+                "is empty; expected a list of measure names among the cells' eval.measures, "
+                "or null (leave it out) for all of them",
             )
         self.measures = _strings(self.measures, "measures", "a list of measure names")
         for key, (what, allowed) in CHOICES.items():
@@ -137,7 +142,8 @@ class GridSpec:
         if self.test in UNPAIRED and self.paired_by != "replicate":
             raise InputError(
                 "paired_by",
-                f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), so expected paired_by: replicate",
+                f"is '{self.paired_by}'; the test '{self.test}' compares the runs' means (one per seed or fold), "
+                "so expected paired_by: replicate",
             )
         if self.wait_s is not None and not self.wait_s > 0:
             raise InputError(
@@ -146,7 +152,8 @@ class GridSpec:
         if self.only is not None and not self.only:
             raise InputError(
                 "only",
-                'is empty; expected cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"] (leave it out for every cell; action=list prints the labels)',
+                'is empty; expected cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"] '
+                "(leave it out for every cell; action=list prints the labels)",
             )
         self.only = _strings(self.only, "only", 'cell-label globs, e.g. ["*/fold0"] or ["bert_cat/*"]')
         self.train_on = {row: self._train_labels(row, labels) for row, labels in (self.train_on or {}).items()}
@@ -181,7 +188,8 @@ class GridSpec:
             if label not in self.eval_data or (train and train not in self.train_data) or not isinstance(rows, dict):
                 raise InputError(
                     f"paper.{ev}",
-                    f"expected an eval_data label of {list(self.eval_data)} (or <train_data label>/<eval_data label>) mapping rows to {{measure: value}}",
+                    f"expected an eval_data label of {list(self.eval_data)} "
+                    "(or <train_data label>/<eval_data label>) mapping rows to {measure: value}",
                 )
             for row, figures in rows.items():
                 if row not in self.rows or not isinstance(figures, dict):
@@ -220,9 +228,10 @@ class GridSpec:
                 )
 
     def init_references(self) -> dict[str, tuple[str, str]]:
-        """Row -> (row, train) of its `init_ckpt=@row/train` override: that cell's best checkpoint initialises the
-        row's training cells (same replicate). InputError when the referenced row or training data does not exist,
-        or when the referenced row does not train on it.
+        """Return each row's `init_ckpt=@row/train` reference: row -> (row, train).
+
+        That cell's best checkpoint initialises the row's training cells (same replicate). InputError when the
+        referenced row or training data does not exist, or when the referenced row does not train on it.
         """
         refs = {}
         for row, ov in self.rows.items():
@@ -233,7 +242,8 @@ class GridSpec:
                 if len(target) != 2 or target[0] not in self.rows or target[1] not in self.train_data:
                     raise InputError(
                         f"rows.{row}",
-                        f"'{o}': expected init_ckpt=@<row>/<train_data> with a row of {list(self.rows)} and training data of {list(self.train_data)}",
+                        f"'{o}': expected init_ckpt=@<row>/<train_data> with a row of {list(self.rows)} "
+                        f"and training data of {list(self.train_data)}",
                     )
                 if target[0] == row or not self.trains_on(target[0], target[1]):
                     raise InputError(
@@ -243,14 +253,16 @@ class GridSpec:
         return refs
 
     def trains_on(self, row: str, train: str) -> bool:
+        """Tell whether `row` trains on the training data `train` (grid key `train_on`; default: on every one)."""
         return train in self.train_on.get(row, self.train_data)
 
     def own_test(self, train: str, ev: str) -> bool:
-        """Whether testing on `ev` is what the training cells on `train` already do at their end: the same label, or
-        data overrides that differ only in keys that change the training split (datamodules.config.TRAINING_ONLY,
-        e.g. the position-bias grid's `original` test of its `debiased` training, which adds data.rotate_train=true).
-        Such a test is read from the training cell instead of running evaluate.py on the same checkpoint again. (A
-        label of both has the same overrides in both: __post_init__ checks it.)
+        """Tell whether testing on `ev` is what the training cells on `train` already do at their end.
+
+        The same label, or data overrides that differ only in keys that change the training split
+        (datamodules.config.TRAINING_ONLY, e.g. the position-bias grid's `original` test of its `debiased` training,
+        which adds data.rotate_train=true). Such a test is read from the training cell instead of running evaluate.py on
+        the same checkpoint again. (A label of both has the same overrides in both: __post_init__ checks it.)
         """
 
         def test_settings(overrides: list[str]) -> dict[str, str]:
@@ -265,11 +277,14 @@ class GridSpec:
 
     @property
     def dir(self) -> Path:
+        """The grid's folder, `<output_root>/<name>`, holding its cells, results and tables."""
         return Path(self.output_root) / self.name
 
     @property
     def table_path(self) -> Path:
-        """`table.md` against the file's baseline with its test; `table-<row>.md` against another (`baseline=<row>`),
+        """The path of the grid's Markdown table, named after the baseline, test and pairing when they differ.
+
+        `table.md` against the file's baseline with its test; `table-<row>.md` against another (`baseline=<row>`),
         `table[-<row>]-<test>-<paired_by>.md` with another test or pairing, so the Table 3 / 4 / 5 layouts of one grid
         and the views of another test sit side by side instead of overwriting each other.
         """
@@ -294,6 +309,10 @@ class GridSpec:
         return out
 
     def to_dict(self) -> dict:
+        """Return the grid keys as a dict (for grid.yaml, results.json and W&B), without those of one invocation.
+
+        Left out: action, only, record, cells_file and wait_s.
+        """
         return {k: getattr(self, k) for k in GRID_KEYS if k not in ("action", "only", "record", "cells_file", "wait_s")}
 
 
@@ -325,8 +344,9 @@ def _label(label: Any, where: str) -> str:
 
 
 def _labelled(value: Any, where: str, group: str | None) -> dict[str, list[str]]:
-    """{label: overrides} from a mapping, or a list of option names / one-key mappings; for data, a label with no
-    `data=` override picks the data option of that name.
+    """Return {label: overrides} from a mapping, or a list of option names / one-key mappings.
+
+    For data, a label with no `data=` override picks the data option of that name.
     """
     if isinstance(value, dict):
         items = [(where, label, ov) for label, ov in value.items()]
@@ -369,7 +389,7 @@ def _seeds(value: Any) -> list[int | None]:
 
 
 def _strings(value: Any, where: str, expected: str) -> list[str]:
-    """A list of non-empty strings, or one."""
+    """Return `value` as a list of non-empty strings; it may be a list or one string (None or empty: [])."""
     value = [] if not value else [value] if isinstance(value, str) else value
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise InputError(where, f"is {value!r}; expected {expected}")
@@ -395,8 +415,9 @@ def _grid_path(value: str) -> Path:
 
 
 def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
-    """(spec, extra pipeline overrides) from `grid=NAME [key=value ...]`: grid keys on the command line override the
-    file's, any other key is a pipeline override appended to every cell.
+    """Load the grid of `grid=NAME [key=value ...]`: return (spec, extra pipeline overrides).
+
+    Grid keys on the command line override the file's, any other key is a pipeline override appended to every cell.
     """
     grid, grid_over, extra, only_cli = None, [], [], None
     for arg in argv:

@@ -41,13 +41,18 @@ from pipeline.stages import (
 
 
 def _trainer_for_head(cfg: DictConfig) -> DictConfig:
-    """The run's trainer settings with the schedule of a head: whole epochs, validated after each one."""
+    """Return the run's config with the trainer schedule of a head: whole epochs, validated after each one."""
     t = OmegaConf.to_container(cfg.trainer)
     t.update(max_steps=-1, max_epochs=int(cfg.head.epochs), val_check_interval=None, check_val_every_n_epoch=1)
     return OmegaConf.merge(cfg, {"trainer": t})
 
 
 def build_module(cfg: DictConfig) -> HeadModule:
+    """Build the HeadModule of `cfg.head` on the fine-tuned ranker of `cfg.ckpt`, the ranker's weights loaded.
+
+    The ranker keeps its own optim settings, with this run's NaN policy; a missing `ckpt`, `head=none` or a head
+    checkpoint passed as `ckpt` is a one-line error.
+    """
     if not cfg.ckpt:
         raise InputError("ckpt", "stage=head needs ckpt=<checkpoint of the fine-tuned ranker> to put the head on")
     if cfg.head.name == "none":
@@ -56,7 +61,8 @@ def build_module(cfg: DictConfig) -> HeadModule:
     if "base_ckpt" in base:
         raise InputError(
             "ckpt",
-            f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint (its base_ckpt is '{base['base_ckpt']}')",
+            f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint "
+            f"(its base_ckpt is '{base['base_ckpt']}')",
         )
     hp = base["hyper_parameters"]
     # absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
@@ -74,6 +80,11 @@ def _checkpoint_id(path: str) -> str:
 
 
 def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> RepresentationCache:
+    """Encode the training queries and passages once with the frozen ranker into the on-disk representation cache.
+
+    Keyed by checkpoint, granularity and texts under `data.cache_dir/representations/`, so whitening, NICE and Glow
+    on the same ranker share it; the ranker's own representations, without the head.
+    """
     queries, docs = training_texts(dm, cfg.head.max_train_texts, cfg.seed)
     granularity = cfg.head.granularity
     key = cache_key(_checkpoint_id(cfg.ckpt), granularity, queries, docs)
@@ -99,6 +110,7 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
 
 
 def fit_whitening(module: HeadModule, vectors: np.ndarray, chunk: int = 65536) -> None:
+    """Fit the whitening head (isotropy paper Eq. 7-10) from `vectors`, streamed once in chunks through its moments."""
     acc = MomentAccumulator(vectors.shape[1])
     for s in range(0, len(vectors), chunk):
         acc.update(torch.from_numpy(np.asarray(vectors[s : s + chunk], dtype=np.float32)))
@@ -106,7 +118,7 @@ def fit_whitening(module: HeadModule, vectors: np.ndarray, chunk: int = 65536) -
 
 
 def save_head(module: HeadModule, path: Path) -> None:
-    """A head checkpoint outside Lightning's loop (whitening): same layout as the flows' checkpoints."""
+    """Write a head checkpoint outside Lightning's loop (whitening): same layout as the flows' checkpoints."""
     state = {k: v for k, v in module.state_dict().items() if k.startswith(HEAD_PREFIXES)}
     check_finite(state, path, f"the fitted {module.head_cfg.name} head")  # never a NaN head.ckpt that looks complete
     with atomic_open(path, "wb") as f:
@@ -137,6 +149,10 @@ def check_head_resume(cfg: DictConfig) -> None:
 
 
 def train_head(cfg: DictConfig) -> dict | None:
+    """Run `train.py stage=head` (module doc): fit the isotropy head on the frozen ranker, then test with and without.
+
+    Returns the test results on the global-zero process, None on the others.
+    """
     pl.seed_everything(cfg.seed, workers=True)
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError(
@@ -177,8 +193,10 @@ def train_head(cfg: DictConfig) -> dict | None:
 
 
 def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
-    """The HeadModule of `head_ckpt` on its base ranker (`ckpt`, else the head's recorded `base_ckpt`), and the base's
-    path; sets `cfg.model` and `cfg.head` to the checkpoints' own.
+    """Load the HeadModule of `head_ckpt` on its base ranker and return it with the base's path.
+
+    The base ranker is `ckpt`, else the head's recorded `base_ckpt`; sets `cfg.model` and `cfg.head` to the
+    checkpoints' own.
     """
     head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
     if "base_ckpt" not in head_ckpt:
@@ -192,7 +210,8 @@ def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
     if base["hyper_parameters"]["model"] != hp["model"]:
         raise InputError(
             "ckpt",
-            f"'{base_path}' holds ranker {base['hyper_parameters']['model']['name']} with other settings than the head's base ({hp['base_ckpt']})",
+            f"'{base_path}' holds ranker {base['hyper_parameters']['model']['name']} with other settings "
+            f"than the head's base ({hp['base_ckpt']})",
         )
     module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), hp["head"], str(base_path))
     module.load_base(base["state_dict"])
@@ -201,7 +220,8 @@ def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
     if head_missing or unexpected:
         raise InputError(
             "head_ckpt",
-            f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' (missing {head_missing[:3]}, unexpected {unexpected[:3]})",
+            f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' "
+            f"(missing {head_missing[:3]}, unexpected {unexpected[:3]})",
         )
     del base, head_ckpt
     cfg.model, cfg.head = hp["model"], hp["head"]
@@ -209,8 +229,9 @@ def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
 
 
 def evaluate_with_head(cfg: DictConfig) -> dict | None:
-    """`evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`: test with and without the head (in- or
-    out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection).
+    """Test a ranker with and without its isotropy head: `evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt] data=...`.
+
+    In- or out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection.
     """
     pl.seed_everything(cfg.seed, workers=True)
     dm = load_data(cfg)  # before any weights: bad data stops the run at once

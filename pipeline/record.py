@@ -25,7 +25,10 @@ RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 
 
 def commit(repo: Path = RESULTS_DIR.parent) -> str:
-    """The short commit of `repo`, with a note when tracked files have uncommitted changes; "unknown" outside git."""
+    """Return the short commit of `repo`.
+
+    A note is added when tracked files have uncommitted changes; "unknown" outside git.
+    """
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()

@@ -1,12 +1,13 @@
-"""What `train.py` and `evaluate.py` do, once: build the module, data and trainer from a composed config, run
-Lightning, and write `metrics.json`, `per_query.json`, `run.trec` and the resolved `config.yaml` into
-`output_dir` (every file written atomically, by global rank 0 only).
+"""What `train.py` and `evaluate.py` do, once: build the module, data and trainer, run, and write the results.
+
+From a composed config: build the module, data and trainer, run Lightning, and write `metrics.json`, `per_query.json`,
+`run.trec` and the resolved `config.yaml` into `output_dir` (every file written atomically, by global rank 0 only).
 
 Jobs by config (every one `key=value` overrides, validated by the schemas of pipeline/config.py):
 
-- `train.py` (`stage=finetune`): fine-tune; `stage=head`: an isotropy head on the frozen ranker (pipeline/head_stage.py);
-  `stage=export ckpt=... output_dir=DIR`: the ranker (and head, with `head_ckpt=`) as a Hugging Face folder
-  (pipeline/export.py).
+- `train.py` (`stage=finetune`): fine-tune; `stage=head`: an isotropy head on the frozen ranker
+  (pipeline/head_stage.py); `stage=export ckpt=... output_dir=DIR`: the ranker (and head, with `head_ckpt=`) as a
+  Hugging Face folder (pipeline/export.py).
 - `evaluate.py`: the test metrics of `ckpt=` (re-ranking); `model=bm25`: full-collection BM25 over `model.split`
   (retrieval/bm25.py); `retrieval=dense`: full ranking with a faiss index (retrieval/retrieve.py); `analysis=NAME`:
   an analysis (analyses/registry.py).
@@ -49,10 +50,11 @@ from retrieval.retrieve import retrieve
 
 
 def init_weights(module: RankingModule, cfg: DictConfig) -> None:
-    """`init_ckpt=PATH`: the ranker's weights from another run's checkpoint (transfer learning, position-bias paper
-    Table 5: pre-train on one collection, fine-tune on another). Weights only: optimiser, schedule, step and data
-    order start afresh. The checkpoint must hold the same ranker with the same shapes (model.name, backbone, ...).
-    With `ckpt_path` too (a resumed fine-tuning run), the resumed weights replace these.
+    """Load the ranker's weights from another run's checkpoint (`init_ckpt=PATH`) into `module`.
+
+    Transfer learning (position-bias paper Table 5: pre-train on one collection, fine-tune on another). Weights only:
+    optimiser, schedule, step and data order start afresh. The checkpoint must hold the same ranker with the same shapes
+    (model.name, backbone, ...). With `ckpt_path` too (a resumed fine-tuning run), the resumed weights replace these.
     """
     path = cfg.init_ckpt
     ckpt = read_checkpoint(path, "init_ckpt")
@@ -67,7 +69,8 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
     if missing or unexpected:
         raise InputError(
             "init_ckpt",
-            f"'{path}' does not fit model '{cfg.model.name}' as configured (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            f"'{path}' does not fit model '{cfg.model.name}' as configured "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
         )
     print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
 
@@ -94,8 +97,10 @@ def evaluate_untrained(cfg: DictConfig) -> dict:
 
 
 def export_stage(cfg: DictConfig) -> Path:
-    """`train.py stage=export ckpt=<ranker checkpoint> output_dir=DIR` (or `head_ckpt=<head checkpoint>`): the
-    Hugging Face folder of pipeline/export.py, written into `output_dir` (which must be new or empty).
+    """Export a checkpoint as a Hugging Face folder: `train.py stage=export ckpt=<ranker checkpoint> output_dir=DIR`.
+
+    Or `head_ckpt=<head checkpoint>`: the Hugging Face folder of pipeline/export.py, written into `output_dir` (which
+    must be new or empty).
     """
     for key in ("ckpt_path", "init_ckpt"):
         if cfg.get(key):
@@ -110,7 +115,8 @@ def _only_evaluate(cfg: DictConfig) -> None:
     if cfg.retrieval.name != "none":
         raise InputError(
             "retrieval",
-            f"'{cfg.retrieval.name}' runs from evaluate.py: `python evaluate.py retrieval={cfg.retrieval.name} ckpt=...`",
+            f"'{cfg.retrieval.name}' runs from evaluate.py: "
+            f"`python evaluate.py retrieval={cfg.retrieval.name} ckpt=...`",
         )
     if cfg.analysis.name != "none":
         raise InputError(
@@ -120,8 +126,9 @@ def _only_evaluate(cfg: DictConfig) -> None:
 
 
 def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
-    """`retrieval=dense`: full ranking over the collection (retrieval/retrieve.py), the resolved config.yaml with
-    its results.
+    """Run `retrieval=dense`: full ranking over the collection (retrieval/retrieve.py).
+
+    The resolved config.yaml is written with its results.
     """
     if cfg.analysis.name != "none":
         raise InputError(
@@ -159,12 +166,14 @@ def _train(cfg: DictConfig) -> dict | Path | None:
     if cfg.head.name != "none":
         raise InputError(
             "head",
-            f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`",
+            f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: "
+            f"`python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`",
         )
     if cfg.model.name in UNTRAINED:
         raise InputError(
             "model",
-            f"'{cfg.model.name}' has nothing to train; evaluate it with `python evaluate.py model={cfg.model.name} data=...`",
+            f"'{cfg.model.name}' has nothing to train; "
+            f"evaluate it with `python evaluate.py model={cfg.model.name} data=...`",
         )
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
@@ -182,7 +191,8 @@ def _train(cfg: DictConfig) -> dict | Path | None:
         if "base_ckpt" in resumed:
             raise InputError(
                 "ckpt_path",
-                f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); resume it with stage=head ckpt={resumed['base_ckpt']}",
+                f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); "
+                f"resume it with stage=head ckpt={resumed['base_ckpt']}",
             )
         check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
         start_step = int(resumed.get("global_step", 0))

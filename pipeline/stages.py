@@ -1,6 +1,7 @@
-"""The steps every run shares (train.py, evaluate.py, the head stage): read the data before anything is written,
-build the Lightning trainer with this pipeline's callbacks, test a module, and write its result directory and
-resolved config into `output_dir` (atomically, by global rank 0 only).
+"""The steps every run shares (train.py, evaluate.py, the head stage).
+
+Read the data before anything is written, build the Lightning trainer with this pipeline's callbacks, test a module, and
+write its result directory and resolved config into `output_dir` (atomically, by global rank 0 only).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ MONITOR = "val/ndcg_cut_10"
 
 
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
+    """Build the Lightning trainer of `cfg.trainer` with this pipeline's callbacks and atomic checkpoint writes.
+
+    Callbacks: isotropy (with the `paper` protocol when `eval.isotropy_paper`), ATS when `eval.ats_passages` > 0,
+    the learning-rate monitor with a logger, the progress bar; with `checkpoints`, RankingCheckpoint (monitoring
+    `val/ndcg_cut_10`) and preemption handling.
+    """
     t = OmegaConf.to_container(cfg.trainer)
     dump = Path(cfg.output_dir) / "isotropy_batches" if cfg.eval.dump_isotropy else None
     callbacks: list = [
@@ -68,11 +75,12 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
 
 
 def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False) -> RankingDataModule:
-    """The data module with its data read and validated, before any model weights are loaded and anything is
-    written into `output_dir`: bad data stops the run at once with one line and leaves no partial output (no
-    config.yaml, no wandb/ folder). Reading needs no tokenizer; the loaders do: set `dm.tokenizer =
-    module.pair_tokenizer` once the module is built. `fit`: the run trains, so the training and validation splits
-    must not be empty either.
+    """Return the data module with its data read and validated, before any weights are loaded or anything written.
+
+    Nothing is written into `output_dir` yet: bad data stops the run at once with one line and leaves no partial output
+    (no config.yaml, no wandb/ folder). Reading needs no tokenizer; the loaders do: set `dm.tokenizer =
+    module.pair_tokenizer` once the module is built. `fit`: the run trains, so the training and validation splits must
+    not be empty either.
     """
     dm = cls(data_config(cfg), None, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
     dm.splits = None if fit else ("test",)  # an evaluation reads only its test split (and the documents)
@@ -112,8 +120,10 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
 
 
 def check_outputs(cfg: DictConfig) -> None:
-    """Before any data or model is loaded: output_dir and data.cache_dir (and retrieval.index_dir) take a probe file
-    (core.io.check_writable), so a folder the job cannot write stops it at once with one line.
+    """Check, before any data or model is loaded, that the job's output folders are writable.
+
+    output_dir and data.cache_dir (and retrieval.index_dir) take a probe file (core.io.check_writable), so a folder
+    the job cannot write stops it at once with one line.
     """
     if not global_rank_zero():
         return
@@ -128,15 +138,18 @@ def check_outputs(cfg: DictConfig) -> None:
         check_writable(Path(index_dir).parent, "retrieval.index_dir")
 
 
-# output folder (resolved) -> this job's pending config (attempts/<n>/config.yaml), moved to config.yaml with the results
+# output folder (resolved) -> this job's pending config (attempts/<n>/config.yaml), moved to config.yaml with the
+# results
 _PENDING: dict[Path, Path] = {}
 
 
 def save_config(cfg: DictConfig) -> Path:
-    """The resolved config at a job's start. A folder without a result of an earlier attempt (no config.yaml, no
-    metrics.json) gets it as config.yaml at once; otherwise config.yaml keeps describing the results beside it and
-    this job's config waits in `attempts/<n>/config.yaml` until write_results moves it to config.yaml together with
-    the new results (a continued run that dies leaves the earlier config and results as they were).
+    """Write the resolved config at a job's start and return its path.
+
+    A folder without a result of an earlier attempt (no config.yaml, no metrics.json) gets it as config.yaml at once;
+    otherwise config.yaml keeps describing the results beside it and this job's config waits in
+    `attempts/<n>/config.yaml` until write_results moves it to config.yaml together with the new results (a continued
+    run that dies leaves the earlier config and results as they were).
     """
     out = Path(cfg.output_dir)
     if not (out / "config.yaml").exists() and not (out / "metrics.json").exists():
@@ -163,9 +176,11 @@ def write_results(
     before_key: str = "before_training",
     curve: dict | None = None,
 ) -> dict:
-    """The test results of `module` into `output_dir` (metrics/results.py); `before`: a run's results before
-    training or without a head, kept in metrics.json under `before_key`; `curve`: a fine-tuning run's validations
-    (RankingCheckpoint.curve), written as validation.json, with the tested checkpoint's step as `best_step`.
+    """Write the test results of `module` into `output_dir` (metrics/results.py) and return its metrics.
+
+    `before`: a run's results before training or without a head, kept in metrics.json under `before_key`; `curve`: a
+    fine-tuning run's validations (RankingCheckpoint.curve), written as validation.json, with the tested checkpoint's
+    step as `best_step`.
     """
     test = module.results["test"]
     metrics = test_results(module)
@@ -193,6 +208,7 @@ def print_table(
     after_title: str = "after",
     title: str = "test metrics",
 ) -> None:
+    """Print the test metrics as a table on the console, beside the `before` column when there is one."""
     table = Table(title=title)
     table.add_column("metric")
     if before is not None:
@@ -205,21 +221,26 @@ def print_table(
 
 
 def test_results(module: RankingModule) -> dict:
+    """Return the module's test metrics: the ranking measures, the isotropy measures and ATS / MATS, in one dict."""
     test = module.results["test"]
     return {**test["metrics"], **test.get("isotropy", {}), **test.get("ats", {})}
 
 
 def set_rerank_depths(module: RankingModule, cfg: DictConfig) -> None:
-    """`eval.rerank_depths` onto the module: validation chooses the re-ranking depth among them, a test applies the
-    chosen one (metrics/rerank_depth.py); null: every candidate is re-ranked.
+    """Set `eval.rerank_depths` on the module.
+
+    Validation chooses the re-ranking depth among them, a test applies the chosen one (metrics/rerank_depth.py);
+    null: every candidate is re-ranked.
     """
     depths = cfg.eval.get("rerank_depths")
     module.rerank_depths = tuple(int(d) for d in depths) if depths else None
 
 
 def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModule) -> dict | None:
-    """Test a loaded module on the data `dm` read by load_data and write the run's files; a HeadModule's results
-    hold "Ft" (no head) under `before_head`.
+    """Test a loaded module on the data `dm` read by load_data and write the run's files.
+
+    A HeadModule's results hold "Ft" (no head) under `before_head`. Returns the test metrics on the global-zero
+    process, None on the others.
     """
     dm.tokenizer = module.pair_tokenizer
     set_rerank_depths(module, cfg)
@@ -239,8 +260,9 @@ def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModul
 
 
 def report_head_results(cfg: DictConfig, module, logger) -> dict:
-    """A HeadModule's test results into `output_dir`, the logger and the console: "Ft" (the ranker without the
-    head) under `before_head`, "Ft -> head" as the run's metrics.
+    """Report a HeadModule's test results into `output_dir`, the logger and the console; return "Ft -> head".
+
+    "Ft" (the ranker without the head) under `before_head`, "Ft -> head" as the run's metrics.
     """
     before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")

@@ -79,7 +79,9 @@ TEST_NAMES = {
     "t_test_two_tailed": "two-tailed paired t-test",
     "wilcoxon": "two-sided Wilcoxon signed-rank test",
     "wilcoxon_one_tailed": "one-sided Wilcoxon signed-rank test (method > baseline)",
-    "student_t_one_tailed": "one-tailed Student's t-test with equal variances (method > baseline; the isotropy paper's test)",
+    "student_t_one_tailed": (
+        "one-tailed Student's t-test with equal variances (method > baseline; the isotropy paper's test)"
+    ),
 }
 
 
@@ -88,8 +90,9 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _test_cells(mine: list[dict], base: list[dict], m: str, test: str, paired_by: str) -> tuple[float | None, int]:
-    """(p, pairs) of the test of `mine`'s cells against `base`'s on measure m (per query or per replicate); for an
-    unpaired test `pairs` counts the runs of the smaller side.
+    """Return (p, pairs) of the test of `mine`'s cells against `base`'s on measure m.
+
+    Per query or per replicate; for an unpaired test `pairs` counts the runs of the smaller side.
     """
     if test in UNPAIRED:  # grid_config allows these with paired_by: replicate only
         a = [c["metrics"][m] for c in mine if m in c["metrics"]]
@@ -108,7 +111,9 @@ def _test_cells(mine: list[dict], base: list[dict], m: str, test: str, paired_by
 
 
 def summarize(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
-    """[{train, eval, rows: [{row, baseline, runs, measures: {m: {mean, change_pct, p, pairs, mark}}}]}], one block per
+    """Summarise a grid's results: per (train, eval) pair, each row's mean per measure against its baseline.
+
+    [{train, eval, rows: [{row, baseline, runs, measures: {m: {mean, change_pct, p, pairs, mark}}}]}], one block per
     (train, eval) pair of the grid. Only finished cells (status "done") count; a row without any has mean None.
     """
     test = check_test(test or results["test"])
@@ -169,6 +174,11 @@ def _cell(v: dict, is_baseline: bool) -> str:
 
 
 def render_markdown(results: dict, test: str | None = None, paired_by: str | None = None) -> str:
+    """Render a grid's results as the Markdown table the grid writes: a block per (train, eval) pair.
+
+    Each row's mean per measure, its change against the baseline (or its `compare_to` row) with the significance
+    mark, the paper's figures where the grid gives them, and the original-vs-rotated section with `delta_eval`.
+    """
     test = test or results["test"]
     paired_by = paired_by or results.get("paired_by", "query")
     blocks = summarize(results, test, paired_by)
@@ -248,9 +258,11 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
 
 
 def summarize_delta(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
-    """The position-bias paper's Table 3-4 layout: for each (row, training data), each measure on the two evaluation
-    data of `delta_eval` (original and rotated test), the relative change from the first to the second, and the
-    grid's paired test of second against first (the same queries: rotation changes only the passages).
+    """Summarise a grid's results in the position-bias paper's Table 3-4 layout.
+
+    For each (row, training data), each measure on the two evaluation data of `delta_eval` (original and rotated
+    test), the relative change from the first to the second, and the grid's paired test of second against first
+    (the same queries: rotation changes only the passages).
     [{row, train, runs, measures: {m: {first, second, change_pct, p, pairs, mark}}}].
     """
     test = check_test(test or results["test"])
@@ -287,6 +299,7 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
 
 
 def render_delta(results: dict, test: str | None = None, paired_by: str | None = None) -> list[str]:
+    """Render `summarize_delta` as Markdown lines: each measure on both test data and the change Δ between them."""
     first, second = results["delta_eval"]
     test = test or results["test"]
     lines = [
@@ -315,6 +328,7 @@ def render_delta(results: dict, test: str | None = None, paired_by: str | None =
 
 
 def write_table(results: dict, path: str | os.PathLike, test: str | None = None, paired_by: str | None = None) -> str:
+    """Write `render_markdown` of the results to `path`, atomically, and return the text."""
     text = render_markdown(results, test, paired_by)
     with atomic_open(path) as f:
         f.write(text)

@@ -22,7 +22,7 @@ from core.errors import InputError
 from datamodules.bm25 import BM25Params, bm25_run, no_candidates_warning, settings
 from datamodules.config import empty_split
 from datamodules.corpus import SPLITS
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
 
@@ -30,7 +30,7 @@ __all__ = ["split_queries", "run_bm25"]
 
 
 def split_queries(ds, split: str) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
-    """(queries, qrels) of one split, or of all splits together for `all`."""
+    """Return (queries, qrels) of one split, or of all splits together for `all`."""
     if split != "all":
         s = ds.split(split)
         return dict(s.queries), dict(s.qrels)
@@ -42,14 +42,20 @@ def split_queries(ds, split: str) -> tuple[dict[str, str], dict[str, dict[str, i
     return queries, qrels
 
 
-def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = BM25Params()) -> dict[str, float]:
-    """The run of `split`'s queries (`model.split`), the top `k` (`model.depth`) of the whole collection."""
+_DEFAULT_PARAMS = BM25Params()
+
+
+def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = _DEFAULT_PARAMS) -> dict[str, float]:
+    """Rank the whole collection for `split`'s queries (`model.split`), keeping the top `k` (`model.depth`).
+
+    Evaluates the run and writes it into `cfg.output_dir` (see the module docstring); returns the metric means.
+    """
     if split not in (*SPLITS, "all"):
         raise InputError("config key 'model.split'", f"got '{split}'; expected one of {[*SPLITS, 'all']}")
     if k <= 0:
         raise InputError("config key 'model.depth'", f"is {k}; expected a positive number of documents per query")
     dc = data_config(cfg)
-    ds = load_dataset(dc, cfg.seed)  # validated before anything is written
+    ds = load_dataset(dc, cfg.seed, used_splits(split))  # validated before anything is written
     queries, qrels = split_queries(ds, split)
     judged = sum(1 for q in qrels if any(g > 0 for g in qrels[q].values()))
     if not judged:
@@ -60,7 +66,7 @@ def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = BM25P
     run = {q: dict(r) for q, r in rankings.items()}
     empty = [q for q in sorted(queries) if not run[q] and any(g > 0 for g in qrels.get(q, {}).values())]
     if empty:
-        warnings.warn(no_candidates_warning(f"model=bm25, split '{split}'", empty))
+        warnings.warn(no_candidates_warning(f"model=bm25, split '{split}'", empty), stacklevel=2)
     means, per_query = evaluate_run(run, qrels, list(cfg.eval.measures))
     write_result_dir(
         cfg.output_dir,

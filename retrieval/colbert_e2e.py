@@ -94,9 +94,11 @@ TOKENS_FILE, CODEC_FILE = "tokens.npy", "store_codec.faiss"
 
 
 def train_residual_codec(sample: np.ndarray, store_dtype: str):
-    """PLAID's residual compression as a faiss standalone codec: IVF k-means centroids (as many as PLAID takes,
-    2^floor(log2(16 sqrt(n))), capped at n / 39 so k-means has the points per centroid faiss asks for) and each
-    residual scalar-quantised per dimension over the range seen on `sample`. Returns (codec, manifest params).
+    """Train PLAID's residual compression on `sample` as a faiss standalone codec; return (codec, manifest params).
+
+    IVF k-means centroids (as many as PLAID takes, 2^floor(log2(16 sqrt(n))), capped at n / 39 so k-means has the
+    points per centroid faiss asks for) and each residual scalar-quantised per dimension over the range seen on
+    `sample`.
     """
     faiss = load_faiss()
     n, dim = sample.shape
@@ -108,9 +110,10 @@ def train_residual_codec(sample: np.ndarray, store_dtype: str):
 
 
 class TokenStoreWriter:
-    """Streams float32 token vectors into `folder/tokens.npy`, `chunk` rows per write: float rows, or (residual
-    stores) uint8 codes from a codec trained on the first `train_size` vectors, which are held until then. Memory:
-    one chunk (plus the training sample), whatever the collection's size.
+    """Streams float32 token vectors into `folder/tokens.npy`, `chunk` rows per write.
+
+    The rows are float rows, or (residual stores) uint8 codes from a codec trained on the first `train_size` vectors,
+    which are held until then. Memory: one chunk (plus the training sample), whatever the collection's size.
     """
 
     def __init__(self, folder: Path, store_dtype: str, chunk: int = STORE_CHUNK, train_size: int = 65536):
@@ -130,6 +133,10 @@ class TokenStoreWriter:
         return self.store_dtype in RESIDUAL_STORES and self.codec is None
 
     def add(self, x: np.ndarray) -> None:
+        """Append token vectors `x` [n, D] (float32) to the store; whole chunks are written as soon as they fill.
+
+        A residual store holds everything until `train_size` vectors have arrived and its codec is trained.
+        """
         self._pending.append(x)
         self._n_pending += len(x)
         if self._needs_codec:
@@ -178,14 +185,17 @@ class TokenStoreWriter:
         return self._writer.close()
 
     def abort(self) -> None:
+        """Close the store file after a failed build, unfinished; removing its folder is the caller's job."""
         if self._writer is not None:
             self._writer.abort()
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
-    """`dst` as a hard link to `src` (instant, no second copy on disk), copied only where the file system cannot
-    link (another device, no hard links). A token store is never written again once closed, and a saved index is
-    replaced as a whole folder (core.io.AtomicDir), so the two names can share the file.
+    """Make `dst` a hard link to `src` (instant, no second copy on disk), or a copy where linking is impossible.
+
+    It is copied only where the file system cannot link (another device, no hard links). A token store is never
+    written again once closed, and a saved index is replaced as a whole folder (core.io.AtomicDir), so the two names
+    can share the file.
     """
     try:
         os.link(src, dst)
@@ -215,7 +225,10 @@ def candidates_from_hits(scores: np.ndarray, rows: np.ndarray, offsets: np.ndarr
 
 
 class ColBERTIndex:
-    """Token-level faiss index + on-disk token store (float16/32 rows or residual codes) of a ColBERT ranker's passages."""
+    """Token-level faiss index + on-disk token store of a ColBERT ranker's passages.
+
+    The store holds float16/32 rows or residual codes (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -242,10 +255,12 @@ class ColBERTIndex:
 
     @property
     def n_tokens(self) -> int:
+        """Number of token vectors indexed: the rows of the token store."""
         return int(self.offsets[-1])
 
     @property
     def dim(self) -> int:
+        """Dimension of the indexed token vectors (the ranker's output dimension)."""
         return self.manifest["dim"]
 
     @staticmethod
@@ -254,7 +269,8 @@ class ColBERTIndex:
             name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
             raise InputError(
                 "model.name",
-                f"'{name}' is not a ColBERT ranker; ColBERTIndex serves colbert (repbert and bert_dot: retrieval.dense.DenseIndex)",
+                f"'{name}' is not a ColBERT ranker; "
+                "ColBERTIndex serves colbert (repbert and bert_dot: retrieval.dense.DenseIndex)",
             )
 
     # -- building
@@ -277,6 +293,7 @@ class ColBERTIndex:
         **index_opts,
     ) -> ColBERTIndex:
         """Encode `docs` in streamed batches, index every non-padding token vector, write them to the token store.
+
         `store_dir`: where the store is written while building (a temporary folder inside it; None: the system temp
         dir): the folder the index will be saved in, so that `save` links the store instead of copying it.
         `encoded`: the batches (ids, Encoded) of `docs` already encoded (retrieval/split.py), indexed instead of
@@ -337,6 +354,7 @@ class ColBERTIndex:
         return ensure_ranker(self)
 
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Change nprobe (ivf, ivfpq; capped at nlist) or efSearch (hnsw) of the token index (recorded on save)."""
         p = self.manifest["params"]
         if nprobe is not None:
             p["nprobe"] = min(int(nprobe), p.get("nlist", nprobe))
@@ -345,8 +363,9 @@ class ColBERTIndex:
         self.placement.set_params(self.index, p)
 
     def token_rows(self, idx: np.ndarray) -> np.ndarray:
-        """Stored token vectors of store rows `idx` as float32 [n, D]: read from the memory map (only those rows)
-        and, for a residual store, decoded.
+        """Return the stored token vectors of store rows `idx` as float32 [n, D].
+
+        They are read from the memory map (only those rows) and, for a residual store, decoded.
         """
         rows = self.tokens[idx]
         if self.codec is not None:
@@ -354,7 +373,10 @@ class ColBERTIndex:
         return np.asarray(rows, dtype=np.float32)
 
     def doc_tokens(self, rows: np.ndarray) -> Encoded:
-        """Stored (normalised) token matrices of passages `rows`, padded: Encoded(tokens [C, L, D] float32, mask)."""
+        """Return the stored (normalised) token matrices of passages `rows`, padded.
+
+        The result is Encoded(tokens [C, L, D] float32, mask).
+        """
         start, end = self.offsets[rows], self.offsets[rows + 1]
         lens = end - start
         width = int(lens.max()) if len(lens) else 0
@@ -390,8 +412,10 @@ class ColBERTIndex:
         precision: str | None = None,
         rescore_chunk: int = 256,
     ) -> dict[str, dict[str, float]]:
-        """Top-k passages of every query by exact ColBERT score among the token-search candidates: a run
-        {qid: {doc id: score}}. `k_tokens`: hits per query token; `depth`: at most this many candidates re-scored.
+        """Return the top-k passages of every query by exact ColBERT score among the token-search candidates.
+
+        The result is a run {qid: {doc id: score}}. `k_tokens`: hits per query token; `depth`: at most this many
+        candidates re-scored.
         """
         for key, v in (("k", k), ("k_tokens", k_tokens)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -429,8 +453,10 @@ class ColBERTIndex:
 
     # -- persistence
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the index directory atomically. A store on disk is hard-linked in (copied across file systems);
-        the index then reads the saved store, and the build's temporary store folder is removed.
+        """Write the index directory atomically.
+
+        A store on disk is hard-linked in (copied across file systems); the index then reads the saved store, and the
+        build's temporary store folder is removed.
         """
         path = Path(path)
         with AtomicDir(path) as tmp:
@@ -455,8 +481,9 @@ class ColBERTIndex:
     def load(
         cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None, mmap: bool = True
     ) -> ColBERTIndex:
-        """Read an index directory; `tokens.npy` is memory-mapped unless `mmap=False`. Without `ranker`, `search`
-        rebuilds it from the recorded checkpoint.
+        """Read an index directory; `tokens.npy` is memory-mapped unless `mmap=False`.
+
+        Without `ranker`, `search` rebuilds it from the recorded checkpoint.
         """
         path = Path(path)
         manifest = read_manifest(path, FORMAT)
@@ -477,7 +504,8 @@ class ColBERTIndex:
         if offsets.shape != (count + 1,) or int(offsets[-1]) != n_tokens or tokens.shape != (n_tokens, width):
             raise InputError(
                 str(path),
-                f"token store shapes {tokens.shape}, {offsets.shape} do not match the manifest ({n_tokens} tokens of width {width}, {count} docs)",
+                f"token store shapes {tokens.shape}, {offsets.shape} do not match the manifest "
+                f"({n_tokens} tokens of width {width}, {count} docs)",
             )
         cpu_index = read_faiss(path / "index.faiss", n_tokens)
         placement = Placement(use_gpu)
@@ -498,13 +526,14 @@ class ColBERTIndex:
 
 
 def read_codec(path: Path, manifest: dict):
-    """A residual store's faiss codec, checked against the manifest (dimension, code size)."""
+    """Read a residual store's faiss codec, checked against the manifest (dimension, code size)."""
     codec = read_faiss(path, 0)  # a codec holds no vectors
     params = manifest.get("store_codec") or {}
     if codec.d != manifest["dim"] or codec.sa_code_size() != params.get("code_size"):
         raise InputError(
             str(path),
-            f"codec of {codec.d} dimensions, {codec.sa_code_size()}-byte codes; the manifest says {manifest['dim']}, {params.get('code_size')}",
+            f"codec of {codec.d} dimensions, {codec.sa_code_size()}-byte codes; "
+            f"the manifest says {manifest['dim']}, {params.get('code_size')}",
         )
     return codec
 

@@ -1,6 +1,6 @@
-"""The `retrieval` config group: full ranking over the whole collection from evaluate.py instead of re-ranking.
+r"""The `retrieval` config group: full ranking over the whole collection from evaluate.py instead of re-ranking.
 
-    python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \\
+    python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \
         retrieval.k=1000 retrieval.index_type=hnsw retrieval.precision=bf16
 
 `retrieval=none` (configs/retrieval/none.yaml, the default): evaluate.py re-ranks as always. `retrieval=dense`
@@ -118,7 +118,7 @@ SCHEMAS: dict[str, type] = {"none": RetrievalConfig, "dense": DenseRetrievalConf
 
 
 def schema(name: str) -> type:
-    """The schema of `retrieval.name`."""
+    """Return the schema of `retrieval.name`; an unknown name is an InputError listing the known ones."""
     if name not in SCHEMAS:
         raise InputError("retrieval.name", f"unknown retrieval '{name}'; expected one of {sorted(SCHEMAS)}")
     return SCHEMAS[name]

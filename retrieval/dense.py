@@ -1,4 +1,4 @@
-"""Dense full ranking with faiss for the single-vector rankers (RepBERT, BERT_DOT).
+r"""Dense full ranking with faiss for the single-vector rankers (RepBERT, BERT_DOT).
 
     index = DenseIndex.build(ranker, docs)                      # docs: {doc id: text} or an iterable of pairs
     run = index.search(queries, k=100)                          # {qid: {doc id: score}}
@@ -35,11 +35,11 @@ dim, count, score, precision, faiss version).
 
 From the command line (retrieval/config.py, retrieval/retrieve.py):
 
-    python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \\
-        [retrieval.split=test] [retrieval.k=1000] [retrieval.index_type=hnsw] [retrieval.nlist=N] [retrieval.nprobe=N] \\
-        [retrieval.hnsw_m=M] [retrieval.ef_search=N] [retrieval.pq_m=M] [retrieval.pq_nbits=B] [retrieval.batch_size=64] \\
-        [retrieval.precision=bf16] [retrieval.device=cuda] [retrieval.gpu_index=false] [retrieval.index_dir=DIR] \\
-        [retrieval.k_tokens=256] [retrieval.depth=1000]
+    python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \
+        [retrieval.split=test] [retrieval.k=1000] [retrieval.index_type=hnsw] [retrieval.nlist=N] \
+        [retrieval.nprobe=N] [retrieval.hnsw_m=M] [retrieval.ef_search=N] [retrieval.pq_m=M] [retrieval.pq_nbits=B] \
+        [retrieval.batch_size=64] [retrieval.precision=bf16] [retrieval.device=cuda] [retrieval.gpu_index=false] \
+        [retrieval.index_dir=DIR] [retrieval.k_tokens=256] [retrieval.depth=1000]
 
 writes `run.trec`, `metrics.json` (the split's qrels, `eval.measures`) and the index (`<output_dir>/index` unless
 `retrieval.index_dir`). A ColBERT checkpoint is served by `retrieval.colbert_e2e` (end-to-end, `retrieval.k_tokens`,
@@ -90,13 +90,14 @@ FORMAT, VERSION = "isorank-dense-index", 1
 
 # ---- faiss index construction ----------------------------------------------------------------------------------
 def load_faiss():
-    """The faiss module (faiss-cpu or faiss-gpu, whichever is installed)."""
+    """Return the faiss module (faiss-cpu or faiss-gpu, whichever is installed), imported on first use."""
     import faiss  # lazy: faiss-cpu or faiss-gpu, only dense retrieval needs it
 
     return faiss
 
 
 def faiss_gpu_available() -> bool:
+    """Tell whether faiss can use a GPU: a faiss-gpu build that sees at least one usable CUDA device."""
     faiss = load_faiss()
     try:
         return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
@@ -121,6 +122,7 @@ class IndexOptions:
 
     @classmethod
     def from_kwargs(cls, **kw) -> IndexOptions:
+        """Build validated options from keyword arguments; an unknown or invalid key is an InputError naming it."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(kw) - names)
         if unknown:
@@ -130,6 +132,7 @@ class IndexOptions:
         return opts
 
     def validate(self) -> None:
+        """Check every option (type, range, a GPU for `use_gpu=True`); the first bad one is an InputError naming it."""
         if self.index_type not in INDEX_TYPES:
             raise InputError(
                 "index_type", f"unknown index type '{self.index_type}'; expected one of {list(INDEX_TYPES)}"
@@ -153,7 +156,7 @@ def _default_pq_m(dim: int) -> int:
 
 
 def resolve_params(opts: IndexOptions, dim: int, n_train: int | None) -> dict:
-    """The concrete parameters of the index to build (defaults filled in, checked against dim and n_train)."""
+    """Return the concrete parameters of the index to build (defaults filled in, checked against dim and n_train)."""
     p: dict[str, Any] = {"index_type": opts.index_type}
     t = opts.index_type
     if t in ("ivf", "ivfpq"):
@@ -171,7 +174,8 @@ def resolve_params(opts: IndexOptions, dim: int, n_train: int | None) -> dict:
         if 2**nbits > n_train:
             raise InputError(
                 "pq_nbits",
-                f"is {nbits}: {2**nbits} centroids per sub-quantizer need at least that many training vectors, got {n_train}",
+                f"is {nbits}: {2**nbits} centroids per sub-quantizer need at least that many training vectors, "
+                f"got {n_train}",
             )
         p.update(pq_m=m, pq_nbits=nbits)
     if t == "hnsw":
@@ -240,8 +244,9 @@ class Placement:
 
 
 class FaissBuilder:
-    """Streams float32 vectors into a faiss index; trained types buffer the first `train_size` vectors, train on
-    them, then add them and everything after. `finish()` returns (index, params).
+    """Streams float32 vectors into a faiss index; `finish()` returns (index, params).
+
+    Trained types buffer the first `train_size` vectors, train on them, then add them and everything after.
     """
 
     def __init__(self, opts: IndexOptions, placement: Placement | None = None, what: str = "docs"):
@@ -256,6 +261,11 @@ class FaissBuilder:
         self._n_pending = 0
 
     def add(self, x: np.ndarray) -> None:
+        """Add vectors `x` [n, dim] to the index (buffered until a trained type has `train_size` to train on).
+
+        Another shape than [n, dim] (or a change of dim) is a ValueError; a NaN or inf vector is an InputError on
+        `what`.
+        """
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2:
             raise ValueError(f"expected [n, dim] vectors, got shape {x.shape}")
@@ -293,6 +303,10 @@ class FaissBuilder:
         self.index.add(x)
 
     def finish(self):
+        """Train on what is buffered if the index is not trained yet, add it, and return (index, params).
+
+        No vector at all is an InputError ("no documents to index").
+        """
         if self.index is None:
             if not self._pending:
                 raise InputError(self.what, "no documents to index")
@@ -384,8 +398,9 @@ def check_ranker_matches(ranker, manifest: dict, path) -> None:
 
 
 def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
-    """Append an encoded batch's ids (as strings) to `doc_ids`, the index's row -> doc id map; a repeated id is an
-    input error (two rows could not be told apart in a run).
+    """Append an encoded batch's ids (as strings) to `doc_ids`, the index's row -> doc id map.
+
+    A repeated id (tracked in `seen`) is an input error: two rows could not be told apart in a run.
     """
     for i in ids:
         s = str(i)
@@ -396,15 +411,18 @@ def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
 
 
 def ensure_ranker(index):
-    """The ranker of a loaded index (DenseIndex or ColBERTIndex): the one given, else re-read from the checkpoint
-    its manifest records (checked against the manifest); its pair tokenizer likewise.
+    """Return the ranker of a loaded index (DenseIndex or ColBERTIndex), loading it if needed.
+
+    That is the one given, else the one re-read from the checkpoint its manifest records (checked against the
+    manifest); its pair tokenizer likewise.
     """
     if index.ranker is None:
         ckpt = index.manifest.get("checkpoint")
         if not ckpt:
             raise InputError(
                 "ranker",
-                f"this index was loaded without a ranker and records no checkpoint; pass ranker= to {type(index).__name__}.load",
+                "this index was loaded without a ranker and records no checkpoint; "
+                f"pass ranker= to {type(index).__name__}.load",
             )
         index.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
         check_ranker_matches(index.ranker, index.manifest, ckpt)
@@ -435,18 +453,22 @@ class DenseIndex:
     # -- properties
     @property
     def dim(self) -> int:
+        """Dimension of the indexed vectors."""
         return self.manifest["dim"]
 
     @property
     def index_type(self) -> str:
+        """The faiss index type: flat, ivf, hnsw, pq or ivfpq."""
         return self.manifest["index_type"]
 
     @property
     def params(self) -> dict:
+        """The index's parameters as built (the manifest's, so changes by `set_search_params` are saved)."""
         return self.manifest["params"]
 
     @property
     def cosine(self) -> bool:
+        """Whether scores are cosines (RepBERT: vectors L2-normalised) rather than raw dot products (BERT_DOT)."""
         return self.manifest["score"] == "cosine"
 
     def __len__(self) -> int:
@@ -478,6 +500,7 @@ class DenseIndex:
         **index_opts,
     ) -> DenseIndex:
         """Encode `docs` ({id: text} or an iterable of (id, text)) in streamed batches and index their vectors.
+
         `encoded`: the batches (ids, vectors) of `docs` already encoded (retrieval/split.py's merge of a split
         encoding), indexed instead of encoding here. `index_opts`: the fields of `IndexOptions` (index_type, nlist,
         nprobe, hnsw_m, ...).
@@ -538,7 +561,10 @@ class DenseIndex:
         return ensure_ranker(self)
 
     def search_vectors(self, vectors: np.ndarray | torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw faiss search of already-prepared vectors [Q, dim] -> (scores [Q, k'], rows [Q, k']), k' = min(k, count)."""
+        """Search faiss with already-prepared vectors [Q, dim]; return (scores [Q, k'], rows [Q, k']).
+
+        k' = min(k, count).
+        """
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InputError("k", f"is {k!r}; expected a positive integer")
         x = np.ascontiguousarray(torch.as_tensor(vectors, dtype=torch.float32).numpy())
@@ -554,7 +580,7 @@ class DenseIndex:
     def encode_queries(
         self, queries: Mapping | Iterable, batch_size: int = 64, device=None, precision: str | None = None
     ):
-        """Yields (qids, prepared query vectors [B, dim]) in batches."""
+        """Yield (qids, prepared query vectors [B, dim]) in batches."""
         ranker = self._ensure_ranker()
         prec = precision or self.manifest.get("precision", "fp32")
         for qids, vecs in encode_queries(
@@ -571,7 +597,8 @@ class DenseIndex:
         device=None,
         precision: str | None = None,
     ) -> dict[str, dict[str, float]]:
-        """Top-k documents of every query: {qid: {doc id: score}} (a run; write it with write_trec_run).
+        """Return the top-k documents of every query: {qid: {doc id: score}} (a run; write it with write_trec_run).
+
         `precision` defaults to the one the index was built with.
         """
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -597,8 +624,10 @@ class DenseIndex:
 
     @classmethod
     def load(cls, path: str | os.PathLike, ranker=None, pair_tokenizer=None, use_gpu: bool | None = None) -> DenseIndex:
-        """Read an index directory. Without `ranker`, `search` rebuilds it from the recorded checkpoint when first
-        needed (`search_vectors` needs no ranker).
+        """Read an index directory.
+
+        Without `ranker`, `search` rebuilds it from the recorded checkpoint when first needed (`search_vectors` needs
+        no ranker).
         """
         path = Path(path)
         manifest = read_manifest(path, FORMAT)
@@ -621,6 +650,7 @@ class DenseIndex:
 
 def index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> DenseIndex:
     """Rebuild the RankingModule of a checkpoint (as `pipeline.run.evaluate` does) and index `docs` with its ranker.
+
     `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...).
     """
     module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)

@@ -79,11 +79,16 @@ def windows(items: Iterable[tuple[Hashable, str]], size: int) -> Iterator[list[t
 
 
 def pair_tokenizer_for(ranker: BiEncoder) -> PairTokenizer:
+    """Return a PairTokenizer for `ranker`: its tokenizer and kind, and its config's query and passage length limits."""
     c = ranker.cfg
     return PairTokenizer(ranker.tokenizer, ranker.kind, c.query_max_len, c.doc_max_len)
 
 
 def autocast(device: torch.device, precision: str):
+    """Return the autocast context for `precision` on `device` (fp32: a no-op context).
+
+    fp16 needs a CUDA device; it and an unknown precision are InputErrors otherwise.
+    """
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
@@ -111,12 +116,13 @@ def _check_ranker(ranker) -> None:
         name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
         raise InputError(
             "model.name",
-            f"'{name}' is not a bi-encoder; full ranking needs separately encoded passages (colbert, repbert, bert_dot)",
+            f"'{name}' is not a bi-encoder; "
+            "full ranking needs separately encoded passages (colbert, repbert, bert_dot)",
         )
 
 
 def check_encode_args(ranker, side: str, output: str, precision: str, batch_size: int) -> None:
-    """The arguments of `encode_texts` (and of a split encoding), checked before any text is read."""
+    """Check the arguments of `encode_texts` (and of a split encoding) before any text is read."""
     _check_ranker(ranker)
     if side not in ("docs", "queries"):
         raise ValueError(f"side must be 'docs' or 'queries', got {side!r}")
@@ -140,8 +146,10 @@ def encode_texts(
     sort_window: int | None = None,
     output: str = "auto",
 ) -> Iterator[tuple[list, Tensor | Encoded]]:
-    """Yield (ids, vectors [B, D] | Encoded) per batch; see the module docstring. `side`: "docs" or "queries".
-    `output`: "auto" (pooled vectors when the ranker pools, else token vectors), "sequence" or "tokens".
+    """Yield (ids, vectors [B, D] | Encoded) per batch; see the module docstring.
+
+    `side`: "docs" or "queries". `output`: "auto" (pooled vectors when the ranker pools, else token vectors),
+    "sequence" or "tokens".
     """
     check_encode_args(ranker, side, output, precision, batch_size)
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
@@ -178,10 +186,11 @@ def encode_windows(
     sort: bool,
     output: str,
 ) -> Iterator[tuple[int, list, Tensor | Encoded]]:
-    """(window number, ids, vectors | Encoded) per batch of the numbered windows of (id, text) items: each window
-    through the one encoder (lightning_modules/encoding.py): length-sorted batches (`sort`), eval and inference
-    mode, autocast, out-of-memory halving. A window's batches depend on that window alone, so a rank that encodes
-    every other window (retrieval/split.py) makes exactly the batches one process makes of them.
+    """Yield (window number, ids, vectors | Encoded) per batch of the numbered windows of (id, text) items.
+
+    Each window goes through the one encoder (lightning_modules/encoding.py): length-sorted batches (`sort`), eval and
+    inference mode, autocast, out-of-memory halving. A window's batches depend on that window alone, so a rank that
+    encodes every other window (retrieval/split.py) makes exactly the batches one process makes of them.
     """
     ranker_side = "doc" if side == "docs" else "query"
     for w, items in numbered:
@@ -208,7 +217,7 @@ def encode_windows(
 def encode_docs(
     ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw
 ):
-    """Passages, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
+    """Encode passages, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
     return encode_texts(
         ranker,
         pair_tokenizer,
@@ -224,7 +233,7 @@ def encode_docs(
 def encode_queries(
     ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw
 ):
-    """Queries, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
+    """Encode queries, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
     return encode_texts(
         ranker,
         pair_tokenizer,

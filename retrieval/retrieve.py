@@ -1,5 +1,7 @@
-"""Full ranking as an evaluate.py job: `python evaluate.py retrieval=dense ckpt=PATH data=... [retrieval.key=value ...]`
-(keys: retrieval/config.py, configs/retrieval/dense.yaml).
+"""Full ranking as an evaluate.py job.
+
+`python evaluate.py retrieval=dense ckpt=PATH data=... [retrieval.key=value ...]` (keys: retrieval/config.py,
+configs/retrieval/dense.yaml).
 
 The module comes from `ckpt=` (or is built untrained from `model=`); RepBERT / BERT_DOT are indexed by
 `retrieval.dense.DenseIndex`, ColBERT end-to-end by `retrieval.colbert_e2e.ColBERTIndex`. Writes into `output_dir`:
@@ -16,7 +18,7 @@ from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.config import empty_split
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
@@ -29,8 +31,10 @@ __all__ = ["retrieve"]
 
 
 def _launch(opts: DenseRetrievalConfig) -> str | None:
-    """The device this process encodes on. With `retrieval.devices` > 1 (or under `torchrun`), Lightning Fabric starts
-    the other processes (each runs this command again) and the process group the split encoding needs.
+    """Return the device this process encodes on.
+
+    With `retrieval.devices` > 1 (or under `torchrun`), Lightning Fabric starts the other processes (each runs this
+    command again) and the process group the split encoding needs.
     """
     if opts.devices == 1 and not _torchrun():
         return opts.device
@@ -44,14 +48,18 @@ def _torchrun() -> bool:
 
 
 def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
-    """Module (checkpoint or untrained), data, index, run, metrics; `model_from_cli`: the command line picked the
-    model, so the checkpoint's ranker must match it. With `retrieval.devices` > 1 the ranks share the encoding
-    (retrieval/split.py) and only rank 0 goes on to index, search and write; the others return None.
+    """Run the job: module (checkpoint or untrained), data, index, run, metrics; return the metric means.
+
+    `model_from_cli`: the command line picked the model, so the checkpoint's ranker must match it. With
+    `retrieval.devices` > 1 the ranks share the encoding (retrieval/split.py) and only rank 0 goes on to index, search
+    and write; the others return None.
     """
     opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
     out = Path(cfg.output_dir)
     index_dir = Path(opts.index_dir) if opts.index_dir else out / "index"
-    ds = load_dataset(data_config(cfg), cfg.seed)  # before any weights: bad data stops the run at once
+    ds = load_dataset(
+        data_config(cfg), cfg.seed, used_splits(opts.split)
+    )  # before any weights: bad data stops the run at once
     split = ds.split(opts.split)
     if not any(g > 0 for judged in split.qrels.values() for g in judged.values()):
         raise empty_split(

@@ -54,9 +54,10 @@ def ranks() -> tuple[int, int]:
 
 
 def share_windows(docs: Mapping | Iterable, window: int, rank: int, world: int) -> Iterator[tuple[int, list]]:
-    """(window number, [(id, text)]) of the windows of `window` items that rank `rank` of `world` encodes: numbers
-    rank, rank + world, ... A collection with row access (`id_at` / `text_at` and a length: the document store)
-    reads only its rows; any other collection is walked and the other windows skipped.
+    """Yield (window number, [(id, text)]) of the windows of `window` items that rank `rank` of `world` encodes.
+
+    Those are the windows numbered rank, rank + world, ... A collection with row access (`id_at` / `text_at` and a
+    length: the document store) reads only its rows; any other collection is walked and the other windows skipped.
     """
     if hasattr(docs, "id_at") and hasattr(docs, "text_at") and hasattr(docs, "__len__"):
         n = len(docs)
@@ -69,9 +70,11 @@ def share_windows(docs: Mapping | Iterable, window: int, rank: int, world: int) 
 
 
 class ShareWriter:
-    """One rank's encoded batches in `folder`: `vectors.npy` (float32 rows: pooled vectors, or the token vectors of
-    each text without padding), `lengths.npy` (tokens: the texts' lengths), `ids.jsonl` (a batch's ids per line),
-    `batches.npy` (int64 [batches, 3]: window, texts, rows) and `done.json`, written last.
+    """One rank's encoded batches, written to `folder`.
+
+    The files: `vectors.npy` (float32 rows: pooled vectors, or the token vectors of each text without padding),
+    `lengths.npy` (tokens: the texts' lengths), `ids.jsonl` (a batch's ids per line), `batches.npy` (int64
+    [batches, 3]: window, texts, rows) and `done.json`, written last.
     """
 
     def __init__(self, folder: Path):
@@ -85,6 +88,7 @@ class ShareWriter:
         self.kind: str | None = None
 
     def add(self, w: int, ids: list, out: Tensor | Encoded) -> None:
+        """Append one batch of window `w`: its `ids` and their pooled vectors [B, D] or token vectors (Encoded)."""
         if isinstance(out, Encoded):
             kind, rows, lengths = "tokens", out.tokens[out.mask], out.mask.sum(1).numpy().astype(np.int64)
             self._lengths.append(lengths)
@@ -98,6 +102,7 @@ class ShareWriter:
         self._batches.append((w, len(ids), len(rows)))
 
     def finish(self) -> None:
+        """Close the share: write `batches.npy` and `lengths.npy`, then `done.json`, which marks it complete."""
         self._ids.close()
         if self._vectors is not None:
             self._vectors.close()
@@ -106,6 +111,7 @@ class ShareWriter:
         (self.folder / "done.json").write_text(json.dumps({"kind": self.kind, "batches": len(self._batches)}))
 
     def abort(self) -> None:
+        """Close the share's files after a failure; without `done.json` it never reads as complete."""
         self._ids.close()
         if self._vectors is not None:
             self._vectors.abort()
@@ -116,9 +122,10 @@ def _share_folder(parts_dir: Path, rank: int) -> Path:
 
 
 def read_shares(parts_dir: str | Path, world: int) -> Iterator[tuple[list, Tensor | Encoded]]:
-    """The batches of `world` ranks' shares in `parts_dir`, window by window ((ids, vectors | Encoded), as
-    `encode_docs` yields them): window w comes from rank w mod world. Reads each share front to back, one batch
-    at a time.
+    """Yield the batches of `world` ranks' shares in `parts_dir`, window by window, as `encode_docs` yields them.
+
+    Each batch is (ids, vectors | Encoded); window w comes from rank w mod world. Reads each share front to back, one
+    batch at a time. A missing or incomplete share, or a missing window, is an InputError.
     """
     parts_dir = Path(parts_dir)
     shares = []
@@ -190,9 +197,10 @@ def split_encode(
     sort_window: int | None = None,
     output: str = "auto",
 ) -> Iterator[tuple[list, Tensor | Encoded]] | None:
-    """This rank's share of `docs` encoded into `parts_dir`; on rank 0 an iterator over every rank's batches in one
-    process's order (see the module docstring), on the others None. Without a process group (or with one rank)
-    the share is the whole collection. Call it on every rank.
+    """Encode this rank's share of `docs` into `parts_dir`; on rank 0, return an iterator over every rank's batches.
+
+    The iterator yields them in one process's order (see the module docstring); the other ranks get None. Without a
+    process group (or with one rank) the share is the whole collection. Call it on every rank.
     """
     check_encode_args(ranker, "docs", output, precision, batch_size)
     rank, world = ranks()

@@ -1,6 +1,6 @@
-"""bench/bench_peers.py (`python -m bench.bench_peers key=value ...`): the FLOP count it divides by, one alternation round of our driver end to end, and the
-quality guard's data export, run files and evaluation (the peers themselves are not tested here: their venvs are
-not part of CI)."""
+"""bench/bench_peers.py (`python -m bench.bench_peers key=value ...`): the FLOP count it divides by, one alternation
+round of our driver end to end, and the quality guard's data export, run files and evaluation (the peers themselves are
+not tested here: their venvs are not part of CI)."""
 
 import json
 import sys

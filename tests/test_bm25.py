@@ -1,5 +1,6 @@
-"""BM25 as a ranker (datamodules/bm25.py `bm25_run`, `python evaluate.py model=bm25`): scores equal the float64 formula
-for every variant parameter set, the CLI writes a trec_eval-consistent run, and real collections land in a sane range."""
+"""BM25 as a ranker (datamodules/bm25.py `bm25_run`, `python evaluate.py model=bm25`): scores equal the float64
+formula for every variant parameter set, the CLI writes a trec_eval-consistent run, and real collections land in a sane
+range."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def test_cli_bad_split_leaves_nothing(tmp_path):
 )
 @pytest.mark.slow
 def test_classic_collections_in_published_range(tmp_path, name, lo, hi):
-    """All judged queries, as BM25 baselines are usually reported (results/2026-11-22-bm25-baselines.md lists the figures)."""
+    """All judged queries, as BM25 baselines are usually reported (results/2026-11-22-bm25-baselines.md lists the
+    figures)."""
     out = tmp_path / name
     run_script(
         "evaluate.py",

@@ -48,7 +48,10 @@ def ref_top_k(scores, k):
     return cand[np.lexsort((cand, -scores[cand]))]
 
 
-def ref_run(docs, queries, k, params=BM25Params()):
+DEFAULT_PARAMS = BM25Params()
+
+
+def ref_run(docs, queries, k, params=DEFAULT_PARAMS):
     doc_ids = sorted(docs)
     if not doc_ids or not queries or k <= 0:
         return {q: [] for q in queries}

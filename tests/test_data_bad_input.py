@@ -195,7 +195,7 @@ def test_squad_bad_json(tmp_path):
 
     text = json.dumps(ok, indent=1).replace('"question": "Where is Paris?"', '"question": "Where is Paris?",,', 1)
     msg = _error(SquadConfig(path=_w(tmp_path / "bad.json", text)))
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if ",," in l)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if ",," in ln)
     assert f"bad.json:{line}:" in msg and "malformed JSON" in msg
     gz = _w(tmp_path / "bad.json.gz", text, gz=True)
     assert f"bad.json.gz:{line}:" in _error(SquadConfig(path=gz))
@@ -462,9 +462,9 @@ def test_empty_files_of_other_formats_name_the_file(tmp_path):
     assert msg == f"{tmp_path / 'c1' / 'cran.all.1400'}: is empty; expected SMART records starting with '.I <id>'"
     # every record without text is left out (with a warning), and with it every judgement
     msg = _error(_cranfield(tmp_path / "c2", ".I 1\n.T\n.W\n", QRY_SMART, "1 1 2\n"))
-    assert (
-        msg
-        == f"data.path ({tmp_path / 'c2'}): has no judged query (a query with a relevant document in the qrels); expected at least one"
+    assert msg == (
+        f"data.path ({tmp_path / 'c2'}): has no judged query (a query with a relevant document in the qrels); "
+        "expected at least one"
     )
     with pytest.raises(InputError, match=r"^c.tsv: holds no passages; expected a collection of at least one passage$"):
         IRDataset("x", {}, {}, docs_origin="c.tsv").validate()  # the backstop for sources without a file of their own

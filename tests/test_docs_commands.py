@@ -5,9 +5,9 @@ experiments.py every cell's config, as `action=list`) and must exit 0.
 A command may name a checkpoint that an earlier documented command produces: "checkpoint '...' does not exist" for
 a path the command names is tolerated. Commands come from ```bash (sh, shell, console) fences, one per line
 (`\\` continuations joined, a leading `$ ` prompt and leading `VAR=value` environment assignments allowed), and from
-inline `code` in the prose. Synopsis notation is read as such: a `...` argument or `key=...` is dropped, an optional `[key=value]`
-is validated as `key=value`, and a command with an all-caps placeholder value (`grid=NAME`) other than a checkpoint
-path is skipped, saying so.
+inline `code` in the prose. Synopsis notation is read as such: a `...` argument or `key=...` is dropped, an optional
+`[key=value]` is validated as `key=value`, and a command with an all-caps placeholder value (`grid=NAME`) other than a
+checkpoint path is skipped, saying so.
 
 The dry runs execute the entry scripts in this process (runpy, `__name__ == "__main__"`, sys.argv set: the code
 path of the command line without a Python start-up per command); test_entry_scripts_dry_run_in_a_subprocess runs

@@ -1,7 +1,7 @@
 """The one encoder (lightning_modules/encoding.py): `EncodedTextsWriter` against a plain per-text dict (any arrival
-order, in memory or spilled to a file read back by pread), `encode_collection`'s variants against separate encodings with
-and without a head, out-of-memory halving of variant outputs, and the isotropy protocol fed by the evaluation's own
-vectors (`RankingModule.keep_vectors`) against the protocol encoding the texts again."""
+order, in memory or spilled to a file read back by pread), `encode_collection`'s variants against separate encodings
+with and without a head, out-of-memory halving of variant outputs, and the isotropy protocol fed by the evaluation's
+own vectors (`RankingModule.keep_vectors`) against the protocol encoding the texts again."""
 
 import contextlib
 from types import SimpleNamespace

@@ -193,7 +193,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path, tiny_bert, uninte
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     ckdir = out / "checkpoints"
     (tmp,) = ckdir.glob(".last.ckpt.*.tmp")  # the torn write
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):  # PytorchStreamReader: the zip archive has no central directory
         torch.load(tmp, map_location="cpu", weights_only=False)
     last = ckdir / "last.ckpt"
     assert load(last)["global_step"] == 4
@@ -432,7 +432,8 @@ def test_nonfinite_loss_stop(tmp_path, tiny_bert, monkeypatch, capsys):
     last = out / "checkpoints" / "last.ckpt"
     assert rc == 3
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"stopped: non-finite training loss (nan) at step 6 (optim.nonfinite=stop); nothing was trained on it; the last good checkpoint is {last}"
+        "stopped: non-finite training loss (nan) at step 6 (optim.nonfinite=stop); nothing was trained on it; "
+        f"the last good checkpoint is {last}"
     )
     assert load(last)["global_step"] == 4 and not (out / "metrics.json").exists()
 

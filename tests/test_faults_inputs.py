@@ -248,7 +248,8 @@ def test_bm25_run_cache_corrupted_is_recomputed_with_a_warning(tmp_path, fault):
     [
         (
             ["model=bert_cat", "model.query_max_len=600"],
-            "config key 'model.query_max_len': is 600, but the cross-encoder's input [CLS] query [SEP] passage [SEP] (600 + 180 + 3) is then up to 783 tokens, above the 512 positions",
+            "config key 'model.query_max_len': is 600, but the cross-encoder's input [CLS] query [SEP] passage [SEP] "
+            "(600 + 180 + 3) is then up to 783 tokens, above the 512 positions",
         ),
         (
             ["model=colbert", "model.doc_max_len=513"],
@@ -431,7 +432,8 @@ def test_checkpoint_with_missing_hparam_key_takes_the_default(work, tmp_path):
         module = module_from_checkpoint(old)
     msgs = [str(w.message) for w in caught if "has no hyper-parameter" in str(w.message)]
     assert msgs == [
-        f"checkpoint '{old}' has no hyper-parameter model.length_buckets (a checkpoint of another version?); taking the default length_buckets=4"
+        f"checkpoint '{old}' has no hyper-parameter model.length_buckets (a checkpoint of another version?); "
+        "taking the default length_buckets=4"
     ]
     assert module.model_cfg.length_buckets == 4
     assert read_checkpoint(str(old), "ckpt")["hyper_parameters"]["model"]["length_buckets"] == 4

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -274,7 +275,7 @@ def test_fsize_export(world, case):
     assert sorted(p.name for p in case.iterdir()) == []
 
 
-# ---- 1. writes: a read-only folder, found before anything is loaded ----------------------------------------------------
+# ---- 1. writes: a read-only folder, found before anything is loaded --------------------------------------------------
 def launch_read_only(folders: list[Path], script: str, args: list[str]) -> subprocess.CompletedProcess:
     """`script` with `folders` made read-only (0o555) and root's override dropped; the folders are restored after."""
     for f in folders:
@@ -424,7 +425,7 @@ def test_interrupt_export(world, case, point, sig):
     assert list(case.iterdir()) == []  # no export folder, no temporary sibling, no lock files
 
 
-# ---- 4. a folder's files agree ----------------------------------------------------------------------------------------
+# ---- 4. a folder's files agree ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_continued_run_that_dies_keeps_the_earlier_config(world, case):
     """`ckpt_path=... trainer.max_steps=4` interrupted in training: config.yaml still describes the results beside it
@@ -485,8 +486,8 @@ def test_write_fault_names_file_reason_and_what_was_kept(tmp_path, monkeypatch):
     with pytest.raises(WriteFault) as e, atomic_open(path, "wb"):
         try:
             raise OSError(errno.EFBIG, "File too large")
-        except OSError:  # torch.save's writer: the OSError becomes the context of its RuntimeError
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        except OSError:  # torch.save's writer: the OSError becomes the context (not the cause) of its RuntimeError
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
     assert str(e.value) == f"cannot write '{path}' (File too large); the earlier last.ckpt is unchanged"
     assert (
         e.value.code == 1
@@ -538,13 +539,69 @@ def test_interrupt_experiments(world, case, sig):
 
 @pytest.mark.slow
 def test_read_only_grid_folder(world, case):
-    """A grid whose cells' folder is read-only: the first write (the cell's record) stops it with one line; the
-    finished cell is untouched."""
+    """A grid whose folder is read-only: the probe stops it with one line (exit 2, a folder the user chose) before
+    any cell runs; the finished cell is untouched."""
     root = case / "grids"
     assert launch("experiments.py", [f"grid={_grid(world, case / 'g.yaml', root, [1])}"]).returncode == 0
     before = snapshot(root)
     folders = [p for p in [root, *root.rglob("*")] if p.is_dir()]
     proc = launch_read_only(folders, "experiments.py", [f"grid={_grid(world, case / 'g.yaml', root, [1, 2])}"])
-    line = one_line(proc, 1)
-    assert line.startswith(f"error: cannot write '{root}/") and "(Permission denied)" in line, line
-    assert snapshot(root) == before
+    line = one_line(proc, 2)
+    assert line.startswith(f"error: grid file {case / 'g.yaml'}, key output_root: cannot write '{root}/faults'"), line
+    assert "(Permission denied)" in line and "nothing was loaded or written" in line, line
+    assert "seed2" not in proc.stdout and snapshot(root) == before
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.slow
+def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case, sig):
+    """A training cell launched as a subprocess: the grid's signal is handed on to it (its own session, so a
+    terminal's Ctrl-C reaches the grid only), the cell stops after its batch with a resumable last.ckpt (it was
+    killed before), and the grid waits for that, then exits 130 / 143 with one line."""
+    root = case / "grids"
+    grid = {
+        "name": "faults",
+        "baseline": "colbert",
+        "rows": {"colbert": ["model=colbert"]},
+        "train_data": {"syn": ["data=synthetic"]},
+        "seeds": [1],
+        "common": [
+            *world.common,
+            "data.batch_size=8",
+            "trainer.max_steps=100000",  # never reached: the signal stops it
+            "trainer.val_check_interval=100000",
+            "eval.before_training=false",
+        ],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "subprocess",
+        "output_root": str(root),
+    }
+    (case / "g.yaml").write_text(json.dumps(grid))
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, str(REPO / "experiments.py"), f"grid={case / 'g.yaml'}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cell = root / "faults" / "colbert" / "syn" / "seed1"
+    log = cell / "train.log"
+    try:
+        for _ in range(600):  # training has started once Lightning printed the model summary
+            if log.is_file() and "Trainable params" in log.read_text(errors="replace"):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.5)
+        else:
+            pytest.fail("the training cell did not start within 300 s")
+        proc.send_signal(signal.Signals[sig])
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    line = one_line(done, 128 + signal.Signals[sig])
+    assert line == f"stopped: interrupted by {sig}; finished cells are kept: run the same command again to resume"
+    text = log.read_text(errors="replace")
+    assert f"[grid] {sig}: handed on to the cell" in text
+    assert f"stopped: interrupted by {sig} at step" in text and "resume with ckpt_path=" in text, text[-2000:]
+    assert (cell / "checkpoints" / "last.ckpt").is_file() and not (cell / "metrics.json").exists()
+    listed = launch("experiments.py", [f"grid={case / 'g.yaml'}", "action=list"])
+    assert "colbert/syn/seed1: partial (resumable)" in listed.stdout, listed.stdout
+    no_temp(root)

@@ -146,7 +146,7 @@ def test_training_lowers_heldout_nll_and_raises_isotropy(name):
     head.init_from(train)
     before = float(head.nll(held).mean())
     opt = torch.optim.Adam(head.parameters(), lr=1e-3)
-    for epoch in range(30):
+    for _epoch in range(30):
         for batch in train.split(200):
             loss = head.nll(batch).mean()
             opt.zero_grad()

@@ -218,6 +218,11 @@ def fill(run, es: EvalSplit, scores) -> None:
 DEPTHS = (2, 4, 6, 10, 14)
 
 
+def _recorder(logged: dict):
+    """A stand-in for LightningModule.log that keeps each logged value in `logged`."""
+    return lambda k, v, **kw: logged.__setitem__(k, v)
+
+
 def test_depth_selection_picks_the_best_validation_ndcg_and_applies_it_to_test(tiny_bert):
     """RankingModule with eval.rerank_depths: each validation keeps the depth with the best brute-force nDCG@10
     (the smallest on a tie) and reports that depth's measures; the test re-ranks only the first d candidates of each
@@ -230,7 +235,7 @@ def test_depth_selection_picks_the_best_validation_ndcg_and_applies_it_to_test(t
         m = RankingModule({"name": "bert_dot", "backbone": tiny_bert}, {})
         m._trainer = SimpleNamespace(datamodule=SimpleNamespace(eval_splits={"val": val, "test": test}))
         logged = {}
-        m.log = lambda k, v, **kw: logged.__setitem__(k, v)
+        m.log = _recorder(logged)
         m.rerank_depths = DEPTHS
 
         fill(m.runs["val"], val, val_scores)

@@ -31,8 +31,8 @@ is checked like the rest, except what stands in double quotes there: those are t
 the record's body that an erratum repeats verbatim inside double quotes is the corrected one and is not checked
 again. Docs have no errata: they are corrected.
 
-The papers folder is absent: skipped, but a failure in CI (env CI=true), as for ../shared/data (conftest.require_shared).
-Standard library and PyYAML only.
+The papers folder is absent: skipped, but a failure in CI (env CI=true), as for ../shared/data
+(conftest.require_shared). Standard library and PyYAML only.
 """
 
 from __future__ import annotations

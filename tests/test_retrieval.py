@@ -242,12 +242,12 @@ def test_streaming_encoder_matches_one_batch(rankers):
         spy = SpyTokenizer(pair_tokenizer_for(r))
         pulled = []
 
-        def gen():
+        def gen(pulled):
             for item in DOCS.items():
                 pulled.append(item[0])
                 yield item
 
-        stream = encode_docs(r, spy, gen(), batch_size=3, sort_window=9)
+        stream = encode_docs(r, spy, gen(pulled), batch_size=3, sort_window=9)
         first_ids, _ = next(stream)
         assert len(pulled) == 9  # lazily: one window of raw texts, not the collection
         got = {}

@@ -84,7 +84,8 @@ def test_nothing_to_train_is_said(tmp_path, tiny_bert):
     for steps in (1, 2):  # at and below the checkpoint's step
         with pytest.warns(
             UserWarning,
-            match=rf"^nothing will be trained: trainer.max_steps={steps} and ckpt_path is already at step 2; raise trainer.max_steps to train on$",
+            match=rf"^nothing will be trained: trainer.max_steps={steps} and ckpt_path is already at step 2; "
+            r"raise trainer.max_steps to train on$",
         ):
             train(compose([*base, f"trainer.max_steps={steps}", f"ckpt_path={last}", f"output_dir={out}"]))
     with pytest.warns(UserWarning, match=r"^nothing will be trained: trainer.max_steps=0$"):
@@ -140,7 +141,8 @@ def test_progress_bar_counts_epochs_to_max_steps(accumulate, epochs):
 def test_query_without_candidates_warned_in_reranking(tmp_path):
     with pytest.warns(
         UserWarning,
-        match=r"data 'tsv', split 'test': 1 judged query has no candidate .*: 'q3'; scored 0 on every measure and absent from run.trec \(as trec_eval -c counts them\)",
+        match=r"data 'tsv', split 'test': 1 judged query has no candidate .*: 'q3'; scored 0 on every measure and "
+        r"absent from run.trec \(as trec_eval -c counts them\)",
     ):
         dm = load_data(compose(tsv(tmp_path)))
     test = dm.eval_splits["test"]
@@ -154,7 +156,8 @@ def test_judged_query_left_out_of_a_given_run_is_scored_zero(tmp_path):
     args = [a for a in tsv(tmp_path) if not a.startswith("data.test_run=")] + [f"data.test_run={tmp_path / 'run.txt'}"]
     with pytest.warns(
         UserWarning,
-        match=r"data 'tsv', split 'test': 1 judged query has no candidate \(the given run ranks no document for it\): 'q2'",
+        match=r"data 'tsv', split 'test': 1 judged query has no candidate "
+        r"\(the given run ranks no document for it\): 'q2'",
     ):
         dm = load_data(compose(args))
     test = dm.eval_splits["test"]

@@ -224,7 +224,7 @@ def test_cranfield(monkeypatch):
     assert qrels["1"]["184"] == 3 and qrels["1"]["12"] == 2 and qrels["1"]["13"] == 1
     assert qrels["2"]["12"] == 4 and qrels["1"]["486"] == 0 and qrels["3"]["5"] == 2
     assert "995" not in qrels["125"]  # the one judgement of an empty doc
-    lines = [l.split() for l in (folder / "cranqrel").read_text().splitlines() if l.strip()]
+    lines = [ln.split() for ln in (folder / "cranqrel").read_text().splitlines() if ln.strip()]
     assert sum(len(j) for j in qrels.values()) == len({(a, b) for a, b, _ in lines}) - 1
     assert (len(ds.splits["val"].queries), len(ds.splits["test"].queries)) == (34, 56)  # round(.15/.25 * 225)
 
@@ -351,6 +351,41 @@ def test_tsv_text_triples(tmp_path, tsv_files):
     assert again.splits["train"].triples == train.triples  # content ids: deterministic
 
 
+def _split_fields(split):
+    return split.queries, split.qrels, split.triples, split.candidates, split.origins
+
+
+@pytest.mark.parametrize("used", [("train",), ("val",), ("test",), ("val", "test"), ()])
+def test_tsv_reads_only_the_used_splits(tmp_path, tsv_files, used):
+    """Rule 8 of issue 35: a split the job does not use is never read. Each unused split's files are replaced by
+    broken ones (a line without a tab), which a read would refuse; the used splits equal those of a whole read."""
+    whole = load_dataset(TsvConfig(**tsv_files), 0)
+    broken = dict(tsv_files)
+    for name in ("train", "val", "test"):
+        if name not in used:
+            for kind in ("queries", "qrels", "run", "triples"):
+                if f"{name}_{kind}" in broken:
+                    broken[f"{name}_{kind}"] = _write(tmp_path / f"broken.{name}.{kind}", "no tab here\n")
+    with pytest.raises(InputError):
+        load_dataset(TsvConfig(**broken), 0)
+    ds = load_dataset(TsvConfig(**broken), 0, splits=used)
+    assert ds.docs == whole.docs
+    for name in ("train", "val", "test"):
+        if name in used:
+            assert _split_fields(ds.splits[name]) == _split_fields(whole.splits[name])
+        else:
+            assert not ds.splits[name].queries and not ds.splits[name].qrels and ds.splits[name].triples is None
+
+
+def test_tsv_text_triples_are_read_by_every_job(tmp_path, tsv_files):
+    """Text triples add passages to the document store, so a test-only job reads them too: same collection."""
+    tsv_files["train_triples"] = _write(tmp_path / "t.tsv", "where did the cat sit\tthe cat sat on the mat\tnew one\n")
+    whole = load_dataset(TsvConfig(**tsv_files, triples_format="text"), 0)
+    test_only = load_dataset(TsvConfig(**tsv_files, triples_format="text"), 0, splits=("test",))
+    assert dict(test_only.docs) == dict(whole.docs) and "new one" in set(whole.docs.values())
+    assert test_only.splits["train"].queries == {} and test_only.splits["train"].triples is None
+
+
 # ------------------------------------------------------------------------------------------------ BEIR
 
 
@@ -402,6 +437,32 @@ def test_beir_only_test(tmp_path):
     (folder / "qrels" / "train.tsv").unlink()
     train, val, test = _all_splits(load_dataset(BeirConfig(path=str(folder)), 0))
     assert train.queries == {} and val.queries == {} and len(test.queries) == 2
+
+
+@pytest.mark.parametrize("with_dev", [True, False])
+@pytest.mark.parametrize("used", [("train",), ("val",), ("test",), ("train", "test")])
+def test_beir_reads_only_the_used_splits(tmp_path, with_dev, used):
+    """The used splits equal a whole read's (a dev split derived from train included); an unused split's qrels file
+    is not read: a broken one does not stop the job."""
+    folder = tmp_path / "b"
+    _beir(folder, with_dev=with_dev)
+    cfg = BeirConfig(path=str(folder), val_fraction=0.25)
+    whole = load_dataset(cfg, 0)
+    needs_train = "train" in used or ("val" in used and not with_dev)
+    broken = []
+    for name, file in (("train", "train"), ("val", "dev"), ("test", "test")):
+        if not (folder / "qrels" / f"{file}.tsv").exists() or name in used or (name == "train" and needs_train):
+            continue
+        broken.append(_write(folder / "qrels" / f"{file}.tsv", "query-id\tcorpus-id\tscore\nq1\tc1\tnot a number\n"))
+    if broken:  # (train and test used, no dev file: nothing is left to break)
+        with pytest.raises(InputError, match="relevance score"):
+            load_dataset(cfg, 0)
+    ds = load_dataset(cfg, 0, splits=used)
+    for name in ("train", "val", "test"):
+        if name in used:
+            assert _split_fields(ds.splits[name]) == _split_fields(whole.splits[name])
+        else:
+            assert ds.splits[name].queries == {} and ds.splits[name].qrels == {}
 
 
 # ------------------------------------------------------------------------------------------------ ir_datasets

@@ -261,7 +261,8 @@ def test_passage_vectors_independent_of_query_and_padding(tk):
 
 
 def test_embeddings_copy_the_backbone_and_drop_its_transformer(tk, tiny_bert):
-    """embedding_scale=auto: the backbone's rows times one factor that makes their mean norm sqrt(d); 1.0: as they are."""
+    """embedding_scale=auto: the backbone's rows times one factor that makes their mean norm sqrt(d); 1.0: as they
+    are."""
     from transformers import AutoModel
 
     bert = AutoModel.from_pretrained(tiny_bert).get_input_embeddings().weight.detach().double().numpy()

@@ -105,7 +105,7 @@ def test_query_analysis_against_direct_computation(colbert):
     # the duplicate passage ties in the original ranking: tau_AP,b takes it, tau_AP,a breaks it by candidate order
     assert s[0] == s[5]
     assert res.tau["a"]["the"] == pytest.approx(tau_ap_a(break_ties(s), s - c[the].sum(0)))
-    for key, pos, tid, diff in res.differences:
+    for _key, pos, _tid, diff in res.differences:
         exact = ms.exact[pos].numpy()
         expected = c[pos][exact].mean() - c[pos][~exact].mean() if 0 < exact.sum() < len(exact) else float("nan")
         assert (math.isnan(diff) and math.isnan(expected)) or diff == pytest.approx(expected)

@@ -144,7 +144,7 @@ def test_published_values_of_the_reference_implementation(x, y, xt, yt, expected
 
 def test_against_direct_formulas_on_random_rankings():
     rng = np.random.default_rng(0)
-    for trial in range(60):
+    for _trial in range(60):
         n = int(rng.integers(2, 40))
         x, y = rng.normal(size=n), rng.normal(size=n)
         assert tau_ap(x, y) == pytest.approx(walk_tau_ap(x, y), abs=1e-12)
@@ -162,7 +162,7 @@ def test_against_direct_formulas_on_random_rankings():
 
 def test_tau_ap_a_is_the_expectation_over_tie_orders():
     rng = np.random.default_rng(1)
-    for trial in range(25):
+    for _trial in range(25):
         n = int(rng.integers(2, 8))
         x = rng.permutation(n).astype(float)
         y = rng.integers(0, 3, size=n).astype(float)
@@ -206,7 +206,7 @@ def test_both_variants_against_brute_force_definitions(ties):
     """`correlations` (and `correlation` per variant) against the references above on small random lists, float64;
     without ties also against Yilmaz's walk directly."""
     rng = np.random.default_rng(["none", "in y", "in x", "in both"].index(ties))
-    for trial in range(40):
+    for _trial in range(40):
         n = int(rng.integers(2, 8))
         x = rng.integers(0, 3, size=n).astype(float) if ties in ("in x", "in both") else rng.normal(size=n)
         y = rng.integers(0, 3, size=n).astype(float) if ties in ("in y", "in both") else rng.normal(size=n)

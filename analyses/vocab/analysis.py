@@ -1,4 +1,6 @@
-"""`python evaluate.py analysis=vocab_projections [ckpt=...] [data=...] analysis.mlm_head=PATH`: vocabulary
+"""Vocabulary projections of a ranker's query and passage representations and the statistics built on them.
+
+`python evaluate.py analysis=vocab_projections [ckpt=...] [data=...] analysis.mlm_head=PATH`: vocabulary
 projections of a ranker's query and passage representations (Ram et al., section 3, Eq. 1-3) and the statistics
 of sections 5-6 (projections.py) for the checkpoint's ranker and, with `with_backbone`, its untrained backbone:
 
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from analyses.outputs import log_analysis, write_result
+from analyses.outputs import analysis_set, log_analysis, placed, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.vocab.mlm_head import load_mlm_head
 from analyses.vocab.projections import (
@@ -45,7 +47,7 @@ from analyses.whitebox.analysis import queries_and_candidates
 from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import save_figure
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.encoding import encode_collection
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
@@ -100,7 +102,8 @@ def check_ranker(cfg_model, where: str = "model.name") -> None:
     if cfg_model.name not in RANKERS:
         raise InputError(
             where,
-            f"is '{cfg_model.name}'; vocabulary projections read {list(RANKERS)} (single-vector or per-token bi-encoders)",
+            f"is '{cfg_model.name}'; vocabulary projections read {list(RANKERS)} "
+            "(single-vector or per-token bi-encoders)",
         )
     if getattr(cfg_model, "compress_dim", None):
         raise InputError(
@@ -125,8 +128,10 @@ def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
 
 
 def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> EncodedTexts:
-    """The vectors Eq. 3 projects, as `encode` returns them: ColBERT's token vectors, the pooled vector of the
-    single-vector rankers (their token vectors are not kept).
+    """Encode `ids` into the vectors Eq. 3 projects.
+
+    As `encode` returns them: ColBERT's token vectors, the pooled vector of the single-vector rankers (their token
+    vectors are not kept).
     """
     return encode_collection(
         ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=False, keep_tokens=ranker.cfg.name == "colbert"
@@ -142,8 +147,10 @@ def project_texts(head, enc: EncodedTexts, rows) -> torch.Tensor:
 
 
 def candidate_scores(ranker, q: EncodedTexts, k: int, docs: EncodedTexts, index: list[int]) -> np.ndarray:
-    """The ranker's scores of query k against passages `index`: the dot of the scoring vectors (RepBERT's cosine,
-    BERT_DOT's dot), or ColBERT's sum over query tokens of the max cosine over passage tokens.
+    """Return the ranker's scores of query k against passages `index`.
+
+    The dot of the scoring vectors (RepBERT's cosine, BERT_DOT's dot), or ColBERT's sum over query tokens of the
+    max cosine over passage tokens.
     """
     if q.sequence is not None:
         idx = torch.as_tensor(index, dtype=torch.long)
@@ -170,6 +177,12 @@ def gold_passages(ds, qids, cands) -> dict[str, str]:
 
 
 def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjectionsConfig, label: str) -> dict:
+    """Compute one model's vocabulary-projection statistics (Ram et al., sections 5-6) on the (query, gold) pairs.
+
+    Encodes the queries and the candidate and gold passages once, projects each pair with Eq. 3 and returns Table 1's
+    rows, the coverage (Figure 3), the token MRR (Table 2), the expansion shares (Figure 4), the token-amnesia rows
+    and summary (Figure 5, re-ranking each BM25-top query's candidates) and the timings.
+    """
     ranker, c = module.ranker, module.model_cfg
     tok = ranker.tokenizer
     special = set(tok.all_special_ids)
@@ -212,7 +225,10 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
             pairs.append(ps)
             if len(table) < opts.table_pairs:
                 top_p = top_tokens(P[j], opts.top_k)
-                mark = lambda t: names[t] + ("*" if t in ps.shared else "+" if t in tp and t in ps.content else "")  # noqa: E731
+
+                def mark(t, ps=ps, tp=tp):
+                    return names[t] + ("*" if t in ps.shared else "+" if t in tp and t in ps.content else "")
+
                 table.append(
                     {
                         "qid": q,
@@ -261,14 +277,14 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
 
 
 def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
-    """Reads and checks all input, runs every model; nothing is written here."""
+    """Read and check all input, run every model and return the result; nothing is written here."""
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     if not cfg.ckpt:
         check_ranker(cfg.model)
     t0 = time.perf_counter()
     # the data and the head first: bad data or a missing head is a one-line error before any model is loaded
     dc = data_config(cfg)
-    ds = load_dataset(dc, int(cfg.seed))
+    ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
     qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed)
     gold = gold_passages(ds, qids, cands)
     if not gold:
@@ -296,7 +312,8 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
             "gold": "the query's relevant passage of the highest grade (ties: best candidate rank, then doc id)",
             "coverage": "share of shared tokens (pooled over pairs) with rank <= k in Q / in P",
             "token_mrr": "mean over (pair, token) of 1 / rank_P(t)",
-            "expansion": "share of queries with a content token of the gold passage, absent from the query, in Q's top-k",
+            "expansion": "share of queries with a content token of the gold passage, absent from the query, "
+            "in Q's top-k",
             "amnesia": f"queries whose gold passage is in BM25's top-{opts.amnesia_top}; shared content tokens' max / "
             f"median rank in P and Q; retrieved = the ranker ranks the passage in its top-{opts.amnesia_top} "
             "of the query's candidates",
@@ -318,6 +335,10 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
 
 
 def plots(result: dict, out: Path) -> list[Path]:
+    """Draw Figures 3, 4 and 5 (coverage, query expansion, token amnesia) of every model into `out`.
+
+    Returns the PNG paths written.
+    """
     import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
@@ -377,6 +398,10 @@ def plots(result: dict, out: Path) -> list[Path]:
 
 
 def log_result(cfg, result: dict, pngs: list[Path]) -> None:
+    """Log coverage @20 / @100 and token MRR per model to the configured logger; on W&B also tables and figures.
+
+    The W&B tables: Table 1, the coverage and expansion curves and the amnesia rows; nothing with logger=none.
+    """
     scalars, tables = {}, {}
     for label, res in result["models"].items():
         for k in ("20", "100"):
@@ -405,6 +430,7 @@ def log_result(cfg, result: dict, pngs: list[Path]) -> None:
 
 
 def print_summary(result: dict, written: list[Path]) -> None:
+    """Print per model the coverage, token MRR, expansion shares and token amnesia, then the timings and files."""
     s = result["settings"]
     print(
         f"vocabulary projections: {s['dataset']}, split {s['split']}, {s['pairs']} pairs, head {s['mlm_head_source']}"
@@ -419,7 +445,8 @@ def print_summary(result: dict, written: list[Path]) -> None:
         m = res["token_mrr"]
         fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
         print(
-            f"{label:>10}: coverage {cv}; token MRR in P shared {fmt(m['shared']['mrr'])} passage-only {fmt(m['passage_only']['mrr'])}"
+            f"{label:>10}: coverage {cv}; token MRR in P shared {fmt(m['shared']['mrr'])} "
+            f"passage-only {fmt(m['passage_only']['mrr'])}"
         )
         e = res["expansion"]["queries_with_expansion"]
         print(
@@ -437,10 +464,16 @@ def print_summary(result: dict, written: list[Path]) -> None:
 
 
 def run(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
+    """Run the vocabulary-projection analysis: compute, write the figures and the JSON as a set, log, print.
+
+    Returns the result that `vocab_projections.json` holds.
+    """
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)
-    pngs = plots(result, out)
-    js = write_result(out, JSON_NAME, result)
+    with analysis_set(out, JSON_NAME) as stage:
+        pngs = placed(out, plots(result, stage))
+        write_result(stage, JSON_NAME, result)
+    js = out / JSON_NAME
     log_result(cfg, result, pngs)
     print_summary(result, [js, *pngs])
     return result

@@ -1,4 +1,4 @@
-"""Lexical enrichment (Ram et al., section 6.2, Eq. 4-5):
+"""Lexical enrichment (Ram et al., section 6.2, Eq. 4-5).
 
     s_t = argmax_s log MLM-Head(s)[t]                                                      (Eq. 4)
     e_lex(x) = 1/n sum_i w_{x_i} s_{x_i},   e'(x) = e(x) + lambda * e_lex(x) / ||e_lex(x)||     (Eq. 5)
@@ -6,8 +6,9 @@
 `single_token_embeddings` solves Eq. 4 for many vocabulary items at once: one free input vector per item, Adam
 (lr 0.01, the paper's), the summed per-item cross-entropy (Adam is element-wise, so each item's trajectory is its
 own whatever else is in the batch), each item's vector kept at the first step its cross-entropy reaches the
-threshold (0.1, the paper's) and the item then left out of the computation. It starts from the item's static input embedding v_t (footnote 3: v_t alone need not
-decode to t). `whiten` is Jung et al.'s whitening (mean removed, covariance to identity) fitted on the s_t.
+threshold (0.1, the paper's) and the item then left out of the computation. It starts from the item's static input
+embedding v_t (footnote 3: v_t alone need not decode to t). `whiten` is Jung et al.'s whitening (mean removed,
+covariance to identity) fitted on the s_t.
 w = IDF over the collection (BM25's form, analyses/whitebox/idf.py), x_1..x_n the text's WordPiece tokens as the
 ranker encodes them (truncated, special tokens excluded, repeats counted). The ablations of section 6.4 are
 switches: `idf=False` (w = 1), static embeddings v_t for s_t, no whitening, no normalisation (e + lambda e_lex).
@@ -24,12 +25,15 @@ from torch import Tensor
 
 @dataclass
 class SingleTokens:
+    """The single-token embeddings s_t of Eq. 4 found for vocabulary items, with the steps and cross-entropy reached."""
+
     token_ids: Tensor  # [n] vocabulary items
     vectors: Tensor  # [n, d] s_t (Eq. 4)
     steps: Tensor  # [n] Adam steps until the cross-entropy reached the threshold (max_steps + 1: never)
     cross_entropy: Tensor  # [n] at the kept vector
 
     def reached(self, threshold: float) -> Tensor:
+        """Return a bool mask [n] of the items whose kept vector decodes to them with cross-entropy <= `threshold`."""
         return self.cross_entropy <= threshold
 
 
@@ -74,15 +78,18 @@ def single_token_embeddings(
             opt.step()
         if log:
             log(
-                f"single-token embeddings {min(s + batch_size, len(ids)):,}/{len(ids):,}: {int((ce_out[s : s + batch_size] <= threshold).sum())} "
+                f"single-token embeddings {min(s + batch_size, len(ids)):,}/{len(ids):,}: "
+                f"{int((ce_out[s : s + batch_size] <= threshold).sum())} "
                 f"of {len(t)} reached CE <= {threshold} (last step {step})"
             )
     return SingleTokens(ids, out, steps, ce_out)
 
 
 def whiten(x: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor, Tensor]:
-    """(whitened rows, mean, W): (x - mu) W has identity covariance, W = U diag(lambda^-1/2) of the covariance
-    (Jung et al., 2022). Float64 for the eigendecomposition.
+    """Whiten the rows of `x` (Jung et al., 2022): return (whitened rows, mean, W).
+
+    (x - mu) W has identity covariance, W = U diag(lambda^-1/2) of the covariance. Float64 for the
+    eigendecomposition.
     """
     x64 = x.double()
     mu = x64.mean(0)
@@ -96,8 +103,9 @@ def whiten(x: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor, Tensor]:
 def lexical_vectors(
     texts: list[list[int]], table: dict[int, int], vectors: Tensor, idf: dict[int, float] | None
 ) -> Tensor:
-    """e_lex of Eq. 5 per text: 1/n sum_i w_{x_i} s_{x_i} over its tokens (`table`: token id -> row of `vectors`;
-    `idf` None: w = 1). A text without tokens gets a zero vector.
+    """Return e_lex of Eq. 5 per text: 1/n sum_i w_{x_i} s_{x_i} over its tokens.
+
+    `table`: token id -> row of `vectors`; `idf` None: w = 1. A text without tokens gets a zero vector.
     """
     out = torch.zeros(len(texts), vectors.shape[1], dtype=vectors.dtype)
     for k, toks in enumerate(texts):
@@ -114,7 +122,10 @@ def lexical_vectors(
 
 
 def enrich(e: Tensor, e_lex: Tensor, lam: float, normalize: bool = True) -> Tensor:
-    """E' = e + lambda * e_lex / ||e_lex|| (Eq. 5); `normalize=False`: e + lambda * e_lex. Zero e_lex adds nothing."""
+    """Return the enriched vectors e' = e + lambda * e_lex / ||e_lex|| (Eq. 5).
+
+    `normalize=False`: e + lambda * e_lex. Zero e_lex adds nothing.
+    """
     if normalize:
         e_lex = e_lex / e_lex.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return e + lam * e_lex
@@ -128,8 +139,10 @@ def text_tokens(tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
 
 
 def idf_weights(idf, token_ids) -> dict[int, float]:
+    """Return Eq. 5's weights w_t: token id -> collection IDF of the subword (`CollectionIDF.subword`)."""
     return {int(t): float(idf.subword(t)) for t in token_ids}
 
 
 def vocabulary_of(texts: list[list[int]]) -> list[int]:
+    """Return the sorted distinct token ids of `texts`: the items whose s_t (Eq. 4) the enrichment needs."""
     return sorted({t for x in texts for t in x})

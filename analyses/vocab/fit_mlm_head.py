@@ -1,4 +1,4 @@
-"""Fit the MLM head of Eq. 1 for a backbone shipped without one (the offline all-MiniLM-L6-v2):
+"""Fit the MLM head of Eq. 1 for a backbone shipped without one (the offline all-MiniLM-L6-v2).
 
     python evaluate.py analysis=fit_mlm_head model.backbone=minilm data=squad analysis.out=outputs/mlm-head-minilm.pt
 
@@ -31,7 +31,7 @@ from analyses.registry import ANALYSES
 from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 from core.errors import InputError
 from core.io import write_json
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.rankers.backbone import load_backbone
 
 
@@ -73,13 +73,15 @@ class FitOptions:
 
 @dataclass
 class FitMLMHeadConfig(FitOptions):
-    """`python evaluate.py analysis=fit_mlm_head model.backbone=... data=... [analysis.out=PATH]`
-    (configs/analysis/fit_mlm_head.yaml): the FitOptions keys.
+    """The `analysis=fit_mlm_head` config: the FitOptions keys (configs/analysis/fit_mlm_head.yaml).
+
+    `python evaluate.py analysis=fit_mlm_head model.backbone=... data=... [analysis.out=PATH]`.
     """
 
     name: str = "fit_mlm_head"
 
     def options(self, output_dir: str) -> FitOptions:
+        """Return the keys as `FitOptions`, `out` defaulting to `<output_dir>/mlm_head.pt`."""
         keys = {k: v for k, v in asdict(self).items() if k != "name"}
         return FitOptions(**{**keys, "out": self.out or str(Path(output_dir) / "mlm_head.pt")})
 
@@ -102,8 +104,9 @@ def mask_passages(
     rng: np.random.Generator,
     mode: str = "bert",
 ) -> list[Masked]:
-    """Choose `rate` of each passage's non-special tokens (at least one); `mode` "bert": [MASK] 80 %, a random
-    token 10 %, unchanged 10 %; "mask": always [MASK] (held-out accuracy).
+    """Mask `rate` of each passage's non-special tokens (at least one); passages without any are dropped.
+
+    `mode` "bert": [MASK] 80 %, a random token 10 %, unchanged 10 %; "mask": always [MASK] (held-out accuracy).
     """
     out = []
     for x in ids:
@@ -204,6 +207,10 @@ def random_head(embeddings: Tensor, act: str, eps: float, seed: int, std: float 
 def split_passages(
     doc_ids: list[str], heldout: float, max_passages: int | None, seed: int
 ) -> tuple[list[str], list[str]]:
+    """Split the passages, seeded, into (fitted, held-out) doc ids; the held-out share is never fitted on.
+
+    At most `max_passages` of them (a seeded sample), at least one held out and one fitted.
+    """
     rng = np.random.default_rng([seed, 11])
     ids = sorted(doc_ids)
     order = rng.permutation(len(ids))
@@ -238,7 +245,8 @@ def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tup
     ]
     held_ex = mask_passages(enc(held_ids), special, tok.mask_token_id, len(tok), opts.mask_rate, rng, "mask")
     log(
-        f"encoding {len(fit_ex):,} masked passages ({opts.masks} maskings of {len(fit_ids):,}) and {len(held_ex):,} held-out"
+        f"encoding {len(fit_ex):,} masked passages ({opts.masks} maskings of {len(fit_ids):,}) "
+        f"and {len(held_ex):,} held-out"
     )
     h_fit, t_fit = encode_masked(encoder, fit_ex, opts.encode_batch_size, tok.pad_token_id)
     h_held, t_held = encode_masked(encoder, held_ex, opts.encode_batch_size, tok.pad_token_id)
@@ -285,11 +293,20 @@ def fit(backbone: str, docs: dict[str, str], opts: FitOptions, log=print) -> tup
 
 
 def run(cfg, opts: FitOptions) -> dict:
+    """Fit the MLM head of `cfg.model.backbone` on the configured collection, write it and its report, print.
+
+    The head goes to `opts.out` (atomically) and the report to `<out>.json`, last; returns the report.
+    """
     backbone = str(cfg.model.backbone)
-    ds = load_dataset(data_config(cfg), int(cfg.seed))
+    # only the collection is read here; ir_datasets takes it from the test id (or data.docs_id)
+    ds = load_dataset(data_config(cfg), int(cfg.seed), used_splits("test"))
     head, report, _ = fit(backbone, ds.docs, opts, log=lambda m: print(f"[fit_mlm_head] {m}", flush=True))
     report["dataset"] = ds.name
-    out = save_head(head, opts.out or str(Path(cfg.output_dir) / "mlm_head.pt"), backbone, report)
+    target = opts.out or str(Path(cfg.output_dir) / "mlm_head.pt")
+    # the report marks a finished head: an earlier one goes before the new head replaces the old, so an interrupt in
+    # between leaves a head without a report (unfinished), never a report beside a head it does not describe
+    Path(target + ".json").unlink(missing_ok=True)
+    out = save_head(head, target, backbone, report)
     write_json(Path(str(out) + ".json"), report)
     h = report["heldout"]
     print(

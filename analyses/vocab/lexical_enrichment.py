@@ -1,4 +1,6 @@
-"""`python evaluate.py analysis=lexical_enrichment ckpt=... data=cranfield analysis.mlm_head=PATH`: lexical
+"""Lexical enrichment of a single-vector ranker's query and passage vectors at inference.
+
+`python evaluate.py analysis=lexical_enrichment ckpt=... data=cranfield analysis.mlm_head=PATH`: lexical
 enrichment (Ram et al., section 6.2, Eq. 4-5; enrichment.py) of a single-vector ranker's (RepBERT, BERT_DOT) query
 and passage vectors at inference, on any collection (zero-shot when the checkpoint was trained elsewhere).
 
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from analyses.outputs import log_analysis, write_result
+from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.vocab.analysis import check_ranker, encode, load_models
 from analyses.vocab.enrichment import (
@@ -44,7 +46,7 @@ from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from metrics.ir import evaluate_run
 from metrics.significance import check_test, p_value, significance_mark
 
@@ -104,6 +106,11 @@ class LexicalEnrichmentConfig(AnalysisConfig):
         )
 
     def variant(self, ablation: str | None) -> dict:
+        """Return the enrichment switches (idf, single_token, whitening, normalize) of one section 6.4 ablation.
+
+        `ablation` None: the configured ones; otherwise the configured ones with that ablation's switch changed
+        (`no_idf`: w = 1, `static`: v_t for s_t, `no_whitening`, `no_normalization`).
+        """
         v = {
             "idf": self.idf,
             "single_token": self.single_token,
@@ -135,8 +142,10 @@ def _head_digest(head) -> str:
 def cached_single_tokens(
     head, token_ids: list[int], opts: LexicalEnrichmentConfig, cache_dir
 ) -> tuple[torch.Tensor, dict]:
-    """s_t (Eq. 4) of `token_ids` [n, d] in that order, optimising only items not in the cache (keyed by the head's
-    weights and the optimisation settings); and a summary (items, reached, steps).
+    """Return s_t (Eq. 4) of `token_ids` [n, d] in that order, and a summary (items, reached, steps).
+
+    Only items not in the cache are optimised; the cache is keyed by the head's weights and the optimisation
+    settings.
     """
     key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
     path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None
@@ -210,6 +219,12 @@ def _evaluate(ranker, eq, ep, qids, cands, prow, qrels, measure) -> tuple[float,
 
 
 def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
+    """Run lexical enrichment (Eq. 4-5) and each ablation: choose lambda on validation, compare with lambda = 0 on test.
+
+    Reads and checks all input (the data before the head and the model), computes s_t once, and returns per
+    variant the validation curve, the chosen lambda and the test measure without and with enrichment, with the
+    paired test's p-value and per-query values; nothing is written here.
+    """
     timings = {}
     t0 = time.perf_counter()
     if not cfg.ckpt:
@@ -221,7 +236,7 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
             f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: repbert or bert_dot",
         )
     dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
-    ds = load_dataset(dc, int(cfg.seed))
+    ds = load_dataset(dc, int(cfg.seed), used_splits(opts.val_split, opts.test_split))
     splits = {
         s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])
     }
@@ -319,8 +334,10 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         }
     return {
         "definition": {
-            "eq5": "e' = e + lambda e_lex / ||e_lex||, e_lex = 1/n sum_i IDF(x_i) s_{x_i} over the text's WordPiece tokens (specials excluded)",
-            "eq4": f"s_t = argmin CE(MLM-Head(s), t), Adam lr {opts.st_lr}, from v_t, kept at CE <= {opts.st_threshold} (max {opts.st_max_steps} steps)",
+            "eq5": "e' = e + lambda e_lex / ||e_lex||, e_lex = 1/n sum_i IDF(x_i) s_{x_i} "
+            "over the text's WordPiece tokens (specials excluded)",
+            "eq4": f"s_t = argmin CE(MLM-Head(s), t), Adam lr {opts.st_lr}, from v_t, "
+            f"kept at CE <= {opts.st_threshold} (max {opts.st_max_steps} steps)",
             "lambda": f"best validation {opts.measure} over lambdas on split '{opts.val_split}' (ties: smaller)",
             "score": "the ranker's own (RepBERT: cosine of e'; BERT_DOT: dot) over each query's candidates",
         },
@@ -340,6 +357,7 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
 
 
 def plot(result: dict, out: Path) -> Path:
+    """Draw the validation measure against lambda per variant into `out/lexical_enrichment_lambda.png`; return it."""
     import matplotlib  # lazy: heavy, only figures need it
 
     matplotlib.use("Agg")
@@ -359,10 +377,16 @@ def plot(result: dict, out: Path) -> Path:
 
 
 def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dict:
+    """Run the lexical-enrichment analysis: compute, write the figure and the JSON as a set, log, print.
+
+    Returns the result that `lexical_enrichment.json` holds.
+    """
     result = analyse(cfg, opts, model_from_cli)
     out = Path(cfg.output_dir)
-    png = plot(result, out)
-    js = write_result(out, JSON_NAME, result)
+    with analysis_set(out, JSON_NAME) as stage:
+        png = out / plot(result, stage).name
+        write_result(stage, JSON_NAME, result)
+    js = out / JSON_NAME
     rows = [
         [n, r["lambda"], r["test"]["without_le"], r["test"]["with_le"], r["test"]["p_value"], r["test"]["mark"]]
         for n, r in result["results"].items()
@@ -376,16 +400,19 @@ def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dic
     )
     s = result["settings"]
     print(
-        f"lexical enrichment on {s['dataset']} ({s['measure']}, {s['test_split']}; lambda on {s['val_split']}), head {s['mlm_head_source']}"
+        f"lexical enrichment on {s['dataset']} ({s['measure']}, {s['test_split']}; lambda on {s['val_split']}), "
+        f"head {s['mlm_head_source']}"
     )
     if result["single_tokens"]:
         st = result["single_tokens"]
         print(
-            f"s_t: {st['reached_threshold']:,} of {st['items']:,} items reached CE <= {opts.st_threshold} (max CE {st['max_cross_entropy']:.3f})"
+            f"s_t: {st['reached_threshold']:,} of {st['items']:,} items reached CE <= {opts.st_threshold} "
+            f"(max CE {st['max_cross_entropy']:.3f})"
         )
     for row in rows:
         print(
-            f"{row[0]:>18}: lambda {row[1]:<5} without {row[2]:.4f}  with {row[3]:.4f}{row[5]}  p {'-' if row[4] is None else format(row[4], '.3g')}"
+            f"{row[0]:>18}: lambda {row[1]:<5} without {row[2]:.4f}  with {row[3]:.4f}{row[5]}  "
+            f"p {'-' if row[4] is None else format(row[4], '.3g')}"
         )
     print(f"wrote {js} and {png}")
     return result

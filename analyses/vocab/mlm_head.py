@@ -1,4 +1,4 @@
-"""The MLM head of Eq. 1 (Ram et al., section 2.1):
+"""The MLM head of Eq. 1 (Ram et al., section 2.1).
 
     MLM-Head(h)[i] = exp(v_i^T g(h) + b_i) / sum_j exp(v_j^T g(h) + b_j),   g(h) = LayerNorm(act(W h + c))
 
@@ -51,6 +51,7 @@ class MLMHead(nn.Module):
 
     @property
     def vocab_size(self) -> int:
+        """The number of vocabulary items V the head scores (rows of the tied input embeddings)."""
         return self.embeddings.shape[0]
 
     def transform(self, h: Tensor) -> Tensor:
@@ -69,14 +70,15 @@ class MLMHead(nn.Module):
 
 
 def backbone_embeddings(backbone: str) -> tuple[Tensor, object]:
-    """(the pre-trained input embeddings [V, d], the HF config) of a backbone name (`minilm`, an HF id, a path)."""
+    """Return (the pre-trained input embeddings [V, d], the HF config) of a backbone (`minilm`, an HF id, a path)."""
     encoder, _ = load_backbone(backbone)
     return encoder.get_input_embeddings().weight.detach().clone(), encoder.config
 
 
 def has_mlm_weights(backbone: str) -> bool | None:
-    """Whether a local checkpoint's weight files hold MLM-head tensors, read from the file index without loading
-    the model; None when that cannot be told (a hub id, an unknown file layout).
+    """Tell whether a local checkpoint's weight files hold MLM-head tensors, without loading the model.
+
+    Read from the file index; None when that cannot be told (a hub id, an unknown file layout).
     """
     d = Path(resolve(backbone))
     if not d.is_dir():
@@ -93,7 +95,7 @@ def has_mlm_weights(backbone: str) -> bool | None:
 
 
 def _from_hf(backbone: str) -> MLMHead | None:
-    """The checkpoint's own MLM head, or None when the checkpoint has no MLM weights."""
+    """Return the checkpoint's own MLM head, or None when the checkpoint has no MLM weights."""
     from transformers import (
         AutoModelForMaskedLM,  # lazy: heavy, only model building needs it
     )
@@ -131,7 +133,7 @@ def _from_hf(backbone: str) -> MLMHead | None:
 
 
 def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> Path:
-    """G and b with what they were fitted for, atomically (a crash leaves no half-written file)."""
+    """Write g and b with what they were fitted for to `path`, atomically (a crash leaves no half-written file)."""
     path = Path(path)
     payload = {
         "format": FORMAT,
@@ -149,6 +151,11 @@ def save_head(head: MLMHead, path: str | Path, backbone: str, report: dict) -> P
 
 
 def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head") -> MLMHead:
+    """Load a head written by `analysis=fit_mlm_head` (`save_head`), tied to `backbone`'s input embeddings.
+
+    A missing or unreadable file, or one fitted for embeddings of another shape, is a one-line error naming `where`
+    or the file.
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(
@@ -174,8 +181,9 @@ def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head
 
 
 def load_mlm_head(backbone: str, path: str | None = None, where: str = "analysis.mlm_head") -> tuple[MLMHead, str]:
-    """(head, where it came from): the fitted file when `path` is given, else the backbone checkpoint's own head;
-    a backbone without one is a one-line error naming the fitting command.
+    """Return (head, where it came from): the fitted file when `path` is given, else the backbone's own head.
+
+    The backbone checkpoint's own head; a backbone without one is a one-line error naming the fitting command.
     """
     if path:
         return load_fitted(path, backbone, where), str(path)
@@ -184,6 +192,7 @@ def load_mlm_head(backbone: str, path: str | None = None, where: str = "analysis
         raise InputError(
             f"config key '{where}'",
             f"is null and backbone '{backbone}' has no MLM head; fit one with "
-            f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH and set {where}=PATH",
+            f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH "
+            f"and set {where}=PATH",
         )
     return head, f"{backbone} (pre-trained MLM head)"

@@ -1,4 +1,4 @@
-"""Vocabulary projections (Ram et al., section 3, Eq. 1-3) and the statistics of sections 5-6 on them.
+r"""Vocabulary projections (Ram et al., section 3, Eq. 1-3) and the statistics of sections 5-6 on them.
 
     Q = MLM-Head(e_q),  P = MLM-Head(e_p)                                                  (Eq. 3)
 
@@ -15,7 +15,7 @@ BM25 uses) and punctuation-only tokens, as the paper does for query expansion (s
 
 - `coverage` (Figure 3): for each k, the share of shared tokens (pooled over the pairs) ranked in the top-k of Q,
   and of P;
-- `token_mrr` (Table 2): mean over (pair, token) of 1 / rank_P(t), for t in S and for t in T_p \\ T_q;
+- `token_mrr` (Table 2): mean over (pair, token) of 1 / rank_P(t), for t in S and for t in T_p \ T_q;
 - `expansion` (Figure 4): for each k, the share of queries with a query-expansion token in the top-k of Q: a
   content token not in T_q but in T_p; and the share of Q's top-5 tokens that are expansion tokens (App. B);
 - `amnesia` (Figure 5): over queries whose gold passage p is in BM25's top-5, T = content tokens of S; the max
@@ -41,8 +41,10 @@ def is_content(token: str) -> bool:
 
 @torch.inference_mode()
 def project(head, vectors: Tensor, mask: Tensor | None = None, batch_size: int = 256) -> Tensor:
-    """Eq. 3 as log-probabilities [N, V]: one vector per text ([N, d]), or token vectors [N, L, d] with their mask,
-    max-pooled over the real tokens (ColBERT).
+    """Project texts onto the vocabulary: Eq. 3 as log-probabilities [N, V].
+
+    One vector per text ([N, d]), or token vectors [N, L, d] with their mask, max-pooled over the real tokens
+    (ColBERT).
     """
     out = []
     if vectors.dim() == 3:  # [n, L, V] log-probabilities: keep a chunk to ~4k token rows (~0.5 GB at V = 30k)
@@ -67,7 +69,7 @@ def ranks_of(logp: Tensor, tokens) -> dict[int, int]:
 
 
 def top_tokens(logp: Tensor, k: int) -> list[int]:
-    """The k best token ids, best first (ties by id)."""
+    """Return the k best token ids, best first (ties by id)."""
     order = np.lexsort((np.arange(logp.shape[0]), -logp.double().numpy()))
     return order[:k].tolist()
 
@@ -86,11 +88,15 @@ class PairStats:
 
     @property
     def shared(self) -> set[int]:
+        """The shared tokens S = T_q & T_p."""
         return self.q_tokens & self.p_tokens
 
 
 def coverage(pairs: list[PairStats], ks: list[int]) -> dict[int, dict[str, float | int]]:
-    """K -> {"Q": share, "P": share, "shared_tokens": n}: shared tokens in the top-k, pooled over pairs."""
+    """Return Figure 3's coverage: k -> {"Q": share, "P": share, "shared_tokens": n}.
+
+    The share of shared tokens in the top-k of Q and of P, pooled over pairs.
+    """
     n = sum(len(p.shared) for p in pairs)
     out = {}
     for k in ks:
@@ -120,8 +126,9 @@ def expansion_tokens(p: PairStats, k: int) -> list[int]:
 
 
 def expansion(pairs: list[PairStats], ks: list[int], share_k: int = 5) -> dict:
-    """Figure 4 (share of queries with an expansion token in the top-k, per k) and the share of Q's top-`share_k`
-    tokens that are expansion tokens.
+    """Return Figure 4's share of queries with an expansion token in the top-k of Q, per k.
+
+    Also the share of Q's top-`share_k` tokens that are expansion tokens (App. B).
     """
     per_k = {k: (float(np.mean([bool(expansion_tokens(p, k)) for p in pairs])) if pairs else None) for k in ks}
     top = sum(len(p.top_q[:share_k]) for p in pairs)
@@ -130,8 +137,10 @@ def expansion(pairs: list[PairStats], ks: list[int], share_k: int = 5) -> dict:
 
 
 def amnesia_row(p: PairStats, ranker_rank: int, top: int = 5) -> dict | None:
-    """One query of Figure 5 (its gold passage already known to be in BM25's top-5): max and median ranks of the
-    shared content tokens in P and Q; None when they share no content token.
+    """Return one query's row of Figure 5 (token amnesia): max and median ranks of the shared content tokens.
+
+    The query's gold passage is already known to be in BM25's top-5; the ranks are those in P and Q; None when
+    they share no content token.
     """
     t = sorted(x for x in p.shared if x in p.content)
     if not t:
@@ -151,8 +160,10 @@ def amnesia_row(p: PairStats, ranker_rank: int, top: int = 5) -> dict | None:
 
 
 def amnesia_summary(rows: list[dict]) -> dict:
-    """Per group (retrieved / missed by the ranker): count and the median over queries of each rank statistic; a
-    one-sided Mann-Whitney U p-value that the missed group's ranks are larger.
+    """Summarise the token-amnesia rows (Figure 5) per group, retrieved or missed by the ranker.
+
+    Per group: count and the median over queries of each rank statistic; a one-sided Mann-Whitney U p-value that
+    the missed group's ranks are larger.
     """
     from scipy.stats import (
         mannwhitneyu,  # lazy: scipy.stats loads slowly, only significance tests need it

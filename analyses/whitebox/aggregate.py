@@ -53,6 +53,7 @@ def correlate(x, y) -> dict:
 
 
 def delta_es_of(results: list[QueryResult]) -> DeltaES:
+    """Return Delta_ES per subword (Eq. 2 of the white-box paper), accumulated over all queries' pair differences."""
     acc = DeltaES()
     for res in results:
         for _key, _pos, tid, diff in res.differences:
@@ -113,6 +114,12 @@ def subword_rows(
     dES: DeltaES | None,
     spectral: dict[int, SpectralResult] | None,
 ) -> list[dict]:
+    """Return one row per WordPiece type of `token_ids` (Figure 3's points), sorted by IDF then subword.
+
+    Each row holds the subword's document frequency and IDF, its occurrences in the queries, its Delta_ES (Eq. 2)
+    with the pairs it pools and those left undefined, and its spectral ratio over the sampled passage vectors (and
+    over an equal number of them); a statistic that was not computed is None.
+    """
     rows = []
     for t in sorted({int(t) for t in token_ids}, key=lambda t: (idf.subword(t), tokens[t])):
         sp = (spectral or {}).get(t)
@@ -136,7 +143,9 @@ def subword_rows(
 
 
 def within_query(queries: list[dict], words: list[dict], key: str) -> dict:
-    """Pearson r of IDF and a per-query word value (`key` of the per-query records) inside each query with at least
+    """Return the mean and median over queries of the per-query Pearson r of IDF and a word value.
+
+    Pearson r of IDF and a per-query word value (`key` of the per-query records) inside each query with at least
     3 such words, then the mean and median over queries: a word's tau_AP also depends on how many other words share
     its query (a long query loses less when one word goes), which the pooled correlation mixes in and this one does
     not. Not in the paper; reported beside its measure.
@@ -158,8 +167,10 @@ def within_query(queries: list[dict], words: list[dict], key: str) -> dict:
 def correlations(
     words: list[dict], subwords: list[dict], statistics: list[str], queries: list[dict] | None = None
 ) -> dict[str, dict]:
-    """Pearson r against IDF of each computed statistic: `tau_ap_a` and `tau_ap_b` (Figure 1's term importance, both
-    variants), `delta_es` (Figure 2) and `spectral` (Figure 3).
+    """Return the Pearson r against IDF of each computed statistic.
+
+    The statistics: `tau_ap_a` and `tau_ap_b` (Figure 1's term importance, both variants), `delta_es` (Figure 2)
+    and `spectral` (Figure 3).
     """
     out: dict[str, dict] = {}
     content = [w for w in words if not w["stopword"]]

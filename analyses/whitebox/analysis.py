@@ -1,4 +1,6 @@
-"""`python evaluate.py analysis=whitebox [ckpt=...] [data=...] [analysis.key=value]`: the white-box ColBERT analyses
+"""The white-box ColBERT analyses (Formal et al., sections 3-4) on a re-ranking setting.
+
+`python evaluate.py analysis=whitebox [ckpt=...] [data=...] [analysis.key=value]`: the white-box ColBERT analyses
 (Formal et al., sections 3-4) on a re-ranking setting: for each query of a split, its candidate set S_q (the
 source's candidate lists, else the BM25 top-`candidate_depth`, the run the data module re-ranks), scored by the
 ranker's own Eq. 1.
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from analyses.outputs import log_analysis, write_result
+from analyses.outputs import analysis_set, log_analysis, placed, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.whitebox.aggregate import (
     TAU_AP_KEYS,
@@ -56,7 +58,7 @@ from analyses.whitebox.plots import scatter
 from analyses.whitebox.words import query_words
 from core.errors import InputError, check_choice
 from datamodules.bm25 import bm25_candidates
-from datamodules.sources import data_config, load_dataset
+from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
 
@@ -106,12 +108,14 @@ class WhiteboxConfig(AnalysisConfig):
             if v is not None and v < (2 if key == "candidate_depth" else 1):
                 raise InputError(
                     f"config key 'analysis.{key}'",
-                    f"is {v}; expected a positive count{' >= 2 (a ranking needs two passages)' if key == 'candidate_depth' else ''}, or null",
+                    f"is {v}; expected a positive count"
+                    f"{' >= 2 (a ranking needs two passages)' if key == 'candidate_depth' else ''}, or null",
                 )
         if self.spectral_max_occurrences < 2 or self.spectral_min_occurrences < 1 or self.batch_size < 1:
             raise InputError(
                 "config key 'analysis.spectral_max_occurrences'",
-                f"is {self.spectral_max_occurrences} (min {self.spectral_min_occurrences}, batch {self.batch_size}); expected max >= 2, min >= 1, batch_size >= 1",
+                f"is {self.spectral_max_occurrences} (min {self.spectral_min_occurrences}, batch {self.batch_size}); "
+                "expected max >= 2, min >= 1, batch_size >= 1",
             )
         eq = self.spectral_equal_occurrences
         if eq is not None and not 2 <= eq <= self.spectral_max_occurrences:
@@ -125,7 +129,9 @@ class WhiteboxConfig(AnalysisConfig):
 def queries_and_candidates(
     ds, dc, opts: WhiteboxConfig, seed: int
 ) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
-    """(qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, a
+    """Return the analysed queries, their texts, their candidate sets S_q and the candidate depth.
+
+    (qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, a
     seeded sample of `max_queries` of them, sorted.
     """
     depth = int(opts.candidate_depth or dc.candidate_depth)
@@ -280,14 +286,14 @@ def _num(v):
 
 # ---- the whole analysis -------------------------------------------------------------------------------------
 def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
-    """Reads and checks all input, runs every model; nothing is written here."""
+    """Read and check all input, run every model and return the result; nothing is written here."""
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     timings: dict[str, float] = {}
     if not cfg.ckpt and cfg.model.name != "colbert":
         _check_colbert(cfg.model.name)  # before reading anything
     t0 = time.perf_counter()
     dc = data_config(cfg)
-    ds = load_dataset(dc, int(cfg.seed))
+    ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
     timings["load_data_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     models = _models(cfg, model_from_cli, opts.with_backbone)
@@ -348,7 +354,7 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
 
 
 def write_outputs(result: dict, out: str | Path) -> tuple[list[Path], Path]:
-    """The figures, then the JSON (last, so a JSON means a finished analysis), each atomically."""
+    """Write the figures, then the JSON (last, so a JSON means a finished analysis), each atomically."""
     out = Path(out)
     s = result["settings"]
     sub = f"{s['dataset']} {s['split']}, {s['queries']} queries, |S_q| <= {s['candidate_depth']}"
@@ -358,6 +364,10 @@ def write_outputs(result: dict, out: str | Path) -> tuple[list[Path], Path]:
 
 
 def log_result(cfg, result: dict, pngs: list[Path]) -> None:
+    """Log each model's Pearson r against IDF (and n) to the configured logger; on W&B also the tables and figures.
+
+    Keys: `whitebox/<model>/<statistic>/pearson_r` and `/n`; nothing with logger=none.
+    """
     scalars, tables = {}, {}
     for label, res in result["models"].items():
         for stat, c in res["correlations"].items():
@@ -385,6 +395,7 @@ def _cell(v):
 
 
 def print_summary(result: dict) -> None:
+    """Print the setting, each statistic's correlations with IDF per model beside the paper's r, and the timings."""
     s = result["settings"]
     print(
         f"white-box ColBERT: {s['dataset']} ({s['collection_passages']:,} passages), split {s['split']}, "
@@ -398,15 +409,22 @@ def print_summary(result: dict) -> None:
                 continue
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
             print(
-                f"{LABELS[stat]:<34}{label:<12}{c['n']:>6}{fmt(c['pearson_r'], '.3f'):>11}{fmt(c['p_value'], '.1e'):>10}"
+                f"{LABELS[stat]:<34}{label:<12}{c['n']:>6}{fmt(c['pearson_r'], '.3f'):>11}"
+                f"{fmt(c['p_value'], '.1e'):>10}"
                 f"{fmt(c['spearman_rho'], '.3f'):>10}{PAPER_R[stat]:>9}"
             )
     print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result["timings_s"].items()))
 
 
 def run(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
+    """Run the white-box analysis: compute, write the figures and `whitebox.json` into `cfg.output_dir`, log, print.
+
+    Returns the result that `whitebox.json` holds.
+    """
     result = analyse(cfg, opts, model_from_cli)
-    pngs, js = write_outputs(result, cfg.output_dir)
+    with analysis_set(cfg.output_dir, JSON_NAME) as stage:
+        pngs, js = write_outputs(result, stage)
+    pngs, (js,) = placed(cfg.output_dir, pngs), placed(cfg.output_dir, [js])
     log_result(cfg, result, pngs)
     print_summary(result)
     print(f"wrote {js} and {', '.join(str(p) for p in pngs)}")
@@ -414,6 +432,7 @@ def run(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
 
 
 def options(cfg) -> WhiteboxConfig:
+    """Return `cfg.analysis` (a DictConfig or a plain dict) as a checked `WhiteboxConfig`, without its `name`."""
     raw = cfg.analysis
     raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
     return WhiteboxConfig(**{k: v for k, v in raw.items() if k != "name"})

@@ -24,7 +24,7 @@ from metrics.tau_ap import VARIANTS, correlations
 
 
 def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> EncodedTexts:
-    """The unit token vectors Eq. 1 compares, with their WordPiece ids (`encode_collection`)."""
+    """Encode `ids` into the unit token vectors Eq. 1 compares, with their WordPiece ids (`encode_collection`)."""
     return encode_collection(ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=True, keep_ids=True)
 
 
@@ -36,6 +36,11 @@ def query_maxsim(queries: EncodedTexts, k: int, docs: EncodedTexts, candidates) 
 
 @dataclass
 class QueryResult:
+    """The white-box statistics of one query, per analysed word: tau_AP of its removal and its Eq. 2 pair differences.
+
+    Also the share of exact matches of each word's subwords over the query's candidates.
+    """
+
     # tau_AP variant ("a", "b") -> word key -> tau_AP(ranking, ranking without the word)
     tau: dict[str, dict[str, float]] = field(default_factory=lambda: {v: {} for v in VARIANTS})
     # (word key, token position, token id, Eq. 2 pair difference) for every subword of every analysed word
@@ -44,9 +49,11 @@ class QueryResult:
 
 
 def analyse_query(ms: MaxSim, words: list[Word], term_importance: bool = True, delta_es: bool = True) -> QueryResult:
-    """Term importance of every word type of the query (all its occurrences removed together, the word being
-    masked), as tau_AP,a and tau_AP,b (tau_ap.correlations), and the Eq. 2 term of every subword occurrence.
-    Float64 for the scores, so removing a row does not create ties that float32 rounding would.
+    """Compute the term importance of every word type of the query and the Eq. 2 term of every subword occurrence.
+
+    Term importance: all the word's occurrences removed together, the word being masked, as tau_AP,a and tau_AP,b
+    (tau_ap.correlations); and the Eq. 2 term of every subword occurrence. Float64 for the scores, so removing a row
+    does not create ties that float32 rounding would.
     """
     c_star = ms.c_star.double().numpy()
     exact = ms.exact.numpy()
@@ -70,6 +77,8 @@ def analyse_query(ms: MaxSim, words: list[Word], term_importance: bool = True, d
 
 @dataclass
 class SpectralResult:
+    """The spectral ratio (Figure 3 of the white-box paper) of one subword's contextual vectors in the passages."""
+
     occurrences: int  # in the encoded passages
     used: int  # min(occurrences, cap)
     ratio: float  # over the `used` vectors
@@ -79,8 +88,9 @@ class SpectralResult:
 def spectral_by_subword(
     docs: EncodedTexts, token_ids, cap: int, min_occurrences: int, equal: int | None, seed: int
 ) -> dict[int, SpectralResult]:
-    """Spectral ratio (spectral.py) of each subword's contextual vectors in the encoded passages, over a seeded
-    sample of at most `cap` occurrences; subwords with fewer than `min_occurrences` are left out.
+    """Return the spectral ratio (spectral.py) of each subword's contextual vectors in the encoded passages.
+
+    Over a seeded sample of at most `cap` occurrences; subwords with fewer than `min_occurrences` are left out.
     """
     flat = docs.ids.numpy()
     order = np.argsort(flat, kind="stable")

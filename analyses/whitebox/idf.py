@@ -1,5 +1,7 @@
-"""Collection IDF of words and of WordPiece subwords: the "standard term importance" the white-box paper plots
-ColBERT's statistics against (IDF(w) in Figures 1-2, "IDF (subword level)" in Figure 3).
+"""Collection IDF of words and of WordPiece subwords.
+
+The "standard term importance" the white-box paper plots ColBERT's statistics against (IDF(w) in Figures 1-2,
+"IDF (subword level)" in Figure 3).
 
     idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
 
@@ -21,19 +23,24 @@ from analyses.whitebox.words import word_key
 
 
 def bm25_idf(df: int, n_docs: int) -> float:
+    """Return BM25's IDF in Lucene's form, ln(1 + (N - df + 0.5) / (df + 0.5)), for `df` of `n_docs` passages."""
     return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
 
 
 @dataclass
 class CollectionIDF:
+    """Document frequencies of words and WordPiece subwords over a collection, and their BM25 IDF (module doc)."""
+
     n_docs: int = 0
     word_df: Counter = field(default_factory=Counter)  # word key -> passages holding it
     subword_df: Counter = field(default_factory=Counter)  # WordPiece id -> passages holding it
 
     def word(self, key: str) -> float:
+        """Return the IDF of the word with key `key` (words.word_key); a word absent from the collection has df 0."""
         return bm25_idf(self.word_df.get(key, 0), self.n_docs)
 
     def subword(self, token_id: int) -> float:
+        """Return the IDF of the WordPiece id `token_id` (Figure 3's "IDF (subword level)")."""
         return bm25_idf(self.subword_df.get(int(token_id), 0), self.n_docs)
 
 

@@ -1,4 +1,4 @@
-"""The pieces of ColBERT's score (white-box paper Eq. 1) for one query against its candidate set S_q:
+"""The pieces of ColBERT's score (white-box paper Eq. 1) for one query against its candidate set S_q.
 
     s(q, d) = sum_{i in q} max_{j in d} cos(E_qi, E_dj) = sum_i max_j C_ij = sum_i C*_id
 
@@ -26,6 +26,8 @@ from lightning_modules.rankers.maxsim import c_star
 
 @dataclass
 class MaxSim:
+    """C*_id of Eq. 1 for every query token and candidate, and which of those maxima are exact matches."""
+
     c_star: Tensor  # [Lq, n] C*_id
     exact: Tensor  # [Lq, n] bool: d*_i is the same token as query token i
 
@@ -40,7 +42,9 @@ class MaxSim:
 
 
 def max_sim(q_vecs: Tensor, q_ids: Tensor, d_vecs: Tensor, d_mask: Tensor, d_ids: Tensor) -> MaxSim:
-    """q_vecs [Lq, D], q_ids [Lq] (real tokens only, unit vectors); d_vecs [n, Ld, D], d_mask [n, Ld] bool,
+    """Compute Eq. 1's C*_id and the exact matches of one query against its candidates.
+
+    q_vecs [Lq, D], q_ids [Lq] (real tokens only, unit vectors); d_vecs [n, Ld, D], d_mask [n, Ld] bool,
     d_ids [n, Ld]. C_ij in float32 whatever the storage type.
     """
     sim = torch.einsum("id,njd->inj", q_vecs.float(), d_vecs.float())  # [Lq, n, Ld] = C_ij per candidate

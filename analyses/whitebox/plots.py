@@ -1,6 +1,8 @@
-"""Figures 1-3 of the white-box paper as scatter plots against IDF: one colour per model (fine-tuned ColBERT, its
-untrained backbone), Pearson r in the legend, stopwords hollow, a least-squares line per model. Figure 1 has a panel
-per tau_AP variant (tau_AP,a and tau_AP,b, tau_ap.py: the paper does not say which it used), on a shared y axis.
+"""Draw Figures 1-3 of the white-box paper as scatter plots against IDF.
+
+One colour per model (fine-tuned ColBERT, its untrained backbone), Pearson r in the legend, stopwords hollow, a
+least-squares line per model. Figure 1 has a panel per tau_AP variant (tau_AP,a and tau_AP,b, tau_ap.py: the paper
+does not say which it used), on a shared y axis.
 """
 
 from __future__ import annotations

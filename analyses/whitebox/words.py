@@ -1,5 +1,7 @@
-"""Query words and their WordPiece subwords (white-box paper sections 3-4: "all the contributions of subwords that
-compose the word"; "for a word w composed of several WordPiece components t_1, ..., t_n").
+"""Query words and their WordPiece subwords (white-box paper sections 3-4).
+
+Sections 3-4: "all the contributions of subwords that compose the word"; "for a word w composed of several
+WordPiece components t_1, ..., t_n".
 
 A word is a pre-token of the backbone's own tokenizer (BERT's basic tokenisation: the normaliser lower-cases and
 strips accents for uncased models, then text splits on whitespace and punctuation, every punctuation character being
@@ -23,20 +25,25 @@ STOPWORDS = stopwords_en()
 
 @dataclass
 class Word:
+    """One word of a tokenised query: its key, its token positions and the WordPiece ids at those positions."""
+
     key: str  # subwords joined, '##' dropped
     positions: list[int] = field(default_factory=list)  # token positions in the tokenised query ([CLS] = 0)
     subwords: list[int] = field(default_factory=list)  # WordPiece ids at those positions
 
     @property
     def punctuation(self) -> bool:
+        """Whether the word has no letter or digit (a punctuation-only word)."""
         return not any(ch.isalnum() for ch in self.key)
 
     @property
     def stopword(self) -> bool:
+        """Whether the word is in Lucene's English stop list (`STOPWORDS`)."""
         return self.key in STOPWORDS
 
 
 def word_key(pieces: list[str]) -> str:
+    """Return a word's key: its WordPiece pieces joined with '##' dropped (`hypertrophy` for hyper ##tro ##phy)."""
     return "".join(p[2:] if p.startswith("##") else p for p in pieces)
 
 
@@ -55,8 +62,10 @@ def group_words(input_ids: list[int], word_ids: list[int | None], tokens: list[s
 
 
 def query_words(tokenizer, texts: list[str], max_len: int) -> tuple[list[list[int]], list[list[Word]]]:
-    """Per query: the token ids as the ranker sees them (truncated to `max_len`, with [CLS]/[SEP], as
-    PairTokenizer.queries makes them, without padding) and its complete words in order of appearance.
+    """Return per query its token ids as the ranker sees them and its complete words in order of appearance.
+
+    The token ids are truncated to `max_len`, with [CLS]/[SEP], as PairTokenizer.queries makes them, without
+    padding; a word that the truncation cut is left out.
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("word segmentation needs a fast tokenizer (word_ids)")

@@ -1,4 +1,6 @@
-"""A BEIR dataset folder (`data.source: beir`), as unpacked from the BEIR downloads:
+"""A BEIR dataset folder (`data.source: beir`), as unpacked from the BEIR downloads.
+
+The layout:
 
     <path>/corpus.jsonl     {"_id", "title", "text", ...}   (or corpus.jsonl.gz)
     <path>/queries.jsonl    {"_id", "text", ...}            (or queries.jsonl.gz)
@@ -32,6 +34,12 @@ from datamodules.textfiles import iter_rows, parse_int, read_jsonl, resolve_path
 
 @dataclass
 class BeirConfig(DataConfig):
+    """The `data` keys of the BEIR source: the dataset folder, the qrels file of each split, titles, the dev split.
+
+    `val_fraction` and `split_seed` derive a dev split from the training queries when there is no dev qrels file
+    (module docstring).
+    """
+
     source: str = "beir"
     path: str | None = None  # the BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)
     train_split: str = "train"  # qrels/<name>.tsv per split
@@ -78,6 +86,7 @@ def iter_corpus(path: Path, use_title: bool) -> Iterator[tuple[int, str, str]]:
 
 
 def read_corpus(path: Path, use_title: bool) -> dict[str, str]:
+    """Read a BEIR corpus.jsonl into {_id: passage text} (`iter_corpus`); a duplicate _id raises InputError."""
     docs: dict[str, str] = {}
     for lineno, did, text in iter_corpus(path, use_title):
         if did in docs:
@@ -87,6 +96,7 @@ def read_corpus(path: Path, use_title: bool) -> dict[str, str]:
 
 
 def read_queries(path: Path) -> dict[str, str]:
+    """Read a BEIR queries.jsonl into {_id: text}; an empty text or a duplicate _id raises InputError."""
     queries: dict[str, str] = {}
     for lineno, obj in read_jsonl(path):
         where = f"{path}:{lineno}"
@@ -101,6 +111,10 @@ def read_queries(path: Path) -> dict[str, str]:
 
 
 def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """Read a BEIR qrels TSV (`query-id<TAB>corpus-id<TAB>score`) into {query-id: {corpus-id: score}}.
+
+    The header line is skipped; a pair listed twice keeps its highest grade.
+    """
     qrels: dict[str, dict[str, int]] = {}
     first = True
     for lineno, cols in iter_rows(path, ("query-id", "corpus-id", "score")):
@@ -116,7 +130,12 @@ def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
 
 
 @SOURCES.register("beir", schema=BeirConfig)
-def build(cfg: BeirConfig, seed: int) -> IRDataset:
+def build(cfg: BeirConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
+    """Read the corpus, the queries and the qrels of the splits in `splits` (None: every split).
+
+    The others come back empty; the training qrels are also read when a missing dev file is derived from them.
+    """
+    used = ("train", "val", "test") if splits is None else splits
     folder = resolve_path(
         cfg.path, "path", "BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)", must_be_dir=True
     )
@@ -137,13 +156,17 @@ def build(cfg: BeirConfig, seed: int) -> IRDataset:
 
     qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {}
     qrels_files: dict[str, str] = {}
+    dev_missing = _find(folder / "qrels", f"{cfg.val_split}.tsv") is None
     for split, key in (("train", "train_split"), ("val", "val_split"), ("test", "test_split")):
+        if split not in used and not (split == "train" and "val" in used and dev_missing):
+            qrels_by_split[split] = None
+            continue
         f = _find(folder / "qrels", f"{getattr(cfg, key)}.tsv")
         qrels_by_split[split] = read_beir_qrels(f) if f is not None else None
         if f is not None:
             qrels_files[split] = str(f)
 
-    if qrels_by_split["val"] is None and qrels_by_split["train"]:
+    if dev_missing and qrels_by_split["train"]:
         train = qrels_by_split["train"]
         qids = sorted(train)
         frac = float(cfg.val_fraction)
@@ -154,12 +177,15 @@ def build(cfg: BeirConfig, seed: int) -> IRDataset:
         qrels_by_split["train"] = {q: train[q] for q in train if q not in chosen}
         qrels_files["val"] = qrels_files["train"]
 
-    splits: dict[str, Split] = {}
+    read: dict[str, Split] = {}
     for split, qrels in qrels_by_split.items():
+        if split not in used:
+            read[split] = Split()
+            continue
         qrels = qrels or {}
         # queries judged in this split; a qrels id missing from queries.jsonl is reported by IRDataset.validate()
         split_queries = {q: queries[q] for q in qrels if q in queries}
-        splits[split] = Split(queries=split_queries, qrels=qrels, origins={"queries": str(qfile)})
+        read[split] = Split(queries=split_queries, qrels=qrels, origins={"queries": str(qfile)})
         if split in qrels_files:
-            splits[split].origins["qrels"] = qrels_files[split]
-    return IRDataset(name=f"beir:{folder.name}", docs=docs, splits=splits, docs_origin=str(corpus))
+            read[split].origins["qrels"] = qrels_files[split]
+    return IRDataset(name=f"beir:{folder.name}", docs=docs, splits=read, docs_origin=str(corpus))

@@ -1,5 +1,7 @@
-"""Classic small test collections: Cranfield, Vaswani (NPL), CISI and CACM (`data.source: cranfield | vaswani |
-cisi | cacm`). `data.path` is the collection folder (defaults: ../shared/data/<folder>).
+"""Classic small test collections: Cranfield, Vaswani (NPL), CISI and CACM.
+
+Picked with `data.source: cranfield | vaswani | cisi | cacm`. `data.path` is the collection folder (defaults:
+../shared/data/<folder>).
 
 Files read and how (see each folder's README):
 
@@ -58,6 +60,12 @@ _log = logging.getLogger(__name__)
 
 @dataclass
 class ClassicConfig(DataConfig):
+    """The `data` keys of the classic collections: the folder and the seeded query split (module docstring).
+
+    `test_fraction` and `val_fraction` of the judged queries go to test and val, the rest to train, permuted with
+    `split_seed` (independent of the run seed).
+    """
+
     path: str = ""
     val_fraction: float = 0.15
     test_fraction: float = 0.25
@@ -70,24 +78,32 @@ class ClassicConfig(DataConfig):
 
 @dataclass
 class CranfieldConfig(ClassicConfig):
+    """`data.source: cranfield`, its files in ../shared/data/cranfield by default."""
+
     source: str = "cranfield"
     path: str = "../shared/data/cranfield"
 
 
 @dataclass
 class VaswaniConfig(ClassicConfig):
+    """`data.source: vaswani` (NPL), its files in ../shared/data/vaswani_npl by default."""
+
     source: str = "vaswani"
     path: str = "../shared/data/vaswani_npl"
 
 
 @dataclass
 class CisiConfig(ClassicConfig):
+    """`data.source: cisi`, its files in ../shared/data/cisi by default."""
+
     source: str = "cisi"
     path: str = "../shared/data/cisi"
 
 
 @dataclass
 class CacmConfig(ClassicConfig):
+    """`data.source: cacm`, its files in ../shared/data/cacm by default."""
+
     source: str = "cacm"
     path: str = "../shared/data/cacm"
 
@@ -238,6 +254,10 @@ def _texts(path: Path, records, parts: str, kind: str, dropped: set[str] | None 
 
 
 def load_cranfield(folder: Path):
+    """Read Cranfield: return (docs, queries, qrels, ids of the records left out for having no text).
+
+    Query ids are positions in cran.qry; codes 1..4 become gain 5 - code, codes -1 and 5 grade 0 (module docstring).
+    """
     dpath, qpath, rpath = _file(folder, "cran.all.1400"), _file(folder, "cran.qry"), _file(folder, "cranqrel")
     empty: set[str] = set()
     docs = _texts(dpath, parse_smart(dpath, "TABW"), "TW", "document", dropped=empty)
@@ -259,6 +279,7 @@ def load_cranfield(folder: Path):
 
 
 def load_vaswani(folder: Path):
+    """Read Vaswani (NPL) from its TREC files: return (docs, queries, qrels, no left-out ids)."""
     dpath = _file(folder, "doc-text.trec.gz", "doc-text.trec")
     qpath, rpath = _file(folder, "query-text.trec"), _file(folder, "qrels")
     docs = {i: t for _, i, t in parse_trec_sgml(dpath, "DOC", "DOCNO")}
@@ -267,6 +288,7 @@ def load_vaswani(folder: Path):
 
 
 def load_cisi(folder: Path):
+    """Read CISI: return (docs, queries, qrels with every listed pair grade 1, ids of records left out for no text)."""
     dpath, qpath, rpath = _file(folder, "CISI.ALL"), _file(folder, "CISI.QRY"), _file(folder, "CISI.REL")
     empty: set[str] = set()
     docs = _texts(dpath, parse_smart(dpath, "TABWXKC", after_text="XKC"), "TW", "document", dropped=empty)
@@ -278,6 +300,7 @@ def load_cisi(folder: Path):
 
 
 def load_cacm(folder: Path):
+    """Read CACM: return (docs, queries, qrels, no left-out ids), doc ids in their unpadded form (CACM-756)."""
     dpath = _file(folder, "cacm.jsonl.gz", "cacm.jsonl", "cacm.json")
     qpath, rpath = _file(folder, "topics.cacm.txt"), _file(folder, "qrels.cacm.txt")
     docs: dict[str, str] = {}
@@ -297,12 +320,18 @@ def load_cacm(folder: Path):
 
 
 def _cacm_id(ident: str) -> str:
-    """The collection pads ids to four digits (CACM-0756), the qrels do not (CACM-756): use the unpadded form."""
+    """Return the unpadded form of a CACM id: the collection pads ids to four digits (CACM-0756), the qrels do not."""
     m = re.fullmatch(r"CACM-0*(\d+)", ident)
     return f"CACM-{int(m.group(1))}" if m else ident
 
 
 def split_queries(queries: dict[str, str], qrels: dict[str, dict[str, int]], cfg) -> dict[str, Split]:
+    """Split the judged queries into train, val and test by a `split_seed` permutation (module docstring).
+
+    Only queries with a relevant document are split. A qrels query missing from the query file stays in train's
+    qrels, so IRDataset.validate() reports it. InputError when there is no judged query or no training query is left.
+    """
+
     def natural(q: str):
         return (0, int(q), q) if q.isdigit() else (1, 0, q)
 
@@ -333,7 +362,11 @@ def split_queries(queries: dict[str, str], qrels: dict[str, dict[str, int]], cfg
 
 
 def _builder(name: str, loader):
-    def build(cfg, seed: int) -> IRDataset:
+    def build(cfg, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
+        """Read the collection's files whole.
+
+        Its splits are a seeded permutation of all its queries, so `splits` changes nothing.
+        """
         folder = resolve_path(cfg.path, "path", f"{name} collection folder", must_be_dir=True)
         docs, queries, qrels, empty = loader(folder)
         # judgements of documents left out for having no text (Cranfield 995, judged for query 125) go too

@@ -58,6 +58,12 @@ from datamodules.triples import ArrowTriples, write_arrow_triples
 
 @dataclass
 class IrDatasetsConfig(DataConfig):
+    """The `data` keys of the ir_datasets source: one dataset id per split, or `fold_ids` / `pool_ids`.
+
+    Also where the documents come from (`docs_id`) and the caps `max_docpairs`, `max_queries_per_split` and
+    `only_referenced_docs` (module docstring).
+    """
+
     source: str = "ir_datasets"
     train_id: str | None = "msmarco-passage/train/triples-small"
     val_id: str | None = "msmarco-passage/trec-dl-2019/judged"
@@ -152,7 +158,6 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
     order = [q for q in all_queries if q in wanted] + [q for q in wanted if q not in all_queries]
     if cfg.max_queries_per_split is not None:
         order = order[: cfg.max_queries_per_split]
-    keep = set(order)
     origin = f"data.{key} ({dataset_id})"
     return Split(
         origins={kind: origin for kind in ("queries", "qrels", "triples", "candidates")},
@@ -164,8 +169,10 @@ def _split(dataset_id: str | None, key: str, cfg, answer_texts: dict[str, tuple[
 
 
 def _docpairs(ds, dataset_id: str, cfg) -> ArrowTriples:
-    """The dataset's docpairs (the first `max_docpairs`; null: all) as an Arrow file in data.cache_dir, written once
-    (MS MARCO's 39.8M triples-small pairs: about 5 minutes of ir_datasets parsing, then memory-mapped by every run).
+    """Return the dataset's docpairs (the first `max_docpairs`; null: all) as an Arrow file in data.cache_dir.
+
+    Written once (MS MARCO's 39.8M triples-small pairs: about 5 minutes of ir_datasets parsing, then memory-mapped by
+    every run).
     """
     import ir_datasets
 
@@ -193,7 +200,7 @@ def _docpairs(ds, dataset_id: str, cfg) -> ArrowTriples:
 
 
 def merge_splits(parts: list[Split]) -> Split:
-    """The union of several splits' queries, qrels, triples and candidates (a query in two parts must agree)."""
+    """Return the union of several splits' queries, qrels, triples and candidates (a query in two parts must agree)."""
     out = Split(origins=dict(parts[0].origins) if parts else {})
     for part in parts:
         for qid, text in part.queries.items():
@@ -211,7 +218,7 @@ def merge_splits(parts: list[Split]) -> Split:
 
 
 def _multi_id_splits(cfg: IrDatasetsConfig, answer_texts) -> tuple[dict[str, Split], list[tuple[str, str]]]:
-    """Splits from `fold_ids` or `pool_ids` (module docstring), and the (config key, id) pairs that may hold docs."""
+    """Return the splits from `fold_ids` or `pool_ids` (module docstring) and the (key, id) pairs that may have docs."""
     keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
     multi = "fold_ids" if cfg.fold_ids is not None else "pool_ids"
     ids = list(getattr(cfg, multi))
@@ -221,7 +228,8 @@ def _multi_id_splits(cfg: IrDatasetsConfig, answer_texts) -> tuple[dict[str, Spl
     if set_ids:
         raise InputError(
             f"data.{set_ids[0]}",
-            f"is '{getattr(cfg, set_ids[0])}' but data.{multi} gives the splits; set {', '.join(keys.values())} to null",
+            f"is '{getattr(cfg, set_ids[0])}' but data.{multi} gives the splits; "
+            f"set {', '.join(keys.values())} to null",
         )
     if not ids:
         raise InputError(f"data.{multi}", "is empty; expected a list of ir_datasets ids")
@@ -245,15 +253,17 @@ def _multi_id_splits(cfg: IrDatasetsConfig, answer_texts) -> tuple[dict[str, Spl
 
 
 def folds_given_by_source(cfg) -> bool:
-    """True when the source built the folds itself (`fold_ids`), so load_dataset must not re-split its queries."""
+    """Return whether the source built the folds itself (`fold_ids`), so load_dataset must not re-split its queries."""
     return getattr(cfg, "fold_ids", None) is not None
 
 
 @SOURCES.register("ir_datasets", schema=IrDatasetsConfig)
 def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
-    """`splits`: the splits the job uses (evaluation: test only; None: all). The others are never read (nor
-    downloaded): an evaluation with an unknown test id reports it at once, not after fetching the training triples.
-    Every id that will be read is looked up in ir_datasets' registry (no download) before any is read, test first.
+    """Build the dataset of the configured ir_datasets ids, reading only the splits in `splits`.
+
+    `splits`: the splits the job uses (evaluation: test only; None: all). The others are never read (nor downloaded): an
+    evaluation with an unknown test id reports it at once, not after fetching the training triples. Every id that will
+    be read is looked up in ir_datasets' registry (no download) before any is read, test first.
     """
     keys = {"train": "train_id", "val": "val_id", "test": "test_id"}
     used = [name for name in ("test", "val", "train") if splits is None or name in splits]
@@ -355,8 +365,10 @@ def build(cfg: IrDatasetsConfig, seed: int, splits: tuple[str, ...] | None = Non
 
 
 def _answer_spans(splits: dict[str, Split], docs: dict[str, str], answer_texts: dict[str, tuple[str, ...]]):
-    """(qid, relevant doc id) -> spans of the query's answer strings matched in the passage (answer_matching.py);
-    pairs without a match are left out, as the position-bias paper omits unmatched MS MARCO answers.
+    """Return (qid, relevant doc id) -> spans of the query's answer strings matched in the passage.
+
+    The matching is answer_matching.py's; pairs without a match are left out, as the position-bias paper omits unmatched
+    MS MARCO answers.
     """
     answers = {}
     for split in splits.values():

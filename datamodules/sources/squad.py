@@ -32,6 +32,12 @@ ARTICLES = Range(0, note="< 1: a fraction of the articles; >= 1: a count")
 
 @dataclass
 class SquadConfig(DataConfig):
+    """The `data` keys of the SQuAD source: the JSON file and the seeded split by article (module docstring).
+
+    `val_articles` / `test_articles`: < 1 a fraction of the articles (at least one), >= 1 a count;
+    `max_questions_per_split` keeps a `split_seed`-seeded subset of each split's questions.
+    """
+
     source: str = "squad"
     path: str = "../shared/data/squad_v1.1_dev/dev-v1.1.json.gz"
     val_articles: float = 0.15  # < 1: fraction of the articles; >= 1: number of articles
@@ -56,6 +62,7 @@ def _count(value: float, n: int, key: str) -> int:
 
 
 def load_json(path) -> dict:
+    """Read a SQuAD JSON file (gzip or plain); malformed JSON raises InputError naming the file and line."""
     text = read_text(path)  # the shared reader: gzip, UTF-8 and a leading BOM handled, errors name file:line
     try:
         return json.loads(text)
@@ -76,7 +83,11 @@ def _get(obj, key: str, typ: type, where: str):
 
 
 @SOURCES.register("squad", schema=SquadConfig)
-def build(cfg: SquadConfig, seed: int) -> IRDataset:
+def build(cfg: SquadConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
+    """Build the whole SQuAD file.
+
+    Its splits are a seeded permutation of all its articles, so `splits` changes nothing.
+    """
     path = resolve_path(cfg.path, "path", "SQuAD v1.1 JSON file (dev-v1.1.json or .json.gz)")
     root = load_json(path)
     articles = _get(root, "data", list, str(path))

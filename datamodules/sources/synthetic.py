@@ -39,6 +39,12 @@ from datamodules.sources.registry import SOURCES
 
 @dataclass
 class SyntheticConfig(DataConfig):
+    """The `data` keys of the synthetic collection: sizes, topics, passage lengths and where answers sit.
+
+    Each key's comment and the module docstring say what it controls; `answer_position: start` gives a
+    position-biased collection (answers skewed to the start of the passage, like MS MARCO in the position-bias paper).
+    """
+
     source: str = "synthetic"
     data_seed: int | None = None  # null: the run seed
     num_docs: int = 600
@@ -133,7 +139,7 @@ def _pseudo_words(rng: np.random.Generator, n: int, exclude: set[str]) -> list[s
 
 
 def _check(cfg) -> None:
-    """What the single-key ranges of SyntheticConfig cannot say: how the sizes fit together."""
+    """Check what the single-key ranges of SyntheticConfig cannot say: how the sizes fit together."""
     if cfg.passage_words_max < cfg.passage_words_min:
         raise InputError(
             "data.passage_words_max", f"is {cfg.passage_words_max} < passage_words_min {cfg.passage_words_min}"
@@ -142,7 +148,8 @@ def _check(cfg) -> None:
     if total > cfg.num_docs:
         raise InputError(
             "data.num_docs",
-            f"is {cfg.num_docs}; every query needs its own relevant passage, so expected >= {total} (the total number of queries)",
+            f"is {cfg.num_docs}; every query needs its own relevant passage, "
+            f"so expected >= {total} (the total number of queries)",
         )
     if cfg.num_docs < 2 * cfg.num_topics:
         raise InputError(
@@ -152,7 +159,11 @@ def _check(cfg) -> None:
 
 
 @SOURCES.register("synthetic", schema=SyntheticConfig)
-def build(cfg: SyntheticConfig, seed: int) -> IRDataset:
+def build(cfg: SyntheticConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
+    """Build the whole generated collection.
+
+    Its splits are a seeded permutation of all its queries, so `splits` changes nothing.
+    """
     _check(cfg)
     rng = np.random.default_rng(int(cfg.data_seed if cfg.data_seed is not None else seed))
     n_docs, n_topics = int(cfg.num_docs), int(cfg.num_topics)

@@ -41,6 +41,12 @@ from datamodules.triples import read_id_triples
 
 @dataclass
 class TsvConfig(DataConfig):
+    """The `data` keys of the tsv source: the collection and each split's queries, qrels, triples and run files.
+
+    Every file may be gzip-compressed; the optional ones may be null (module docstring). `triples_format` says
+    whether `train_triples` holds ids or texts.
+    """
+
     source: str = "tsv"
     collection: str | None = None
     train_queries: str | None = None
@@ -66,7 +72,12 @@ def _opt(cfg, key: str, what: str) -> Path | None:
 
 
 @SOURCES.register("tsv", schema=TsvConfig)
-def build(cfg: TsvConfig, seed: int) -> IRDataset:
+def build(cfg: TsvConfig, seed: int, splits: tuple[str, ...] | None = None) -> IRDataset:
+    """Read the collection and the files of the splits in `splits` (None: every split); the others come back empty.
+
+    Id triples are read only with the training split. Text triples are read whenever configured, since the passages
+    they add are part of the document store (module docstring) and every job must see the same collection.
+    """
     fmt = cfg.triples_format
     if getattr(cfg, "collection", None) is None:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
@@ -78,8 +89,12 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
         lambda: iter_id_text(collection, "passage"),
         origin=str(collection),
     )
-    splits: dict[str, Split] = {}
+    used = ("train", "val", "test") if splits is None else splits
+    read: dict[str, Split] = {}
     for name in ("train", "val", "test"):
+        if name not in used and not (name == "train" and fmt == "text" and tpath is not None):
+            read[name] = Split()
+            continue
         qpath = _opt(cfg, f"{name}_queries", f"{name} queries TSV")
         qrels_path = _opt(cfg, f"{name}_qrels", f"{name} TREC qrels")
         run_path = _opt(cfg, f"{name}_run", f"{name} TREC run")
@@ -98,5 +113,5 @@ def build(cfg: TsvConfig, seed: int) -> IRDataset:
             else:
                 split.triples = read_id_triples(tpath, docs, split.queries, cfg.cache_dir, str(tpath))
             split.origins["triples"] = str(tpath)
-        splits[name] = split
-    return IRDataset(name="tsv", docs=docs, splits=splits, docs_origin=str(collection))
+        read[name] = split if name in used else Split()
+    return IRDataset(name="tsv", docs=docs, splits=read, docs_origin=str(collection))

@@ -56,9 +56,11 @@ class IsotropyHead(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
+        """Map representations x [..., D] to z [..., D], the vectors scoring then compares."""
         return self.forward_and_logdet(x)[0]
 
     def inverse(self, z: Tensor) -> Tensor:
+        """Map z [..., D] back to the representations x [..., D] (the inverse of `forward`)."""
         raise NotImplementedError
 
     def nll(self, x: Tensor) -> Tensor:
@@ -68,5 +70,5 @@ class IsotropyHead(nn.Module):
 
 
 def build_head(cfg, dim: int) -> IsotropyHead | None:
-    """The head of `cfg` for vectors of width `dim`; None for `name: none`."""
+    """Build the head of `cfg` for vectors of width `dim`; None for `name: none`."""
     return HEADS.get(cfg.name, "head.name").build(cfg, dim)

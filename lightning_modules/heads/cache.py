@@ -36,6 +36,10 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
 def cache_key(checkpoint: str, granularity: str, queries: list[str], docs: list[str]) -> str:
+    """Return the digest that identifies a cache: the checkpoint, the granularity and every query and passage text.
+
+    A cache whose manifest holds another key was built from other inputs and is rebuilt, not reused.
+    """
     h = hashlib.sha256(f"{checkpoint}|{granularity}".encode())
     for tag, texts in ((b"Q", queries), (b"D", docs)):
         h.update(tag)
@@ -60,21 +64,30 @@ def _vectors(ranker, ids: torch.Tensor, mask: torch.Tensor, side: str, granulari
 
 
 class RepresentationCache:
+    """A finished cache folder on disk (`vectors.bin` and `manifest.json`, see the module docstring).
+
+    Opening one reads its manifest; `build` writes one (or reuses a valid one), `vectors` maps the rows for training.
+    """
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.manifest = json.loads((self.path / "manifest.json").read_text())
 
     @property
     def count(self) -> int:
+        """Number of cached vectors (rows of vectors.bin), from the manifest."""
         return int(self.manifest["count"])
 
     @property
     def dim(self) -> int:
+        """Width of the cached vectors, from the manifest."""
         return int(self.manifest["dim"])
 
     def problem(self, key: str | None = None, chunk_bytes: int = 1 << 26) -> str | None:
-        """What is wrong with the cache on disk ("" / None: nothing): its key (when given), the manifest's fields, the
-        size of vectors.bin (count x dim x dtype), non-finite values (a chunked scan of the file).
+        """Return what is wrong with the cache on disk ("" / None: nothing).
+
+        Checked: its key (when given), the manifest's fields, the size of vectors.bin (count x dim x dtype), non-finite
+        values (a chunked scan of the file).
         """
         m = self.manifest
         if key is not None and m.get("key") != key:
@@ -101,7 +114,7 @@ class RepresentationCache:
         return None
 
     def vectors(self) -> np.memmap:
-        """[count, dim], read-only and memory-mapped."""
+        """Return the cached vectors [count, dim], read-only and memory-mapped."""
         return np.memmap(
             self.path / "vectors.bin", dtype=DTYPES[self.manifest["dtype"]], mode="r", shape=(self.count, self.dim)
         )
@@ -158,9 +171,14 @@ class RepresentationCache:
                     for chunk, v in stream:
                         v = v.float().cpu().numpy().astype(DTYPES[dtype])
                         if not np.isfinite(v).all():
+                            hint = (
+                                ""
+                                if dtype == "float32"
+                                else ", or beyond the range of " + dtype + ": try head.cache_dtype=float32"
+                            )
                             raise TrainingStopped(
                                 f"the frozen ranker gives non-finite representations (texts {chunk[0]}..{chunk[-1] + 1}"
-                                f"{'' if dtype == 'float32' else ', or beyond the range of ' + dtype + ': try head.cache_dtype=float32'}); "
+                                f"{hint}); "
                                 f"no representation cache written at '{path}'"
                             )
                         f.write(np.ascontiguousarray(v).tobytes())

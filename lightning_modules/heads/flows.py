@@ -80,9 +80,11 @@ class _HalvesCoupling(CouplingTransform):
 
 
 class HalvesCouplingTransform(GeneralCouplingTransform):
-    """`GeneralCouplingTransform` whose mask is a prefix (x_a = the first features) or a suffix of the features,
-    applied with `_HalvesCoupling`. A mask loaded from an older checkpoint that is neither (the alternating
-    even/odd masks heads were first trained with) still works, through zuko's gather/scatter coupling.
+    """`GeneralCouplingTransform` that splits the features into contiguous halves (fast path, `_HalvesCoupling`).
+
+    Its mask is a prefix (x_a = the first features) or a suffix of the features, applied with `_HalvesCoupling`. A mask
+    loaded from an older checkpoint that is neither (the alternating even/odd masks heads were first trained with) still
+    works, through zuko's gather/scatter coupling.
     """
 
     def __init__(self, *args, **kwargs):
@@ -99,6 +101,7 @@ class HalvesCouplingTransform(GeneralCouplingTransform):
         )
 
     def forward(self, c: Tensor | None = None) -> Transform:
+        """Return the coupling transform (context `c`, None for the heads' unconditional flows)."""
         if self._halves is None:
             return CouplingTransform(partial(self.meta, c), self.mask)
         return _HalvesCoupling(partial(self.meta, c), *self._halves)
@@ -146,12 +149,18 @@ class _OnFirst(Transform):
 
 
 class OnFirst(LazyTransform):
+    """Lazy form of `_OnFirst`: the composed `transforms` act on the first `k` features, the rest pass through.
+
+    One Glow level after the first, acting on the half of the features not yet factored out.
+    """
+
     def __init__(self, transforms: list[LazyTransform], k: int):
         super().__init__()
         self.inner = LazyComposedTransform(*transforms)
         self.k = k
 
     def forward(self, c: Tensor | None = None) -> Transform:
+        """Return the transform applying the inner transforms to x[..., :k] (context `c`, None here)."""
         return _OnFirst(self.inner(c), self.k)
 
 
@@ -169,8 +178,10 @@ class FlowHead(IsotropyHead):
 
     @torch.no_grad()
     def init_from(self, x: Tensor) -> None:
-        """Data-dependent init of the first element-wise affine (ActNorm / input scaling): zero mean, unit variance
-        per feature on this batch. Done once; the flag is saved with the head, so a resumed run does not redo it.
+        """Initialise the first element-wise affine (ActNorm / input scaling) from data, once.
+
+        It is set to give zero mean and unit variance per feature on this batch. Done once; the flag is saved with the
+        head, so a resumed run does not redo it.
         """
         if bool(self.initialized):
             return
@@ -186,14 +197,18 @@ class FlowHead(IsotropyHead):
         self.initialized.fill_(True)
 
     def forward_and_logdet(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Return (z = f(x) [..., D], log |det Df(x)| [...]): the two terms of Eq. 5's likelihood."""
         return self.flow().call_and_ladj(x)
 
     def inverse(self, z: Tensor) -> Tensor:
+        """Return x = f^-1(z) [..., D], through the flow's exact inverse."""
         return self.flow().inv(z)
 
 
 @dataclass
 class NICEConfig(HeadConfig):
+    """`head: nice`: the NICE flow's coupling layers and their MLPs (module docstring; the paper's 5 x 1000)."""
+
     name: str = "nice"
     couplings: int = 4
     hidden_layers: int = 5
@@ -205,6 +220,11 @@ class NICEConfig(HeadConfig):
 
 
 def build_nice(dim: int, couplings: int = 4, hidden_layers: int = 5, hidden_units: int = 1000) -> FlowHead:
+    """Build a NICE flow head for `dim`-wide vectors (module docstring).
+
+    Input scaling, `couplings` additive couplings on alternating halves (each an MLP of `hidden_layers` x
+    `hidden_units` ReLU units), then NICE's diagonal scaling layer.
+    """
     transforms: list[LazyTransform] = [_actnorm(dim)]  # input scaling (data-initialised), see init_from
     for i in range(couplings):
         transforms.append(
@@ -222,6 +242,8 @@ def build_nice(dim: int, couplings: int = 4, hidden_layers: int = 5, hidden_unit
 
 @dataclass
 class GlowConfig(HeadConfig):
+    """`head: glow`: Glow's levels, steps per level and coupling networks ("two levels and depth of three")."""
+
     name: str = "glow"
     levels: int = 2
     depth: int = 3
@@ -244,11 +266,17 @@ def _glow_step(dim: int, i: int, hidden: list[int]) -> list[LazyTransform]:
 
 
 def build_glow(dim: int, levels: int = 2, depth: int = 3, hidden_units: int = 32, hidden_layers: int = 2) -> FlowHead:
+    """Build a Glow flow head for `dim`-wide vectors (module docstring).
+
+    Input scaling, then `levels` multi-scale levels of `depth` steps (ActNorm, LU linear map, affine coupling with
+    `hidden_layers` x `hidden_units` networks), each level after the first acting on half of the previous one's
+    features.
+    """
     hidden = [hidden_units] * hidden_layers
     transforms: list[LazyTransform] = [_actnorm(dim)]  # data-initialised input scaling
     # level l acts on the first k_l features: k_0 = dim, then half of the previous level's (the rest is factored out)
     k = dim
-    for level in range(levels):
+    for _level in range(levels):
         if k < 2:
             break
         steps = [t for i in range(depth) for t in _glow_step(k, i, hidden)]

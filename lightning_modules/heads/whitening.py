@@ -26,6 +26,8 @@ from lightning_modules.heads.base import HeadConfig, IsotropyHead
 
 @dataclass
 class WhiteningConfig(HeadConfig):
+    """`head: whitening`: Eq. 7-10, with `eps` the eigenvalue floor (relative to the largest eigenvalue)."""
+
     name: str = "whitening"
     eps: float = 1e-6  # eigenvalue floor, relative to the largest eigenvalue
 
@@ -43,12 +45,14 @@ class MomentAccumulator:
         self.outer = torch.zeros(dim, dim, dtype=torch.float64, device=device)
 
     def update(self, x: Tensor) -> None:
+        """Add a batch of vectors [..., D] to the sums (in float64, on the accumulator's device)."""
         x = x.reshape(-1, x.shape[-1]).to(self.sum.device, torch.float64)
         self.n += x.shape[0]
         self.sum += x.sum(0)
         self.outer += x.T @ x
 
     def merge(self, other: MomentAccumulator) -> None:
+        """Add another accumulator's sums to this one's (e.g. another DDP rank's), as if it had seen its batches."""
         self.n += other.n
         self.sum += other.sum
         self.outer += other.outer
@@ -63,6 +67,11 @@ class MomentAccumulator:
 
 
 class Whitening(IsotropyHead):
+    """Whitening head, z = (x - mu) U Lambda^-1/2 (Eq. 10); `fit` sets mu and U Lambda^-1/2 from Eq. 7-9.
+
+    It has nothing to train: `fit` must be called before use. `eps` floors the eigenvalues (module docstring).
+    """
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__(dim)
         self.eps = eps
@@ -72,6 +81,7 @@ class Whitening(IsotropyHead):
 
     @torch.no_grad()
     def fit(self, acc: MomentAccumulator) -> Whitening:
+        """Set the head's mean and transform from the accumulated moments (Eq. 7-9) and return the head."""
         mu, cov = acc.moments()
         evals, evecs = torch.linalg.eigh(cov)
         evals = evals.clamp_min(self.eps * float(evals.max().clamp_min(torch.finfo(torch.float64).tiny)))
@@ -81,6 +91,7 @@ class Whitening(IsotropyHead):
         return self
 
     def forward_and_logdet(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Return (z [..., D] of Eq. 10, log |det U Lambda^-1/2| [...], the same constant for every vector)."""
         if not bool(self.fitted):
             raise RuntimeError("whitening head used before fit(): run the head stage (stage=head head=whitening)")
         w = self.transform.to(x.dtype)
@@ -89,9 +100,11 @@ class Whitening(IsotropyHead):
         return z, logdet.expand(z.shape[:-1])
 
     def inverse(self, z: Tensor) -> Tensor:
+        """Return x [..., D] = z (U Lambda^-1/2)^-1 + mu, undoing Eq. 10."""
         return z @ torch.linalg.inv(self.transform).to(z.dtype) + self.mean.to(z.dtype)
 
 
 @HEADS.register("whitening", schema=WhiteningConfig)
 def build(cfg: WhiteningConfig, dim: int) -> Whitening:
+    """Build an unfitted whitening head for `dim`-wide vectors (the head stage fits it)."""
     return Whitening(dim, cfg.eps)

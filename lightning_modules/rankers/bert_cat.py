@@ -13,16 +13,21 @@ from lightning_modules.rankers.base import CrossEncoder, RankerConfig
 
 @dataclass
 class BertCatConfig(RankerConfig):
+    """`model: bert_cat`: only the keys every ranker shares; the query and passage share one input."""
+
     name: str = "bert_cat"
     cross: ClassVar[bool] = True
 
 
 class BertCat(CrossEncoder):
+    """BERT_CAT, position-bias paper Eq. 2: TF([CLS; q; SEP; p; SEP])_1 * W_s, a linear layer on the [CLS] vector."""
+
     def __init__(self, cfg: BertCatConfig):
         super().__init__(cfg)
         self.classifier = nn.Linear(self.hidden_size, 1)
 
     def cls_representation(self, batch: dict[str, Tensor]) -> Tensor:
+        """Return the backbone's last-layer [CLS] vector of each `[CLS] q [SEP] p [SEP]` input: [B, hidden]."""
         out = self.encoder(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
@@ -31,9 +36,11 @@ class BertCat(CrossEncoder):
         return out[:, 0]
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
+        """Score each tokenised (query, passage) pair, W_s applied to its [CLS] vector: [B]."""
         return self.classifier(self.cls_representation(batch)).squeeze(-1)
 
 
 @RANKERS.register("bert_cat", schema=BertCatConfig)
 def build(cfg: BertCatConfig) -> BertCat:
+    """Build BERT_CAT for `model.name: bert_cat`."""
     return BertCat(cfg)

@@ -1,5 +1,6 @@
-"""BERT_DOT: dot product of the [CLS] vectors (position-bias paper section 4), optionally compressed
-by a linear layer as in that paper's setup (off by default).
+"""BERT_DOT: dot product of the [CLS] vectors (position-bias paper section 4, Eq. 3).
+
+The [CLS] vectors are optionally compressed by a linear layer as in that paper's setup (off by default).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEn
 
 @dataclass
 class BertDotConfig(RankerConfig):
+    """`model: bert_dot`: `compress_dim` is the width of the optional linear compression (None: off)."""
+
     name: str = "bert_dot"
     compress_dim: int | None = None
 
@@ -24,6 +27,8 @@ class BertDotConfig(RankerConfig):
 
 
 class BertDot(SingleVectorEncoder):
+    """BERT_DOT, position-bias paper Eq. 3: TF([CLS; q])_1 . TF([CLS; p])_1, a plain dot product (no cosine)."""
+
     cosine = False
 
     def __init__(self, cfg: BertDotConfig):
@@ -31,6 +36,7 @@ class BertDot(SingleVectorEncoder):
         self.compress = nn.Linear(self.hidden_size, cfg.compress_dim) if cfg.compress_dim else None
 
     def pool(self, enc: Encoded) -> Encoded:
+        """Set `enc.sequence` [B, D] to the [CLS] token vector, compressed when `compress_dim` is set."""
         cls = enc.tokens[:, 0]
         enc.sequence = self.compress(cls) if self.compress is not None else cls
         return enc
@@ -38,4 +44,5 @@ class BertDot(SingleVectorEncoder):
 
 @RANKERS.register("bert_dot", schema=BertDotConfig)
 def build(cfg: BertDotConfig) -> BertDot:
+    """Build BERT_DOT for `model.name: bert_dot`."""
     return BertDot(cfg)

@@ -20,6 +20,8 @@ from lightning_modules.rankers import RANKERS
 
 @dataclass
 class BM25Config:
+    """`model: bm25`: the bm25s variant and parameters, the retrieval depth and whose queries are run."""
+
     name: str = "bm25"
     method: str = "lucene"  # bm25s variant (Kamphuis et al. 2020)
     k1: float = 1.5
@@ -37,6 +39,7 @@ class BM25Config:
 
 @RANKERS.register("bm25", schema=BM25Config)
 def build(cfg: BM25Config):
+    """Refuse to build BM25 as a neural ranker: it is evaluated by `evaluate.py`, never trained (module docstring)."""
     raise InputError(
         "model.name",
         "bm25 is not a neural ranker and has nothing to train; run `python evaluate.py model=bm25 data=...`",

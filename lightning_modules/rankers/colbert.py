@@ -25,6 +25,8 @@ from lightning_modules.rankers.maxsim import maxsim_all, maxsim_pairs
 
 @dataclass
 class ColBERTConfig(RankerConfig):
+    """`model: colbert`: `compress_dim` is the width of the optional linear compression (None: off)."""
+
     name: str = "colbert"
     compress_dim: int | None = None  # e.g. 128 as in the original ColBERT; None keeps the backbone width
 
@@ -34,26 +36,33 @@ class ColBERTConfig(RankerConfig):
 
 
 class ColBERT(BiEncoder):
+    """ColBERT, isotropy paper Eq. 1: the sum over query tokens of their best cosine with a passage token."""
+
     def __init__(self, cfg: ColBERTConfig):
         super().__init__(cfg)
         self.compress = nn.Linear(self.hidden_size, cfg.compress_dim, bias=False) if cfg.compress_dim else None
 
     def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+        """Return the backbone's token vectors [B, L, D], compressed by the linear layer when `compress_dim` is set."""
         enc = super().token_representations(input_ids, attention_mask, side=side)
         if self.compress is not None:
             enc.tokens = self.compress(enc.tokens)
         return enc
 
     def scoring_vectors(self, x: Tensor) -> Tensor:
+        """Return the token vectors as compared: unit length, so dot products are the cosines of Eq. 1."""
         return cosine_normalize(x)
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score query i against passage i by Eq. 1 (MaxSim over cosines, padding masked): [B]."""
         return maxsim_pairs(cosine_normalize(q.tokens), q.mask, cosine_normalize(d.tokens), d.mask)
 
     def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score every query against every passage by Eq. 1: [Bq, Bd]."""
         return maxsim_all(cosine_normalize(q.tokens), q.mask, cosine_normalize(d.tokens), d.mask)
 
 
 @RANKERS.register("colbert", schema=ColBERTConfig)
 def build(cfg: ColBERTConfig) -> ColBERT:
+    """Build ColBERT for `model.name: colbert`."""
     return ColBERT(cfg)

@@ -32,6 +32,11 @@ def sinusoidal_positions(positions: Tensor, dim: int) -> Tensor:
 
 
 class EncoderLayer(nn.Module):
+    """One post-norm Transformer encoder layer with its own head size (`heads` x `head_dim` may differ from `dim`).
+
+    Self-attention, add & norm, ReLU feed-forward of width `ff_dim`, add & norm (module docstring).
+    """
+
     def __init__(self, dim: int, heads: int, head_dim: int, ff_dim: int, dropout: float):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
@@ -62,8 +67,9 @@ class Contextualizer(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(dim, heads, head_dim, ff_dim, dropout) for _ in range(layers))
 
     def forward(self, x: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
-        """X [B, L, dim], mask [B, L] bool (True on terms), positions [B, L] -> [B, L, dim]; rows off the mask
-        are left to the caller to discard.
+        """Contextualise x [B, L, dim], mask [B, L] bool (True on terms), positions [B, L] -> [B, L, dim].
+
+        Rows off the mask are left to the caller to discard.
         """
         # A text with no term at all (empty after dropping [CLS]/[SEP]) would attend to nothing, and softmax over
         # nothing is NaN: let such a row attend everywhere; its outputs are masked out anyway.

@@ -48,6 +48,11 @@ class _MaskedScale(torch.autograd.Function):
 
 
 def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Drop elements of `x` with probability `p` and scale the kept ones by 1 / P(keep), as `F.dropout` does.
+
+    On the CPU the mask comes from 16-bit uniforms (module docstring); in eval mode, for p = 0 or for CUDA tensors
+    it is PyTorch's own dropout.
+    """
     if not training or p == 0.0 or x.is_cuda:
         return nn.functional.dropout(x, p, training)
     if p >= 1.0:
@@ -57,9 +62,10 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class FastDropout(nn.Dropout):
-    """nn.Dropout with the mask of `keep_mask` (same p, same train/eval behaviour)."""
+    """nn.Dropout with the mask of `drop_mask` (same p, same train/eval behaviour)."""
 
     def forward(self, x: Tensor) -> Tensor:
+        """Apply `fast_dropout` to x (any shape) while training; the identity in eval mode."""
         return fast_dropout(x, self.p, self.training)
 
 
@@ -73,7 +79,11 @@ def attention(
     scaling: float | None = None,
     **kwargs,
 ):
-    """Transformers attention interface: SDPA, or with dropout on CPU the math path with `fast_dropout`."""
+    """Compute attention for the transformers attention interface: SDPA, or the math path with fast dropout.
+
+    The math path (with the `drop_mask` dropout on the probabilities) runs only with dropout on the CPU; everything
+    else goes to PyTorch's SDPA unchanged.
+    """
     from transformers.integrations.sdpa_attention import (
         sdpa_attention_forward,  # lazy: heavy, only model building needs it
     )
@@ -105,7 +115,7 @@ def attention(
 
 def use_fast_dropout(encoder: nn.Module) -> nn.Module:
     """Swap the encoder's nn.Dropout modules for FastDropout and its SDPA attention for `attention` (in place)."""
-    for name, child in list(encoder.named_modules()):
+    for _name, child in list(encoder.named_modules()):
         for attr, sub in list(child.named_children()):
             if type(sub) is nn.Dropout:
                 setattr(child, attr, FastDropout(sub.p, sub.inplace))

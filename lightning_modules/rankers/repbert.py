@@ -21,18 +21,24 @@ from lightning_modules.rankers.base import (
 
 @dataclass
 class RepBERTConfig(RankerConfig):
+    """`model: repbert`: only the keys every ranker shares."""
+
     name: str = "repbert"
 
 
 class RepBERT(SingleVectorEncoder):
+    """RepBERT, isotropy paper Eq. 2: the cosine of the mean-pooled query and passage token vectors."""
+
     cosine = True
     ce_temperature = 0.05  # cosines in [-1, 1]: see OptimConfig.temperature
 
     def pool(self, enc: Encoded) -> Encoded:
+        """Set `enc.sequence` [B, D] to the mean of the real (non-padding) token vectors."""
         enc.sequence = masked_mean(enc.tokens, enc.mask)
         return enc
 
 
 @RANKERS.register("repbert", schema=RepBERTConfig)
 def build(cfg: RepBERTConfig) -> RepBERT:
+    """Build RepBERT for `model.name: repbert`."""
     return RepBERT(cfg)

@@ -1,5 +1,7 @@
-"""Passage term occurrences with their contextual vectors: the input of ATS / MATS (position-bias paper Eq. 8-9,
-metrics/ats.py), from any ranker that has term representations.
+"""Passage term occurrences with their contextual vectors: the input of ATS / MATS.
+
+ATS / MATS are the position-bias paper's Eq. 8-9 (metrics/ats.py); the occurrences come from any ranker that has term
+representations.
 
 - Bi-encoders (TK, ColBERT, RepBERT, BERT_DOT): `token_representations(side="doc")`, the hook the isotropy callback
   and heads use (TK: p^ of its Eq. 4; BERT rankers: the backbone's last layer, ColBERT after its optional
@@ -27,6 +29,11 @@ __all__ = ["PassageTerms", "passage_terms"]
 
 @dataclass
 class PassageTerms:
+    """Every term occurrence of some passages, row-aligned: its vector, term id, position and passage index.
+
+    The four fields are what `metrics.ats.average_term_similarity` takes.
+    """
+
     vectors: Tensor  # [N, d] float32, on CPU
     terms: Tensor  # [N] token ids
     positions: Tensor  # [N] index among the passage's terms
@@ -44,7 +51,8 @@ def passage_terms(
     first_passage: int = 0,
     autocast=None,
 ) -> PassageTerms:
-    """Every term occurrence of `docs` with its vector, in eval mode (the ranker's mode is restored).
+    """Return every term occurrence of `docs` with its vector, in eval mode (the ranker's mode is restored).
+
     `queries` (cross-encoders only, required there) are paired with the passages cyclically. `autocast`: a context
     manager factory for the forward passes (e.g. Lightning's precision plugin), none by default.
     """

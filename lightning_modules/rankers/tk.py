@@ -35,10 +35,11 @@ Choices, each with the paper's wording where it has one:
 - Scale. The sinusoids have norm sqrt(d/2) and TF's LayerNorm'd output about sqrt(d), while BERT input word
   vectors are short (MiniLM's WordPiece vectors ~1.07, against 13.9 and ~20 at d = 384). Taken as they are, q^ of
   Eq. 4 is mostly position and TF, exactly matching terms start at cosine ~0.2 instead of 1, and TK did not learn
-  in a short run (docs/position-bias.md). GloVe 300-d vectors are several times longer than BERT's, closer to the sinusoids. So
-  `embedding_scale=auto` multiplies backbone vectors by one factor that gives them a mean norm of sqrt(d) (the
-  sqrt(d_model) factor of Vaswani et al.'s embedding layer, whose positional encodings the paper takes), keeping
-  their relative norms; a GloVe file is used as it is. A number sets the factor (1.0: the raw backbone vectors).
+  in a short run (docs/position-bias.md). GloVe 300-d vectors are several times longer than BERT's, closer to the
+  sinusoids. So `embedding_scale=auto` multiplies backbone vectors by one factor that gives them a mean norm of
+  sqrt(d) (the sqrt(d_model) factor of Vaswani et al.'s embedding layer, whose positional encodings the paper
+  takes), keeping their relative norms; a GloVe file is used as it is. A number sets the factor (1.0: the raw
+  backbone vectors).
 - Precision. The match matrix and kernels are computed in float32 even under bf16 autocast: with sigma = 0.1 a
   bf16 cosine (3 significant digits) would move the kernel activations visibly.
 """
@@ -83,6 +84,11 @@ SIDES = ("query", "doc")
 
 @dataclass
 class TKConfig(RankerConfig):
+    """`model: tk`: word embeddings, the contextualiser TF, the kernels and the two learning rates (module docstring).
+
+    Its length keys are checked against `passage_position_offset` here, not against a backbone's positions.
+    """
+
     name: str = "tk"
     # "backbone": copy the backbone's input word embeddings; otherwise a GloVe-format text file (token v1 ... vd)
     # whose vectors replace them (the paper's GloVe). The backbone always supplies the WordPiece tokenizer.
@@ -130,12 +136,14 @@ class TKConfig(RankerConfig):
             )
 
     def token_budgets(self) -> dict[str, tuple[str, int]]:
+        """Return no budget: TK has sinusoidal positions of its own, which no backbone position embedding bounds."""
         return {}  # sinusoidal positions of its own: no backbone position embedding bounds them
 
 
 def embedding_scale(setting: str | int | float, vectors: WordVectors) -> float:
-    """The factor on the word vectors (module docstring, Scale): "auto" gives backbone vectors a mean row norm of
-    sqrt(d) and leaves GloVe as the paper used it.
+    """Return the factor on the word vectors (module docstring, Scale).
+
+    "auto" gives backbone vectors a mean row norm of sqrt(d) and leaves GloVe as the paper used it.
     """
     if setting != "auto":
         return float(setting)
@@ -146,6 +154,11 @@ def embedding_scale(setting: str | int | float, vectors: WordVectors) -> float:
 
 
 class TK(BiEncoder):
+    """TK, position-bias paper Eq. 4-6: gated contextualised word embeddings, kernel pooling of cosines, then W_s.
+
+    A bi-encoder with no BERT layer: only the word embeddings (and the tokenizer) come from the backbone.
+    """
+
     # Bound on the elements of one [pairs, Lq, Ld, kernels] activation tensor; scoring runs in chunks under it.
     max_kernel_elements: int = 2**24
 
@@ -179,12 +192,14 @@ class TK(BiEncoder):
 
     # ---- contextualisation (Eq. 4) -------------------------------------------------------------------------
     def term_mask(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """True on TK's terms: real tokens that are not [CLS], [SEP] or another special token (but [UNK])."""
+        """Return True on TK's terms: real tokens that are not [CLS], [SEP] or another special token (but [UNK])."""
         return attention_mask.bool() & ~torch.isin(input_ids, self.dropped_ids)
 
     def position_ids(self, mask: Tensor, side: str | None) -> Tensor:
-        """Position of every term, counted over terms only: 0, 1, ... for queries, 500, 501, ... for passages.
-        (Slots off the mask repeat a neighbour's position; they are never attended to nor scored.)
+        """Return the position of every term, counted over terms only.
+
+        0, 1, ... for queries, 500, 501, ... (`passage_position_offset`) for passages. (Slots off the mask repeat a
+        neighbour's position; they are never attended to nor scored.)
         """
         if side not in SIDES:
             raise ValueError(f"TK encodes queries and passages differently: side must be one of {SIDES}, got {side!r}")
@@ -201,6 +216,7 @@ class TK(BiEncoder):
         return Encoded(tokens=mixed * keep, mask=mask)
 
     def scoring_vectors(self, x: Tensor) -> Tensor:
+        """Return the term vectors at unit length, as the cosine match matrix of Eq. 5 compares them."""
         return cosine_normalize(x)  # the match matrix is cosine
 
     # ---- kernel pooling and scoring (Eq. 5-6) --------------------------------------------------------------
@@ -216,7 +232,7 @@ class TK(BiEncoder):
         return kernel_pooling(cos, qm[:, None], dm[None], self.mu, self.cfg.sigma)
 
     def kernel_features(self, q: Encoded, d: Encoded, cross: bool = False) -> Tensor:
-        """The pooled kernel features of Eq. 6 (before W_s): [B, K] for aligned pairs, [Bq, Bd, K] with `cross`.
+        """Return the pooled kernel features of Eq. 6 (before W_s): [B, K] for aligned pairs, [Bq, Bd, K] with `cross`.
 
         Passages are taken in chunks so that no [.., Lq, Ld, K] tensor exceeds `max_kernel_elements`; when that
         takes more than one chunk under autograd, each chunk is checkpointed (recomputed in backward), so training
@@ -242,12 +258,15 @@ class TK(BiEncoder):
             return self.scoring(self.kernel_features(q, d, cross)).squeeze(-1)
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score query i against passage i by Eq. 5-6 (in float32): [B]."""
         return self._score(q, d, cross=False)
 
     def score_all(self, q: Encoded, d: Encoded) -> Tensor:
+        """Score every query against every passage by Eq. 5-6 (in float32): [Bq, Bd]."""
         return self._score(q, d, cross=True)
 
     def score_indexed(self, q: Encoded, d: Encoded, iq: Tensor, id_: Tensor) -> Tensor:
+        """Score (q[iq[k]], d[id_[k]]) by Eq. 5-6, gathering a memory-bounded chunk of pairs at a time: [K]."""
         # gather the token tensors of a chunk of pairs at a time: [P, L, D] copies for all pairs would dominate memory
         step = self._step(q.tokens.shape[1] * d.tokens.shape[1] * len(self.mu))
         parts = [
@@ -257,7 +276,7 @@ class TK(BiEncoder):
 
     # ---- optimisation --------------------------------------------------------------------------------------
     def param_groups(self) -> dict[str, ParamGroup]:
-        """The paper's two learning rates: embeddings + contextualisation (TF and alpha), and W_s."""
+        """Return the paper's two learning-rate groups: embeddings + contextualisation (TF and alpha), and W_s."""
         c = self.cfg
         context = [self.embeddings.weight, self.gate, *self.contextualizer.parameters()]
         return {
@@ -268,4 +287,5 @@ class TK(BiEncoder):
 
 @RANKERS.register("tk", schema=TKConfig)
 def build(cfg: TKConfig) -> TK:
+    """Build TK for `model.name: tk`."""
     return TK(cfg)

@@ -33,6 +33,8 @@ KEY = "model.embeddings"
 
 @dataclass
 class WordVectors:
+    """TK's word embedding rows, one per token id, with where they came from and how many were found there."""
+
     weight: Tensor  # [vocab, d] float32, row = token id
     source: str  # "backbone" or the file
     found: int  # rows taken from the source
@@ -40,7 +42,7 @@ class WordVectors:
 
 
 def from_backbone(encoder) -> WordVectors:
-    """A copy of the backbone's input word embeddings (not its position / type embeddings or LayerNorm)."""
+    """Return a copy of the backbone's input word embeddings (not its position / type embeddings or LayerNorm)."""
     weight = encoder.get_input_embeddings().weight.detach().to(torch.float32).clone()
     return WordVectors(weight, "backbone", found=weight.shape[0], missing=0)
 
@@ -68,7 +70,8 @@ def from_glove(path: str, vocab: dict[str, int], vocab_size: int) -> WordVectors
         if len(fields) < dim + 1:
             raise InputError(
                 f"{path}:{lineno}",
-                f"expected 'token v1 ... v{dim}' (a token and {dim} numbers, as on the first line); got {len(fields)} fields",
+                f"expected 'token v1 ... v{dim}' (a token and {dim} numbers, as on the first line); "
+                f"got {len(fields)} fields",
             )
         token = " ".join(fields[:-dim])
         if token not in vocab or token in vectors:

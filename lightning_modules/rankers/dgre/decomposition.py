@@ -31,6 +31,8 @@ DECOMPOSITION_NORMS = ("mean", "sum")
 
 @dataclass
 class Decomposed:
+    """The decomposition layer's output (Eq. 14-15): Z_dr, Z_du, the query rows Z_q and P, rows aligned to tokens."""
+
     related: Tensor  # Z_dr [B, L, d], rows of query words (others 0)
     unrelated: Tensor  # Z_du [B, L, d], likewise
     query: Tensor  # Z_q [B, L, d], the refined query words (others 0)
@@ -39,6 +41,11 @@ class Decomposed:
 
 
 class Decomposition(nn.Module):
+    """The mutual information decomposition layer, Eq. 14-15: P = sigmoid((W_1 Z_q)(W_2 Z_d)^T), Z_dr, Z_du.
+
+    `norm` and `scale` are the two switches of the module docstring ("sum" and False: as printed).
+    """
+
     def __init__(self, dim: int, norm: str = "sum", scale: bool = False):
         super().__init__()
         if norm not in DECOMPOSITION_NORMS:

@@ -34,6 +34,11 @@ GGNN_INPUTS = ("concat", "message")
 
 
 class GGNN(nn.Module):
+    """The gated graph neural network of Eq. 11: `steps` propagation steps over A~ with one shared GRU cell.
+
+    `input` is "concat" (the paper's reading, GRU input [h; A~ h]) or "message" (Li et al.'s GGNN, GRU input A~ h).
+    """
+
     def __init__(self, dim: int, steps: int, input: str = "concat"):
         super().__init__()
         if input not in GGNN_INPUTS:
@@ -50,6 +55,7 @@ class GGNN(nn.Module):
         return rearrange(out, "(b l) d -> b l d", b=b)
 
     def forward(self, h: Tensor, graph: Tensor) -> Tensor:
+        """Propagate T steps of Eq. 11: h^0 [B, L, d] over the graph A~ [B, L, L] -> h^T [B, L, d]."""
         for _ in range(self.steps):
             h = self.step(h, graph)
         return h
@@ -65,6 +71,7 @@ class RefinementAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(dim) if scale else 1.0
 
     def forward(self, h: Tensor, attention_mask: Tensor) -> Tensor:
+        """Compute Z^l of Eq. 12 from h^T [B, L, d] and the [B, L] attention mask (padding is no key): [B, L, d]."""
         logits = torch.einsum("bid,bjd->bij", self.w_a(h), self.w_b(h)) * self.scale
         keys = attention_mask.bool()[:, None, :].expand_as(logits)
         return torch.bmm(masked_softmax(logits, keys).to(h.dtype), h)

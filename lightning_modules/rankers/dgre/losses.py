@@ -1,5 +1,7 @@
-"""Triangle distance (DGRe paper section 3.4.1, Eq. 18-21): auxiliary losses on the representations of a query,
-its relevant document d+ and its non-relevant document d- (one training triplet).
+"""Triangle distance (DGRe paper section 3.4.1, Eq. 18-21).
+
+These are auxiliary losses on the representations of a query, its relevant document d+ and its non-relevant document
+d- (one training triplet).
 
 Cosine distance (Eq. 18), l(a, b) = 1 when a and b have the same label, else 0:
 
@@ -39,15 +41,18 @@ def cosine_distance(a: Tensor, b: Tensor, same_label: Tensor | bool) -> Tensor:
 
 
 def point_distance(query_pos: Tensor, doc_pos: Tensor, query_neg: Tensor, doc_neg: Tensor) -> Tensor:
-    """C_point (Eq. 19) per triplet [B]: the query words against the relevant (l = 1) and non-relevant (l = 0)
-    document's words, each side pooled; query_* / doc_* [B, d] from the pair with d+ / d-.
+    """Compute C_point (Eq. 19) per triplet [B].
+
+    The query words are set against the relevant (l = 1) and non-relevant (l = 0) document's words, each side pooled;
+    query_* / doc_* [B, d] from the pair with d+ / d-.
     """
     return 0.5 * (cosine_distance(query_pos, doc_pos, True) + cosine_distance(query_neg, doc_neg, False))
 
 
 def pair_distance(pos_reprs: list[Tensor], neg_reprs: list[Tensor]) -> Tensor:
-    """C_pair (Eq. 20) per triplet [B]: sum over layers of s(e_qd+, e_qd-; l = 0); each list holds one [B, d]
-    representation per layer (E^L(0), pooled Z_dr).
+    """Compute C_pair (Eq. 20) per triplet [B]: the sum over layers of s(e_qd+, e_qd-; l = 0).
+
+    Each list holds one [B, d] representation per layer (E^L(0), pooled Z_dr).
     """
     return sum(cosine_distance(p, n, False) for p, n in zip(pos_reprs, neg_reprs))
 
@@ -55,7 +60,7 @@ def pair_distance(pos_reprs: list[Tensor], neg_reprs: list[Tensor]) -> Tensor:
 def distance_loss(
     kind: str, point: tuple[Tensor, Tensor, Tensor, Tensor], pos_reprs: list[Tensor], neg_reprs: list[Tensor]
 ) -> Tensor | None:
-    """The batch mean of C_point, C_pair or C_triangle (Eq. 21) for `kind` (none -> None)."""
+    """Return the batch mean of C_point, C_pair or C_triangle (Eq. 21) for `kind` (none -> None)."""
     if kind == "none":
         return None
     if kind not in DISTANCES:

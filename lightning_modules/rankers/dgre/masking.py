@@ -44,9 +44,11 @@ INF_NORMS = ("entry", "row", "induced")
 
 
 def segments(input_ids: Tensor, attention_mask: Tensor, sep_token_id: int) -> tuple[Tensor, Tensor]:
-    """(query word mask, document word mask), each [B, L] bool, of `[CLS] q [SEP] d [SEP]` sequences (padding
-    after the last [SEP]): query words lie between [CLS] (position 0) and the first [SEP], document words between
-    the first and the second [SEP]. Derived from the [SEP] positions, so it holds with or without token type ids.
+    """Return (query word mask, document word mask), each [B, L] bool, of `[CLS] q [SEP] d [SEP]` sequences.
+
+    Padding comes after the last [SEP]; query words lie between [CLS] (position 0) and the first [SEP], document words
+    between the first and the second [SEP]. Derived from the [SEP] positions, so it holds with or without token type
+    ids.
     """
     real = attention_mask.bool()
     is_sep = (input_ids == sep_token_id) & real
@@ -106,7 +108,10 @@ def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
 def disentangled_graph(
     scores: Tensor, query: Tensor, doc: Tensor, attention_mask: Tensor, masking: str = "adaptive", norm: str = "entry"
 ) -> Tensor:
-    """A~ [B, L, L] from the scores S [B, L, L] under `masking` (none | heuristic | adaptive), module docstring."""
+    """Build the graph A~ [B, L, L] from the scores S [B, L, L] under `masking` (module docstring).
+
+    `masking`: none | heuristic | adaptive; `norm`: the infinite norm of Eq. 10 (adaptive only).
+    """
     real = attention_mask.bool()
     if masking == "none":
         return masked_softmax(scores, real[:, :, None] & real[:, None, :])

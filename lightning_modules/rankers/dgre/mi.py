@@ -59,8 +59,10 @@ def donsker_varadhan(joint: Tensor, marginal: Tensor) -> Tensor:
 
 
 class MINE(nn.Module):
-    """The statistics network T_phi(x, y) = MLP([x; y]) -> R and its DV estimate of I(X; Y). The output layer has
-    no bias: the DV bound is unchanged by adding a constant to T, so such a bias would never get a gradient.
+    """The statistics network T_phi(x, y) = MLP([x; y]) -> R and its DV estimate of I(X; Y).
+
+    The output layer has no bias: the DV bound is unchanged by adding a constant to T, so such a bias would never get a
+    gradient.
     """
 
     def __init__(self, dim_x: int, dim_y: int, hidden: int):
@@ -74,6 +76,7 @@ class MINE(nn.Module):
         )
 
     def statistic(self, x: Tensor, y: Tensor) -> Tensor:
+        """Return T_phi(x_i, y_i) for each row: x [N, dim_x], y [N, dim_y] -> [N]."""
         return self.net(torch.cat([x, y], dim=-1)).squeeze(-1)
 
     def forward(self, x: Tensor, y: Tensor, permutation: Tensor) -> Tensor:

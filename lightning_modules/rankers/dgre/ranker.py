@@ -7,10 +7,11 @@
          Eq. 13-15)
       -> g(q, d) = w_2 (W_1 [Z_dr, Z^l, E^L(0)] + b_1) + b_2,  f = sigmoid(g)                   (Eq. 16-17)
 
-Training (section 3.4): the pairwise margin loss on f (Eq. 25; RankingModule with optim.loss=hinge,
-optim.margin=1, through `hinge_scores`; the `optim` block of configs/model/dgre.yaml makes them model=dgre's defaults) plus lambda x (distance loss + L_mi) from `score_triplets`: the triangle
-distance or its parts (losses.py, Eq. 18-21; `distance`) and the MINE mutual information terms (mi.py, Eq. 22-24;
-`mi`). Every ablation of the paper's Tables 3-5 is a setting of `masking`, `distance` and `mi`.
+Training (section 3.4): the pairwise margin loss on f (Eq. 25; RankingModule with optim.loss=hinge, optim.margin=1,
+through `hinge_scores`; the `optim` block of configs/model/dgre.yaml makes them model=dgre's defaults) plus lambda x
+(distance loss + L_mi) from `score_triplets`: the triangle distance or its parts (losses.py, Eq. 18-21; `distance`) and
+the MINE mutual information terms (mi.py, Eq. 22-24; `mi`). Every ablation of the paper's Tables 3-5 is a setting of
+`masking`, `distance` and `mi`.
 
 Defaults are the printed equations. Each addition of ours is a switch, off by default, on in
 configs/model/dgre_tuned.yaml (`model=dgre_tuned`, the settings of the Cranfield / CACM grids):
@@ -70,6 +71,11 @@ ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "none": nn.Identity}
 
 @dataclass
 class DGReConfig(RankerConfig):
+    """`model: dgre`: the graph, GGNN, decomposition, prediction and auxiliary-loss settings (module docstring).
+
+    The defaults are the printed equations; configs/model/dgre_tuned.yaml switches on our additions.
+    """
+
     cross: ClassVar[bool] = True
     name: str = "dgre"
     masking: str = "adaptive"  # none | heuristic | adaptive (Table 3)
@@ -134,8 +140,10 @@ class DGReOutput:
 
 
 def bert_self_attention(encoder: nn.Module, layer: int):
-    """The self-attention block (with `query`, `key`, `num_attention_heads`, `attention_head_size`) of a BERT-family
-    encoder's layer, or InputError: DGRe reads the graph layer's attention-like scores from it.
+    """Return the self-attention block of a BERT-family encoder's layer `layer`, or raise InputError.
+
+    The block has `query`, `key`, `num_attention_heads`, `attention_head_size`: DGRe reads the graph layer's
+    attention-like scores from it.
     """
     try:
         att = encoder.encoder.layer[layer].attention.self
@@ -143,12 +151,18 @@ def bert_self_attention(encoder: nn.Module, layer: int):
     except (AttributeError, IndexError) as e:
         raise InputError(
             "model.backbone",
-            f"DGRe needs a BERT-family encoder (encoder.layer[i].attention.self.query/key); {type(encoder).__name__} has none at layer {layer}",
+            "DGRe needs a BERT-family encoder (encoder.layer[i].attention.self.query/key); "
+            f"{type(encoder).__name__} has none at layer {layer}",
         ) from e
     return att
 
 
 class DGRe(CrossEncoder):
+    """DGRe as a cross-encoder: BERT, the disentangled graph, GGNN, decomposition and the prediction g (Eq. 16).
+
+    Training adds the triangle distance and MINE terms through `score_triplets`; see the module docstring.
+    """
+
     def __init__(self, cfg: DGReConfig):
         super().__init__(cfg)
         n_layers = self.encoder.config.num_hidden_layers
@@ -174,9 +188,10 @@ class DGRe(CrossEncoder):
 
     # ---- forward -------------------------------------------------------------------------------------------
     def attention_scores(self, hidden: Tensor) -> Tensor:
-        """S = mean over heads of (W_Q^h E)(W_K^h E)^T / sqrt(d_k) of the graph layer, from its input `hidden`
-        [B, L, d] -> [B, L, L] float32. The mean over H heads of per-head scaled dot products is one dot product
-        of the concatenated projections divided by H sqrt(d_k).
+        """Compute S = mean over heads of (W_Q^h E)(W_K^h E)^T / sqrt(d_k) of the graph layer.
+
+        It is computed from the layer's input `hidden` [B, L, d] and returned as [B, L, L] float32. The mean over H
+        heads of per-head scaled dot products is one dot product of the concatenated projections divided by H sqrt(d_k).
         """
         att = bert_self_attention(self.encoder, self.graph_layer)  # looked up, not kept: a second reference
         # would register the layer's weights twice in the state dict
@@ -184,6 +199,10 @@ class DGRe(CrossEncoder):
         return torch.einsum("bid,bjd->bij", q, k) / (att.num_attention_heads * att.attention_head_size**0.5)
 
     def forward(self, batch: dict[str, Tensor]) -> DGReOutput:
+        """Run Eq. 5-16 on a batch of B tokenised `[CLS] q [SEP] d [SEP]` inputs [B, L].
+
+        Returns the logits g(q, d) [B] with every intermediate the losses and analyses read (`DGReOutput`).
+        """
         cfg = self.cfg
         ids, am = batch["input_ids"], batch["attention_mask"]
         out = self.encoder(
@@ -216,15 +235,19 @@ class DGRe(CrossEncoder):
         )
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
+        """Score each (query, document) pair by its logit g(q, d) of Eq. 16: [B] (evaluation ranks by g, not f)."""
         return self.forward(batch).logits
 
     def hinge_scores(self, scores: Tensor) -> Tensor:
+        """Map logits g to what Eq. 25's margin loss compares: f = sigmoid(g) (Eq. 17), or g with `hinge_on: logit`."""
         return torch.sigmoid(scores) if self.cfg.hinge_on == "probability" else scores
 
     # ---- training ------------------------------------------------------------------------------------------
     def auxiliary_losses(self, out: DGReOutput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """(weighted losses, logged values) of a triplet batch's forward: lambda x C_distance (Eq. 18-21) and
-        lambda x the MINE surrogate of L_mi (Eq. 22-24); rows 0..B-1 are the positive pairs, B..2B-1 the negatives.
+        """Return (weighted losses, logged values) of a triplet batch's forward.
+
+        The losses are lambda x C_distance (Eq. 18-21) and lambda x the MINE surrogate of L_mi (Eq. 22-24); rows 0..B-1
+        are the positive pairs, B..2B-1 the negatives.
         """
         cfg = self.cfg
         b = out.logits.shape[0] // 2
@@ -242,12 +265,14 @@ class DGRe(CrossEncoder):
         return losses, logs
 
     def score_triplets(self, batch: dict[str, Tensor]) -> TripletOutput:
+        """Score a triplet batch (B positive pairs, then B negatives) in one forward, with the auxiliary losses."""
         out = self.forward(batch)
         b = out.logits.shape[0] // 2
         losses, logs = self.auxiliary_losses(out)
         return TripletOutput(pos=out.logits[:b], neg=out.logits[b:], aux_losses=losses, logs=logs)
 
     def param_groups(self) -> dict[str, ParamGroup]:
+        """Return DGRe's own layers (everything but the BERT encoder) as one group at `layers_lr` or its scale."""
         cfg = self.cfg
         layers = [p for name, p in self.named_parameters() if not name.startswith("encoder.")]
         return {"dgre_layers": ParamGroup(layers, lr=cfg.layers_lr, lr_scale=cfg.layers_lr_scale)}
