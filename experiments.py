@@ -1,6 +1,6 @@
 """Run a grid of experiments and tabulate it.
 
-Usage: `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml; see pipeline/grid.py).
+Usage: `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml; see grid/engine.py).
 `--dry-run` (or `--print-config`) is `action=list`: every cell's config composed and checked, the cells and their
 state printed, nothing run or written.
 """
@@ -9,8 +9,8 @@ import sys
 
 from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals
 from core.io import WriteFault
+from grid.engine import main
 from pipeline.cli import DRY_RUN
-from pipeline.grid import main
 
 
 def run(argv: list[str]) -> int:

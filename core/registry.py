@@ -1,7 +1,9 @@
 """Name -> implementation registries, so YAML chooses rankers, data sources, heads and metrics by name.
 
 Each entry also carries a dataclass schema: the config of that entry is validated against it, which is
-what makes unknown keys and wrong types errors instead of silent no-ops.
+what makes unknown keys and wrong types errors instead of silent no-ops. An entry may carry `capabilities`, what the
+implementation can do (e.g. `lightning_modules.rankers.RankerCapabilities`): code that must choose between
+implementations asks them, from the name alone and before anything is built, instead of comparing names.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
-    """One registered implementation: its `name`, the `build` callable that makes it, and its config `schema`."""
+    """One registered implementation: its `name`, the `build` callable that makes it, its config `schema`.
+
+    Also `capabilities`, what the implementation declares it can do (None: the registry declares none).
+    """
 
     name: str
     build: Callable[..., T]
     schema: type | None  # dataclass describing the entry's config keys
+    capabilities: Any = None
 
 
 def _same_definition(a: Callable, b: Callable) -> bool:
@@ -47,8 +53,12 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, schema: type | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def register(
+        self, name: str, schema: type | None = None, capabilities: Any = None
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Return a decorator that registers the decorated builder under `name`, its config checked against `schema`.
+
+        `capabilities` is what the implementation declares it can do (`Entry.capabilities`).
 
         Another definition under a name already taken is a RuntimeError; the same definition imported twice (see
         `_same_definition`) replaces the first.
@@ -57,7 +67,7 @@ class Registry(Generic[T]):
         def deco(build: Callable[..., T]) -> Callable[..., T]:
             if name in self._entries and not _same_definition(self._entries[name].build, build):
                 raise RuntimeError(f"{self.kind} '{name}' registered twice")
-            self._entries[name] = Entry(name, build, schema)
+            self._entries[name] = Entry(name, build, schema, capabilities)
             return build
 
         return deco

@@ -14,7 +14,7 @@ from datamodules.folds import check_fold_config
 from datamodules.rotation import ROTATIONS
 
 # Keys that change only what a run trains on, never its validation or test split: a test with data overrides that
-# differ from a training run's in these keys alone is that run's own test (pipeline/grid.py runs it once).
+# differ from a training run's in these keys alone is that run's own test (grid/engine.py runs it once).
 TRAINING_ONLY = frozenset(
     {
         "batch_size",

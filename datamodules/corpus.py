@@ -7,7 +7,7 @@ filled later by `datamodules.negatives` (BM25 with bm25s), so sources only repor
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,10 @@ class IRDataset:
     # counts of the position-biased training split (datamodules/answer_bias.py) when `data.answer_bias_keep_first`
     # cut the training split; None otherwise
     answer_bias: dict | None = None
+    # doc id -> the group of documents it belongs to, which folds keep together (SQuAD: its article, so no paragraph
+    # is relevant in two folds; datamodules/folds.py); None: every document stands alone. A module-level function,
+    # so the dataset pickles.
+    doc_group: Callable[[str], str] | None = None
 
     def split(self, name: str) -> Split:
         """Return the split `name`; InputError naming the splits there are when the dataset has no such split."""

@@ -138,15 +138,15 @@ def pooled_queries(ds: IRDataset) -> tuple[dict[str, str], dict[str, dict[str, i
 def query_groups(ds: IRDataset, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, str] | None:
     """Return qid -> group that must stay in one fold, or None (every query on its own).
 
-    SQuAD: the article of the query's relevant paragraph, so no paragraph is relevant in two folds (as its own split
-    by article).
+    A dataset that groups its documents (`IRDataset.doc_group`; SQuAD: by article) puts each query in the group of
+    its first relevant document, so no document is relevant in two folds (SQuAD: as its own split by article).
     """
-    if ds.name != "squad":
+    if ds.doc_group is None:
         return None
     groups = {}
     for qid, judged in qrels.items():
         rel = sorted(d for d, g in judged.items() if g > 0)
-        groups[qid] = rel[0].split("-", 1)[0]
+        groups[qid] = ds.doc_group(rel[0])
     return groups
 
 
@@ -182,4 +182,11 @@ def apply_folds(ds: IRDataset, num_folds: int, fold: int, seed: int, source: str
         wanted = set(roles[name])
         qids = sorted((q for q, f in assignment.items() if f in wanted), key=_natural)
         splits[name] = Split(queries={q: queries[q] for q in qids}, qrels={q: dict(qrels[q]) for q in qids})
-    return IRDataset(name=ds.name, docs=ds.docs, splits=splits, answers=dict(ds.answers), docs_origin=ds.docs_origin)
+    return IRDataset(
+        name=ds.name,
+        docs=ds.docs,
+        splits=splits,
+        answers=dict(ds.answers),
+        docs_origin=ds.docs_origin,
+        doc_group=ds.doc_group,
+    )

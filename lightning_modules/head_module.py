@@ -25,7 +25,9 @@ from core.errors import InputError
 from lightning_modules.encoding import RAW, WITH_HEAD
 from lightning_modules.heads import HEADS, build_head
 from lightning_modules.module import RankingModule
+from lightning_modules.rankers import rankers_with
 from lightning_modules.rankers.base import Encoded
+from lightning_modules.rankers.capabilities import capabilities_of
 
 HEAD_PREFIXES = ("ranker.token_head.", "ranker.sequence_head.")
 
@@ -48,15 +50,7 @@ class HeadModule(RankingModule):
         super().__init__(model, optim, measures)
         self.save_hyperparameters()
         self.head_cfg = head_config(head)
-        if self.ranker.kind != "bi":
-            raise InputError(
-                "head", f"isotropy heads act on bi-encoder representations; '{self.model_cfg.name}' is a cross-encoder"
-            )
-        if self.head_cfg.granularity == "sequence" and self.model_cfg.name == "colbert":
-            raise InputError(
-                "head.granularity",
-                "'sequence' needs a single-vector ranker; ColBERT scores token vectors (use 'token')",
-            )
+        self.check_capabilities()
         head_module = build_head(self.head_cfg, self.ranker_dim())
         if head_module is None:
             raise InputError("head", "stage=head needs a head: whitening, nice or glow")
@@ -69,6 +63,27 @@ class HeadModule(RankingModule):
         self.runs["test_raw"] = type(self.runs["test"])()
         self._val_memo: dict = {}  # "q" -> the validation queries' raw Encoded; batch_idx -> (didx, raw docs)
         self._val_memo_bytes = 0
+
+    def check_capabilities(self) -> None:
+        """Raise InputError unless the ranker has the vectors `head.granularity` acts on (`RankerCapabilities`)."""
+        caps, name = capabilities_of(self.ranker), self.model_cfg.name
+        if not caps.token_vectors and not caps.sequence_vectors:
+            raise InputError(
+                "head",
+                f"isotropy heads act on bi-encoder representations; '{name}' has neither token nor sequence vectors "
+                "(a cross-encoder)",
+            )
+        if self.head_cfg.granularity == "sequence" and not caps.sequence_vectors:
+            raise InputError(
+                "head.granularity",
+                f"'sequence' needs a ranker with one vector per text; '{name}' has none (it scores token vectors; "
+                f"use 'token', or a ranker with sequence vectors: {rankers_with(lambda c: c.sequence_vectors)})",
+            )
+        if self.head_cfg.granularity == "token" and not caps.token_vectors:
+            raise InputError(
+                "head.granularity",
+                f"'token' needs a ranker with token vectors; '{name}' has none (use 'sequence')",
+            )
 
     @property
     def head(self):

@@ -31,11 +31,33 @@ from datamodules.sources import SOURCES
 from lightning_modules.heads import HEADS
 from lightning_modules.loading import check_hparams  # noqa: F401 - registers the checkpoint hyper-parameter check
 from lightning_modules.module import OptimConfig
-from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.limits import check_model_limits, output_dim
 from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES
 from retrieval.config import schema as retrieval_schema
+from retrieval.first_stage import model_entry
+
+__all__ = [
+    "ACCELERATORS",
+    "CONFIG_DIR",
+    "DEVICES",
+    "GROUPS",
+    "PRECISIONS",
+    "STRATEGIES",
+    "EvalConfig",
+    "LoggerConfig",
+    "RunConfig",
+    "TrainerConfig",
+    "check_control_characters",
+    "check_index_limits",
+    "check_rerank_depths",
+    "compose",
+    "load_yaml",
+    "merge_structured",
+    "parse_args",
+    "to_yaml",
+    "translate_error",
+]
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("model", "data", "trainer", "logger", "head", "analysis", "retrieval")
@@ -200,7 +222,7 @@ class EvalConfig:
 
 
 def _group_schemas():
-    return RANKERS, SOURCES, OptimConfig
+    return SOURCES, OptimConfig
 
 
 @dataclass
@@ -235,7 +257,26 @@ class RunConfig:
         check_range("seed", self.seed, SEED)
 
 
-def _load_yaml(path: Path, where: str) -> DictConfig:
+def load_yaml(path: Path, where: str) -> DictConfig:
+    """Read a YAML file that must hold a mapping of keys (a config group option, config.yaml, a grid file).
+
+    Parameters
+    ----------
+    path : Path
+        The YAML file.
+    where : str
+        What the file is, for the message when it holds no mapping (e.g. `model=repbert`, `grid=squad_3seeds`).
+
+    Returns
+    -------
+    DictConfig
+        The file's keys.
+
+    Raises
+    ------
+    InputError
+        When the file is not valid YAML (the parser's line and column in the message) or holds no mapping.
+    """
     try:
         cfg = OmegaConf.load(path)
     except Exception as e:  # yaml.YAMLError carries line/column in its message
@@ -250,7 +291,7 @@ def _option(group: str, option: str) -> DictConfig:
     if not path.exists():
         options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
         raise InputError(f"config group '{group}'", f"no option '{option}'; expected one of {options}")
-    return _load_yaml(path, f"{group}={option}")
+    return load_yaml(path, f"{group}={option}")
 
 
 def _config_key(key: str) -> str:
@@ -262,15 +303,32 @@ def _failed_key(e: OmegaConfBaseException, prefix: str) -> str:
     return f"{prefix}{key}" if prefix and not str(key).startswith(prefix) else str(key)
 
 
-def _translate(e: OmegaConfBaseException, prefix: str = "", where: Callable[[str], str] = _config_key) -> InputError:
-    """OmegaConf's error as one line; `where(key)` names the failed key's place (default: config key '<key>')."""
+def translate_error(
+    e: OmegaConfBaseException, prefix: str = "", where: Callable[[str], str] = _config_key
+) -> InputError:
+    """Return OmegaConf's error as one line, an InputError naming the key that failed.
+
+    Parameters
+    ----------
+    e : OmegaConfBaseException
+        The error of a merge or of a conversion to objects (a wrong type, an unknown key, a missing interpolation).
+    prefix : str
+        The key path of the merged node inside the whole config (e.g. `model.`), put in front of the failed key.
+    where : Callable[[str], str]
+        Names the failed key's place from its path (default: `config key '<key>'`).
+
+    Returns
+    -------
+    InputError
+        `where(key)` and the problem: `unknown key`, or the first line of OmegaConf's message.
+    """
     msg = str(e).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not" in msg:
         return InputError(where(_failed_key(e, prefix)), "unknown key")
     return InputError(where(_failed_key(e, prefix)), msg)
 
 
-def _structured(
+def merge_structured(
     schema: type,
     *layers: DictConfig,
     prefix: str,
@@ -279,8 +337,30 @@ def _structured(
 ) -> DictConfig:
     """Merge `layers` in order onto `schema`, each value checked against its field's type.
 
-    pipeline/grid_config.py reuses this for grid files; a key the schema lacks is the error `unknown(key)` (default:
-    names the schema).
+    The run config's groups are merged with it, and grid/spec.py's grid files.
+
+    Parameters
+    ----------
+    schema : type
+        A dataclass: its fields are the keys the layers may set.
+    *layers : DictConfig
+        The layers, lowest precedence first (e.g. group YAML, experiment, command line).
+    prefix : str
+        The key path of the merged node inside the whole config (e.g. `model.`; "" at the top).
+    where : Callable[[str], str]
+        Names a failed key's place from its path (default: `config key '<key>'`).
+    unknown : Callable[[str], InputError] or None
+        The error for a key the schema lacks, from its path (default: one naming the schema and its keys).
+
+    Returns
+    -------
+    DictConfig
+        The merged structured node; its schema's `__post_init__` checks run when it is made an object.
+
+    Raises
+    ------
+    InputError
+        On a key the schema lacks or a value of the wrong type, naming the key.
     """
     node = OmegaConf.structured(schema)
     for layer in layers:
@@ -288,7 +368,7 @@ def _structured(
             node = OmegaConf.merge(node, layer)
         except OmegaConfBaseException as e:
             known = sorted(OmegaConf.structured(schema).keys())
-            err = _translate(e, prefix, where)
+            err = translate_error(e, prefix, where)
             if "unknown key" in err.problem:
                 err = (
                     unknown(_failed_key(e, prefix))
@@ -359,9 +439,9 @@ def compose(argv: list[str]) -> DictConfig:
     Every group is checked against its schema, then the cross-group limits (rerank depths, model limits, index
     limits) before anything is read or written; a problem is an InputError naming the key.
     """
-    rankers, sources, optim_schema = _group_schemas()
+    sources, optim_schema = _group_schemas()
     choices, overrides = parse_args(argv)
-    base = _load_yaml(CONFIG_DIR / "config.yaml", "config.yaml")
+    base = load_yaml(CONFIG_DIR / "config.yaml", "config.yaml")
     defaults = dict(base.pop("defaults", {}))
     exp_name = choices.get("experiment")
     exp = OmegaConf.create()
@@ -389,7 +469,7 @@ def compose(argv: list[str]) -> DictConfig:
         stack = [picked, *layers(group)]
         raw = OmegaConf.merge(*[OmegaConf.create(OmegaConf.to_container(s)) for s in stack])
         if group == "model":
-            schema = rankers.get(str(raw.get("name")), "model.name").schema
+            schema = model_entry(str(raw.get("name"))).schema  # a ranker or a first-stage retriever
         elif group == "data":
             schema = sources.get(str(raw.get("source")), "data.source").schema
         elif group == "head":
@@ -400,15 +480,15 @@ def compose(argv: list[str]) -> DictConfig:
             schema = retrieval_schema(str(raw.get("name")))
         else:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
-        groups[group] = _structured(schema, *stack, prefix=f"{group}.")
+        groups[group] = merge_structured(schema, *stack, prefix=f"{group}.")
         OmegaConf.to_object(groups[group])  # runs the schema's __post_init__ checks (choices)
 
     rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
-    top = _structured(
+    top = merge_structured(
         RunConfig, *[OmegaConf.masked_copy(n, [k for k in n if k not in ("optim",)]) for n in rest], prefix=""
     )
     base_optim, *later_optim = [n.get("optim", OmegaConf.create()) for n in rest]
-    optim = _structured(optim_schema, base_optim, model_optim, *later_optim, prefix="optim.")
+    optim = merge_structured(optim_schema, base_optim, model_optim, *later_optim, prefix="optim.")
     OmegaConf.to_object(optim)
     OmegaConf.to_object(top)  # RunConfig.__post_init__: stage
     with_flag = OmegaConf.to_container(top)
@@ -435,7 +515,7 @@ def check_index_limits(cfg: DictConfig) -> None:
     model = cfg.model
     if cfg.get("ckpt") and Path(cfg.ckpt).is_file():
         model = read_header(str(cfg.ckpt), "ckpt")["hyper_parameters"]["model"]
-    schema = RANKERS.get(str(model["name"]), "model.name").schema
+    schema = model_entry(str(model["name"])).schema
     if schema is None:
         return
     dim = output_dim(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model)))

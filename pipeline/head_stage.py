@@ -4,11 +4,11 @@
 2. Encode the training queries and passages ONCE into the on-disk representation cache (keyed by checkpoint,
    granularity and texts under `data.cache_dir/representations/`, so whitening, NICE and Glow on the same ranker
    share it).
-3. Fit the head:
-   - whitening: stream the cache once through float64 moments, fit (Eq. 7-10), no optimiser;
-   - NICE / Glow: `head.epochs` epochs of maximum likelihood over the cache, validating after every epoch and
-     keeping the best epoch by validation NDCG@10 (`checkpoints/best-*.ckpt`) plus `last.ckpt` (resumable with
-     `ckpt_path=`: optimiser, epoch, position in the epoch). The validation split is encoded once and kept.
+3. Fit the head, as its capabilities say (`HeadCapabilities.fit`):
+   - closed form (whitening): stream the cache once through float64 moments, fit (Eq. 7-10), no optimiser;
+   - by gradient (NICE / Glow): `head.epochs` epochs of maximum likelihood over the cache, validating after every
+     epoch and keeping the best epoch by validation NDCG@10 (`checkpoints/best-*.ckpt`) plus `last.ckpt` (resumable
+     with `ckpt_path=`: optimiser, epoch, position in the epoch). The validation split is encoded once and kept.
 4. Test once with the best head: "Ft -> head" and, from the same backbone pass, "Ft" (no head); write
    `metrics.json` (Ft under `before_head`), `per_query.json`, `run.trec`, the resolved config, as any run.
 """
@@ -29,8 +29,8 @@ from core.errors import InputError
 from core.io import atomic_open
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
+from lightning_modules.heads import head_capabilities
 from lightning_modules.heads.cache import RepresentationCache, cache_key
-from lightning_modules.heads.whitening import MomentAccumulator
 from pipeline.stages import (
     build_trainer,
     evaluate_module,
@@ -109,16 +109,8 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
         module.attach(True)
 
 
-def fit_whitening(module: HeadModule, vectors: np.ndarray, chunk: int = 65536) -> None:
-    """Fit the whitening head (isotropy paper Eq. 7-10) from `vectors`, streamed once in chunks through its moments."""
-    acc = MomentAccumulator(vectors.shape[1])
-    for s in range(0, len(vectors), chunk):
-        acc.update(torch.from_numpy(np.asarray(vectors[s : s + chunk], dtype=np.float32)))
-    module.head.fit(acc)
-
-
 def save_head(module: HeadModule, path: Path) -> None:
-    """Write a head checkpoint outside Lightning's loop (whitening): same layout as the flows' checkpoints."""
+    """Write a head checkpoint outside Lightning's loop (a closed-form head): the layout of the flows' checkpoints."""
     state = {k: v for k, v in module.state_dict().items() if k.startswith(HEAD_PREFIXES)}
     check_finite(state, path, f"the fitted {module.head_cfg.name} head")  # never a NaN head.ckpt that looks complete
     with atomic_open(path, "wb") as f:
@@ -169,12 +161,13 @@ def train_head(cfg: DictConfig) -> dict | None:
     cache = build_cache(cfg, module, dm)
     dm.vectors, dm.head_batch_size = cache.vectors(), int(cfg.head.batch_size)
     cfg = _trainer_for_head(cfg)
+    closed_form = head_capabilities(cfg.head.name).fit == "closed_form"
     logger = build_logger(cfg, name=Path(cfg.output_dir).name)
-    trainer = build_trainer(cfg, logger, checkpoints=cfg.head.name != "whitening")
+    trainer = build_trainer(cfg, logger, checkpoints=not closed_form)  # one pass: no epochs to keep the best of
     if trainer.is_global_zero:
         save_config(cfg)
-    if cfg.head.name == "whitening":
-        fit_whitening(module, dm.vectors)
+    if closed_form:
+        module.head.fit_vectors(dm.vectors)
         if trainer.is_global_zero:
             save_head(module, Path(cfg.output_dir) / "checkpoints" / "head.ckpt")
         trainer.test(module, datamodule=dm, verbose=False)

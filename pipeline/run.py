@@ -8,9 +8,9 @@ Jobs by config (every one `key=value` overrides, validated by the schemas of pip
 - `train.py` (`stage=finetune`): fine-tune; `stage=head`: an isotropy head on the frozen ranker
   (pipeline/head_stage.py); `stage=export ckpt=... output_dir=DIR`: the ranker (and head, with `head_ckpt=`) as a
   Hugging Face folder (pipeline/export.py).
-- `evaluate.py`: the test metrics of `ckpt=` (re-ranking); `model=bm25`: full-collection BM25 over `model.split`
-  (retrieval/bm25.py); `retrieval=dense`: full ranking with a faiss index (retrieval/retrieve.py); `analysis=NAME`:
-  an analysis (analyses/registry.py).
+- `evaluate.py`: the test metrics of `ckpt=` (re-ranking); a first-stage `model` (`model=bm25`,
+  retrieval/first_stage.py): its full-collection run over `model.split`; `retrieval=dense`: full ranking with a
+  faiss index (retrieval/retrieve.py); `analysis=NAME`: an analysis (analyses/registry.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from callbacks.preemption import interruptible
 from core.checkpoints import check_same_ranker, read_checkpoint
 from core.errors import InputError
 from core.lock import output_dir_lock
-from datamodules.bm25 import BM25Params
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
-from lightning_modules.rankers import UNTRAINED
 from pipeline.export import export, load_exported
 from pipeline.head_stage import evaluate_with_head, train_head
 from pipeline.stages import (
@@ -45,7 +43,7 @@ from pipeline.stages import (
     test_results,
     write_results,
 )
-from retrieval.bm25 import run_bm25
+from retrieval.first_stage import first_stage, model_capabilities
 from retrieval.retrieve import retrieve
 
 
@@ -75,15 +73,15 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
     print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
 
 
-def evaluate_untrained(cfg: DictConfig) -> dict:
-    """`model=bm25`: full-collection BM25 over `model.split` (default test), into the same files as any evaluation."""
+def evaluate_first_stage(cfg: DictConfig, retriever) -> dict:
+    """Run a first-stage `model` (`model=bm25`): its full-collection run, into the same files as any evaluation.
+
+    `retriever` is its `retrieval.first_stage.FIRST_STAGE` entry; its run covers `model.split` (default test).
+    """
     if cfg.ckpt:
         raise InputError("ckpt", f"model '{cfg.model.name}' takes no checkpoint")
-    m = cfg.model
-    after = run_bm25(
-        cfg, str(m.split), int(m.depth), BM25Params(m.method, float(m.k1), float(m.b))
-    )  # config.yaml with the results
-    print_table(after, title=f"{m.split} metrics")
+    after = retriever.build(cfg)  # config.yaml with the results
+    print_table(after, title=f"{cfg.model.get('split', 'test')} metrics")
     # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
     # after the files are written: a logging failure cannot lose the results
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
@@ -169,7 +167,7 @@ def _train(cfg: DictConfig) -> dict | Path | None:
             f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: "
             f"`python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`",
         )
-    if cfg.model.name in UNTRAINED:
+    if not model_capabilities(cfg.model.name).trainable:
         raise InputError(
             "model",
             f"'{cfg.model.name}' has nothing to train; "
@@ -264,8 +262,9 @@ def _evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
         return evaluate_retrieval(cfg, model_from_cli)
     if cfg.analysis.name != "none":
         return run_analysis(cfg, model_from_cli)
-    if cfg.model.name in UNTRAINED:
-        return evaluate_untrained(cfg)
+    retriever = first_stage(cfg.model.name)
+    if retriever is not None:
+        return evaluate_first_stage(cfg, retriever)
     if cfg.head_ckpt:
         return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)

@@ -7,6 +7,8 @@
 - `retrieval.config`, `retrieval.retrieve`: the `retrieval` config group and its job,
   `python evaluate.py retrieval=dense ckpt=... data=... [retrieval.k=1000 ...]`.
 - `retrieval.bm25`: BM25 full-collection runs, `python evaluate.py model=bm25 data=... [model.split=all]`.
+- `retrieval.first_stage`: `FIRST_STAGE`, the registry of `model` choices that are first-stage retrievers (BM25), and
+  `model_capabilities(name)` over rankers and first-stage retrievers alike.
 
 Runs are `{qid: {doc id: score}}`, the pipeline's run form: `metrics.trec.write_trec_run` writes them,
 `metrics.ir.evaluate_run` scores them.

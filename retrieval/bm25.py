@@ -1,4 +1,4 @@
-"""BM25 (bm25s) as a ranker of its own: a full-collection run, evaluated with trec_eval semantics.
+"""BM25 (bm25s) as a first-stage retriever: a full-collection run, evaluated with trec_eval semantics.
 
     python evaluate.py model=bm25 data=cranfield output_dir=outputs/bm25-cranfield [model.split=all] [model.depth=1000]
                        [model.method=lucene] [model.k1=1.5] [model.b=0.75]
@@ -9,7 +9,7 @@ rankers are tested on, so rows compare) or `all` (every judged query of every sp
 BM25 figures on the classic collections). Writes into `output_dir`, as evaluate.py does: `run.trec`,
 `per_query.json` and `metrics.json` (means over `eval.measures`, plus the BM25 settings); metrics.json last,
 atomically, so the experiment runner treats the folder as a finished cell. Scoring and tie-breaking:
-datamodules/bm25.py; the config keys: lightning_modules/rankers/bm25.py (`BM25Config`).
+datamodules/bm25.py; the config keys and the registration as `model=bm25`: retrieval/first_stage.py (`BM25Config`).
 """
 
 from __future__ import annotations

@@ -61,8 +61,9 @@ from core.errors import InputError
 from core.io import AtomicDir, write_json
 from core.npy import NpyRowWriter
 from lightning_modules.loading import module_from_checkpoint
+from lightning_modules.rankers import rankers_with
 from lightning_modules.rankers.base import Encoded, cosine_normalize
-from lightning_modules.rankers.colbert import ColBERT
+from lightning_modules.rankers.capabilities import capabilities_of
 from retrieval.dense import (
     GPU_MAX_K,
     FaissBuilder,
@@ -265,12 +266,15 @@ class ColBERTIndex:
 
     @staticmethod
     def _check(ranker) -> None:
-        if not isinstance(ranker, ColBERT):
+        index = capabilities_of(ranker).index
+        if index != "colbert":
             name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
+            serves = " and ".join(rankers_with(lambda c: c.index == "colbert"))
+            dense = " and ".join(rankers_with(lambda c: c.index == "dense"))
             raise InputError(
                 "model.name",
-                f"'{name}' is not a ColBERT ranker; "
-                "ColBERTIndex serves colbert (repbert and bert_dot: retrieval.dense.DenseIndex)",
+                f"'{name}' is not a ColBERT ranker (its index family is {index}); "
+                f"ColBERTIndex serves {serves} ({dense}: retrieval.dense.DenseIndex)",
             )
 
     # -- building

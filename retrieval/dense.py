@@ -64,7 +64,9 @@ import torch
 from core.errors import InputError
 from core.io import AtomicDir, write_json
 from lightning_modules.loading import module_from_checkpoint
-from lightning_modules.rankers.base import SingleVectorEncoder, cosine_normalize
+from lightning_modules.rankers import rankers_with
+from lightning_modules.rankers.base import cosine_normalize
+from lightning_modules.rankers.capabilities import capabilities_of
 from retrieval.encode import (
     encode_docs,
     encode_queries,
@@ -477,11 +479,15 @@ class DenseIndex:
     # -- building
     @staticmethod
     def _check(ranker) -> None:
-        if not isinstance(ranker, SingleVectorEncoder):
+        index = capabilities_of(ranker).index
+        if index != "dense":
             name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
-            hint = "; for colbert use retrieval.colbert_e2e.ColBERTIndex" if name == "colbert" else ""
+            hint = f"; for {name} use retrieval.colbert_e2e.ColBERTIndex" if index == "colbert" else ""
+            serves = " and ".join(rankers_with(lambda c: c.index == "dense"))
             raise InputError(
-                "model.name", f"'{name}' is not a single-vector ranker; DenseIndex serves repbert and bert_dot{hint}"
+                "model.name",
+                f"'{name}' is not a single-vector ranker (its index family is {index}); DenseIndex serves {serves}"
+                f"{hint}",
             )
 
     @classmethod

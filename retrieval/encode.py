@@ -28,7 +28,9 @@ from torch import Tensor
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
 from lightning_modules.encoding import encode_stream
+from lightning_modules.rankers import rankers_with
 from lightning_modules.rankers.base import BiEncoder, Encoded
+from lightning_modules.rankers.capabilities import capabilities_of
 
 __all__ = [
     "PRECISIONS",
@@ -112,12 +114,12 @@ def resolve_device(ranker: torch.nn.Module, device: str | torch.device | None) -
 
 
 def _check_ranker(ranker) -> None:
-    if not isinstance(ranker, BiEncoder):
+    if capabilities_of(ranker).vectors == "none":
         name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
+        indexed = ", ".join(rankers_with(lambda c: c.index is not None))
         raise InputError(
             "model.name",
-            f"'{name}' is not a bi-encoder; "
-            "full ranking needs separately encoded passages (colbert, repbert, bert_dot)",
+            f"'{name}' is not a bi-encoder; full ranking needs separately encoded passages ({indexed})",
         )
 
 

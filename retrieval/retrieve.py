@@ -3,8 +3,9 @@
 `python evaluate.py retrieval=dense ckpt=PATH data=... [retrieval.key=value ...]` (keys: retrieval/config.py,
 configs/retrieval/dense.yaml).
 
-The module comes from `ckpt=` (or is built untrained from `model=`); RepBERT / BERT_DOT are indexed by
-`retrieval.dense.DenseIndex`, ColBERT end-to-end by `retrieval.colbert_e2e.ColBERTIndex`. Writes into `output_dir`:
+The module comes from `ckpt=` (or is built untrained from `model=`); its index family (`RankerCapabilities.index`)
+picks the index: `dense` (RepBERT, BERT_DOT) `retrieval.dense.DenseIndex`, `colbert` (ColBERT) end-to-end
+`retrieval.colbert_e2e.ColBERTIndex`. Writes into `output_dir`:
 the index (`<output_dir>/index` unless `retrieval.index_dir`), `run.trec`, `per_query.json` and `metrics.json` (the
 split's qrels, `eval.measures`, plus the retrieval settings), metrics.json last.
 """
@@ -17,9 +18,12 @@ from pathlib import Path
 from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import InputError
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
+from lightning_modules.rankers import rankers_with
+from lightning_modules.rankers.capabilities import capabilities_of
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
 from retrieval.colbert_e2e import ColBERTIndex
@@ -71,7 +75,11 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     module = load_module(cfg, model_from_cli).eval()
     if device:
         module.to(device)
-    multi = module.ranker.cfg.name == "colbert"
+    index_family = capabilities_of(module.ranker).index
+    if index_family is None:  # before any passage is encoded
+        indexed = ", ".join(rankers_with(lambda c: c.index is not None))
+        raise InputError("model.name", f"'{module.ranker.cfg.name}' has no index family; full ranking serves {indexed}")
+    multi = index_family == "colbert"
     encoded = None
     if ranks()[1] > 1:
         # each rank encodes its share of the collection; rank 0 merges the shares and does everything after

@@ -74,9 +74,9 @@ def at_write(part: str) -> None:
 
 
 def at_cell() -> None:
-    import pipeline.grid
+    import grid.engine
 
-    real = pipeline.grid.run_cell
+    real = grid.engine.run_cell
 
     def run_cell(cell, spec, on_start=lambda: None):
         def started():
@@ -85,7 +85,7 @@ def at_cell() -> None:
 
         return real(cell, spec, started)
 
-    pipeline.grid.run_cell = run_cell
+    grid.engine.run_cell = run_cell
 
 
 def main() -> None:

@@ -618,9 +618,9 @@ def test_grids_train_dgre_rows_with_their_settings(grid, switches):
     """The grids behind results/2026-11-23-dgre-cranfield-cacm.md train every DGRe row with the tuned settings
     (model=dgre_tuned), as they did when model=dgre meant them; dgre_cranfield_literal with the printed equations.
     Every cell keeps Eq. 25 (hinge, margin 1, on sigmoid outputs)."""
+    from grid.engine import plan
+    from grid.spec import load_grid
     from pipeline.config import compose
-    from pipeline.grid import plan
-    from pipeline.grid_config import load_grid
 
     spec, extra = load_grid([f"grid={grid}"])
     cells = [c for c in plan(spec, extra) if c.fold == 0]

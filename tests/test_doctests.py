@@ -8,7 +8,17 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["core", "metrics", "datamodules", "lightning_modules", "callbacks", "retrieval", "analyses", "pipeline"]
+PACKAGES = [
+    "core",
+    "metrics",
+    "datamodules",
+    "lightning_modules",
+    "callbacks",
+    "retrieval",
+    "analyses",
+    "pipeline",
+    "grid",
+]
 
 
 def _modules() -> list[str]:

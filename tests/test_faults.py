@@ -207,8 +207,8 @@ def test_kill_during_results_write_leaves_run_unfinished(tmp_path, tiny_bert):
     holds none of its files (no metrics.json, the grid runner's "finished" mark, and no per_query.json or run.trec
     that would read like a finished run missing a file) and counts as unfinished; resuming from last.ckpt writes
     complete results and removes the dead run's staged set."""
+    from grid.engine import Cell
     from pipeline.config import compose
-    from pipeline.grid import Cell
     from pipeline.run import train
 
     out = tmp_path / "run"

@@ -305,7 +305,7 @@ def test_pq_m_must_divide_the_dimension(work, capsys, from_ckpt):
     ],
 )
 def test_grid_selection_of_nothing_is_an_error(tmp_path, capsys, args, text):
-    from pipeline.grid import main
+    from grid.engine import main
 
     rc = main(["grid=dgre_cranfield", f"output_root={tmp_path}", *args])
     err = one_line(capsys, rc, 2)
@@ -450,7 +450,7 @@ def test_control_characters_in_paths_are_refused(tmp_path, capsys, monkeypatch, 
 
 
 def test_control_characters_in_grid_arguments_are_refused(tmp_path, capsys):
-    from pipeline.grid import main
+    from grid.engine import main
 
     rc = main(["grid=dgre_cranfield", f"output_root={tmp_path}/a\nb"])
     assert "control character" in one_line(capsys, rc, 2)

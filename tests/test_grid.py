@@ -1,4 +1,4 @@
-"""Grid runner (pipeline/grid.py, experiments.py) and tables (pipeline/tables.py): a tiny grid end to end, resumable."""
+"""Grid runner (grid/engine.py, experiments.py) and tables (grid/tables.py): a tiny grid end to end, resumable."""
 
 import dataclasses
 import gzip
@@ -15,8 +15,8 @@ from scipy import stats
 
 from core.errors import InputError
 from datamodules.config import TRAINING_ONLY, DataConfig
-from pipeline.grid import Cell, exportable, load_grid, plan, run
-from pipeline.tables import render_markdown, summarize
+from grid.engine import Cell, exportable, load_grid, plan, run
+from grid.tables import render_markdown, summarize
 
 SYN = [
     "data=synthetic",
@@ -356,7 +356,7 @@ def test_experiments_cli_one_line_error(tmp_path):
 
 
 def test_example_grid_composes():
-    from pipeline.grid import check
+    from grid.engine import check
 
     spec, _ = load_grid(["grid=squad_3seeds"])
     assert spec.baseline == "bm25" and set(spec.rows) == {"bm25", "colbert", "repbert"} and spec.seeds == [1, 2, 3]
@@ -426,7 +426,7 @@ def test_head_row_without_base_row_is_an_error(tmp_path, tiny_bert):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs" / "grid").glob("*.yaml")))
 def test_every_shipped_grid_composes(name):
     """Every grid in configs/grid plans and composes every cell (head rows find their base row)."""
-    from pipeline.grid import check
+    from grid.engine import check
 
     spec, _ = load_grid([f"grid={name}"])
     check(spec, plan(spec))
@@ -495,7 +495,7 @@ def test_transfer_rows_plan_after_the_cell_they_start_from(tmp_path):
 
 @pytest.mark.slow
 def test_transfer_grid_fine_tunes_from_the_pretrained_checkpoint(tmp_path, tiny_bert):
-    from pipeline.grid import best_checkpoint
+    from grid.engine import best_checkpoint
 
     model = ["model=bert_dot", f"model.backbone={tiny_bert}"]
     gfile = transfer_grid(
@@ -560,7 +560,7 @@ def delta_fixture():
 
 
 def test_delta_table_is_tables_3_4_with_wilcoxon_between_test_sets():
-    from pipeline.tables import summarize_delta
+    from grid.tables import summarize_delta
 
     res, vals = delta_fixture()
     mean = lambda reps: [(x + y) / 2 for x, y in zip(*reps)]  # noqa: E731 - per-query means over the seeds
@@ -638,7 +638,7 @@ def test_untrained_key_is_checked(tmp_path):
 def test_table_record_with_paper_figures(tmp_path, monkeypatch):
     """`action=table record=true` writes results/<date>-<name>.md with the command, commit, machine, the cells'
     summed wall time and the table, the paper's figures under our rows; a second record does not overwrite it."""
-    import pipeline.record as record
+    import grid.record as record
 
     monkeypatch.setattr(record, "RESULTS_DIR", tmp_path / "results")
     grid = {
@@ -701,7 +701,7 @@ def test_table_record_with_paper_figures(tmp_path, monkeypatch):
 
 
 def test_head_rows_build_on_the_fine_tuned_row_not_the_backbone():
-    from pipeline.grid import head_bases
+    from grid.engine import head_bases
 
     spec, _ = load_grid(["grid=squad_colbert_heads"])
     assert spec.rows["colbert_backbone"] == spec.rows["colbert"] and spec.untrained == ["colbert_backbone"]
@@ -993,3 +993,26 @@ def test_a_test_read_from_the_training_cell_equals_evaluate_py_on_its_checkpoint
         "colbert/debiased/seed1/eval-rotated",
     ]
     assert "1 left out: tests their training cell already ran" in log.getvalue()
+
+
+def test_the_grid_uses_only_the_public_api_of_pipeline():
+    """grid/ imports from pipeline only names without a leading underscore, each in its module's `__all__` when the
+    module declares one (import-linter checks the modules; this checks the names)."""
+    import ast
+    import importlib
+
+    private = []
+    for path in sorted((REPO / "grid").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pipeline":
+                public = getattr(importlib.import_module(node.module), "__all__", None)
+                for alias in node.names:
+                    if alias.name.startswith("_") or (public is not None and alias.name not in public):
+                        private.append(f"{path.name}:{node.lineno} {node.module}.{alias.name}")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id == "pipeline":
+                    private.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert private == [], f"grid/ uses private names of pipeline: {private}"

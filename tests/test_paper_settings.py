@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 
 from core.errors import InputError
 from datamodules.datamodule import EvalSplit
+from grid.engine import check, load_grid, plan, run
 from lightning_modules.module import RankingModule
 from metrics.rerank_depth import candidate_ranks, choose_depth, truncate
 from pipeline.config import compose
-from pipeline.grid import check, load_grid, plan, run
 
 QUERIES = ["what is heat transfer", "slab conduction", "boundary layer flow at high speed"]
 DOCS = ["heat transfer in slabs", "a study of boundary layers", "flow of air over wings at speed", "conduction"]
@@ -379,7 +379,7 @@ def _record_grid(tmp_path, **extra) -> Path:
 
 
 def test_a_grid_prints_its_deviations_in_the_table_and_the_record(tmp_path, monkeypatch):
-    import pipeline.record as record
+    import grid.record as record
 
     monkeypatch.setattr(record, "RESULTS_DIR", tmp_path / "results")
     devs = [

@@ -51,11 +51,12 @@ from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.encoding import encode_collection
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
+from lightning_modules.rankers import ranker_capabilities, rankers_with
 from lightning_modules.rankers.base import EncodedTexts
+from lightning_modules.rankers.capabilities import capabilities_of
 from lightning_modules.rankers.maxsim import c_star
 
 JSON_NAME = "vocab_projections.json"
-RANKERS = ("repbert", "bert_dot", "colbert")
 
 
 @dataclasses.dataclass
@@ -98,12 +99,16 @@ def _say(msg: str) -> None:
 
 
 def check_ranker(cfg_model, where: str = "model.name") -> None:
-    """Rankers with a representation in the backbone's space (no compression layer), so Eq. 3 applies."""
-    if cfg_model.name not in RANKERS:
+    """Check that Eq. 3 applies to the ranker of `cfg_model`, else raise InputError at `where`.
+
+    That is a bi-encoder with an index family (one pooled vector, or Eq. 1 over token vectors, as `candidate_scores`
+    scores them) whose vectors have the backbone's width (no compression layer).
+    """
+    if ranker_capabilities(cfg_model.name).index is None:
         raise InputError(
             where,
-            f"is '{cfg_model.name}'; vocabulary projections read {list(RANKERS)} "
-            "(single-vector or per-token bi-encoders)",
+            f"is '{cfg_model.name}'; vocabulary projections read {rankers_with(lambda c: c.index is not None)} "
+            "(single-vector or per-token bi-encoders with an index family)",
         )
     if getattr(cfg_model, "compress_dim", None):
         raise InputError(
@@ -134,7 +139,13 @@ def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int
     vectors are not kept).
     """
     return encode_collection(
-        ranker, ids, side, batch_size=batch_size, pad_id=pad_id, scoring=False, keep_tokens=ranker.cfg.name == "colbert"
+        ranker,
+        ids,
+        side,
+        batch_size=batch_size,
+        pad_id=pad_id,
+        scoring=False,
+        keep_tokens=capabilities_of(ranker).vectors == "multi",
     )
 
 

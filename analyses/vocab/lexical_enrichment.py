@@ -47,6 +47,7 @@ from core.errors import InputError, check_choice
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.sources import data_config, load_dataset, used_splits
+from lightning_modules.rankers import ranker_capabilities, rankers_with
 from metrics.ir import evaluate_run
 from metrics.significance import check_test, p_value, significance_mark
 
@@ -230,10 +231,11 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
     if not cfg.ckpt:
         check_ranker(cfg.model)
     model_cfg = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"] if cfg.ckpt else cfg.model
-    if model_cfg["name"] not in ("repbert", "bert_dot"):
+    if ranker_capabilities(model_cfg["name"]).vectors != "single":
+        single = " or ".join(rankers_with(lambda c: c.vectors == "single"))
         raise InputError(
             "model.name",
-            f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: repbert or bert_dot",
+            f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: {single}",
         )
     dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.val_split, opts.test_split))

@@ -61,6 +61,7 @@ from datamodules.bm25 import bm25_candidates
 from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
+from lightning_modules.rankers import ranker_capabilities, rankers_with
 
 JSON_NAME = "whitebox.json"
 STATISTICS = ("term_importance", "delta_es", "spectral")
@@ -159,23 +160,27 @@ def queries_and_candidates(
     return qids, texts, cands, depth
 
 
-def _check_colbert(name: str) -> None:
-    if name != "colbert":
+def _check_eq1(name: str) -> None:
+    """Raise InputError unless the ranker `name` scores by ColBERT's Eq. 1 (its index family is `colbert`)."""
+    if ranker_capabilities(name).index != "colbert":
         raise InputError(
             "model.name",
-            f"is '{name}'; the white-box analysis reads ColBERT's Eq. 1 (model=colbert or a ColBERT checkpoint)",
+            f"is '{name}'; the white-box analysis reads ColBERT's Eq. 1, a ranker of index family colbert "
+            f"({' or '.join(rankers_with(lambda c: c.index == 'colbert'))}, or a checkpoint of one)",
         )
 
 
 def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
     """Label -> RankingModule in eval mode: the checkpoint's ranker (or the untrained one), and the backbone."""
     module = load_module(cfg, model_from_cli)
-    _check_colbert(module.model_cfg.name)
+    _check_eq1(module.model_cfg.name)
     models = {("fine-tuned" if cfg.ckpt else "untrained"): module}
     if with_backbone and not cfg.ckpt:
         _say("analysis.with_backbone: no ckpt given, so the analysed model is already the untrained backbone")
     if with_backbone and cfg.ckpt:
-        plain = {**OmegaConf.to_container(OmegaConf.create(cfg.model)), "compress_dim": None}
+        plain = OmegaConf.to_container(OmegaConf.create(cfg.model))
+        if "compress_dim" in plain:  # the paper's backbone has no projection; rankers without one have no such key
+            plain["compress_dim"] = None
         models["backbone"] = RankingModule(plain, OmegaConf.to_container(cfg.optim))
     # a GPU encodes when the trainer config allows one (trainer.accelerator auto / gpu / cuda); the rest is CPU work
     use_gpu = torch.cuda.is_available() and str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda")
@@ -289,8 +294,8 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     """Read and check all input, run every model and return the result; nothing is written here."""
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     timings: dict[str, float] = {}
-    if not cfg.ckpt and cfg.model.name != "colbert":
-        _check_colbert(cfg.model.name)  # before reading anything
+    if not cfg.ckpt:
+        _check_eq1(cfg.model.name)  # before reading anything
     t0 = time.perf_counter()
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))

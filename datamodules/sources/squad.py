@@ -163,4 +163,9 @@ def build(cfg: SquadConfig, seed: int, splits: tuple[str, ...] | None = None) ->
     kept = {q for s in splits.values() for q in s.queries}
     answers = {key: spans for key, spans in answers.items() if key[0] in kept}
     splits = {name: splits[name] for name in ("train", "val", "test")}
-    return IRDataset(name="squad", docs=docs, splits=splits, answers=answers)
+    return IRDataset(name="squad", docs=docs, splits=splits, answers=answers, doc_group=article_of)
+
+
+def article_of(doc_id: str) -> str:
+    """Return the article of a paragraph's doc id `<article index>-<paragraph index>` (folds keep articles together)."""
+    return doc_id.split("-", 1)[0]

@@ -6,17 +6,33 @@
 
 Every head is an `IsotropyHead`: `forward(x) -> z` on [..., D] vectors (what scoring sees), and
 `nll(x) -> [...]` the per-vector negative log-likelihood under a standard Gaussian in z (flows train on it,
-isotropy paper Eq. 5; whitening has no parameters to train but reports it too, for comparison).
+isotropy paper Eq. 5; whitening has no parameters to train but reports it too, for comparison). Each registered head
+declares how it is fitted (`HeadCapabilities`: closed form or by gradient), which the head stage asks
+(`head_capabilities`).
 """
 
+from core.errors import InputError
 from core.registry import Registry
 
 HEADS: Registry = Registry("isotropy head")
 
-from lightning_modules.heads.base import HeadConfig, IsotropyHead, build_head  # noqa: E402
+from lightning_modules.heads.base import HeadCapabilities, HeadConfig, IsotropyHead, build_head  # noqa: E402
 
-HEADS.register("none", schema=HeadConfig)(lambda cfg, dim: None)
+HEADS.register("none", schema=HeadConfig)(lambda cfg, dim: None)  # no head: nothing to fit, no capabilities
 
 from lightning_modules.heads import flows, whitening  # noqa: E402,F401
 
-__all__ = ["HEADS", "HeadConfig", "IsotropyHead", "build_head"]
+
+def head_capabilities(name: str, where: str = "head.name") -> HeadCapabilities:
+    """Return how the head registered as `name` is fitted, from the name alone (an InputError at `where` for none).
+
+    `none` is no head and has no capabilities: asking for them is an InputError too.
+    """
+    caps = HEADS.get(name, where).capabilities
+    if caps is None:
+        heads = [n for n in HEADS.names() if HEADS.get(n).capabilities is not None]
+        raise InputError(where, f"'{name}' is no isotropy head; expected one of {heads}")
+    return caps
+
+
+__all__ = ["HEADS", "HeadCapabilities", "HeadConfig", "IsotropyHead", "build_head", "head_capabilities"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -44,8 +46,33 @@ class HeadConfig:
         )
 
 
+FITS = ("closed_form", "gradient")
+
+
+@dataclass(frozen=True)
+class HeadCapabilities:
+    """How an isotropy head is fitted, declared where it is defined, so the head stage decides by it, not by name.
+
+    Attributes
+    ----------
+    fit : str
+        ``"closed_form"``: fitted in one pass over the cached representations by `IsotropyHead.fit_vectors` (no
+        optimiser, no epochs, one `head.ckpt`); ``"gradient"``: trained by maximum likelihood (Eq. 5) for
+        `head.epochs` epochs, validated after each, the best epoch kept.
+    """
+
+    fit: str
+
+    def __post_init__(self):
+        if self.fit not in FITS:
+            raise ValueError(f"fit must be one of {FITS}, got {self.fit!r}")
+
+
 class IsotropyHead(nn.Module):
     """x [..., D] -> z [..., D]; `nll` is -log p(x) with p the density that makes z standard normal."""
+
+    # how it is fitted; every registered head declares its own and registers the same object
+    capabilities: ClassVar[HeadCapabilities] = HeadCapabilities(fit="gradient")
 
     def __init__(self, dim: int):
         super().__init__()
@@ -62,6 +89,10 @@ class IsotropyHead(nn.Module):
     def inverse(self, z: Tensor) -> Tensor:
         """Map z [..., D] back to the representations x [..., D] (the inverse of `forward`)."""
         raise NotImplementedError
+
+    def fit_vectors(self, vectors: np.ndarray) -> IsotropyHead:
+        """Fit the head in closed form from representations [N, D] and return it (heads with `fit="closed_form"`)."""
+        raise NotImplementedError(f"{type(self).__name__} is trained by gradient, not fitted in closed form")
 
     def nll(self, x: Tensor) -> Tensor:
         """-log p(x) = -log N(z; 0, I) - log |det dz/dx| (isotropy paper Eq. 5), per vector, in float32 or wider."""

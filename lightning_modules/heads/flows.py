@@ -41,7 +41,7 @@ from zuko.transforms import (
 
 from core.ranges import COUNT, NON_NEGATIVE, check_ranges
 from lightning_modules.heads import HEADS
-from lightning_modules.heads.base import HeadConfig, IsotropyHead
+from lightning_modules.heads.base import HeadCapabilities, HeadConfig, IsotropyHead
 
 _SLOPE = 1e-3  # zuko's MonotonicAffineTransform default: |log scale| < -log(slope)
 
@@ -171,6 +171,8 @@ def _actnorm(dim: int) -> UnconditionalTransform:
 class FlowHead(IsotropyHead):
     """A zuko transform x -> z with its log-det; the base distribution is the standard Gaussian of `nll`."""
 
+    capabilities = HeadCapabilities(fit="gradient")  # maximum likelihood, Eq. 5
+
     def __init__(self, dim: int, transforms: list[LazyTransform]):
         super().__init__(dim)
         self.flow = LazyComposedTransform(*transforms)
@@ -285,11 +287,11 @@ def build_glow(dim: int, levels: int = 2, depth: int = 3, hidden_units: int = 32
     return FlowHead(dim, transforms)
 
 
-@HEADS.register("nice", schema=NICEConfig)
+@HEADS.register("nice", schema=NICEConfig, capabilities=FlowHead.capabilities)
 def _nice(cfg: NICEConfig, dim: int) -> FlowHead:
     return build_nice(dim, cfg.couplings, cfg.hidden_layers, cfg.hidden_units)
 
 
-@HEADS.register("glow", schema=GlowConfig)
+@HEADS.register("glow", schema=GlowConfig, capabilities=FlowHead.capabilities)
 def _glow(cfg: GlowConfig, dim: int) -> FlowHead:
     return build_glow(dim, cfg.levels, cfg.depth, cfg.hidden_units, cfg.hidden_layers)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from core.ranges import POSITIVE, check_ranges
 from lightning_modules.heads import HEADS
-from lightning_modules.heads.base import HeadConfig, IsotropyHead
+from lightning_modules.heads.base import HeadCapabilities, HeadConfig, IsotropyHead
 
 
 @dataclass
@@ -69,8 +70,11 @@ class MomentAccumulator:
 class Whitening(IsotropyHead):
     """Whitening head, z = (x - mu) U Lambda^-1/2 (Eq. 10); `fit` sets mu and U Lambda^-1/2 from Eq. 7-9.
 
-    It has nothing to train: `fit` must be called before use. `eps` floors the eigenvalues (module docstring).
+    It has nothing to train: `fit` (or `fit_vectors`) must be called before use. `eps` floors the eigenvalues (module
+    docstring).
     """
+
+    capabilities = HeadCapabilities(fit="closed_form")
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__(dim)
@@ -90,6 +94,13 @@ class Whitening(IsotropyHead):
         self.fitted.fill_(True)
         return self
 
+    def fit_vectors(self, vectors: np.ndarray, chunk: int = 65536) -> Whitening:
+        """Fit Eq. 7-10 from `vectors` [N, D] (an array or a memory map), streamed once in chunks through the sums."""
+        acc = MomentAccumulator(vectors.shape[1])
+        for s in range(0, len(vectors), chunk):
+            acc.update(torch.from_numpy(np.asarray(vectors[s : s + chunk], dtype=np.float32)))
+        return self.fit(acc)
+
     def forward_and_logdet(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Return (z [..., D] of Eq. 10, log |det U Lambda^-1/2| [...], the same constant for every vector)."""
         if not bool(self.fitted):
@@ -104,7 +115,7 @@ class Whitening(IsotropyHead):
         return z @ torch.linalg.inv(self.transform).to(z.dtype) + self.mean.to(z.dtype)
 
 
-@HEADS.register("whitening", schema=WhiteningConfig)
+@HEADS.register("whitening", schema=WhiteningConfig, capabilities=Whitening.capabilities)
 def build(cfg: WhiteningConfig, dim: int) -> Whitening:
     """Build an unfitted whitening head for `dim`-wide vectors (the head stage fits it)."""
     return Whitening(dim, cfg.eps)

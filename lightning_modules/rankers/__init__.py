@@ -1,6 +1,9 @@
-"""Ranker registry: `model.name` in YAML picks one of these."""
+"""Ranker registry: `model.name` in YAML picks one of these, and each entry declares what its ranker can do."""
+
+from collections.abc import Callable
 
 from core.registry import Registry
+from lightning_modules.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
 
 RANKERS: Registry = Registry("ranker")
 
@@ -8,15 +11,25 @@ RANKERS: Registry = Registry("ranker")
 from lightning_modules.rankers import (  # noqa: E402,F401
     bert_cat,
     bert_dot,
-    bm25,
     colbert,
     dgre,
     repbert,
     tk,
 )
 
-# Entries that are no nn.Module: evaluate.py runs them directly, train.py refuses them, grids do not train them.
-UNTRAINED = ("bm25",)
+
+def ranker_capabilities(name: str) -> RankerCapabilities:
+    """Return what the ranker registered as `name` declares it can do, from the name alone (nothing is built).
+
+    A name that is no ranker (a first-stage retriever such as `bm25`, composed from the same `model` group), or a ranker
+    registered without capabilities, can do none of it, so the caller's own error says what it needs.
+    """
+    return (RANKERS.get(name).capabilities if name in RANKERS else None) or NO_CAPABILITIES
+
+
+def rankers_with(can: Callable[[RankerCapabilities], bool]) -> list[str]:
+    """Return the names of the registered rankers whose capabilities satisfy `can`, sorted (for error messages)."""
+    return [n for n in RANKERS.names() if can(ranker_capabilities(n))]
 
 
 def build_ranker(cfg):

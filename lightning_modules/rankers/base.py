@@ -12,7 +12,9 @@ white-box ColBERT) reuse them directly. Two kinds:
   defines on its own internals (DGRe's triangle distance and mutual information terms), which RankingModule adds
   to the ranking loss and logs, so no ranker needs a special case in the module.
 
-Both expose `score(batch) -> [B]` over tokenised (query, passage) pairs, the only call evaluation needs.
+Both expose `score(batch) -> [B]` over tokenised (query, passage) pairs, the only call evaluation needs. Every
+ranker declares what it can do as its class attribute `capabilities` (capabilities.py: multi- or single-vector, its
+index family, token and sequence vectors for the heads, trainable), which callers ask instead of its name or class.
 `hinge_scores` maps scores to what the pairwise margin loss compares (identity; DGRe: its sigmoid probability).
 """
 
@@ -29,6 +31,7 @@ from torch import Tensor, nn
 from core.npy import NpyRowReader
 from core.ranges import COUNT, check_ranges
 from lightning_modules.rankers.backbone import load_backbone
+from lightning_modules.rankers.capabilities import RankerCapabilities
 from lightning_modules.rankers.dropout import use_fast_dropout
 
 
@@ -193,6 +196,8 @@ class Ranker(nn.Module):
     """
 
     kind: ClassVar[str]  # "bi" or "cross"
+    # what the ranker can do (capabilities.py); every registered ranker declares its own and registers the same object
+    capabilities: ClassVar[RankerCapabilities] = RankerCapabilities(vectors="none")
     # softmax temperature of the ce loss when optim.temperature is null (see OptimConfig.temperature)
     ce_temperature: ClassVar[float] = 1.0
 
@@ -232,6 +237,7 @@ class BiEncoder(Ranker):
     """
 
     kind = "bi"
+    capabilities = RankerCapabilities(vectors="multi", token_vectors=True)
 
     def __init__(self, cfg: RankerConfig):
         super().__init__(cfg)
@@ -328,6 +334,7 @@ class SingleVectorEncoder(BiEncoder):
     """Bi-encoders that score one pooled vector per text; `pool` fills `Encoded.sequence`."""
 
     cosine: ClassVar[bool] = False
+    capabilities = RankerCapabilities(vectors="single", index="dense", token_vectors=True, sequence_vectors=True)
 
     def _prep(self, x: Tensor) -> Tensor:
         return cosine_normalize(x) if self.cosine else x
@@ -374,6 +381,7 @@ class CrossEncoder(Ranker):
     """
 
     kind = "cross"
+    capabilities = RankerCapabilities(vectors="none")
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
         """Score a batch of tokenised (query, passage) pairs (`input_ids`, `attention_mask`, ...): [B]."""

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import CrossEncoder, RankerConfig
+from lightning_modules.rankers.capabilities import RankerCapabilities
 
 
 @dataclass
@@ -21,6 +22,8 @@ class BertCatConfig(RankerConfig):
 
 class BertCat(CrossEncoder):
     """BERT_CAT, position-bias paper Eq. 2: TF([CLS; q; SEP; p; SEP])_1 * W_s, a linear layer on the [CLS] vector."""
+
+    capabilities = RankerCapabilities(vectors="none")
 
     def __init__(self, cfg: BertCatConfig):
         super().__init__(cfg)
@@ -40,7 +43,7 @@ class BertCat(CrossEncoder):
         return self.classifier(self.cls_representation(batch)).squeeze(-1)
 
 
-@RANKERS.register("bert_cat", schema=BertCatConfig)
+@RANKERS.register("bert_cat", schema=BertCatConfig, capabilities=BertCat.capabilities)
 def build(cfg: BertCatConfig) -> BertCat:
     """Build BERT_CAT for `model.name: bert_cat`."""
     return BertCat(cfg)

@@ -12,6 +12,7 @@ from torch import nn
 from core.ranges import COUNT, check_ranges
 from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEncoder
+from lightning_modules.rankers.capabilities import RankerCapabilities
 
 
 @dataclass
@@ -30,6 +31,7 @@ class BertDot(SingleVectorEncoder):
     """BERT_DOT, position-bias paper Eq. 3: TF([CLS; q])_1 . TF([CLS; p])_1, a plain dot product (no cosine)."""
 
     cosine = False
+    capabilities = RankerCapabilities(vectors="single", index="dense", token_vectors=True, sequence_vectors=True)
 
     def __init__(self, cfg: BertDotConfig):
         super().__init__(cfg)
@@ -42,7 +44,7 @@ class BertDot(SingleVectorEncoder):
         return enc
 
 
-@RANKERS.register("bert_dot", schema=BertDotConfig)
+@RANKERS.register("bert_dot", schema=BertDotConfig, capabilities=BertDot.capabilities)
 def build(cfg: BertDotConfig) -> BertDot:
     """Build BERT_DOT for `model.name: bert_dot`."""
     return BertDot(cfg)

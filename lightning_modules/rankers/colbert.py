@@ -20,6 +20,7 @@ from lightning_modules.rankers.base import (
     RankerConfig,
     cosine_normalize,
 )
+from lightning_modules.rankers.capabilities import RankerCapabilities
 from lightning_modules.rankers.maxsim import maxsim_all, maxsim_pairs
 
 
@@ -37,6 +38,8 @@ class ColBERTConfig(RankerConfig):
 
 class ColBERT(BiEncoder):
     """ColBERT, isotropy paper Eq. 1: the sum over query tokens of their best cosine with a passage token."""
+
+    capabilities = RankerCapabilities(vectors="multi", index="colbert", token_vectors=True)
 
     def __init__(self, cfg: ColBERTConfig):
         super().__init__(cfg)
@@ -62,7 +65,7 @@ class ColBERT(BiEncoder):
         return maxsim_all(cosine_normalize(q.tokens), q.mask, cosine_normalize(d.tokens), d.mask)
 
 
-@RANKERS.register("colbert", schema=ColBERTConfig)
+@RANKERS.register("colbert", schema=ColBERTConfig, capabilities=ColBERT.capabilities)
 def build(cfg: ColBERTConfig) -> ColBERT:
     """Build ColBERT for `model.name: colbert`."""
     return ColBERT(cfg)

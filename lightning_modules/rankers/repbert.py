@@ -17,6 +17,7 @@ from lightning_modules.rankers.base import (
     SingleVectorEncoder,
     masked_mean,
 )
+from lightning_modules.rankers.capabilities import RankerCapabilities
 
 
 @dataclass
@@ -30,6 +31,7 @@ class RepBERT(SingleVectorEncoder):
     """RepBERT, isotropy paper Eq. 2: the cosine of the mean-pooled query and passage token vectors."""
 
     cosine = True
+    capabilities = RankerCapabilities(vectors="single", index="dense", token_vectors=True, sequence_vectors=True)
     ce_temperature = 0.05  # cosines in [-1, 1]: see OptimConfig.temperature
 
     def pool(self, enc: Encoded) -> Encoded:
@@ -38,7 +40,7 @@ class RepBERT(SingleVectorEncoder):
         return enc
 
 
-@RANKERS.register("repbert", schema=RepBERTConfig)
+@RANKERS.register("repbert", schema=RepBERTConfig, capabilities=RepBERT.capabilities)
 def build(cfg: RepBERTConfig) -> RepBERT:
     """Build RepBERT for `model.name: repbert`."""
     return RepBERT(cfg)

@@ -71,6 +71,7 @@ from lightning_modules.rankers.base import (
     cosine_normalize,
     take,
 )
+from lightning_modules.rankers.capabilities import RankerCapabilities
 from lightning_modules.rankers.contextualizer import Contextualizer
 from lightning_modules.rankers.kernel_pooling import kernel_means, kernel_pooling
 from lightning_modules.rankers.word_vectors import (
@@ -158,6 +159,9 @@ class TK(BiEncoder):
 
     A bi-encoder with no BERT layer: only the word embeddings (and the tokenizer) come from the backbone.
     """
+
+    # token vectors, but scored by kernel pooling, which no index family reproduces
+    capabilities = RankerCapabilities(vectors="multi", token_vectors=True)
 
     # Bound on the elements of one [pairs, Lq, Ld, kernels] activation tensor; scoring runs in chunks under it.
     max_kernel_elements: int = 2**24
@@ -285,7 +289,7 @@ class TK(BiEncoder):
         }
 
 
-@RANKERS.register("tk", schema=TKConfig)
+@RANKERS.register("tk", schema=TKConfig, capabilities=TK.capabilities)
 def build(cfg: TKConfig) -> TK:
     """Build TK for `model.name: tk`."""
     return TK(cfg)

@@ -9,7 +9,7 @@ from lightning_modules.rankers import RANKERS
 from lightning_modules.rankers.dgre.ranker import DGRe, DGReConfig, DGReOutput
 
 
-@RANKERS.register("dgre", schema=DGReConfig)
+@RANKERS.register("dgre", schema=DGReConfig, capabilities=DGRe.capabilities)
 def build(cfg: DGReConfig) -> DGRe:
     """Build DGRe for `model.name: dgre`."""
     return DGRe(cfg)

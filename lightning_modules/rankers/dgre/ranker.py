@@ -52,6 +52,7 @@ from lightning_modules.rankers.base import (
     TripletOutput,
     masked_mean,
 )
+from lightning_modules.rankers.capabilities import RankerCapabilities
 from lightning_modules.rankers.dgre.decomposition import (
     DECOMPOSITION_NORMS,
     Decomposition,
@@ -162,6 +163,8 @@ class DGRe(CrossEncoder):
 
     Training adds the triangle distance and MINE terms through `score_triplets`; see the module docstring.
     """
+
+    capabilities = RankerCapabilities(vectors="none")
 
     def __init__(self, cfg: DGReConfig):
         super().__init__(cfg)

@@ -1,8 +1,8 @@
 """The grid file of `python experiments.py grid=NAME [key=value ...]` as one typed schema, `GridSpec`.
 
-The grid file (configs/grid/NAME.yaml, run by pipeline/grid.py) as one typed schema, `GridSpec`: its fields are the
+The grid file (configs/grid/NAME.yaml, run by grid/engine.py) as one typed schema, `GridSpec`: its fields are the
 grid keys. `load_grid` merges the file and the command line's grid keys onto it as an OmegaConf structured config
-(pipeline/config.py's `_structured`, as for the run configs), so a key it does not know or a value of the wrong type
+(pipeline.config's `merge_structured`, as for the run configs), so a key it does not know or a value of the wrong type
 stops the load; `GridSpec.__post_init__` checks choices, ranges and the references between keys. Every action (run,
 table, list) loads through here, and every message names the grid file and the key path:
 `grid file configs/grid/x.yaml, key rows.colbert: ...`.
@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from core.errors import InputError
 from datamodules.config import TRAINING_ONLY
 from metrics.significance import TESTS, UNPAIRED
-from pipeline.config import CONFIG_DIR, _load_yaml, _structured, _translate, check_control_characters
+from pipeline.config import CONFIG_DIR, check_control_characters, load_yaml, merge_structured, translate_error
 
 __all__ = ["GRID_DIR", "GRID_KEYS", "INIT_REF", "GridSpec", "grid_key", "load_grid"]
 
@@ -73,15 +73,13 @@ class GridSpec:
     launcher: str | None = "subprocess"  # subprocess (train.py / evaluate.py per cell) | inprocess
     output_root: str | None = "outputs/grids"
     action: str | None = "run"  # run | table | list | export | import (finished cells to / from cells_file)
-    cells_file: str | None = (
-        None  # action=export / import: a gzip'd JSON file of finished cells (pipeline/grid_cells.py)
-    )
+    cells_file: str | None = None  # action=export / import: a gzip'd JSON file of finished cells (grid/cells.py)
     untrained: Any = None  # rows evaluated as they are, never trained: the backbone (0 steps) beside its fine-tuned row
     train_on: dict[str, Any] | None = None  # row -> the train_data labels it trains on (default: all)
     compare_to: dict[str, str] | None = None  # row -> the row its table cells compare with (default: baseline)
     delta_eval: list[str] | None = None  # two eval_data labels: the position-bias paper's Table 3-4 layout
     only: Any = None  # run only the cells whose label matches one of these globs
-    record: bool = False  # also write the table as a dated record, results/<date>-<name>.md (pipeline/record.py)
+    record: bool = False  # also write the table as a dated record, results/<date>-<name>.md (grid/record.py)
     # action=run beside other grid processes: instead of leaving when only their cells are left, look again every
     # wait_s seconds and take the first runnable cell in plan order, until every selected cell is finished
     wait_s: float | None = None
@@ -90,7 +88,7 @@ class GridSpec:
     paper_note: str | None = None  # whose figures `paper` holds (paper, table, data set, backbone)
     # Where the grid does not follow the paper's printed setting (backbone, steps or epochs this CPU cannot afford, a
     # setting the paper does not print, ...), one sentence each: a grid that claims a paper's setting names every
-    # departure from it, and its table and record print the list under the table's header (pipeline/tables.py).
+    # departure from it, and its table and record print the list under the table's header (grid/tables.py).
     deviations: list[str] | None = None
 
     # not grid keys: set by load_grid
@@ -272,7 +270,7 @@ class GridSpec:
         return test_settings(self.train_data[train]) == test_settings(self.eval_data[ev])
 
     def selected(self, cell) -> bool:
-        """Whether `only` selects the cell (a pipeline.grid.Cell)."""
+        """Whether `only` selects the cell (a grid.engine.Cell)."""
         return not self.only or any(fnmatch.fnmatchcase(cell.label, p) for p in self.only)
 
     @property
@@ -439,7 +437,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
             "grid", f"missing; usage: python experiments.py grid=NAME [key=value ...], NAME one of {options}"
         )
     path = _grid_path(grid)
-    file = _load_yaml(path, f"grid={grid}")
+    file = load_yaml(path, f"grid={grid}")
     try:
         cli = OmegaConf.from_dotlist(grid_over)
     except Exception as e:
@@ -452,7 +450,7 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     def unknown(key: str) -> InputError:
         return InputError(f"grid file {path}", f"unknown grid key '{key}'; a grid accepts {list(GRID_KEYS)}")
 
-    node = _structured(GridSpec, file, cli, prefix="", where=where, unknown=unknown)
+    node = merge_structured(GridSpec, file, cli, prefix="", where=where, unknown=unknown)
     try:
         if not node.name:
             node.name = path.stem
@@ -463,5 +461,5 @@ def load_grid(argv: list[str]) -> tuple[GridSpec, list[str]]:
     except InputError as e:  # from __post_init__, which names the key only
         raise InputError(where(e.where), e.problem) from e
     except OmegaConfBaseException as e:  # e.g. an interpolation to a key that does not exist
-        raise _translate(e, where=where) from e
+        raise translate_error(e, where=where) from e
     return spec, extra

@@ -1,4 +1,4 @@
-"""Results tables in the papers' layout, from a grid's `results.json` (pipeline/grid.py).
+"""Results tables in the papers' layout, from a grid's `results.json` (grid/engine.py).
 
 One block per (training data, evaluation data); in a block one row per method (the grid's `rows`, baseline first)
 and one column per measure. A cell reads `0.8282 (+3.1%)**`:

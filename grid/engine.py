@@ -1,13 +1,13 @@
 """Grids of experiments: `python experiments.py grid=NAME [key=value ...]` runs `configs/grid/NAME.yaml`.
 
-A grid file (see configs/grid/squad_3seeds.yaml; its schema and checks: pipeline/grid_config.py):
+A grid file (see configs/grid/squad_3seeds.yaml; its schema and checks: grid/spec.py):
 
     name: squad_3seeds            # folder and W&B group (default: the file name)
     baseline: colbert             # the row the table compares against
     rows:                         # one row per method: overrides for train.py
       colbert: [model=colbert]
       repbert: [model=repbert]
-      bm25: [model=bm25]          # untrained (lightning_modules.rankers.UNTRAINED): evaluate.py on each cell's data
+      bm25: [model=bm25]          # not trainable (its declared capabilities): evaluate.py on each cell's data
       colbert_backbone: [model=colbert]   # listed in `untrained`: the backbone at step 0, evaluated as it is
       colbert_white: [model=colbert, head=whitening]   # a head row: see "Head rows" below
     train_data: [squad]           # data options to train on; an entry may also be {label: [overrides]}
@@ -41,9 +41,9 @@ row with the same overrides without `head...` (which must exist; it is run first
 `train.py stage=head ckpt=<the base cell's best checkpoint>`, its evaluation cells `evaluate.py
 head_ckpt=<its best head>`, so "Ft" and "Ft -> head" share one fine-tuned model per seed (isotropy paper Tables 1-3).
 
-Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (run.py writes them atomically when the run
-is over; `cell.json` keeps the overrides it started with, and a started cell whose overrides differ from what the grid
-plans now, other than logging ones, stops the run instead of being reused), a training cell with a
+Resumable: a cell whose `metrics.json` and `per_query.json` exist is skipped (pipeline/run.py writes them atomically
+when the run is over; `cell.json` keeps the overrides it started with, and a started cell whose overrides differ from
+what the grid plans now, other than logging ones, stops the run instead of being reused), a training cell with a
 `checkpoints/last.ckpt` but no results (killed mid-way) resumes from it (exact resume; a run already at max_steps only
 repeats its test), any other cell runs from scratch. Delete a cell's folder to recompute it from scratch. Several grid
 processes may run one grid at once (one per GPU, say): a process claims each cell with the lock file `.<cell>.grid.lock`
@@ -53,7 +53,7 @@ process deletes another's checkpoints. With the subprocess launcher each cell's 
 (exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1.
 
 At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
-(long format, per query; qid `all` = the run's mean), and pipeline/tables.py renders `<name>/table.md` (against another
+(long format, per query; qid `all` = the run's mean), and grid/tables.py renders `<name>/table.md` (against another
 baseline given on the command line, `baseline=<row>`: `<name>/table-<row>.md`; printed,
 and logged as a wandb.Table into a `<name>-table` run of the group when the cells log to W&B).
 
@@ -61,7 +61,7 @@ Command-line `key=value`: grid keys (`seeds=[1,2]`, `test=wilcoxon`, `output_roo
 file; any other key is a pipeline override appended to every cell (`trainer.max_steps=10`). `action=run` (default) runs
 and tabulates, `action=table` only collects and tabulates what is finished, `action=list` prints every cell and its
 state, `action=export` / `action=import` with `cells_file=F` carry finished cells to and from another machine or sitting
-(pipeline/grid_cells.py). `only=["*/fold0"]` (globs on the cell labels printed by `action=list`) runs just those cells,
+(grid/cells.py). `only=["*/fold0"]` (globs on the cell labels printed by `action=list`) runs just those cells,
 e.g. one fold of every row first; the table takes whatever is finished.
 
 `paired_by: query` pairs and averages by query id, so a query id must name the same query in every run: true for
@@ -88,15 +88,15 @@ from omegaconf import DictConfig, OmegaConf
 from callbacks.preemption import Signalled
 from core.errors import InputError
 from core.io import WriteFault, atomic_open, check_writable, write_json
-from lightning_modules.rankers import UNTRAINED
+from grid.cells import CELL_FILE, claim_cell, export_cells, import_cells, read_json, settings
+from grid.record import write_record
+from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
+from grid.tables import RUN_LEVEL, log_wandb_table, write_table
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
-from pipeline.grid_cells import CELL_FILE, claim_cell, export_cells, import_cells, read_json, settings
-from pipeline.grid_config import INIT_REF, GridSpec, grid_key, load_grid
-from pipeline.record import write_record
 from pipeline.run import evaluate as evaluate_run
 from pipeline.run import train as train_run
-from pipeline.tables import RUN_LEVEL, log_wandb_table, write_table
+from retrieval.first_stage import model_capabilities
 
 __all__ = ["Cell", "GridReport", "GridSpec", "collect", "load_grid", "main", "plan", "run"]
 
@@ -150,7 +150,7 @@ class Cell:
 
     @property
     def done(self) -> bool:
-        """Finished: run.py writes metrics.json and per_query.json atomically once the run is over."""
+        """Finished: pipeline/run.py writes metrics.json and per_query.json atomically once the run is over."""
         return (self.dir / "metrics.json").is_file() and (self.dir / "per_query.json").is_file()
 
     @property
@@ -508,7 +508,7 @@ def _finish_wandb() -> None:
 
 
 def _untrained(argv: list[str]) -> bool:
-    return compose([a for a in argv if not a.startswith(INIT_REF)]).model.name in UNTRAINED
+    return not model_capabilities(compose([a for a in argv if not a.startswith(INIT_REF)]).model.name).trainable
 
 
 def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:

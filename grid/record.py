@@ -2,7 +2,7 @@
 
 A record carries what results/README.md asks of every record: the command, the commit, the machine, the date and
 the wall time, then the measured tables. `experiments.py grid=NAME record=true` writes one from the grid's table
-(pipeline/grid.py); the reading (what the numbers say, why they may differ from the paper) is added by a person,
+(grid/engine.py); the reading (what the numbers say, why they may differ from the paper) is added by a person,
 below the tables. A record is never overwritten: a second one on the same day gets `-2`, `-3`, ...
 """
 

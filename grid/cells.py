@@ -8,7 +8,7 @@ wall time, metrics.json, per_query.json and validation.json (no checkpoints, no 
 writes them back into this grid's folders, where they count as finished and the table reads them as if they had run
 here. So a grid too long for one machine or one sitting can run a seed (or a fold, or a row) at a time on several,
 `only=` or `seeds=` choosing the share, and be tabulated where all shares meet. No checkpoint travels: the grid
-exports a training cell only together with every cell that needs its checkpoint (pipeline/grid.py `exportable`).
+exports a training cell only together with every cell that needs its checkpoint (grid/engine.py `exportable`).
 
 Import is strict where a silent mix would change the numbers: the file must be of this grid, and an imported cell
 must be one the grid plans with the same overrides (logging ones aside, as for a resumed cell); otherwise the
