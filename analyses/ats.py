@@ -5,7 +5,7 @@ and MATS (position-bias paper section 5, Eq. 8-9, Table 2, Figure 2) of a ranker
 
 Passages: a seeded sample of `analysis.passages` passages of the collection (all with `passages: null`), as the
 evaluation sees them (Eq. 7-rotated with `data.rotate_eval=true`, one cut per passage). Term vectors:
-`lightning_modules/rankers/terms.py` (TK's p^ of its Eq. 4, the BERT bi-encoders' last layer, BERT_CAT's
+`models/rankers/terms.py` (TK's p^ of its Eq. 4, the BERT bi-encoders' last layer, BERT_CAT's
 passage-side tokens with a query of `analysis.split`, cycled). ATS and MATS: metrics/ats.py (seeded cap of
 `max_occurrences` per term); MATS as `eval.mats` says, the key the training-time callback reads: `paper` (default,
 Eq. 9 as printed) or `mean`.
@@ -34,8 +34,8 @@ from core.io import save_figure
 from datamodules.datamodule import passage_text, rotation_draw
 from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
-from lightning_modules.rankers.terms import passage_terms
 from metrics.ats import average_term_similarity
+from models.rankers.terms import passage_terms
 
 JSON_NAME = "ats.json"
 PNG_NAME = "ats.png"

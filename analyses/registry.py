@@ -3,7 +3,7 @@
 Each analysis registers a name, a dataclass schema (its `configs/analysis/NAME.yaml` keys, validated like every
 other group) and a `run(cfg, model_from_cli) -> dict` that reads a ranker and/or data, writes its JSON and figures
 into `output_dir` (analyses/outputs.py: atomically, JSON last) and logs them (numbers, W&B tables, images). Rankers
-come as the plain `nn.Module`s of lightning_modules/rankers, from `ckpt=` or untrained (`pipeline.run.load_module`;
+come as the plain `nn.Module`s of models/rankers, from `ckpt=` or untrained (`pipeline.run.load_module`;
 `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it).
 """
 

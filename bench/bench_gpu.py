@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bench import options
 from core.io import write_json
-from lightning_modules.rankers.backbone import save_random_bert
+from models.rankers.backbone import save_random_bert
 
 REPO = Path(__file__).resolve().parents[1]
 RANKERS = ["colbert", "repbert", "bert_dot", "bert_cat", "tk", "dgre"]

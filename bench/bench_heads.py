@@ -5,7 +5,7 @@
                                 [out=bench/results/heads.json]
 
 The isotropy paper's code stacks the flow on the frozen BERT and re-encodes the training texts in every flow
-epoch; `train.py stage=head` encodes them once into `lightning_modules/heads/cache.py`'s memory-mapped cache and
+epoch; `train.py stage=head` encodes them once into `models/heads/cache.py`'s memory-mapped cache and
 trains from it. Both arms here train the same head (same config, seed, batch size and learning rate) on the token
 vectors of the same SQuAD paragraphs and questions (../shared/data), with the frozen ColBERT's backbone
 (`backbone`): all-MiniLM-L6-v2 (6 layers, 384 dims; ours), or `bert-base-shape`, the paper's BERT-base
@@ -46,11 +46,11 @@ from bench import options
 from bench.bench_retrieval import machine
 from bench.bench_speed import Meter
 from core.io import write_json
-from lightning_modules.heads import build_head
-from lightning_modules.heads.cache import RepresentationCache, _vectors
-from lightning_modules.heads.flows import GlowConfig, NICEConfig
 from lightning_modules.module import RankingModule
-from lightning_modules.rankers.backbone import save_random_bert
+from models.heads import build_head
+from models.heads.cache import RepresentationCache, _vectors
+from models.heads.flows import GlowConfig, NICEConfig
+from models.rankers.backbone import save_random_bert
 
 REPO = Path(__file__).resolve().parents[1]
 SQUAD = REPO.parent / "shared" / "data" / "squad_v1.1_dev" / "dev-v1.1.json.gz"

@@ -50,8 +50,8 @@ from bench import options
 from bench.bench_retrieval import machine
 from bench.bench_speed import Meter
 from core.io import write_json
-from lightning_modules.rankers.base import EncodedTexts
 from metrics.isotropy import avg_cos_from_unit_sum, gram_matrix, isotropy_iw, unit_sum
+from models.rankers.base import EncodedTexts
 
 SQUAD = Path(__file__).resolve().parents[2] / "shared/data/squad_v1.1_dev/dev-v1.1.json.gz"
 
@@ -211,7 +211,7 @@ def evaluation(args: Options) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-isotropy-paper-"))
     backbone = args.backbone
     if backbone == "tiny":  # a random 2-layer BERT of width 32 with MiniLM's tokenizer, as the tests build
-        from lightning_modules.rankers.backbone import save_random_bert
+        from models.rankers.backbone import save_random_bert
 
         backbone = str(work / "tiny-bert")
         save_random_bert(

@@ -29,7 +29,7 @@ that needs BM25 builds its index. Per size:
   validation and test query); warm repeats it with every cache filled (`train_warm=false` skips it).
   `train_ddp`: the warm run with `trainer=ddp trainer.accelerator=cpu trainer.devices=2` (the same global batch:
   `data.batch_size` halved per rank). The backbone is a random 2-layer, 32-wide BERT (`train_backbone=tiny`,
-  lightning_modules/rankers/backbone.save_random_bert), so these stages measure data start-up; `minilm` or a path
+  models/rankers/backbone.save_random_bert), so these stages measure data start-up; `minilm` or a path
   gives another.
 - `dense` (largest size only): `retrieval.dense.FaissBuilder` (the builder behind DenseIndex.build) fed
   `dense_chunk` L2-normalised random float32 vectors of `dense_dim` (384, MiniLM's width) at a time, one per
@@ -286,7 +286,7 @@ def drive_encode(collection: str, n: int, batch_size: int, seed: int) -> None:
     import torch
 
     from lightning_modules.module import ranker_config
-    from lightning_modules.rankers import build_ranker
+    from models.rankers import build_ranker
     from retrieval.dense import DenseIndex
 
     docs = {}
@@ -314,7 +314,7 @@ def drive_encode(collection: str, n: int, batch_size: int, seed: int) -> None:
 
 
 def make_tiny_bert(path: str) -> None:
-    from lightning_modules.rankers.backbone import save_random_bert
+    from models.rankers.backbone import save_random_bert
 
     save_random_bert(path, seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 

@@ -42,7 +42,7 @@ from bench.bench_retrieval import machine
 from bench.bench_speed import Meter
 from core.io import write_json
 from datamodules.sources import data_config, load_dataset
-from lightning_modules.rankers.base import Encoded
+from models.rankers.base import Encoded
 from pipeline.config import compose
 
 REPO = Path(__file__).resolve().parents[1]

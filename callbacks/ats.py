@@ -26,8 +26,8 @@ import torch
 from pytorch_lightning import Callback
 
 from datamodules.samplers import shard_range
-from lightning_modules.rankers.terms import passage_terms
 from metrics.ats import ATSResult, AverageTermSimilarity
+from models.rankers.terms import passage_terms
 
 
 def ats_sample(n_passages: int, n_queries: int, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

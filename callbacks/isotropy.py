@@ -40,8 +40,6 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from core.io import atomic_open, save_figure
-from lightning_modules.encoding import RAW, WITH_HEAD, encode_collection, encode_stream, variants_forward
-from lightning_modules.rankers.base import EncodedTexts, masked_mean
 from metrics.isotropy import (
     AvgCos,
     IsotropyIW,
@@ -51,6 +49,8 @@ from metrics.isotropy import (
     one_thread,
     unit_sum,
 )
+from models.encoding import RAW, WITH_HEAD, encode_collection, encode_stream, variants_forward
+from models.rankers.base import EncodedTexts, masked_mean
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does

@@ -2,7 +2,7 @@
 
 Each entry also carries a dataclass schema: the config of that entry is validated against it, which is
 what makes unknown keys and wrong types errors instead of silent no-ops. An entry may carry `capabilities`, what the
-implementation can do (e.g. `lightning_modules.rankers.RankerCapabilities`): code that must choose between
+implementation can do (e.g. `models.rankers.RankerCapabilities`): code that must choose between
 implementations asks them, from the name alone and before anything is built, instead of comparing names.
 """
 

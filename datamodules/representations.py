@@ -1,6 +1,6 @@
 """Data for the post-hoc head stage (`train.py stage=head`).
 
-Training batches are rows of the on-disk representation cache (lightning_modules/heads/cache.py); validation and test
+Training batches are rows of the on-disk representation cache (models/heads/cache.py); validation and test
 are the usual re-ranking splits.
 
 The batches come from the same sampler as fine-tuning (`DistributedTrainBatchSampler`): one seeded permutation

@@ -22,12 +22,12 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from core.errors import InputError
-from lightning_modules.encoding import RAW, WITH_HEAD
-from lightning_modules.heads import HEADS, build_head
 from lightning_modules.module import RankingModule
-from lightning_modules.rankers import rankers_with
-from lightning_modules.rankers.base import Encoded
-from lightning_modules.rankers.capabilities import capabilities_of
+from models.encoding import RAW, WITH_HEAD
+from models.heads import HEADS, build_head
+from models.rankers import rankers_with
+from models.rankers.base import Encoded
+from models.rankers.capabilities import capabilities_of
 
 HEAD_PREFIXES = ("ranker.token_head.", "ranker.sequence_head.")
 

@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoints import check_same_ranker, read_checkpoint, register_check
 from core.errors import InputError
-from lightning_modules.heads import HEADS
 from lightning_modules.module import OptimConfig, RankingModule
-from lightning_modules.rankers import RANKERS
+from models.heads import HEADS
+from models.rankers import RANKERS
 
 __all__ = ["check_hparams", "load_module", "module_from_checkpoint", "module_from_state"]
 

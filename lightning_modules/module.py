@@ -33,12 +33,12 @@ from torch import Tensor
 from core.errors import TrainingStopped, check_choice
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
-from lightning_modules.oom import halving
-from lightning_modules.rankers import RANKERS, build_ranker
-from lightning_modules.rankers.base import Encoded, EncodedTexts, TripletOutput, take
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
 from metrics.rerank_depth import candidate_ranks, choose_depth, truncate
+from models.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
+from models.oom import halving
+from models.rankers import RANKERS, build_ranker
+from models.rankers.base import Encoded, EncodedTexts, TripletOutput, take
 
 
 @dataclass
@@ -464,7 +464,7 @@ class RankingModule(pl.LightningModule):
         return torch.cat(out)
 
     def with_oom_retry(self, fn, batch: dict[str, Tensor], what: str):
-        """Return `fn(batch)`, retried in halves on out-of-memory (lightning_modules/oom.py).
+        """Return `fn(batch)`, retried in halves on out-of-memory (models/oom.py).
 
         Retries are counted per split and logged as `<split>/oom_retries`.
         """

@@ -28,12 +28,12 @@ from core.checkpoints import read_header
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, Range, check_range, check_ranges
 from datamodules.sources import SOURCES
-from lightning_modules.heads import HEADS
 from lightning_modules.loading import check_hparams  # noqa: F401 - registers the checkpoint hyper-parameter check
 from lightning_modules.module import OptimConfig
-from lightning_modules.rankers.limits import check_model_limits, output_dim
 from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES
+from models.heads import HEADS
+from models.rankers.limits import check_model_limits, output_dim
 from retrieval.config import schema as retrieval_schema
 from retrieval.first_stage import model_entry
 

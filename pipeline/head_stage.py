@@ -29,8 +29,8 @@ from core.errors import InputError
 from core.io import atomic_open
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
-from lightning_modules.heads import head_capabilities
-from lightning_modules.heads.cache import RepresentationCache, cache_key
+from models.heads import head_capabilities
+from models.heads.cache import RepresentationCache, cache_key
 from pipeline.stages import (
     build_trainer,
     evaluate_module,

@@ -61,9 +61,9 @@ from core.errors import InputError
 from core.io import AtomicDir, write_json
 from core.npy import NpyRowWriter
 from lightning_modules.loading import module_from_checkpoint
-from lightning_modules.rankers import rankers_with
-from lightning_modules.rankers.base import Encoded, cosine_normalize
-from lightning_modules.rankers.capabilities import capabilities_of
+from models.rankers import rankers_with
+from models.rankers.base import Encoded, cosine_normalize
+from models.rankers.capabilities import capabilities_of
 from retrieval.dense import (
     GPU_MAX_K,
     FaissBuilder,

@@ -64,9 +64,9 @@ import torch
 from core.errors import InputError
 from core.io import AtomicDir, write_json
 from lightning_modules.loading import module_from_checkpoint
-from lightning_modules.rankers import rankers_with
-from lightning_modules.rankers.base import cosine_normalize
-from lightning_modules.rankers.capabilities import capabilities_of
+from models.rankers import rankers_with
+from models.rankers.base import cosine_normalize
+from models.rankers.capabilities import capabilities_of
 from retrieval.encode import (
     encode_docs,
     encode_queries,

@@ -5,7 +5,7 @@ or plain strings, whose ids are then their positions) and yield `(ids, output)` 
 texts and their token ids (`sort_window` texts, default 8 batches) is held at a time, so a collection of any size
 streams through in bounded memory.
 
-Each window goes through the one encoder (lightning_modules/encoding.py `encode_stream`): batches of similar token
+Each window goes through the one encoder (models/encoding.py `encode_stream`): batches of similar token
 length (longest first), which cuts padding; each batch carries its own ids, so order never matters to the caller.
 `sort_window <= batch_size` keeps input order. The forward runs under `torch.inference_mode()`, in eval mode (the
 ranker's mode is restored after each batch), optionally under bf16 autocast (`precision="bf16"`; weights stay
@@ -27,10 +27,10 @@ from torch import Tensor
 
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.encoding import encode_stream
-from lightning_modules.rankers import rankers_with
-from lightning_modules.rankers.base import BiEncoder, Encoded
-from lightning_modules.rankers.capabilities import capabilities_of
+from models.encoding import encode_stream
+from models.rankers import rankers_with
+from models.rankers.base import BiEncoder, Encoded
+from models.rankers.capabilities import capabilities_of
 
 __all__ = [
     "PRECISIONS",
@@ -190,7 +190,7 @@ def encode_windows(
 ) -> Iterator[tuple[int, list, Tensor | Encoded]]:
     """Yield (window number, ids, vectors | Encoded) per batch of the numbered windows of (id, text) items.
 
-    Each window goes through the one encoder (lightning_modules/encoding.py): length-sorted batches (`sort`), eval and
+    Each window goes through the one encoder (models/encoding.py): length-sorted batches (`sort`), eval and
     inference mode, autocast, out-of-memory halving. A window's batches depend on that window alone, so a rank that
     encodes every other window (retrieval/split.py) makes exactly the batches one process makes of them.
     """

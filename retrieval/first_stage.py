@@ -1,6 +1,6 @@
 """First-stage retrievers: `model` choices that rank the whole collection by themselves and have nothing to train.
 
-The `model` config group holds the neural rankers (`lightning_modules.rankers.RANKERS`) and these (`FIRST_STAGE`), each
+The `model` config group holds the neural rankers (`models.rankers.RANKERS`) and these (`FIRST_STAGE`), each
 in a registry of its own. A first-stage entry's schema validates its `model` keys like a ranker's, its `build(cfg)`
 runs the whole evaluate.py job (rank the collection, evaluate, write) and returns the metric means, and it declares
 the capabilities of a model that is no ranker (`NO_CAPABILITIES`: no vectors, no index, not trainable), so
@@ -20,8 +20,8 @@ from core.ranges import COUNT, NON_NEGATIVE, PROBABILITY, check_ranges
 from core.registry import Entry, Registry
 from datamodules.bm25 import METHODS, BM25Params
 from datamodules.corpus import SPLITS
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
+from models.rankers import RANKERS
+from models.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
 from retrieval.bm25 import run_bm25
 
 FIRST_STAGE: Registry = Registry("first-stage retriever")

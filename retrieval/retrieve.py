@@ -22,10 +22,10 @@ from core.errors import InputError
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
-from lightning_modules.rankers import rankers_with
-from lightning_modules.rankers.capabilities import capabilities_of
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
+from models.rankers import rankers_with
+from models.rankers.capabilities import capabilities_of
 from retrieval.colbert_e2e import ColBERTIndex
 from retrieval.config import DenseRetrievalConfig
 from retrieval.dense import DenseIndex

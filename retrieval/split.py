@@ -32,7 +32,7 @@ from torch import Tensor
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
-from lightning_modules.rankers.base import Encoded
+from models.rankers.base import Encoded
 from retrieval.encode import (
     check_encode_args,
     encode_windows,

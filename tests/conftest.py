@@ -66,7 +66,7 @@ def shared_data(*parts: str) -> Path:
 
 def make_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.1) -> Path:
     """A random BERT with MiniLM's uncased WordPiece tokenizer, saved as an HF model directory."""
-    from lightning_modules.rankers.backbone import save_random_bert  # lazy: the rankers package registers every ranker
+    from models.rankers.backbone import save_random_bert  # lazy: the rankers package registers every ranker
 
     save_random_bert(
         path,

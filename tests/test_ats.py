@@ -247,7 +247,7 @@ PASSAGES = [
 
 
 def _ranker(name: str, tiny_bert: str):
-    from lightning_modules.rankers import RANKERS, build_ranker
+    from models.rankers import RANKERS, build_ranker
 
     schema = RANKERS.get(name, "model.name").schema
     extra = {"heads": 2, "head_dim": 8, "ff_dim": 24} if name == "tk" else {}
@@ -264,7 +264,7 @@ def _pair_tokenizer(ranker):
 @pytest.mark.parametrize("name", ["tk", "colbert", "repbert", "bert_dot"])
 def test_bi_encoder_passage_terms_are_its_token_representations(name, tiny_bert):
     """Each passage alone (no padding): the vectors at its non-special tokens, positions 0..n-1, and its ids."""
-    from lightning_modules.rankers.terms import passage_terms
+    from models.rankers.terms import passage_terms
 
     ranker = _ranker(name, tiny_bert)
     got = passage_terms(ranker, _pair_tokenizer(ranker), PASSAGES, batch_size=2, first_passage=10)
@@ -288,7 +288,7 @@ def test_bi_encoder_passage_terms_are_its_token_representations(name, tiny_bert)
 
 
 def test_bert_cat_passage_terms_are_the_passage_side_of_the_pair(tiny_bert):
-    from lightning_modules.rankers.terms import passage_terms
+    from models.rankers.terms import passage_terms
 
     ranker = _ranker("bert_cat", tiny_bert)
     tok = _pair_tokenizer(ranker)
@@ -337,7 +337,7 @@ def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation
 
     from callbacks.ats import ats_sample
     from lightning_modules.loading import load_module
-    from lightning_modules.rankers.terms import passage_terms
+    from models.rankers.terms import passage_terms
     from pipeline.config import compose
     from pipeline.run import load_data, train
 
@@ -427,8 +427,8 @@ def test_analysis_writes_the_curves_of_every_model_equal_to_a_direct_computation
 
     from datamodules.datamodule import eval_rotation_key, passage_text
     from datamodules.sources import data_config, load_dataset
-    from lightning_modules.rankers.terms import passage_terms
     from metrics.ats import average_term_similarity as ats_fn
+    from models.rankers.terms import passage_terms
     from pipeline.config import compose
     from pipeline.run import evaluate
 

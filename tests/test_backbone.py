@@ -1,9 +1,9 @@
-"""lightning_modules/rankers/backbone.py: the seeded random BERT that tests and benchmarks build, loaded back the way
+"""models/rankers/backbone.py: the seeded random BERT that tests and benchmarks build, loaded back the way
 every ranker loads its backbone."""
 
 import torch
 
-from lightning_modules.rankers.backbone import load_backbone, save_random_bert
+from models.rankers.backbone import load_backbone, save_random_bert
 
 SHAPE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
 

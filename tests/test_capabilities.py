@@ -26,11 +26,11 @@ from core.errors import InputError
 from datamodules.sources import SOURCES
 from datamodules.tokenization import PairTokenizer
 from lightning_modules.head_module import head_config
-from lightning_modules.heads import HEADS, build_head, head_capabilities
-from lightning_modules.rankers import RANKERS, build_ranker, ranker_capabilities, rankers_with
-from lightning_modules.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize
-from lightning_modules.rankers.capabilities import RankerCapabilities, capabilities_of
-from lightning_modules.rankers.maxsim import maxsim_all, maxsim_pairs
+from models.heads import HEADS, build_head, head_capabilities
+from models.rankers import RANKERS, build_ranker, ranker_capabilities, rankers_with
+from models.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize
+from models.rankers.capabilities import RankerCapabilities, capabilities_of
+from models.rankers.maxsim import maxsim_all, maxsim_pairs
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
 
 TOY = "toy_multi"  # the multi-vector ranker of part (b), registered by its fixture only
@@ -163,6 +163,7 @@ LIBRARY = (
     "core",
     "datamodules",
     "lightning_modules",
+    "models",
     "metrics",
     "pipeline",
     "retrieval",

@@ -110,13 +110,13 @@ def test_dry_run_validates_and_prints_the_resolved_config_without_loading_models
     config.yaml), no model built (a backbone path that does not exist is not touched), nothing written."""
     from omegaconf import OmegaConf
 
-    import lightning_modules.rankers
+    import models.rankers
     from pipeline.config import compose
 
     def no_model(*a, **k):
         raise AssertionError("--dry-run built a ranker")
 
-    monkeypatch.setattr(lightning_modules.rankers, "build_ranker", no_model)
+    monkeypatch.setattr(models.rankers, "build_ranker", no_model)
     args = ["model=repbert", "model.backbone=/no/such/model", "optim.lr=1e-4", f"output_dir={tmp_path / 'out'}"]
     assert main(["--dry-run", *args], lambda cfg, _: no_model()) == 0
     printed = OmegaConf.create(capsys.readouterr().out)

@@ -18,7 +18,7 @@ from test_retrieval import DOCS, QUERIES, make, one_thread  # noqa: F401 (one_th
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
-from lightning_modules.rankers.colbert import ColBERTConfig
+from models.rankers.colbert import ColBERTConfig
 from retrieval.colbert_e2e import CODEC_FILE, TOKENS_FILE, ColBERTIndex
 from retrieval.config import DenseRetrievalConfig
 from retrieval.encode import pair_tokenizer_for

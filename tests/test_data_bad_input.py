@@ -396,7 +396,7 @@ def test_bom_is_not_part_of_the_first_id(tmp_path):
     assert set(ds.docs) == {"1", "2"} and ds.splits["train"].qrels["1"] == {"1": 3}
 
     from datamodules.textfiles import read_trec_run
-    from lightning_modules.rankers.word_vectors import from_glove
+    from models.rankers.word_vectors import from_glove
 
     assert read_trec_run(_w(tmp_path / "run.trec", BOM + "q1 Q0 d1 1 2.0 r\n")) == {"q1": {"d1": 2.0}}
     assert from_glove(_w(tmp_path / "g.txt", BOM + "the 1 2\ncat 3 4\n"), {"the": 0, "cat": 1}, 2).found == 2

@@ -1,4 +1,4 @@
-"""DGRe (lightning_modules/rankers/dgre/): each equation against an independent float64 NumPy reference written as
+"""DGRe (models/rankers/dgre/): each equation against an independent float64 NumPy reference written as
 explicit loops (masking Eq. 7-10, GGNN Eq. 11, attention Eq. 12, decomposition Eq. 14-15, distances Eq. 18-21, MINE
 Eq. 22-24), then the ranker on a tiny random BERT: what it reads from the backbone, padding, gradients, the
 module's loss, and a short training run through train.py."""
@@ -14,12 +14,12 @@ import yaml
 
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.rankers import build_ranker
-from lightning_modules.rankers.dgre import DGReConfig
-from lightning_modules.rankers.dgre.decomposition import Decomposition
-from lightning_modules.rankers.dgre.ggnn import GGNN, RefinementAttention
-from lightning_modules.rankers.dgre.losses import cosine_distance, distance_loss
-from lightning_modules.rankers.dgre.masking import (
+from models.rankers import build_ranker
+from models.rankers.dgre import DGReConfig
+from models.rankers.dgre.decomposition import Decomposition
+from models.rankers.dgre.ggnn import GGNN, RefinementAttention
+from models.rankers.dgre.losses import cosine_distance, distance_loss
+from models.rankers.dgre.masking import (
     adaptive_scores,
     disentangled_graph,
     heuristic_mask,
@@ -27,7 +27,7 @@ from lightning_modules.rankers.dgre.masking import (
     modified_softmax,
     segments,
 )
-from lightning_modules.rankers.dgre.mi import MINE, MutualInformation
+from models.rankers.dgre.mi import MINE, MutualInformation
 from tests.conftest import REPO, run_script
 
 QUERIES = ["what is heat transfer", "slab", "boundary layer flow at high speed"]
@@ -571,7 +571,7 @@ def test_model_dgre_is_the_printed_equations_and_dgre_tuned_our_settings():
     same file but the four switches at the values of the grids behind results/2026-11-23-dgre-cranfield-cacm.md."""
     from dataclasses import fields
 
-    from lightning_modules.rankers.base import RankerConfig
+    from models.rankers.base import RankerConfig
     from pipeline.config import compose
 
     own = {f.name for f in fields(DGReConfig)} - {f.name for f in fields(RankerConfig)}

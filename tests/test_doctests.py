@@ -13,6 +13,7 @@ PACKAGES = [
     "metrics",
     "datamodules",
     "lightning_modules",
+    "models",
     "callbacks",
     "retrieval",
     "analyses",

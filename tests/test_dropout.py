@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.rankers.dropout import (
+from models.rankers.dropout import (
     FastDropout,
     attention,
     drop_mask,
@@ -81,7 +81,7 @@ def test_attention_with_dropout_matches_float64_formula(mask_kind):
 
 
 def test_encoder_in_eval_gives_the_plain_sdpa_output(tiny_bert):
-    from lightning_modules.rankers.backbone import load_backbone
+    from models.rankers.backbone import load_backbone
 
     plain, tok = load_backbone(tiny_bert)
     fast, _ = load_backbone(tiny_bert)
@@ -98,7 +98,7 @@ def test_encoder_in_eval_gives_the_plain_sdpa_output(tiny_bert):
 
 def test_training_forward_without_dropout_equals_plain(tiny_bert_nodropout):
     """p = 0 in the config: the fast path must be SDPA exactly, in train mode too (gradients included)."""
-    from lightning_modules.rankers.backbone import load_backbone
+    from models.rankers.backbone import load_backbone
 
     plain, tok = load_backbone(tiny_bert_nodropout)
     fast, _ = load_backbone(tiny_bert_nodropout)

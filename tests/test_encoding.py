@@ -1,4 +1,4 @@
-"""The one encoder (lightning_modules/encoding.py): `EncodedTextsWriter` against a plain per-text dict (any arrival
+"""The one encoder (models/encoding.py): `EncodedTextsWriter` against a plain per-text dict (any arrival
 order, in memory or spilled to a file read back by pread), `encode_collection`'s variants against separate encodings
 with and without a head, out-of-memory halving of variant outputs, and the isotropy protocol fed by the evaluation's
 own vectors (`RankingModule.keep_vectors`) against the protocol encoding the texts again."""
@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 from callbacks.isotropy import IsotropyCallback
-from lightning_modules.encoding import (
+from models.encoding import (
     RAW,
     WITH_HEAD,
     EncodedTextsWriter,
@@ -20,7 +20,7 @@ from lightning_modules.encoding import (
     encode_stream,
     variants_forward,
 )
-from lightning_modules.rankers.base import Encoded
+from models.rankers.base import Encoded
 
 
 def _batches(rng, n_texts: int, d: int, with_sequence: bool):

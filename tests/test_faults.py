@@ -441,7 +441,7 @@ def test_nonfinite_loss_stop(tmp_path, tiny_bert, monkeypatch, capsys):
 @pytest.mark.slow
 def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
     """Glow head whose log-det turns NaN at step 1: that step is skipped (the head unchanged) and counted."""
-    from lightning_modules.heads.flows import FlowHead
+    from models.heads.flows import FlowHead
     from pipeline.config import compose
     from pipeline.run import train
 
@@ -498,8 +498,8 @@ def _run_scores(out: Path) -> dict[tuple[str, str], float]:
 @pytest.mark.parametrize(
     "model,cls,methods",
     [
-        ("colbert", "lightning_modules.rankers.colbert:ColBERT", ("encode_queries", "encode_docs")),
-        ("bert_cat", "lightning_modules.rankers.bert_cat:BertCat", ("score",)),
+        ("colbert", "models.rankers.colbert:ColBERT", ("encode_queries", "encode_docs")),
+        ("bert_cat", "models.rankers.bert_cat:BertCat", ("score",)),
     ],
 )
 @pytest.mark.slow

@@ -118,8 +118,8 @@ def save_variant(src: Path, dst: Path, edit) -> Path:
 # ---- 3. caches and checkpoints are verified when read --------------------------------------------------------------
 def _head_cache(work, tmp_path):
     """A representation cache of the fine-tuned ranker over a few texts, and a function that (re)builds it."""
-    from lightning_modules.heads.cache import RepresentationCache
     from lightning_modules.loading import module_from_checkpoint
+    from models.heads.cache import RepresentationCache
 
     module = module_from_checkpoint(work["ckpt"])
     texts = ["what is a kernel", "kernel pooling in ranking", "whitening the token vectors", "a flow head"]
@@ -160,7 +160,7 @@ def test_head_cache_corrupted_is_rebuilt_with_a_warning(work, tmp_path, fault):
 
 def test_whitening_with_nonfinite_parameters_writes_no_head_ckpt(work, tmp_path, earlier, capsys, monkeypatch):
     """Whitening that ends non-finite (whatever the cause) stops with exit 3 and one line; no head.ckpt is written."""
-    from lightning_modules.heads.whitening import Whitening
+    from models.heads.whitening import Whitening
 
     real = Whitening.fit
 

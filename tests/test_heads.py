@@ -1,4 +1,4 @@
-"""Isotropy heads (lightning_modules/heads): whitening against Eq. 7-10 in float64 NumPy, flows invertible with
+"""Isotropy heads (models/heads): whitening against Eq. 7-10 in float64 NumPy, flows invertible with
 log-dets equal to brute-force Jacobian determinants, maximum-likelihood training lowering held-out NLL, and the
 isotropy metrics moving the right way."""
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from core.errors import InputError
-from lightning_modules.heads import HeadConfig, build_head
-from lightning_modules.heads.flows import GlowConfig, NICEConfig, build_glow, build_nice
-from lightning_modules.heads.whitening import (
+from metrics.isotropy import avg_cos, isotropy_iw
+from models.heads import HeadConfig, build_head
+from models.heads.flows import GlowConfig, NICEConfig, build_glow, build_nice
+from models.heads.whitening import (
     MomentAccumulator,
     Whitening,
     WhiteningConfig,
 )
-from metrics.isotropy import avg_cos, isotropy_iw
 
 
 def anisotropic(n: int, d: int, seed: int = 0) -> torch.Tensor:
@@ -98,7 +98,7 @@ def test_halves_coupling_equals_zukos_gather_scatter_coupling(name, monkeypatch)
 
     from zuko.transforms import CouplingTransform
 
-    from lightning_modules.heads.flows import HalvesCouplingTransform
+    from models.heads.flows import HalvesCouplingTransform
 
     torch.manual_seed(1)
     head = FLOWS[name](6).double()
@@ -174,8 +174,8 @@ def test_registry_and_config_checks():
 def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_path, name, granularity):
     """The cache's rows are the non-padding token vectors (or pooled vectors) of every text, in order, as the
     ranker computes them one text at a time; a second build with the same inputs reuses the file."""
-    from lightning_modules.heads.cache import RepresentationCache
     from lightning_modules.module import RankingModule
+    from models.heads.cache import RepresentationCache
 
     m = RankingModule({"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
     queries, docs = (
@@ -221,8 +221,8 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
 
 
 def test_sequence_cache_refused_for_colbert(tiny_bert, tmp_path):
-    from lightning_modules.heads.cache import RepresentationCache
     from lightning_modules.module import RankingModule
+    from models.heads.cache import RepresentationCache
 
     m = RankingModule({"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
     with pytest.raises(InputError, match="head.granularity"):

@@ -13,13 +13,13 @@ from torch import nn
 
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.rankers import build_ranker
-from lightning_modules.rankers.base import Encoded
-from lightning_modules.rankers.bert_cat import BertCatConfig
-from lightning_modules.rankers.bert_dot import BertDotConfig
-from lightning_modules.rankers.colbert import ColBERTConfig
-from lightning_modules.rankers.repbert import RepBERTConfig
-from lightning_modules.rankers.tk import TKConfig
+from models.rankers import build_ranker
+from models.rankers.base import Encoded
+from models.rankers.bert_cat import BertCatConfig
+from models.rankers.bert_dot import BertDotConfig
+from models.rankers.colbert import ColBERTConfig
+from models.rankers.repbert import RepBERTConfig
+from models.rankers.tk import TKConfig
 
 ATOL = 1e-5
 
@@ -453,8 +453,8 @@ def test_backbone_dir_without_model_is_input_error(tmp_path):
 def test_encode_collection_keeps_each_texts_real_tokens_in_order(name, tiny_bert_nodropout):
     """EncodedTexts from length-sorted batches equals each text encoded alone (float32, 1e-5): real tokens only, in
     the given order, ids kept; `padded` gives them back as the ranker's Encoded batch."""
-    from lightning_modules.encoding import encode_collection
     from lightning_modules.module import RankingModule
+    from models.encoding import encode_collection
 
     r = RankingModule({"name": name, "backbone": tiny_bert_nodropout}, {}).eval().ranker
     tok = r.tokenizer

@@ -15,11 +15,11 @@ import torch
 
 from core.errors import InputError
 from datamodules.textfiles import read_trec_run
-from lightning_modules.rankers import build_ranker
-from lightning_modules.rankers.bert_dot import BertDotConfig
-from lightning_modules.rankers.colbert import ColBERTConfig
-from lightning_modules.rankers.repbert import RepBERTConfig
 from metrics.trec import write_trec_run
+from models.rankers import build_ranker
+from models.rankers.bert_dot import BertDotConfig
+from models.rankers.colbert import ColBERTConfig
+from models.rankers.repbert import RepBERTConfig
 from pipeline.cli import main
 from pipeline.run import evaluate
 from retrieval.colbert_e2e import (

@@ -14,9 +14,9 @@ import torch
 from conftest import run_script
 
 from datamodules.docstore import fingerprint, open_store
-from lightning_modules.rankers import build_ranker
-from lightning_modules.rankers.colbert import ColBERTConfig
-from lightning_modules.rankers.repbert import RepBERTConfig
+from models.rankers import build_ranker
+from models.rankers.colbert import ColBERTConfig
+from models.rankers.repbert import RepBERTConfig
 from retrieval.colbert_e2e import ColBERTIndex
 from retrieval.dense import DenseIndex
 from retrieval.encode import encode_docs, encode_windows, pair_tokenizer_for, window_size

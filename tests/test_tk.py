@@ -17,10 +17,10 @@ from conftest import run_script
 
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.rankers import build_ranker
-from lightning_modules.rankers.base import Encoded
-from lightning_modules.rankers.kernel_pooling import MIN_SOFT_TF
-from lightning_modules.rankers.tk import TKConfig
+from models.rankers import build_ranker
+from models.rankers.base import Encoded
+from models.rankers.kernel_pooling import MIN_SOFT_TF
+from models.rankers.tk import TKConfig
 
 QUERIES = ["what is dense retrieval", "isotropy", "how do kernel pooling models score a query against a passage"]
 DOCS = [
@@ -290,7 +290,7 @@ def test_embedding_scale_must_be_auto_or_positive(tiny_bert):
 
 def test_representation_cache_holds_tks_query_and_passage_vectors(tk, tmp_path):
     """The isotropy heads' cache encodes queries as queries and passages as passages (positions from 500)."""
-    from lightning_modules.heads.cache import RepresentationCache
+    from models.heads.cache import RepresentationCache
 
     pt = PairTokenizer(tk.tokenizer, "bi", tk.cfg.query_max_len, tk.cfg.doc_max_len)
     cache = RepresentationCache.build(tmp_path / "c", tk, pt, QUERIES[:2], DOCS[:2], dtype="float32", batch_size=2)

@@ -356,7 +356,7 @@ def test_occurrence_sample_is_seeded_nested_and_per_subword():
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from lightning_modules.rankers.backbone import resolve
+    from models.rankers.backbone import resolve
 
     return AutoTokenizer.from_pretrained(resolve("minilm"))
 

@@ -48,13 +48,13 @@ from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.encoding import encode_collection
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
-from lightning_modules.rankers import ranker_capabilities, rankers_with
-from lightning_modules.rankers.base import EncodedTexts
-from lightning_modules.rankers.capabilities import capabilities_of
-from lightning_modules.rankers.maxsim import c_star
+from models.encoding import encode_collection
+from models.rankers import ranker_capabilities, rankers_with
+from models.rankers.base import EncodedTexts
+from models.rankers.capabilities import capabilities_of
+from models.rankers.maxsim import c_star
 
 JSON_NAME = "vocab_projections.json"
 

@@ -32,7 +32,7 @@ from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 from core.errors import InputError
 from core.io import write_json
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.rankers.backbone import load_backbone
+from models.rankers.backbone import load_backbone
 
 
 @dataclass

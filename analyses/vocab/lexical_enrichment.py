@@ -47,9 +47,9 @@ from core.errors import InputError, check_choice
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.rankers import ranker_capabilities, rankers_with
 from metrics.ir import evaluate_run
 from metrics.significance import check_test, p_value, significance_mark
+from models.rankers import ranker_capabilities, rankers_with
 
 JSON_NAME = "lexical_enrichment.json"
 ABLATIONS = ("no_idf", "static", "no_whitening", "no_normalization")

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from core.errors import InputError
 from core.io import atomic_open
-from lightning_modules.rankers.backbone import load_backbone, resolve
+from models.rankers.backbone import load_backbone, resolve
 
 FORMAT = "isorank-mlm-head-v1"
 

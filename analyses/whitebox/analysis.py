@@ -61,7 +61,7 @@ from datamodules.bm25 import bm25_candidates
 from datamodules.sources import data_config, load_dataset, used_splits
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
-from lightning_modules.rankers import ranker_capabilities, rankers_with
+from models.rankers import ranker_capabilities, rankers_with
 
 JSON_NAME = "whitebox.json"
 STATISTICS = ("term_importance", "delta_es", "spectral")

@@ -1,4 +1,4 @@
-"""Running the white-box statistics on a ColBERT ranker (the plain nn.Module of lightning_modules/rankers/colbert.py).
+"""Running the white-box statistics on a ColBERT ranker (the plain nn.Module of models/rankers/colbert.py).
 
 Every passage and query is encoded once (`encode_texts`: the ranker's `encode` then `scoring_vectors`, i.e. the unit
 vectors Eq. 1 compares, in eval mode and without gradients); per query, its candidates' vectors give the C*_id and
@@ -16,11 +16,11 @@ import torch
 
 from analyses.whitebox.maxsim import MaxSim, max_sim
 from analyses.whitebox.words import Word
-from lightning_modules.encoding import encode_collection
-from lightning_modules.rankers.base import EncodedTexts
 from metrics.delta_es import pair_difference
 from metrics.spectral import sample_rows, spectral_ratio
 from metrics.tau_ap import VARIANTS, correlations
+from models.encoding import encode_collection
+from models.rankers.base import EncodedTexts
 
 
 def encode_texts(ranker, ids: list[list[int]], side: str, batch_size: int = 64, pad_id: int = 0) -> EncodedTexts:

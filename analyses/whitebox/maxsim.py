@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_modules.rankers.maxsim import c_star
+from models.rankers.maxsim import c_star
 
 
 @dataclass

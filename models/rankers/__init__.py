@@ -3,12 +3,12 @@
 from collections.abc import Callable
 
 from core.registry import Registry
-from lightning_modules.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
+from models.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
 
 RANKERS: Registry = Registry("ranker")
 
 # Importing the modules registers them.
-from lightning_modules.rankers import (  # noqa: E402,F401
+from models.rankers import (  # noqa: E402,F401
     bert_cat,
     bert_dot,
     colbert,

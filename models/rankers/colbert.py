@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from core.ranges import COUNT, check_ranges
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import (
+from models.rankers import RANKERS
+from models.rankers.base import (
     BiEncoder,
     Encoded,
     RankerConfig,
     cosine_normalize,
 )
-from lightning_modules.rankers.capabilities import RankerCapabilities
-from lightning_modules.rankers.maxsim import maxsim_all, maxsim_pairs
+from models.rankers.capabilities import RankerCapabilities
+from models.rankers.maxsim import maxsim_all, maxsim_pairs
 
 
 @dataclass

@@ -30,9 +30,9 @@ from torch import Tensor, nn
 
 from core.npy import NpyRowReader
 from core.ranges import COUNT, check_ranges
-from lightning_modules.rankers.backbone import load_backbone
-from lightning_modules.rankers.capabilities import RankerCapabilities
-from lightning_modules.rankers.dropout import use_fast_dropout
+from models.rankers.backbone import load_backbone
+from models.rankers.capabilities import RankerCapabilities
+from models.rankers.dropout import use_fast_dropout
 
 
 @dataclass
@@ -61,7 +61,7 @@ class RankerConfig:
         """Return {key: (what the key bounds, its token count)} for the length keys of the config.
 
         They are checked against the backbone's position embeddings at config time
-        (lightning_modules/rankers/limits.py): a bi-encoder's query and passage each (special tokens included), a
+        (models/rankers/limits.py): a bi-encoder's query and passage each (special tokens included), a
         cross-encoder's query + passage + 3 special tokens together.
         """
         q, d = int(self.query_max_len), int(self.doc_max_len)
@@ -85,7 +85,7 @@ class EncodedTexts:
     """A collection of encoded texts, the one container the analyses and the isotropy protocol keep (on the CPU).
 
     It holds the real tokens' vectors flat (no padding stored), text k at rows starts[k] : starts[k] + lengths[k] (texts
-    may lie in any order: lightning_modules/encoding.EncodedTextsWriter writes them as they arrive), with the tokens'
+    may lie in any order: models/encoding.EncodedTextsWriter writes them as they arrive), with the tokens'
     vocabulary ids when kept and one pooled vector per text where the ranker pools. `padded(index)` gives texts back as
     an `Encoded` batch for the scoring functions.
     """

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import (
+from models.rankers import RANKERS
+from models.rankers.base import (
     Encoded,
     RankerConfig,
     SingleVectorEncoder,
     masked_mean,
 )
-from lightning_modules.rankers.capabilities import RankerCapabilities
+from models.rankers.capabilities import RankerCapabilities
 
 
 @dataclass

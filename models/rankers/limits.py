@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from core.errors import InputError
-from lightning_modules.rankers.backbone import resolve
+from models.rankers.backbone import resolve
 
 # position embeddings a model type keeps for itself (RoBERTa's start at padding_idx + 1)
 _RESERVED = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2}

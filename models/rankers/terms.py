@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_modules.rankers.base import Ranker
+from models.rankers.base import Ranker
 
 __all__ = ["PassageTerms", "passage_terms"]
 

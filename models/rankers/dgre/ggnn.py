@@ -28,7 +28,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from lightning_modules.rankers.dgre.masking import masked_softmax
+from models.rankers.dgre.masking import masked_softmax
 
 GGNN_INPUTS = ("concat", "message")
 

@@ -8,7 +8,7 @@
 - on the ranker's device, under `torch.inference_mode()` and in eval mode (the ranker's mode is restored);
 - under the caller's autocast (`autocast`: a factory of a context, e.g. the Lightning precision plugin's
   `forward_context`, or retrieval's bf16 / fp16);
-- a batch that runs out of accelerator memory is retried in halves (lightning_modules/oom.py); rows are
+- a batch that runs out of accelerator memory is retried in halves (models/oom.py); rows are
   independent at inference, so the result is the unsplit call's.
 
 `forward(input_ids, attention_mask)` says what a batch becomes: by default `ranker.encode` (heads applied);
@@ -34,8 +34,8 @@ from torch import Tensor
 
 from core.npy import NpyRowWriter
 from datamodules.tokenization import length_order
-from lightning_modules.oom import halving
-from lightning_modules.rankers.base import Encoded, EncodedTexts
+from models.oom import halving
+from models.rankers.base import Encoded, EncodedTexts
 
 __all__ = [
     "WITH_HEAD",

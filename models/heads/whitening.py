@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from core.ranges import POSITIVE, check_ranges
-from lightning_modules.heads import HEADS
-from lightning_modules.heads.base import HeadCapabilities, HeadConfig, IsotropyHead
+from models.heads import HEADS
+from models.heads.base import HeadCapabilities, HeadConfig, IsotropyHead
 
 
 @dataclass

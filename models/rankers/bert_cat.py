@@ -7,9 +7,9 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import CrossEncoder, RankerConfig
-from lightning_modules.rankers.capabilities import RankerCapabilities
+from models.rankers import RANKERS
+from models.rankers.base import CrossEncoder, RankerConfig
+from models.rankers.capabilities import RankerCapabilities
 
 
 @dataclass

@@ -5,8 +5,8 @@ The disentangled graph (masking.py, Eq. 7-10), the GGNN refinement (ggnn.py, Eq.
 (mi.py, Eq. 22-24).
 """
 
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.dgre.ranker import DGRe, DGReConfig, DGReOutput
+from models.rankers import RANKERS
+from models.rankers.dgre.ranker import DGRe, DGReConfig, DGReOutput
 
 
 @RANKERS.register("dgre", schema=DGReConfig, capabilities=DGRe.capabilities)

@@ -45,27 +45,27 @@ from torch import Tensor, nn
 
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, check_ranges
-from lightning_modules.rankers.base import (
+from models.rankers.base import (
     CrossEncoder,
     ParamGroup,
     RankerConfig,
     TripletOutput,
     masked_mean,
 )
-from lightning_modules.rankers.capabilities import RankerCapabilities
-from lightning_modules.rankers.dgre.decomposition import (
+from models.rankers.capabilities import RankerCapabilities
+from models.rankers.dgre.decomposition import (
     DECOMPOSITION_NORMS,
     Decomposition,
 )
-from lightning_modules.rankers.dgre.ggnn import GGNN, GGNN_INPUTS, RefinementAttention
-from lightning_modules.rankers.dgre.losses import DISTANCES, distance_loss
-from lightning_modules.rankers.dgre.masking import (
+from models.rankers.dgre.ggnn import GGNN, GGNN_INPUTS, RefinementAttention
+from models.rankers.dgre.losses import DISTANCES, distance_loss
+from models.rankers.dgre.masking import (
     INF_NORMS,
     MASKINGS,
     disentangled_graph,
     segments,
 )
-from lightning_modules.rankers.dgre.mi import MutualInformation
+from models.rankers.dgre.mi import MutualInformation
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "none": nn.Identity}
 

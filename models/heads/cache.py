@@ -30,7 +30,7 @@ import torch
 
 from core.errors import InputError, TrainingStopped
 from core.io import AtomicDir, write_json
-from lightning_modules.encoding import encode_stream
+from models.encoding import encode_stream
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 

@@ -2,7 +2,7 @@
 
 Every ranker class declares a `RankerCapabilities` as its class attribute `capabilities` and registers the same object
 (`RANKERS.register(name, schema=..., capabilities=Cls.capabilities)`). A config's `model.name` then answers
-(`lightning_modules.rankers.ranker_capabilities`) before any weights load, as grids and config checks need, and a
+(`models.rankers.ranker_capabilities`) before any weights load, as grids and config checks need, and a
 built ranker answers for itself (`capabilities_of(ranker)`). tests/test_capabilities.py checks every declaration
 against what the ranker really does.
 

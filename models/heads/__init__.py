@@ -16,11 +16,11 @@ from core.registry import Registry
 
 HEADS: Registry = Registry("isotropy head")
 
-from lightning_modules.heads.base import HeadCapabilities, HeadConfig, IsotropyHead, build_head  # noqa: E402
+from models.heads.base import HeadCapabilities, HeadConfig, IsotropyHead, build_head  # noqa: E402
 
 HEADS.register("none", schema=HeadConfig)(lambda cfg, dim: None)  # no head: nothing to fit, no capabilities
 
-from lightning_modules.heads import flows, whitening  # noqa: E402,F401
+from models.heads import flows, whitening  # noqa: E402,F401
 
 
 def head_capabilities(name: str, where: str = "head.name") -> HeadCapabilities:

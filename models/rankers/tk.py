@@ -62,8 +62,8 @@ from core.ranges import (
     Range,
     check_ranges,
 )
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import (
+from models.rankers import RANKERS
+from models.rankers.base import (
     BiEncoder,
     Encoded,
     ParamGroup,
@@ -71,10 +71,10 @@ from lightning_modules.rankers.base import (
     cosine_normalize,
     take,
 )
-from lightning_modules.rankers.capabilities import RankerCapabilities
-from lightning_modules.rankers.contextualizer import Contextualizer
-from lightning_modules.rankers.kernel_pooling import kernel_means, kernel_pooling
-from lightning_modules.rankers.word_vectors import (
+from models.rankers.capabilities import RankerCapabilities
+from models.rankers.contextualizer import Contextualizer
+from models.rankers.kernel_pooling import kernel_means, kernel_pooling
+from models.rankers.word_vectors import (
     WordVectors,
     from_backbone,
     from_glove,

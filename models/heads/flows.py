@@ -40,8 +40,8 @@ from zuko.transforms import (
 )
 
 from core.ranges import COUNT, NON_NEGATIVE, check_ranges
-from lightning_modules.heads import HEADS
-from lightning_modules.heads.base import HeadCapabilities, HeadConfig, IsotropyHead
+from models.heads import HEADS
+from models.heads.base import HeadCapabilities, HeadConfig, IsotropyHead
 
 _SLOPE = 1e-3  # zuko's MonotonicAffineTransform default: |log scale| < -log(slope)
 

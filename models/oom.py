@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_modules.rankers.base import Encoded
+from models.rankers.base import Encoded
 
 
 def _rows(batch: dict) -> int:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from core.ranges import COUNT, check_ranges
-from lightning_modules.rankers import RANKERS
-from lightning_modules.rankers.base import Encoded, RankerConfig, SingleVectorEncoder
-from lightning_modules.rankers.capabilities import RankerCapabilities
+from models.rankers import RANKERS
+from models.rankers.base import Encoded, RankerConfig, SingleVectorEncoder
+from models.rankers.capabilities import RankerCapabilities
 
 
 @dataclass

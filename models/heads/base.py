@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from core.errors import check_choice
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
-from lightning_modules.heads import HEADS
+from models.heads import HEADS
 
 LOG_2PI = math.log(2 * math.pi)
 
