@@ -27,14 +27,15 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from analyses.loading import analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.datamodule import passage_text, rotation_draw
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.loading import load_module
 from metrics.ats import average_term_similarity
+from models.loading import load_ranker
 from models.rankers.terms import passage_terms
 
 JSON_NAME = "ats.json"
@@ -86,21 +87,19 @@ def options(cfg) -> ATSConfig:
 
 
 def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
-    """{label: RankingModule}: `ckpt` (or the untrained `model`), then each `compare` checkpoint (any ranker)."""
+    """{label: LoadedRanker}: `ckpt` (or the untrained `model`), then each `compare` checkpoint (any ranker)."""
     first = opts.label or ("trained" if cfg.ckpt else "untrained")
-    models = {first: load_module(cfg, model_from_cli)}
+    models = {first: next(iter(analysed_rankers(cfg, model_from_cli).values()))}
     for label, path in opts.compare.items():
         if label in models:
             raise InputError(f"config key 'analysis.compare.{label}'", f"label '{label}' is already used")
-        other = OmegaConf.create(OmegaConf.to_container(cfg))
-        other.ckpt = str(path)
         try:
-            models[label] = load_module(other, model_from_cli=False)
+            models[label] = load_ranker(str(path), key="ckpt")
         except InputError as e:
             raise InputError(f"config key 'analysis.compare.{label}'", str(e)) from e
-    for label, module in models.items():
-        if getattr(module.ranker, "kind", None) not in ("bi", "cross"):
-            raise InputError("analysis=ats", f"model '{label}' ({module.model_cfg.name}) has no term representations")
+    for label, loaded in models.items():
+        if getattr(loaded.ranker, "kind", None) not in ("bi", "cross"):
+            raise InputError("analysis=ats", f"model '{label}' ({loaded.name}) has no term representations")
     return models
 
 
@@ -128,14 +127,14 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     queries = [split.queries[qids[i]] for i in rng.permutation(len(qids))]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = {}
-    for label, module in models.items():
+    for label, loaded in models.items():
         t0 = time.perf_counter()
-        module.to(device)
+        loaded.to(device)
         terms = passage_terms(
-            module.ranker,
-            module.pair_tokenizer,
+            loaded.ranker,
+            loaded.tokenizer,
             texts,
-            queries=queries if module.ranker.kind == "cross" else None,
+            queries=queries if loaded.ranker.kind == "cross" else None,
             batch_size=opts.batch_size,
             device=device,
         )
@@ -150,9 +149,9 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
             opts.max_delta,
             mats=str(cfg.eval.mats),
         )
-        module.cpu()
+        loaded.to("cpu")
         out[label] = {
-            "model": module.model_cfg.name,
+            "model": loaded.name,
             **result.to_dict(),
             "tokens": len(terms.terms),
             "timings_s": {"encode": t1 - t0, "ats": time.perf_counter() - t1},

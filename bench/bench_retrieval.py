@@ -41,8 +41,7 @@ from bench import options
 from bench.bench_speed import Meter  # wall time and the CPU other processes used meanwhile
 from core.io import write_json
 from datamodules.sources.classic import load_vaswani as parse
-from lightning_modules.module import ranker_config
-from models.rankers import build_ranker
+from models.rankers import build_ranker, ranker_config
 from retrieval.colbert_e2e import ColBERTIndex
 from retrieval.dense import DenseIndex, FaissBuilder, IndexOptions
 

@@ -285,8 +285,7 @@ def drive_encode(collection: str, n: int, batch_size: int, seed: int) -> None:
     """Encoding passages/s: DenseIndex.build of RepBERT on all-MiniLM-L6-v2 over the first n passages."""
     import torch
 
-    from lightning_modules.module import ranker_config
-    from models.rankers import build_ranker
+    from models.rankers import build_ranker, ranker_config
     from retrieval.dense import DenseIndex
 
     docs = {}

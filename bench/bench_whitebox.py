@@ -52,10 +52,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 
-def peer_removal(module, qids, qtexts, cands, ds, n_queries: int) -> dict:
+def peer_removal(loaded, qids, qtexts, cands, ds, n_queries: int) -> dict:
     """Per-word removal on a few queries, ours (one max-sim matrix, rows subtracted) vs the ranker's score_all
     with the word's tokens masked (passages encoded once for both)."""
-    ranker, c, tok = module.ranker, module.model_cfg, module.ranker.tokenizer
+    ranker, c, tok = loaded.ranker, loaded.config, loaded.ranker.tokenizer
     qids = qids[:n_queries]
     q_ids, q_words = query_words(tok, [qtexts[q] for q in qids], c.query_max_len)
     used = sorted({d for q in qids for d in cands[q]})
@@ -135,11 +135,11 @@ def main(argv=None) -> dict:
     s = result["settings"]
 
     # peer: the removal through the ranker, on the same queries and candidates
-    module = next(iter(_models(cfg, not args.ckpt, False).values()))
+    loaded = next(iter(_models(cfg, not args.ckpt, False).values()))
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed))
     qids, qtexts, cands, _ = queries_and_candidates(ds, dc, opts, s["seed"])
-    peer = peer_removal(module, qids, qtexts, cands, ds, args.peer_queries)
+    peer = peer_removal(loaded, qids, qtexts, cands, ds, args.peer_queries)
 
     stages = {**result["timings_s"], **{f"{label}: {k}": v for k, v in res["timings_s"].items()}}
     stages.pop(f"model_{label}_s", None)

@@ -18,24 +18,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
 from core.errors import InputError
 from lightning_modules.module import RankingModule
 from models.encoding import RAW, WITH_HEAD
-from models.heads import HEADS, build_head
+from models.heads import HEAD_SLOTS, IsotropyHead, attach_head, build_head, head_config, head_input_dim
 from models.rankers import rankers_with
-from models.rankers.base import Encoded
+from models.rankers.base import Encoded, Ranker
 from models.rankers.capabilities import capabilities_of
 
-HEAD_PREFIXES = ("ranker.token_head.", "ranker.sequence_head.")
-
-
-def head_config(head: dict):
-    """Turn a `head` dict (from YAML or a checkpoint) into the head's dataclass config, checked by its schema."""
-    schema = HEADS.get(head["name"], "head.name").schema
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), head))
+HEAD_PREFIXES = tuple(f"ranker.{slot}." for slot in HEAD_SLOTS.values())
 
 
 class HeadModule(RankingModule):
@@ -43,15 +36,26 @@ class HeadModule(RankingModule):
 
     `model`, `optim` and `measures` are those of the fine-tuned ranker (`RankingModule`); `head` is the head's config
     (`configs/head/*.yaml`) and `base_ckpt` the ranker checkpoint the head belongs to (its weights are loaded with
-    `load_base`). See the module docstring for training, evaluation and checkpoints.
+    `load_base`). `ranker` and `head_module`: an already loaded ranker and head (`models.loading.load_ranker`) to wrap
+    instead of building fresh ones. See the module docstring for training, evaluation and checkpoints.
     """
 
-    def __init__(self, model: dict, optim: dict, measures: list[str] | None, head: dict, base_ckpt: str):
-        super().__init__(model, optim, measures)
-        self.save_hyperparameters()
+    def __init__(
+        self,
+        model: dict,
+        optim: dict,
+        measures: list[str] | None,
+        head: dict,
+        base_ckpt: str,
+        ranker: Ranker | None = None,
+        head_module: IsotropyHead | None = None,
+    ):
+        super().__init__(model, optim, measures, ranker=ranker)
+        self.save_hyperparameters(ignore=["ranker", "head_module"])
         self.head_cfg = head_config(head)
         self.check_capabilities()
-        head_module = build_head(self.head_cfg, self.ranker_dim())
+        if head_module is None:
+            head_module = build_head(self.head_cfg, self.ranker_dim())
         if head_module is None:
             raise InputError("head", "stage=head needs a head: whitening, nice or glow")
         # Registered once, inside the ranker (where encode() applies it); this list keeps a handle while detached.
@@ -92,13 +96,11 @@ class HeadModule(RankingModule):
 
     def ranker_dim(self) -> int:
         """Width of the ranker's output vectors, which the head transforms (`compress_dim` where the ranker has one)."""
-        compress = getattr(self.model_cfg, "compress_dim", None)
-        return int(compress or self.ranker.hidden_size)
+        return head_input_dim(self.ranker)
 
     def attach(self, on: bool) -> None:
         """Put the head where the granularity says (on=False: score with the raw representations)."""
-        slot = "token_head" if self.head_cfg.granularity == "token" else "sequence_head"
-        setattr(self.ranker, slot, self.head if on else None)
+        attach_head(self.ranker, self.head if on else None, self.head_cfg.granularity)
 
     def load_base(self, base_state: dict) -> None:
         """Load the fine-tuned ranker's weights from its checkpoint's `state_dict` (any head weights in it are ignored).

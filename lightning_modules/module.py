@@ -36,9 +36,10 @@ from datamodules.tokenization import PairTokenizer
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
 from metrics.rerank_depth import candidate_ranks, choose_depth, truncate
 from models.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
+from models.loading import pair_tokenizer_for
 from models.oom import halving
-from models.rankers import RANKERS, build_ranker
-from models.rankers.base import Encoded, EncodedTexts, TripletOutput, take
+from models.rankers import build_ranker, ranker_config
+from models.rankers.base import Encoded, EncodedTexts, Ranker, TripletOutput, take
 
 
 @dataclass
@@ -84,27 +85,23 @@ class OptimConfig:
         )
 
 
-def ranker_config(model: dict):
-    """Turn a `model` dict (from YAML or a checkpoint) into the ranker's dataclass config, checked by its schema."""
-    schema = RANKERS.get(model["name"], "model.name").schema
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model))
-
-
 class RankingModule(pl.LightningModule):
     """Train any registered ranker (`model.name`) on triplets and evaluate it by re-ranking with trec_eval semantics.
 
     `model` is the ranker's config (`ranker_config`), `optim` the `OptimConfig`, `measures` the trec_eval measures
-    of every evaluation (default `DEFAULT_MEASURES`). The losses and the evaluation are described in the module
-    docstring; the results of the latest evaluation of each split are in `results[split]`.
+    of every evaluation (default `DEFAULT_MEASURES`); `ranker`: an already built (loaded) ranker of that config,
+    which the module wraps instead of building a fresh one (`models.loading.load_ranker`). The losses and the
+    evaluation are described in the module docstring; the results of the latest evaluation of each split are in
+    `results[split]`.
     """
 
-    def __init__(self, model: dict, optim: dict, measures: list[str] | None = None):
+    def __init__(self, model: dict, optim: dict, measures: list[str] | None = None, ranker: Ranker | None = None):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["ranker"])
         self.model_cfg = ranker_config(model)
         self.optim_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OptimConfig), optim))
         self.measures = list(measures or DEFAULT_MEASURES)
-        self.ranker = build_ranker(self.model_cfg)
+        self.ranker = ranker if ranker is not None else build_ranker(self.model_cfg)
         # from_pretrained returns modules in eval mode, and Lightning keeps the modes it finds: without this,
         # dropout would be off during fine-tuning.
         self.ranker.train()
@@ -127,8 +124,7 @@ class RankingModule(pl.LightningModule):
     @property
     def pair_tokenizer(self) -> PairTokenizer:
         """A tokenizer for the ranker's texts, with its query / passage maximum lengths and its layout (bi or cross)."""
-        c = self.model_cfg
-        return PairTokenizer(self.ranker.tokenizer, self.ranker.kind, c.query_max_len, c.doc_max_len)
+        return pair_tokenizer_for(self.ranker)
 
     # ---- training ------------------------------------------------------------------------------------------
     def _gather_docs(self, d: Encoded, keys: Tensor | None = None) -> tuple[Encoded, Tensor | None, int]:

@@ -28,7 +28,7 @@ from core.checkpoints import read_header
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, Range, check_range, check_ranges
 from datamodules.sources import SOURCES
-from lightning_modules.loading import check_hparams  # noqa: F401 - registers the checkpoint hyper-parameter check
+from lightning_modules.loading import check_optim_hparams  # noqa: F401 - registers the checkpoint hyper-parameter checks
 from lightning_modules.module import OptimConfig
 from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES

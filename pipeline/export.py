@@ -25,25 +25,22 @@ import json
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
+from omegaconf import DictConfig
+from safetensors.torch import save_file
 
 from core.errors import InputError
 from core.io import AtomicDir, current_umask
-from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
-from lightning_modules.loading import load_module
-from lightning_modules.module import RankingModule
-from pipeline.head_stage import load_head_module
-
-FORMAT = "isorank-export-1"
-ENCODER = "ranker.encoder."
+from lightning_modules.head_module import HEAD_PREFIXES
+from models.loading import ENCODER_PREFIX, EXPORT_FORMAT, RANKER_PREFIX, load_ranker
+from pipeline.head_stage import load_with_head
 
 
-def _split_state(module) -> tuple[dict, dict]:
-    """(ranker weights outside the backbone, isotropy head weights) of a RankingModule / HeadModule."""
+def _split_state(ranker) -> tuple[dict, dict]:
+    """(ranker weights outside the backbone, isotropy head weights) of a loaded ranker, keyed as its module's."""
     rest, head = {}, {}
-    for k, v in module.state_dict().items():
-        if k.startswith(ENCODER) or k.startswith("runs."):
+    for k, v in ranker.state_dict().items():
+        k = RANKER_PREFIX + k
+        if k.startswith(ENCODER_PREFIX):
             continue
         (head if k.startswith(HEAD_PREFIXES) else rest)[k] = v.detach().cpu().contiguous().clone()
     return rest, head
@@ -83,8 +80,8 @@ def model_card(info: dict, run: Path) -> str:
         "```",
         "",
         "```python",
-        "from pipeline.export import load_exported",
-        "module = load_exported('<this folder>')  # module.ranker: the nn.Module",
+        "from models.loading import load_ranker",
+        "ranker, tokenizer, head = load_ranker('<this folder>')  # the nn.Module, its PairTokenizer, the head or None",
         "```",
         "",
         "The backbone alone: `transformers.AutoModel.from_pretrained('<this folder>')`."
@@ -134,20 +131,19 @@ def export(cfg: DictConfig, out: str) -> Path:
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
         raise InputError("output_dir", f"'{out}' exists and is not empty; export into a new folder")
     if cfg.head_ckpt:
-        module, base = load_head_module(cfg)
-        head_cfg = OmegaConf.to_container(cfg.head) if isinstance(cfg.head, DictConfig) else dict(cfg.head)
+        loaded = load_with_head(cfg)
+        base = loaded.base_path
     elif cfg.ckpt:
-        module, base, head_cfg = load_module(cfg, model_from_cli=False), cfg.ckpt, None
+        loaded, base = load_ranker(cfg.ckpt, key="ckpt"), cfg.ckpt
     else:
         raise InputError("ckpt", "export needs ckpt=<ranker checkpoint> (or head_ckpt=<head checkpoint>)")
-    ranker = module.ranker
-    rest, head = _split_state(module)
-    model_cfg = dict(module.hparams["model"])
+    ranker = loaded.ranker
+    rest, head = _split_state(ranker)
     info = {
-        "format": FORMAT,
-        "model": model_cfg,
-        "optim": dict(module.hparams.get("optim") or {}),
-        "head": head_cfg,
+        "format": EXPORT_FORMAT,
+        "model": dict(loaded.hparams["model"]),
+        "optim": dict(loaded.hparams.get("optim") or {}),
+        "head": loaded.hparams.get("head"),
         "encoder": hasattr(ranker, "encoder"),
         "source": {
             "ckpt": str(Path(base).resolve()),
@@ -174,38 +170,3 @@ def _shareable(folder: Path) -> None:
     folder.chmod(0o777 & ~mask)
     for f in folder.iterdir():
         f.chmod(0o666 & ~mask)
-
-
-def read_info(folder: str | Path) -> dict:
-    """Return an exported folder's isorank.json; a folder without one, or of another format, is an InputError."""
-    p = Path(folder) / "isorank.json"
-    if not p.is_file():
-        raise InputError("ckpt", f"'{folder}' is a folder but not an isorank export (no isorank.json)")
-    info = json.loads(p.read_text())
-    if info.get("format") != FORMAT:
-        raise InputError(str(p), f"format {info.get('format')!r}; expected {FORMAT!r}")
-    return info
-
-
-def load_exported(folder: str | Path, measures: list[str] | None = None):
-    """Load the RankingModule (or HeadModule, with the head attached) of an exported folder, weights as exported."""
-    folder = Path(folder).resolve()
-    info = read_info(folder)
-    model = dict(info["model"])
-    if info["encoder"]:
-        model["backbone"] = str(folder)  # the fine-tuned backbone, saved by save_pretrained
-    if info.get("head"):
-        module = HeadModule(model, info["optim"], measures, info["head"], str(folder))
-    else:
-        module = RankingModule(model, info["optim"], measures)
-    state = load_file(str(folder / "ranker.safetensors"))
-    if (folder / "isotropy_head.safetensors").is_file():
-        state.update(load_file(str(folder / "isotropy_head.safetensors")))
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith(ENCODER) and not k.startswith("runs.")]
-    if missing or unexpected:
-        raise InputError(
-            str(folder), f"does not match ranker '{model['name']}' (missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    module.hparams["model"] = model
-    return module

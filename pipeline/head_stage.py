@@ -24,13 +24,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from callbacks.loggers import build_logger
 from callbacks.preemption import interruptible
-from core.checkpoints import check_finite, read_checkpoint
+from core.checkpoints import check_finite, read_checkpoint, read_header
 from core.errors import InputError
 from core.io import atomic_open
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
+from lightning_modules.loading import module_from_loaded
 from models.heads import head_capabilities
 from models.heads.cache import RepresentationCache, cache_key
+from models.loading import LoadedRanker, load_ranker
 from pipeline.stages import (
     build_trainer,
     evaluate_module,
@@ -185,40 +187,20 @@ def train_head(cfg: DictConfig) -> dict | None:
     return report_head_results(cfg, module, trainer.logger)
 
 
-def load_head_module(cfg: DictConfig) -> tuple[HeadModule, str]:
-    """Load the HeadModule of `head_ckpt` on its base ranker and return it with the base's path.
+def load_with_head(cfg: DictConfig) -> LoadedRanker:
+    """Load the ranker of `head_ckpt` with its head attached, on `ckpt` or else the head's recorded `base_ckpt`.
 
-    The base ranker is `ckpt`, else the head's recorded `base_ckpt`; sets `cfg.model` and `cfg.head` to the
-    checkpoints' own.
+    Sets `cfg.model` and `cfg.head` to the checkpoints' own. A ranker checkpoint passed as `head_ckpt` is a one-line
+    error before any weights are loaded.
     """
-    head_ckpt = read_checkpoint(cfg.head_ckpt, "head_ckpt")
-    if "base_ckpt" not in head_ckpt:
+    if "base_ckpt" not in read_header(cfg.head_ckpt, "head_ckpt"):
         raise InputError(
             "head_ckpt",
             f"'{cfg.head_ckpt}' is not a head checkpoint (from train.py stage=head); pass ranker checkpoints as ckpt=",
         )
-    base_path = cfg.ckpt or head_ckpt["base_ckpt"]
-    hp = head_ckpt["hyper_parameters"]
-    base = read_checkpoint(base_path, "ckpt")
-    if base["hyper_parameters"]["model"] != hp["model"]:
-        raise InputError(
-            "ckpt",
-            f"'{base_path}' holds ranker {base['hyper_parameters']['model']['name']} with other settings "
-            f"than the head's base ({hp['base_ckpt']})",
-        )
-    module = HeadModule(hp["model"], hp.get("optim", {}), list(cfg.eval.measures), hp["head"], str(base_path))
-    module.load_base(base["state_dict"])
-    missing, unexpected = module.load_state_dict(head_ckpt["state_dict"], strict=False)
-    head_missing = [k for k in missing if k.startswith(HEAD_PREFIXES)]
-    if head_missing or unexpected:
-        raise InputError(
-            "head_ckpt",
-            f"'{cfg.head_ckpt}' does not match head '{hp['head']['name']}' "
-            f"(missing {head_missing[:3]}, unexpected {unexpected[:3]})",
-        )
-    del base, head_ckpt
-    cfg.model, cfg.head = hp["model"], hp["head"]
-    return module, str(base_path)
+    loaded = load_ranker(cfg.head_ckpt, key="head_ckpt", base=cfg.ckpt or None)
+    cfg.model, cfg.head = loaded.hparams["model"], loaded.hparams["head"]
+    return loaded
 
 
 def evaluate_with_head(cfg: DictConfig) -> dict | None:
@@ -228,5 +210,5 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
     """
     pl.seed_everything(cfg.seed, workers=True)
     dm = load_data(cfg)  # before any weights: bad data stops the run at once
-    module, _ = load_head_module(cfg)
+    module = module_from_loaded(load_with_head(cfg), list(cfg.eval.measures))
     return evaluate_module(cfg, module, dm)

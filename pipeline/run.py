@@ -29,7 +29,7 @@ from core.errors import InputError
 from core.lock import output_dir_lock
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
-from pipeline.export import export, load_exported
+from pipeline.export import export
 from pipeline.head_stage import evaluate_with_head, train_head
 from pipeline.stages import (
     MONITOR,
@@ -269,13 +269,5 @@ def _evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
         return evaluate_with_head(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     dm = load_data(cfg)  # before any weights: bad data stops the run at once
-    if cfg.ckpt and Path(cfg.ckpt).is_dir():  # a folder from `python train.py stage=export`
-        module = load_exported(cfg.ckpt, list(cfg.eval.measures))
-        if model_from_cli:
-            check_same_ranker({"hyper_parameters": module.hparams}, cfg, "ckpt", cfg.ckpt)
-        cfg.model = module.hparams["model"]
-        if "head" in module.hparams:
-            cfg.head = module.hparams["head"]
-    else:
-        module = load_module(cfg, model_from_cli)
+    module = load_module(cfg, model_from_cli)  # a checkpoint, a folder of `train.py stage=export`, or untrained
     return evaluate_module(cfg, module, dm)

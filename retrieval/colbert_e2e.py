@@ -60,7 +60,7 @@ import torch
 from core.errors import InputError
 from core.io import AtomicDir, write_json
 from core.npy import NpyRowWriter
-from lightning_modules.loading import module_from_checkpoint
+from models.loading import load_ranker, pair_tokenizer_for
 from models.rankers import rankers_with
 from models.rankers.base import Encoded, cosine_normalize
 from models.rankers.capabilities import capabilities_of
@@ -81,7 +81,6 @@ from retrieval.dense import (
 from retrieval.encode import (
     encode_docs,
     encode_queries,
-    pair_tokenizer_for,
 )
 
 __all__ = ["ColBERTIndex", "colbert_index_from_checkpoint", "candidates_from_hits", "TokenStoreWriter"]
@@ -545,8 +544,6 @@ def read_codec(path: Path, manifest: dict):
 def colbert_index_from_checkpoint(
     ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts
 ) -> ColBERTIndex:
-    """Rebuild the RankingModule of a ColBERT checkpoint (as `pipeline.run.evaluate` does) and index `docs`."""
-    module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)
-    return ColBERTIndex.build(
-        module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts
-    )
+    """Load the ranker of a ColBERT checkpoint (`models.loading.load_ranker`) and index `docs` with it."""
+    ranker, tokenizer, _ = load_ranker(ckpt_path, key="ckpt", device=device)
+    return ColBERTIndex.build(ranker, docs, pair_tokenizer=tokenizer, device=device, checkpoint=str(ckpt_path), **opts)

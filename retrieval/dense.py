@@ -63,14 +63,13 @@ import torch
 
 from core.errors import InputError
 from core.io import AtomicDir, write_json
-from lightning_modules.loading import module_from_checkpoint
+from models.loading import load_ranker, pair_tokenizer_for
 from models.rankers import rankers_with
 from models.rankers.base import cosine_normalize
 from models.rankers.capabilities import capabilities_of
 from retrieval.encode import (
     encode_docs,
     encode_queries,
-    pair_tokenizer_for,
 )
 
 __all__ = [
@@ -426,7 +425,7 @@ def ensure_ranker(index):
                 "this index was loaded without a ranker and records no checkpoint; "
                 f"pass ranker= to {type(index).__name__}.load",
             )
-        index.ranker = module_from_checkpoint(ckpt, key="checkpoint").ranker
+        index.ranker = load_ranker(ckpt, key="checkpoint").ranker
         check_ranker_matches(index.ranker, index.manifest, ckpt)
     if index.pair_tokenizer is None:
         index.pair_tokenizer = pair_tokenizer_for(index.ranker)
@@ -655,11 +654,9 @@ class DenseIndex:
 
 
 def index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> DenseIndex:
-    """Rebuild the RankingModule of a checkpoint (as `pipeline.run.evaluate` does) and index `docs` with its ranker.
+    """Load the ranker of a checkpoint (`models.loading.load_ranker`) and index `docs` with it.
 
     `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...).
     """
-    module = module_from_checkpoint(ckpt_path, key="ckpt", device=device)
-    return DenseIndex.build(
-        module.ranker, docs, pair_tokenizer=module.pair_tokenizer, device=device, checkpoint=str(ckpt_path), **opts
-    )
+    ranker, tokenizer, _ = load_ranker(ckpt_path, key="ckpt", device=device)
+    return DenseIndex.build(ranker, docs, pair_tokenizer=tokenizer, device=device, checkpoint=str(ckpt_path), **opts)

@@ -28,6 +28,7 @@ from torch import Tensor
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
 from models.encoding import encode_stream
+from models.loading import pair_tokenizer_for
 from models.rankers import rankers_with
 from models.rankers.base import BiEncoder, Encoded
 from models.rankers.capabilities import capabilities_of
@@ -41,7 +42,6 @@ __all__ = [
     "encode_docs",
     "encode_queries",
     "encode_texts",
-    "pair_tokenizer_for",
     "autocast",
     "resolve_device",
     "check_encode_args",
@@ -78,12 +78,6 @@ def windows(items: Iterable[tuple[Hashable, str]], size: int) -> Iterator[list[t
             window = []
     if window:
         yield window
-
-
-def pair_tokenizer_for(ranker: BiEncoder) -> PairTokenizer:
-    """Return a PairTokenizer for `ranker`: its tokenizer and kind, and its config's query and passage length limits."""
-    c = ranker.cfg
-    return PairTokenizer(ranker.tokenizer, ranker.kind, c.query_max_len, c.doc_max_len)
 
 
 def autocast(device: torch.device, precision: str):

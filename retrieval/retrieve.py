@@ -3,7 +3,7 @@
 `python evaluate.py retrieval=dense ckpt=PATH data=... [retrieval.key=value ...]` (keys: retrieval/config.py,
 configs/retrieval/dense.yaml).
 
-The module comes from `ckpt=` (or is built untrained from `model=`); its index family (`RankerCapabilities.index`)
+The ranker comes from `ckpt=` (or is built untrained from `model=`); its index family (`RankerCapabilities.index`)
 picks the index: `dense` (RepBERT, BERT_DOT) `retrieval.dense.DenseIndex`, `colbert` (ColBERT) end-to-end
 `retrieval.colbert_e2e.ColBERTIndex`. Writes into `output_dir`:
 the index (`<output_dir>/index` unless `retrieval.index_dir`), `run.trec`, `per_query.json` and `metrics.json` (the
@@ -21,9 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import InputError
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.loading import load_module
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
+from models.loading import load_configured
 from models.rankers import rankers_with
 from models.rankers.capabilities import capabilities_of
 from retrieval.colbert_e2e import ColBERTIndex
@@ -72,20 +72,21 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)",
         )
     device = _launch(opts)  # after the data's checks: a bad input stops before any process starts
-    module = load_module(cfg, model_from_cli).eval()
+    loaded = load_configured(cfg, model_from_cli)
     if device:
-        module.to(device)
-    index_family = capabilities_of(module.ranker).index
+        loaded.to(device)
+    ranker, tokenizer, _ = loaded
+    index_family = capabilities_of(ranker).index
     if index_family is None:  # before any passage is encoded
         indexed = ", ".join(rankers_with(lambda c: c.index is not None))
-        raise InputError("model.name", f"'{module.ranker.cfg.name}' has no index family; full ranking serves {indexed}")
+        raise InputError("model.name", f"'{ranker.cfg.name}' has no index family; full ranking serves {indexed}")
     multi = index_family == "colbert"
     encoded = None
     if ranks()[1] > 1:
         # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
         encoded = split_encode(
-            module.ranker,
-            module.pair_tokenizer,
+            ranker,
+            tokenizer,
             ds.docs,
             index_dir.parent / f".{index_dir.name}.encode-parts",
             batch_size=opts.batch_size,
@@ -96,7 +97,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         if encoded is None:
             return None
     common = dict(
-        pair_tokenizer=module.pair_tokenizer,
+        pair_tokenizer=tokenizer,
         batch_size=opts.batch_size,
         device=device,
         precision=opts.precision,
@@ -106,14 +107,12 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     )
     if multi:
         # the token store is written beside the index folder while building, so saving links it instead of copying
-        index = ColBERTIndex.build(
-            module.ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common
-        )
+        index = ColBERTIndex.build(ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common)
         run = index.search(
             split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size
         )
     else:
-        index = DenseIndex.build(module.ranker, ds.docs, **common)
+        index = DenseIndex.build(ranker, ds.docs, **common)
         run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
     if opts.index_dir:  # a shared index outside the run's folder
         index.save(index_dir)
@@ -133,7 +132,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         },
         per_query,
         run,
-        tag=f"{module.ranker.cfg.name}-{opts.index_type}",
+        tag=f"{ranker.cfg.name}-{opts.index_type}",
         config=OmegaConf.to_yaml(cfg),
         folders=None if opts.index_dir else {index_dir.name: index.save},
     )

@@ -32,12 +32,12 @@ from torch import Tensor
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
+from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded
 from retrieval.encode import (
     check_encode_args,
     encode_windows,
     iter_items,
-    pair_tokenizer_for,
     resolve_device,
     window_size,
     windows,

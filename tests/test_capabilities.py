@@ -25,8 +25,7 @@ from torch import nn
 from core.errors import InputError
 from datamodules.sources import SOURCES
 from datamodules.tokenization import PairTokenizer
-from lightning_modules.head_module import head_config
-from models.heads import HEADS, build_head, head_capabilities
+from models.heads import HEADS, build_head, head_capabilities, head_config
 from models.rankers import RANKERS, build_ranker, ranker_capabilities, rankers_with
 from models.rankers.base import BiEncoder, Encoded, RankerConfig, cosine_normalize
 from models.rankers.capabilities import RankerCapabilities, capabilities_of

@@ -18,10 +18,10 @@ from test_retrieval import DOCS, QUERIES, make, one_thread  # noqa: F401 (one_th
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
+from models.loading import pair_tokenizer_for
 from models.rankers.colbert import ColBERTConfig
 from retrieval.colbert_e2e import CODEC_FILE, TOKENS_FILE, ColBERTIndex
 from retrieval.config import DenseRetrievalConfig
-from retrieval.encode import pair_tokenizer_for
 
 # documented bound on |exact score - float32 score| per query token (module docstring, docs/retrieval.md)
 RESIDUAL_TOLERANCE = {"residual8": 0.005, "residual4": 0.02}

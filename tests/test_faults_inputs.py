@@ -118,16 +118,16 @@ def save_variant(src: Path, dst: Path, edit) -> Path:
 # ---- 3. caches and checkpoints are verified when read --------------------------------------------------------------
 def _head_cache(work, tmp_path):
     """A representation cache of the fine-tuned ranker over a few texts, and a function that (re)builds it."""
-    from lightning_modules.loading import module_from_checkpoint
     from models.heads.cache import RepresentationCache
+    from models.loading import load_ranker
 
-    module = module_from_checkpoint(work["ckpt"])
+    ranker, tokenizer, _ = load_ranker(work["ckpt"])
     texts = ["what is a kernel", "kernel pooling in ranking", "whitening the token vectors", "a flow head"]
     path = tmp_path / "representations" / "c"
 
     def build():
         return RepresentationCache.build(
-            path, module.ranker, module.pair_tokenizer, texts[:2], texts[2:], dtype="float32", checkpoint="ck"
+            path, ranker, tokenizer, texts[:2], texts[2:], dtype="float32", checkpoint="ck"
         )
 
     return build, path
@@ -422,20 +422,20 @@ def test_checkpoint_with_unknown_hparam_key(work, tmp_path, earlier, capsys):
 
 
 def test_checkpoint_with_missing_hparam_key_takes_the_default(work, tmp_path):
-    from lightning_modules.loading import module_from_checkpoint
+    from models.loading import load_ranker
 
     old = save_variant(
         work["ckpt"], tmp_path / "older.ckpt", lambda ck: ck["hyper_parameters"]["model"].pop("length_buckets")
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        module = module_from_checkpoint(old)
+        loaded = load_ranker(old)
     msgs = [str(w.message) for w in caught if "has no hyper-parameter" in str(w.message)]
     assert msgs == [
         f"checkpoint '{old}' has no hyper-parameter model.length_buckets (a checkpoint of another version?); "
         "taking the default length_buckets=4"
     ]
-    assert module.model_cfg.length_buckets == 4
+    assert loaded.config.length_buckets == 4
     assert read_checkpoint(str(old), "ckpt")["hyper_parameters"]["model"]["length_buckets"] == 4
 
 

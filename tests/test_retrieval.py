@@ -16,6 +16,7 @@ import torch
 from core.errors import InputError
 from datamodules.textfiles import read_trec_run
 from metrics.trec import write_trec_run
+from models.loading import pair_tokenizer_for
 from models.rankers import build_ranker
 from models.rankers.bert_dot import BertDotConfig
 from models.rankers.colbert import ColBERTConfig
@@ -28,7 +29,7 @@ from retrieval.colbert_e2e import (
     colbert_index_from_checkpoint,
 )
 from retrieval.dense import DenseIndex, index_from_checkpoint
-from retrieval.encode import encode_docs, pair_tokenizer_for
+from retrieval.encode import encode_docs
 
 ATOL = 1e-5
 WORDS = (

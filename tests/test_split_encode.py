@@ -14,12 +14,13 @@ import torch
 from conftest import run_script
 
 from datamodules.docstore import fingerprint, open_store
+from models.loading import pair_tokenizer_for
 from models.rankers import build_ranker
 from models.rankers.colbert import ColBERTConfig
 from models.rankers.repbert import RepBERTConfig
 from retrieval.colbert_e2e import ColBERTIndex
 from retrieval.dense import DenseIndex
-from retrieval.encode import encode_docs, encode_windows, pair_tokenizer_for, window_size
+from retrieval.encode import encode_docs, encode_windows, window_size
 from retrieval.split import ShareWriter, read_shares, share_windows, split_encode
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from analyses.loading import analysed_model_config, analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, placed, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.vocab.mlm_head import load_mlm_head
@@ -44,12 +45,9 @@ from analyses.vocab.projections import (
     top_tokens,
 )
 from analyses.whitebox.analysis import queries_and_candidates
-from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.loading import load_module
-from lightning_modules.module import RankingModule
 from models.encoding import encode_collection
 from models.rankers import ranker_capabilities, rankers_with
 from models.rankers.base import EncodedTexts
@@ -98,38 +96,29 @@ def _say(msg: str) -> None:
     print(f"[vocab] {msg}", flush=True)
 
 
-def check_ranker(cfg_model, where: str = "model.name") -> None:
-    """Check that Eq. 3 applies to the ranker of `cfg_model`, else raise InputError at `where`.
+def check_ranker(model, where: str = "model.name") -> None:
+    """Check that Eq. 3 applies to the ranker of the `model` config, else raise InputError at `where`.
 
     That is a bi-encoder with an index family (one pooled vector, or Eq. 1 over token vectors, as `candidate_scores`
     scores them) whose vectors have the backbone's width (no compression layer).
     """
-    if ranker_capabilities(cfg_model.name).index is None:
+    name = model["name"]
+    if ranker_capabilities(name).index is None:
         raise InputError(
             where,
-            f"is '{cfg_model.name}'; vocabulary projections read {rankers_with(lambda c: c.index is not None)} "
+            f"is '{name}'; vocabulary projections read {rankers_with(lambda c: c.index is not None)} "
             "(single-vector or per-token bi-encoders with an index family)",
         )
-    if getattr(cfg_model, "compress_dim", None):
+    if model.get("compress_dim"):
         raise InputError(
             "model.compress_dim",
-            f"is {cfg_model.compress_dim}; the MLM head reads vectors of the backbone's width (compress_dim null)",
+            f"is {model['compress_dim']}; the MLM head reads vectors of the backbone's width (compress_dim null)",
         )
 
 
 def load_models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
-    """Label -> RankingModule in eval mode: the checkpoint's ranker (or untrained), and its untrained backbone."""
-    module = load_module(cfg, model_from_cli)
-    check_ranker(module.model_cfg)
-    models = {("trained" if cfg.ckpt else "untrained"): module}
-    if with_backbone and cfg.ckpt:
-        models["backbone"] = RankingModule(
-            OmegaConf.to_container(OmegaConf.create(cfg.model)), OmegaConf.to_container(cfg.optim)
-        )
-    use_gpu = torch.cuda.is_available() and str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda")
-    for m in models.values():
-        m.eval().to("cuda" if use_gpu else "cpu")
-    return models
+    """Label -> the loaded ranker: the checkpoint's (or the untrained one), and with a checkpoint its backbone."""
+    return analysed_rankers(cfg, model_from_cli, with_backbone=with_backbone, check=check_ranker)
 
 
 def encode(ranker, ids: list[list[int]], side: str, batch_size: int, pad_id: int) -> EncodedTexts:
@@ -187,14 +176,14 @@ def gold_passages(ds, qids, cands) -> dict[str, str]:
     return out
 
 
-def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjectionsConfig, label: str) -> dict:
+def analyse_model(loaded, head, qids, qtexts, gold, cands, ds, opts: VocabProjectionsConfig, label: str) -> dict:
     """Compute one model's vocabulary-projection statistics (Ram et al., sections 5-6) on the (query, gold) pairs.
 
     Encodes the queries and the candidate and gold passages once, projects each pair with Eq. 3 and returns Table 1's
     rows, the coverage (Figure 3), the token MRR (Table 2), the expansion shares (Figure 4), the token-amnesia rows
     and summary (Figure 5, re-ranking each BM25-top query's candidates) and the timings.
     """
-    ranker, c = module.ranker, module.model_cfg
+    ranker, c = loaded.ranker, loaded.config
     tok = ranker.tokenizer
     special = set(tok.all_special_ids)
     timings = {}
@@ -290,8 +279,8 @@ def analyse_model(module, head, qids, qtexts, gold, cands, ds, opts: VocabProjec
 def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict:
     """Read and check all input, run every model and return the result; nothing is written here."""
     seed = int(cfg.seed if opts.seed is None else opts.seed)
-    if not cfg.ckpt:
-        check_ranker(cfg.model)
+    model = analysed_model_config(cfg)  # what ckpt records, read without its tensors
+    check_ranker(model)
     t0 = time.perf_counter()
     # the data and the head first: bad data or a missing head is a one-line error before any model is loaded
     dc = data_config(cfg)
@@ -302,16 +291,13 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
         raise InputError("analysis.split", f"no query of split '{opts.split}' of {ds.name} has a relevant passage")
     timings = {"data_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    backbone = (
-        read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"]["backbone"] if cfg.ckpt else cfg.model.backbone
-    )
-    head, head_source = load_mlm_head(backbone, opts.mlm_head)
+    head, head_source = load_mlm_head(model["backbone"], opts.mlm_head)
     models = load_models(cfg, model_from_cli, opts.with_backbone)
     timings["load_models_s"] = time.perf_counter() - t0
     per_model = {}
-    for label, module in models.items():
+    for label, loaded in models.items():
         t0 = time.perf_counter()
-        per_model[label] = analyse_model(module, head, qids, qtexts, gold, cands, ds, opts, label)
+        per_model[label] = analyse_model(loaded, head, qids, qtexts, gold, cands, ds, opts, label)
         timings[f"model_{label}_s"] = time.perf_counter() - t0
     return {
         "definition": {

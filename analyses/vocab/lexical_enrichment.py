@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from analyses.loading import analysed_model_config
 from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.vocab.analysis import check_ranker, encode, load_models
@@ -42,7 +43,6 @@ from analyses.vocab.enrichment import (
 from analyses.vocab.mlm_head import load_mlm_head
 from analyses.whitebox.analysis import queries_and_candidates
 from analyses.whitebox.idf import collection_idf
-from core.checkpoints import read_checkpoint
 from core.errors import InputError, check_choice
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
@@ -228,9 +228,8 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
     """
     timings = {}
     t0 = time.perf_counter()
-    if not cfg.ckpt:
-        check_ranker(cfg.model)
-    model_cfg = read_checkpoint(cfg.ckpt, "ckpt")["hyper_parameters"]["model"] if cfg.ckpt else cfg.model
+    model_cfg = analysed_model_config(cfg)  # what ckpt records, read without its tensors
+    check_ranker(model_cfg)
     if ranker_capabilities(model_cfg["name"]).vectors != "single":
         single = " or ".join(rankers_with(lambda c: c.vectors == "single"))
         raise InputError(
@@ -243,8 +242,8 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])
     }
     head, head_source = load_mlm_head(model_cfg["backbone"], opts.mlm_head)
-    module = next(iter(load_models(cfg, model_from_cli, False).values()))
-    ranker, c = module.ranker, module.model_cfg
+    loaded = next(iter(load_models(cfg, model_from_cli, False).values()))
+    ranker, c = loaded.ranker, loaded.config
     tok = ranker.tokenizer
     doc_ids = sorted({d for qids, _, cands, _ in splits.values() for q in qids for d in cands[q]})
     prow = {d: i for i, d in enumerate(doc_ids)}

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import OmegaConf
 
+from analyses.loading import analysed_model_config, analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, placed, write_result
 from analyses.registry import ANALYSES, AnalysisConfig
 from analyses.whitebox.aggregate import (
@@ -59,8 +59,6 @@ from analyses.whitebox.words import query_words
 from core.errors import InputError, check_choice
 from datamodules.bm25 import bm25_candidates
 from datamodules.sources import data_config, load_dataset, used_splits
-from lightning_modules.loading import load_module
-from lightning_modules.module import RankingModule
 from models.rankers import ranker_capabilities, rankers_with
 
 JSON_NAME = "whitebox.json"
@@ -171,30 +169,31 @@ def _check_eq1(name: str) -> None:
 
 
 def _models(cfg, model_from_cli: bool, with_backbone: bool) -> dict:
-    """Label -> RankingModule in eval mode: the checkpoint's ranker (or the untrained one), and the backbone."""
-    module = load_module(cfg, model_from_cli)
-    _check_eq1(module.model_cfg.name)
-    models = {("fine-tuned" if cfg.ckpt else "untrained"): module}
+    """Label -> the loaded ranker: the checkpoint's (or the untrained one), and with a checkpoint the backbone."""
     if with_backbone and not cfg.ckpt:
         _say("analysis.with_backbone: no ckpt given, so the analysed model is already the untrained backbone")
-    if with_backbone and cfg.ckpt:
-        plain = OmegaConf.to_container(OmegaConf.create(cfg.model))
-        if "compress_dim" in plain:  # the paper's backbone has no projection; rankers without one have no such key
-            plain["compress_dim"] = None
-        models["backbone"] = RankingModule(plain, OmegaConf.to_container(cfg.optim))
-    # a GPU encodes when the trainer config allows one (trainer.accelerator auto / gpu / cuda); the rest is CPU work
-    use_gpu = torch.cuda.is_available() and str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda")
-    for m in models.values():
-        m.eval().to("cuda" if use_gpu else "cpu")
-    return models
+
+    def plain(model: dict) -> dict:
+        if "compress_dim" in model:  # the paper's backbone has no projection; rankers without one have no such key
+            model["compress_dim"] = None
+        return model
+
+    return analysed_rankers(
+        cfg,
+        model_from_cli,
+        trained_label="fine-tuned",
+        with_backbone=with_backbone,
+        check=lambda model: _check_eq1(model["name"]),
+        backbone=plain,
+    )
 
 
 # ---- one model ----------------------------------------------------------------------------------------------
 def analyse_model(
-    module, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts: WhiteboxConfig, seed: int, label: str = ""
+    loaded, qids, qtexts, cands, doc_ids: list[str], ds, idf, opts: WhiteboxConfig, seed: int, label: str = ""
 ) -> dict:
     """Every statistic for one ranker (rows, correlations, per-query values, timings)."""
-    ranker, c = module.ranker, module.model_cfg
+    ranker, c = loaded.ranker, loaded.config
     tok = ranker.tokenizer
     stats = list(opts.statistics)
     timings: dict[str, float] = {}
@@ -294,8 +293,7 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     """Read and check all input, run every model and return the result; nothing is written here."""
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     timings: dict[str, float] = {}
-    if not cfg.ckpt:
-        _check_eq1(cfg.model.name)  # before reading anything
+    _check_eq1(analysed_model_config(cfg)["name"])  # before reading anything (ckpt: its recorded config)
     t0 = time.perf_counter()
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
@@ -315,9 +313,9 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     idf = collection_idf(first.ranker.tokenizer, [ds.docs[d] for d in sorted(ds.docs)])
     timings["idf_s"] = time.perf_counter() - t0
     per_model = {}
-    for label, module in models.items():
+    for label, loaded in models.items():
         t0 = time.perf_counter()
-        per_model[label] = analyse_model(module, qids, qtexts, cands, doc_ids, ds, idf, opts, seed, label)
+        per_model[label] = analyse_model(loaded, qids, qtexts, cands, doc_ids, ds, idf, opts, seed, label)
         timings[f"model_{label}_s"] = time.perf_counter() - t0
     return {
         "definition": {

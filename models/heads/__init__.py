@@ -16,7 +16,16 @@ from core.registry import Registry
 
 HEADS: Registry = Registry("isotropy head")
 
-from models.heads.base import HeadCapabilities, HeadConfig, IsotropyHead, build_head  # noqa: E402
+from models.heads.base import (  # noqa: E402
+    HEAD_SLOTS,
+    HeadCapabilities,
+    HeadConfig,
+    IsotropyHead,
+    attach_head,
+    build_head,
+    head_config,
+    head_input_dim,
+)
 
 HEADS.register("none", schema=HeadConfig)(lambda cfg, dim: None)  # no head: nothing to fit, no capabilities
 
@@ -35,4 +44,15 @@ def head_capabilities(name: str, where: str = "head.name") -> HeadCapabilities:
     return caps
 
 
-__all__ = ["HEADS", "HeadCapabilities", "HeadConfig", "IsotropyHead", "build_head", "head_capabilities"]
+__all__ = [
+    "HEADS",
+    "HEAD_SLOTS",
+    "HeadCapabilities",
+    "HeadConfig",
+    "IsotropyHead",
+    "attach_head",
+    "build_head",
+    "head_capabilities",
+    "head_config",
+    "head_input_dim",
+]

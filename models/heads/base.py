@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from core.errors import check_choice
@@ -103,3 +104,24 @@ class IsotropyHead(nn.Module):
 def build_head(cfg, dim: int) -> IsotropyHead | None:
     """Build the head of `cfg` for vectors of width `dim`; None for `name: none`."""
     return HEADS.get(cfg.name, "head.name").build(cfg, dim)
+
+
+def head_config(head: dict):
+    """Turn a `head` dict (from YAML or a checkpoint) into the head's dataclass config, checked by its schema."""
+    schema = HEADS.get(head["name"], "head.name").schema
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), head))
+
+
+# where a head of each granularity sits in a bi-encoder (`BiEncoder.token_head` / `sequence_head`)
+HEAD_SLOTS = {"token": "token_head", "sequence": "sequence_head"}
+
+
+def head_input_dim(ranker) -> int:
+    """Width of the vectors a head on `ranker` transforms: its `compress_dim` where it has one, else the backbone's."""
+    compress = getattr(ranker.cfg, "compress_dim", None)
+    return int(compress or ranker.hidden_size)
+
+
+def attach_head(ranker, head: IsotropyHead | None, granularity: str) -> None:
+    """Put `head` into the ranker's slot for `granularity` (None: score with the raw representations)."""
+    setattr(ranker, HEAD_SLOTS[granularity], head)

@@ -2,6 +2,8 @@
 
 from collections.abc import Callable
 
+from omegaconf import OmegaConf
+
 from core.registry import Registry
 from models.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
 
@@ -30,6 +32,12 @@ def ranker_capabilities(name: str) -> RankerCapabilities:
 def rankers_with(can: Callable[[RankerCapabilities], bool]) -> list[str]:
     """Return the names of the registered rankers whose capabilities satisfy `can`, sorted (for error messages)."""
     return [n for n in RANKERS.names() if can(ranker_capabilities(n))]
+
+
+def ranker_config(model: dict):
+    """Turn a `model` dict (from YAML or a checkpoint) into the ranker's dataclass config, checked by its schema."""
+    schema = RANKERS.get(model["name"], "model.name").schema
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model))
 
 
 def build_ranker(cfg):
