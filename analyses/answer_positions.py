@@ -38,7 +38,7 @@ from analyses.outputs import analysis_set, log_analysis, placed
 from analyses.position_plot import plot_histograms
 from analyses.position_stats import summarize
 from analyses.positions import SPAN_MODES, eval_units, relative_starts, train_units
-from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from core.errors import InputError
 from core.io import write_json
 from datamodules.answer_bias import apply_answer_bias, describe
@@ -254,4 +254,4 @@ def run(cfg, opts: Options) -> dict:
 
 @ANALYSES.register("answer_positions", schema=AnswerPositionsConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    return run(cfg, AnswerPositionsConfig(**{k: v for k, v in cfg.analysis.items() if k != "name"}).options())
+    return run(cfg, analysis_options(cfg).options())

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from analyses.loading import analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, write_result
-from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from core.errors import InputError, check_choice
 from core.io import save_figure
 from datamodules.datamodule import passage_text, rotation_draw
@@ -77,13 +76,6 @@ class ATSConfig(AnalysisConfig):
             raise InputError("config key 'analysis.max_delta'", f"is {self.max_delta}; expected >= 1 or null")
         if self.batch_size < 1:
             raise InputError("config key 'analysis.batch_size'", f"is {self.batch_size}; expected >= 1")
-
-
-def options(cfg) -> ATSConfig:
-    """Return `cfg.analysis` (a DictConfig or a plain dict) as a checked `ATSConfig`, without its `name`."""
-    raw = cfg.analysis
-    raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
-    return ATSConfig(**{k: v for k, v in raw.items() if k != "name"})
 
 
 def _models(cfg, opts: ATSConfig, model_from_cli: bool) -> dict:
@@ -233,4 +225,4 @@ def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
 
 @ANALYSES.register("ats", schema=ATSConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    return run(cfg, options(cfg), model_from_cli)
+    return run(cfg, analysis_options(cfg), model_from_cli)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from analyses.outputs import analysis_set, log_analysis, write_result
-from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from core.errors import InputError, check_choice
 from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset, used_splits
@@ -112,4 +112,4 @@ def run(cfg, opts: RandomRerankConfig) -> dict:
 
 @ANALYSES.register("random_rerank", schema=RandomRerankConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    return run(cfg, RandomRerankConfig(**cfg.analysis))
+    return run(cfg, analysis_options(cfg))

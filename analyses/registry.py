@@ -5,12 +5,19 @@ other group) and a `run(cfg, model_from_cli) -> dict` that reads a ranker and/or
 into `output_dir` (analyses/outputs.py: atomically, JSON last) and logs them (numbers, W&B tables, images). Rankers
 come as the plain `nn.Module`s of models/rankers, from `ckpt=` or untrained (`pipeline.run.load_module`;
 `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it).
+
+evaluate.py runs every analysis as one job of the job table (pipeline/jobs.py, job `analysis`, selected by
+`analysis` other than `none`), which defers here: the analyses take the same top-level keys (`ckpt`) and their own
+keys are typed by their schemas here. `compose` makes `cfg.analysis` the structured node of the analysis's schema;
+`analysis_options(cfg)` returns it as that dataclass.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
 
 from core.registry import Registry
 
@@ -52,7 +59,20 @@ def load_all() -> Registry:
     return ANALYSES
 
 
+def analysis_options(cfg):
+    """Return `cfg.analysis` as an instance of its analysis's schema (a dataclass), the schema's checks run.
+
+    `pipeline.config.compose` types `cfg.analysis` as the structured node of that schema, so this is
+    `OmegaConf.to_object`; a plain mapping (a config built by hand) is merged onto the schema first.
+    """
+    node = cfg.analysis
+    schema = load_all().get(str(node["name"]), "analysis.name").schema
+    if not (isinstance(node, DictConfig) and OmegaConf.get_type(node) is schema):
+        node = OmegaConf.merge(OmegaConf.structured(schema), node)
+    return OmegaConf.to_object(node)
+
+
 def run_analysis(cfg, model_from_cli: bool = False) -> dict:
-    """Run `cfg.analysis.name` (evaluate.py dispatches here when it is not `none`)."""
+    """Run `cfg.analysis.name`: the `analysis` job of evaluate.py (pipeline/jobs.py) when it is not `none`."""
     entry = load_all().get(cfg.analysis.name, "analysis.name")
     return entry.build(cfg, model_from_cli)

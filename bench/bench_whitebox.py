@@ -34,10 +34,11 @@ from pathlib import Path
 
 import torch
 
-from analyses.whitebox.analysis import _models, analyse, options, queries_and_candidates
+from analyses.registry import analysis_options
+from analyses.whitebox.analysis import _models, analyse, queries_and_candidates
 from analyses.whitebox.collect import encode_texts, query_maxsim
 from analyses.whitebox.words import query_words
-from bench import options as bench_options  # `options` is the whitebox analysis' own
+from bench import options as bench_options
 from bench.bench_retrieval import machine
 from bench.bench_speed import Meter
 from core.io import write_json
@@ -128,7 +129,7 @@ def main(argv=None) -> dict:
         overrides.append(f"analysis.max_queries={args.queries}")
     overrides += [f"ckpt={args.ckpt}"] if args.ckpt else ["model=colbert", "model.backbone=minilm"]
     cfg = compose(overrides)
-    opts = options(cfg)
+    opts = analysis_options(cfg)
     with Meter() as total:
         result = analyse(cfg, opts, model_from_cli=not args.ckpt)
     label, res = next(iter(result["models"].items()))

@@ -161,7 +161,8 @@ def _run_digest(collection: str, queries: Mapping[str, str], k: int, params: BM2
     return h.hexdigest()
 
 
-def _index_settings(params: BM25Params) -> dict:
+def index_settings(params: BM25Params) -> dict:
+    """Return `settings` plus the index format's version and bm25s' version: what an index was built with."""
     return {**settings(params), "index_version": INDEX_VERSION, "bm25s": bm25s_module().__version__}
 
 
@@ -328,8 +329,11 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
-    """bm25s' save, the doc ids and the manifest (last), into `folder` as a whole."""
+def save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
+    """Write bm25s' save, the doc ids and the manifest (last: `manifest` plus counts and checksums) into `folder`.
+
+    The folder is written as a whole (core.io.AtomicDir); retrieval.bm25.BM25Index.save writes its folders so too.
+    """
     with AtomicDir(folder, marker=MANIFEST, kind="a BM25 index") as tmp:
         index.retriever.save(tmp, show_progress=False)
         np.save(tmp / DOC_IDS, index.doc_ids)
@@ -341,7 +345,7 @@ def _save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
             )
 
 
-def _load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
+def load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
     """Load the index in `folder` when its manifest is `manifest` and its files match it (sizes, SHA-256, shapes).
 
     None when there is none, or (with a warning when `warn`) when it does not match.
@@ -430,7 +434,7 @@ def bm25_index(
     if cache_dir is None:
         return _build_index(docs, params)
     digest = digest or collection_digest(docs)
-    want = _index_settings(params)
+    want = index_settings(params)
     key = hashlib.sha256(json.dumps(want, sort_keys=True).encode() + b"\0" + digest.encode()).hexdigest()
     folder = Path(cache_dir) / "bm25" / f"index-{key[:24]}"
     manifest = {"collection": digest, "settings": want, "num_docs": len(docs)}
@@ -439,16 +443,16 @@ def bm25_index(
         built = _build_index(docs, params, folder.parent)
         if built is None:
             return _NOTHING
-        _save_index(built, folder, manifest)
+        save_index(built, folder, manifest)
         del built
-        got = _load_index(folder, manifest, warn=True)
+        got = load_index(folder, manifest, warn=True)
         if got is None:
             raise OSError(f"{folder}: the BM25 index just written does not load back")
         return got
 
     got = _once(
         folder.parent / f".{folder.name}.lock",
-        lambda warn: _load_index(folder, manifest, warn),
+        lambda warn: load_index(folder, manifest, warn),
         make,
         f"the BM25 index {folder}",
     )
@@ -575,15 +579,20 @@ def bm25_run(
     cache_dir=None,
     key: str = "bm25",
     params: BM25Params = BM25Params(),
+    *,
+    digest: str | None = None,
+    compute: Callable[[], dict[str, Ranking]] | None = None,
 ) -> dict[str, Ranking]:
     """Return qid -> up to k (doc id, BM25 score), best first, cached on disk under cache_dir.
 
     cache_dir None: no cache, the index built in memory; `key` names the run's cache file (e.g. "squad-val"), the digest
-    makes it specific to the inputs; the collection's index is shared by every run over it.
+    makes it specific to the inputs; the collection's index is shared by every run over it. `digest`: the
+    collection_digest of `docs`, when the caller has it; `compute`: what ranks the queries when the run is not cached
+    (default: compute_bm25_run over the collection's index; retrieval.bm25.BM25Index ranks with the index it holds).
     """
     if cache_dir is None:
-        return compute_bm25_run(docs, queries, k, params)
-    digest = collection_digest(docs)
+        return compute() if compute is not None else compute_bm25_run(docs, queries, k, params)
+    digest = digest or collection_digest(docs)
     path = _run_path(digest, queries, k, cache_dir, key, params)
     expected = {**settings(params), "k": int(k)}
 
@@ -615,7 +624,7 @@ def bm25_run(
         return None
 
     def make():
-        result = compute_bm25_run(docs, queries, k, params, cache_dir, digest)
+        result = compute() if compute is not None else compute_bm25_run(docs, queries, k, params, cache_dir, digest)
         with atomic_open(path) as f:
             _write_run(f, expected, result)
         return result

@@ -369,8 +369,8 @@ def load_ranker(
     else:
         raise InputError(
             key,
-            f"'{path}' is no checkpoint file or export folder; to load a Hugging Face backbone, "
-            "pass the ranker's model config too (load_ranker(id, model={'name': ...}))",
+            f"checkpoint '{path}' does not exist (a Hugging Face id loads as a backbone with the ranker's config: "
+            "load_ranker(id, model={'name': ...}))",
         )
     loaded.ranker.eval()
     if device is not None:

@@ -5,7 +5,8 @@ refused 1 (`error: cannot write ...`; 2 when the probe at the start finds a path
 and SIGTERM 143 (`stopped: interrupted by ...`), a training-policy stop 3. No traceback for any of them.
 
 `--dry-run` (or `--print-config`) anywhere on the command line validates the composed config (every key against
-its schema, the checkpoints it names exist) and prints it as YAML, without loading a model or reading data.
+its schema; for train.py and evaluate.py, that its keys fit the job the job table selects, pipeline/jobs.py; the
+checkpoints it names exist) and prints it as YAML, without loading a model or reading data.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from callbacks.preemption import (
 from core.errors import InputError, TrainingStopped
 from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
 from pipeline.config import compose, parse_args, to_yaml
+from pipeline.jobs import Script
 
 
 def main(argv: list[str], job: Callable) -> int:
     """Run `job(cfg, model_from_cli)` on the config composed from `key=value` args and return the exit code.
 
     `model_from_cli`: the command line picks the model (`model=` or a `model.` key), so a checkpoint's ranker must
-    match it.
+    match it. `job` is an entry script's `pipeline.jobs.Script` (train.py's `TRAIN`, evaluate.py's `EVALUATE`) or any
+    such callable; a Script also checks, under `--dry-run`, that the config fits the job it selects.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
@@ -49,6 +52,8 @@ def main(argv: list[str], job: Callable) -> int:
     try:
         cfg = compose(argv)
         if dry:
+            if isinstance(job, Script):
+                job.check(cfg)  # the keys fit the job (pipeline/jobs.py), before any checkpoint header is read
             check_files(cfg)
             print(to_yaml(cfg), end="")
             return 0

@@ -229,7 +229,11 @@ def _group_schemas():
 class RunConfig:
     """The top-level keys of a run: the groups, the seed, the output folder, the checkpoints to read and the stage.
 
-    `model`, `data` and `optim` are validated against their own schemas (the ranker's, the source's, OptimConfig).
+    `model`, `data`, `optim`, `head`, `analysis` and `retrieval` are validated against their own schemas (the
+    ranker's, the source's, OptimConfig, the head's, the analysis's, the retrieval's); `compose` puts each there as
+    the structured node of its schema. They are `Any` here so that a job may replace one with a checkpoint's (e.g.
+    `cfg.model = hparams["model"]`, another ranker's keys). Which job takes which of the checkpoint keys and `stage`:
+    the job table, pipeline/jobs.py.
     """
 
     model: Any = None
@@ -251,6 +255,9 @@ class RunConfig:
     stage: str = "finetune"
     experiment: str | None = None
     init_ckpt: str | None = None  # train.py: ranker weights from this checkpoint, optimiser and step fresh (transfer)
+    head: Any = None
+    analysis: Any = None
+    retrieval: Any = None
 
     def __post_init__(self):
         check_choice("stage", self.stage, ("finetune", "head", "export"))
@@ -438,6 +445,24 @@ def compose(argv: list[str]) -> DictConfig:
 
     Every group is checked against its schema, then the cross-group limits (rerank depths, model limits, index
     limits) before anything is read or written; a problem is an InputError naming the key.
+
+    Parameters
+    ----------
+    argv : list[str]
+        The `group=option` and `key=value` arguments.
+
+    Returns
+    -------
+    DictConfig
+        The typed config: the structured node of `RunConfig`, each group in it the structured node of the schema it
+        was validated against (`cfg.trainer` a `TrainerConfig`, `cfg.model` its ranker's config, ...), so that a
+        wrong-typed value or an unknown key assigned later fails as it would on the command line. `model`, `data`,
+        `optim`, `head`, `analysis` and `retrieval` may be replaced whole (`cfg.model = <a checkpoint's dict>`).
+
+    Raises
+    ------
+    InputError
+        On an unknown group option or key, a wrong type or value, or a cross-group limit, naming the key.
     """
     sources, optim_schema = _group_schemas()
     choices, overrides = parse_args(argv)
@@ -491,10 +516,10 @@ def compose(argv: list[str]) -> DictConfig:
     optim = merge_structured(optim_schema, base_optim, model_optim, *later_optim, prefix="optim.")
     OmegaConf.to_object(optim)
     OmegaConf.to_object(top)  # RunConfig.__post_init__: stage
-    with_flag = OmegaConf.to_container(top)
-    cfg = OmegaConf.create(
-        {**with_flag, **{g: OmegaConf.to_container(groups[g]) for g in GROUPS}, "optim": OmegaConf.to_container(optim)}
-    )
+    cfg = top  # typed: RunConfig's node, each group the node of its own schema (the keys keep RunConfig's order)
+    for group in GROUPS:
+        cfg[group] = groups[group]
+    cfg.optim = optim
     cfg.experiment = exp_name
     check_rerank_depths(cfg)
     _check_strings(cfg)

@@ -3,14 +3,20 @@
 From a composed config: build the module, data and trainer, run Lightning, and write `metrics.json`, `per_query.json`,
 `run.trec` and the resolved `config.yaml` into `output_dir` (every file written atomically, by global rank 0 only).
 
-Jobs by config (every one `key=value` overrides, validated by the schemas of pipeline/config.py):
+Jobs by config (every one `key=value` overrides, validated by the schemas of pipeline/config.py), selected and
+checked by the job table of pipeline/jobs.py; each function below registers itself there with `@job(name)`:
 
-- `train.py` (`stage=finetune`): fine-tune; `stage=head`: an isotropy head on the frozen ranker
-  (pipeline/head_stage.py); `stage=export ckpt=... output_dir=DIR`: the ranker (and head, with `head_ckpt=`) as a
-  Hugging Face folder (pipeline/export.py).
-- `evaluate.py`: the test metrics of `ckpt=` (re-ranking); a first-stage `model` (`model=bm25`,
-  retrieval/first_stage.py): its full-collection run over `model.split`; `retrieval=dense`: full ranking with a
-  faiss index (retrieval/retrieve.py); `analysis=NAME`: an analysis (analyses/registry.py).
+- `train.py`: `finetune` (`stage=finetune`, the default): fine-tune; `head` (`stage=head`): an isotropy head on the
+  frozen ranker (pipeline/head_stage.py); `export` (`stage=export ckpt=... output_dir=DIR`): the ranker (and head,
+  with `head_ckpt=`) as a Hugging Face folder (pipeline/export.py).
+- `evaluate.py`: `retrieve` (`retrieval=dense`): full ranking with a faiss index (retrieval/retrieve.py); `analysis`
+  (`analysis=NAME`): an analysis (analyses/registry.py); `first_stage` (a first-stage `model`, `model=bm25`,
+  retrieval/first_stage.py): its full-collection run over `model.split`; `evaluate_head` (`head_ckpt=`): the test
+  metrics with and without an isotropy head; `evaluate`: the test metrics of `ckpt=` (re-ranking), or of the
+  untrained `model`.
+
+`TRAIN` and `EVALUATE` (`pipeline.jobs.Script`) run them for train.py and evaluate.py; `train` and `evaluate` are
+the same as functions.
 """
 
 from __future__ import annotations
@@ -26,15 +32,14 @@ from callbacks.loggers import build_logger, log_results_table
 from callbacks.preemption import interruptible
 from core.checkpoints import check_same_ranker, read_checkpoint
 from core.errors import InputError
-from core.lock import output_dir_lock
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
 from pipeline.export import export
 from pipeline.head_stage import evaluate_with_head, train_head
+from pipeline.jobs import Script, job
 from pipeline.stages import (
     MONITOR,
     build_trainer,
-    check_outputs,
     evaluate_module,
     load_data,
     print_table,
@@ -43,7 +48,7 @@ from pipeline.stages import (
     test_results,
     write_results,
 )
-from retrieval.first_stage import first_stage, model_capabilities
+from retrieval.first_stage import first_stage
 from retrieval.retrieve import retrieve
 
 
@@ -73,13 +78,13 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
     print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
 
 
-def evaluate_first_stage(cfg: DictConfig, retriever) -> dict:
+@job("first_stage")
+def evaluate_first_stage(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     """Run a first-stage `model` (`model=bm25`): its full-collection run, into the same files as any evaluation.
 
-    `retriever` is its `retrieval.first_stage.FIRST_STAGE` entry; its run covers `model.split` (default test).
+    The model's `retrieval.first_stage.FIRST_STAGE` entry runs it; its run covers `model.split` (default test).
     """
-    if cfg.ckpt:
-        raise InputError("ckpt", f"model '{cfg.model.name}' takes no checkpoint")
+    retriever = first_stage(cfg.model.name)
     after = retriever.build(cfg)  # config.yaml with the results
     print_table(after, title=f"{cfg.model.get('split', 'test')} metrics")
     # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
@@ -94,49 +99,24 @@ def evaluate_first_stage(cfg: DictConfig, retriever) -> dict:
     return after
 
 
-def export_stage(cfg: DictConfig) -> Path:
+@job("export")
+def export_stage(cfg: DictConfig, model_from_cli: bool = False) -> Path:
     """Export a checkpoint as a Hugging Face folder: `train.py stage=export ckpt=<ranker checkpoint> output_dir=DIR`.
 
     Or `head_ckpt=<head checkpoint>`: the Hugging Face folder of pipeline/export.py, written into `output_dir` (which
     must be new or empty).
     """
-    for key in ("ckpt_path", "init_ckpt"):
-        if cfg.get(key):
-            raise InputError(key, "is for fine-tuning; stage=export exports ckpt= (or head_ckpt=) into output_dir")
     out = export(cfg, cfg.output_dir)
     print(f"exported to {out}")
     return out
 
 
-def _only_evaluate(cfg: DictConfig) -> None:
-    """train.py refuses what only evaluate.py runs (instead of silently training without it)."""
-    if cfg.retrieval.name != "none":
-        raise InputError(
-            "retrieval",
-            f"'{cfg.retrieval.name}' runs from evaluate.py: "
-            f"`python evaluate.py retrieval={cfg.retrieval.name} ckpt=...`",
-        )
-    if cfg.analysis.name != "none":
-        raise InputError(
-            "analysis",
-            f"'{cfg.analysis.name}' runs from evaluate.py: `python evaluate.py analysis={cfg.analysis.name} ...`",
-        )
-
-
+@job("retrieve")
 def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
     """Run `retrieval=dense`: full ranking over the collection (retrieval/retrieve.py).
 
     The resolved config.yaml is written with its results.
     """
-    if cfg.analysis.name != "none":
-        raise InputError(
-            "retrieval",
-            f"'{cfg.retrieval.name}' and analysis '{cfg.analysis.name}' are two jobs; run them one at a time",
-        )
-    if cfg.head_ckpt:
-        raise InputError(
-            "head_ckpt", f"retrieval '{cfg.retrieval.name}' indexes a ranker checkpoint (ckpt=), not a head"
-        )
     after = retrieve(cfg, model_from_cli)
     if after is None:  # a rank > 0 of a split encoding: rank 0 writes the results
         return None
@@ -144,35 +124,22 @@ def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
 
 
 def train(cfg: DictConfig) -> dict | Path | None:
-    """train.py, every stage, holding `output_dir`'s lock (core/lock.py): one run per output directory."""
-    with output_dir_lock(cfg.output_dir):
-        check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
-        return _train(cfg)
+    """Run train.py's job for `cfg` (`TRAIN`: pipeline/jobs.py selects and checks it), holding `output_dir`'s lock."""
+    return TRAIN(cfg, False)
 
 
-def _train(cfg: DictConfig) -> dict | Path | None:
-    _only_evaluate(cfg)
-    if cfg.stage == "export":
-        return export_stage(cfg)
-    if cfg.stage == "head":
-        if cfg.init_ckpt:
-            raise InputError(
-                "init_ckpt",
-                "initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker as ckpt=",
-            )
-        return train_head(cfg)
-    if cfg.head.name != "none":
-        raise InputError(
-            "head",
-            f"'{cfg.head.name}' is trained after fine-tuning, on the frozen ranker: "
-            f"`python train.py stage=head ckpt=<fine-tuned checkpoint> head={cfg.head.name}`",
-        )
-    if not model_capabilities(cfg.model.name).trainable:
-        raise InputError(
-            "model",
-            f"'{cfg.model.name}' has nothing to train; "
-            f"evaluate it with `python evaluate.py model={cfg.model.name} data=...`",
-        )
+@job("head")
+def stage_head(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
+    """Run `train.py stage=head`: an isotropy head on the frozen fine-tuned ranker (pipeline/head_stage.py)."""
+    return train_head(cfg)
+
+
+@job("finetune")
+def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
+    """Run `train.py` (`stage=finetune`): fine-tune `model`, test before and after, and write the results.
+
+    Returns the test metrics on the global-zero process, None on the others.
+    """
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
         raise InputError(
@@ -248,26 +215,38 @@ def _train(cfg: DictConfig) -> dict | Path | None:
     return after
 
 
-def evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
-    """evaluate.py, every job, holding `output_dir`'s lock (core/lock.py): one run per output directory."""
-    with output_dir_lock(cfg.output_dir):
-        check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
-        return _evaluate(cfg, model_from_cli)
+def evaluate(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
+    """Run evaluate.py's job for `cfg` (`EVALUATE`: pipeline/jobs.py selects and checks it), holding the lock.
+
+    `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it.
+    """
+    return EVALUATE(cfg, model_from_cli)
 
 
-def _evaluate(cfg: DictConfig, model_from_cli: bool) -> dict | None:
-    if cfg.stage == "export":
-        raise InputError("stage", "export is a train.py stage: `python train.py stage=export ckpt=... output_dir=DIR`")
-    if cfg.retrieval.name != "none":
-        return evaluate_retrieval(cfg, model_from_cli)
-    if cfg.analysis.name != "none":
-        return run_analysis(cfg, model_from_cli)
-    retriever = first_stage(cfg.model.name)
-    if retriever is not None:
-        return evaluate_first_stage(cfg, retriever)
-    if cfg.head_ckpt:
-        return evaluate_with_head(cfg)
+@job("analysis")
+def analysis(cfg: DictConfig, model_from_cli: bool = False) -> dict:
+    """Run `evaluate.py analysis=NAME`: the analysis registered as NAME (analyses/registry.py)."""
+    return run_analysis(cfg, model_from_cli)
+
+
+@job("evaluate_head")
+def evaluate_head(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
+    """Run `evaluate.py head_ckpt=HEAD.ckpt [ckpt=BASE.ckpt]`: the test metrics with and without the head."""
+    return evaluate_with_head(cfg)
+
+
+@job("evaluate")
+def evaluate_checkpoint(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
+    """Run `evaluate.py [ckpt=...]`: the re-ranking test of `ckpt` (or of the untrained `model`), written as any run.
+
+    Returns the test metrics on the global-zero process, None on the others.
+    """
     pl.seed_everything(cfg.seed, workers=True)
     dm = load_data(cfg)  # before any weights: bad data stops the run at once
     module = load_module(cfg, model_from_cli)  # a checkpoint, a folder of `train.py stage=export`, or untrained
     return evaluate_module(cfg, module, dm)
+
+
+# after every @job above: these run the job table's entries
+TRAIN = Script("train.py")
+EVALUATE = Script("evaluate.py")

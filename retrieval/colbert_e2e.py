@@ -3,6 +3,10 @@
     index = ColBERTIndex.build(ranker, docs)                           # docs: {doc id: text} or (id, text) pairs
     run = index.search(queries, k=100, k_tokens=256, depth=1000)       # {qid: {doc id: exact ColBERT score}}
 
+`ColBERTIndex` is the ``colbert`` family of the one index interface (`retrieval.base.Index`: build, search, save,
+load, from_checkpoint, the manifest and its checks); `colbert_index_from_checkpoint` is the older name of
+`ColBERTIndex.from_checkpoint`.
+
 Indexing (streamed, one batch of tokenisation at a time): every non-padding token vector of every passage,
 L2-normalised (ColBERT scores cosines), goes into a faiss inner-product index (any `retrieval.dense` index type:
 flat by default, ivf / hnsw / pq / ivfpq for large collections). The same vectors are kept for re-scoring in one
@@ -60,23 +64,18 @@ import torch
 from core.errors import InputError
 from core.io import AtomicDir, write_json
 from core.npy import NpyRowWriter
-from models.loading import load_ranker, pair_tokenizer_for
-from models.rankers import rankers_with
+from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded, cosine_normalize
-from models.rankers.capabilities import capabilities_of
+from retrieval.base import Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
 from retrieval.dense import (
     GPU_MAX_K,
+    INDEX_OPTIONS,
     FaissBuilder,
     IndexOptions,
     Placement,
     base_manifest,
-    check_ranker_matches,
-    ensure_ranker,
     load_faiss,
-    read_doc_ids,
     read_faiss,
-    read_manifest,
-    record_doc_ids,
 )
 from retrieval.encode import (
     encode_docs,
@@ -224,11 +223,33 @@ def candidates_from_hits(scores: np.ndarray, rows: np.ndarray, offsets: np.ndarr
     return uniq[order]
 
 
-class ColBERTIndex:
+@register_index
+class ColBERTIndex(Index):
     """Token-level faiss index + on-disk token store of a ColBERT ranker's passages.
 
-    The store holds float16/32 rows or residual codes (see the module docstring).
+    The store holds float16/32 rows or residual codes (see the module docstring). The `retrieval.base.Index` of the
+    ``colbert`` family (`RankerCapabilities.index`): ColBERT and any ranker scoring by its Eq. 1.
     """
+
+    family = "colbert"
+    format = FORMAT
+    serves = "a ColBERT ranker"
+    encoding = "tokens"
+    build_options = (
+        "pair_tokenizer",
+        "batch_size",
+        "device",
+        "precision",
+        "sort_window",
+        "store_dtype",
+        "store_dir",
+        "store_chunk",
+        "checkpoint",
+        "encoded",
+        *INDEX_OPTIONS,
+    )
+    search_options = ("k_tokens", "depth", "batch_size", "device", "precision", "rescore_chunk")
+    load_options = ("pair_tokenizer", "use_gpu", "mmap")
 
     def __init__(
         self,
@@ -263,19 +284,6 @@ class ColBERTIndex:
         """Dimension of the indexed token vectors (the ranker's output dimension)."""
         return self.manifest["dim"]
 
-    @staticmethod
-    def _check(ranker) -> None:
-        index = capabilities_of(ranker).index
-        if index != "colbert":
-            name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
-            serves = " and ".join(rankers_with(lambda c: c.index == "colbert"))
-            dense = " and ".join(rankers_with(lambda c: c.index == "dense"))
-            raise InputError(
-                "model.name",
-                f"'{name}' is not a ColBERT ranker (its index family is {index}); "
-                f"ColBERTIndex serves {serves} ({dense}: retrieval.dense.DenseIndex)",
-            )
-
     # -- building
     @classmethod
     def build(
@@ -304,7 +312,7 @@ class ColBERTIndex:
         `store_chunk`: token rows buffered per write. `index_opts`: `retrieval.dense.IndexOptions` fields for the
         token index (index_type, nlist, ...; `train_size` also sizes a residual store's training sample).
         """
-        cls._check(ranker)
+        cls.check_ranker(ranker)
         if store_dtype not in STORE_DTYPES:
             raise InputError("store_dtype", f"is {store_dtype!r}; expected one of {list(STORE_DTYPES)}")
         if not isinstance(store_chunk, int) or isinstance(store_chunk, bool) or store_chunk < 1:
@@ -353,9 +361,6 @@ class ColBERTIndex:
         return out
 
     # -- searching
-    def _ensure_ranker(self):
-        return ensure_ranker(self)
-
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
         """Change nprobe (ivf, ivfpq; capped at nlist) or efSearch (hnsw) of the token index (recorded on save)."""
         p = self.manifest["params"]
@@ -392,7 +397,7 @@ class ColBERTIndex:
 
     def rescore(self, q_tokens: torch.Tensor, q_mask: torch.Tensor, rows: np.ndarray, chunk: int = 256) -> np.ndarray:
         """Exact ColBERT scores (ranker.score_all, Eq. 1) of one query [Lq, D] against passages `rows`."""
-        ranker = self._ensure_ranker()
+        ranker = self.ensure_ranker()
         dev = next(ranker.parameters()).device
         q = Encoded(tokens=q_tokens[None].to(dev), mask=q_mask[None].to(dev))
         out = []
@@ -425,7 +430,7 @@ class ColBERTIndex:
                 raise InputError(key, f"is {v!r}; expected a positive integer")
         if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
             raise InputError("depth", f"is {depth!r}; expected a positive integer or None")
-        ranker = self._ensure_ranker()
+        ranker = self.ensure_ranker()
         prec = precision or self.manifest.get("precision", "fp32")
         kk = min(k_tokens, self.n_tokens)
         if self.placement.on_gpu and kk > GPU_MAX_K:
@@ -489,9 +494,9 @@ class ColBERTIndex:
         Without `ranker`, `search` rebuilds it from the recorded checkpoint.
         """
         path = Path(path)
-        manifest = read_manifest(path, FORMAT)
+        manifest = cls.read_manifest(path)
         if ranker is not None:
-            cls._check(ranker)
+            cls.check_ranker(ranker)
         check_ranker_matches(ranker, manifest, path)
         count, n_tokens, kind = int(manifest["count"]), int(manifest["n_tokens"]), manifest.get("store_dtype")
         if kind not in STORE_DTYPES:
@@ -544,6 +549,5 @@ def read_codec(path: Path, manifest: dict):
 def colbert_index_from_checkpoint(
     ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts
 ) -> ColBERTIndex:
-    """Load the ranker of a ColBERT checkpoint (`models.loading.load_ranker`) and index `docs` with it."""
-    ranker, tokenizer, _ = load_ranker(ckpt_path, key="ckpt", device=device)
-    return ColBERTIndex.build(ranker, docs, pair_tokenizer=tokenizer, device=device, checkpoint=str(ckpt_path), **opts)
+    """Load the ranker of a ColBERT checkpoint and index `docs` with it: `ColBERTIndex.from_checkpoint` (older name)."""
+    return ColBERTIndex.from_checkpoint(ckpt_path, docs, device=device, **opts)

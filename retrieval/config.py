@@ -4,7 +4,7 @@ r"""The `retrieval` config group: full ranking over the whole collection from ev
         retrieval.k=1000 retrieval.index_type=hnsw retrieval.precision=bf16
 
 `retrieval=none` (configs/retrieval/none.yaml, the default): evaluate.py re-ranks as always. `retrieval=dense`
-(configs/retrieval/dense.yaml): retrieval/run.py `retrieve` indexes the collection with the checkpoint's ranker
+(configs/retrieval/dense.yaml): retrieval/retrieve.py `retrieve` indexes the collection with the checkpoint's ranker
 (faiss; RepBERT / BERT_DOT through retrieval/dense.py, ColBERT end-to-end through retrieval/colbert_e2e.py) and
 retrieves the top `k` of every query of `split`. Every key is checked here (a one-line InputError naming it), when
 the config is composed, so `--dry-run` rejects what the run would.

@@ -5,7 +5,10 @@ r"""Dense full ranking with faiss for the single-vector rankers (RepBERT, BERT_D
     write_trec_run("run.trec", run, tag="repbert-dense")
     index.save("outputs/x/index"); DenseIndex.load("outputs/x/index", ranker)
 
-    index = index_from_checkpoint("outputs/x/checkpoints/last.ckpt", docs, index_type="hnsw")
+    index = DenseIndex.from_checkpoint("outputs/x/checkpoints/last.ckpt", docs, index_type="hnsw")
+
+`DenseIndex` is the ``dense`` family of the one index interface (`retrieval.base.Index`: build, search, save, load,
+the manifest and its checks); `index_from_checkpoint` is the older name of `DenseIndex.from_checkpoint`.
 
 Scores are the ranker's own: RepBERT's cosine (vectors L2-normalised with `cosine_normalize`, then inner product),
 BERT_DOT's dot product (raw inner product). Every index uses the inner-product metric, so a flat index returns the
@@ -49,7 +52,6 @@ writes `run.trec`, `metrics.json` (the split's qrels, `eval.measures`) and the i
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
 import warnings
@@ -63,10 +65,9 @@ import torch
 
 from core.errors import InputError
 from core.io import AtomicDir, write_json
-from models.loading import load_ranker, pair_tokenizer_for
-from models.rankers import rankers_with
+from models.loading import pair_tokenizer_for
 from models.rankers.base import cosine_normalize
-from models.rankers.capabilities import capabilities_of
+from retrieval.base import Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
 from retrieval.encode import (
     encode_docs,
     encode_queries,
@@ -74,6 +75,7 @@ from retrieval.encode import (
 
 __all__ = [
     "INDEX_TYPES",
+    "INDEX_OPTIONS",
     "IndexOptions",
     "FaissBuilder",
     "DenseIndex",
@@ -150,6 +152,9 @@ class IndexOptions:
             raise InputError("pq_nbits", f"is {self.pq_nbits}; expected at most 16")
         if self.use_gpu and not faiss_gpu_available():
             raise InputError("use_gpu", "is true but faiss sees no GPU (faiss-cpu installed, or no CUDA device)")
+
+
+INDEX_OPTIONS = tuple(f.name for f in fields(IndexOptions))  # the faiss keyword arguments of dense / ColBERT builds
 
 
 def _default_pq_m(dim: int) -> int:
@@ -324,34 +329,6 @@ def run_from_hits(qids: list, scores: np.ndarray, rows: np.ndarray, doc_ids: lis
     return run
 
 
-def read_manifest(path: Path, fmt: str) -> dict:
-    mpath = Path(path) / "manifest.json"
-    if not mpath.is_file():
-        raise InputError(str(path), "is not an index directory (no manifest.json)")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(str(mpath), f"unreadable manifest ({type(e).__name__}: {e})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
-        raise InputError(
-            str(mpath),
-            f"format is {manifest.get('format') if isinstance(manifest, dict) else None!r}; expected '{fmt}'",
-        )
-    return manifest
-
-
-def read_doc_ids(path: Path, count: int) -> list[str]:
-    try:
-        ids = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(str(path), f"unreadable doc ids ({type(e).__name__}: {e})") from e
-    if not isinstance(ids, list) or len(ids) != count:
-        raise InputError(
-            str(path), f"holds {len(ids) if isinstance(ids, list) else 'no list of'} doc ids; the manifest says {count}"
-        )
-    return [str(i) for i in ids]
-
-
 def read_faiss(path: Path, count: int):
     if not path.is_file():
         raise InputError(str(path), "missing faiss index file")
@@ -388,52 +365,30 @@ def base_manifest(fmt: str, ranker, checkpoint, params: dict, dim: int, count: i
     }
 
 
-def check_ranker_matches(ranker, manifest: dict, path) -> None:
-    if ranker is not None and ranker.cfg.name != manifest["ranker"]:
-        raise InputError(
-            "ranker", f"index '{path}' was built with ranker '{manifest['ranker']}', got '{ranker.cfg.name}'"
-        )
-
-
 # ---- the dense index -------------------------------------------------------------------------------------------
+@register_index
+class DenseIndex(Index):
+    """A faiss index over the pooled vectors of a single-vector ranker, with the doc id of every row.
 
-
-def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
-    """Append an encoded batch's ids (as strings) to `doc_ids`, the index's row -> doc id map.
-
-    A repeated id (tracked in `seen`) is an input error: two rows could not be told apart in a run.
+    The `retrieval.base.Index` of the ``dense`` family (`RankerCapabilities.index`): RepBERT, BERT_DOT.
     """
-    for i in ids:
-        s = str(i)
-        if s in seen:
-            raise InputError("docs", f"duplicate doc id '{s}'")
-        seen.add(s)
-        doc_ids.append(s)
 
-
-def ensure_ranker(index):
-    """Return the ranker of a loaded index (DenseIndex or ColBERTIndex), loading it if needed.
-
-    That is the one given, else the one re-read from the checkpoint its manifest records (checked against the
-    manifest); its pair tokenizer likewise.
-    """
-    if index.ranker is None:
-        ckpt = index.manifest.get("checkpoint")
-        if not ckpt:
-            raise InputError(
-                "ranker",
-                "this index was loaded without a ranker and records no checkpoint; "
-                f"pass ranker= to {type(index).__name__}.load",
-            )
-        index.ranker = load_ranker(ckpt, key="checkpoint").ranker
-        check_ranker_matches(index.ranker, index.manifest, ckpt)
-    if index.pair_tokenizer is None:
-        index.pair_tokenizer = pair_tokenizer_for(index.ranker)
-    return index.ranker
-
-
-class DenseIndex:
-    """A faiss index over the pooled vectors of a single-vector ranker, with the doc id of every row."""
+    family = "dense"
+    format = FORMAT
+    serves = "a single-vector ranker"
+    encoding = "sequence"
+    build_options = (
+        "pair_tokenizer",
+        "batch_size",
+        "device",
+        "precision",
+        "sort_window",
+        "checkpoint",
+        "encoded",
+        *INDEX_OPTIONS,
+    )
+    search_options = ("batch_size", "device", "precision")
+    load_options = ("pair_tokenizer", "use_gpu")
 
     def __init__(
         self,
@@ -463,11 +418,6 @@ class DenseIndex:
         return self.manifest["index_type"]
 
     @property
-    def params(self) -> dict:
-        """The index's parameters as built (the manifest's, so changes by `set_search_params` are saved)."""
-        return self.manifest["params"]
-
-    @property
     def cosine(self) -> bool:
         """Whether scores are cosines (RepBERT: vectors L2-normalised) rather than raw dot products (BERT_DOT)."""
         return self.manifest["score"] == "cosine"
@@ -476,19 +426,6 @@ class DenseIndex:
         return len(self.doc_ids)
 
     # -- building
-    @staticmethod
-    def _check(ranker) -> None:
-        index = capabilities_of(ranker).index
-        if index != "dense":
-            name = getattr(getattr(ranker, "cfg", None), "name", type(ranker).__name__)
-            hint = f"; for {name} use retrieval.colbert_e2e.ColBERTIndex" if index == "colbert" else ""
-            serves = " and ".join(rankers_with(lambda c: c.index == "dense"))
-            raise InputError(
-                "model.name",
-                f"'{name}' is not a single-vector ranker (its index family is {index}); DenseIndex serves {serves}"
-                f"{hint}",
-            )
-
     @classmethod
     def build(
         cls,
@@ -510,7 +447,7 @@ class DenseIndex:
         encoding), indexed instead of encoding here. `index_opts`: the fields of `IndexOptions` (index_type, nlist,
         nprobe, hnsw_m, ...).
         """
-        cls._check(ranker)
+        cls.check_ranker(ranker)
         opts = IndexOptions.from_kwargs(**index_opts)
         if isinstance(docs, Sized) and opts.index_type in TRAINED:  # fail before encoding when the size is known
             n = min(len(docs), opts.train_size)
@@ -562,9 +499,6 @@ class DenseIndex:
             p["ef_search"] = ef_search
         self.placement.set_params(self.index, p)
 
-    def _ensure_ranker(self):
-        return ensure_ranker(self)
-
     def search_vectors(self, vectors: np.ndarray | torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Search faiss with already-prepared vectors [Q, dim]; return (scores [Q, k'], rows [Q, k']).
 
@@ -586,7 +520,7 @@ class DenseIndex:
         self, queries: Mapping | Iterable, batch_size: int = 64, device=None, precision: str | None = None
     ):
         """Yield (qids, prepared query vectors [B, dim]) in batches."""
-        ranker = self._ensure_ranker()
+        ranker = self.ensure_ranker()
         prec = precision or self.manifest.get("precision", "fp32")
         for qids, vecs in encode_queries(
             ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="sequence"
@@ -635,9 +569,9 @@ class DenseIndex:
         no ranker).
         """
         path = Path(path)
-        manifest = read_manifest(path, FORMAT)
+        manifest = cls.read_manifest(path)
         if ranker is not None:
-            cls._check(ranker)
+            cls.check_ranker(ranker)
         check_ranker_matches(ranker, manifest, path)
         count = int(manifest["count"])
         doc_ids = read_doc_ids(path / "doc_ids.json", count)
@@ -654,9 +588,8 @@ class DenseIndex:
 
 
 def index_from_checkpoint(ckpt_path: str | os.PathLike, docs: Mapping | Iterable, *, device=None, **opts) -> DenseIndex:
-    """Load the ranker of a checkpoint (`models.loading.load_ranker`) and index `docs` with it.
+    """Load the ranker of a checkpoint and index `docs` with it: `DenseIndex.from_checkpoint` (`retrieval.base`).
 
     `opts`: `DenseIndex.build`'s keyword arguments (batch_size, precision, index_type, nlist, ...).
     """
-    ranker, tokenizer, _ = load_ranker(ckpt_path, key="ckpt", device=device)
-    return DenseIndex.build(ranker, docs, pair_tokenizer=tokenizer, device=device, checkpoint=str(ckpt_path), **opts)
+    return DenseIndex.from_checkpoint(ckpt_path, docs, device=device, **opts)

@@ -8,7 +8,8 @@ train.py and grids decide by `model_capabilities(name).trainable`.
 
     python evaluate.py model=bm25 data=cranfield model.split=all model.depth=1000 output_dir=outputs/bm25-cranfield
 
-BM25 (bm25s over `model.split`, scored with trec_eval semantics): retrieval/bm25.py.
+BM25 (bm25s over `model.split`, scored with trec_eval semantics): retrieval/bm25.py, through `BM25Index`, the
+`bm25` family of the index interface (retrieval/base.py).
 """
 
 from __future__ import annotations

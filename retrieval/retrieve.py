@@ -4,8 +4,10 @@
 configs/retrieval/dense.yaml).
 
 The ranker comes from `ckpt=` (or is built untrained from `model=`); its index family (`RankerCapabilities.index`)
-picks the index: `dense` (RepBERT, BERT_DOT) `retrieval.dense.DenseIndex`, `colbert` (ColBERT) end-to-end
-`retrieval.colbert_e2e.ColBERTIndex`. Writes into `output_dir`:
+picks the index class from the registry `retrieval.base.INDEXES` (`index_for`): `dense` (RepBERT, BERT_DOT)
+`retrieval.dense.DenseIndex`, `colbert` (ColBERT) end-to-end `retrieval.colbert_e2e.ColBERTIndex`. The `retrieval`
+keys are offered to every family and each takes those its `build_options` / `search_options` declare (ColBERT:
+`store_dtype`, the store folder, `k_tokens`, `depth`). Writes into `output_dir`:
 the index (`<output_dir>/index` unless `retrieval.index_dir`), `run.trec`, `per_query.json` and `metrics.json` (the
 split's qrels, `eval.measures`, plus the retrieval settings), metrics.json last.
 """
@@ -18,17 +20,13 @@ from pathlib import Path
 from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import InputError
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
 from models.loading import load_configured
-from models.rankers import rankers_with
-from models.rankers.capabilities import capabilities_of
-from retrieval.colbert_e2e import ColBERTIndex
+from retrieval.base import index_for
 from retrieval.config import DenseRetrievalConfig
-from retrieval.dense import DenseIndex
 from retrieval.split import ranks, split_encode
 
 __all__ = ["retrieve"]
@@ -76,11 +74,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     if device:
         loaded.to(device)
     ranker, tokenizer, _ = loaded
-    index_family = capabilities_of(ranker).index
-    if index_family is None:  # before any passage is encoded
-        indexed = ", ".join(rankers_with(lambda c: c.index is not None))
-        raise InputError("model.name", f"'{ranker.cfg.name}' has no index family; full ranking serves {indexed}")
-    multi = index_family == "colbert"
+    index_cls = index_for(ranker)  # the registry's class for its index family; none: an error before any encoding
     encoded = None
     if ranks()[1] > 1:
         # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
@@ -92,11 +86,11 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             batch_size=opts.batch_size,
             device=device,
             precision=opts.precision,
-            output="tokens" if multi else "sequence",
+            output=index_cls.encoding,
         )
         if encoded is None:
             return None
-    common = dict(
+    build_offered = dict(
         pair_tokenizer=tokenizer,
         batch_size=opts.batch_size,
         device=device,
@@ -104,16 +98,13 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         checkpoint=cfg.ckpt or None,
         encoded=encoded,
         **opts.index_options(),
+        store_dtype=opts.store_dtype,
+        # ColBERT's token store is written beside the index folder while building: saving links it, not copies it
+        store_dir=index_dir.parent,
     )
-    if multi:
-        # the token store is written beside the index folder while building, so saving links it instead of copying
-        index = ColBERTIndex.build(ranker, ds.docs, store_dtype=opts.store_dtype, store_dir=index_dir.parent, **common)
-        run = index.search(
-            split.queries, k=opts.k, k_tokens=opts.k_tokens, depth=opts.depth, batch_size=opts.batch_size
-        )
-    else:
-        index = DenseIndex.build(ranker, ds.docs, **common)
-        run = index.search(split.queries, k=opts.k, batch_size=opts.batch_size)
+    search_offered = dict(batch_size=opts.batch_size, k_tokens=opts.k_tokens, depth=opts.depth)
+    index = index_cls.build(ranker, ds.docs, **index_cls.options("build", build_offered))
+    run = index.search(split.queries, k=opts.k, **index_cls.options("search", search_offered))
     if opts.index_dir:  # a shared index outside the run's folder
         index.save(index_dir)
     means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))

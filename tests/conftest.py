@@ -17,6 +17,23 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
 
 
+# a tiny synthetic run on the CPU: seconds per job with a tiny BERT (tests of the capabilities and the recipes)
+TINY_RUN = [
+    "data=synthetic",
+    "data.num_docs=40",
+    "data.num_train_queries=6",
+    "data.num_val_queries=4",
+    "data.num_test_queries=6",
+    "data.max_train_triples=24",
+    "data.candidate_depth=12",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "eval.probe_queries=6",
+    "eval.probe_docs=12",
+]
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 

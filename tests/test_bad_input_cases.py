@@ -322,20 +322,45 @@ CASES = [
         files(),
     ),
     # ---- jobs that belong to another script or stage
-    Case("head-without-stage-head", "train.py", ["head=whitening"], "head: 'whitening' is trained after fine-tuning"),
+    Case(
+        "head-without-stage-head",
+        "train.py",
+        ["head=whitening"],
+        "config key 'head': job 'finetune' (train.py) takes no head=whitening; 'whitening' is trained after "
+        "fine-tuning",
+    ),
     Case(
         "stage-head-without-head",
         "train.py",
         ["stage=head", "ckpt={ckpt}"],
         "head: stage=head needs head=whitening, head=nice or head=glow",
     ),
-    Case("retrieval-via-train", "train.py", ["retrieval=dense"], "retrieval: 'dense' runs from evaluate.py"),
-    Case("analysis-via-train", "train.py", ["analysis=ats"], "analysis: 'ats' runs from evaluate.py"),
+    Case(
+        "retrieval-via-train",
+        "train.py",
+        ["retrieval=dense"],
+        "config key 'retrieval': job 'finetune' (train.py) takes no retrieval=dense; 'dense' runs from evaluate.py",
+    ),
+    Case(
+        "analysis-via-train",
+        "train.py",
+        ["analysis=ats"],
+        "config key 'analysis': job 'finetune' (train.py) takes no analysis=ats; 'ats' runs from evaluate.py",
+    ),
     Case("bm25-via-train", "train.py", ["model=bm25"], "model: 'bm25' has nothing to train"),
     Case(
-        "bm25-with-checkpoint", "evaluate.py", ["model=bm25", "ckpt={ckpt}"], "ckpt: model 'bm25' takes no checkpoint"
+        "bm25-with-checkpoint",
+        "evaluate.py",
+        ["model=bm25", "ckpt={ckpt}"],
+        "config key 'ckpt': job 'first_stage' (evaluate.py model=bm25) takes no ckpt; model 'bm25' ranks the "
+        "collection by itself and takes no checkpoint",
     ),
-    Case("export-via-evaluate", "evaluate.py", ["stage=export", "ckpt={ckpt}"], "stage: export is a train.py stage"),
+    Case(
+        "export-via-evaluate",
+        "evaluate.py",
+        ["stage=export", "ckpt={ckpt}"],
+        "config key 'stage': job 'evaluate' (evaluate.py) takes no stage=export; export is a train.py stage",
+    ),
     Case(
         "export-into-non-empty-folder",
         "train.py",

@@ -244,7 +244,7 @@ def test_damaged_index_is_rebuilt_with_a_warning(tmp_path, damage):
     with pytest.warns(UserWarning, match=r"BM25 index is incomplete or damaged \(.+\); rebuilding it"):
         got = bm25_run(docs, queries, 20, tmp_path, "r")
     assert got == want
-    assert bm25._load_index(folder, json.loads((folder / "manifest.json").read_text()), warn=True) is not None
+    assert bm25.load_index(folder, json.loads((folder / "manifest.json").read_text()), warn=True) is not None
     assert [p.name for p in (tmp_path / "bm25").iterdir() if p.name.startswith(".")] == []
 
 

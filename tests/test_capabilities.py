@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, fake_checkpoint
+from conftest import REPO, TINY_RUN, fake_checkpoint
 from torch import nn
 
 from core.errors import InputError
@@ -230,20 +230,7 @@ class ToyMulti(BiEncoder):
         return maxsim_all(cosine_normalize(q.tokens), q.mask, cosine_normalize(d.tokens), d.mask)
 
 
-SMALL = [
-    "data=synthetic",
-    "data.num_docs=40",
-    "data.num_train_queries=6",
-    "data.num_val_queries=4",
-    "data.num_test_queries=6",
-    "data.max_train_triples=24",
-    "data.candidate_depth=12",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=6",
-    "eval.probe_docs=12",
-]
+SMALL = TINY_RUN
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,9 @@ from conftest import REPO
 pytestmark = pytest.mark.docs
 
 SCRIPTS = ("train.py", "evaluate.py", "experiments.py")
-DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+# docs/extending.md's commands name the ranker, head, analysis and source its recipes add: test_extending.py dry-runs
+# them with the recipes registered
+DOC_FILES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("**/*.md") if p.name != "extending.md")]
 ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
 
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")

@@ -147,5 +147,9 @@ def test_export_with_head_scores_identically_and_refuses_to_overwrite(tmp_path, 
         == 2
     )
     assert (
-        capsys.readouterr().err.startswith("error: init_ckpt: is for fine-tuning") and not (tmp_path / "other").exists()
+        capsys.readouterr().err.startswith(
+            "error: config key 'init_ckpt': job 'export' (train.py stage=export) takes no init_ckpt; "
+            "it is for fine-tuning"
+        )
+        and not (tmp_path / "other").exists()
     )

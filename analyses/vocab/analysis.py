@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from analyses.loading import analysed_model_config, analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, placed, write_result
-from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from analyses.vocab.mlm_head import load_mlm_head
 from analyses.vocab.projections import (
     PairStats,
@@ -478,5 +477,4 @@ def run(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> dict
 
 @ANALYSES.register("vocab_projections", schema=VocabProjectionsConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    raw = cfg.analysis if isinstance(cfg.analysis, dict) else OmegaConf.to_container(cfg.analysis)
-    return run(cfg, VocabProjectionsConfig(**{k: v for k, v in raw.items() if k != "name"}), model_from_cli)
+    return run(cfg, analysis_options(cfg), model_from_cli)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from analyses.registry import ANALYSES
+from analyses.registry import ANALYSES, analysis_options
 from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 from core.errors import InputError
 from core.io import write_json
@@ -321,4 +321,4 @@ def run(cfg, opts: FitOptions) -> dict:
 
 @ANALYSES.register("fit_mlm_head", schema=FitMLMHeadConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    return run(cfg, FitMLMHeadConfig(**cfg.analysis).options(cfg.output_dir))
+    return run(cfg, analysis_options(cfg).options(cfg.output_dir))

@@ -25,11 +25,10 @@ import types
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from analyses.loading import analysed_model_config
 from analyses.outputs import analysis_set, log_analysis, write_result
-from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from analyses.vocab.analysis import check_ranker, encode, load_models
 from analyses.vocab.enrichment import (
     enrich,
@@ -421,5 +420,4 @@ def run(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) -> dic
 
 @ANALYSES.register("lexical_enrichment", schema=LexicalEnrichmentConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    raw = cfg.analysis if isinstance(cfg.analysis, dict) else OmegaConf.to_container(cfg.analysis)
-    return run(cfg, LexicalEnrichmentConfig(**{k: v for k, v in raw.items() if k != "name"}), model_from_cli)
+    return run(cfg, analysis_options(cfg), model_from_cli)

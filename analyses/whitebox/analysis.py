@@ -34,11 +34,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from analyses.loading import analysed_model_config, analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, placed, write_result
-from analyses.registry import ANALYSES, AnalysisConfig
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from analyses.whitebox.aggregate import (
     TAU_AP_KEYS,
     correlations,
@@ -434,13 +433,6 @@ def run(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     return result
 
 
-def options(cfg) -> WhiteboxConfig:
-    """Return `cfg.analysis` (a DictConfig or a plain dict) as a checked `WhiteboxConfig`, without its `name`."""
-    raw = cfg.analysis
-    raw = OmegaConf.to_container(raw) if not isinstance(raw, dict) else raw
-    return WhiteboxConfig(**{k: v for k, v in raw.items() if k != "name"})
-
-
 @ANALYSES.register("whitebox", schema=WhiteboxConfig)
 def _from_config(cfg, model_from_cli: bool = False) -> dict:
-    return run(cfg, options(cfg), model_from_cli)
+    return run(cfg, analysis_options(cfg), model_from_cli)

@@ -1,0 +1,459 @@
+"""The job table: which job `train.py` or `evaluate.py` runs for a config, what each job takes, and how it is run.
+
+| job | script | selected by | top-level keys it takes |
+|---|---|---|---|
+| `export` | train.py | `stage=export` | `stage`, `ckpt`, `head_ckpt` |
+| `head` | train.py | `stage=head` | `stage`, `ckpt`, `ckpt_path` |
+| `finetune` | train.py | `stage=finetune` (the default) | `stage`, `ckpt_path`, `init_ckpt` |
+| `retrieve` | evaluate.py | `retrieval` other than `none` | `ckpt` |
+| `analysis` | evaluate.py | `analysis` other than `none` | `ckpt` |
+| `first_stage` | evaluate.py | a first-stage `model` (`model=bm25`) | none |
+| `evaluate_head` | evaluate.py | `head_ckpt` set | `head_ckpt`, `ckpt` |
+| `evaluate` | evaluate.py | anything else: the re-ranking test of `ckpt` or of the untrained `model` | `ckpt` |
+
+`TABLE` declares each job (a `Job`): its script, its selection rule (`When`), the dataclass of the top-level keys it
+takes (its fields are `pipeline.config.RunConfig`'s), the config groups it reads, what it needs (`Need`) and why it
+refuses what a user may think it takes. The function that runs a job registers itself in `JOBS` (a
+`core.registry.Registry`) with the `job(name)` decorator (pipeline/run.py): its entry holds the name, that function
+(`build(cfg, model_from_cli)`), the keys dataclass (`schema`) and the `Job` (`capabilities`).
+
+Selection (`select`): of the script's jobs, the first in the table's order whose `When` holds; the order is the
+precedence (`retrieval=dense head_ckpt=...` selects `retrieve`, which then refuses `head_ckpt`). Check (`check`): a
+top-level key of `KEYS`, or an optional group of `OPTIONAL_GROUPS` (off at `none`), that the job does not take and
+that is set is one `InputError` naming the key and the job and saying which job, of which script, takes it; then
+the job's needs. Both read the config only (no file, no model), so `--dry-run` checks them too (`Script.check`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from omegaconf import DictConfig
+
+from core.errors import InputError
+from core.lock import output_dir_lock
+from core.registry import Registry
+from pipeline.config import RunConfig
+from pipeline.stages import check_outputs
+from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
+
+__all__ = [
+    "JOBS",
+    "KEYS",
+    "OPTIONAL_GROUPS",
+    "SCRIPTS",
+    "TABLE",
+    "Job",
+    "Need",
+    "Script",
+    "When",
+    "check",
+    "job",
+    "jobs_of",
+    "select",
+]
+
+SCRIPTS = ("train.py", "evaluate.py")
+# the top-level keys that belong to some jobs only (RunConfig's other keys, seed and output_dir, every job takes)
+KEYS = ("stage", "ckpt", "ckpt_path", "init_ckpt", "head_ckpt")
+# the config groups that are off by default (`name: none`): a job that does not read one refuses it when it is set
+OPTIONAL_GROUPS = ("retrieval", "analysis", "head")
+# the order in which `check` looks at keys and groups: the one that tells most about the mix-up first
+_CHECK_ORDER = ("retrieval", "analysis", "stage", "ckpt", "ckpt_path", "init_ckpt", "head_ckpt", "head")
+_DEFAULTS = {f.name: f.default for f in fields(RunConfig) if f.name in KEYS}
+
+
+# ---- the typed top-level keys of each job (fields of pipeline.config.RunConfig) -----------------------------------
+@dataclass
+class FinetuneKeys:
+    """`train.py` (`stage=finetune`): resume a run (`ckpt_path`) or start from another run's weights (`init_ckpt`)."""
+
+    stage: str = "finetune"
+    ckpt_path: str | None = None
+    init_ckpt: str | None = None
+
+
+@dataclass
+class HeadKeys:
+    """`train.py stage=head`: the fine-tuned ranker (`ckpt`) and a flow head's run to resume (`ckpt_path`)."""
+
+    stage: str = "head"
+    ckpt: str | None = None
+    ckpt_path: str | None = None
+
+
+@dataclass
+class ExportKeys:
+    """`train.py stage=export`: the ranker checkpoint (`ckpt`) or head checkpoint (`head_ckpt`) exported."""
+
+    stage: str = "export"
+    ckpt: str | None = None
+    head_ckpt: str | None = None
+
+
+@dataclass
+class CheckpointKeys:
+    """evaluate.py's re-ranking test, retrieval and analyses: the checkpoint (`ckpt`; none: the untrained model)."""
+
+    ckpt: str | None = None
+
+
+@dataclass
+class HeadEvaluationKeys:
+    """`evaluate.py head_ckpt=`: the head checkpoint, and its base ranker (`ckpt`; default: the head's own base)."""
+
+    head_ckpt: str | None = None
+    ckpt: str | None = None
+
+
+@dataclass
+class NoKeys:
+    """A first-stage `model` (`model=bm25`): it ranks the collection by itself and reads no checkpoint."""
+
+
+# ---- declarations ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class When:
+    """A job's selection rule, besides its script: every condition set here must hold.
+
+    `stage`: `cfg.stage` equals it; `retrieval`, `analysis`: that group is set (not `none`); `first_stage`:
+    `model.name` is a first-stage retriever (`retrieval.first_stage.FIRST_STAGE`, a model with nothing to train);
+    `head_ckpt`: `head_ckpt` is set. No condition: the job is its script's fallback.
+    """
+
+    stage: str | None = None
+    retrieval: bool = False
+    analysis: bool = False
+    first_stage: bool = False
+    head_ckpt: bool = False
+
+    def holds(self, cfg: DictConfig) -> bool:
+        """Tell whether this rule selects the config `cfg`."""
+        facts = _facts(cfg)
+        if self.stage is not None and cfg.stage != self.stage:
+            return False
+        return all(facts[k] for k in ("retrieval", "analysis", "first_stage", "head_ckpt") if getattr(self, k))
+
+    def selects_on(self, item: str) -> bool:
+        """Tell whether the key or group `item` is one of this rule's conditions."""
+        return self.stage is not None if item == "stage" else bool(getattr(self, item, False))
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a job needs of the config, and the one-line error (`where: problem`) when it is not there.
+
+    `any_of`: keys or optional groups one of which must be set; `capability`: a capability of the `model` choice
+    (`retrieval.first_stage.model_capabilities`) that must be true. `problem` may name `{model}` and `{head}`.
+    """
+
+    where: str
+    problem: str
+    any_of: tuple[str, ...] = ()
+    capability: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of the table: its script, its rule, the top-level keys and the groups it takes, its needs.
+
+    `keys`: the dataclass of the top-level keys it takes (`KEYS` outside it are refused when set); `groups`: the
+    config groups it reads (of `OPTIONAL_GROUPS`, the others are refused when set); `shape`: how a message shows it
+    (`evaluate.py retrieval={retrieval}`); `command`: the command line to suggest for it; `refuses`: why it takes no
+    such key, for the keys a user may expect it to take (else the message names the jobs that take it). `shape`,
+    `command`, `refuses` and `Need.problem` may name `{model}`, `{head}`, `{retrieval}`, `{analysis}` and `{value}`.
+    """
+
+    script: str
+    when: When
+    keys: type
+    groups: tuple[str, ...]
+    shape: str
+    command: str
+    needs: tuple[Need, ...] = ()
+    refuses: dict[str, str] = field(default_factory=dict)
+
+    def takes(self, item: str) -> bool:
+        """Tell whether this job takes the top-level key or config group `item`."""
+        return item in self.groups if item in OPTIONAL_GROUPS else item in {f.name for f in fields(self.keys)}
+
+
+_READS = ("model", "data", "trainer", "logger", "optim", "eval")  # what a job that trains or tests a ranker reads
+
+# In precedence order: of a script's jobs, the first whose rule holds is selected.
+# Analyses: one job that defers to analyses/registry.py, not one per analysis: every analysis takes the same
+# top-level keys (ckpt, or none for the untrained model) and its own keys are the `analysis` group, which that
+# registry's entries already type (each one's schema); one entry per analysis here would repeat the same declaration
+# for each and need keeping in step with that registry.
+TABLE: dict[str, Job] = {
+    "export": Job(
+        "train.py",
+        When(stage="export"),
+        ExportKeys,
+        ("eval",),
+        shape="train.py stage=export",
+        command="train.py stage=export ckpt=... output_dir=DIR",
+        needs=(
+            Need(
+                "ckpt", "export needs ckpt=<ranker checkpoint> (or head_ckpt=<head checkpoint>)", ("ckpt", "head_ckpt")
+            ),
+        ),
+        refuses={
+            "ckpt_path": "it is for fine-tuning; stage=export exports ckpt= (or head_ckpt=) into output_dir",
+            "init_ckpt": "it is for fine-tuning; stage=export exports ckpt= (or head_ckpt=) into output_dir",
+            "head": "the head comes from head_ckpt=<head checkpoint>, with its own settings",
+        },
+    ),
+    "head": Job(
+        "train.py",
+        When(stage="head"),
+        HeadKeys,
+        ("head", *_READS),
+        shape="train.py stage=head",
+        command="train.py stage=head ckpt=<fine-tuned checkpoint> head={head}",
+        needs=(
+            Need("ckpt", "stage=head needs ckpt=<checkpoint of the fine-tuned ranker> to put the head on", ("ckpt",)),
+            Need("head", "stage=head needs head=whitening, head=nice or head=glow", ("head",)),
+        ),
+        refuses={
+            "init_ckpt": "it initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker "
+            "as ckpt=",
+        },
+    ),
+    "finetune": Job(
+        "train.py",
+        When(stage="finetune"),
+        FinetuneKeys,
+        _READS,
+        shape="train.py",
+        command="train.py [init_ckpt=...]",
+        needs=(
+            Need(
+                "model",
+                "'{model}' has nothing to train; evaluate it with `python evaluate.py model={model} data=...`",
+                capability="trainable",
+            ),
+        ),
+        refuses={
+            "head": "'{value}' is trained after fine-tuning, on the frozen ranker: "
+            "`python train.py stage=head ckpt=<fine-tuned checkpoint> head={value}`",
+            "ckpt": "to start from a checkpoint's ranker weights set init_ckpt=, to resume a run ckpt_path=; ckpt is "
+            "what stage=head, stage=export and evaluate.py read",
+        },
+    ),
+    "retrieve": Job(
+        "evaluate.py",
+        When(retrieval=True),
+        CheckpointKeys,
+        ("retrieval", *_READS),
+        shape="evaluate.py retrieval={retrieval}",
+        command="evaluate.py retrieval={retrieval} ckpt=...",
+        refuses={"head_ckpt": "it indexes a ranker checkpoint (ckpt=), not a head"},
+    ),
+    "analysis": Job(
+        "evaluate.py",
+        When(analysis=True),
+        CheckpointKeys,
+        ("analysis", *_READS),
+        shape="evaluate.py analysis={analysis}",
+        command="evaluate.py analysis={analysis} ...",
+    ),
+    "first_stage": Job(
+        "evaluate.py",
+        When(first_stage=True),
+        NoKeys,
+        ("model", "data", "logger", "eval"),
+        shape="evaluate.py model={model}",
+        command="evaluate.py model={model} data=...",
+        refuses={"ckpt": "model '{model}' ranks the collection by itself and takes no checkpoint"},
+    ),
+    "evaluate_head": Job(
+        "evaluate.py",
+        When(head_ckpt=True),
+        HeadEvaluationKeys,
+        # `head` is read from head_ckpt, which replaces it; a grid's head row sets it on its evaluations too
+        ("head", *_READS),
+        shape="evaluate.py head_ckpt=...",
+        command="evaluate.py head_ckpt=<head checkpoint> data=...",
+    ),
+    "evaluate": Job(
+        "evaluate.py",
+        When(),
+        CheckpointKeys,
+        _READS,
+        shape="evaluate.py",
+        command="evaluate.py ckpt=... data=...",
+        refuses={
+            "head": "a head is trained by `python train.py stage=head ckpt=... head={value}` and applied with "
+            "`python evaluate.py head_ckpt=<its checkpoint>`",
+        },
+    ),
+}
+
+JOBS: Registry = Registry("job")
+
+
+def job(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Return the decorator that registers the function running the job `name` of `TABLE` in `JOBS`.
+
+    The function is called as `run(cfg, model_from_cli)`; the entry's schema is the job's keys dataclass and its
+    capabilities the job's declaration.
+    """
+    spec = TABLE[name]
+    return JOBS.register(name, schema=spec.keys, capabilities=spec)
+
+
+# ---- selection and checks -------------------------------------------------------------------------------------------
+def _facts(cfg: DictConfig) -> dict[str, bool]:
+    return {
+        "retrieval": cfg.retrieval.name != "none",
+        "analysis": cfg.analysis.name != "none",
+        "first_stage": first_stage(str(cfg.model.name)) is not None,
+        "head_ckpt": _is_set(cfg, "head_ckpt"),
+    }
+
+
+def _is_set(cfg: DictConfig, item: str) -> bool:
+    if item in OPTIONAL_GROUPS:
+        return cfg[item].name != "none"
+    return cfg[item] not in (None, "", _DEFAULTS[item])
+
+
+def _value(cfg: DictConfig, item: str) -> Any:
+    return cfg[item].name if item in OPTIONAL_GROUPS else cfg[item]
+
+
+def _names(cfg: DictConfig, value: Any = None) -> dict[str, Any]:
+    """Return the names a job's strings may show: the config's choices, or a placeholder where one is off."""
+    model = str(cfg.model.name)
+    return {
+        "model": model if first_stage(model) is not None else next(iter(FIRST_STAGE.names()), "NAME"),
+        "head": cfg.head.name if cfg.head.name != "none" else "NAME",
+        "retrieval": cfg.retrieval.name if cfg.retrieval.name != "none" else "dense",
+        "analysis": cfg.analysis.name if cfg.analysis.name != "none" else "NAME",
+        "value": value,
+    }
+
+
+def _label(name: str, cfg: DictConfig) -> str:
+    return f"job '{name}' ({TABLE[name].shape.format(**_names(cfg))})"
+
+
+def select(cfg: DictConfig, script: str) -> str:
+    """Return the name of the job `script` runs for the composed config `cfg`: its first job whose rule holds.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The composed run config (`pipeline.config.compose`).
+    script : str
+        `train.py` or `evaluate.py`.
+
+    Returns
+    -------
+    str
+        The job's name, a key of `TABLE`.
+
+    Raises
+    ------
+    InputError
+        When no job of `script` fits (each script has a fallback, so only for an unknown script or stage).
+    """
+    for name, spec in TABLE.items():
+        if spec.script == script and spec.when.holds(cfg):
+            return name
+    raise InputError("stage", f"'{cfg.stage}' is no job of {script}; its jobs: {jobs_of(script)}")
+
+
+def jobs_of(script: str) -> list[str]:
+    """Return the names of the jobs `script` runs, in the table's order."""
+    return [name for name, spec in TABLE.items() if spec.script == script]
+
+
+def _foreign(cfg: DictConfig, name: str, item: str) -> InputError:
+    """Return the error for the key or group `item`, set, that the job `name` does not take."""
+    spec, value = TABLE[name], _value(cfg, item)
+    shown = f"{item}={value}" if item in OPTIONAL_GROUPS or item == "stage" else item
+    names = _names(cfg, value)
+    reason = spec.refuses.get(item)
+    if reason is not None:
+        reason = reason.format(**names)
+    else:
+        takers = [n for n, s in TABLE.items() if s.takes(item)]
+        # the job this key would select (`retrieval=dense` selects retrieve): in the same script two jobs were asked
+        # for at once; in the other script, and no job of this one takes it, the user ran the wrong script
+        target = next((n for n in takers if TABLE[n].when.selects_on(item) and TABLE[n].when.holds(cfg)), None)
+        same_script = [n for n in takers if TABLE[n].script == spec.script]
+        if target is not None and TABLE[target].script == spec.script:
+            reason = f"{shown} is {_label(target, cfg)}: two jobs; run them one at a time"
+        elif target is not None and not same_script:
+            other = TABLE[target]
+            where = f"{value} is a {other.script} stage" if item == "stage" else f"'{value}' runs from {other.script}"
+            reason = f"{where}: `python {other.command.format(**names)}`"
+        else:
+            reason = f"{item} is for " + " or ".join(_label(n, cfg) for n in takers)
+    return InputError(f"config key '{item}'", f"{_label(name, cfg)} takes no {shown}; {reason}")
+
+
+def check(cfg: DictConfig, name: str) -> None:
+    """Check that the config fits the job `name`: nothing set that it does not take, everything it needs there.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The composed run config.
+    name : str
+        The job, a key of `TABLE` (as `select` returns it).
+
+    Raises
+    ------
+    InputError
+        The first key or optional group the job does not take, set (naming it, the job and the jobs that take it);
+        else the first need not met (`Need.where`: `Need.problem`).
+    """
+    spec = TABLE[name]
+    for item in _CHECK_ORDER:
+        if not spec.takes(item) and _is_set(cfg, item):
+            raise _foreign(cfg, name, item)
+    names = _names(cfg)
+    names["model"] = str(cfg.model.name)
+    for need in spec.needs:
+        met = (not need.any_of or any(_is_set(cfg, k) for k in need.any_of)) and (
+            need.capability is None or bool(getattr(model_capabilities(str(cfg.model.name)), need.capability))
+        )
+        if not met:
+            raise InputError(need.where, need.problem.format(**names))
+
+
+@dataclass(frozen=True)
+class Script:
+    """An entry script's jobs (`train.py`, `evaluate.py`): select the config's job, check it, run it.
+
+    Called as `script(cfg, model_from_cli)`, as `pipeline.cli.main` calls a job: it selects and checks the job,
+    then runs the job's registered function holding `output_dir`'s lock (core/lock.py: one run per output directory),
+    after checking that its output folders can be written (nothing is read or loaded before). The job functions
+    register themselves on import of pipeline/run.py, which makes `TRAIN` and `EVALUATE`.
+    """
+
+    name: str
+
+    def check(self, cfg: DictConfig) -> str:
+        """Select the job this script runs for `cfg`, check that the config fits it and return its name.
+
+        `pipeline.cli.main` calls it under `--dry-run` too.
+        """
+        name = select(cfg, self.name)
+        check(cfg, name)
+        return name
+
+    def __call__(self, cfg: DictConfig, model_from_cli: bool = False) -> Any:
+        """Run the job of `cfg` (`check`) under `output_dir`'s lock and return what it returns.
+
+        `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it.
+        """
+        name = self.check(cfg)
+        with output_dir_lock(cfg.output_dir):
+            check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
+            return JOBS.get(name, "job").build(cfg, model_from_cli)

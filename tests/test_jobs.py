@@ -1,0 +1,271 @@
+"""The job table (pipeline/jobs.py): which job train.py and evaluate.py run for a config, the keys each job takes,
+the one-line error for a key that belongs to another job (at `--dry-run` too), and compose()'s typed config.
+
+Nothing here loads a model or reads data: selection and checks read the composed config only."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ValidationError
+
+import pipeline.run  # noqa: F401 - registers the job functions
+from core.errors import InputError
+from pipeline.config import RunConfig, compose
+from pipeline.jobs import JOBS, KEYS, TABLE, When, check, jobs_of, select
+from pipeline.run import EVALUATE, TRAIN
+
+# The command shapes of README.md (paths need not exist: selection and checks read no file)
+README_SHAPES = [
+    ("train.py", [], "finetune"),
+    ("train.py", ["model=repbert", "optim.lr=1e-4", "trainer.precision=bf16-mixed"], "finetune"),
+    (
+        "train.py",
+        ["data=squad", "model=repbert", "trainer.max_steps=100", "output_dir=outputs/squad-repbert"],
+        "finetune",
+    ),
+    ("train.py", ["trainer=ddp", "trainer.accelerator=cpu", "data.batch_size=8", "trainer.max_steps=20"], "finetune"),
+    ("train.py", ["ckpt_path=outputs/default/checkpoints/last.ckpt"], "finetune"),
+    ("train.py", ["init_ckpt=outputs/squad-repbert/checkpoints/last.ckpt", "model=repbert"], "finetune"),
+    (
+        "train.py",
+        ["stage=head", "ckpt=outputs/default/checkpoints/last.ckpt", "head=whitening", "output_dir=o"],
+        "head",
+    ),
+    ("train.py", ["stage=export", "ckpt=outputs/default/checkpoints/last.ckpt", "output_dir=exported/c"], "export"),
+    ("train.py", ["stage=export", "head_ckpt=outputs/w/checkpoints/last.ckpt", "output_dir=exported/w"], "export"),
+    ("evaluate.py", [], "evaluate"),
+    ("evaluate.py", ["ckpt=outputs/squad-repbert/checkpoints/last.ckpt", "data=cranfield"], "evaluate"),
+    ("evaluate.py", ["ckpt=exported/colbert-default"], "evaluate"),
+    ("evaluate.py", ["head_ckpt=outputs/w/checkpoints/last.ckpt", "data=cranfield"], "evaluate_head"),
+    ("evaluate.py", ["head_ckpt=h.ckpt", "ckpt=base.ckpt", "head=whitening"], "evaluate_head"),
+    ("evaluate.py", ["model=bm25", "data=cranfield", "output_dir=outputs/bm25-cranfield"], "first_stage"),
+    ("evaluate.py", ["retrieval=dense", "ckpt=x.ckpt", "data=vaswani", "retrieval.k=1000"], "retrieve"),
+    ("evaluate.py", ["analysis=ats", "ckpt=x.ckpt"], "analysis"),
+    ("evaluate.py", ["analysis=whitebox"], "analysis"),
+    ("evaluate.py", ["analysis=answer_positions", "data=squad"], "analysis"),
+    ("evaluate.py", ["analysis=random_rerank", "analysis.run=x.trec"], "analysis"),
+    # the precedence: a group that selects a job wins over a first-stage model or a head checkpoint
+    ("evaluate.py", ["analysis=ats", "model=bm25"], "analysis"),
+]
+
+
+@pytest.mark.parametrize("script, argv, expected", README_SHAPES, ids=[" ".join([s, *a]) for s, a, _ in README_SHAPES])
+def test_the_table_selects_the_job_of_each_command_shape(script, argv, expected):
+    cfg = compose(argv)
+    assert select(cfg, script) == expected
+    check(cfg, expected)  # and the command's keys fit it
+    assert TRAIN.check(cfg) == expected if script == "train.py" else EVALUATE.check(cfg) == expected
+
+
+def test_every_declared_job_is_registered_with_its_function_and_keys():
+    assert set(JOBS.names()) == set(TABLE)
+    run_keys = {f.name for f in fields(RunConfig)}
+    for name, spec in TABLE.items():
+        entry = JOBS.get(name)
+        assert callable(entry.build) and entry.schema is spec.keys and entry.capabilities is spec
+        assert {f.name for f in fields(spec.keys)} <= set(KEYS) <= run_keys
+    # each script has jobs, and its last job in the table's order is its fallback (it always selects one)
+    assert jobs_of("train.py") == ["export", "head", "finetune"]
+    assert jobs_of("evaluate.py") == ["retrieve", "analysis", "first_stage", "evaluate_head", "evaluate"]
+    assert TABLE["evaluate"].when == When()
+
+
+def test_the_job_table_is_documented():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert "## Jobs" in doc and all(f"| `{name}` | `{spec.script}` |" in doc for name, spec in TABLE.items())
+
+
+# (script, argv, the error's start): at least one key foreign to each job, and the cross-script shapes
+FOREIGN = [
+    (
+        "train.py",
+        ["head_ckpt=h.ckpt"],
+        "config key 'head_ckpt': job 'finetune' (train.py) takes no head_ckpt; head_ckpt is for job 'export' "
+        "(train.py stage=export) or job 'evaluate_head'",
+    ),
+    ("train.py", ["ckpt=a.ckpt"], "config key 'ckpt': job 'finetune' (train.py) takes no ckpt; to start from"),
+    (
+        "train.py",
+        ["retrieval=dense"],
+        "config key 'retrieval': job 'finetune' (train.py) takes no retrieval=dense; 'dense' runs from evaluate.py: "
+        "`python evaluate.py retrieval=dense ckpt=...`",
+    ),
+    (
+        "train.py",
+        ["analysis=ats"],
+        "config key 'analysis': job 'finetune' (train.py) takes no analysis=ats; 'ats' runs from evaluate.py: "
+        "`python evaluate.py analysis=ats ...`",
+    ),
+    (
+        "train.py",
+        ["head=whitening"],
+        "config key 'head': job 'finetune' (train.py) takes no head=whitening; 'whitening' is trained after "
+        "fine-tuning, on the frozen ranker: `python train.py stage=head ckpt=<fine-tuned checkpoint> head=whitening`",
+    ),
+    (
+        "train.py",
+        ["stage=head", "ckpt=a.ckpt", "head=nice", "init_ckpt=b.ckpt"],
+        "config key 'init_ckpt': job 'head' (train.py stage=head) takes no init_ckpt; it initialises fine-tuning",
+    ),
+    (
+        "train.py",
+        ["stage=export", "ckpt=a.ckpt", "ckpt_path=b.ckpt"],
+        "config key 'ckpt_path': job 'export' (train.py stage=export) takes no ckpt_path; it is for fine-tuning",
+    ),
+    (
+        "train.py",
+        ["stage=export", "ckpt=a.ckpt", "retrieval=dense"],
+        "config key 'retrieval': job 'export' (train.py stage=export) takes no retrieval=dense; 'dense' runs from "
+        "evaluate.py",
+    ),
+    (
+        "evaluate.py",
+        ["init_ckpt=a.ckpt"],
+        "config key 'init_ckpt': job 'evaluate' (evaluate.py) takes no init_ckpt; init_ckpt is for job 'finetune' "
+        "(train.py)",
+    ),
+    (
+        "evaluate.py",
+        ["stage=export", "ckpt=a.ckpt"],
+        "config key 'stage': job 'evaluate' (evaluate.py) takes no stage=export; export is a train.py stage: "
+        "`python train.py stage=export ckpt=... output_dir=DIR`",
+    ),
+    (
+        "evaluate.py",
+        ["head=whitening", "ckpt=a.ckpt"],
+        "config key 'head': job 'evaluate' (evaluate.py) takes no head=whitening; a head is trained by",
+    ),
+    (
+        "evaluate.py",
+        ["head_ckpt=h.ckpt", "ckpt_path=a.ckpt"],
+        "config key 'ckpt_path': job 'evaluate_head' (evaluate.py head_ckpt=...) takes no ckpt_path; ckpt_path is "
+        "for job 'head' (train.py stage=head) or job 'finetune' (train.py)",
+    ),
+    (
+        "evaluate.py",
+        ["model=bm25", "ckpt=a.ckpt"],
+        "config key 'ckpt': job 'first_stage' (evaluate.py model=bm25) takes no ckpt; model 'bm25' ranks the "
+        "collection by itself and takes no checkpoint",
+    ),
+    (
+        "evaluate.py",
+        ["retrieval=dense", "head_ckpt=h.ckpt"],
+        "config key 'head_ckpt': job 'retrieve' (evaluate.py retrieval=dense) takes no head_ckpt; it indexes a "
+        "ranker checkpoint (ckpt=), not a head",
+    ),
+    (
+        "evaluate.py",
+        ["retrieval=dense", "analysis=ats"],
+        "config key 'analysis': job 'retrieve' (evaluate.py retrieval=dense) takes no analysis=ats; analysis=ats is "
+        "job 'analysis' (evaluate.py analysis=ats): two jobs; run them one at a time",
+    ),
+    (
+        "evaluate.py",
+        ["analysis=whitebox", "stage=head"],
+        "config key 'stage': job 'analysis' (evaluate.py analysis=whitebox) takes no stage=head; head is a train.py "
+        "stage",
+    ),
+    # what a job needs: unchanged messages, now before anything is read (and at --dry-run)
+    ("train.py", ["model=bm25"], "model: 'bm25' has nothing to train; evaluate it with `python evaluate.py"),
+    ("train.py", ["stage=head", "ckpt=a.ckpt"], "head: stage=head needs head=whitening, head=nice or head=glow"),
+    ("train.py", ["stage=head", "head=glow"], "ckpt: stage=head needs ckpt=<checkpoint of the fine-tuned ranker>"),
+    ("train.py", ["stage=export"], "ckpt: export needs ckpt=<ranker checkpoint> (or head_ckpt=<head checkpoint>)"),
+]
+
+
+@pytest.mark.parametrize("script, argv, expected", FOREIGN, ids=[" ".join([s, *a]) for s, a, _ in FOREIGN])
+def test_a_key_of_another_job_is_one_error_naming_the_key_and_the_job(script, argv, expected):
+    cfg = compose(argv)
+    with pytest.raises(InputError) as e:
+        check(cfg, select(cfg, script))
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value), str(e.value)
+
+
+def test_every_job_refuses_a_foreign_key():
+    """Each job of the table has a top-level key it does not take, and setting it is an error naming that job."""
+    for name, spec in TABLE.items():
+        taken = {f.name for f in fields(spec.keys)}
+        key = next(k for k in ("init_ckpt", "ckpt_path", "head_ckpt", "ckpt") if k not in taken)
+        argv = {
+            "export": ["stage=export", "ckpt=a.ckpt"],
+            "head": ["stage=head", "ckpt=a.ckpt", "head=whitening"],
+            "finetune": [],
+            "retrieve": ["retrieval=dense"],
+            "analysis": ["analysis=ats"],
+            "first_stage": ["model=bm25"],
+            "evaluate_head": ["head_ckpt=h.ckpt"],
+            "evaluate": [],
+        }[name]
+        cfg = compose([*argv, f"{key}=x.ckpt"])
+        assert select(cfg, spec.script) == name
+        with pytest.raises(InputError, match=rf"^config key '{key}': job '{name}' \(.*\) takes no {key}; "):
+            check(cfg, name)
+
+
+def test_the_scripts_check_the_job_at_dry_run_and_run_nothing(capsys, tmp_path):
+    from pipeline.cli import main
+
+    out = tmp_path / "out"
+    # the job's check comes before the checkpoint headers are read: the missing checkpoint is not what is reported
+    assert main(["stage=export", f"ckpt={tmp_path / 'missing.ckpt'}", f"output_dir={out}", "--dry-run"], EVALUATE) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config key 'stage': job 'evaluate' (evaluate.py) takes no stage=export; export is")
+    assert err.count("\n") == 1
+    assert main(["retrieval=dense", f"output_dir={out}", "--dry-run"], TRAIN) == 2
+    assert "'dense' runs from evaluate.py" in capsys.readouterr().err
+    assert main(["retrieval=dense", f"output_dir={out}", "--dry-run"], EVALUATE) == 0
+    assert "name: dense" in capsys.readouterr().out
+    assert not out.exists()
+
+
+def test_a_script_refuses_before_taking_the_output_folder(tmp_path):
+    """The job's check runs before the lock and the output probe: a refused command leaves nothing behind."""
+    cfg = compose(["logger=none", "model=bm25", f"output_dir={tmp_path / 'out'}", "init_ckpt=a.ckpt"])
+    with pytest.raises(InputError, match="job 'first_stage'"):
+        EVALUATE(cfg, False)
+    with pytest.raises(InputError, match="model: 'bm25' has nothing to train"):
+        pipeline.run.train(compose(["logger=none", "model=bm25", f"output_dir={tmp_path / 'out'}"]))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- compose() returns the typed config -----------------------------------------------------------------------------
+def test_compose_returns_typed_group_nodes():
+    from analyses.registry import load_all
+    from datamodules.sources import SOURCES
+    from lightning_modules.module import OptimConfig
+    from models.heads import HEADS
+    from models.rankers import RANKERS
+    from pipeline.config import EvalConfig, LoggerConfig, TrainerConfig
+    from retrieval.config import schema as retrieval_schema
+
+    cfg = compose(["model=repbert", "head=whitening", "analysis=ats", "retrieval=dense", "data=cranfield"])
+    assert OmegaConf.get_type(cfg) is RunConfig
+    assert OmegaConf.get_type(cfg.trainer) is TrainerConfig and OmegaConf.get_type(cfg.logger) is LoggerConfig
+    assert OmegaConf.get_type(cfg.eval) is EvalConfig and OmegaConf.get_type(cfg.optim) is OptimConfig
+    assert OmegaConf.get_type(cfg.model) is RANKERS.get("repbert").schema
+    assert OmegaConf.get_type(cfg.data) is SOURCES.get("cranfield").schema
+    assert OmegaConf.get_type(cfg.head) is HEADS.get("whitening").schema
+    assert OmegaConf.get_type(cfg.analysis) is load_all().get("ats").schema
+    assert OmegaConf.get_type(cfg.retrieval) is retrieval_schema("dense")
+    with pytest.raises(ValidationError):
+        cfg.trainer.max_steps = "many"
+    with pytest.raises(ValidationError):
+        cfg.optim.lr = "fast"
+    with pytest.raises(ConfigAttributeError):
+        cfg.trainer.max_stepz = 5
+    cfg.trainer.max_steps = 7  # a right-typed value is taken
+    assert cfg.trainer.max_steps == 7
+
+
+def test_typed_config_still_takes_a_checkpoints_model_and_head():
+    """Jobs replace `model` and `head` with a checkpoint's dicts (any ranker's keys) and set `experiment`."""
+    cfg = compose([])
+    cfg.model = {"name": "repbert", "backbone": "x", "some_older_key": 1}
+    cfg.head = {"name": "whitening", "granularity": "token"}
+    cfg.experiment = "e"
+    assert OmegaConf.to_container(cfg.model)["some_older_key"] == 1 and cfg.head.name == "whitening"
+    assert OmegaConf.merge(cfg, {"trainer": {"max_epochs": 3}}).trainer.max_epochs == 3
