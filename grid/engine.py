@@ -92,6 +92,7 @@ from grid.cells import CELL_FILE, claim_cell, export_cells, import_cells, read_j
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
 from grid.tables import RUN_LEVEL, log_wandb_table, write_table
+from pipeline import jobs
 from pipeline.cli import model_from_cli
 from pipeline.config import compose
 from pipeline.run import evaluate as evaluate_run
@@ -386,8 +387,12 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
         seen.add(key)
         # `@` cannot start a YAML value: an init_ckpt=@row/train reference is composed quoted (run_cell resolves it)
         argv = [f"init_ckpt='{a[len('init_ckpt=') :]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
+        script, given = cell_script(cell)
         try:
-            cfg = compose(argv)
+            cfg = compose([*argv, *(f"{k}={PLANNED}" for k in given)])
+            # the job the cell's script will run, with the checkpoint keys run_cell adds: a key that job does not take
+            # stops the grid here, not when the cell starts
+            jobs.check(cfg, jobs.select(cfg, script))
         except InputError as e:
             raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
         if first is None:
@@ -517,6 +522,18 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
         return None, f"{what} did not finish"
     ckpt = best_checkpoint(train_dir)
     return (ckpt, "") if ckpt is not None else (None, f"no checkpoint in {train_dir / 'checkpoints'}")
+
+
+PLANNED = "planned.ckpt"  # stands for a checkpoint run_cell will pass once the cell it comes from has finished
+
+
+def cell_script(cell: Cell) -> tuple[str, tuple[str, ...]]:
+    """Return the entry script that runs `cell` and the checkpoint keys `run_cell` adds to its arguments."""
+    if cell.untrained:  # a BM25 or backbone row: evaluated on each cell's data as it is, no training, no checkpoint
+        return "evaluate.py", ()
+    if cell.kind == "train":
+        return "train.py", ("ckpt",) if cell.base_dir is not None else ()
+    return "evaluate.py", ("head_ckpt" if cell.base_dir is not None else "ckpt",)
 
 
 def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, str]:

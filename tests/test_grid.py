@@ -423,6 +423,22 @@ def test_head_row_without_base_row_is_an_error(tmp_path, tiny_bert):
         plan(spec)
 
 
+def test_a_key_its_cells_job_does_not_take_stops_the_grid_at_planning(tmp_path):
+    """Each cell's job (pipeline/jobs.py) is checked with the checkpoint keys its run will add, before any cell runs."""
+    from grid.engine import check
+
+    gfile = tmp_path / "j.yaml"
+    gfile.write_text(
+        json.dumps({"baseline": "a", "rows": {"a": ["model=colbert", "retrieval=dense"]}, "train_data": ["synthetic"]})
+    )
+    spec, _ = load_grid([f"grid={gfile}"])
+    with pytest.raises(
+        InputError, match=r"grid j, cell a/synthetic/run: config key 'retrieval': job 'finetune' \(train.py\) takes no"
+    ):
+        check(spec, plan(spec))
+    assert not spec.dir.exists()  # nothing written
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs" / "grid").glob("*.yaml")))
 def test_every_shipped_grid_composes(name):
     """Every grid in configs/grid plans and composes every cell (head rows find their base row)."""
