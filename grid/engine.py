@@ -387,8 +387,8 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
         seen.add(key)
         # `@` cannot start a YAML value: an init_ckpt=@row/train reference is composed quoted (run_cell resolves it)
         argv = [f"init_ckpt='{a[len('init_ckpt=') :]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
-        script, given = cell_script(cell)
         try:
+            script, given = cell_script(cell)  # (whether a row is untrained composes its config too)
             cfg = compose([*argv, *(f"{k}={PLANNED}" for k in given)])
             # the job the cell's script will run, with the checkpoint keys run_cell adds: a key that job does not take
             # stops the grid here, not when the cell starts
