@@ -544,9 +544,8 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
     """
     argv = list(cell.argv)
     status = "ran"
-    if cell.untrained:  # a BM25 or backbone row: evaluated on each cell's data as it is, no training, no checkpoint
-        script = "evaluate.py"
-    elif cell.kind == "train":
+    script, _ = cell_script(cell)  # an untrained row (BM25, the backbone) takes its argv as it is
+    if script == "train.py":
         if cell.base_dir is not None:  # a head on the base row's fine-tuned ranker
             ckpt, why = _finished_checkpoint(cell.base_dir, f"its base cell {cell.base_dir}")
             if ckpt is None:
@@ -563,13 +562,11 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
         else:
             for stale in (cell.dir / "checkpoints").glob("*.ckpt"):  # a dead run's best without last: start afresh
                 stale.unlink()
-        script = "train.py"
-    else:
+    elif not cell.untrained:
         ckpt, why = _finished_checkpoint(cell.train_dir, "its training cell")
         if ckpt is None:
             return "blocked", why
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
-        script = "evaluate.py"
     on_start()
     cell.dir.mkdir(parents=True, exist_ok=True)
     write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv)})

@@ -35,9 +35,9 @@ class HeadModule(RankingModule):
     """A frozen fine-tuned bi-encoder with an isotropy head (whitening, NICE or Glow) attached, training the head only.
 
     `model`, `optim` and `measures` are those of the fine-tuned ranker (`RankingModule`); `head` is the head's config
-    (`configs/head/*.yaml`) and `base_ckpt` the ranker checkpoint the head belongs to (its weights are loaded with
-    `load_base`). `ranker` and `head_module`: an already loaded ranker and head (`models.loading.load_ranker`) to wrap
-    instead of building fresh ones. See the module docstring for training, evaluation and checkpoints.
+    (`configs/head/*.yaml`) and `base_ckpt` the ranker checkpoint the head belongs to. `ranker` and `head_module`: the
+    ranker (and head) `models.loading.load_ranker` loaded, wrapped instead of fresh ones. See the module docstring for
+    training, evaluation and checkpoints.
     """
 
     def __init__(
@@ -101,20 +101,6 @@ class HeadModule(RankingModule):
     def attach(self, on: bool) -> None:
         """Put the head where the granularity says (on=False: score with the raw representations)."""
         attach_head(self.ranker, self.head if on else None, self.head_cfg.granularity)
-
-    def load_base(self, base_state: dict) -> None:
-        """Load the fine-tuned ranker's weights from its checkpoint's `state_dict` (any head weights in it are ignored).
-
-        Raises InputError when the checkpoint does not hold this ranker.
-        """
-        ranker_state = {k: v for k, v in base_state.items() if not k.startswith(HEAD_PREFIXES)}
-        missing, unexpected = self.load_state_dict(ranker_state, strict=False)
-        missing = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
-        if missing or unexpected:
-            raise InputError(
-                "ckpt",
-                f"does not match ranker '{self.model_cfg.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})",
-            )
 
     # ---- training: maximum likelihood of cached representations (flows) -----------------------------------
     def training_step(self, batch: torch.Tensor, batch_idx: int):

@@ -97,7 +97,7 @@ class RankingModule(pl.LightningModule):
 
     def __init__(self, model: dict, optim: dict, measures: list[str] | None = None, ranker: Ranker | None = None):
         super().__init__()
-        self.save_hyperparameters(ignore=["ranker"])
+        self.save_hyperparameters("model", "optim", "measures")  # not `ranker`, nor a subclass's modules
         self.model_cfg = ranker_config(model)
         self.optim_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OptimConfig), optim))
         self.measures = list(measures or DEFAULT_MEASURES)

@@ -51,6 +51,7 @@ __all__ = [
     "check_hparams",
     "load_configured",
     "load_ranker",
+    "load_ranker_weights",
     "pair_tokenizer_for",
     "read_export_info",
     "recorded_model",
@@ -192,21 +193,25 @@ register_check(check_hparams)
 
 
 # ---- the kinds of source ------------------------------------------------------------------------------------
-def _load_weights(ranker: Ranker, state: Mapping, what: str, key: str, allow_missing: Callable[[str], bool]) -> None:
-    """Load the `ranker.*` entries of a LightningModule's state into `ranker`; a mismatch is an InputError."""
+def load_ranker_weights(
+    ranker: Ranker, state: Mapping, mismatch: str, key: str, allow_missing: Callable[[str], bool] = lambda k: False
+) -> int:
+    """Load the `ranker.*` entries of a LightningModule's state into `ranker`; return how many tensors were loaded.
+
+    A missing (unless `allow_missing`), unexpected or wrong-shaped tensor is an InputError at `key`: `mismatch` (what
+    does not match what), then the first tensors concerned.
+    """
     own = {k[len(RANKER_PREFIX) :]: v for k, v in state.items() if k.startswith(RANKER_PREFIX)}
     try:
         missing, unexpected = ranker.load_state_dict(own, strict=False)
     except RuntimeError as e:  # a shape mismatch: another backbone or compress_dim
         first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
-        raise InputError(key, f"{what} does not match ranker '{ranker.cfg.name}' ({first})") from e
+        raise InputError(key, f"{mismatch} ({first})") from e
     missing = [RANKER_PREFIX + k for k in missing if not allow_missing(RANKER_PREFIX + k)]
     unexpected = [RANKER_PREFIX + k for k in unexpected]
     if missing or unexpected:
-        raise InputError(
-            key,
-            f"{what} does not match ranker '{ranker.cfg.name}' (missing {missing[:3]}, unexpected {unexpected[:3]})",
-        )
+        raise InputError(key, f"{mismatch} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return len(own)
 
 
 def _load_head(ranker: Ranker, head_cfg: dict, state: Mapping, what: str, key: str) -> IsotropyHead:
@@ -237,7 +242,7 @@ def _from_state(ckpt: dict, path: str, key: str) -> LoadedRanker:
     hp = ckpt["hyper_parameters"]
     model = dict(hp["model"])
     ranker = build_ranker(ranker_config(model))
-    _load_weights(ranker, ckpt["state_dict"], f"'{path}'", key, lambda k: False)
+    load_ranker_weights(ranker, ckpt["state_dict"], f"'{path}' does not match ranker '{ranker.cfg.name}'", key)
     hparams = {"model": model, "optim": dict(hp.get("optim") or {})}
     rerank_depth = ckpt.get("rerank_depth")  # the depth its validation chose (eval.rerank_depths)
     return LoadedRanker(ranker, pair_tokenizer_for(ranker), None, hparams, "checkpoint", str(path), None, rerank_depth)
@@ -285,7 +290,8 @@ def _from_export(folder: Path, key: str, expect: str | None = None) -> LoadedRan
         model["backbone"] = str(folder)  # the fine-tuned backbone, saved by save_pretrained
     ranker = build_ranker(ranker_config(model))
     state = load_file(str(folder / "ranker.safetensors"))
-    _load_weights(ranker, state, f"'{folder}'", key, lambda k: k.startswith(ENCODER_PREFIX))
+    mismatch = f"'{folder}' does not match ranker '{ranker.cfg.name}'"
+    load_ranker_weights(ranker, state, mismatch, key, lambda k: k.startswith(ENCODER_PREFIX))
     head = None
     if info.get("head"):
         head_file = folder / "isotropy_head.safetensors"

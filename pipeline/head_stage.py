@@ -59,21 +59,25 @@ def build_module(cfg: DictConfig) -> HeadModule:
         raise InputError("ckpt", "stage=head needs ckpt=<checkpoint of the fine-tuned ranker> to put the head on")
     if cfg.head.name == "none":
         raise InputError("head", "stage=head needs head=whitening, head=nice or head=glow")
-    base = read_checkpoint(cfg.ckpt, "ckpt")
-    if "base_ckpt" in base:
+    header = read_header(cfg.ckpt, "ckpt")  # no tensors: a head checkpoint is refused before anything loads
+    if "base_ckpt" in header:
         raise InputError(
             "ckpt",
             f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint "
-            f"(its base_ckpt is '{base['base_ckpt']}')",
+            f"(its base_ckpt is '{header['base_ckpt']}')",
         )
-    hp = base["hyper_parameters"]
-    # absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
+    loaded = load_ranker(cfg.ckpt, key="ckpt")
+    hp = loaded.hparams
     optim = {**hp.get("optim", {}), "nonfinite": cfg.optim.nonfinite}  # the ranker's optim, this run's NaN policy
-    module = HeadModule(
-        hp["model"], optim, list(cfg.eval.measures), OmegaConf.to_container(cfg.head), str(Path(cfg.ckpt).resolve())
+    # base_ckpt absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
+    return HeadModule(
+        hp["model"],
+        optim,
+        list(cfg.eval.measures),
+        OmegaConf.to_container(cfg.head),
+        str(Path(cfg.ckpt).resolve()),
+        ranker=loaded.ranker,
     )
-    module.load_base(base["state_dict"])
-    return module
 
 
 def _checkpoint_id(path: str) -> str:

@@ -34,6 +34,7 @@ from core.checkpoints import check_same_ranker, read_checkpoint
 from core.errors import InputError
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
+from models.loading import load_ranker_weights
 from pipeline.export import export
 from pipeline.head_stage import evaluate_with_head, train_head
 from pipeline.jobs import Script, job
@@ -62,20 +63,9 @@ def init_weights(module: RankingModule, cfg: DictConfig) -> None:
     path = cfg.init_ckpt
     ckpt = read_checkpoint(path, "init_ckpt")
     check_same_ranker(ckpt, cfg, "init_ckpt", path)
-    state = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("ranker.")}
-    try:
-        missing, unexpected = module.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # shape mismatch: another backbone or compress_dim
-        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
-        raise InputError("init_ckpt", f"'{path}' does not fit model '{cfg.model.name}' as configured ({first})") from e
-    missing = [k for k in missing if k.startswith("ranker.")]
-    if missing or unexpected:
-        raise InputError(
-            "init_ckpt",
-            f"'{path}' does not fit model '{cfg.model.name}' as configured "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
-        )
-    print(f"init_ckpt: ranker weights from {path} ({len(state)} tensors); optimiser and step start afresh")
+    mismatch = f"'{path}' does not fit model '{cfg.model.name}' as configured"
+    n = load_ranker_weights(module.ranker, ckpt["state_dict"], mismatch, "init_ckpt")
+    print(f"init_ckpt: ranker weights from {path} ({n} tensors); optimiser and step start afresh")
 
 
 @job("first_stage")
@@ -117,10 +107,7 @@ def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
 
     The resolved config.yaml is written with its results.
     """
-    after = retrieve(cfg, model_from_cli)
-    if after is None:  # a rank > 0 of a split encoding: rank 0 writes the results
-        return None
-    return after
+    return retrieve(cfg, model_from_cli)  # None on a rank > 0 of a split encoding: rank 0 writes the results
 
 
 def train(cfg: DictConfig) -> dict | Path | None:

@@ -49,6 +49,7 @@ from models.rankers import rankers_with
 from models.rankers.capabilities import capabilities_of
 
 __all__ = [
+    "ENCODING_OPTIONS",
     "INDEXES",
     "Index",
     "Run",
@@ -66,6 +67,8 @@ Run = dict[str, dict[str, float]]  # {qid: {doc id: score}}, the pipeline's run 
 
 # family -> its Index subclass (the entry's `build`); filled by @register_index when retrieval is imported
 INDEXES: Registry = Registry("index family")
+# the `build` keywords of every family that encodes the collection with a ranker (retrieval/encode.py's options)
+ENCODING_OPTIONS = ("pair_tokenizer", "batch_size", "device", "precision", "sort_window", "checkpoint", "encoded")
 
 
 # ---- shared checks ----------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ from core.io import AtomicDir, write_json
 from core.npy import NpyRowWriter
 from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded, cosine_normalize
-from retrieval.base import Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
+from retrieval.base import ENCODING_OPTIONS, Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
 from retrieval.dense import (
     GPU_MAX_K,
     INDEX_OPTIONS,
@@ -235,19 +235,7 @@ class ColBERTIndex(Index):
     format = FORMAT
     serves = "a ColBERT ranker"
     encoding = "tokens"
-    build_options = (
-        "pair_tokenizer",
-        "batch_size",
-        "device",
-        "precision",
-        "sort_window",
-        "store_dtype",
-        "store_dir",
-        "store_chunk",
-        "checkpoint",
-        "encoded",
-        *INDEX_OPTIONS,
-    )
+    build_options = (*ENCODING_OPTIONS, "store_dtype", "store_dir", "store_chunk", *INDEX_OPTIONS)
     search_options = ("k_tokens", "depth", "batch_size", "device", "precision", "rescore_chunk")
     load_options = ("pair_tokenizer", "use_gpu", "mmap")
 

@@ -67,7 +67,7 @@ from core.errors import InputError
 from core.io import AtomicDir, write_json
 from models.loading import pair_tokenizer_for
 from models.rankers.base import cosine_normalize
-from retrieval.base import Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
+from retrieval.base import ENCODING_OPTIONS, Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
 from retrieval.encode import (
     encode_docs,
     encode_queries,
@@ -377,16 +377,7 @@ class DenseIndex(Index):
     format = FORMAT
     serves = "a single-vector ranker"
     encoding = "sequence"
-    build_options = (
-        "pair_tokenizer",
-        "batch_size",
-        "device",
-        "precision",
-        "sort_window",
-        "checkpoint",
-        "encoded",
-        *INDEX_OPTIONS,
-    )
+    build_options = (*ENCODING_OPTIONS, *INDEX_OPTIONS)
     search_options = ("batch_size", "device", "precision")
     load_options = ("pair_tokenizer", "use_gpu")
 
