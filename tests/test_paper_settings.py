@@ -91,7 +91,10 @@ DGRE = {
 }  # "... and DGRe is ... 5e-5"
 
 
-@pytest.mark.parametrize("grid,rule", [("squad_position_bias", POSITION_BIAS), ("dgre_cranfield_literal", DGRE)])
+@pytest.mark.parametrize(
+    "grid,rule",
+    [("squad_position_bias", POSITION_BIAS), ("dgre_cranfield_literal", DGRE), ("dgre_cranfield_literal_20ep", DGRE)],
+)
 def test_grid_cells_train_every_parameter_at_the_papers_learning_rate(tiny_bert, grid, rule):
     """Each parameter of a tiny model built from the grid's cell config lands in an optimiser group at the paper's
     rate, and the first Adam step moves it by that rate: with gradient 1 Adam's first step is lr x 1/(1 + eps), plus
@@ -170,6 +173,19 @@ def test_dgre_literal_grid_trains_with_the_papers_printed_settings():
         if cfg.model.name == "dgre":
             assert (cfg.model.layers_lr, cfg.model.aux_lambda) == (5e-5, 0.01), cell.label
     assert any("20 epochs" in d for d in spec.deviations)
+    # the GPU grid: the same cells with the printed 20 epochs in place of the 60 steps, and no such deviation left
+    literal = {c.label: compose(list(c.argv)) for c in plan(*load_grid(["grid=dgre_cranfield_literal"]))}
+    spec20, extra20 = load_grid(["grid=dgre_cranfield_literal_20ep"])
+    epochs = {c.label: compose(list(c.argv)) for c in plan(spec20, extra20)}
+    assert epochs.keys() == literal.keys()
+    for label, cfg in epochs.items():
+        assert (cfg.trainer.max_epochs, cfg.trainer.max_steps, literal[label].trainer.max_steps) == (20, -1, 60), label
+        for group in ("model", "optim", "data"):
+            assert OmegaConf.to_container(cfg[group]) == OmegaConf.to_container(literal[label][group]), (label, group)
+    assert not any("epochs" in d for d in spec20.deviations)
+    assert [d for d in spec20.deviations if not d.startswith("Precision")] == [
+        d for d in spec.deviations if not d.startswith(("Precision", "Training length"))
+    ]
     spec, _ = load_grid(["grid=squad_repbert_heads"])
     assert any("in-batch negatives" in d for d in spec.deviations)
 
