@@ -670,6 +670,7 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
         "train_on": spec.train_on,
         "compare_to": spec.compare_to,
         "delta_eval": spec.delta_eval,
+        "delta_base": spec.delta_base,
         "paper": spec.paper,
         "paper_note": spec.paper_note,
         "deviations": spec.deviations,

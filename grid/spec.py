@@ -78,6 +78,10 @@ class GridSpec:
     train_on: dict[str, Any] | None = None  # row -> the train_data labels it trains on (default: all)
     compare_to: dict[str, str] | None = None  # row -> the row its table cells compare with (default: baseline)
     delta_eval: list[str] | None = None  # two eval_data labels: the position-bias paper's Table 3-4 layout
+    # the Δ of the delta_eval block: `second` is the position-bias paper's (Tables 3-4, "the relative difference
+    # between the original and debiased evaluation", printed relative to the debiased value: (0.395 - 0.432) / 0.395 is
+    # its -9.4 %), `first` relative to the first evaluation data (the records before 2026-11-28)
+    delta_base: str = "second"
     only: Any = None  # run only the cells whose label matches one of these globs
     record: bool = False  # also write the table as a dated record, results/<date>-<name>.md (grid/record.py)
     # action=run beside other grid processes: instead of leaving when only their cells are left, look again every
@@ -173,6 +177,12 @@ class GridSpec:
         if self.delta_eval and (len(self.delta_eval) != 2 or any(e not in self.eval_data for e in self.delta_eval)):
             raise InputError(
                 "delta_eval", f"is {self.delta_eval!r}; expected two eval_data labels of {list(self.eval_data)}"
+            )
+        if self.delta_base not in ("first", "second"):
+            raise InputError(
+                "delta_base",
+                f"is {self.delta_base!r}; expected second (the paper's Delta, relative to the second "
+                "evaluation data) or first",
             )
         self.paper = self._paper_figures(self.paper or {})
         self.deviations = _strings(

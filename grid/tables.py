@@ -262,12 +262,14 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
 
     For each (row, training data), each measure on the two evaluation data of `delta_eval` (original and rotated
     test), the relative change from the first to the second, and the grid's paired test of second against first
-    (the same queries: rotation changes only the passages).
+    (the same queries: rotation changes only the passages). The change is the paper's Delta, (second - first) /
+    second, unless `results["delta_base"]` is "first": (second - first) / first.
     [{row, train, runs, measures: {m: {first, second, change_pct, p, pairs, mark}}}].
     """
     test = check_test(test or results["test"])
     paired_by = paired_by or results.get("paired_by", "query")
     first, second = results["delta_eval"]
+    on_second = results.get("delta_base", "second") == "second"
     train_on = results.get("train_on") or {}
     done = [c for c in results["cells"] if c.get("status") == "done"]
     out = []
@@ -281,8 +283,11 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
             for m in results["measures"]:
                 ma = _mean([c["metrics"][m] for c in a if m in c["metrics"]])
                 mb = _mean([c["metrics"][m] for c in b if m in c["metrics"]])
+                base = mb if on_second else ma
                 change = (
-                    100.0 * (mb - ma) / ma if ma not in (None, 0.0) and mb is not None and m not in RUN_LEVEL else None
+                    100.0 * (mb - ma) / base
+                    if base not in (None, 0.0) and None not in (ma, mb) and m not in RUN_LEVEL
+                    else None
                 )
                 p, pairs = _test_cells(b, a, m, test, paired_by) if a and b and m not in RUN_LEVEL else (None, 0)
                 entry["measures"][m] = {
@@ -306,8 +311,13 @@ def render_delta(results: dict, test: str | None = None, paired_by: str | None =
         "",
         f"### {first} vs {second} test (position-bias paper Tables 3-4 layout)",
         "",
-        f"Each measure on the {first} and the {second} test data and the change between them (Δ); \\* / \\*\\*: "
-        f"{TEST_NAMES[test]} of {second} against {first}, p <= 0.05 / 0.01.",
+        f"Each measure on the {first} and the {second} test data and the change between them, "
+        + (
+            f"Δ = ({second} - {first}) / {second} (the paper's Delta, relative to the {second} value)"
+            if results.get("delta_base", "second") == "second"
+            else f"Δ = ({second} - {first}) / {first} (grid key delta_base=first; the paper's is relative to {second})"
+        )
+        + f"; \\* / \\*\\*: {TEST_NAMES[test]} of {second} against {first}, p <= 0.05 / 0.01.",
         "",
     ]
     measures = list(results["measures"])

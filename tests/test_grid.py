@@ -504,6 +504,7 @@ def test_transfer_rows_plan_after_the_cell_they_start_from(tmp_path):
         ({"train_on": {"a_ft": ["nope"]}}, "train_on.a_ft"),
         ({"compare_to": {"a_ft": "zz"}}, "compare_to.a_ft"),
         ({"delta_eval": ["main"]}, "delta_eval"),
+        ({"delta_base": "third"}, "delta_base: is 'third'; expected second"),
     ):
         with pytest.raises(InputError, match=needle):
             load_grid([f"grid={transfer_grid(tmp_path, **kw)}"])
@@ -584,12 +585,37 @@ def test_delta_table_is_tables_3_4_with_wilcoxon_between_test_sets():
         a, b = mean(vals[(e["row"], "orig")]), mean(vals[(e["row"], "rot")])
         v = e["measures"]["ndcg_cut_10"]
         assert v["first"] == pytest.approx(sum(a) / 6) and v["second"] == pytest.approx(sum(b) / 6)
-        assert v["change_pct"] == pytest.approx(100 * (sum(b) - sum(a)) / sum(a))
+        # the paper's Delta: relative to the debiased (second) value, Table 3's (0.395 - 0.432) / 0.395 = -9.4 %
+        assert v["change_pct"] == pytest.approx(100 * (sum(b) - sum(a)) / sum(b))
         assert v["p"] == pytest.approx(stats.wilcoxon(b, a).pvalue, rel=1e-12)
         assert e["measures"]["mats"]["p"] is None
     text = render_markdown(res)
     a, b = mean(vals[("m", "orig")]), mean(vals[("m", "rot")])
-    assert f"| m | d | {sum(a) / 6:.4f} | {sum(b) / 6:.4f} | {100 * (sum(b) - sum(a)) / sum(a):+.1f}%" in text, text
+    assert f"| m | d | {sum(a) / 6:.4f} | {sum(b) / 6:.4f} | {100 * (sum(b) - sum(a)) / sum(b):+.1f}%" in text, text
+    assert "Δ = (rot - orig) / rot (the paper's Delta" in text
+    # delta_base=first: relative to the first evaluation data, the switch
+    first = render_markdown({**res, "delta_base": "first"})
+    assert f"| m | d | {sum(a) / 6:.4f} | {sum(b) / 6:.4f} | {100 * (sum(b) - sum(a)) / sum(a):+.1f}%" in first, first
+    assert [e["measures"]["ndcg_cut_10"]["change_pct"] for e in summarize_delta({**res, "delta_base": "first"})] == [
+        pytest.approx(100 * (sum(mean(vals[(r, "rot")])) - sum(mean(vals[(r, "orig")]))) / sum(mean(vals[(r, "orig")])))
+        for r in ("m", "n")
+    ]
+    # the paper's own Table 3 figures, through the same formula: BERT_CAT 0.432 -> 0.395 is its -9.4 %, TK's -20.8 %
+    paper = {**res, "measures": ["ndcg_cut_10"], "cells": [], "rows": ["m"], "eval_data": ["orig", "rot"]}
+    for orig, rot, printed in ((0.432, 0.395, -9.4), (0.373, 0.329, -13.4), (0.371, 0.307, -20.8)):
+        paper["cells"] = [
+            {
+                "row": "m",
+                "train": "d",
+                "eval": ev,
+                "status": "done",
+                "replicate": "seed1",
+                "metrics": {"ndcg_cut_10": v},
+                "per_query": {"ndcg_cut_10": {"q1": v}},
+            }
+            for ev, v in (("orig", orig), ("rot", rot))
+        ]
+        assert round(summarize_delta(paper)[0]["measures"]["ndcg_cut_10"]["change_pct"], 1) == printed
     # compare_to: n is its own reference (no change, no test), m stays the baseline
     rows = summarize(res)[0]["rows"]
     assert (
