@@ -414,11 +414,8 @@ class RankingDataModule(pl.LightningDataModule):
         split = ds.split(name)
         # Every judged query with a text is scored, also one that a given run leaves out: it has no candidate and
         # scores 0 (trec_eval -c), as a query without BM25 candidates. Unjudged queries: trec_eval ignores them anyway.
-        qids = sorted(q for q in split.queries if split.qrels.get(q))
-        if self.cfg.max_eval_queries is not None and len(qids) > self.cfg.max_eval_queries:
-            sample_seed = self.seed if self.cfg.eval_sample_seed is None else self.cfg.eval_sample_seed
-            pick = np.random.default_rng([sample_seed, 2]).permutation(len(qids))[: self.cfg.max_eval_queries]
-            qids = sorted(qids[i] for i in pick)
+        sample_seed = self.seed if self.cfg.eval_sample_seed is None else self.cfg.eval_sample_seed
+        qids = split.scored_queries(self.cfg.max_eval_queries, sample_seed)
         cands = self._candidates(ds, name, qids)
         doc_ids = sorted({d for q in qids for d in cands.get(q, ())})
         didx = {d: i for i, d in enumerate(doc_ids)}

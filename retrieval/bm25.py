@@ -47,7 +47,7 @@ from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset, used_splits
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
-from retrieval.base import Index, Run, read_manifest, register_index
+from retrieval.base import Index, Run, read_manifest, register_index, sampled_queries
 
 __all__ = ["BM25Index", "split_queries", "run_bm25"]
 
@@ -252,6 +252,7 @@ def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = _DEFA
     dc = data_config(cfg)
     ds = load_dataset(dc, cfg.seed, used_splits(split))  # validated before anything is written
     queries, qrels = split_queries(ds, split)
+    queries, qrels = sampled_queries(ds, split, queries, qrels, dc, cfg.seed, "model.split")
     judged = sum(1 for q in qrels if any(g > 0 for g in qrels[q].values()))
     if not judged:
         raise empty_split(

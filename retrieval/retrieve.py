@@ -25,7 +25,7 @@ from datamodules.sources import data_config, load_dataset, used_splits
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
 from models.loading import load_configured
-from retrieval.base import index_for
+from retrieval.base import index_for, sampled_queries
 from retrieval.config import DenseRetrievalConfig
 from retrieval.split import ranks, split_encode
 
@@ -59,13 +59,14 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     opts = DenseRetrievalConfig(**OmegaConf.to_container(cfg.retrieval))
     out = Path(cfg.output_dir)
     index_dir = Path(opts.index_dir) if opts.index_dir else out / "index"
-    ds = load_dataset(
-        data_config(cfg), cfg.seed, used_splits(opts.split)
-    )  # before any weights: bad data stops the run at once
+    dc = data_config(cfg)
+    ds = load_dataset(dc, cfg.seed, used_splits(opts.split))  # before any weights: bad data stops the run at once
     split = ds.split(opts.split)
+    # the re-rankers' sample (data.max_eval_queries); one of a train split is an error here, before any weights
+    queries, qrels = sampled_queries(ds, opts.split, split.queries, split.qrels, dc, cfg.seed, "retrieval.split")
     if not any(g > 0 for judged in split.qrels.values() for g in judged.values()):
         raise empty_split(
-            data_config(cfg),
+            dc,
             opts.split,
             f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)",
         )
@@ -104,10 +105,10 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     )
     search_offered = dict(batch_size=opts.batch_size, k_tokens=opts.k_tokens, depth=opts.depth)
     index = index_cls.build(ranker, ds.docs, **index_cls.options("build", build_offered))
-    run = index.search(split.queries, k=opts.k, **index_cls.options("search", search_offered))
+    run = index.search(queries, k=opts.k, **index_cls.options("search", search_offered))
     if opts.index_dir:  # a shared index outside the run's folder
         index.save(index_dir)
-    means, per_query = evaluate_run(run, split.qrels, list(cfg.eval.measures))
+    means, per_query = evaluate_run(run, qrels, list(cfg.eval.measures))
     # the run's own index is one of its result files: replaced together with run.trec and metrics.json, or not at all
     write_result_dir(
         out,

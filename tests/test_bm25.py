@@ -122,3 +122,40 @@ def test_classic_collections_in_published_range(tmp_path, name, lo, hi):
     m = json.loads((out / "metrics.json").read_text())
     assert lo < m["ndcg_cut_10"] < hi, m
     assert m["bm25"]["judged_queries"] == {"cranfield": 225, "vaswani": 93}[name]
+
+
+def test_max_eval_queries_scores_the_rerankers_sample(tmp_path):
+    """`data.max_eval_queries` samples the questions of a BM25 run as it does a re-ranker's test split (the run seed,
+    `np.random.default_rng([seed, 2])` over the sorted judged queries), so a grid's BM25 row shares its questions; each
+    sampled query scores as in the full run, and a sample of a split that has none is refused before any write."""
+    import numpy as np
+
+    from core.errors import InputError
+    from pipeline.config import compose
+    from retrieval.bm25 import run_bm25
+
+    data, _ = _write_tsv(tmp_path)
+    base = ["model=bm25", *data, "logger=none", "seed=5", "eval.measures=[ndcg_cut_10,recall_10]"]
+    run_bm25(compose([*base, f"output_dir={tmp_path / 'full'}"]), "test", 5)
+    run_bm25(compose([*base, "data.max_eval_queries=2", f"output_dir={tmp_path / 'two'}"]), "test", 5)
+    full = json.loads((tmp_path / "full" / "per_query.json").read_text())
+    two = json.loads((tmp_path / "two" / "per_query.json").read_text())
+    judged = sorted(["a", "c", "f"])
+    want = sorted(judged[i] for i in np.random.default_rng([5, 2]).permutation(3)[:2])
+    assert sorted(two) == want and sorted(full) == judged
+    for q in want:
+        assert two[q] == full[q], q
+    metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert metrics["bm25"]["queries"] == 2
+    assert metrics["ndcg_cut_10"] == pytest.approx(np.mean([full[q]["ndcg_cut_10"] for q in want]), abs=1e-12)
+    # data.eval_sample_seed overrides the run seed, as for the re-rankers
+    run_bm25(
+        compose([*base, "data.max_eval_queries=2", "data.eval_sample_seed=0", f"output_dir={tmp_path / 's0'}"]),
+        "test",
+        5,
+    )
+    s0 = json.loads((tmp_path / "s0" / "per_query.json").read_text())
+    assert sorted(s0) == sorted(judged[i] for i in np.random.default_rng([0, 2]).permutation(3)[:2])
+    with pytest.raises(InputError, match="data.max_eval_queries.*model.split=all has no such sample"):
+        run_bm25(compose([*base, "data.max_eval_queries=2", f"output_dir={tmp_path / 'all'}"]), "all", 5)
+    assert not (tmp_path / "all").exists()

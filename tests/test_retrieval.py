@@ -374,6 +374,34 @@ def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     assert rc == 2
 
 
+def test_cli_scores_the_rerankers_sample_of_questions(tiny_bert, tmp_path, monkeypatch, capsys):
+    """`data.max_eval_queries` samples a full-ranking run's questions as it does a re-ranker's test split (the run seed,
+    `np.random.default_rng([seed, 2])` over the sorted judged queries); each sampled query ranks as in the full run;
+    a sample of the train split is refused before anything is written."""
+    import numpy as np
+
+    from datamodules.sources import data_config, load_dataset
+    from pipeline.config import compose
+
+    monkeypatch.chdir(tmp_path)
+    args = ["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60"]
+    args += ["data.num_train_queries=10", "data.num_val_queries=3", "data.num_test_queries=6", "logger=none", "seed=3"]
+    assert main([*args, f"output_dir={tmp_path / 'full'}"], evaluate) == 0
+    assert main([*args, "data.max_eval_queries=4", f"output_dir={tmp_path / 'four'}"], evaluate) == 0
+    split = load_dataset(data_config(compose(args)), 3).split("test")
+    judged = sorted(q for q in split.queries if split.qrels.get(q))
+    want = sorted(judged[i] for i in np.random.default_rng([3, 2]).permutation(len(judged))[:4])
+    full = json.loads((tmp_path / "full" / "per_query.json").read_text())
+    four = json.loads((tmp_path / "four" / "per_query.json").read_text())
+    assert len(judged) == 6 and sorted(four) == want and set(read_trec_run(tmp_path / "four" / "run.trec")) == set(want)
+    for q in want:
+        assert four[q] == pytest.approx(full[q], abs=1e-6), q
+    capsys.readouterr()
+    out = tmp_path / "train"
+    assert main([*args, "data.max_eval_queries=4", "retrieval.split=train", f"output_dir={out}"], evaluate) == 2
+    assert "retrieval.split=train has no such sample" in capsys.readouterr().err and not out.exists()
+
+
 def test_cli_colbert_end_to_end_from_a_checkpoint(tiny_bert, tmp_path, monkeypatch):
     """`python evaluate.py retrieval=dense ckpt=<ColBERT checkpoint>`: served end to end by retrieval/colbert_e2e.py,
     with every token covered and no depth cap (`retrieval.depth=null`), so the run is exact ColBERT's top k."""
