@@ -41,16 +41,20 @@ class Split:
     # (e.g. "data.train_id (msmarco-passage/train)"); cross-reference errors point there, to the line when a file
     origins: dict[str, str] = field(default_factory=dict)
 
-    def scored_queries(self, max_queries: int | None = None, seed: int = 0) -> list[str]:
+    def scored_queries(
+        self, max_queries: int | None = None, seed: int = 0, sample_seed: int | None = None
+    ) -> list[str]:
         """Return the ids of the queries an evaluation of this split scores, sorted.
 
-        Its judged queries, or `max_queries` of them drawn with `seed` (`data.max_eval_queries`; the run seed or
-        `data.eval_sample_seed`). The one sample of a val / test split: the re-rankers' data module and the BM25 run
-        both take it, so that every row of a grid is scored on the same questions.
+        Its judged queries, or `max_queries` of them (`data.max_eval_queries`) drawn with `sample_seed`
+        (`data.eval_sample_seed`), or with the run's `seed` when that is None. The one sample of a val / test split:
+        the re-rankers' data module and the full-ranking runs (BM25, dense) all take it, so that every row of a grid
+        is scored on the same questions.
         """
         qids = sorted(q for q in self.queries if self.qrels.get(q))
         if max_queries is not None and len(qids) > max_queries:
-            pick = np.random.default_rng([seed, 2]).permutation(len(qids))[:max_queries]
+            draw = seed if sample_seed is None else sample_seed
+            pick = np.random.default_rng([draw, 2]).permutation(len(qids))[:max_queries]
             qids = sorted(qids[i] for i in pick)
         return qids
 

@@ -414,8 +414,7 @@ class RankingDataModule(pl.LightningDataModule):
         split = ds.split(name)
         # Every judged query with a text is scored, also one that a given run leaves out: it has no candidate and
         # scores 0 (trec_eval -c), as a query without BM25 candidates. Unjudged queries: trec_eval ignores them anyway.
-        sample_seed = self.seed if self.cfg.eval_sample_seed is None else self.cfg.eval_sample_seed
-        qids = split.scored_queries(self.cfg.max_eval_queries, sample_seed)
+        qids = split.scored_queries(self.cfg.max_eval_queries, self.seed, self.cfg.eval_sample_seed)
         cands = self._candidates(ds, name, qids)
         doc_ids = sorted({d for q in qids for d in cands.get(q, ())})
         didx = {d: i for i, d in enumerate(doc_ids)}

@@ -257,6 +257,11 @@ def render_markdown(results: dict, test: str | None = None, paired_by: str | Non
     return "\n".join(lines) + "\n"
 
 
+def _delta_on_second(results: dict) -> bool:
+    """Whether the delta block's Δ is the paper's, relative to the second evaluation data (grid key `delta_base`)."""
+    return results.get("delta_base", "second") == "second"
+
+
 def summarize_delta(results: dict, test: str | None = None, paired_by: str | None = None) -> list[dict[str, Any]]:
     """Summarise a grid's results in the position-bias paper's Table 3-4 layout.
 
@@ -269,7 +274,7 @@ def summarize_delta(results: dict, test: str | None = None, paired_by: str | Non
     test = check_test(test or results["test"])
     paired_by = paired_by or results.get("paired_by", "query")
     first, second = results["delta_eval"]
-    on_second = results.get("delta_base", "second") == "second"
+    on_second = _delta_on_second(results)
     train_on = results.get("train_on") or {}
     done = [c for c in results["cells"] if c.get("status") == "done"]
     out = []
@@ -314,7 +319,7 @@ def render_delta(results: dict, test: str | None = None, paired_by: str | None =
         f"Each measure on the {first} and the {second} test data and the change between them, "
         + (
             f"Δ = ({second} - {first}) / {second} (the paper's Delta, relative to the {second} value)"
-            if results.get("delta_base", "second") == "second"
+            if _delta_on_second(results)
             else f"Δ = ({second} - {first}) / {first} (grid key delta_base=first; the paper's is relative to {second})"
         )
         + f"; \\* / \\*\\*: {TEST_NAMES[test]} of {second} against {first}, p <= 0.05 / 0.01.",

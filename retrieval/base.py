@@ -89,9 +89,7 @@ def sampled_queries(ds, split: str, queries: dict, qrels: dict, dc, seed: int, s
             f"is {dc.max_eval_queries}: it samples the val and test questions, and {split_key}={split} has no such "
             f"sample; leave it null or run {split_key}=val / test",
         )
-    keep = ds.split(split).scored_queries(
-        dc.max_eval_queries, seed if dc.eval_sample_seed is None else dc.eval_sample_seed
-    )
+    keep = ds.split(split).scored_queries(dc.max_eval_queries, seed, dc.eval_sample_seed)
     return {q: queries[q] for q in keep}, {q: qrels[q] for q in keep}
 
 
