@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import InputError
 from core.registry import Registry
 
 ANALYSES: Registry = Registry("analysis")
@@ -40,6 +42,10 @@ class AnalysisConfig:
     """Keys every analysis has (`configs/analysis/*.yaml`); each analysis extends it with its own."""
 
     name: str = "none"
+    # What the analysis can do: rank a val / test split's questions, and so take the re-rankers' sample of them
+    # (`data.max_eval_queries`, datamodules.corpus.IRDataset.eval_sample). One that cannot refuses the key rather than
+    # silently reading every question or passage.
+    takes_eval_sample: ClassVar[bool] = False
 
 
 ANALYSES.register("none", schema=AnalysisConfig)(lambda cfg, model_from_cli=False: None)
@@ -75,4 +81,11 @@ def analysis_options(cfg):
 def run_analysis(cfg, model_from_cli: bool = False) -> dict:
     """Run `cfg.analysis.name`: the `analysis` job of evaluate.py (pipeline/jobs.py) when it is not `none`."""
     entry = load_all().get(cfg.analysis.name, "analysis.name")
+    sample = cfg.get("data", {}).get("max_eval_queries")
+    if sample is not None and not entry.schema.takes_eval_sample:
+        raise InputError(
+            "config key 'data.max_eval_queries'",
+            f"is {sample}, but analysis {cfg.analysis.name} takes no sample of a split's questions (those that do: "
+            f"{', '.join(n for n in ANALYSES.names() if ANALYSES.get(n).schema.takes_eval_sample)}); leave it null",
+        )
     return entry.build(cfg, model_from_cli)

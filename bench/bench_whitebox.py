@@ -139,7 +139,7 @@ def main(argv=None) -> dict:
     loaded = next(iter(_models(cfg, not args.ckpt, False).values()))
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed))
-    qids, qtexts, cands, _ = queries_and_candidates(ds, dc, opts, s["seed"])
+    qids, qtexts, cands, _ = queries_and_candidates(ds, dc, opts, s["seed"], int(cfg.seed))
     peer = peer_removal(loaded, qids, qtexts, cands, ds, args.peer_queries)
 
     stages = {**result["timings_s"], **{f"{label}: {k}": v for k, v in res["timings_s"].items()}}

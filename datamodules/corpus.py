@@ -86,6 +86,24 @@ class IRDataset:
             raise InputError(f"dataset {self.name}", f"has no '{name}' split; it has {sorted(self.splits)}")
         return self.splits[name]
 
+    def eval_sample(self, split: str, dc, seed: int, split_key: str) -> list[str] | None:
+        """Return the questions of `split` that `data.max_eval_queries` samples, or None when it is unset.
+
+        `dc` is the data config (`max_eval_queries`, `eval_sample_seed`), `seed` the run seed. Everything that scores
+        a val / test split's questions takes this one sample (`Split.scored_queries`): the re-rankers, the full-ranking
+        runs and the analyses that rank, so that a grid's rows and analyses see the same questions. Set for another
+        split (`split_key` names the key that chose it): an InputError, since no such sample exists.
+        """
+        if dc.max_eval_queries is None:
+            return None
+        if split not in ("val", "test"):
+            raise InputError(
+                "config key 'data.max_eval_queries'",
+                f"is {dc.max_eval_queries}: it samples the val and test questions, and {split_key}={split} has no such "
+                f"sample; leave it null or run {split_key}=val / test",
+            )
+        return self.split(split).scored_queries(dc.max_eval_queries, seed, dc.eval_sample_seed)
+
     def validate(self) -> None:
         """Cross-reference checks that individual file readers cannot do on their own.
 

@@ -76,20 +76,13 @@ ENCODING_OPTIONS = ("pair_tokenizer", "batch_size", "device", "precision", "sort
 def sampled_queries(ds, split: str, queries: dict, qrels: dict, dc, seed: int, split_key: str) -> tuple[dict, dict]:
     """Return (queries, qrels) restricted to the questions a re-ranker's evaluation of `split` scores.
 
-    `data.max_eval_queries` samples the val and test questions (`datamodules.corpus.Split.scored_queries`, with the
-    run seed or `data.eval_sample_seed`); a full-ranking run takes the same sample, so that a grid's BM25 or dense row
-    is scored on its re-rankers' questions. Unset: everything as given. Set for another split (`split_key` names the
-    key that chose it): an InputError, since no such sample exists.
+    The sample of `data.max_eval_queries` (`datamodules.corpus.IRDataset.eval_sample`), so that a grid's BM25 or
+    dense row is scored on its re-rankers' questions. Unset: everything as given. Set for another split (`split_key`
+    names the key that chose it): an InputError, since no such sample exists.
     """
-    if dc.max_eval_queries is None:
+    keep = ds.eval_sample(split, dc, seed, split_key)
+    if keep is None:
         return queries, qrels
-    if split not in ("val", "test"):
-        raise InputError(
-            "config key 'data.max_eval_queries'",
-            f"is {dc.max_eval_queries}: it samples the val and test questions, and {split_key}={split} has no such "
-            f"sample; leave it null or run {split_key}=val / test",
-        )
-    keep = ds.split(split).scored_queries(dc.max_eval_queries, seed, dc.eval_sample_seed)
     return {q: queries[q] for q in keep}, {q: qrels[q] for q in keep}
 
 

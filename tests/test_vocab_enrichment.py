@@ -151,3 +151,24 @@ def test_analysis_end_to_end(tmp_path, tiny_bert_nodropout):
     assert (
         again["single_tokens"]["optimised_now"] == 0 and again["results"]["le"]["lambda"] == 0.5
     )  # s_t from the cache
+
+
+def test_val_and_test_questions_are_the_rerankers_sample(tmp_path):
+    """Under `data.max_eval_queries` lambda is chosen and tested on the re-rankers' questions of each split: the sorted
+    judged queries sampled by `np.random.default_rng([run seed, 2])`; unset, every judged query."""
+    from analyses.vocab.lexical_enrichment import _split_queries
+    from datamodules.sources import data_config, load_dataset
+    from pipeline.config import compose
+
+    args = ["data.num_val_queries=10", "data.num_test_queries=12", f"data.cache_dir={tmp_path}", "seed=4"]
+    dc = data_config(compose([*args, "data.max_eval_queries=5"]))
+    ds = load_dataset(dc, 4)
+    for name, n in ("val", 10), ("test", 12):
+        split = ds.split(name)
+        judged = sorted(q for q in split.queries if split.qrels.get(q))
+        assert len(judged) == n
+        qids, _, cands, qrels = _split_queries(ds, dc, name, 10, 4, f"analysis.{name}_split")
+        assert qids == sorted(judged[i] for i in np.random.default_rng([4, 2]).permutation(n)[:5])
+        assert set(qrels) == set(qids) and all(len(cands[q]) >= 2 for q in qids)
+        every, *_ = _split_queries(ds, data_config(compose(args)), name, 10, 4, f"analysis.{name}_split")
+        assert every == judged

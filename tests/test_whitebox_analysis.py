@@ -265,3 +265,44 @@ def test_command_line_and_one_line_errors(tmp_path, tiny_bert):
             -500:
         ]
         assert not (tmp_path / "x").exists()
+
+
+def test_the_rerankers_sample_of_questions(tmp_path, tiny_bert_nodropout, monkeypatch):
+    """`data.max_eval_queries` gives the analyses that rank the re-rankers' questions: the sample of the sorted
+    judged test queries by `np.random.default_rng([seed, 2])` (the run seed, or data.eval_sample_seed), whatever
+    analysis.seed is; `analysis.max_queries` then samples within it (`default_rng([analysis.seed, 7])`). For
+    analysis.split=all, and for an analysis that takes no sample of questions, it is a one-line error before any
+    model is loaded or anything is written."""
+    import analyses.whitebox.analysis as wb
+    from analyses.registry import ANALYSES
+    from core.errors import InputError
+    from datamodules.sources import data_config, load_dataset
+    from pipeline.config import compose
+
+    monkeypatch.setattr("analyses.outputs.log_analysis", lambda *a, **k: None)
+    plain = [*COMMON, "model=colbert", f"model.backbone={tiny_bert_nodropout}", f"data.cache_dir={tmp_path / 'c'}"]
+    base = [*plain, "analysis.statistics=[term_importance]", "seed=3", "analysis.seed=9"]
+    test = load_dataset(data_config(compose(base)), 3).split("test")
+    judged = sorted(q for q in test.queries if test.qrels.get(q))
+    assert len(judged) == 12
+    for extra, draw in ([], 3), (["data.eval_sample_seed=0"], 0):
+        res = run_inprocess(*base, *extra, "data.max_eval_queries=5", f"output_dir={tmp_path / str(draw)}")
+        want = sorted(judged[i] for i in np.random.default_rng([draw, 2]).permutation(12)[:5])
+        assert [q["qid"] for q in res["models"]["untrained"]["queries"]] == want
+        assert res["settings"]["queries"] == 5
+    fewer = run_inprocess(*base, "data.max_eval_queries=5", "analysis.max_queries=3", f"output_dir={tmp_path / 'f'}")
+    pool = sorted(judged[i] for i in np.random.default_rng([3, 2]).permutation(12)[:5])
+    want = sorted(pool[i] for i in np.random.default_rng([9, 7]).permutation(5)[:3])
+    assert [q["qid"] for q in fewer["models"]["untrained"]["queries"]] == want
+
+    loaded = []
+    monkeypatch.setattr(wb, "_models", lambda *a, **k: loaded.append(1))
+    for args, needle in [
+        ([*base, "analysis.split=all"], "data.max_eval_queries.*analysis.split=all has no such sample"),
+        ([*plain, "analysis=ats"], "data.max_eval_queries.*analysis ats takes no sample of a split's questions"),
+    ]:
+        with pytest.raises(InputError, match=needle):
+            run_inprocess(*args, "data.max_eval_queries=5", f"output_dir={tmp_path / 'x'}")
+        assert not (tmp_path / "x").exists() and not loaded
+    takers = sorted(n for n in ANALYSES.names() if ANALYSES.get(n).schema.takes_eval_sample)
+    assert takers == ["lexical_enrichment", "vocab_projections", "whitebox"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -61,6 +62,7 @@ class VocabProjectionsConfig(AnalysisConfig):
     """configs/analysis/vocab_projections.yaml."""
 
     name: str = "vocab_projections"
+    takes_eval_sample: ClassVar[bool] = True  # its questions: the re-rankers' sample under data.max_eval_queries
     mlm_head: str | None = None  # a head from fit_mlm_head; null = the backbone checkpoint's own MLM head
     split: str = "test"
     max_queries: int | None = None
@@ -284,7 +286,7 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     # the data and the head first: bad data or a missing head is a one-line error before any model is loaded
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
-    qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed)
+    qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed, int(cfg.seed))
     gold = gold_passages(ds, qids, cands)
     if not gold:
         raise InputError("analysis.split", f"no query of split '{opts.split}' of {ds.name} has a relevant passage")

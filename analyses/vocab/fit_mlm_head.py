@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from analyses.registry import ANALYSES, analysis_options
+from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 from core.errors import InputError
 from core.io import write_json
@@ -72,7 +72,7 @@ class FitOptions:
 
 
 @dataclass
-class FitMLMHeadConfig(FitOptions):
+class FitMLMHeadConfig(FitOptions, AnalysisConfig):
     """The `analysis=fit_mlm_head` config: the FitOptions keys (configs/analysis/fit_mlm_head.yaml).
 
     `python evaluate.py analysis=fit_mlm_head model.backbone=... data=... [analysis.out=PATH]`.

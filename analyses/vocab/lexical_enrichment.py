@@ -23,6 +23,7 @@ import hashlib
 import time
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -59,6 +60,7 @@ class LexicalEnrichmentConfig(AnalysisConfig):
     """configs/analysis/lexical_enrichment.yaml."""
 
     name: str = "lexical_enrichment"
+    takes_eval_sample: ClassVar[bool] = True  # its questions: the re-rankers' sample under data.max_eval_queries
     mlm_head: str | None = None
     lambdas: list[float] = dataclasses.field(
         default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0]
@@ -194,14 +196,18 @@ def cached_single_tokens(
     }
 
 
-def _split_queries(ds, dc, split: str, depth: int | None) -> tuple[list[str], dict, dict, dict]:
+def _split_queries(ds, dc, split: str, depth: int | None, seed: int, key: str) -> tuple[list[str], dict, dict, dict]:
+    """Return the judged questions of `split` (chosen by the config key `key`), their texts, candidates and qrels.
+
+    Under `data.max_eval_queries`, the re-rankers' sample of them (drawn with the run `seed`).
+    """
     shim = types.SimpleNamespace(split=split, candidate_depth=depth, max_queries=None)
-    qids, texts, cands, _ = queries_and_candidates(ds, dc, shim, 0)
+    qids, texts, cands, _ = queries_and_candidates(ds, dc, shim, 0, seed, key)
     qrels = ds.split(split).qrels
     qids = [q for q in qids if any(g > 0 for g in qrels.get(q, {}).values())]
     if not qids:
         raise InputError(
-            f"analysis.{'val' if split == 'val' else 'test'}_split",
+            key,
             f"split '{split}' of {ds.name} has no judged query with candidates",
         )
     return qids, texts, cands, {q: qrels[q] for q in qids}
@@ -237,9 +243,9 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         )
     dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.val_split, opts.test_split))
-    splits = {
-        s: _split_queries(ds, dc, s, opts.candidate_depth) for s in dict.fromkeys([opts.val_split, opts.test_split])
-    }
+    # one entry per split (val_split = test_split: one), named in errors by the key that chose it
+    keys = {opts.val_split: "analysis.val_split", opts.test_split: "analysis.test_split"}
+    splits = {s: _split_queries(ds, dc, s, opts.candidate_depth, int(cfg.seed), key) for s, key in keys.items()}
     head, head_source = load_mlm_head(model_cfg["backbone"], opts.mlm_head)
     loaded = next(iter(load_models(cfg, model_from_cli, False).values()))
     ranker, c = loaded.ranker, loaded.config

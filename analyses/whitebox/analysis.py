@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -80,6 +81,7 @@ class WhiteboxConfig(AnalysisConfig):
     """configs/analysis/whitebox.yaml."""
 
     name: str = "whitebox"
+    takes_eval_sample: ClassVar[bool] = True  # its questions: the re-rankers' sample under data.max_eval_queries
     statistics: list[str] = dataclasses.field(default_factory=lambda: list(STATISTICS))
     split: str = "test"  # train | val | test | all (every split's queries)
     max_queries: int | None = None  # a seeded sample of the split's queries; null = all
@@ -125,23 +127,27 @@ class WhiteboxConfig(AnalysisConfig):
 
 # ---- input --------------------------------------------------------------------------------------------------
 def queries_and_candidates(
-    ds, dc, opts: WhiteboxConfig, seed: int
+    ds, dc, opts: WhiteboxConfig, seed: int, run_seed: int, split_key: str = "analysis.split"
 ) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
     """Return the analysed queries, their texts, their candidate sets S_q and the candidate depth.
 
-    (qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, a
-    seeded sample of `max_queries` of them, sorted.
+    (qids, qid -> text, qid -> candidate doc ids, depth): the split's queries with at least two candidates, sorted;
+    under `data.max_eval_queries` only those of the re-rankers' sample (`IRDataset.eval_sample`, drawn with
+    `run_seed`), so that an analysis sees a grid's questions. `analysis.max_queries` then keeps a sample of them drawn
+    with `seed`, so an analysis can take fewer questions than the re-rankers, never others.
     """
     depth = int(opts.candidate_depth or dc.candidate_depth)
+    sample = ds.eval_sample(opts.split, dc, run_seed, split_key)
     names = [s for s in ("train", "val", "test") if s in ds.splits] if opts.split == "all" else [opts.split]
     texts: dict[str, str] = {}
     cands: dict[str, list[str]] = {}
     for name in names:
         split = ds.split(name)
+        queries = split.queries if sample is None else {q: split.queries[q] for q in sample}
         if split.candidates is not None:
-            got = {q: list(c)[:depth] for q, c in split.candidates.items() if q in split.queries}
+            got = {q: list(c)[:depth] for q, c in split.candidates.items() if q in queries}
         else:  # the data module's BM25 run (same cache key), so the candidates are the ones evaluation re-ranks
-            got = bm25_candidates(ds.docs, split.queries, depth, dc.cache_dir, f"{ds.name}-{name}")
+            got = bm25_candidates(ds.docs, queries, depth, dc.cache_dir, f"{ds.name}-{name}")
         for q, c in got.items():
             c = list(dict.fromkeys(c))
             if len(c) >= 2:
@@ -297,12 +303,12 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     dc = data_config(cfg)
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
     timings["load_data_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()  # the questions before the models: a bad sample is a one-line error before any loading
+    qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed, int(cfg.seed))
+    timings["candidates_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     models = _models(cfg, model_from_cli, opts.with_backbone)
     timings["load_models_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed)
-    timings["candidates_s"] = time.perf_counter() - t0
     if opts.spectral_passages == "collection" and "spectral" in opts.statistics:
         doc_ids = sorted(ds.docs)
     else:
