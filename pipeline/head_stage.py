@@ -27,6 +27,7 @@ from callbacks.preemption import interruptible
 from core.checkpoints import check_finite, read_checkpoint, read_header
 from core.errors import InputError
 from core.io import atomic_open
+from core.precision import warn_emulated_bf16
 from datamodules.representations import HeadDataModule, training_texts
 from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
 from lightning_modules.loading import module_from_loaded
@@ -97,6 +98,7 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
     path = Path(cfg.data.cache_dir) / "representations" / f"{Path(cfg.ckpt).stem}-{granularity}-{key[:16]}"
     autocast = None
     if str(cfg.trainer.precision).startswith("bf16"):
+        warn_emulated_bf16("trainer.precision", cfg.trainer.precision, module.device.type, "32-true")
         autocast = lambda: torch.autocast(module.device.type, dtype=torch.bfloat16)  # noqa: E731
     module.attach(False)  # the ranker's own representations
     try:

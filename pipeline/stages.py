@@ -24,6 +24,7 @@ from callbacks.preemption import Preemption
 from callbacks.progress import RankingProgressBar
 from core.io import atomic_open, check_writable
 from core.lock import global_rank_zero
+from core.precision import warn_emulated_bf16
 from datamodules.bm25 import no_candidates_warning
 from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
@@ -62,7 +63,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
         callbacks.append(RankingProgressBar())
     if t.get("limit_val_batches") is None:
         t.pop("limit_val_batches", None)
-    return pl.Trainer(
+    trainer = pl.Trainer(
         **t,
         logger=logger,
         callbacks=callbacks,
@@ -72,6 +73,9 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
         enable_checkpointing=checkpoints,
         plugins=[AtomicCheckpointIO()],
     )
+    if str(t["precision"]).startswith("bf16") and trainer.is_global_zero:
+        warn_emulated_bf16("trainer.precision", t["precision"], trainer.strategy.root_device.type, "32-true")
+    return trainer
 
 
 def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False) -> RankingDataModule:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from core.errors import InputError
+from core.precision import warn_emulated_bf16
 from datamodules.tokenization import PairTokenizer
 from models.encoding import encode_stream
 from models.loading import pair_tokenizer_for
@@ -88,6 +89,7 @@ def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
+        warn_emulated_bf16("precision", precision, device.type, "fp32")
         return torch.autocast(device.type, dtype=torch.bfloat16)
     if precision == "fp16":
         if device.type != "cuda":

@@ -31,6 +31,7 @@ from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from analyses.vocab.mlm_head import MLMHead, backbone_embeddings, save_head
 from core.errors import InputError
 from core.io import write_json
+from core.precision import warn_emulated_bf16
 from datamodules.sources import data_config, load_dataset, used_splits
 from models.rankers.backbone import load_backbone
 
@@ -172,6 +173,8 @@ def train_head(
     bf16: bool = False,
 ) -> list[float]:
     """Adam on g and b (the tied embeddings are a buffer, so they cannot move); mean training loss per epoch."""
+    if bf16:
+        warn_emulated_bf16("analysis.bf16", "true", "cpu", "false")
     opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     losses = []

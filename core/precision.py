@@ -1,0 +1,44 @@
+"""bf16 on the CPU: whether this CPU has bf16 kernels, and the one warning every bf16 setting gives when it has not.
+
+Under `torch.autocast("cpu", torch.bfloat16)` PyTorch runs bf16 matrix products through oneDNN where the CPU has
+AVX-512 (with or without its BF16 extension) or AMX. On a CPU with AVX2 only, they fall back to a reference loop
+(`at::native::cpublas`, `bf16_dot_with_fp32_arith`), many times slower than fp32: `python -m bench.bench_speed
+precision=fp32,bf16` measures the ratio on the machine at hand (results/2026-11-28-cpu-bf16-emulated.md). The settings
+stay the user's choice (a precision changes the numbers, so it is never switched silently); each says once why the run
+is slow.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+__all__ = ["cpu_bf16_native", "warn_emulated_bf16"]
+
+
+@functools.cache
+def cpu_bf16_native() -> bool:
+    """Return whether PyTorch has oneDNN bf16 kernels for this CPU (its own test, `_is_mkldnn_bf16_supported`)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: no bf16 kernels either
+        return False
+
+
+def warn_emulated_bf16(key: str, value: object, device_type: str, fast: str) -> bool:
+    """Warn when the setting `key`=`value` runs bf16 on a CPU without bf16 kernels; return whether it warned.
+
+    `device_type`: where the bf16 work runs ("cpu", "cuda", ...); `fast`: the value of `key` that runs fp32.
+    Python's warning filter shows it once per calling line.
+    """
+    if device_type != "cpu" or cpu_bf16_native():
+        return False
+    warnings.warn(
+        f"{key}={value} on this CPU ({torch.backends.cpu.get_cpu_capability()}, no bf16 kernels) emulates bf16 "
+        f"matrix products, several times slower than fp32 (python -m bench.bench_speed); {key}={fast} is faster here",
+        UserWarning,
+        stacklevel=2,
+    )
+    return True
