@@ -83,11 +83,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.preemption import Signalled
 from core.errors import InputError
 from core.io import WriteFault, atomic_open, check_writable, write_json
+from core.precision import warn_emulated_bf16
 from grid.cells import CELL_FILE, claim_cell, export_cells, import_cells, read_json, settings
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
@@ -373,12 +375,14 @@ def _after_references(cells: list[Cell]) -> list[Cell]:
     return out
 
 
-def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
-    """Compose every distinct cell config and check the table's measures; return the first cell's config.
+def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str, str]]]:
+    """Compose every distinct cell config and check the table's measures.
 
-    A misspelt key or option stops here, before anything runs.
+    Return the first cell's config and the (trainer.precision, trainer.accelerator) pairs of all of them. A misspelt
+    key or option stops here, before anything runs.
     """
     first = None
+    precisions: set[tuple[str, str]] = set()
     seen = set()
     for cell in cells:
         key = (cell.kind, cell.row, cell.train, cell.eval, cell.fold is not None)
@@ -397,6 +401,7 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
             raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
         if first is None:
             first = cfg
+        precisions.add((str(cfg.trainer.precision), str(cfg.trainer.accelerator)))
         if not spec.measures:
             spec.measures = list(cfg.eval.measures)
         missing = [m for m in spec.measures if m not in cfg.eval.measures and m not in RUN_LEVEL]
@@ -406,7 +411,18 @@ def check(spec: GridSpec, cells: list[Cell]) -> DictConfig:
                 f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; "
                 "add them to eval.measures in common",
             )
-    return first
+    return first, precisions
+
+
+def _warn_emulated_bf16(precisions: set[tuple[str, str]]) -> None:
+    """Say at the grid's start what each bf16 cell's log would say: on this CPU bf16 is emulated (core/precision.py).
+
+    A cell runs on CUDA when its accelerator allows it and this machine has a GPU, else on the CPU.
+    """
+    for precision, accelerator in sorted(precisions):
+        device = "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
+        if precision.startswith("bf16") and warn_emulated_bf16("trainer.precision", precision, device, "32-true"):
+            return  # once per grid
 
 
 def best_checkpoint(train_dir: Path) -> Path | None:
@@ -813,7 +829,7 @@ def run(argv: list[str], out=None) -> GridReport:
             f"{spec.only} matches none of the {len(labels)} cells of grid {spec.name}: "
             f"{labels[:6]}{' ...' if len(labels) > 6 else ''} (action=list prints them all)",
         )
-    cfg = check(spec, cells)
+    cfg, precisions = check(spec, cells)
     report = GridReport(spec)
     n_train = sum(c.kind == "train" for c in cells)
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
@@ -857,6 +873,7 @@ def run(argv: list[str], out=None) -> GridReport:
     if spec.action == "run":
         _stop_if_other_settings(spec, cells)
         _record_spec(spec, extra, cells, say)
+        _warn_emulated_bf16(precisions)
         said: set[tuple[str, str]] = set()  # a cell's skip or wait, printed once however many looks wait_s takes
         while True:
             ran, others = _run_pass(spec, cells, report, say, said, first_only=spec.wait_s is not None)

@@ -1058,3 +1058,32 @@ def test_the_grid_uses_only_the_public_api_of_pipeline():
                 if isinstance(base, ast.Name) and base.id == "pipeline":
                     private.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert private == [], f"grid/ uses private names of pipeline: {private}"
+
+
+def test_a_bf16_grid_says_once_at_its_start_that_this_cpu_emulates_bf16(tmp_path, monkeypatch):
+    """The warning each bf16 cell's log holds (core/precision.py) is also the grid's own, once, before any cell runs;
+    not on a CPU with bf16 kernels, and not for an fp32 grid."""
+    import io
+    import warnings
+
+    import core.precision
+    import grid.engine as engine
+
+    monkeypatch.setattr(engine, "_run_pass", lambda *a, **k: (False, False))  # no cell runs
+    for precision, native, want in ("bf16-mixed", False, 1), ("bf16-mixed", True, 0), ("32-true", False, 0):
+        gfile = tmp_path / "p.yaml"
+        grid = {
+            "baseline": "a",
+            "rows": {"a": ["model=colbert"], "b": ["model=repbert"]},
+            "train_data": ["synthetic"],
+            "common": [f"trainer.precision={precision}", "trainer.accelerator=cpu"],
+            "output_root": str(tmp_path / "out"),
+        }
+        gfile.write_text(json.dumps(grid))
+        monkeypatch.setattr(core.precision, "cpu_bf16_native", lambda native=native: native)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            engine.run([f"grid={gfile}"], out=io.StringIO())
+        ours = [str(w.message) for w in got if "no bf16 kernels" in str(w.message)]
+        assert len(ours) == want, (precision, native, ours)
+        assert all(m.startswith("trainer.precision=bf16-mixed on this CPU") for m in ours)
