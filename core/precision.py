@@ -17,6 +17,8 @@ import torch
 
 __all__ = ["cpu_bf16_native", "warn_emulated_bf16"]
 
+_warned: set[tuple[str, str]] = set()  # (key, value) said in this process: e.g. the head stage's cache and trainer
+
 
 @functools.cache
 def cpu_bf16_native() -> bool:
@@ -28,13 +30,16 @@ def cpu_bf16_native() -> bool:
 
 
 def warn_emulated_bf16(key: str, value: object, device_type: str, fast: str) -> bool:
-    """Warn when the setting `key`=`value` runs bf16 on a CPU without bf16 kernels; return whether it warned.
+    """Warn when the setting `key`=`value` runs bf16 on a CPU without bf16 kernels; return whether it runs so.
 
     `device_type`: where the bf16 work runs ("cpu", "cuda", ...); `fast`: the value of `key` that runs fp32.
-    Python's warning filter shows it once per calling line.
+    Said once per process and setting, however many places of one run (or windows of an encoding) ask.
     """
     if device_type != "cpu" or cpu_bf16_native():
         return False
+    if (key, str(value)) in _warned:
+        return True
+    _warned.add((key, str(value)))
     warnings.warn(
         f"{key}={value} on this CPU ({torch.backends.cpu.get_cpu_capability()}, no bf16 kernels) emulates bf16 "
         f"matrix products, several times slower than fp32 (python -m bench.bench_speed); {key}={fast} is faster here",

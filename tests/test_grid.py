@@ -1081,6 +1081,7 @@ def test_a_bf16_grid_says_once_at_its_start_that_this_cpu_emulates_bf16(tmp_path
         }
         gfile.write_text(json.dumps(grid))
         monkeypatch.setattr(core.precision, "cpu_bf16_native", lambda native=native: native)
+        monkeypatch.setattr(core.precision, "_warned", set())
         with warnings.catch_warnings(record=True) as got:
             warnings.simplefilter("always")
             engine.run([f"grid={gfile}"], out=io.StringIO())
