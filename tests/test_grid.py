@@ -784,9 +784,10 @@ def test_a_cell_claimed_by_another_grid_process_is_left_to_it(tmp_path):
     assert not list(held.parent.glob(".*.grid.lock"))  # claims leave no files behind
 
 
-def _held_for(lock_path: Path, seconds: float):
-    """Another grid process, as the lock file sees it: it holds `lock_path` for `seconds`, then dies without having
-    run the cell. Returns the thread once the lock is held."""
+def _held_until(lock_path: Path, log: io.StringIO, *lines: str, timeout: float = 300.0):
+    """Another grid process, as the lock file sees it: it holds `lock_path` until every one of `lines` is in `log`
+    (what the grid under test has said), then dies without having run the cell. Returns the thread once the lock is
+    held. Releasing on what the grid said, not after a fixed time, keeps the test independent of the machine's load."""
     import threading
 
     from filelock import FileLock
@@ -796,7 +797,9 @@ def _held_for(lock_path: Path, seconds: float):
     def other():
         with FileLock(lock_path):
             held.set()
-            time.sleep(seconds)
+            deadline = time.monotonic() + timeout
+            while not all(line in log.getvalue() for line in lines) and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     thread = threading.Thread(target=other)
     thread.start()
@@ -821,14 +824,15 @@ def test_wait_s_takes_the_cells_another_process_leaves(tmp_path):
     gfile = tmp_path / "shared.yaml"
     gfile.write_text(json.dumps(grid))
     cells = tmp_path / "grids" / "shared" / "bm25" / "syn"
-    other = _held_for(cells / ".seed1.grid.lock", 1.5)
     log = io.StringIO()
+    skip, seed2 = "bm25/syn/seed1: skipped (another grid process is running it)", "train bm25/syn/seed2: ran"
+    other = _held_until(cells / ".seed1.grid.lock", log, skip, seed2)
     report = run([f"grid={gfile}", "wait_s=0.1"], out=log)
     other.join()
     assert report.status == {"bm25/syn/seed1": "ran", "bm25/syn/seed2": "ran"}
     text = log.getvalue()
-    assert text.count("bm25/syn/seed1: skipped (another grid process is running it)") == 1
-    assert text.index("train bm25/syn/seed2: ran") < text.index("train bm25/syn/seed1: ran")  # seed 2 ran meanwhile
+    assert text.count(skip) == 1
+    assert text.index(seed2) < text.index("train bm25/syn/seed1: ran")  # seed 2 ran meanwhile
     with pytest.raises(InputError, match="wait_s"):
         load_grid([f"grid={gfile}", "wait_s=0"])
 
@@ -861,8 +865,9 @@ def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_c
     assert report.status == {train: "failed", evaluation: "blocked"}
     assert f"failed: {train}\nblocked (a cell they need is not finished): {evaluation}\n" in log.getvalue()
     shutil.rmtree(tmp_path / "grids" / "waits" / "colbert")
-    other = _held_for(tmp_path / "grids" / "waits" / "colbert" / "syn" / ".seed1.grid.lock", 1.5)
     log = io.StringIO()
+    lock = tmp_path / "grids" / "waits" / "colbert" / "syn" / ".seed1.grid.lock"
+    other = _held_until(lock, log, f"eval {evaluation}: blocked")
     report = run([f"grid={gfile}", "wait_s=0.1"], out=log)
     other.join()
     assert report.status == {train: "ran", evaluation: "ran"}, log.getvalue()
