@@ -13,6 +13,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (`-n N`) each worker runs one thread: N workers then share the cores without oversubscription,
+# and every torch computation a worker makes, in-process or in the train.py / evaluate.py subprocesses it starts
+# (they inherit these variables), has the same thread count, so the tests that compare two runs bit for bit compare
+# the same arithmetic. Set before torch is imported (the test modules import it after conftest).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
 
@@ -32,6 +40,43 @@ TINY_RUN = [
     "eval.probe_queries=6",
     "eval.probe_docs=12",
 ]
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)  # a plugin may have imported torch before the variables above were read
+
+
+def project_sources(*packages: str, root: Path = REPO) -> list[Path]:
+    """The project's own Python files: the packages and top-level modules pyproject.toml installs (or `packages`,
+    a subset of them), as git lists them (tracked, or untracked and not ignored) in a checkout, else found below
+    each package folder. Never a virtual environment, build folder or cache inside the checkout."""
+    import subprocess
+
+    import tomllib
+
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = [p.rstrip("*") for p in setup["packages"]["find"]["include"]]
+    modules = [f"{m}.py" for m in setup.get("py-modules", [])]
+    wanted = list(packages) or declared
+    assert set(wanted) <= set(declared), f"not a package of pyproject.toml: {sorted(set(wanted) - set(declared))}"
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *wanted, *modules],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
+        files = [root / f for f in listed if f.endswith(".py") and (root / f).is_file()]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked sdist, say)
+        files = [f for pkg in wanted for f in (root / pkg).rglob("*.py")] + [
+            root / m for m in modules if (root / m).is_file()
+        ]
+    keep = [f for f in files if f.relative_to(root).parts[0] in {*wanted, *([] if packages else modules)}]
+    return sorted(set(keep))
 
 
 def in_ci() -> bool:

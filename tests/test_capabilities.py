@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY_RUN, fake_checkpoint
+from conftest import REPO, TINY_RUN, fake_checkpoint, project_sources
 from torch import nn
 
 from core.errors import InputError
@@ -181,12 +181,11 @@ def name_decisions() -> list[str]:
     )
     classed = re.compile(rf"isinstance\([^)]*\b({CLASSES})\b")
     found = []
-    for package in LIBRARY:
-        for path in sorted((REPO / package).rglob("*.py")):
-            for i, line in enumerate(path.read_text().splitlines(), 1):
-                m = listed.search(line)
-                if compared.search(line) or classed.search(line) or (m and m[1] not in REGISTRIES):
-                    found.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
+    for path in project_sources(*LIBRARY):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            m = listed.search(line)
+            if compared.search(line) or classed.search(line) or (m and m[1] not in REGISTRIES):
+                found.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
     return found
 
 

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from conftest import REPO, fake_checkpoint
+from conftest import REPO, fake_checkpoint, project_sources
 
 from core.errors import InputError
 from models.heads import build_head, head_config, head_input_dim
@@ -146,8 +146,7 @@ def test_no_analysis_or_retrieval_module_reads_checkpoint_internals():
     pattern = re.compile(r"read_checkpoint|read_header|\[\"(state_dict|hyper_parameters)\"\]|module_from_checkpoint")
     found = [
         f"{p.relative_to(REPO)}:{i}: {line.strip()}"
-        for pkg in ("analyses", "retrieval")
-        for p in sorted((REPO / pkg).rglob("*.py"))
+        for p in project_sources("analyses", "retrieval")
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line)
     ]
