@@ -34,6 +34,89 @@ TINY_RUN = [
 ]
 
 
+def small_run(
+    *extra: str,
+    triples: int = 40,
+    eval_queries: int = 12,
+    depth: int = 20,
+    probe_queries: int = 8,
+    probe_docs: int = 16,
+    logger: bool = False,
+) -> list[str]:
+    """The tiny synthetic run on the CPU that the end-to-end tests start from (seconds with a tiny BERT), in one place
+    rather than a copy per file: its sizes as keywords, then `extra` overrides; logger=True keeps the default
+    logger (no `logger=none`)."""
+    return [
+        "data=synthetic",
+        f"data.max_train_triples={triples}",
+        f"data.max_eval_queries={eval_queries}",
+        f"data.candidate_depth={depth}",
+        *([] if logger else ["logger=none"]),
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        f"eval.probe_queries={probe_queries}",
+        f"eval.probe_docs={probe_docs}",
+        *extra,
+    ]
+
+
+def glow_head(batch_size: int) -> list[str]:
+    """A small Glow head (32 units, one layer): the head stage's flow in seconds; the tests differ only in its batch."""
+    return [
+        "head=glow",
+        "head.hidden_units=32",
+        "head.hidden_layers=1",
+        f"head.batch_size={batch_size}",
+        "head.lr=1e-3",
+    ]
+
+
+def synthetic_config(cache_dir, **settings):
+    """A small SyntheticConfig cached under `cache_dir`, so data-module tests share one set of sizes: 120 documents,
+    60 / 8 / 8 train / val / test queries, 4 topics, unless `settings` (SyntheticConfig keywords) say otherwise."""
+    from datamodules.sources.synthetic import SyntheticConfig
+
+    sizes = dict(num_docs=120, num_train_queries=60, num_val_queries=8, num_test_queries=8, num_topics=4)
+    return SyntheticConfig(**{**sizes, **settings, "cache_dir": str(cache_dir)})
+
+
+def synthetic_data(cache_dir, seed: int, tokenizer=None, setup: bool = True, **settings):
+    """A RankingDataModule over synthetic_config(cache_dir, **settings) with run seed `seed`, set up unless
+    setup=False: the data module most data tests build the same way."""
+    from datamodules.datamodule import RankingDataModule
+
+    dm = RankingDataModule(synthetic_config(cache_dir, **settings), tokenizer=tokenizer, seed=seed)
+    if setup:
+        dm.setup()
+    return dm
+
+
+def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
+    """(RankingModule `model` on `backbone`, its synthetic test data module, not set up): the tiny evaluation the
+    isotropy protocol tests measure (60 documents, 5 test queries, candidate depth 10); `settings` add data keys."""
+    import torch
+
+    from lightning_modules.module import RankingModule
+
+    torch.manual_seed(0)
+    module = RankingModule({"name": model, "backbone": backbone, "query_max_len": 12, "doc_max_len": 24}, {})
+    dm = synthetic_data(
+        tmp_path / "cache",
+        0,
+        module.pair_tokenizer,
+        setup=False,
+        num_docs=60,
+        num_train_queries=4,
+        num_val_queries=2,
+        num_test_queries=5,
+        num_topics=3,
+        candidate_depth=10,
+        data_seed=0,
+        **settings,
+    )
+    return module, dm
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 

@@ -8,20 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import glow_head, run_script, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-]
-GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
+SMALL = small_run()
+GLOW = glow_head(batch_size=256)
 
 
 @pytest.fixture(scope="module")

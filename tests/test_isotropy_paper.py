@@ -8,22 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, small_run
 
 from callbacks.isotropy import IsotropyCallback, aggregate_batches, paper_batch_values
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=6",
-    "data.candidate_depth=10",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "eval.ats_passages=0",
-]
+SMALL = small_run("eval.ats_passages=0", eval_queries=6, depth=10)
 
 
 def iw_reference(W: np.ndarray) -> float:

@@ -10,20 +10,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import run_script
+from conftest import glow_head, run_script, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "trainer.log_every_n_steps=1",
-]
-GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
+SMALL = small_run("trainer.log_every_n_steps=1", logger=True)
+GLOW = glow_head(batch_size=256)
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
