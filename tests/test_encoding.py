@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from conftest import tiny_ranker_and_data
 
 from callbacks.isotropy import IsotropyCallback
 from models.encoding import (
@@ -177,25 +178,7 @@ def test_out_of_memory_halves_variant_batches(colbert_with_head, monkeypatch):
 
 
 def _tiny_test_setup(tmp_path, tiny_bert, model):
-    from datamodules.datamodule import RankingDataModule
-    from datamodules.sources.synthetic import SyntheticConfig
-    from lightning_modules.module import RankingModule
-
-    torch.manual_seed(0)
-    module = RankingModule({"name": model, "backbone": tiny_bert, "query_max_len": 12, "doc_max_len": 24}, {})
-    cfg = SyntheticConfig(
-        num_docs=60,
-        num_train_queries=4,
-        num_val_queries=2,
-        num_test_queries=5,
-        num_topics=3,
-        candidate_depth=10,
-        data_seed=0,
-        cache_dir=str(tmp_path / "cache"),
-        eval_batch_size=7,
-    )
-    dm = RankingDataModule(cfg, tokenizer=module.pair_tokenizer, seed=0)
-    return module, dm
+    return tiny_ranker_and_data(tmp_path, tiny_bert, model, eval_batch_size=7)
 
 
 @pytest.mark.parametrize("model", ["colbert", "repbert"])
