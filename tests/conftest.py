@@ -60,6 +60,52 @@ def small_run(
     ]
 
 
+def finetune_steps(steps: int, before_training: bool = False) -> list[str]:
+    """How the tiny end-to-end runs fine-tune: batches of 8 for `steps` steps, validating every 2 (and before training
+    only if asked)."""
+    return [
+        "data.batch_size=8",
+        f"trainer.max_steps={steps}",
+        "trainer.val_check_interval=2",
+        f"eval.before_training={'true' if before_training else 'false'}",
+    ]
+
+
+def quick_eval(*extra: str, logger: str = "none") -> list[str]:
+    """A quick CPU evaluation on any collection (16 test queries, candidate depth 20, small isotropy probes) with
+    `logger`, then `extra`: the settings the entry-point and ATS tests share."""
+    return [
+        f"logger={logger}",
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        "eval.probe_queries=8",
+        "eval.probe_docs=16",
+        "data.max_eval_queries=16",
+        "data.candidate_depth=20",
+        *extra,
+    ]
+
+
+# synthetic collection sizes for tests that only need the pipeline to run (bad input, empty splits, locks)
+SMALL_SYNTHETIC = [
+    "data.num_docs=60",
+    "data.num_train_queries=10",
+    "data.num_val_queries=4",
+    "data.num_test_queries=4",
+    "data.num_topics=4",
+]
+# the grid tests' training data: a synthetic collection with its own data seed, big enough for a 16-query test
+GRID_SYN = [
+    "data=synthetic",
+    "data.data_seed=3",
+    "data.num_docs=120",
+    "data.num_train_queries=30",
+    "data.num_val_queries=8",
+    "data.num_test_queries=16",
+    "data.num_topics=6",
+]
+
+
 def glow_head(batch_size: int) -> list[str]:
     """A small Glow head (32 units, one layer): the head stage's flow in seconds; the tests differ only in its batch."""
     return [

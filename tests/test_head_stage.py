@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import glow_head, run_script, small_run
+from conftest import finetune_steps, glow_head, run_script, small_run
 
 SMALL = small_run()
 GLOW = glow_head(batch_size=256)
@@ -21,10 +21,7 @@ def finetuned(tmp_path_factory, tiny_bert) -> Path:
         "train.py",
         *SMALL,
         f"model.backbone={tiny_bert}",
-        "data.batch_size=8",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=2",
-        "eval.before_training=false",
+        *finetune_steps(4),
         f"output_dir={out}",
     )
     return out / "checkpoints" / "last.ckpt"
