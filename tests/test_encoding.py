@@ -181,6 +181,20 @@ def _tiny_test_setup(tmp_path, tiny_bert, model):
     return tiny_ranker_and_data(tmp_path, tiny_bert, model, eval_batch_size=7)
 
 
+def _test_trainer(cb: IsotropyCallback, root) -> pl.Trainer:
+    """A one-process CPU trainer for trainer.test with the isotropy callback `cb` only (no logger, no checkpoints)."""
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=str(root),
+    )
+
+
 @pytest.mark.parametrize("model", ["colbert", "repbert"])
 def test_protocol_takes_the_evaluations_vectors(tmp_path, tiny_bert_nodropout, model, monkeypatch):
     """trainer.test in one process: the `paper` protocol measures the vectors the evaluation scored (kept by
@@ -193,16 +207,7 @@ def test_protocol_takes_the_evaluations_vectors(tmp_path, tiny_bert_nodropout, m
     monkeypatch.setattr(
         IsotropyCallback, "_measure_encoding", lambda self, *a: (encoded_again.append(1), real(self, *a))[1]
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[cb],
-        default_root_dir=str(tmp_path / "out"),
-    )
+    trainer = _test_trainer(cb, tmp_path / "out")
     trainer.test(module, datamodule=dm, verbose=False)
     got = module.results["test"]["isotropy"]
     assert encoded_again == [] and got["isotropy_paper_batches"] > 2
@@ -226,16 +231,7 @@ def test_protocol_encodes_again_when_the_kept_vectors_exceed_their_limit(tmp_pat
     for limit in (2**33, 1000):
         cb = IsotropyCallback(batch_pairs=8)
         cb.keep_bytes = limit
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[cb],
-            default_root_dir=str(out),
-        )
+        trainer = _test_trainer(cb, out)
         if limit == 1000:
             with pytest.warns(UserWarning, match="scored vectors exceed"):
                 trainer.test(module, datamodule=dm, verbose=False)
