@@ -43,9 +43,9 @@ def small_run(
     probe_docs: int = 16,
     logger: bool = False,
 ) -> list[str]:
-    """The tiny synthetic run on the CPU that the end-to-end tests start from (seconds with a tiny BERT), in one place
-    rather than a copy per file: its sizes as keywords, then `extra` overrides; logger=True keeps the default
-    logger (no `logger=none`)."""
+    """The tiny CPU run the end-to-end tests start from (one list, not a copy per file); sizes as keywords.
+
+    `extra` overrides follow; logger=True leaves out `logger=none` (the default logger)."""
     return [
         "data=synthetic",
         f"data.max_train_triples={triples}",
@@ -61,8 +61,7 @@ def small_run(
 
 
 def finetune_steps(steps: int, before_training: bool = False) -> list[str]:
-    """How the tiny end-to-end runs fine-tune: batches of 8 for `steps` steps, validating every 2 (and before training
-    only if asked)."""
+    """How the tiny end-to-end runs fine-tune: batches of 8, `steps` steps, a validation every 2 steps."""
     return [
         "data.batch_size=8",
         f"trainer.max_steps={steps}",
@@ -72,8 +71,7 @@ def finetune_steps(steps: int, before_training: bool = False) -> list[str]:
 
 
 def quick_eval(*extra: str, logger: str = "none") -> list[str]:
-    """A quick CPU evaluation on any collection (16 test queries, candidate depth 20, small isotropy probes) with
-    `logger`, then `extra`: the settings the entry-point and ATS tests share."""
+    """A quick CPU evaluation of any collection (16 test queries, depth 20), shared by the entry-point and ATS tests."""
     return [
         f"logger={logger}",
         "trainer.enable_progress_bar=false",
@@ -107,7 +105,7 @@ GRID_SYN = [
 
 
 def glow_head(batch_size: int) -> list[str]:
-    """A small Glow head (32 units, one layer): the head stage's flow in seconds; the tests differ only in its batch."""
+    """A small Glow head (32 units, one layer) that trains in seconds; the tests using it differ only in its batch."""
     return [
         "head=glow",
         "head.hidden_units=32",
@@ -118,8 +116,7 @@ def glow_head(batch_size: int) -> list[str]:
 
 
 def synthetic_config(cache_dir, **settings):
-    """A small SyntheticConfig cached under `cache_dir`, so data-module tests share one set of sizes: 120 documents,
-    60 / 8 / 8 train / val / test queries, 4 topics, unless `settings` (SyntheticConfig keywords) say otherwise."""
+    """The data tests' small SyntheticConfig (120 docs, 60/8/8 queries, 4 topics) in cache_dir; `settings` override."""
     from datamodules.sources.synthetic import SyntheticConfig
 
     sizes = dict(num_docs=120, num_train_queries=60, num_val_queries=8, num_test_queries=8, num_topics=4)
@@ -127,8 +124,7 @@ def synthetic_config(cache_dir, **settings):
 
 
 def synthetic_data(cache_dir, seed: int, tokenizer=None, setup: bool = True, **settings):
-    """A RankingDataModule over synthetic_config(cache_dir, **settings) with run seed `seed`, set up unless
-    setup=False: the data module most data tests build the same way."""
+    """The data module most data tests build: synthetic_config(cache_dir, **settings), run seed `seed`, set up."""
     from datamodules.datamodule import RankingDataModule
 
     dm = RankingDataModule(synthetic_config(cache_dir, **settings), tokenizer=tokenizer, seed=seed)
@@ -138,8 +134,7 @@ def synthetic_data(cache_dir, seed: int, tokenizer=None, setup: bool = True, **s
 
 
 def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
-    """(RankingModule `model` on `backbone`, its synthetic test data module, not set up): the tiny evaluation the
-    isotropy protocol tests measure (60 documents, 5 test queries, candidate depth 10); `settings` add data keys."""
+    """(ranker `model` on `backbone`, its tiny synthetic data module, not set up): what the isotropy tests measure."""
     import torch
 
     from lightning_modules.module import RankingModule
