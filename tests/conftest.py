@@ -79,6 +79,130 @@ def project_sources(*packages: str, root: Path = REPO) -> list[Path]:
     return sorted(set(keep))
 
 
+def small_run(
+    *extra: str,
+    triples: int = 40,
+    eval_queries: int = 12,
+    depth: int = 20,
+    probe_queries: int = 8,
+    probe_docs: int = 16,
+    logger: bool = False,
+) -> list[str]:
+    """The tiny CPU run the end-to-end tests start from (one list, not a copy per file); sizes as keywords.
+
+    `extra` overrides follow; logger=True leaves out `logger=none` (the default logger)."""
+    return [
+        "data=synthetic",
+        f"data.max_train_triples={triples}",
+        f"data.max_eval_queries={eval_queries}",
+        f"data.candidate_depth={depth}",
+        *([] if logger else ["logger=none"]),
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        f"eval.probe_queries={probe_queries}",
+        f"eval.probe_docs={probe_docs}",
+        *extra,
+    ]
+
+
+def finetune_steps(steps: int, before_training: bool = False) -> list[str]:
+    """How the tiny end-to-end runs fine-tune: batches of 8, `steps` steps, a validation every 2 steps."""
+    return [
+        "data.batch_size=8",
+        f"trainer.max_steps={steps}",
+        "trainer.val_check_interval=2",
+        f"eval.before_training={'true' if before_training else 'false'}",
+    ]
+
+
+def quick_eval(*extra: str, logger: str = "none") -> list[str]:
+    """A quick CPU evaluation of any collection (16 test queries, depth 20), shared by the entry-point and ATS tests."""
+    return [
+        f"logger={logger}",
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        "eval.probe_queries=8",
+        "eval.probe_docs=16",
+        "data.max_eval_queries=16",
+        "data.candidate_depth=20",
+        *extra,
+    ]
+
+
+# synthetic collection sizes for tests that only need the pipeline to run (bad input, empty splits, locks)
+SMALL_SYNTHETIC = [
+    "data.num_docs=60",
+    "data.num_train_queries=10",
+    "data.num_val_queries=4",
+    "data.num_test_queries=4",
+    "data.num_topics=4",
+]
+# the grid tests' training data: a synthetic collection with its own data seed, big enough for a 16-query test
+GRID_SYN = [
+    "data=synthetic",
+    "data.data_seed=3",
+    "data.num_docs=120",
+    "data.num_train_queries=30",
+    "data.num_val_queries=8",
+    "data.num_test_queries=16",
+    "data.num_topics=6",
+]
+
+
+def glow_head(batch_size: int) -> list[str]:
+    """A small Glow head (32 units, one layer) that trains in seconds; the tests using it differ only in its batch."""
+    return [
+        "head=glow",
+        "head.hidden_units=32",
+        "head.hidden_layers=1",
+        f"head.batch_size={batch_size}",
+        "head.lr=1e-3",
+    ]
+
+
+def synthetic_config(cache_dir, **settings):
+    """The data tests' small SyntheticConfig (120 docs, 60/8/8 queries, 4 topics) in cache_dir; `settings` override."""
+    from datamodules.sources.synthetic import SyntheticConfig
+
+    sizes = dict(num_docs=120, num_train_queries=60, num_val_queries=8, num_test_queries=8, num_topics=4)
+    return SyntheticConfig(**{**sizes, **settings, "cache_dir": str(cache_dir)})
+
+
+def synthetic_data(cache_dir, seed: int, tokenizer=None, setup: bool = True, **settings):
+    """The data module most data tests build: synthetic_config(cache_dir, **settings), run seed `seed`, set up."""
+    from datamodules.datamodule import RankingDataModule
+
+    dm = RankingDataModule(synthetic_config(cache_dir, **settings), tokenizer=tokenizer, seed=seed)
+    if setup:
+        dm.setup()
+    return dm
+
+
+def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
+    """(ranker `model` on `backbone`, its tiny synthetic data module, not set up): what the isotropy tests measure."""
+    import torch
+
+    from lightning_modules.module import RankingModule
+
+    torch.manual_seed(0)
+    module = RankingModule({"name": model, "backbone": backbone, "query_max_len": 12, "doc_max_len": 24}, {})
+    dm = synthetic_data(
+        tmp_path / "cache",
+        0,
+        module.pair_tokenizer,
+        setup=False,
+        num_docs=60,
+        num_train_queries=4,
+        num_val_queries=2,
+        num_test_queries=5,
+        num_topics=3,
+        candidate_depth=10,
+        data_seed=0,
+        **settings,
+    )
+    return module, dm
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import shared_data
+from conftest import shared_data, synthetic_data
 
 from core.errors import InputError
 from datamodules.answer_bias import apply_answer_bias, late_kept
@@ -138,18 +138,7 @@ def test_late_keep_reweights_with_its_own_seed():
 
 def test_the_data_module_builds_triples_from_the_biased_questions_only(tmp_path):
     def module(**bias) -> RankingDataModule:
-        cfg = SyntheticConfig(
-            num_docs=120,
-            num_train_queries=60,
-            num_val_queries=8,
-            num_test_queries=8,
-            num_topics=4,
-            cache_dir=str(tmp_path),
-            **bias,
-        )
-        dm = RankingDataModule(cfg, tokenizer=None, seed=5)
-        dm.setup()
-        return dm
+        return synthetic_data(tmp_path, 5, **bias)
 
     plain, biased = module(), module(answer_bias_keep_first=0.3)
     early, _ = _early_by_hand(plain.dataset, 0.3)

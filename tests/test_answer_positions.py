@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import run_script
+from conftest import run_script, synthetic_data
 
 from analyses.answer_positions import (
     JSON_NAME,
@@ -24,9 +24,8 @@ from analyses.position_stats import summarize
 from analyses.positions import Unit, eval_units, relative_starts, train_units
 from core.errors import InputError
 from datamodules.corpus import IRDataset, Split
-from datamodules.datamodule import RankingDataModule, TripletDataset, passage_text
+from datamodules.datamodule import TripletDataset, passage_text
 from datamodules.rotation import passage_rotation_index, rotate, rotation_index
-from datamodules.sources.synthetic import SyntheticConfig
 from pipeline.config import compose
 
 DOC = "The quick  brown fox\njumps"  # 5 words; "quick" is word 1, "fox" word 3
@@ -84,18 +83,7 @@ def test_rotated_positions_are_where_the_training_text_has_the_answer(tmp_path, 
     the word of the rotated training passage (TripletDataset) where rotation.rotate maps the answer span, under
     either `data.rotation`: per_passage cuts a passage at passage_rotation_index(seed, doc id) every epoch,
     per_epoch at rotation_index(seed, epoch, "triple:doc id")."""
-    cfg = SyntheticConfig(
-        num_docs=120,
-        num_train_queries=60,
-        num_val_queries=8,
-        num_test_queries=8,
-        num_topics=4,
-        rotate_train=True,
-        rotation=rotation,
-        cache_dir=str(tmp_path),
-    )
-    dm = RankingDataModule(cfg, tokenizer=None, seed=9)
-    dm.setup()
+    dm = synthetic_data(tmp_path, 9, rotate_train=True, rotation=rotation)
     ds = dm.dataset
     tds = TripletDataset(ds, dm.triples, ds.split("train").queries, True, 9, rotation_mode=rotation)
     units = train_units(ds, dm.triples, rotation)

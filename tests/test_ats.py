@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import finetune_steps, quick_eval
 
 from metrics.ats import MATS_MODES, AverageTermSimilarity, average_term_similarity, mats_from_curve
 
@@ -315,17 +316,7 @@ def test_bert_cat_passage_terms_are_the_passage_side_of_the_pair(tiny_bert):
 
 # ------------------------------------------------------------------------------ callback and DDP
 
-FAST = [
-    "logger=csv",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "data.max_eval_queries=16",
-    "data.candidate_depth=20",
-    "eval.ats_passages=24",
-    "eval.ats_max_occurrences=20",
-]
+FAST = quick_eval("eval.ats_passages=24", "eval.ats_max_occurrences=20", logger="csv")
 
 
 @pytest.mark.slow
@@ -348,10 +339,7 @@ def test_callback_logs_mats_at_validation_and_test_equal_to_a_direct_computation
             *FAST,
             *model,
             "data.max_train_triples=16",
-            "data.batch_size=8",
-            "trainer.max_steps=2",
-            "trainer.val_check_interval=2",
-            "eval.before_training=false",
+            *finetune_steps(2),
             f"output_dir={out}",
         ]
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import fake_checkpoint, run_script
+from conftest import SMALL_SYNTHETIC, fake_checkpoint, run_script
 
 pytestmark = pytest.mark.slow  # 48 Python start-ups of the pipeline, ~5 s each: about 4 min on 2 CPU cores
 
@@ -36,13 +36,6 @@ TSV = (
     ]
     + [f"data.{split}_run=null" for split in ("train", "val", "test")]
 )
-SMALL_SYNTHETIC = [
-    "data.num_docs=60",
-    "data.num_train_queries=10",
-    "data.num_val_queries=4",
-    "data.num_test_queries=4",
-    "data.num_topics=4",
-]
 # before each case's own arguments; experiments.py takes grid keys instead
 COMMON = [
     "logger=none",

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SMALL_SYNTHETIC
 
 from core.errors import InputError
 from datamodules.corpus import IRDataset
@@ -164,8 +165,9 @@ def test_beir_bad_lines(tmp_path):
         assert where in msg and expect in msg, msg
 
 
-def test_squad_bad_json(tmp_path):
-    good = {
+def one_question_squad() -> dict:
+    """A SQuAD v1.1 document of one article, one paragraph and one answered question: the base the SQuAD cases edit."""
+    return {
         "version": "1.1",
         "data": [
             {
@@ -185,6 +187,10 @@ def test_squad_bad_json(tmp_path):
             }
         ],
     }
+
+
+def test_squad_bad_json(tmp_path):
+    good = one_question_squad()
     ok = {"version": "1.1", "data": [json.loads(json.dumps(good["data"][0])) for _ in range(3)]}
     for i, art in enumerate(ok["data"]):
         art["paragraphs"][0]["qas"][0]["id"] = f"q{i}"
@@ -367,26 +373,7 @@ def test_bom_is_not_part_of_the_first_id(tmp_path):
     )
     assert set(beir.docs) == {"c1"} and beir.splits["test"].qrels == {"q1": {"c1": 1}}
 
-    squad = {
-        "version": "1.1",
-        "data": [
-            {
-                "title": "t",
-                "paragraphs": [
-                    {
-                        "context": "Paris is in France.",
-                        "qas": [
-                            {
-                                "id": "a",
-                                "question": "Where is Paris?",
-                                "answers": [{"text": "France", "answer_start": 12}],
-                            }
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
+    squad = one_question_squad()
     ds = load_dataset(
         SquadConfig(path=_w(tmp_path / "squad.json", BOM + json.dumps(squad)), val_articles=0, test_articles=0), 0
     )
@@ -474,15 +461,6 @@ def test_empty_files_of_other_formats_name_the_file(tmp_path):
     _w(tmp_path / "v" / "qrels", "1 0 1 1\n")
     msg = _error(VaswaniConfig(path=str(tmp_path / "v"), val_fraction=0.0, test_fraction=0.0))
     assert msg == f"{tmp_path / 'v' / 'doc-text.trec'}: is empty; expected <DOC> ... </DOC> records"
-
-
-SMALL_SYNTHETIC = [
-    "data.num_docs=60",
-    "data.num_train_queries=10",
-    "data.num_val_queries=4",
-    "data.num_test_queries=4",
-    "data.num_topics=4",
-]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from conftest import tiny_ranker_and_data
 
 from callbacks.isotropy import IsotropyCallback
 from models.encoding import (
@@ -177,25 +178,21 @@ def test_out_of_memory_halves_variant_batches(colbert_with_head, monkeypatch):
 
 
 def _tiny_test_setup(tmp_path, tiny_bert, model):
-    from datamodules.datamodule import RankingDataModule
-    from datamodules.sources.synthetic import SyntheticConfig
-    from lightning_modules.module import RankingModule
+    return tiny_ranker_and_data(tmp_path, tiny_bert, model, eval_batch_size=7)
 
-    torch.manual_seed(0)
-    module = RankingModule({"name": model, "backbone": tiny_bert, "query_max_len": 12, "doc_max_len": 24}, {})
-    cfg = SyntheticConfig(
-        num_docs=60,
-        num_train_queries=4,
-        num_val_queries=2,
-        num_test_queries=5,
-        num_topics=3,
-        candidate_depth=10,
-        data_seed=0,
-        cache_dir=str(tmp_path / "cache"),
-        eval_batch_size=7,
+
+def _test_trainer(cb: IsotropyCallback, root) -> pl.Trainer:
+    """A one-process CPU trainer for trainer.test with the isotropy callback `cb` only (no logger, no checkpoints)."""
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=str(root),
     )
-    dm = RankingDataModule(cfg, tokenizer=module.pair_tokenizer, seed=0)
-    return module, dm
 
 
 @pytest.mark.parametrize("model", ["colbert", "repbert"])
@@ -210,16 +207,7 @@ def test_protocol_takes_the_evaluations_vectors(tmp_path, tiny_bert_nodropout, m
     monkeypatch.setattr(
         IsotropyCallback, "_measure_encoding", lambda self, *a: (encoded_again.append(1), real(self, *a))[1]
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[cb],
-        default_root_dir=str(tmp_path / "out"),
-    )
+    trainer = _test_trainer(cb, tmp_path / "out")
     trainer.test(module, datamodule=dm, verbose=False)
     got = module.results["test"]["isotropy"]
     assert encoded_again == [] and got["isotropy_paper_batches"] > 2
@@ -243,16 +231,7 @@ def test_protocol_encodes_again_when_the_kept_vectors_exceed_their_limit(tmp_pat
     for limit in (2**33, 1000):
         cb = IsotropyCallback(batch_pairs=8)
         cb.keep_bytes = limit
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[cb],
-            default_root_dir=str(out),
-        )
+        trainer = _test_trainer(cb, out)
         if limit == 1000:
             with pytest.warns(UserWarning, match="scored vectors exceed"):
                 trainer.test(module, datamodule=dm, verbose=False)

@@ -4,17 +4,9 @@ in one line that names the key or file, exit code 2, and no partial output."""
 import json
 
 import pytest
-from conftest import run_script, shared_data
+from conftest import finetune_steps, quick_eval, run_script, shared_data
 
-FAST = [
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "data.max_eval_queries=16",
-    "data.candidate_depth=20",
-]
+FAST = quick_eval()
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +17,7 @@ def colbert_ckpt(tmp_path_factory, tiny_bert):
         *FAST,
         f"model.backbone={tiny_bert}",
         "data.max_train_triples=16",
-        "data.batch_size=8",
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "eval.before_training=false",
+        *finetune_steps(2),
         f"output_dir={out}",
     )
     return out / "checkpoints" / "last.ckpt"

@@ -1,22 +1,11 @@
 """`data.max_eval_queries` / `data.eval_sample_seed`: which judged queries an evaluation split keeps."""
 
-from datamodules.datamodule import RankingDataModule
-from datamodules.sources.synthetic import SyntheticConfig
+from conftest import synthetic_data
 
 
 def _test_qids(tmp_path, seed: int, **over) -> list[str]:
-    cfg = SyntheticConfig(
-        num_docs=120,
-        num_train_queries=20,
-        num_val_queries=6,
-        num_test_queries=40,
-        num_topics=6,
-        data_seed=5,
-        cache_dir=str(tmp_path),
-        **over,
-    )
-    dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
-    dm.setup()
+    sizes = dict(num_train_queries=20, num_val_queries=6, num_test_queries=40, num_topics=6)
+    dm = synthetic_data(tmp_path, seed, **sizes, data_seed=5, **over)
     return dm.eval_splits["test"].qids
 
 

@@ -8,22 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import small_run
 
 from pipeline.cli import main
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=24",
-    "data.max_eval_queries=10",
-    "data.candidate_depth=15",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "eval.before_training=false",
-    "data.batch_size=8",
-]
+SMALL = small_run("eval.before_training=false", "data.batch_size=8", triples=24, eval_queries=10, depth=15)
 
 
 def _train(args: list[str]) -> None:

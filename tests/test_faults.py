@@ -14,20 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_script
+from conftest import REPO, glow_head, run_script, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-]
-GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=64", "head.lr=1e-3"]
+SMALL = small_run()
+GLOW = glow_head(batch_size=64)
 
 
 def with_fault(fault: str, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -155,9 +145,7 @@ def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
     """Glow head, 3 epochs over the cached vectors (batch 64): SIGTERM one step into epoch 2 writes a head-only
     last.ckpt that resumes to the uninterrupted head, bit for bit."""
     ft = tmp_path / "ft"
-    train_here(
-        [*FT, f"model.backbone={tiny_bert}", "trainer.max_steps=2", "trainer.val_check_interval=2", f"output_dir={ft}"]
-    )
+    train_here(steps_of_ft(tiny_bert, 2, ft))
     base = [
         *SMALL,
         "stage=head",
@@ -332,6 +320,17 @@ class Snapshots:
         return _Snap()
 
 
+def steps_of_ft(backbone: str, steps: int, out: Path) -> list[str]:
+    """FT on `backbone` for `steps` steps with one validation at the end, into `out`: the non-finite tests' runs."""
+    return [
+        *FT,
+        f"model.backbone={backbone}",
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",
+        f"output_dir={out}",
+    ]
+
+
 def _with_callback(monkeypatch, cb) -> None:
     import pipeline.head_stage
     import pipeline.run
@@ -354,25 +353,13 @@ def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     """optim.nonfinite=skip: the NaN batch changes no weight (no optimiser step), is warned about and counted; the
     run reaches max_steps on finite weights."""
     from lightning_modules.module import RankingModule
-    from pipeline.config import compose
-    from pipeline.run import train
 
     _nan_at(monkeypatch, RankingModule, "training_outputs", 2)
     snap = Snapshots()
     _with_callback(monkeypatch, snap)
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match=r"non-finite training loss \(nan\) at step 2; batch skipped \(1 so far"):
-        train(
-            compose(
-                [
-                    *FT,
-                    f"model.backbone={tiny_bert}",
-                    "trainer.max_steps=4",
-                    "trainer.val_check_interval=4",
-                    f"output_dir={out}",
-                ]
-            )
-        )
+        train_here(steps_of_ft(tiny_bert, 4, out))
     before, after = snap.before[2], snap.after[2]
     assert all(torch.equal(before[k], after[k]) for k in before), "a NaN batch moved weights"
     assert any(not torch.equal(snap.before[1][k], snap.after[1][k]) for k in before), "finite batches do train"
@@ -387,9 +374,6 @@ def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
     that step, it is warned about and counted, training goes on to finite weights."""
     from pytorch_lightning import Callback
 
-    from pipeline.config import compose
-    from pipeline.run import train
-
     class InfGrad(Callback):
         def on_after_backward(self, trainer, module):
             if trainer.global_step == 2:
@@ -400,17 +384,7 @@ def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
     _with_callback(monkeypatch, InfGrad())
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match=r"non-finite gradients at step 2; optimiser step skipped \(1 so far"):
-        train(
-            compose(
-                [
-                    *FT,
-                    f"model.backbone={tiny_bert}",
-                    "trainer.max_steps=4",
-                    "trainer.val_check_interval=4",
-                    f"output_dir={out}",
-                ]
-            )
-        )
+        train_here(steps_of_ft(tiny_bert, 4, out))
     before, after = snap.before[2], snap.after[2]
     assert all(torch.equal(before[k], after[k]) for k in before), "an inf gradient moved weights"
     ck = load(out / "checkpoints" / "last.ckpt")
@@ -446,17 +420,7 @@ def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
     from pipeline.run import train
 
     ft = tmp_path / "ft"
-    train(
-        compose(
-            [
-                *FT,
-                f"model.backbone={tiny_bert}",
-                "trainer.max_steps=2",
-                "trainer.val_check_interval=2",
-                f"output_dir={ft}",
-            ]
-        )
-    )
+    train_here(steps_of_ft(tiny_bert, 2, ft))
     real, calls = FlowHead.forward_and_logdet, []
 
     def nan_logdet(self, x):  # the 2nd training batch (step 1): its log-det is NaN

@@ -16,25 +16,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, small_run
 
 from core.checkpoints import check_finite, read_checkpoint
 from core.errors import TrainingStopped
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=16",
-    "data.max_eval_queries=4",
-    "data.candidate_depth=8",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=4",
-    "eval.probe_docs=8",
+SMALL = small_run(
     "eval.ats_passages=0",
     "eval.isotropy_paper=false",
     "data.batch_size=8",
-]
+    triples=16,
+    eval_queries=4,
+    depth=8,
+    probe_queries=4,
+    probe_docs=8,
+)
 
 
 # ---- fixtures: one tiny fine-tuned run, its whitening head, and an earlier run's folder that nothing may touch ----

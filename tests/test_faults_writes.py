@@ -28,19 +28,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_bert
+from conftest import REPO, make_tiny_bert, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-]
+SMALL = small_run()
 FT = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false"]
 SETPRIV = shutil.which("setpriv")
 NO_OVERRIDE = [

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import GRID_SYN as SYN
 from conftest import REPO, run_script
 from scipy import stats
 
@@ -18,15 +19,6 @@ from datamodules.config import TRAINING_ONLY, DataConfig
 from grid.engine import Cell, exportable, load_grid, plan, run
 from grid.tables import render_markdown, summarize
 
-SYN = [
-    "data=synthetic",
-    "data.data_seed=3",
-    "data.num_docs=120",
-    "data.num_train_queries=30",
-    "data.num_val_queries=8",
-    "data.num_test_queries=16",
-    "data.num_topics=6",
-]
 FAST = [
     "logger=none",
     "trainer.enable_progress_bar=false",
@@ -40,35 +32,56 @@ FAST = [
     "eval.probe_docs=16",
     "eval.before_training=false",
 ]
+SYN4 = [*SYN[:1], "data.data_seed=4", *SYN[2:]]  # another collection of the same sizes (out of distribution)
+SYN_START = [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]  # ... with answers at the start
+BM25_ROWS = {"bm25": ["model=bm25", "model.depth=20"]}  # nothing to train: a grid of cells in seconds
+GRID_KEYS = ("name", "baseline", "untrained", "rows", "train_data", "eval_data", "seeds", "common", "measures", "test")
 
 
-def write_grid(path, tiny_bert, out, cache):
+def tiny_grid(tmp_path: Path, name: str, baseline: str, rows: dict, **keys) -> Path:
+    """tmp_path/<name>.yaml, the grid file the end-to-end grid tests share: trained on SYN with FAST settings (cache
+    tmp_path/cache), one seed, ndcg_cut_10, cells in process under tmp_path/grids; `keys` add or replace grid keys
+    (None leaves one out), written in the order a grid file lists them."""
     grid = {
-        "name": "tiny",
-        "baseline": "colbert",
+        "name": name,
+        "baseline": baseline,
+        "rows": rows,
+        "train_data": {"syn": SYN},
+        "seeds": [1],
+        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
+        "measures": ["ndcg_cut_10"],
+        "launcher": "inprocess",
+        "output_root": str(tmp_path / "grids"),
+        **keys,
+    }
+    order = [*GRID_KEYS, *(k for k in grid if k not in GRID_KEYS)]
+    gfile = tmp_path / f"{name}.yaml"
+    gfile.write_text(json.dumps({k: grid[k] for k in order if grid.get(k) is not None}))  # JSON is YAML
+    return gfile
+
+
+def write_grid(tmp_path, tiny_bert):
+    return tiny_grid(
+        tmp_path,
+        "tiny",
+        "colbert",
         # model keys go with the rows: BM25's schema has no backbone (a key it does not know is an error)
-        "rows": {
+        {
             "colbert": ["model=colbert", f"model.backbone={tiny_bert}"],
             "repbert": ["model=repbert", f"model.backbone={tiny_bert}"],
             "bm25": ["model=bm25", "model.depth=20"],
         },
-        "train_data": {"syn": SYN},
         # syn: the training run's own test; syn_start: evaluate.py on another collection (OOD)
-        "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
-        "seeds": [1, 2],
-        "common": [*FAST, f"data.cache_dir={cache}"],
-        "measures": ["ndcg_cut_10", "P_20"],
-        "test": "t_test_one_tailed",
-        "launcher": "inprocess",
-        "output_root": str(out),
-    }
-    path.write_text(json.dumps(grid))  # JSON is YAML
-    return path
+        eval_data={"syn": SYN, "syn_start": SYN_START},
+        seeds=[1, 2],
+        measures=["ndcg_cut_10", "P_20"],
+        test="t_test_one_tailed",
+    )
 
 
 @pytest.mark.slow
 def test_tiny_grid_runs_resumes_and_tabulates(tmp_path, tiny_bert):
-    gfile = write_grid(tmp_path / "tiny.yaml", tiny_bert, tmp_path / "grids", tmp_path / "cache")
+    gfile = write_grid(tmp_path, tiny_bert)
     log = io.StringIO()
     report = run([f"grid={gfile}"], out=log)
     root = tmp_path / "grids" / "tiny"
@@ -369,23 +382,11 @@ def test_example_grid_composes():
 def test_head_rows_build_on_their_base_row(tmp_path, tiny_bert):
     """A row with head=whitening reuses its base row's fine-tuned checkpoint (stage=head) and evaluates out of
     distribution with its head; its 'before_head' equals the base row's own test metrics (same model, no head)."""
-    grid = {
-        "name": "heads",
-        "baseline": "colbert",
-        "rows": {
-            "colbert_white": ["model=colbert", f"model.backbone={tiny_bert}", "head=whitening"],
-            "colbert": ["model=colbert", f"model.backbone={tiny_bert}"],
-        },
-        "train_data": {"syn": SYN},
-        "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", "data.answer_position=start", *SYN[2:]]},
-        "seeds": [1],
-        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-        "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess",
-        "output_root": str(tmp_path / "grids"),
+    rows = {
+        "colbert_white": ["model=colbert", f"model.backbone={tiny_bert}", "head=whitening"],
+        "colbert": ["model=colbert", f"model.backbone={tiny_bert}"],
     }
-    gfile = tmp_path / "heads.yaml"
-    gfile.write_text(json.dumps(grid))
+    gfile = tiny_grid(tmp_path, "heads", "colbert", rows, eval_data={"syn": SYN, "syn_start": SYN_START})
     spec, _ = load_grid([f"grid={gfile}"])
     cells = plan(spec)
     assert [c.label for c in cells][:2] == ["colbert/syn/seed1", "colbert/syn/seed1/eval-syn_start"]  # base first
@@ -631,21 +632,15 @@ def test_untrained_row_is_the_backbone_evaluated_as_it_is(tmp_path, tiny_bert):
     isotropy tables' row beside Ft), on the training data and out of distribution; its numbers equal a direct
     evaluate.py of the same model, and the fine-tuned row is tested against it."""
     model = ["model=colbert", f"model.backbone={tiny_bert}"]
-    grid = {
-        "name": "backbone",
-        "baseline": "colbert_backbone",
-        "untrained": ["colbert_backbone"],
-        "rows": {"colbert_backbone": model, "colbert": model},
-        "train_data": {"syn": SYN},
-        "eval_data": {"syn": SYN, "syn_start": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
-        "seeds": [1],
-        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-        "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess",
-        "output_root": str(tmp_path / "grids"),
-    }
-    gfile = tmp_path / "backbone.yaml"
-    gfile.write_text(json.dumps(grid))
+    rows = {"colbert_backbone": model, "colbert": model}
+    gfile = tiny_grid(
+        tmp_path,
+        "backbone",
+        "colbert_backbone",
+        rows,
+        untrained=["colbert_backbone"],
+        eval_data={"syn": SYN, "syn_start": SYN4},
+    )
     spec, _ = load_grid([f"grid={gfile}"])
     assert [c.untrained for c in plan(spec)] == [True, True, False, False]
     report = run([f"grid={gfile}"], out=io.StringIO())
@@ -755,19 +750,7 @@ def test_a_cell_claimed_by_another_grid_process_is_left_to_it(tmp_path):
     skipped as busy (not run, not touched), the others run; once the lock is free, the next run takes it."""
     from filelock import FileLock
 
-    grid = {
-        "name": "shared",
-        "baseline": "bm25",
-        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-        "train_data": {"syn": SYN},
-        "seeds": [1, 2],
-        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-        "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess",
-        "output_root": str(tmp_path / "grids"),
-    }
-    gfile = tmp_path / "shared.yaml"
-    gfile.write_text(json.dumps(grid))
+    gfile = tiny_grid(tmp_path, "shared", "bm25", BM25_ROWS, seeds=[1, 2])
     held = tmp_path / "grids" / "shared" / "bm25" / "syn" / "seed2"
     other = FileLock(held.parent / ".seed2.grid.lock")  # what the other grid process holds while it runs seed2
     other.acquire()
@@ -810,19 +793,7 @@ def _held_until(lock_path: Path, log: io.StringIO, *lines: str, timeout: float =
 def test_wait_s_takes_the_cells_another_process_leaves(tmp_path):
     """wait_s: a process does not leave a cell that another one holds; it runs what it can, looks again every wait_s
     seconds, and takes the cell when the other process lets go of it unfinished (printing its skip once)."""
-    grid = {
-        "name": "shared",
-        "baseline": "bm25",
-        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-        "train_data": {"syn": SYN},
-        "seeds": [1, 2],
-        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-        "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess",
-        "output_root": str(tmp_path / "grids"),
-    }
-    gfile = tmp_path / "shared.yaml"
-    gfile.write_text(json.dumps(grid))
+    gfile = tiny_grid(tmp_path, "shared", "bm25", BM25_ROWS, seeds=[1, 2])
     cells = tmp_path / "grids" / "shared" / "bm25" / "syn"
     log = io.StringIO()
     skip, seed2 = "bm25/syn/seed1: skipped (another grid process is running it)", "train bm25/syn/seed2: ran"
@@ -843,20 +814,7 @@ def test_wait_s_waits_on_a_training_cell_held_elsewhere_and_stops_when_nothing_c
     """A cell blocked on a training cell that another process holds waits for it, and runs (saying so) once that cell
     has run; a cell blocked on a training cell that failed here ends the run (no other process could unblock it)."""
     model = ["model=colbert", f"model.backbone={tiny_bert}"]
-    grid = {
-        "name": "waits",
-        "baseline": "colbert",
-        "rows": {"colbert": model},
-        "train_data": {"syn": SYN},
-        "eval_data": {"syn": SYN, "syn4": [*SYN[:1], "data.data_seed=4", *SYN[2:]]},
-        "seeds": [1],
-        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-        "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess",
-        "output_root": str(tmp_path / "grids"),
-    }
-    gfile = tmp_path / "waits.yaml"
-    gfile.write_text(json.dumps(grid))
+    gfile = tiny_grid(tmp_path, "waits", "colbert", {"colbert": model}, eval_data={"syn": SYN, "syn4": SYN4})
     train, evaluation = "colbert/syn/seed1", "colbert/syn/seed1/eval-syn4"
     undo = crash_when(lambda trainer: True)
     log = io.StringIO()
@@ -886,18 +844,10 @@ def test_cells_exported_and_imported_tabulate_as_if_run_in_one_place(tmp_path):
     """action=export / import: seed 1 run in one place and seed 2 in another give, once seed 1's finished cells are
     imported beside seed 2, the same results and table as both seeds run in one place; an import that would mix
     other settings, or another grid's cells, stops before writing anything; a cell finished here is kept."""
-    grid = {
-        "name": "travel",
-        "baseline": "bm25",
-        "rows": {"bm25": ["model=bm25", "model.depth=20"]},
-        "train_data": {"syn": SYN},
-        "seeds": [1, 2],
-        "common": [*FAST, f"data.cache_dir={tmp_path / 'cache'}"],
-        "measures": ["ndcg_cut_10", "P_20"],
-        "launcher": "inprocess",
-    }
-    gfile = tmp_path / "travel.yaml"
-    gfile.write_text(json.dumps(grid))
+    gfile = tiny_grid(
+        tmp_path, "travel", "bm25", BM25_ROWS, seeds=[1, 2], measures=["ndcg_cut_10", "P_20"], output_root=None
+    )
+    grid = json.loads(gfile.read_text())
     quiet = io.StringIO
 
     def grid_run(root, *extra):
@@ -992,20 +942,14 @@ def test_a_test_read_from_the_training_cell_equals_evaluate_py_on_its_checkpoint
     checkpoint with the test's own overrides, the cell the grid no longer runs, gives the same metrics and
     per-query values; cells files that still hold such a cell import without it."""
     cache = tmp_path / "cache"
-    grid = {
-        "name": "pb",
-        "baseline": "colbert",
-        "rows": {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
-        "train_data": {"debiased": [*SYN, "data.rotate_train=true"]},
-        "eval_data": {"original": SYN, "rotated": [*SYN, "data.rotate_eval=true"]},
-        "seeds": [1],
-        "common": [*FAST, f"data.cache_dir={cache}"],
-        "measures": ["ndcg_cut_10"],
-        "launcher": "inprocess",
-        "output_root": str(tmp_path / "grids"),
-    }
-    gfile = tmp_path / "pb.yaml"
-    gfile.write_text(json.dumps(grid))
+    gfile = tiny_grid(
+        tmp_path,
+        "pb",
+        "colbert",
+        {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+        train_data={"debiased": [*SYN, "data.rotate_train=true"]},
+        eval_data={"original": SYN, "rotated": [*SYN, "data.rotate_eval=true"]},
+    )
     report = run([f"grid={gfile}"], out=io.StringIO())
     assert report.status == {"colbert/debiased/seed1": "ran", "colbert/debiased/seed1/eval-rotated": "ran"}
     train_dir = tmp_path / "grids" / "pb" / "colbert" / "debiased" / "seed1"

@@ -8,20 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import finetune_steps, glow_head, run_script, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-]
-GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
+SMALL = small_run()
+GLOW = glow_head(batch_size=256)
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +21,7 @@ def finetuned(tmp_path_factory, tiny_bert) -> Path:
         "train.py",
         *SMALL,
         f"model.backbone={tiny_bert}",
-        "data.batch_size=8",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=2",
-        "eval.before_training=false",
+        *finetune_steps(4),
         f"output_dir={out}",
     )
     return out / "checkpoints" / "last.ckpt"

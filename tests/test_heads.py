@@ -182,17 +182,21 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
         ["what is heat transfer", "slab conduction"],
         ["heat transfer in slabs", "a study", "flow of air over wings"],
     )
-    cache = RepresentationCache.build(
-        tmp_path / "c",
-        m.ranker,
-        m.pair_tokenizer,
-        queries,
-        docs,
-        granularity=granularity,
-        dtype="float32",
-        checkpoint="x",
-        batch_size=2,
-    )
+
+    def build():  # the same inputs both times
+        return RepresentationCache.build(
+            tmp_path / "c",
+            m.ranker,
+            m.pair_tokenizer,
+            queries,
+            docs,
+            granularity=granularity,
+            dtype="float32",
+            checkpoint="x",
+            batch_size=2,
+        )
+
+    cache = build()
     want = []
     for texts, side in ((queries, m.pair_tokenizer.queries), (docs, m.pair_tokenizer.docs)):
         for t in texts:
@@ -205,17 +209,7 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
     assert got.shape == want.shape == (cache.count, cache.dim)
     np.testing.assert_allclose(got, want, atol=1e-5)
     mtime = (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns
-    again = RepresentationCache.build(
-        tmp_path / "c",
-        m.ranker,
-        m.pair_tokenizer,
-        queries,
-        docs,
-        granularity=granularity,
-        dtype="float32",
-        checkpoint="x",
-        batch_size=2,
-    )
+    again = build()
     assert (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns == mtime and again.count == cache.count
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_ranker_and_data
 
 import metrics.isotropy
 from callbacks.isotropy import BatchSets, IsotropyCallback, PaperMeasure, aggregate_batches, paper_batch_values
@@ -150,23 +151,7 @@ def test_measure_paper_equals_the_per_batch_computation(tmp_path, tiny_bert, mod
     """The callback's output (many batches per eigendecomposition, repeated queries given once with their count)
     equals the per-batch computation: paper_batch_values on each test batch's vectors as dumped (every row as the
     batch holds it), aggregated (1e-10 relative); measuring batch by batch gives the same too."""
-    from datamodules.datamodule import RankingDataModule
-    from datamodules.sources.synthetic import SyntheticConfig
-    from lightning_modules.module import RankingModule
-
-    torch.manual_seed(0)
-    module = RankingModule({"name": model, "backbone": tiny_bert, "query_max_len": 12, "doc_max_len": 24}, {})
-    cfg = SyntheticConfig(
-        num_docs=60,
-        num_train_queries=4,
-        num_val_queries=2,
-        num_test_queries=5,
-        num_topics=3,
-        candidate_depth=10,
-        data_seed=0,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    dm = RankingDataModule(cfg, tokenizer=module.pair_tokenizer, seed=0)
+    module, dm = tiny_ranker_and_data(tmp_path, tiny_bert, model)
     dm.setup()
     trainer = SimpleNamespace(datamodule=dm, precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext))
     cb = IsotropyCallback(batch_pairs=8, dump_dir=tmp_path / "dump")

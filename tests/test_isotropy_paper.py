@@ -8,22 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, small_run, synthetic_data
 
 from callbacks.isotropy import IsotropyCallback, aggregate_batches, paper_batch_values
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=6",
-    "data.candidate_depth=10",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "eval.ats_passages=0",
-]
+SMALL = small_run("eval.ats_passages=0", eval_queries=6, depth=10)
 
 
 def iw_reference(W: np.ndarray) -> float:
@@ -237,22 +226,10 @@ def _pair_batches(dm, world: int, **kw) -> list:
 def test_a_batch_sample_is_the_same_for_every_run_seed_and_world_size(tmp_path):
     """eval.isotropy_max_batches: a uniform sample of K of the test batches, fixed by its own seed (every model and
     run seed measures the same batches), split by DDP ranks without overlap; each batch as the full list has it."""
-    from datamodules.datamodule import RankingDataModule
-    from datamodules.sources.synthetic import SyntheticConfig
 
     def module(seed):
-        cfg = SyntheticConfig(
-            num_docs=80,
-            num_train_queries=10,
-            num_val_queries=4,
-            num_test_queries=12,
-            num_topics=4,
-            data_seed=3,
-            cache_dir=str(tmp_path),
-        )
-        dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
-        dm.setup()
-        return dm
+        sizes = dict(num_docs=80, num_train_queries=10, num_val_queries=4, num_test_queries=12)
+        return synthetic_data(tmp_path, seed, **sizes, num_topics=4, data_seed=3)
 
     dm = module(1)
     every = dm.pair_batches("test", 4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import synthetic_config
 
 from core.errors import InputError
 from datamodules.config import DataConfig
@@ -55,19 +56,9 @@ def test_expand_pairs_matches_a_loop():
 
 
 def data_cfg(**kw) -> SyntheticConfig:
-    base = dict(
-        data_seed=5,
-        num_docs=60,
-        num_train_queries=12,
-        num_val_queries=4,
-        num_test_queries=3,
-        candidate_depth=4,
-        passage_words_min=20,
-        passage_words_max=30,
-        eval_batch_size=5,
-        cache_dir=kw.pop("cache_dir"),
-    )
-    return SyntheticConfig(**{**base, **kw})
+    sizes = dict(num_docs=60, num_train_queries=12, num_val_queries=4, num_test_queries=3, num_topics=12)
+    base = dict(data_seed=5, candidate_depth=4, passage_words_min=20, passage_words_max=30, eval_batch_size=5)
+    return synthetic_config(kw.pop("cache_dir"), **{**sizes, **base, **kw})  # num_topics=12: SyntheticConfig's default
 
 
 def brute_force_run(module, split, doc_texts, mode, size, stride):

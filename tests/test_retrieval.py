@@ -330,17 +330,19 @@ def test_colbert_checkpoint(tiny_bert, tmp_path):
 # ---------------------------------------------------------------------------------------------- command line
 
 
+def repbert_dense(backbone: str) -> list[str]:
+    """evaluate.py's dense retrieval with RepBERT on `backbone` over 60 synthetic documents: the command-line tests'
+    start."""
+    return ["retrieval=dense", "model=repbert", f"model.backbone={backbone}", "data=synthetic", "data.num_docs=60"]
+
+
 def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     """`python evaluate.py retrieval=dense ...` (retrieval/retrieve.py; the keys of retrieval/config.py)."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     rc = main(
         [
-            "retrieval=dense",
-            "model=repbert",
-            f"model.backbone={tiny_bert}",
-            "data=synthetic",
-            "data.num_docs=60",
+            *repbert_dense(tiny_bert),
             "data.num_train_queries=10",
             "data.num_val_queries=3",
             "data.num_test_queries=6",
@@ -359,16 +361,7 @@ def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     assert DenseIndex.load(out / "index").index_type == "hnsw"
     assert (out / "config.yaml").is_file() and (out / "per_query.json").is_file()
     rc = main(
-        [
-            "retrieval=dense",
-            "model=repbert",
-            f"model.backbone={tiny_bert}",
-            "data=synthetic",
-            "data.num_docs=60",
-            f"output_dir={out}",
-            "retrieval.index_type=ivf",
-            "retrieval.nlist=5000",
-        ],
+        [*repbert_dense(tiny_bert), f"output_dir={out}", "retrieval.index_type=ivf", "retrieval.nlist=5000"],
         evaluate,
     )
     assert rc == 2
@@ -384,7 +377,7 @@ def test_cli_scores_the_rerankers_sample_of_questions(tiny_bert, tmp_path, monke
     from pipeline.config import compose
 
     monkeypatch.chdir(tmp_path)
-    args = ["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", "data=synthetic", "data.num_docs=60"]
+    args = repbert_dense(tiny_bert)
     args += ["data.num_train_queries=10", "data.num_val_queries=3", "data.num_test_queries=6", "logger=none", "seed=3"]
     assert main([*args, f"output_dir={tmp_path / 'full'}"], evaluate) == 0
     assert main([*args, "data.max_eval_queries=4", f"output_dir={tmp_path / 'four'}"], evaluate) == 0

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, shared_data
+from conftest import REPO, shared_data, synthetic_data
 from scipy import stats
 
 from datamodules.rotation import (
@@ -188,22 +188,10 @@ def _as_list(items):
 
 
 def _module(tmp_path, rotate_train: bool, rotate_eval: bool, seed: int = 5, rotation: str = "per_passage"):
-    from datamodules.datamodule import RankingDataModule
-
-    cfg = SyntheticConfig(
-        num_docs=80,
-        num_train_queries=30,
-        num_val_queries=6,
-        num_test_queries=6,
-        num_topics=4,
-        rotate_train=rotate_train,
-        rotate_eval=rotate_eval,
-        rotation=rotation,
-        cache_dir=str(tmp_path),
+    sizes = dict(num_docs=80, num_train_queries=30, num_val_queries=6, num_test_queries=6)
+    return synthetic_data(
+        tmp_path, seed, **sizes, rotate_train=rotate_train, rotate_eval=rotate_eval, rotation=rotation
     )
-    dm = RankingDataModule(cfg, tokenizer=None, seed=seed)
-    dm.setup()
-    return dm
 
 
 def _triplets(dm):

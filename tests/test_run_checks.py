@@ -10,6 +10,7 @@ import warnings
 import pytest
 import pytorch_lightning as pl
 import torch
+from conftest import small_run
 
 from callbacks.progress import RankingProgressBar, last_epoch
 from pipeline.cli import main
@@ -17,22 +18,18 @@ from pipeline.config import compose
 from pipeline.run import evaluate, train
 from pipeline.stages import load_data
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=16",
-    "data.max_eval_queries=6",
-    "data.candidate_depth=10",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=4",
-    "eval.probe_docs=8",
+SMALL = small_run(
     "eval.before_training=false",
     "eval.start_candidate=false",
     "eval.ats_passages=0",
     "eval.isotropy_paper=false",
     "data.batch_size=8",
-]
+    triples=16,
+    eval_queries=6,
+    depth=10,
+    probe_queries=4,
+    probe_docs=8,
+)
 
 
 def tsv(tmp_path, qrels: str = "q1 0 d1 1\nq2 0 d2 1\nq3 0 d3 1\n") -> list[str]:

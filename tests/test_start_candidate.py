@@ -5,23 +5,19 @@ import json
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=24",
-    "data.max_eval_queries=6",
-    "data.candidate_depth=10",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=4",
-    "eval.probe_docs=8",
+SMALL = small_run(
     "eval.ats_passages=0",
     "data.batch_size=8",
     "trainer.max_steps=2",
     "trainer.val_check_interval=1",
-]
+    triples=24,
+    eval_queries=6,
+    depth=10,
+    probe_queries=4,
+    probe_docs=8,
+)
 
 
 @pytest.mark.slow

@@ -5,20 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, small_run
 
 # A small synthetic collection; steps chosen so that resume crosses an epoch boundary (5 batches per epoch).
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-]
+SMALL = small_run()
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -7,20 +7,11 @@ import json
 
 import pytest
 import torch
+from conftest import small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=16",
-    "data.max_eval_queries=8",
-    "data.candidate_depth=10",
-    "logger=none",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=4",
-    "eval.probe_docs=8",
-    "eval.ats_passages=8",
-    "data.batch_size=8",
-]
+SMALL = small_run(
+    "eval.ats_passages=8", "data.batch_size=8", triples=16, eval_queries=8, depth=10, probe_queries=4, probe_docs=8
+)
 
 
 def save_checkpoint(path, model: dict, seed: int):

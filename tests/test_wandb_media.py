@@ -10,20 +10,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import run_script
+from conftest import GRID_SYN, finetune_steps, glow_head, run_script, small_run
 
-SMALL = [
-    "data=synthetic",
-    "data.max_train_triples=40",
-    "data.max_eval_queries=12",
-    "data.candidate_depth=20",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "eval.probe_queries=8",
-    "eval.probe_docs=16",
-    "trainer.log_every_n_steps=1",
-]
-GLOW = ["head=glow", "head.hidden_units=32", "head.hidden_layers=1", "head.batch_size=256", "head.lr=1e-3"]
+SMALL = small_run("trainer.log_every_n_steps=1", logger=True)
+GLOW = glow_head(batch_size=256)
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -108,10 +98,7 @@ def finetuned(tmp_path_factory, tiny_bert) -> Path:
         *SMALL,
         "logger=none",
         f"model.backbone={tiny_bert}",
-        "data.batch_size=8",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=2",
-        "eval.before_training=false",
+        *finetune_steps(4),
         f"output_dir={out}",
     )
     return out / "checkpoints" / "last.ckpt"
@@ -125,10 +112,7 @@ def test_train_run_logs_its_results_table(tmp_path, tiny_bert):
         *SMALL,
         "logger=wandb",
         f"model.backbone={tiny_bert}",
-        "data.batch_size=8",
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "eval.before_training=true",
+        *finetune_steps(2, before_training=True),
         f"output_dir={out}",
         f"data.cache_dir={tmp_path / 'c'}",
         env=offline_env(tmp_path),
@@ -326,17 +310,7 @@ def test_grid_table_is_logged_as_its_own_run(tmp_path):
         "name": "tbl",
         "baseline": "bm25",
         "rows": {"bm25": ["model=bm25", "model.depth=20"], "bm25_k": ["model=bm25", "model.depth=20", "model.k1=0.6"]},
-        "train_data": {
-            "syn": [
-                "data=synthetic",
-                "data.data_seed=3",
-                "data.num_docs=120",
-                "data.num_train_queries=30",
-                "data.num_val_queries=8",
-                "data.num_test_queries=16",
-                "data.num_topics=6",
-            ]
-        },
+        "train_data": {"syn": GRID_SYN},
         "seeds": [1, 2],
         "measures": ["ndcg_cut_10"],
         "output_root": str(tmp_path / "grids"),
