@@ -310,18 +310,150 @@ def crash_when(monkeypatch):
     return install
 
 
+class ForkServer:
+    """The client of tests/forkserver.py: one server per test process, started at the first run_script that can use
+    it; each run is a child forked after the pipeline's imports (5-10 s saved a run), with its own pid, exit code,
+    stdout and stderr. What the imports print (warnings of a library, say) is printed again at the head of every
+    run's output, where a fresh process prints it."""
+
+    RUNTIME = ("PYTEST_CURRENT_TEST",)  # variables no import reads, changing from one test to the next
+
+    def __init__(self):
+        self.proc = None
+        self.env: dict = {}
+
+    def start(self, env: dict) -> None:
+        import subprocess
+        import sys
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="isorank-forkserver-"))
+        with open(self.folder / "imports.err", "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "forkserver.py")],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        self.env, self.pending = env, b""
+        self.head_out = "".join(f"{line}\n" for line in self._until("@ready", timeout=300)[0])
+        self.head_err = (self.folder / "imports.err").read_text(errors="replace")
+
+    def _until(self, tag: str, timeout: float) -> tuple[list[str], str]:
+        """Lines read before the line starting with `tag`, and that line's value; TimeoutError after `timeout` s."""
+        import select
+        import time
+
+        before, end = [], time.monotonic() + timeout
+        while True:
+            while b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text == tag or text.startswith(tag + " "):
+                    return before, text[len(tag) :].strip()
+                before.append(text)
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(tag)
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                if not chunk:
+                    raise RuntimeError(f"the fork server stopped: {(self.folder / 'imports.err').read_text()[-3000:]}")
+                self.pending += chunk
+
+    def run(self, argv: list[str], cwd: Path, env: dict, timeout: float, extra_env: dict, fsize: int | None):
+        """`argv` forked from a server started with `env`; the child's environment also has `extra_env` (read when
+        the script runs, not by the imports) and, with `fsize`, a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored)."""
+        import json
+        import signal
+        import subprocess
+
+        # pytest names the running test in the environment: the child gets it, the server need not restart for it
+        runtime = {k: env.pop(k) for k in list(env) if k in self.RUNTIME}
+        if self.proc is None or self.proc.poll() is not None or env != self.env:
+            self.stop()
+            self.start(env)
+        extra_env = {**runtime, **extra_env}
+        out, err = self.folder / "run.out", self.folder / "run.err"
+        request = {
+            "argv": argv[1:],
+            "cwd": str(cwd),
+            "env": {**env, **extra_env},
+            "stdout": str(out),
+            "stderr": str(err),
+            "fsize": fsize,
+        }
+        out.touch()
+        err.touch()
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = int(self._until("@pid", timeout=60)[1])
+        try:
+            code = int(self._until("@exit", timeout=timeout)[1])
+        except TimeoutError:
+            os.killpg(pid, signal.SIGKILL)  # the child leads its own process group: its ranks and cells go too
+            self._until("@exit", timeout=60)
+            raise subprocess.TimeoutExpired(argv, timeout) from None
+        text = (out.read_text(errors="replace"), err.read_text(errors="replace"))
+        return subprocess.CompletedProcess(argv, code, self.head_out + text[0], self.head_err + text[1])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        self.proc = None
+
+
+FORK_SERVER = ForkServer()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_fork_server():
+    yield
+    FORK_SERVER.stop()
+
+
 def run_script(
-    script: str, *args: str, cwd: Path = REPO, timeout: int = 600, check: bool = True, env: dict | None = None
+    script: str,
+    *args: str,
+    cwd: Path = REPO,
+    timeout: int = 600,
+    check: bool = True,
+    env: dict | None = None,
+    extra_env: dict | None = None,
+    fsize: int | None = None,
+    fork: bool = True,
 ):
-    """Run train.py / evaluate.py as a user would, in a subprocess; returns the CompletedProcess."""
+    """Run train.py / evaluate.py / experiments.py (or a test driver such as tests/fault_driver.py) as a user would,
+    as a process of its own; the CompletedProcess.
+
+    Forked from the fork server (ForkServer: the same process but for the imports done once) unless `env=` replaces
+    the environment or fork=False: then a fresh interpreter, `python script args`. `extra_env`: variables the
+    script reads when it runs (fault injection); `fsize`: the process may write files of at most this many bytes."""
+    import resource
+    import signal
     import subprocess
     import sys
 
-    env = env if env is not None else {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    default = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     target = [script] if script.startswith("-") else [str(REPO / script)]  # "-m", "pkg.module" runs a module
-    proc = subprocess.run(
-        [sys.executable, *target, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    argv = [sys.executable, *target, *args]
+    if fork and env is None and not script.startswith("-"):
+        proc = FORK_SERVER.run(argv, cwd=cwd, env=default, timeout=timeout, extra_env=extra_env or {}, fsize=fsize)
+    else:
+
+        def limits():
+            if fsize is not None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing it
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+        env = {**(env if env is not None else default), **(extra_env or {})}
+        proc = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

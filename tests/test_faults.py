@@ -9,27 +9,20 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, glow_head, run_script, small_run
+from conftest import glow_head, run_script, small_run
 
 SMALL = small_run()
 GLOW = glow_head(batch_size=64)
 
 
 def with_fault(fault: str, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "FAULT": fault, "SCRIPT": script}
-    return subprocess.run(
-        [sys.executable, str(REPO / "tests" / "fault_driver.py"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`script` with one injected fault (tests/fault_driver.py), as a process of its own."""
+    extra = {"FAULT": fault, "SCRIPT": script}
+    return run_script("tests/fault_driver.py", *args, timeout=timeout, check=False, extra_env=extra)
 
 
 def load(ckpt: Path) -> dict:

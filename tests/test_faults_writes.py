@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_bert, small_run
+from conftest import REPO, make_tiny_bert, run_script, small_run
 
 SMALL = small_run()
 FT = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false"]
@@ -146,25 +145,17 @@ def launch(
     sig: str | None = None,
     timeout: int = 300,
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    extra = {"PYTHONDONTWRITEBYTECODE": "1"}
     if point:
-        env.update(POINT=point, SIG=sig, SCRIPT=script)
-        cmd = [sys.executable, str(REPO / "tests" / "fault_points.py"), *args]
-    else:
-        cmd = [sys.executable, str(REPO / script), *args]
-    if no_override and os.geteuid() == 0:
+        extra.update(POINT=point, SIG=sig, SCRIPT=script)
+        script = "tests/fault_points.py"
+    if no_override and os.geteuid() == 0:  # setpriv wraps the interpreter: a fresh process, not a fork
         if SETPRIV is None:
             pytest.skip("running as root without setpriv: root's override of folder permissions cannot be dropped")
-        cmd = [SETPRIV, *NO_OVERRIDE, *cmd]
-
-    def limits():
-        if fsize is not None:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    return subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits, check=False
-    )
+        env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **extra}
+        cmd = [SETPRIV, *NO_OVERRIDE, sys.executable, str(REPO / script), *args]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return run_script(script, *args, timeout=timeout, check=False, extra_env=extra, fsize=fsize)
 
 
 def one_line(proc: subprocess.CompletedProcess, code: int) -> str:
@@ -561,7 +552,7 @@ def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case
             *world.common,
             "data.batch_size=8",
             "trainer.max_steps=100000",  # never reached: the signal stops it
-            "trainer.val_check_interval=2",  # validation.json at step 2: the event that training has started
+            "trainer.val_check_interval=2",  # last.ckpt at step 2: the event that training has started
             "eval.before_training=false",
         ],
         "measures": ["ndcg_cut_10"],
@@ -575,10 +566,10 @@ def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case
     cell = root / "faults" / "colbert" / "syn" / "seed1"
     log = cell / "train.log"
     try:
-        # the cell's training loop runs once its first validation is on disk (a step done, the handlers installed:
-        # a signal before that stops the cell with no checkpoint, as it should, but is not this test's case)
+        # the cell's training loop runs once its first validation wrote last.ckpt (steps done, the handlers
+        # installed: a signal before that stops the cell with no checkpoint, as it should, but is not this case)
         for _ in range(1200):
-            if (cell / "validation.json").is_file():
+            if (cell / "checkpoints" / "last.ckpt").is_file():
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.25)
@@ -587,8 +578,12 @@ def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case
         proc.send_signal(signal.Signals[sig])
         out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed wait: the grid hands SIGTERM on to the cell (its own session), then goes
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     line = one_line(done, 128 + signal.Signals[sig])
     assert line == f"stopped: interrupted by {sig}; finished cells are kept: run the same command again to resume"
