@@ -275,14 +275,17 @@ import datamodules.bm25 as bm25
 docs = json.load(open(sys.argv[1]))
 queries = {"a": "w1x w2x", "b": "w3x w3x w9x"}
 build, rank = bm25._build_index, bm25.rank
+arrived = sys.argv[3] + ".arrived"
 def slow_build(*a, **k):
     open(sys.argv[2], "a").write(f"build {os.getpid()}\\n")
-    time.sleep(1.5)  # the others arrive while this one builds
+    while len(os.listdir(arrived)) < 3:  # build once the others are at the lock: an event, not a time
+        time.sleep(0.05)
     return build(*a, **k)
 def logged_rank(*a, **k):
     open(sys.argv[2], "a").write(f"rank {os.getpid()}\\n")
     return rank(*a, **k)
 bm25._build_index, bm25.rank, bm25.POLL_S = slow_build, logged_rank, 0.2
+open(os.path.join(arrived, str(os.getpid())), "w").close()
 run = bm25.bm25_run(docs, queries, 10, sys.argv[3], "ddp")
 print(json.dumps(run))
 """
@@ -293,6 +296,7 @@ def test_processes_share_one_build_and_one_run(tmp_path):
     docs, _ = zipf_collection(n_docs=300)
     (tmp_path / "docs.json").write_text(json.dumps(docs))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    (tmp_path / "cache.arrived").mkdir()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, str(tmp_path / "docs.json"), str(tmp_path / "log"), str(tmp_path / "cache")],

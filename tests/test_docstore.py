@@ -99,18 +99,23 @@ def test_store_built_by_one_of_two_processes(tmp_path):
     path = _collection(tmp_path)
     counter = tmp_path / "builds"
     script = f"""
-import sys, time
+import os, sys, time
+from pathlib import Path
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from datamodules.docstore import fingerprint, open_store
 from datamodules.textfiles import iter_id_text
 path = {str(path)!r}
+arrived = Path({str(tmp_path / "arrived")!r})
 def records():
     with open({str(counter)!r}, "a") as f:
         f.write("x")
-    time.sleep(1.0)
+    while len(list(arrived.iterdir())) < 2:  # build while the other process is at the store's lock (an event)
+        time.sleep(0.05)
     yield from iter_id_text(path, "passage")
+(arrived / str(os.getpid())).touch()
 print(len(open_store({str(tmp_path / "cache")!r}, fingerprint("tsv-collection", [path]), records, path)))
 """
+    (tmp_path / "arrived").mkdir()
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert outs == [str(len(IDS))] * 2 and counter.read_text() == "x"

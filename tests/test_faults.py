@@ -53,13 +53,16 @@ FT = [
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_bert) -> Path:
+    """The reference run of the resume tests, a process started as theirs are (run_script): compared bit for bit,
+    it must do the same arithmetic, which a run inside the test process need not (1.9e-8 apart, seen)."""
     out = tmp_path_factory.mktemp("full")
-    train_here([*FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}"])  # csv: validation history
+    run_script("train.py", *FT, f"model.backbone={tiny_bert}", "logger=csv", f"output_dir={out}")  # csv: val history
     return out
 
 
 def train_here(args: list[str]) -> None:
-    """train.py in this process (no fault to inject: saves a Python start-up)."""
+    """train.py in this process, for the tests that patch it here (no run of theirs is compared bit for bit with a
+    run in another process)."""
     from pipeline.config import compose
     from pipeline.run import train
 
@@ -148,7 +151,7 @@ def test_sigterm_mid_epoch_head_stage(tmp_path, tiny_bert):
         f"data.cache_dir={tmp_path / 'cache'}",
     ]
     full, part = tmp_path / "full", tmp_path / "part"
-    train_here([*base, f"output_dir={full}"])
+    run_script("train.py", *base, f"output_dir={full}")  # started as the resumed run is: the same arithmetic
     steps_per_epoch = load(full / "checkpoints" / "last.ckpt")["global_step"] // 3
     assert steps_per_epoch >= 3, "the signal must land inside an epoch"
     k = steps_per_epoch + 1

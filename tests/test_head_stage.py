@@ -68,11 +68,9 @@ def test_whitening_stage_and_evaluate_with_head(tmp_path, finetuned):
 
 
 @pytest.mark.slow
-def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned, crash_when):
-    """3 epochs of Glow; a run that dies in epoch 3 resumes from its epoch-2 last.ckpt to the same head, bit for bit."""
-    import pipeline.run
-    from pipeline.config import compose
-
+def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned):
+    """3 epochs of Glow; a run that dies in epoch 3 resumes from its epoch-2 last.ckpt to the same head, bit for bit
+    (all three runs processes started alike: the same arithmetic)."""
     base = [*SMALL, "stage=head", f"ckpt={finetuned}", *GLOW, "head.epochs=3", f"data.cache_dir={tmp_path / 'cache'}"]
     full = tmp_path / "full"
     run_script("train.py", *base, f"output_dir={full}")
@@ -83,10 +81,10 @@ def test_glow_stage_best_epoch_and_exact_resume(tmp_path, finetuned, crash_when)
     assert state and all(k.startswith("ranker.token_head.") for k in state)
 
     part = tmp_path / "part"
-    undo = crash_when(lambda trainer: trainer.current_epoch == 2)  # in epoch 3
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        pipeline.run.train(compose([*base, f"output_dir={part}"]))
-    undo()
+    step = torch.load(full / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+    crash = {"FAULT": f"raise:0:{2 * step // 3 + 1}", "SCRIPT": "train.py"}  # the first step of epoch 3
+    crashed = run_script("tests/fault_driver.py", *base, f"output_dir={part}", check=False, extra_env=crash)
+    assert crashed.returncode == 1 and "injected failure on rank 0" in crashed.stderr, crashed.stderr[-3000:]
     last = part / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 1  # saved after epoch 2's validation
     run_script("train.py", *base, f"output_dir={part}", f"ckpt_path={last}")

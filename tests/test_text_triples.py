@@ -429,23 +429,27 @@ def test_built_by_one_of_two_processes(tmp_path):
         tmp_path / "t.tsv", "what is a cat\tcats sit on mats\tnew passage\nnew query\tnew passage\tbirds fly south\n"
     )
     counter = tmp_path / "builds"
+    (tmp_path / "arrived").mkdir()
     script = f"""
-import sys, time
+import os, sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
 from datamodules import text_triples
 from datamodules.docstore import fingerprint, open_store
 from datamodules.textfiles import iter_id_text
 build = text_triples._build
+arrived = Path({str(tmp_path / "arrived")!r})
 def counted(*args):
     with open({str(counter)!r}, "a") as f:
         f.write("x")
-    time.sleep(1.0)
+    while len(list(arrived.iterdir())) < 2:  # build while the other process is at the lock (an event, not a time)
+        time.sleep(0.05)
     build(*args)
 text_triples._build = counted
 c, cache = Path({str(cpath)!r}), {str(tmp_path / "cache")!r}
 store = open_store(cache, fingerprint("tsv-collection", [c]), lambda: iter_id_text(c, "passage"), str(c))
 queries = {QUERIES!r}
+(arrived / str(os.getpid())).touch()
 print(list(text_triples.read_text_triples(Path({str(tpath)!r}), store, queries, cache)), len(queries))
 """
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]

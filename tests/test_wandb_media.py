@@ -311,7 +311,7 @@ def test_grid_table_is_logged_as_its_own_run(tmp_path):
         "baseline": "bm25",
         "rows": {"bm25": ["model=bm25", "model.depth=20"], "bm25_k": ["model=bm25", "model.depth=20", "model.k1=0.6"]},
         "train_data": {"syn": GRID_SYN},
-        "seeds": [1, 2],
+        "seeds": [1],  # one seed: each cell is a fresh interpreter with W&B (~15 s); means over seeds: test_grid.py
         "measures": ["ndcg_cut_10"],
         "output_root": str(tmp_path / "grids"),
         "launcher": "subprocess",
@@ -327,16 +327,16 @@ def test_grid_table_is_logged_as_its_own_run(tmp_path):
     t = json.loads(f.read_text())
     rows = {r[2]: dict(zip(t["columns"], r)) for r in t["data"]}
     cells = json.loads((root / "results.json").read_text())["cells"]
-    mean = {r: sum(c["metrics"]["ndcg_cut_10"] for c in cells if c["row"] == r) / 2 for r in ("bm25", "bm25_k")}
+    mean = {r: next(c["metrics"]["ndcg_cut_10"] for c in cells if c["row"] == r) for r in ("bm25", "bm25_k")}
     assert set(rows) == {"bm25", "bm25_k"} and rows["bm25"]["train"] == "syn" and rows["bm25"]["eval"] == "syn"
     assert rows["bm25_k"]["ndcg_cut_10"] == pytest.approx(mean["bm25_k"], rel=1e-9)
     assert rows["bm25_k"]["ndcg_cut_10 change %"] == pytest.approx(
         100 * (mean["bm25_k"] - mean["bm25"]) / mean["bm25"], rel=1e-9
     )
     # each cell is a run of the grid's group named after its cell, BM25 evaluations included, with its results
-    cell = root / "bm25_k" / "syn" / "seed2"
+    cell = root / "bm25_k" / "syn" / "seed1"
     crun, csummary, cell_meta = offline_run(cell)
-    assert cell_meta == {"name": "bm25_k-syn-syn-seed2", "group": "tbl", "job_type": "eval"}
+    assert cell_meta == {"name": "bm25_k-syn-syn-seed1", "group": "tbl", "job_type": "eval"}
     metrics = json.loads((cell / "metrics.json").read_text())
     assert csummary["test/ndcg_cut_10"] == pytest.approx(metrics["ndcg_cut_10"], rel=1e-9)
     assert_row(table(crun, "test/results")["test"], metrics)
