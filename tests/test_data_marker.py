@@ -95,6 +95,7 @@ def _run_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # two pytest sessions in subprocesses
 def test_hook_fails_marked_tests_in_ci_and_skips_them_elsewhere(tmp_path):
     missing = tmp_path / "shared" / "data"
     proc = _run_suite(tmp_path, "true")

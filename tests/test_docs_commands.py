@@ -156,6 +156,7 @@ def _first_runnable(script: str) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow  # a fresh interpreter each (~10 s of imports): the one check of a real start from a shell
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_entry_scripts_dry_run_in_a_subprocess(script):
     """Once per script, as a shell runs it: a fresh interpreter, cwd the repo root, the documented arguments."""

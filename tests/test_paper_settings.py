@@ -169,10 +169,10 @@ def test_dgre_literal_grid_trains_with_the_papers_printed_settings():
     """dgre_cranfield_literal: batch 32, BERT at 1e-5, DGRe's layers at 5e-5, lambda 1e-2, Eq. 25; what the CPU cannot
     follow (the 20 epochs) is a named deviation."""
     spec, extra = load_grid(["grid=dgre_cranfield_literal"])
-    for cell in plan(spec, extra):
+    cells = [(cell, compose(list(cell.argv))) for cell in plan(spec, extra)]  # composed once: seconds a cell
+    for cell, cfg in cells:
         if cell.row == "bm25":
             continue
-        cfg = compose(list(cell.argv))
         assert (cfg.data.batch_size, cfg.optim.lr, cfg.optim.loss, cfg.optim.margin) == (32, 1e-5, "hinge", 1.0), (
             cell.label
         )
@@ -180,7 +180,7 @@ def test_dgre_literal_grid_trains_with_the_papers_printed_settings():
             assert (cfg.model.layers_lr, cfg.model.aux_lambda) == (5e-5, 0.01), cell.label
     assert any("20 epochs" in d for d in spec.deviations)
     # the GPU grid: the same cells with the printed 20 epochs in place of the 60 steps, and no such deviation left
-    literal = {c.label: compose(list(c.argv)) for c in plan(*load_grid(["grid=dgre_cranfield_literal"]))}
+    literal = {cell.label: cfg for cell, cfg in cells}
     spec20, extra20 = load_grid(["grid=dgre_cranfield_literal_20ep"])
     epochs = {c.label: compose(list(c.argv)) for c in plan(spec20, extra20)}
     assert epochs.keys() == literal.keys()
