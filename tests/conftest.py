@@ -14,9 +14,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Under pytest-xdist (`-n N`) each worker runs one thread: N workers then share the cores without oversubscription,
-# and every torch computation a worker makes, in-process or in the train.py / evaluate.py subprocesses it starts
-# (they inherit these variables), has the same thread count, so the tests that compare two runs bit for bit compare
-# the same arithmetic. Set before torch is imported (the test modules import it after conftest).
+# and the train.py / evaluate.py processes a worker starts inherit these variables. The same thread count is not
+# enough for bit-for-bit comparisons between a run inside the worker and one in a process of its own (they differed
+# by 1e-8-4e-7, cause unknown): such tests compare runs started alike. Set before the test modules import torch.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = "1"
