@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -197,6 +198,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         if fault is not None:
             raise fault from e
         raise
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Return the SHA-256 of a file's bytes, read in 8 MB blocks (how every cache checks its files)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 23):
+            h.update(block)
+    return h.hexdigest()
 
 
 def current_umask() -> int:

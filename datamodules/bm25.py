@@ -57,7 +57,7 @@ import numpy as np
 
 from core.bm25s_lib import bm25s_module, bm25s_submodule, stopwords_en
 from core.errors import InputError, check_choice
-from core.io import AtomicDir, atomic_open
+from core.io import AtomicDir, atomic_open, file_sha256
 from core.lock import claim
 
 # bm25s variants (Kamphuis et al. 2020)
@@ -324,11 +324,6 @@ def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | 
     return BM25Index(r, doc_ids)
 
 
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
     """Write bm25s' save, the doc ids and the manifest (last: `manifest` plus counts and checksums) into `folder`.
 
@@ -337,7 +332,7 @@ def save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
     with AtomicDir(folder, marker=MANIFEST, kind="a BM25 index") as tmp:
         index.retriever.save(tmp, show_progress=False)
         np.save(tmp / DOC_IDS, index.doc_ids)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _file_sha256(p)} for p in sorted(tmp.iterdir())}
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
         s = index.retriever.scores
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(
@@ -361,7 +356,7 @@ def load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
             size = (folder / name).stat().st_size
             if size != f["bytes"]:
                 problem = f"{name} has {size} bytes, the manifest says {f['bytes']}"
-            elif _file_sha256(folder / name) != f["sha256"]:
+            elif file_sha256(folder / name) != f["sha256"]:
                 problem = f"{name} does not match its checksum"
             if problem:
                 break

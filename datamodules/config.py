@@ -44,7 +44,14 @@ class DataConfig:
     # Evaluation step size: distinct passages for bi-encoders (each encoded once however many queries list it),
     # (query, passage) pairs for cross-encoders.
     eval_batch_size: int = 64
-    num_workers: int = 0
+    # DataLoader worker processes per rank; null = chosen from the machine: none without a GPU (the model's own work
+    # uses the cores, and a batch assembled from cached tokens costs about a millisecond), else one per core the rank
+    # can spare, at most 8 (`datamodules.datamodule.loader_workers`).
+    num_workers: int | None = None
+    # Tokenise the run's passages and queries once, into `<cache_dir>/tokens/` (datamodules/token_cache.py), and
+    # assemble each batch from the cached ids: the same batches as tokenising text per batch (false), without the
+    # host's tokenising on every step. Passage windows and per-epoch rotation are tokenised per batch either way.
+    pretokenize: bool = True
     # When a split has no training triplets: negatives sampled from each query's BM25 candidates ("bm25") or
     # uniformly from the collection ("random"); "given" demands triplets from the source.
     negatives: str = "bm25"

@@ -14,6 +14,7 @@ only in word order, never in spacing.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,23 @@ from datamodules.samplers import (
 )
 from datamodules.sources import load_dataset
 from datamodules.tokenization import PairTokenizer
+from datamodules.tokenized import PassageTokens, QueryTokens, SplitTokens, store_rows
+
+MAX_AUTO_WORKERS = 8  # enough to keep a GPU fed with cached tokens; each worker holds its own copy of the datasets
+
+
+def loader_workers(setting: int | None, cuda: bool, devices: int) -> int:
+    """Return the DataLoader workers per rank: `setting` (data.num_workers), or when null one per spare core on GPUs.
+
+    Without a GPU the model runs on the cores the workers would take, so none. With one, the cores this process may
+    use, shared by the `devices` ranks of the node, less one for the rank itself, at least 1 and at most 8.
+    """
+    if setting is not None:
+        return int(setting)
+    if not cuda:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_AUTO_WORKERS, cores // max(1, devices) - 1))
 
 
 def passage_text(text: str, rotate: bool, seed: int, epoch: int, key: str) -> str:
@@ -125,8 +143,11 @@ class TripletDataset(Dataset):
         train_passage: str = "random",
         rotation_mode: str = "per_passage",
         qrels: dict[str, dict[str, int]] | None = None,
+        tokens: tuple[QueryTokens, PassageTokens] | None = None,
     ):
         self.docs, self.triples, self.queries = ds.docs, triples, queries
+        # cached content tokens instead of texts (`RankingDataModule.train_tokens`): the cut is per passage then
+        self.tokens = tokens
         # per judged query, not per triple's query: a pass over 39.8M triples (MS MARCO) would take minutes
         self.judged = {
             q: tuple(doc_key(d) for d, grade in judged.items() if grade > 0) for q, judged in (qrels or {}).items()
@@ -149,12 +170,18 @@ class TripletDataset(Dataset):
     def __getitem__(self, item: tuple[int, int]) -> tuple[str, str, str, TripletKeys]:
         epoch, i = item
         qid, pos, neg = self.triples[i]
+        keys = TripletKeys(doc_key(pos), doc_key(neg), self.judged.get(qid, ()))
+        if self.tokens is not None:
+            queries, passages = self.tokens
+            if passages.holds_rows_of(self.triples):  # memory-mapped triples name store rows: no id is looked up
+                return (*queries.of([qid]), *passages.at_rows(self.triples.rows_at(i)[1:]), keys)
+            return (*queries.of([qid]), *passages.of([pos, neg]), keys)
         # Positive and negative are both rotated, each at its own passage's cut (Eq. 7 applies to every passage).
         return (
             self.queries[qid],
             self._text(pos, epoch, i),
             self._text(neg, epoch, i),
-            TripletKeys(doc_key(pos), doc_key(neg), self.judged.get(qid, ())),
+            keys,
         )
 
 
@@ -171,7 +198,10 @@ class TripletCollate:
     def __call__(self, items: list[tuple[str, str, str, TripletKeys]]) -> dict[str, torch.Tensor]:
         """Tokenise the batch's triplets and add the doc-key tensors."""
         q, p, n, keys = map(list, zip(*items))
-        batch = self.tokenizer.triplets(q, p, n)
+        # texts, or cached content tokens (TripletDataset.tokens): the same batch either way
+        batch = (
+            self.tokenizer.triplets(q, p, n) if isinstance(q[0], str) else self.tokenizer.triplets_from_content(q, p, n)
+        )
         # doc keys of the batch's passages and, per query, of its judged documents (-1 pads): the module masks an
         # in-batch "negative" that is judged relevant to the query (optim.in_batch_mask_relevant)
         batch["pos_doc"] = torch.tensor([k.pos for k in keys], dtype=torch.long)
@@ -190,8 +220,15 @@ class PairDataset(Dataset):
     to its document's index.
     """
 
-    def __init__(self, pairs: np.ndarray, qtexts: list[str], dtexts: list[str], unit_doc: np.ndarray | None = None):
-        self.pairs, self.qtexts, self.dtexts, self.unit_doc = pairs, qtexts, dtexts, unit_doc
+    def __init__(
+        self,
+        pairs: np.ndarray,
+        qtexts: list[str],
+        dtexts: list[str],
+        unit_doc: np.ndarray | None = None,
+        tokens: SplitTokens | None = None,
+    ):
+        self.pairs, self.qtexts, self.dtexts, self.unit_doc, self.tokens = pairs, qtexts, dtexts, unit_doc, tokens
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -199,6 +236,8 @@ class PairDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[int, int, str, str]:
         qi, ui = self.pairs[i]
         di = ui if self.unit_doc is None else self.unit_doc[ui]
+        if self.tokens is not None:  # cached content tokens instead of texts
+            return int(qi), int(di), *self.tokens.queries.at([qi]), *self.tokens.docs_at([ui])
         return int(qi), int(di), self.qtexts[qi], self.dtexts[ui]
 
 
@@ -211,7 +250,7 @@ class PairCollate:
     def __call__(self, items) -> dict[str, torch.Tensor]:
         """Tokenise the batch's (query, passage) pairs and add their query and document indices."""
         qi, di, q, d = map(list, zip(*items))
-        batch = self.tokenizer.pairs(q, d)
+        batch = self.tokenizer.pairs(q, d) if isinstance(q[0], str) else self.tokenizer.pairs_from_content(q, d)
         batch["qidx"] = torch.tensor(qi)
         batch["didx"] = torch.tensor(di)
         return batch
@@ -241,9 +280,15 @@ class DocChunkDataset(Dataset):
     """
 
     def __init__(
-        self, chunks: list[np.ndarray], dtexts: list[str], tokenizer: PairTokenizer, unit_doc: np.ndarray | None = None
+        self,
+        chunks: list[np.ndarray],
+        dtexts: list[str],
+        tokenizer: PairTokenizer,
+        unit_doc: np.ndarray | None = None,
+        tokens: SplitTokens | None = None,
     ):
         self.chunks, self.dtexts, self.tokenizer, self.unit_doc = chunks, dtexts, tokenizer, unit_doc
+        self.tokens = tokens  # cached content tokens instead of texts
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -251,7 +296,10 @@ class DocChunkDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         pairs = self.chunks[i]
         ud, pair_d = np.unique(pairs[:, 1], return_inverse=True)
-        batch = self.tokenizer.docs([self.dtexts[j] for j in ud])
+        if self.tokens is not None:
+            batch = self.tokenizer.side_from_content(self.tokens.docs_at(ud), "doc")
+        else:
+            batch = self.tokenizer.docs([self.dtexts[j] for j in ud])
         didx = pairs[:, 1] if self.unit_doc is None else self.unit_doc[pairs[:, 1]]
         batch.update(
             dpos=torch.from_numpy(
@@ -317,6 +365,9 @@ class EvalSplit:
     qtexts: list[str]
     dtexts: Sequence[str]  # the scored units: documents, or their passages (data.passage_words)
     unit_doc: np.ndarray | None = None  # passages: unit -> index in doc_ids; None: the units are the documents
+    tokens: SplitTokens | None = (
+        None  # the texts as cached content tokens (data.pretokenize), None: tokenised per batch
+    )
 
 
 class RankingDataModule(pl.LightningDataModule):
@@ -348,6 +399,7 @@ class RankingDataModule(pl.LightningDataModule):
         # the splits the job uses (None: all; an evaluation: ("test",)): a source reads only those (load_dataset),
         # and no training triple is drawn when "train" is not among them
         self.splits: tuple[str, ...] | None = None
+        self.train_tokens: tuple[QueryTokens, PassageTokens] | None = None
 
     # ---- loading -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -409,6 +461,52 @@ class RankingDataModule(pl.LightningDataModule):
         for name in ("val", "test"):
             self.eval_splits[name] = self._eval_split(ds, name)
         self.dataset = ds
+        self._pretokenize(ds)
+
+    def _pretokenize(self, ds: IRDataset) -> None:
+        """Tokenise the run's passages and queries once (`data.pretokenize`), as training and evaluation cut them.
+
+        Evaluation splits get `tokens`, training `train_tokens`. Left as text (tokenised per batch, in the loaders):
+        passage windows (`data.passage_words`, cut per epoch), training passages cut per epoch
+        (`data.rotation=per_epoch`), and a tokenizer whose output is not content plus fixed special tokens.
+        """
+        self.train_tokens = None
+        cfg, pt = self.cfg, self.tokenizer
+        if pt is None or not cfg.pretokenize or passage_window(cfg) is not None or pt.template is None:
+            return
+        docs = ds.docs
+        wanted: dict[bool, list[np.ndarray]] = {}  # rotated or not -> the collection rows to tokenise so
+        for es in self.eval_splits.values():
+            wanted.setdefault(cfg.rotate_eval, []).append(store_rows(docs, es.doc_ids))
+        train = bool(len(self.triples)) and (not cfg.rotate_train or cfg.rotation == "per_passage")
+        if train:
+            triples = self.triples
+            if hasattr(triples, "distinct") and getattr(triples.docs, "fingerprint", None) == getattr(
+                docs, "fingerprint", None
+            ):
+                rows = triples.distinct()[1]  # block-wise array passes: MS MARCO's 39.8M triples stay on disk
+            else:
+                rows = store_rows(docs, list(dict.fromkeys(d for _, p, n in triples for d in (p, n))))
+            wanted.setdefault(cfg.rotate_train, []).append(rows)
+        seed = self.seed
+        tables = {
+            rotate: PassageTokens.build(
+                docs,
+                np.concatenate(parts),
+                lambda d, text, rotate=rotate: passage_text(text, rotate, seed, *rotation_draw("per_passage", 0, d)),
+                {"normalized": True, "rotate": rotate, "seed": seed if rotate else None, "cut": "per_passage"},
+                pt,
+                cfg.cache_dir,
+            )
+            for rotate, parts in wanted.items()
+        }
+        for es in self.eval_splits.values():
+            es.tokens = SplitTokens(
+                QueryTokens.in_memory(es.qtexts, pt), tables[cfg.rotate_eval], store_rows(docs, es.doc_ids)
+            )
+        if train:
+            queries = QueryTokens.cached(ds.split("train").queries, pt, cfg.cache_dir)
+            self.train_tokens = (queries, tables[cfg.rotate_train])
 
     def _eval_split(self, ds: IRDataset, name: str) -> EvalSplit:
         split = ds.split(name)
@@ -438,6 +536,20 @@ class RankingDataModule(pl.LightningDataModule):
     def _consumed(self) -> int:
         return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
+    def _loader_options(self) -> dict:
+        """DataLoader settings of every loader: workers (`loader_workers`), pinned memory, persistent workers, prefetch.
+
+        Pinned memory and non-blocking copies only where a GPU is used; workers kept across epochs and evaluations, so
+        each validation does not start processes again.
+        """
+        trainer = self.trainer
+        cuda = torch.cuda.is_available() and (
+            trainer is None or getattr(trainer.strategy.root_device, "type", "cuda") == "cuda"
+        )
+        workers = loader_workers(self.cfg.num_workers, cuda, trainer.num_devices if trainer is not None else 1)
+        extra = dict(persistent_workers=True, prefetch_factor=4) if workers else {}
+        return dict(num_workers=workers, pin_memory=cuda, **extra)
+
     def _generator(self) -> torch.Generator:
         # Each loader iterator draws a worker base seed; from its own generator it leaves the global RNG (dropout)
         # untouched, which keeps a resumed run on the uninterrupted run's random stream.
@@ -457,14 +569,14 @@ class RankingDataModule(pl.LightningDataModule):
             self.cfg.train_passage,
             self.cfg.rotation,
             qrels=train.qrels,
+            tokens=self.train_tokens,
         )
         sampler = DistributedTrainBatchSampler(len(ds), self.cfg.batch_size, self.seed, rank, world)
         return ResumableLoader(
             ds,
             batch_sampler=sampler,
             collate_fn=TripletCollate(self.tokenizer),
-            num_workers=self.cfg.num_workers,
-            pin_memory=torch.cuda.is_available(),
+            **self._loader_options(),
             consumed=self._consumed,
             generator=self._generator(),
             what="training example",
@@ -480,8 +592,7 @@ class RankingDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         split = self.eval_splits[name]
         common = dict(
-            num_workers=self.cfg.num_workers,
-            pin_memory=torch.cuda.is_available(),
+            **self._loader_options(),
             generator=self._generator(),
             what=f"{name} example",
         )
@@ -492,12 +603,14 @@ class RankingDataModule(pl.LightningDataModule):
             chunks = doc_chunks(split.pairs, self.cfg.eval_batch_size, np.array([len(t) for t in split.dtexts]))
             if len(split.pairs) and not chunks[rank::world]:
                 return GuardedLoader(EmptyShard(), batch_size=None, shuffle=False, **common)
-            ds = DocChunkDataset(chunks[rank::world], split.dtexts, self.tokenizer, split.unit_doc)
+            ds = DocChunkDataset(chunks[rank::world], split.dtexts, self.tokenizer, split.unit_doc, split.tokens)
             return GuardedLoader(ds, batch_size=None, shuffle=False, **common)
         shard = shard_range(len(split.pairs), rank, world)
         if len(split.pairs) and not len(shard):
             return GuardedLoader(EmptyShard(), batch_size=None, shuffle=False, **common)
-        ds = PairDataset(split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc)
+        ds = PairDataset(
+            split.pairs[shard.start : shard.stop], split.qtexts, split.dtexts, split.unit_doc, split.tokens
+        )
         return GuardedLoader(
             ds, batch_size=self.cfg.eval_batch_size, shuffle=False, collate_fn=PairCollate(self.tokenizer), **common
         )

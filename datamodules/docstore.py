@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputError
-from core.io import AtomicDir, current_umask
+from core.io import AtomicDir, current_umask, file_sha256
 
 STORE_VERSION = 1
 BATCH_ROWS = 1 << 16
@@ -67,14 +67,6 @@ def fingerprint(kind: str, paths: Iterable[Path], **settings) -> str:
         with open(path, "rb") as f:
             while block := f.read(1 << 23):
                 h.update(block)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 23):
-            h.update(block)
     return h.hexdigest()
 
 
@@ -307,7 +299,7 @@ def _manifest_ok(folder: Path, fp: str) -> str | None:
             if (folder / name).stat().st_size != m["sizes"][name]:
                 return f"{name} has {(folder / name).stat().st_size} bytes, the manifest says {m['sizes'][name]}"
         for name in _FILES[1:]:
-            if _sha256(folder / name) != m["sha256"][name]:
+            if file_sha256(folder / name) != m["sha256"][name]:
                 return f"{name} does not match its checksum"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable ({e})"
@@ -410,7 +402,7 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
     np.save(tmp / "sorted_rows.npy", pc.sort_indices(table.column("id")).to_numpy().astype(np.int64))
     del table
     sizes = {name: (tmp / name).stat().st_size for name in _FILES}
-    sha = {name: _sha256(tmp / name) for name in _FILES[1:]}
+    sha = {name: file_sha256(tmp / name) for name in _FILES[1:]}
     with open(tmp / "manifest.json", "w") as f:
         json.dump(
             {

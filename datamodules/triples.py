@@ -66,6 +66,11 @@ class TripleArray(Sequence[tuple[str, str, str]]):
         q, p, n = self.rows[i if self.keep is None else self.keep[i]]
         return self.qids[q], self.docs.id_at(p), self.docs.id_at(n)
 
+    def rows_at(self, i: int) -> tuple[int, int, int]:
+        """Return triple i as (query index into `qids`, positive row, negative row) of `docs`: no id is looked up."""
+        q, p, n = self.rows[i if self.keep is None else self.keep[i]]
+        return int(q), int(p), int(n)
+
     def __eq__(self, other) -> bool:  # as the list of tuples it stands for
         return (
             isinstance(other, Sequence)

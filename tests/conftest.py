@@ -178,6 +178,26 @@ def synthetic_data(cache_dir, seed: int, tokenizer=None, setup: bool = True, **s
     return dm
 
 
+def msmarco_shaped_config(folder, cache_dir, **settings):
+    """The `data=tsv` config of bench/synthetic_msmarco.py's files in `folder` (id triples), cache in `cache_dir`."""
+    from bench import synthetic_msmarco as sm
+    from datamodules.sources.tsv import TsvConfig
+
+    f = sm.files(folder)
+    return TsvConfig(
+        collection=str(f["collection"]),
+        cache_dir=str(cache_dir),
+        train_queries=str(f["queries.train"]),
+        train_qrels=str(f["qrels.train"]),
+        train_triples=str(f["triples"]),
+        val_queries=str(f["queries.dev"]),
+        val_qrels=str(f["qrels.dev"]),
+        test_queries=str(f["queries.test"]),
+        test_qrels=str(f["qrels.test"]),
+        **settings,
+    )
+
+
 def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
     """(ranker `model` on `backbone`, its tiny synthetic data module, not set up): what the isotropy tests measure."""
     import torch

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import msmarco_shaped_config
 
 from bench import bench_scale
 from bench import synthetic_msmarco as sm
@@ -79,22 +80,9 @@ def test_files_shapes_and_references(generated):
 def test_pipeline_reads_the_files(generated, tmp_path):
     """The files are a valid `data=tsv` dataset: the tsv source loads and validates them, triples included."""
     from datamodules.sources import load_dataset
-    from datamodules.sources.tsv import TsvConfig
 
     _, folder, _ = generated
-    f = sm.files(folder)
-    cfg = TsvConfig(
-        collection=str(f["collection"]),
-        cache_dir=str(tmp_path),
-        train_queries=str(f["queries.train"]),
-        train_qrels=str(f["qrels.train"]),
-        train_triples=str(f["triples"]),
-        val_queries=str(f["queries.dev"]),
-        val_qrels=str(f["qrels.dev"]),
-        test_queries=str(f["queries.test"]),
-        test_qrels=str(f["qrels.test"]),
-    )
-    ds = load_dataset(cfg, seed=0)
+    ds = load_dataset(msmarco_shaped_config(folder, tmp_path), seed=0)
     assert len(ds.docs) == SPEC.passages and len(ds.split("train").triples) == round(4.5 * SPEC.passages)
     assert len(ds.split("test").queries) == SPEC.test_queries
 

@@ -1,0 +1,151 @@
+"""Batches assembled from cached content tokens equal batches tokenised from text; the cache is keyed and checked."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import msmarco_shaped_config, synthetic_data
+from transformers import AutoTokenizer
+
+from datamodules.token_cache import TokenTable, token_table, tokenizer_digest
+from datamodules.tokenization import PairTokenizer, template_of
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tiny_bert):
+    return AutoTokenizer.from_pretrained(tiny_bert)
+
+
+def batches(loader) -> list[dict]:
+    return [dict(b) for b in loader]
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for x, y in zip(a, b):
+        assert sorted(x) == sorted(y)
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
+def data(tmp_path, pt, pretokenize: bool, **settings):
+    settings = {"num_docs": 80, "num_train_queries": 24, "candidate_depth": 12, "batch_size": 8, **settings}
+    dm = synthetic_data(tmp_path / "cache", 3, pt, pretokenize=pretokenize, **settings)
+    return dm
+
+
+@pytest.mark.parametrize("kind", ["bi", "cross"])
+@pytest.mark.parametrize("lengths", [(8, 16), (32, 180)])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_cached_batches_equal_text_batches(tmp_path, hf_tokenizer, kind, lengths, rotate):
+    pt = PairTokenizer(hf_tokenizer, kind, *lengths)
+    settings = {"rotate_train": rotate, "rotate_eval": rotate}
+    text, cached = data(tmp_path, pt, False, **settings), data(tmp_path, pt, True, **settings)
+    assert text.train_tokens is None and cached.train_tokens is not None
+    assert cached.eval_splits["test"].tokens is not None
+    assert_same(batches(text.train_dataloader()), batches(cached.train_dataloader()))
+    for name in ("val", "test"):
+        assert_same(batches(text.eval_dataloader(name)), batches(cached.eval_dataloader(name)))
+
+
+def test_per_epoch_rotation_and_windows_stay_text(tmp_path, hf_tokenizer):
+    pt = PairTokenizer(hf_tokenizer, "bi", 8, 16)
+    per_epoch = data(tmp_path, pt, True, rotate_train=True, rotation="per_epoch")
+    assert per_epoch.train_tokens is None and per_epoch.eval_splits["val"].tokens is not None
+    windows = data(tmp_path, pt, True, passage_words=6)
+    assert windows.train_tokens is None and windows.eval_splits["val"].tokens is None
+
+
+def test_workers_give_the_same_batches(tmp_path, hf_tokenizer):
+    pt = PairTokenizer(hf_tokenizer, "bi", 8, 16)
+    dm = data(tmp_path, pt, True)
+    alone = batches(dm.train_dataloader())
+    dm.cfg.num_workers = 2
+    assert_same(alone, batches(dm.train_dataloader()))
+
+
+def test_template_probe(hf_tokenizer):
+    t = template_of(hf_tokenizer)
+    cls, sep = hf_tokenizer.cls_token_id, hf_tokenizer.sep_token_id
+    assert t.single == ((cls,), (sep,)) and t.pair == ((cls,), (sep,), (sep,)) and t.pair_types
+    left = AutoTokenizer.from_pretrained(hf_tokenizer.name_or_path, padding_side="left")
+    assert template_of(left) is None  # batches are assembled right-padded: such a tokenizer is fed text
+
+
+def build(tmp_path, texts, key=None, tokenize=None):
+    key = key or {"what": "test"}
+    tokenize = tokenize or (lambda block: [[len(w) for w in t.split()] for t in block])
+    return token_table(tmp_path, key, len(texts), lambda: iter(texts), tokenize, 100)
+
+
+def test_table_reads_back_and_reuses(tmp_path):
+    texts = ["a bb ccc", "dddd", "ee f"]
+    table = build(tmp_path, texts)
+    assert [list(table[i]) for i in range(3)] == [[1, 2, 3], [4], [2, 1]]
+    calls = []
+    again = build(tmp_path, texts, tokenize=lambda b: calls.append(b) or [[0]] * len(b))
+    assert calls == [] and list(again[1]) == [4]
+    assert list(TokenTable.of([[5, 6], []]).lengths()) == [2, 0]
+
+
+def test_same_size_edit_and_truncation_rebuild(tmp_path):
+    texts = ["a bb ccc", "dddd"]
+    table = build(tmp_path, texts)
+    ids = table.folder / "ids.bin"
+    raw = bytearray(ids.read_bytes())
+    raw[0] ^= 0xFF  # same size, other bytes
+    ids.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match="does not match its checksum"):
+        table = build(tmp_path, texts)
+    assert list(table[0]) == [1, 2, 3]
+    ids.write_bytes(ids.read_bytes()[:-2])
+    with pytest.warns(UserWarning, match="bytes, the manifest says"):
+        table = build(tmp_path, texts)
+    assert list(table[1]) == [4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build(tmp_path, texts)  # intact: opened silently
+
+
+def test_key_names_tokenizer_and_length(tmp_path, tiny_bert, hf_tokenizer):
+    other = AutoTokenizer.from_pretrained(tiny_bert, do_lower_case=False)
+    assert tokenizer_digest(hf_tokenizer) == tokenizer_digest(AutoTokenizer.from_pretrained(tiny_bert))
+    assert tokenizer_digest(hf_tokenizer) != tokenizer_digest(other)
+    hf_tokenizer("some text", truncation=True, max_length=5)  # the wrapper's truncation state is not part of the key
+    assert tokenizer_digest(hf_tokenizer) == tokenizer_digest(AutoTokenizer.from_pretrained(tiny_bert))
+    pt_short, pt_long = PairTokenizer(hf_tokenizer, "bi", 8, 16), PairTokenizer(hf_tokenizer, "bi", 8, 32)
+    short, long = data(tmp_path, pt_short, True), data(tmp_path, pt_long, True)
+    a, b = short.eval_splits["val"].tokens.passages.table, long.eval_splits["val"].tokens.passages.table
+    assert a.folder != b.folder
+    assert a.lengths().max() <= 14 < b.lengths().max()
+    manifest = json.loads((b.folder / "manifest.json").read_text())
+    assert manifest["key"]["cap"] == 30 and manifest["count"] == len(b)
+    assert np.array_equal(np.diff(np.asarray(b.offsets)), b.lengths())
+
+
+@pytest.mark.parametrize("kind", ["bi", "cross"])
+def test_store_and_id_triples(tmp_path, hf_tokenizer, kind):
+    """A document store with memory-mapped id triples (the MS MARCO layout): rows are read, not looked up."""
+    from bench import synthetic_msmarco as sm
+    from datamodules.datamodule import RankingDataModule
+
+    spec = sm.Spec(passages=400, val_queries=6, test_queries=6, other_queries=2, vocab=300)
+    folder, _, _ = sm.ensure(tmp_path / "data", spec, log=lambda *a: None)
+    pt = PairTokenizer(hf_tokenizer, kind, 8, 24)
+
+    def module(pretokenize: bool):
+        settings = dict(candidate_depth=5, batch_size=16, pretokenize=pretokenize)
+        cfg = msmarco_shaped_config(folder, tmp_path / "cache", **settings)
+        dm = RankingDataModule(cfg, pt, seed=1)
+        dm.setup()
+        return dm
+
+    text, cached = module(False), module(True)
+    passages = cached.train_tokens[1]
+    assert passages.holds_rows_of(cached.triples) and passages.held is None  # every passage: one table for all runs
+    assert_same(batches(text.train_dataloader()), batches(cached.train_dataloader()))
+    assert_same(batches(text.eval_dataloader("test")), batches(cached.eval_dataloader("test")))
