@@ -149,3 +149,29 @@ def test_store_and_id_triples(tmp_path, hf_tokenizer, kind):
     assert passages.holds_rows_of(cached.triples) and passages.held is None  # every passage: one table for all runs
     assert_same(batches(text.train_dataloader()), batches(cached.train_dataloader()))
     assert_same(batches(text.eval_dataloader("test")), batches(cached.eval_dataloader("test")))
+
+
+def test_resume_with_workers_continues_the_same_batches(tmp_path, hf_tokenizer):
+    """A loader resumed after k batches (as Lightning restores it) gives the uninterrupted run's remaining batches."""
+    pt = PairTokenizer(hf_tokenizer, "bi", 8, 16)
+    dm = data(tmp_path, pt, True, num_workers=2)
+    loader = dm.train_dataloader()
+    assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 4
+    whole = batches(loader)
+    resumed = dm.train_dataloader()
+    resumed.load_state_dict({"epoch": 0, "consumed": 3})
+    assert_same(whole[3:], batches(resumed))
+    dm.cfg.num_workers = 0
+    assert_same(whole, batches(dm.train_dataloader()))  # and the same as without workers
+
+
+def test_loader_workers_rule(monkeypatch):
+    from datamodules.datamodule import loader_workers
+
+    assert loader_workers(3, cuda=False, devices=1) == 3  # a setting is taken as it is
+    assert loader_workers(None, cuda=False, devices=1) == 0  # the CPU's cores run the model
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert loader_workers(None, cuda=True, devices=1) == 8  # at most 8
+    assert loader_workers(None, cuda=True, devices=4) == 3  # 16 cores / 4 ranks, less the rank's own
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert loader_workers(None, cuda=True, devices=2) == 1  # at least one
