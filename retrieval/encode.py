@@ -9,7 +9,9 @@ Each window goes through the one encoder (models/encoding.py `encode_stream`): b
 length (longest first), which cuts padding; each batch carries its own ids, so order never matters to the caller.
 `sort_window <= batch_size` keeps input order. The forward runs under `torch.inference_mode()`, in eval mode (the
 ranker's mode is restored after each batch), optionally under bf16 autocast (`precision="bf16"`; weights stay
-fp32), and a batch out of accelerator memory is retried in halves.
+fp32), and a batch out of accelerator memory is retried in halves. The next windows are read and tokenised on a
+background thread while the forward runs, and on CUDA each batch's copy to the host and the caller's work on it
+overlap the next batch's forward (`encode_windows`); the batches are the same, in the same order.
 
 Outputs, on the CPU in float32:
 - single-vector rankers (RepBERT, BERT_DOT): the pooled vectors `[B, D]` exactly as `ranker.encode` returns them
@@ -20,15 +22,17 @@ Outputs, on the CPU in float32:
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor
 
+from core.background import background
 from core.errors import InputError
 from core.precision import warn_emulated_bf16
 from datamodules.tokenization import PairTokenizer
-from models.encoding import encode_stream
+from models.encoding import batches, encode_batches
 from models.loading import pair_tokenizer_for
 from models.rankers import rankers_with
 from models.rankers.base import BiEncoder, Encoded
@@ -175,7 +179,7 @@ def window_size(batch_size: int, sort_window: int | None) -> int:
 def encode_windows(
     ranker: BiEncoder,
     pt: PairTokenizer,
-    numbered: Iterable[tuple[int, list[tuple[Hashable, str]]]],
+    numbered: Iterable[tuple[int, list[tuple[Hashable, object]]]],
     *,
     side: str,
     batch_size: int,
@@ -189,27 +193,56 @@ def encode_windows(
     Each window goes through the one encoder (models/encoding.py): length-sorted batches (`sort`), eval and
     inference mode, autocast, out-of-memory halving. A window's batches depend on that window alone, so a rank that
     encodes every other window (retrieval/split.py) makes exactly the batches one process makes of them.
+
+    The windows are read, tokenised and padded on a background thread, one window ahead of the forward; an item's text
+    may also be its token ids already (special tokens included; a token cache), which are used as they are. Only the
+    wanted output comes to the host (`encode_batches`' `to_host`: on CUDA, overlapped with the next forward).
     """
     ranker_side = "doc" if side == "docs" else "query"
-    for w, items in numbered:
-        stream = encode_stream(
-            ranker,
-            pt.ids([t for _, t in items], ranker_side),
-            ranker_side,
-            batch_size=batch_size,
-            pad_id=pt.tokenizer.pad_token_id,
-            autocast=lambda: autocast(device, precision),
-            sort=sort,
-        )
-        for chunk, enc in stream:
-            ids = [items[i][0] for i in chunk]
-            want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
-            if want == "sequence":
-                if enc.sequence is None:
-                    raise InputError("output", f"ranker '{ranker.cfg.name}' has no pooled vector; use output='tokens'")
-                yield w, ids, enc.sequence.float().cpu()
-            else:
-                yield w, ids, Encoded(tokens=enc.tokens.float().cpu(), mask=enc.mask.cpu())
+    pin = device.type == "cuda"
+
+    def prepared():  # on a background thread, a window ahead of the forward: read, tokenise, pad
+        for w, items in numbered:
+            ids = _token_ids(pt, [t for _, t in items], ranker_side)
+            padded = batches(ids, batch_size=batch_size, pad_id=pt.tokenizer.pad_token_id, sort=sort, pin=pin)
+            yield [((w, [items[i][0] for i in chunk]), inp, att) for chunk, inp, att in padded]
+
+    def forward(input_ids: Tensor, attention_mask: Tensor) -> Tensor | Encoded:
+        enc = ranker.encode(input_ids, attention_mask, side=ranker_side)
+        want = output if output != "auto" else ("sequence" if enc.sequence is not None else "tokens")
+        if want == "sequence":
+            if enc.sequence is None:
+                raise InputError("output", f"ranker '{ranker.cfg.name}' has no pooled vector; use output='tokens'")
+            return enc.sequence
+        # the pooled vector stays behind: only what the caller takes is copied to the host
+        return Encoded(tokens=enc.tokens, mask=enc.mask)
+
+    with (
+        contextlib.closing(background(prepared(), 1, name=f"encode-{ranker_side}")) as ready,
+        contextlib.closing(
+            encode_batches(
+                ranker,
+                itertools.chain.from_iterable(ready),
+                ranker_side,
+                forward=forward,
+                autocast=lambda: autocast(device, precision),
+                to_host=True,
+            )
+        ) as stream,
+    ):
+        for (w, ids), out in stream:
+            yield w, ids, out
+
+
+def _token_ids(pt: PairTokenizer, texts: list, side: str) -> list:
+    """Return the token ids of a window's texts: strings tokenised (in one call), token ids kept as they are."""
+    raw = [k for k, t in enumerate(texts) if isinstance(t, str)]
+    if len(raw) == len(texts):
+        return pt.ids(texts, side)
+    ids = list(texts)
+    for k, x in zip(raw, pt.ids([texts[k] for k in raw], side)):
+        ids[k] = x
+    return ids
 
 
 def encode_docs(

@@ -223,6 +223,43 @@ def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
     return module, dm
 
 
+def tiny_bi_encoders(backbone: str) -> dict:
+    """RepBERT (pooled vectors) and ColBERT (token vectors, passages cut at 24 tokens) on `backbone`, seeded, in eval
+    mode: the pair the streaming-encoder tests run."""
+    import torch
+
+    from models.rankers import build_ranker
+    from models.rankers.colbert import ColBERTConfig
+    from models.rankers.repbert import RepBERTConfig
+
+    torch.manual_seed(0)
+    return {
+        "repbert": build_ranker(RepBERTConfig(backbone=backbone)).eval(),
+        "colbert": build_ranker(ColBERTConfig(backbone=backbone, doc_max_len=24)).eval(),
+    }
+
+
+def cpu_windows(ranker, numbered, encoder=None, *, output: str = "auto", batch_size: int = 4, sort: bool = True):
+    """The batches (window, ids, vectors) of `numbered` windows of passages, on the CPU in fp32, by `encoder`
+    (default: retrieval/encode.py `encode_windows`; or the serial loop it replaced, bench/bench_encode.py)."""
+    import torch
+
+    from models.loading import pair_tokenizer_for
+    from retrieval.encode import encode_windows
+
+    return (encoder or encode_windows)(
+        ranker,
+        pair_tokenizer_for(ranker),
+        numbered,
+        side="docs",
+        batch_size=batch_size,
+        device=torch.device("cpu"),
+        precision="fp32",
+        sort=sort,
+        output=output,
+    )
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 

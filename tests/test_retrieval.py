@@ -250,7 +250,7 @@ def test_streaming_encoder_matches_one_batch(rankers):
 
         stream = encode_docs(r, spy, gen(pulled), batch_size=3, sort_window=9)
         first_ids, _ = next(stream)
-        assert len(pulled) == 9  # lazily: one window of raw texts, not the collection
+        assert len(pulled) in (9, 18)  # lazily: this window of raw texts and at most the next, read ahead
         got = {}
         for ids, v in [(first_ids, _), *stream]:
             for j, i in enumerate(ids):

@@ -11,16 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_script
+from conftest import cpu_windows, run_script, tiny_bi_encoders
 
 from datamodules.docstore import fingerprint, open_store
-from models.loading import pair_tokenizer_for
 from models.rankers import build_ranker
-from models.rankers.colbert import ColBERTConfig
 from models.rankers.repbert import RepBERTConfig
 from retrieval.colbert_e2e import ColBERTIndex
 from retrieval.dense import DenseIndex
-from retrieval.encode import encode_docs, encode_windows, window_size
+from retrieval.encode import encode_docs, window_size
 from retrieval.split import ShareWriter, read_shares, share_windows, split_encode
 
 
@@ -35,11 +33,7 @@ DOCS = {f"d{i}": t for i, t in enumerate(_texts(53, 1))}  # 53: the last window 
 
 @pytest.fixture(scope="module")
 def rankers(tiny_bert):
-    torch.manual_seed(0)
-    return {
-        "repbert": build_ranker(RepBERTConfig(backbone=tiny_bert)).eval(),
-        "colbert": build_ranker(ColBERTConfig(backbone=tiny_bert, doc_max_len=24)).eval(),
-    }
+    return tiny_bi_encoders(tiny_bert)
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +63,11 @@ def test_share_windows_cover_the_collection_once(store, world):
 
 def _shares(ranker, docs, parts: Path, world: int, output: str, batch_size: int = 4, sort_window: int = 10) -> None:
     """Every rank's share written in this process, as `split_encode` writes it in each rank."""
-    pt = pair_tokenizer_for(ranker)
     window = window_size(batch_size, sort_window)
     for rank in range(world):
         writer = ShareWriter(parts / f"rank-{rank}")
-        for w, ids, out in encode_windows(
-            ranker,
-            pt,
-            share_windows(docs, window, rank, world),
-            side="docs",
-            batch_size=batch_size,
-            device=torch.device("cpu"),
-            precision="fp32",
-            sort=True,
-            output=output,
-        ):
+        numbered = share_windows(docs, window, rank, world)
+        for w, ids, out in cpu_windows(ranker, numbered, output=output, batch_size=batch_size):
             writer.add(w, ids, out)
         writer.finish()
 

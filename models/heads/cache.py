@@ -167,9 +167,10 @@ class RepresentationCache:
                         forward=lambda i, m, side=side: _vectors(ranker, i, m, side, granularity),
                         autocast=autocast or (lambda: torch.autocast(device.type, enabled=False)),
                         sort=False,
+                        to_host=True,
                     )
                     for chunk, v in stream:
-                        v = v.float().cpu().numpy().astype(DTYPES[dtype])
+                        v = v.numpy().astype(DTYPES[dtype])
                         if not np.isfinite(v).all():
                             hint = (
                                 ""
