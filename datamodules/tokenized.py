@@ -184,3 +184,42 @@ class SplitTokens:
     def docs_at(self, units: Sequence[int]) -> list[np.ndarray]:
         """Content tokens of the split's units `units`."""
         return self.passages.at_rows(self.rows[np.asarray(units, dtype=np.int64)])
+
+
+class TokenizedCollection:
+    """A collection's (doc id, token ids with special tokens) in its order, tokenised once: what an index encodes.
+
+    The passages as they are (not normalised or rotated: what full ranking encodes), cut as `PairTokenizer.docs` cuts
+    them. Sized, so an index can check its settings against the count before encoding.
+    """
+
+    def __init__(self, docs: Mapping[str, str], tokenizer: PairTokenizer, cache_dir: str | os.PathLike):
+        self.docs = docs
+        self.head, self.tail = (np.asarray(t, np.int64) for t in tokenizer.template.single)
+        self._ids = None if hasattr(docs, "id_at") else list(docs)
+        rows = np.arange(len(docs))
+        self.passages = PassageTokens.build(
+            docs, rows, lambda d, text: text, {"normalized": False, "rotate": False}, tokenizer, cache_dir
+        )
+
+    @classmethod
+    def of(cls, docs: Mapping[str, str], tokenizer: PairTokenizer, cache_dir: str | os.PathLike, enabled: bool):
+        """Return the tokenised collection, or `docs` itself when disabled or the tokenizer has no template."""
+        if not enabled or tokenizer.kind != "bi" or tokenizer.template is None:
+            return docs
+        return cls(docs, tokenizer, cache_dir)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __iter__(self):
+        for r, d in enumerate(self.docs):
+            yield d, self.text_at(r)
+
+    def id_at(self, row: int) -> str:
+        """Return the doc id of row `row` (a split encoding reads its rank's windows by row)."""
+        return self.docs.id_at(row) if hasattr(self.docs, "id_at") else self._ids[row]
+
+    def text_at(self, row: int) -> np.ndarray:
+        """Return row `row`'s text as the encoder takes it: its token ids with the special tokens."""
+        return np.concatenate([self.head, np.asarray(self.passages.table[row], np.int64), self.tail])

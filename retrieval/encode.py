@@ -25,6 +25,7 @@ import contextlib
 import itertools
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -56,7 +57,10 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def iter_items(texts: Mapping | Iterable, what: str = "docs") -> Iterator[tuple[Hashable, str]]:
-    """(id, text) pairs from a dict, an iterable of pairs, or an iterable of strings (id = position)."""
+    """(id, text) pairs from a dict, an iterable of pairs, or an iterable of strings (id = position).
+
+    A text may also be given as its token ids, special tokens included (a NumPy array): a collection tokenised once.
+    """
     it = texts.items() if isinstance(texts, Mapping) else texts
     for pos, item in enumerate(it):
         if isinstance(item, str):
@@ -68,7 +72,8 @@ def iter_items(texts: Mapping | Iterable, what: str = "docs") -> Iterator[tuple[
                 raise InputError(
                     what, f"item {pos} is {type(item).__name__}; expected a text or an (id, text) pair"
                 ) from None
-        if not isinstance(text, str):
+        # a text, or its token ids with the special tokens (datamodules/tokenized.py's TokenizedCollection)
+        if not isinstance(text, (str, np.ndarray)):
             raise InputError(what, f"text of '{ident}' is {type(text).__name__}; expected a string")
         yield ident, text
 

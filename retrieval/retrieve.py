@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
+from datamodules.tokenized import TokenizedCollection
 from metrics.ir import evaluate_run
 from metrics.results import write_result_dir
 from models.loading import load_configured
@@ -76,13 +77,15 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         loaded.to(device)
     ranker, tokenizer, _ = loaded
     index_cls = index_for(ranker)  # the registry's class for its index family; none: an error before any encoding
+    # tokenised once (data.pretokenize): the encoder's host then pads cached ids instead of tokenising text
+    docs = TokenizedCollection.of(ds.docs, tokenizer, dc.cache_dir, dc.pretokenize)
     encoded = None
     if ranks()[1] > 1:
         # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
         encoded = split_encode(
             ranker,
             tokenizer,
-            ds.docs,
+            docs,
             index_dir.parent / f".{index_dir.name}.encode-parts",
             batch_size=opts.batch_size,
             device=device,
@@ -104,7 +107,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         store_dir=index_dir.parent,
     )
     search_offered = dict(batch_size=opts.batch_size, k_tokens=opts.k_tokens, depth=opts.depth)
-    index = index_cls.build(ranker, ds.docs, **index_cls.options("build", build_offered))
+    index = index_cls.build(ranker, docs, **index_cls.options("build", build_offered))
     run = index.search(queries, k=opts.k, **index_cls.options("search", search_offered))
     if opts.index_dir:  # a shared index outside the run's folder
         index.save(index_dir)

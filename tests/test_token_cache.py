@@ -175,3 +175,26 @@ def test_loader_workers_rule(monkeypatch):
     assert loader_workers(None, cuda=True, devices=4) == 3  # 16 cores / 4 ranks, less the rank's own
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
     assert loader_workers(None, cuda=True, devices=2) == 1  # at least one
+
+
+@pytest.mark.parametrize("name", ["repbert", "colbert"])
+def test_index_encoding_from_the_token_cache(tmp_path, tiny_bert, name):
+    """Full ranking's encoding of a tokenised collection gives the ids and vectors of encoding its texts."""
+    from conftest import tiny_bi_encoders
+
+    from datamodules.tokenized import TokenizedCollection
+    from models.loading import pair_tokenizer_for
+    from retrieval.encode import encode_docs
+
+    ranker = tiny_bi_encoders(tiny_bert)[name]
+    pt = pair_tokenizer_for(ranker)
+    docs = {f"d{i}": " ".join(["alpha beta", "gamma"] * (i % 7 + 1)) + f"  word{i}\tend" for i in range(40)}
+    collection = TokenizedCollection.of(docs, pt, tmp_path, True)
+    assert isinstance(collection, TokenizedCollection) and len(collection) == len(docs)
+    assert TokenizedCollection.of(docs, pt, tmp_path, False) is docs
+    assert [list(collection.text_at(i)) for i in range(3)] == pt.ids([docs["d0"], docs["d1"], docs["d2"]], "doc")
+    text = list(encode_docs(ranker, pt, docs, batch_size=8, output="tokens"))
+    cached = list(encode_docs(ranker, pt, collection, batch_size=8, output="tokens"))
+    assert [ids for ids, _ in text] == [ids for ids, _ in cached]
+    for (_, a), (_, b) in zip(text, cached):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
