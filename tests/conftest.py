@@ -203,6 +203,18 @@ def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
     return module, dm
 
 
+def compile_skip_reason() -> str | None:
+    """Why torch.compile cannot run here (None: it can): it needs a C compiler for its CPU kernels and Python < 3.14."""
+    import shutil
+    import sys
+
+    if sys.version_info >= (3, 14):
+        return "torch.compile does not support this Python"
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        return "torch.compile needs a C compiler (none on PATH)"
+    return None
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 
