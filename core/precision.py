@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-__all__ = ["cpu_bf16_native", "warn_emulated_bf16"]
+__all__ = ["cpu_bf16_native", "set_matmul_precision", "warn_emulated_bf16"]
 
 _warned: set[tuple[str, str]] = set()  # (key, value) said in this process: e.g. the head stage's cache and trainer
 
@@ -47,3 +47,18 @@ def warn_emulated_bf16(key: str, value: object, device_type: str, fast: str) -> 
         stacklevel=2,
     )
     return True
+
+
+def set_matmul_precision(value: str, device_type: str) -> str | None:
+    """Apply `trainer.float32_matmul_precision` for a run on `device_type`; return what was set (None: nothing).
+
+    `auto`: "high" on CUDA (TF32 tensor cores; Lightning's hint asks for it), nothing elsewhere, because the setting is
+    global and on the CPU it reaches oneDNN too ("high" allows TF32 there, "medium" bf16: other numbers where the CPU
+    has such kernels). Any other value is set as given.
+    """
+    if value == "auto":
+        if device_type != "cuda":
+            return None
+        value = "high"
+    torch.set_float32_matmul_precision(value)
+    return value

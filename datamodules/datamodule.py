@@ -38,7 +38,7 @@ from datamodules.samplers import (
     shard_range,
 )
 from datamodules.sources import load_dataset
-from datamodules.tokenization import PairTokenizer
+from datamodules.tokenization import HOST_LENGTHS, PairTokenizer, host_lengths
 from datamodules.tokenized import PassageTokens, QueryTokens, SplitTokens, store_rows
 
 MAX_AUTO_WORKERS = 8  # enough to keep a GPU fed with cached tokens; each worker holds its own copy of the datasets
@@ -190,7 +190,8 @@ class TripletCollate:
     """Collate TripletDataset items into a tokenised training batch with the doc keys for in-batch negatives.
 
     Besides the tokenizer's `triplets` output, the batch holds `pos_doc`, `neg_doc` and `relevant_docs` (each query's
-    judged documents, padded with -1), so the module can mask an in-batch negative judged relevant to the query.
+    judged documents, padded with -1), so the module can mask an in-batch negative judged relevant to the query, and
+    `HOST_LENGTHS`, the token counts of its rows, for the ranker to decide on padding without reading the device.
     """
 
     tokenizer: PairTokenizer
@@ -210,6 +211,7 @@ class TripletCollate:
         batch["relevant_docs"] = torch.tensor(
             [list(k.relevant) + [-1] * (width - len(k.relevant)) for k in keys], dtype=torch.long
         )
+        batch[HOST_LENGTHS] = host_lengths(batch)  # numpy: they stay on the host when the batch moves
         return batch
 
 

@@ -13,6 +13,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# The key under which a training batch carries its rows' token counts as the host tokenised them: {attention-mask key:
+# int64 array [rows]} (`TripletCollate`). With them a ranker decides padding questions on the host (length groups,
+# whether a mask is needed) instead of reading the mask back from the device, a sync per forward pass on a GPU.
+HOST_LENGTHS = "host_lengths"
+
+
+def host_lengths(batch: dict[str, Tensor]) -> dict[str, np.ndarray]:
+    """Return {key: tokens per row} of the batch's [rows, length] attention masks (on the CPU, as tokenised)."""
+    return {k: v.sum(1).numpy() for k, v in batch.items() if k.endswith("attention_mask") and v.ndim == 2}
+
 
 @dataclass(frozen=True)
 class Template:

@@ -102,17 +102,18 @@ class HeadModule(RankingModule):
         """Put the head where the granularity says (on=False: score with the raw representations)."""
         attach_head(self.ranker, self.head if on else None, self.head_cfg.granularity)
 
+    compiles_backbone = False  # the frozen backbone encodes the cache once; only the head trains
+
     # ---- training: maximum likelihood of cached representations (flows) -----------------------------------
     def training_step(self, batch: torch.Tensor, batch_idx: int):
         """Return the head's mean negative log-likelihood (isotropy paper Eq. 5) of cached representations [B, d].
 
-        Returns None (no step) for a non-finite loss under `optim.nonfinite: skip`.
+        A non-finite loss (an exploding log-det) is returned too: `optim.nonfinite` of the run applies at the optimiser
+        step, on the device (`RankingModule.watch_loss`).
         """
         loss = self.head.nll(batch.float()).mean()
-        if self.skip_nonfinite(loss):  # an exploding log-det: optim.nonfinite of the run (skip | stop)
-            return None
-        self.log("train/nll", loss, prog_bar=True)
-        return loss
+        self.log("train/nll", loss)  # not prog_bar (a host sync per batch): the bar shows it at log steps
+        return self.watch_loss(loss)
 
     def configure_optimizers(self):
         """Return Adam at `head.lr` over the head's parameters only (the ranker is frozen)."""

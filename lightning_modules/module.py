@@ -31,6 +31,7 @@ from pytorch_lightning.utilities.seed import _collect_rng_states, _set_rng_state
 from torch import Tensor
 
 from core.errors import TrainingStopped, check_choice
+from core.host_reads import DeferredReads
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.tokenization import PairTokenizer
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
@@ -209,8 +210,8 @@ class RankingModule(pl.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Return the batch's training loss (`optim.loss` plus the ranker's auxiliary losses) and log its parts.
 
-        Returns None, so that Lightning skips the optimiser step, when the loss is non-finite and `optim.nonfinite`
-        is `skip` (`skip_nonfinite`).
+        A non-finite loss is returned too: `watch_loss` notes it on the device, and `on_before_optimizer_step` has the
+        optimiser skip the step there (`optim.nonfinite`), with no host sync.
         """
         scores, target, out = self.training_outputs(batch)
         pos, neg = out.pos, out.neg
@@ -219,68 +220,126 @@ class RankingModule(pl.LightningModule):
         else:
             hp, hn = self.ranker.hinge_scores(pos.float()), self.ranker.hinge_scores(neg.float())
             loss = F.relu(self.optim_cfg.margin - hp + hn).mean()
-        self.log("train/ranking_loss" if out.aux_losses else "train/loss", loss, prog_bar=not out.aux_losses)
+        # not prog_bar: Lightning turns progress-bar values into Python numbers after every batch (a host sync); the
+        # bar (callbacks/progress.py) shows train/loss at log steps instead
+        self.log("train/ranking_loss" if out.aux_losses else "train/loss", loss)
         for name, value in out.aux_losses.items():
             self.log(f"train/{name}_loss", value)
             loss = loss + value
         for name, value in out.logs.items():
             self.log(f"train/{name}", value)
         if out.aux_losses:
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss)
         self.log("train/margin", (pos - neg).float().mean())
-        return None if self.skip_nonfinite(loss) else loss
+        return self.watch_loss(loss)
 
-    def skip_nonfinite(self, loss: Tensor) -> bool:
-        """Return whether this batch's loss is NaN/inf on any rank, applying `optim.nonfinite`.
+    # ---- non-finite losses and gradients (optim.nonfinite), decided on the device -------------------------------
+    # A step's flags (loss NaN/inf on any rank, gradients NaN/inf) reach the optimiser as a tensor: the fused AdamW /
+    # Adam kernels leave weights, moments and step count untouched when `found_inf` is 1, as under a GradScaler. The
+    # host reads the flags one step later (core/host_reads.py), to warn, count or stop, naming the step they belong to.
+    _loss_flag: Tensor | None = None  # this step's loss is non-finite on some rank (float 0/1, on the device)
+    _loss_value: Tensor | None = None  # this rank's loss, for the message
+    _nonfinite_count: Tensor | None = None  # nonfinite_batches as the device knows it (logged without a host sync)
+    _flags: DeferredReads | None = None
 
-        Ranks agree (one all-reduce), since a rank that steps while another skips would desynchronise DDP.
+    def watch_loss(self, loss: Tensor) -> Tensor:
+        """Return `loss`, noting on the device whether it is NaN/inf on any rank, for `on_before_optimizer_step`.
+
+        Ranks agree (one all-reduce, queued on the device like any collective), since a rank that steps while another
+        skips would desynchronise DDP. Under gradient accumulation, one non-finite micro-batch spoils the step.
         """
-        bad = (~torch.isfinite(loss.detach())).float().reshape(())
+        value = loss.detach().float().reshape(())
+        bad = (~torch.isfinite(value)).float()
         if self._trainer is not None and self.trainer.world_size > 1:
-            bad = self.trainer.strategy.reduce(bad, reduce_op="sum")
-        if not bad > 0:
-            return False
-        if self.optim_cfg.nonfinite == "stop":
-            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") if self._trainer is not None else ""
-            good = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-            raise TrainingStopped(
-                f"non-finite training loss ({loss.item()}) at step {self.global_step} (optim.nonfinite=stop); "
-                f"nothing was trained on it; {good}"
-            )
-        self.nonfinite_batches += 1
-        warnings.warn(
-            f"non-finite training loss ({loss.item()}) at step {self.global_step}; "
-            f"batch skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)",
-            stacklevel=2,
-        )
-        self.log("train/nonfinite_batches", float(self.nonfinite_batches))
-        return True
+            # torch's own all-reduce: Lightning's strategy.reduce adds a barrier, which waits on the host
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        if self._loss_flag is not None:
+            value = torch.where(bad > 0, value, self._loss_value)
+            bad = torch.maximum(bad, self._loss_flag)
+        self._loss_flag, self._loss_value = bad, value
+        return loss
+
+    compiles_backbone = True  # `model.compile` applies (the head stage's backbone is frozen and encodes once)
+
+    def on_fit_start(self) -> None:
+        """Compile the backbone's forward when `model.compile` is set; weights and state-dict keys stay as they are."""
+        if getattr(self.model_cfg, "compile", False) and self.compiles_backbone:
+            self.ranker.encoder.compile()  # in place (nn.Module.compile): no `_orig_mod.` wrapper in checkpoints
+
+    def on_train_start(self) -> None:
+        """Start the device's count of skipped batches from the host's (a resumed checkpoint's)."""
+        self._nonfinite_count = torch.tensor(float(self.nonfinite_batches), device=self.device)
+        self._flags = DeferredReads()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Apply `optim.nonfinite` to inf/NaN gradients before the optimiser step.
+        """Apply `optim.nonfinite` to a NaN/inf loss (`watch_loss`) or NaN/inf gradients before the optimiser step.
 
-        A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies
-        to them too. Skipping drops every gradient, so the optimiser leaves every weight and moment as it is
-        (the step still counts). Gradients are already all-reduced here, so DDP ranks decide alike.
+        A finite loss can still give inf/NaN gradients (overflow in the backward pass): `optim.nonfinite` applies to
+        them too. Gradients are already all-reduced here, so DDP ranks decide alike. With a fused optimiser (the
+        default on CPU and CUDA, `fused_optimizer`) the step is skipped on the device and the previous step's flags
+        are read; otherwise (fp16's GradScaler) this step's flags are read now and its gradients dropped when bad.
         """
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads or torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
-            return
-        if self.optim_cfg.nonfinite == "stop":
-            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
-            raise TrainingStopped(
-                f"non-finite gradients at step {self.global_step} (optim.nonfinite=stop); nothing was trained on them; "
-                + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet")
+        zero = torch.zeros((), device=self.device)
+        grad_bad = (~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()).float() if grads else zero
+        loss_bad = self._loss_flag if self._loss_flag is not None else zero
+        loss_value = self._loss_value if self._loss_value is not None else zero
+        self._loss_flag = self._loss_value = None
+        bad = torch.maximum(loss_bad, grad_bad)
+        if self._flags is None:  # stepped outside fit (a test driving the hooks itself)
+            self.on_train_start()
+        self._nonfinite_count = self._nonfinite_count + bad
+        self.log("train/nonfinite_batches", self._nonfinite_count)
+        self._flags.push(self.global_step, torch.stack([loss_bad, grad_bad, loss_value]))
+        opt = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's torch optimizer
+        if all(g.get("fused") for g in opt.param_groups):
+            opt.found_inf = bad  # read by the fused kernels: no update, the step count stays
+            self.apply_nonfinite(keep_last=1)
+        elif self.apply_nonfinite():  # this step's flags read now (a host sync)
+            for p in self.parameters():
+                p.grad = None  # the optimiser skips parameters without gradients
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        """Step as Lightning does; the skip flag set by `on_before_optimizer_step` applies to this step only."""
+        try:
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        finally:
+            getattr(optimizer, "optimizer", optimizer).__dict__.pop("found_inf", None)
+
+    def apply_nonfinite(self, keep_last: int = 0) -> bool:
+        """Read the flags of the steps taken so far but the newest `keep_last`, and apply `optim.nonfinite` to them.
+
+        `skip`: warn and count each bad step (its update was skipped on the device); `stop`: raise TrainingStopped
+        naming the step and the last good checkpoint. Returns whether the newest step read was bad.
+        """
+        bad = False
+        for step, (loss_bad, grad_bad, loss) in self._flags.pop(keep_last) if self._flags is not None else []:
+            bad = loss_bad > 0 or grad_bad > 0
+            if not bad:
+                continue
+            what, whose = (f"training loss ({loss})", "it") if loss_bad > 0 else ("gradients", "them")
+            if self.optim_cfg.nonfinite == "stop":
+                ckpt = self.trainer.checkpoint_callback if self._trainer is not None else None
+                last = getattr(ckpt, "last_model_path", "")
+                raise TrainingStopped(
+                    f"non-finite {what} at step {step} (optim.nonfinite=stop); nothing was trained on {whose}; "
+                    + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet")
+                )
+            self.nonfinite_batches += 1
+            skipped = "batch skipped" if loss_bad > 0 else "optimiser step skipped"
+            warnings.warn(
+                f"non-finite {what} at step {step}; {skipped} ({self.nonfinite_batches} so far, optim.nonfinite=skip)",
+                stacklevel=2,
             )
-        for p in self.parameters():
-            p.grad = None
-        self.nonfinite_batches += 1
-        warnings.warn(
-            f"non-finite gradients at step {self.global_step}; "
-            f"optimiser step skipped ({self.nonfinite_batches} so far, optim.nonfinite=skip)",
-            stacklevel=2,
-        )
-        self.log("train/nonfinite_batches", float(self.nonfinite_batches))
+        return bad
+
+    def on_validation_start(self) -> None:
+        """Apply `optim.nonfinite` to the steps not yet read before validating (`stop`: no validation of them)."""
+        self.apply_nonfinite()
+
+    def on_train_end(self) -> None:
+        """Apply `optim.nonfinite` to the last steps' flags."""
+        self.apply_nonfinite()
 
     def optimizer_groups(self) -> list[dict]:
         """Return the AdamW parameter groups.
@@ -320,7 +379,8 @@ class RankingModule(pl.LightningModule):
     def fused_optimizer(self, params) -> bool | None:
         """Return whether to use one fused optimizer kernel over all tensors (True, or None for torch's default).
 
-        Fused is used on CPU too: ~3x faster than foreach for MiniLM's 22M weights. Not under fp16's GradScaler, where
+        Fused by default on CUDA and on the CPU (there ~3x faster than foreach for MiniLM's 22M weights); its kernel
+        also skips a non-finite step on the device (`on_before_optimizer_step`). Not under fp16's GradScaler, where
         gradients must be unscaled before clipping and a fused optimizer would unscale them only inside its step.
         """
         eligible = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
@@ -634,6 +694,7 @@ class RankingModule(pl.LightningModule):
     # ---- exact resume --------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Save what exact resume needs beyond Lightning's own state: RNG states, skip count, re-ranking depth."""
+        self.apply_nonfinite()  # the count of the steps taken so far (`stop`: no checkpoint after a bad step)
         # Lightning restores weights, optimiser, schedule, loop and loader state; the RNG (dropout masks) is ours.
         checkpoint["rng_states"] = _collect_rng_states()
         checkpoint["nonfinite_batches"] = self.nonfinite_batches

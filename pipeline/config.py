@@ -42,6 +42,8 @@ __all__ = [
     "CONFIG_DIR",
     "DEVICES",
     "GROUPS",
+    "MATMUL_PRECISIONS",
+    "PIPELINE_TRAINER_KEYS",
     "PRECISIONS",
     "STRATEGIES",
     "EvalConfig",
@@ -83,9 +85,14 @@ PRECISIONS = (
 DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of device indices, e.g. [0, 1] or 0,1")
 
 
+# trainer keys the pipeline applies itself (pipeline/stages.py), not passed to `pytorch_lightning.Trainer`
+PIPELINE_TRAINER_KEYS = ("float32_matmul_precision",)
+MATMUL_PRECISIONS = ("auto", "highest", "high", "medium")
+
+
 @dataclass
 class TrainerConfig:
-    """Passed to `pytorch_lightning.Trainer` (same names)."""
+    """Passed to `pytorch_lightning.Trainer` (same names), but `PIPELINE_TRAINER_KEYS`, which the pipeline applies."""
 
     accelerator: str = "auto"
     devices: Any = 1  # int, "auto" or a list of device ids
@@ -103,9 +110,13 @@ class TrainerConfig:
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
     deterministic: bool = False
+    # torch.set_float32_matmul_precision for the run: auto = "high" (TF32 tensor cores for fp32 matrix products) when
+    # the trainer runs on CUDA, PyTorch's own ("highest") elsewhere; or highest | high | medium, as torch defines them
+    float32_matmul_precision: str = "auto"
 
     def __post_init__(self):
         check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        check_choice("trainer.float32_matmul_precision", self.float32_matmul_precision, MATMUL_PRECISIONS)
         check_choice("trainer.strategy", self.strategy, STRATEGIES)
         check_choice("trainer.precision", self.precision, PRECISIONS)
         devices = self.devices

@@ -24,13 +24,14 @@ from callbacks.preemption import Preemption
 from callbacks.progress import RankingProgressBar
 from core.io import atomic_open, check_writable
 from core.lock import global_rank_zero
-from core.precision import warn_emulated_bf16
+from core.precision import set_matmul_precision, warn_emulated_bf16
 from datamodules.bm25 import no_candidates_warning
 from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import data_config
 from lightning_modules.module import RankingModule
 from metrics.results import write_result_dir
+from pipeline.config import PIPELINE_TRAINER_KEYS
 
 MONITOR = "val/ndcg_cut_10"
 
@@ -43,6 +44,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     `val/ndcg_cut_10`) and preemption handling.
     """
     t = OmegaConf.to_container(cfg.trainer)
+    own = {k: t.pop(k) for k in PIPELINE_TRAINER_KEYS if k in t}  # applied below, not Lightning's
     dump = Path(cfg.output_dir) / "isotropy_batches" if cfg.eval.dump_isotropy else None
     callbacks: list = [
         IsotropyCallback(
@@ -73,6 +75,8 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
         enable_checkpointing=checkpoints,
         plugins=[AtomicCheckpointIO()],
     )
+    # before fit or test set the device up, where Lightning hints at this setting on CUDA
+    set_matmul_precision(own.get("float32_matmul_precision", "auto"), trainer.strategy.root_device.type)
     if str(t["precision"]).startswith("bf16") and trainer.is_global_zero:
         warn_emulated_bf16("trainer.precision", t["precision"], trainer.strategy.root_device.type, "32-true")
     return trainer

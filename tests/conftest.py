@@ -260,6 +260,18 @@ def cpu_windows(ranker, numbered, encoder=None, *, output: str = "auto", batch_s
     )
 
 
+def compile_skip_reason() -> str | None:
+    """Why torch.compile cannot run here (None: it can): it needs a C compiler for its CPU kernels and Python < 3.14."""
+    import shutil
+    import sys
+
+    if sys.version_info >= (3, 14):
+        return "torch.compile does not support this Python"
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        return "torch.compile needs a C compiler (none on PATH)"
+    return None
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 

@@ -237,3 +237,40 @@ def test_out_of_range_stops_train_py_before_anything(tmp_path, arg, key, dry):
         f"error: config key '{key}': is "
     )
     assert proc.stdout == "" and not out.exists()
+
+
+# ---- GPU settings: model.attn_implementation, model.compile, trainer.float32_matmul_precision ----------------------
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["model.attn_implementation=flash"], "model.attn_implementation"),
+        (["model=bert_cat", "model.attn_implementation=SDPA"], "model.attn_implementation"),
+        (["model.compile=maybe"], "model.compile"),
+        (["trainer.float32_matmul_precision=low"], "trainer.float32_matmul_precision"),
+        (["trainer=ddp", "trainer.float32_matmul_precision=tf32"], "trainer.float32_matmul_precision"),
+    ],
+)
+def test_gpu_settings_bad_values_are_one_line_errors(argv, key):
+    with pytest.raises(InputError) as e:
+        compose(argv)
+    assert f"config key '{key}'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_flash_attention_needs_its_package(monkeypatch):
+    """flash_attention_2 is refused at load, naming the key, where the flash_attn package cannot be imported."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real(name, *a))
+    with pytest.raises(InputError) as e:
+        compose(["model.attn_implementation=flash_attention_2"])
+    msg = str(e.value)
+    assert msg.startswith("config key 'model.attn_implementation'") and "flash_attn" in msg and "\n" not in msg
+
+
+def test_gpu_settings_defaults_keep_todays_behaviour():
+    """sdpa attention, no compilation, and the matmul precision left alone off CUDA: the default run unchanged."""
+    cfg = compose([])
+    assert cfg.model.attn_implementation == "sdpa" and cfg.model.compile is False
+    assert cfg.trainer.float32_matmul_precision == "auto"
+    assert compose(["trainer=ddp"]).trainer.float32_matmul_precision == "auto"

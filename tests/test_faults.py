@@ -294,7 +294,8 @@ def _nan_at(monkeypatch, cls, method: str, step: int) -> None:
 
 
 class Snapshots:
-    """A callback keeping the trainable weights before and after each training batch, by global step at its start."""
+    """A callback keeping the trainable weights and the optimiser's state (moments, step counts) before and after each
+    training batch, by global step at its start."""
 
     def __new__(cls):
         from pytorch_lightning import Callback
@@ -302,18 +303,34 @@ class Snapshots:
         class _Snap(Callback):
             def __init__(self):
                 self.before, self.after = {}, {}
+                self.opt_before, self.opt_after = {}, {}
 
             def _state(self, module):
                 return {k: p.detach().clone() for k, p in module.named_parameters() if p.requires_grad}
 
+            def _opt(self, trainer):
+                state = trainer.optimizers[0].state
+                return {(i, k): v.clone() for i, st in enumerate(state.values()) for k, v in st.items()}
+
             def on_train_batch_start(self, trainer, module, *a):
                 self._step = trainer.global_step
                 self.before[self._step] = self._state(module)
+                self.opt_before[self._step] = self._opt(trainer)
 
             def on_train_batch_end(self, trainer, module, *a):
                 self.after[self._step] = self._state(module)
+                self.opt_after[self._step] = self._opt(trainer)
 
         return _Snap()
+
+
+def assert_step_had_no_effect(snap, step: int) -> None:
+    """Weights and optimiser state (AdamW's moments and step counts) after `step` exactly as before it."""
+    before, after = snap.before[step], snap.after[step]
+    assert all(torch.equal(before[k], after[k]) for k in before), "a non-finite step moved weights"
+    ob, oa = snap.opt_before[step], snap.opt_after[step]
+    assert ob and ob.keys() == oa.keys(), "the optimiser's state changed shape"
+    assert all(torch.equal(ob[k], oa[k]) for k in ob), "a non-finite step changed the optimiser's state"
 
 
 def steps_of_ft(backbone: str, steps: int, out: Path) -> list[str]:
@@ -356,9 +373,9 @@ def test_nonfinite_loss_skip(tmp_path, tiny_bert, monkeypatch):
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match=r"non-finite training loss \(nan\) at step 2; batch skipped \(1 so far"):
         train_here(steps_of_ft(tiny_bert, 4, out))
-    before, after = snap.before[2], snap.after[2]
-    assert all(torch.equal(before[k], after[k]) for k in before), "a NaN batch moved weights"
-    assert any(not torch.equal(snap.before[1][k], snap.after[1][k]) for k in before), "finite batches do train"
+    assert_step_had_no_effect(snap, 2)
+    before = snap.before[1]
+    assert any(not torch.equal(before[k], snap.after[1][k]) for k in before), "finite batches do train"
     ck = load(out / "checkpoints" / "last.ckpt")
     assert ck["global_step"] == 4 and ck["nonfinite_batches"] == 1
     assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
@@ -381,8 +398,7 @@ def test_nonfinite_gradients_skip(tmp_path, tiny_bert, monkeypatch):
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match=r"non-finite gradients at step 2; optimiser step skipped \(1 so far"):
         train_here(steps_of_ft(tiny_bert, 4, out))
-    before, after = snap.before[2], snap.after[2]
-    assert all(torch.equal(before[k], after[k]) for k in before), "an inf gradient moved weights"
+    assert_step_had_no_effect(snap, 2)
     ck = load(out / "checkpoints" / "last.ckpt")
     assert ck["nonfinite_batches"] == 1
     assert all(torch.isfinite(v).all() for v in ck["state_dict"].values() if v.is_floating_point())
@@ -445,8 +461,63 @@ def test_nonfinite_flow_logdet_skip(tmp_path, tiny_bert, monkeypatch):
                 ]
             )
         )
-    assert all(torch.equal(snap.before[1][k], snap.after[1][k]) for k in snap.before[1])
+    assert_step_had_no_effect(snap, 1)
     assert load(out / "checkpoints" / "last.ckpt")["nonfinite_batches"] == 1
+
+
+def _fit_tiny(tmp_path, backbone: str, steps: int, *callbacks, **optim):
+    """ColBERT on tiny data for `steps` steps in a bare Lightning trainer (no validation, logger or checkpoints)."""
+    import pytorch_lightning as pl
+    from conftest import tiny_ranker_and_data
+
+    module, dm = tiny_ranker_and_data(tmp_path, backbone, "colbert", batch_size=2)
+    module.optim_cfg.nonfinite = optim.get("nonfinite", "skip")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+    trainer.fit(module, datamodule=dm)
+    return module, trainer
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_nonfinite_skip_leaves_weights_and_adamw_state(tmp_path, tiny_bert, monkeypatch, fused):
+    """optim.nonfinite=skip, NaN loss at step 1 of 3: weights, AdamW moments and step counts after step 1 exactly as
+    before it, whether the optimiser is fused (skipped on the device, read one step later) or not (fp16's GradScaler
+    path: read at once, gradients dropped); the warning names step 1."""
+    from lightning_modules.module import RankingModule
+
+    if not fused:
+        monkeypatch.setattr(RankingModule, "fused_optimizer", lambda self, params: None)
+    _nan_at(monkeypatch, RankingModule, "training_outputs", 1)
+    snap = Snapshots()
+    with pytest.warns(UserWarning, match=r"non-finite training loss \(nan\) at step 1; batch skipped \(1 so far"):
+        module, trainer = _fit_tiny(tmp_path, tiny_bert, 3, snap)
+    assert all(g["fused"] is (True if fused else None) for g in trainer.optimizers[0].param_groups)
+    assert_step_had_no_effect(snap, 1)
+    for step in (0, 2):
+        assert any(not torch.equal(snap.before[step][k], snap.after[step][k]) for k in snap.before[step])
+    assert {float(v) for (_, k), v in snap.opt_after[2].items() if k == "step"} == {2.0}  # steps 0 and 2 counted
+    assert module.nonfinite_batches == 1 and trainer.global_step == 3
+
+
+def test_nonfinite_stop_at_the_last_step_names_it(tmp_path, tiny_bert, monkeypatch):
+    """optim.nonfinite=stop with the NaN in the last step (its flag read when training ends, one step late
+    everywhere else): TrainingStopped names that step, and nothing was trained on it."""
+    from core.errors import TrainingStopped
+    from lightning_modules.module import RankingModule
+
+    _nan_at(monkeypatch, RankingModule, "training_outputs", 2)
+    snap = Snapshots()
+    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 2 \(optim.nonfinite=stop\)"):
+        _fit_tiny(tmp_path, tiny_bert, 3, snap, nonfinite="stop")
+    assert_step_had_no_effect(snap, 2)
 
 
 # ---- out of memory during evaluation -----------------------------------------------------------------------------

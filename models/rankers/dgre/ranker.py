@@ -45,11 +45,13 @@ from torch import Tensor, nn
 
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, check_ranges
+from models.rankers.backbone import backbone_mask
 from models.rankers.base import (
     CrossEncoder,
     ParamGroup,
     RankerConfig,
     TripletOutput,
+    host_padded,
     masked_mean,
 )
 from models.rankers.capabilities import RankerCapabilities
@@ -209,7 +211,10 @@ class DGRe(CrossEncoder):
         cfg = self.cfg
         ids, am = batch["input_ids"], batch["attention_mask"]
         out = self.encoder(
-            input_ids=ids, attention_mask=am, token_type_ids=batch.get("token_type_ids"), output_hidden_states=True
+            input_ids=ids,
+            attention_mask=backbone_mask(self.encoder, am, host_padded(batch, "attention_mask", ids.shape[1])),
+            token_type_ids=batch.get("token_type_ids"),
+            output_hidden_states=True,
         )
         hidden = out.hidden_states  # [embeddings, layer 1, ..., layer L]
         last = out.last_hidden_state

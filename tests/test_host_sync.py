@@ -1,0 +1,204 @@
+"""The host is never on the critical path of a training step: nothing in a step reads a tensor's value on the host.
+
+On a GPU such a read (`.item()`, `bool(t)`, `if t:`, boolean-mask indexing...) waits for every kernel queued
+before it, so the device idles while the host prepares the next step. CPU tensors cannot show that (and
+`torch.cuda.set_sync_debug_mode` needs CUDA), so the tests here record every call that would read a tensor on the host,
+made between a training batch's first hook (after its transfer to the device) and Lightning's per-step logging, in real
+fits with the pipeline's trainer, callbacks, progress bar and logger. Steps at which Lightning logs
+(`trainer.log_every_n_steps`) or a checkpoint is written read tensors by design and are left out; so are the reads of
+`DeferredReads` (core/host_reads.py), which reads host copies of an earlier step's flags.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections import defaultdict
+
+import pytest
+import torch
+from conftest import small_run
+from omegaconf import OmegaConf
+from pytorch_lightning import Callback
+from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+
+from core.host_reads import DeferredReads
+
+READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
+DATA_DEPENDENT = ("nonzero", "masked_select", "unique", "repeat_interleave", "argwhere")  # output shape from values
+LOG_EVERY = 3
+STEPS = 7
+
+
+class SyncRecorder:
+    """Patches the tensor methods that read values on the host and records the calls made while `on`."""
+
+    def __init__(self, monkeypatch):
+        self.on = False
+        self.step = None
+        self.calls: dict[int, list[str]] = defaultdict(list)
+        self.excluded: set[int] = set()  # steps that logged or wrote a checkpoint
+        self._allowed = {DeferredReads.pop.__code__}
+        for name in READS:
+            self._wrap(monkeypatch, torch.Tensor, name, name)
+        for name in DATA_DEPENDENT:
+            self._wrap(monkeypatch, torch.Tensor, name, name)
+            self._wrap(monkeypatch, torch, name, f"torch.{name}")
+        for name in ("__getitem__", "__setitem__"):
+            self._wrap(monkeypatch, torch.Tensor, name, f"{name}[bool mask]", when=_bool_index)
+
+    def _wrap(self, monkeypatch, owner, name, label, when=None):
+        real = getattr(owner, name)
+        rec = self
+
+        def wrapper(*args, **kwargs):
+            if rec.on and (when is None or when(args)):
+                rec.on = False  # the recording itself reads nothing, but keep it out of its own way
+                try:
+                    if not rec._inside_allowed():
+                        rec.calls[rec.step].append(f"{label}\n" + "".join(traceback.format_stack(limit=10)[:-1]))
+                finally:
+                    rec.on = True
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+
+    def _inside_allowed(self) -> bool:
+        f = sys._getframe(2)
+        while f is not None:
+            if f.f_code in self._allowed:
+                return True
+            f = f.f_back
+        return False
+
+    def offending(self) -> dict[int, list[str]]:
+        return {s: c for s, c in self.calls.items() if s not in self.excluded and c}
+
+
+def _bool_index(args) -> bool:
+    index = args[1] if len(args) > 1 else None
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _fit_recording(tmp_path, monkeypatch, backbone: str, model: str) -> SyncRecorder:
+    """Fine-tune `model` for STEPS steps through the pipeline's trainer, recording host reads in each step."""
+    import pytorch_lightning as pl
+
+    from callbacks.loggers import build_logger
+    from lightning_modules.module import RankingModule
+    from pipeline.config import compose
+    from pipeline.stages import build_trainer, load_data
+
+    cfg = compose(
+        small_run(
+            f"model={model}",
+            f"model.backbone={backbone}",
+            "data.batch_size=4",
+            f"trainer.max_steps={STEPS}",
+            f"trainer.val_check_interval={STEPS}",
+            f"trainer.log_every_n_steps={LOG_EVERY}",
+            "trainer.enable_progress_bar=true",
+            "logger=csv",
+            "eval.ats_passages=0",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"output_dir={tmp_path / 'run'}",
+        )
+    )
+    pl.seed_everything(0)
+    dm = load_data(cfg, fit=True)
+    module = RankingModule(
+        OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)
+    )
+    dm.tokenizer = module.pair_tokenizer
+    rec = SyncRecorder(monkeypatch)
+
+    class Start(Callback):  # first of the callbacks: a step's reads start with its first hook
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            rec.step, rec.on = trainer.global_step, True
+
+    update = _LoggerConnector.update_train_step_metrics
+
+    def until_logging(self):  # a step's reads end where Lightning's per-step logging starts
+        rec.on = False
+        if self.should_update_logs:
+            rec.excluded.add(rec.step)
+        return update(self)
+
+    monkeypatch.setattr(_LoggerConnector, "update_train_step_metrics", until_logging)
+    save = pl.Trainer.save_checkpoint
+
+    def saving(self, *args, **kwargs):
+        rec.excluded.add(rec.step)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "save_checkpoint", saving)
+    trainer = build_trainer(cfg, build_logger(cfg, name="run"), checkpoints=True)
+    trainer.callbacks.insert(0, Start())
+    trainer.fit(module, datamodule=dm)
+    rec.on = False
+    assert trainer.global_step == STEPS
+    assert len(set(range(STEPS)) - rec.excluded) >= 3, "too few steps checked"
+    return rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model",
+    [
+        "colbert",
+        "repbert",
+        "bert_cat",
+        "tk",
+        pytest.param(
+            "dgre",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="DGRe's MINE terms take the query tokens' rows (a boolean mask): a shape only the device knows",
+            ),
+        ),
+    ],
+)
+def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch, tiny_bert, model):
+    """Between its first hook and Lightning's logging, no training step reads a tensor on the host: not the
+    non-finite checks (optim.nonfinite), the progress bar, the callbacks, nor the ranker's length groups and masks."""
+    rec = _fit_recording(tmp_path, monkeypatch, tiny_bert, model)
+    bad = rec.offending()
+    assert not bad, "host reads in training steps " + str(sorted(bad)) + ":\n" + "\n".join(next(iter(bad.values())))
+
+
+def test_recorder_sees_a_host_read_in_a_training_step(tmp_path, monkeypatch, tiny_bert):
+    """The recorder itself: a `.item()` in the loss reaches it (so an empty record means no read, not no recording)."""
+    from lightning_modules.module import RankingModule
+
+    real = RankingModule.training_step
+
+    def reading(self, batch, batch_idx):
+        loss = real(self, batch, batch_idx)
+        if loss.item() > 1e9:  # a Python decision on a tensor value, as a GPU would have to wait for
+            pass
+        return loss
+
+    monkeypatch.setattr(RankingModule, "training_step", reading)
+    rec = _fit_recording(tmp_path, monkeypatch, tiny_bert, "colbert")
+    bad = rec.offending()
+    assert bad and all(any(c.startswith("item\n") for c in calls) for calls in bad.values())
+
+
+def test_deferred_reads_hand_out_all_but_the_newest():
+    reads = DeferredReads()
+    for step in range(3):
+        reads.push(step, torch.tensor([float(step), 2.0 * step]))
+    assert reads.pop(keep_last=1) == [(0, [0.0, 0.0]), (1, [1.0, 2.0])]
+    assert len(reads) == 1
+    assert reads.pop() == [(2, [2.0, 4.0])] and reads.pop() == []
+
+
+def test_deferred_reads_keep_the_value_at_push():
+    """A value changed in place after its push is read as it was: the copy is taken when pushed (on a GPU, the copy
+    is queued behind the work that computed it, and read once its event has passed)."""
+    reads = DeferredReads()
+    t = torch.tensor([1.0])
+    reads.push("a", t)
+    t.fill_(5.0)
+    assert reads.pop() == [("a", [1.0])]
