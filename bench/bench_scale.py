@@ -53,6 +53,10 @@ What is measured:
   is imported; no Lightning callback) and records the time each rank finishes its first optimiser step: seconds
   from starting the subprocess, which covers interpreter and library imports, reading the data, BM25 candidates,
   building the model and the step-0 validation. `rss_first_step`: each rank's RssAnon / RssFile then.
+  The exit record also holds the time of every optimiser step (`step_times`), CUDA's peak allocated bytes where the
+  process used CUDA (`cuda_peak_bytes`) and, with `BENCH_SCALE_MARK=module:function` (or `module:Class.method`),
+  the time and first argument's shape of every call of that function (`marks`; bench/bench_gpu_speed.py times
+  steady-state batches by them).
 - growth: each stage line ends with the cost per added passage against the previous size:
   (wall_b - wall_a) / (N_b - N_a) in microseconds and (peak_b - peak_a) / (N_b - N_a) in bytes.
 - others_cores: CPU that other processes used meanwhile (bench_speed.Meter), as in every bench here.
@@ -90,6 +94,7 @@ PROBE = r'''
 import atexit, importlib.util, json, os, sys, time
 
 _DIR = os.environ.get("BENCH_SCALE_PROBE")
+_MARK = os.environ.get("BENCH_SCALE_MARK")  # "module:function" or "module:Class.method": every call is timed
 _KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 
 
@@ -117,9 +122,19 @@ def _rank():
     return int(value) if value and value.isdigit() else None
 
 
+def _cuda_peak():
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return {"cuda_peak_bytes": torch.cuda.max_memory_allocated()}
+    except Exception:
+        pass
+    return {}
+
+
 def _write(kind, **extra):
     record = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[:2], "t": time.time(), "rank": _rank(),
-              **_status(), **extra}
+              **_status(), **_cuda_peak(), **extra}
     path = os.path.join(_DIR, "%d-%s.json" % (os.getpid(), kind))
     try:
         with open(path + ".tmp", "w") as f:
@@ -130,37 +145,77 @@ def _write(kind, **extra):
 
 
 _steps = [0]
+_step_times = []
+_marks = []
 
 
 def _on_step(optimizer, args, kwargs):
     _steps[0] += 1
+    _step_times.append(time.time())
     if _steps[0] == 1:
         _write("step1")
 
 
-class _OptimizerHook:
-    """Registers the step post-hook as torch.optim.optimizer is imported (torch is never imported here)."""
+def _shape(x):
+    if hasattr(x, "shape"):
+        return list(x.shape)
+    if isinstance(x, dict):
+        return next((list(v.shape) for v in x.values() if hasattr(v, "shape")), None)
+    if isinstance(x, (list, tuple)):
+        return [len(x)]
+    return None
+
+
+def _mark(module, attr):
+    """Wrap module.attr (a function, or Class.method) to record (time, shape of its first argument) per call."""
+    owner, name = module, attr
+    if "." in attr:
+        cls, name = attr.split(".", 1)
+        owner = getattr(module, cls)
+    fn = getattr(owner, name)
+
+    def marked(*args, **kwargs):
+        rest = args[1:] if owner is not module else args
+        _marks.append([time.time(), _shape(rest[0] if rest else next(iter(kwargs.values()), None))])
+        return fn(*args, **kwargs)
+
+    setattr(owner, name, marked)
+
+
+_HOOKS = {"torch.optim.optimizer": lambda m: m.register_optimizer_step_post_hook(_on_step)}
+if _MARK:
+    _HOOKS[_MARK.split(":", 1)[0]] = lambda m: _mark(m, _MARK.split(":", 1)[1])
+
+
+class _ImportHook:
+    """Runs _HOOKS[name] on module `name` as it is imported: the optimiser step post-hook as torch.optim.optimizer
+    is imported, the mark's wrapper as its module is (torch is never imported here)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch.optim.optimizer":
+        hook = _HOOKS.pop(name, None)
+        if hook is None:
             return None
-        sys.meta_path.remove(self)
+        if not _HOOKS:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
             run = spec.loader.exec_module
 
             def exec_module(module):
                 run(module)
-                module.register_optimizer_step_post_hook(_on_step)
+                hook(module)
 
             spec.loader.exec_module = exec_module
         return spec
 
 
 if _DIR:
-    sys.meta_path.insert(0, _OptimizerHook())
+    sys.meta_path.insert(0, _ImportHook())
     _pid = os.getpid()
-    atexit.register(lambda: os.getpid() == _pid and _write("exit", steps=_steps[0]))
+    atexit.register(
+        lambda: os.getpid() == _pid
+        and _write("exit", steps=_steps[0], step_times=_step_times, **({"marks": _marks} if _MARK else {}))
+    )
 '''
 
 
@@ -343,10 +398,11 @@ class Runner:
         self.args, self.result, self.probe_dir = args, result, probe_dir
         self.previous: dict[tuple[str, str], dict] = {}  # (stage, run) -> its record at the previous size
 
-    def env(self, probe: Path) -> dict:
+    def env(self, probe: Path, extra: dict | None = None) -> dict:
         path = os.pathsep.join(p for p in (str(self.probe_dir), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         return {
             **os.environ,
+            **(extra or {}),
             "PYTHONPATH": path,
             "BENCH_SCALE_PROBE": str(probe),
             "WANDB_MODE": "disabled",
@@ -354,9 +410,10 @@ class Runner:
             "TOKENIZERS_PARALLELISM": "false",
         }
 
-    def run(self, stage: str, run: str, size: int, cmd: list[str], work: Path, after=None, **extra) -> dict:
+    def run(self, stage: str, run: str, size: int, cmd: list[str], work: Path, after=None, env=None, **extra) -> dict:
         """Run `cmd` as stage `stage`/`run` of `size`, print its line, add its record to the result; `after(rec)`
-        adds figures read from the stage's files before the line is printed."""
+        adds figures read from the stage's files before the line is printed; `env`: variables added to the stage's
+        environment (e.g. BENCH_SCALE_MARK)."""
         from bench.bench_speed import (
             Meter,
         )  # lazy: imports torch, which the drivers' measured processes must not inherit
@@ -375,7 +432,9 @@ class Runner:
         timed_out = False
         with open(out_log, "w") as out, open(err_log, "w") as err, Meter() as meter:
             t_start = time.time()
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env(probe), stdout=out, stderr=err, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=self.env(probe, env), stdout=out, stderr=err, start_new_session=True
+            )
             deadline = time.monotonic() + self.args.stage_timeout if self.args.stage_timeout else None
             while True:  # reaped here with wait4, for its rusage (the fallback peak RSS)
                 pid, status, usage = os.wait4(proc.pid, 0 if deadline is None or timed_out else os.WNOHANG)

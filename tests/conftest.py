@@ -319,6 +319,19 @@ def shared_data(*parts: str) -> Path:
     return SHARED_DATA.joinpath(*parts)
 
 
+def read_dated_record(md: str | Path, tsv: str | Path, folder: Path, command: str, columns: list[str]):
+    """Check a bench's dated record (bench/record.py: `<date>-<slug>.md` in `folder` with its date, `command`, commit
+    and machine; the `.tsv` beside it headed by `columns`) and return (its Markdown, the TSV's rows as dicts)."""
+    md, tsv = Path(md), Path(tsv)
+    assert md.parent == folder and tsv.parent == folder and md.stem == tsv.stem
+    text = md.read_text()
+    for fact in ("- Date: ", f"- Command: `{command}", "- Commit: ", "- Machine: ", f"]({tsv.name})"):
+        assert fact in text, fact
+    lines = tsv.read_text().splitlines()
+    assert lines[0].split("\t") == columns
+    return text, [dict(zip(columns, line.split("\t"))) for line in lines[1:]]
+
+
 def make_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.1) -> Path:
     """A random BERT with MiniLM's uncased WordPiece tokenizer, saved as an HF model directory."""
     from models.rankers.backbone import save_random_bert  # lazy: the rankers package registers every ranker

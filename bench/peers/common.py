@@ -28,9 +28,9 @@ def load_spec() -> tuple[dict, dict, str]:
     return spec, data, out_path
 
 
-def autocast(precision: str):
+def autocast(precision: str, device: str = "cpu"):
     if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -51,6 +51,8 @@ def timed(fn, items, warmup: int) -> tuple[list[float], list]:
 
 def write(out_path: str, result: dict) -> None:
     result["peak_rss_mib"] = peak_rss_mib()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        result["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     tmp = out_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(result, f)

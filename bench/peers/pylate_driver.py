@@ -1,4 +1,6 @@
-"""PyLate 1.6.0 driver (runs in /work/venvs/pylate; see bench/requirements-pylate.txt).
+"""PyLate 1.6.0 driver (runs in /work/venvs/pylate; see bench/requirements-pylate.txt), on `spec["device"]` (default
+the CPU; bench/bench_gpu_speed.py runs colbert_train on CUDA, each batch's features moved there as PyLate's trainer
+moves them, and records when the timed steps ended, `t_end`).
 
 colbert_train: one optimiser step as PyLate's trainer takes it: `ColBERT.tokenize(pad=True)` of queries (expanded
 to query_length with [MASK], PyLate's default) and passages (padded to document_length, as its collator does),
@@ -23,7 +25,8 @@ def main() -> None:
     from pylate import losses, models, rank  # lazy: exists only in the peer's environment
 
     q_len, d_len = spec["query_max_len"], spec["doc_max_len"]
-    model = models.ColBERT(spec["backbone"], query_length=q_len, document_length=d_len, device="cpu")
+    device = spec.get("device", "cpu")
+    model = models.ColBERT(spec["backbone"], query_length=q_len, document_length=d_len, device=device)
     task, prec, res = spec["task"], spec["precision"], {"tool": "pylate", "task": spec["task"]}
     if task == "quality":
         data["triplets"] = data["triplets"][: spec["train_steps"]]
@@ -37,9 +40,10 @@ def main() -> None:
             q, pos, neg = batch
             # as PyLate's ColBERTCollator tokenises a training batch: pad=True (to query/document_length)
             feats = [
-                model.tokenize(t, is_query=side == "q", pad=True) for side, t in (("q", q), ("d", pos), ("d", neg))
+                {k: v.to(device) for k, v in model.tokenize(t, is_query=side == "q", pad=True).items()}
+                for side, t in (("q", q), ("d", pos), ("d", neg))
             ]
-            with autocast(prec):
+            with autocast(prec, device):
                 loss = loss_fn(feats)
             loss.backward()
             opt.step()
@@ -47,6 +51,7 @@ def main() -> None:
             losses_seen.append(float(loss))
 
         res["times"], _ = timed(step, data["triplets"], spec["warmup"])
+        res["t_end"] = time.time()  # each step reads its loss back (float), so the timed steps are complete here
         res["units"], res["losses"] = len(data["triplets"][0][0]) if data["triplets"] else 0, losses_seen
         if task == "quality":
             model.eval()
