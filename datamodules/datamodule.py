@@ -402,6 +402,7 @@ class RankingDataModule(pl.LightningDataModule):
         # and no training triple is drawn when "train" is not among them
         self.splits: tuple[str, ...] | None = None
         self.train_tokens: tuple[QueryTokens, PassageTokens] | None = None
+        self._tokens_for: PairTokenizer | None = None  # the tokenizer `train_tokens` and the splits' tokens are for
 
     # ---- loading -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -463,18 +464,24 @@ class RankingDataModule(pl.LightningDataModule):
         for name in ("val", "test"):
             self.eval_splits[name] = self._eval_split(ds, name)
         self.dataset = ds
-        self._pretokenize(ds)
 
-    def _pretokenize(self, ds: IRDataset) -> None:
+    def pretokenize(self) -> None:
         """Tokenise the run's passages and queries once (`data.pretokenize`), as training and evaluation cut them.
 
-        Evaluation splits get `tokens`, training `train_tokens`. Left as text (tokenised per batch, in the loaders):
-        passage windows (`data.passage_words`, cut per epoch), training passages cut per epoch
-        (`data.rotation=per_epoch`), and a tokenizer whose output is not content plus fixed special tokens.
+        Evaluation splits get `tokens`, training `train_tokens`, for the current `tokenizer` (the loaders call this:
+        the data is read and checked before the model, and so the tokenizer, exists). Left as text (tokenised per
+        batch, in the loaders): passage windows (`data.passage_words`, cut per epoch), training passages cut per
+        epoch (`data.rotation=per_epoch`), and a tokenizer whose output is not content plus fixed special tokens.
         """
+        pt = self.tokenizer
+        if self.dataset is None or pt is None or self._tokens_for is pt:
+            return
+        self._tokens_for = pt
         self.train_tokens = None
-        cfg, pt = self.cfg, self.tokenizer
-        if pt is None or not cfg.pretokenize or passage_window(cfg) is not None or pt.template is None:
+        for es in self.eval_splits.values():
+            es.tokens = None
+        cfg, ds = self.cfg, self.dataset
+        if not cfg.pretokenize or passage_window(cfg) is not None or pt.template is None:
             return
         docs = ds.docs
         wanted: dict[bool, list[np.ndarray]] = {}  # rotated or not -> the collection rows to tokenise so
@@ -560,6 +567,7 @@ class RankingDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Return the resumable training loader: triplets in the seeded per-epoch order, sharded over DDP ranks."""
         rank, world = self._rank_world()
+        self.pretokenize()
         train = self.dataset.split("train")
         ds = TripletDataset(
             self.dataset,
@@ -592,6 +600,7 @@ class RankingDataModule(pl.LightningDataModule):
         gets one empty batch (`EmptyShard`).
         """
         rank, world = self._rank_world()
+        self.pretokenize()
         split = self.eval_splits[name]
         common = dict(
             **self._loader_options(),

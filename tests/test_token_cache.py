@@ -36,8 +36,11 @@ def assert_same(a: list[dict], b: list[dict]) -> None:
 
 
 def data(tmp_path, pt, pretokenize: bool, **settings):
+    """The data module as the pipeline makes it: read with no tokenizer (pipeline/stages.load_data), then given one."""
     settings = {"num_docs": 80, "num_train_queries": 24, "candidate_depth": 12, "batch_size": 8, **settings}
-    dm = synthetic_data(tmp_path / "cache", 3, pt, pretokenize=pretokenize, **settings)
+    dm = synthetic_data(tmp_path / "cache", 3, None, pretokenize=pretokenize, **settings)
+    dm.tokenizer = pt
+    dm.pretokenize()  # what the loaders call first
     return dm
 
 
@@ -143,14 +146,16 @@ def test_store_and_id_triples(tmp_path, hf_tokenizer, kind):
     def module(pretokenize: bool):
         settings = dict(candidate_depth=5, batch_size=16, pretokenize=pretokenize)
         cfg = msmarco_shaped_config(folder, tmp_path / "cache", **settings)
-        dm = RankingDataModule(cfg, pt, seed=1)
+        dm = RankingDataModule(cfg, None, seed=1)
         dm.setup()
+        dm.tokenizer = pt
         return dm
 
     text, cached = module(False), module(True)
+    assert cached.train_tokens is None  # built by the loaders, for the tokenizer they are given
+    assert_same(batches(text.train_dataloader()), batches(cached.train_dataloader()))
     passages = cached.train_tokens[1]
     assert passages.holds_rows_of(cached.triples) and passages.held is None  # every passage: one table for all runs
-    assert_same(batches(text.train_dataloader()), batches(cached.train_dataloader()))
     assert_same(batches(text.eval_dataloader("test")), batches(cached.eval_dataloader("test")))
 
 
@@ -201,3 +206,30 @@ def test_index_encoding_from_the_token_cache(tmp_path, tiny_bert, name):
     assert [ids for ids, _ in text] == [ids for ids, _ in cached]
     for (_, a), (_, b) in zip(text, cached):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+
+
+@pytest.mark.parametrize("model", ["colbert", "bert_cat"])
+def test_train_py_uses_the_cache_and_writes_the_same_files(tmp_path, tiny_bert, model):
+    """train.py reads the data before the model (no tokenizer then): the loaders still assemble batches from the cache,
+    and the run's files are byte for byte those of tokenising text per batch."""
+    from conftest import finetune_steps, run_script, small_run
+
+    outs = {}
+    for flag in ("true", "false"):
+        cache, out = tmp_path / f"cache-{flag}", tmp_path / f"out-{flag}"
+        run_script(
+            "train.py",
+            *small_run(*finetune_steps(3), triples=24, eval_queries=6, depth=10, probe_queries=4, probe_docs=8),
+            f"model={model}",
+            f"model.backbone={tiny_bert}",
+            "eval.isotropy_paper=false",
+            f"data.pretokenize={flag}",
+            f"data.cache_dir={cache}",
+            f"output_dir={out}",
+        )
+        outs[flag] = out
+    built = list((tmp_path / "cache-true" / "tokens").glob("*/manifest.json"))
+    assert len(built) == 2  # the passages (cut once per passage) and the training queries
+    for name in ("metrics.json", "per_query.json", "run.trec", "validation.json"):
+        assert (outs["true"] / name).read_bytes() == (outs["false"] / name).read_bytes(), name
+    assert not (tmp_path / "cache-false" / "tokens").exists()
