@@ -95,23 +95,24 @@ def assemble(
 
     `types_from`: also `token_type_ids`, 1 from each row's part `types_from` on (a pair's second text), else 0.
     """
-    rows = [[np.asarray(p, dtype=np.int64) for p in row] for row in parts]
-    lens = np.array([sum(len(p) for p in row) for row in rows], dtype=np.int64)
-    width = int(lens.max(initial=0))
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    types = np.zeros((len(rows), width), dtype=np.int64) if types_from is not None else None
-    for r, row in enumerate(rows):
-        flat = np.concatenate(row) if row else np.zeros(0, np.int64)
-        ids[r, : len(flat)] = flat
-        if types is not None:
-            start = sum(len(p) for p in row[:types_from])
-            types[r, start : len(flat)] = 1
+    lens = np.array([[len(p) for p in row] for row in parts], dtype=np.int64).reshape(len(parts), -1)
+    total = lens.sum(1)
+    starts = np.cumsum(lens, 1) - lens
+    width = int(total.max(initial=0))
+    ids = np.full((len(parts), width), pad_id, dtype=np.int64)
+    # one slice assignment per part: a row is never concatenated first (that was most of a batch's gathering)
+    for r, row in enumerate(parts):
+        for j, p in enumerate(row):
+            if len(p):
+                ids[r, starts[r, j] : starts[r, j] + len(p)] = p
+    positions = np.arange(width)[None, :]
     out = {
         "input_ids": torch.from_numpy(ids),
-        "attention_mask": torch.from_numpy((np.arange(width)[None, :] < lens[:, None]).astype(np.int64)),
+        "attention_mask": torch.from_numpy((positions < total[:, None]).astype(np.int64)),
     }
-    if types is not None:
-        out["token_type_ids"] = torch.from_numpy(types)
+    if types_from is not None:
+        second = (positions >= starts[:, types_from, None]) & (positions < total[:, None])
+        out["token_type_ids"] = torch.from_numpy(second.astype(np.int64))
     return out
 
 

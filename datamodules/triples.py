@@ -45,7 +45,7 @@ class TripleArray(Sequence[tuple[str, str, str]]):
 
     def __init__(self, path: str | os.PathLike, qids: Sequence[str], docs: DocStore, keep: np.ndarray | None = None):
         self.path, self.qids, self.docs, self.keep = Path(path), qids, docs, keep
-        self.rows = np.load(self.path, mmap_mode="r")
+        self.rows = np.load(self.path, mmap_mode="r").view(np.ndarray)  # the mapping, without np.memmap's per-row cost
 
     def __getstate__(self):
         return {"path": str(self.path), "qids": self.qids, "docs": self.docs, "keep": self.keep}
