@@ -32,6 +32,9 @@ Measured per batch size and `data.pretokenize` setting (mean over `n` batches af
 - `encode`: `retrieval.encode.encode_docs` (the index builders' path) over the collection's passages in batches of
   `batch` (bi-encoders), time between yielded batches, minus `ranker.encode` of the same length-sorted padded
   batches (models.encoding.pad_batch) timed apart. Host = tokenising, sorting, padding, copying the vectors out.
+- `encode host`: the same `encode_docs` with `ranker.encode` replaced by a stub that returns zeros at once: the time
+  per batch is the encoder's host work alone (reading, tokenising or gathering, sorting, padding, handing over), with
+  no difference of two timings (the `encode` row's host is one, noisy where the model's time is large).
 
 `pretokenize`: `data.pretokenize` (true: batches gathered from token ids cached on disk; false: tokenising each
 batch's text) is measured `off` and `on` in the same run when the config has the key (the tsv source's schema
@@ -69,7 +72,7 @@ from bench.bench_speed import Meter, build_optimizer, machine_info, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BERT = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
-PATHS = ("train loader", "train fit", "rerank loader", "rerank test", "encode")
+PATHS = ("train loader", "train fit", "rerank loader", "rerank test", "encode", "encode host")
 
 
 @dataclass
@@ -319,6 +322,21 @@ def encode_path(rows, opts: Options, cfg, batch: int, data: dict, setting: bool 
 
     measure(rows, "encode", batch, label(setting), run)
 
+    def stub(input_ids, attention_mask, side="doc"):  # no model: the encoder's own work is all that is timed
+        from models.rankers.base import Encoded
+
+        return Encoded(tokens=torch.zeros(1, 1, 1).expand(*input_ids.shape, 8), mask=attention_mask.bool())
+
+    def host_only():
+        real, ranker.encode = ranker.encode, stub
+        try:
+            times = timed_iter(encode_docs(ranker, pt, fed, batch_size=batch, device="cpu", precision="fp32"), count)
+        finally:
+            ranker.encode = real
+        return per_batch(times[1:], opts.warmup), None, batch
+
+    measure(rows, "encode host", batch, label(setting), host_only)
+
 
 COLUMNS = [
     "path",
@@ -419,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
     body += [
         "Host = per batch minus the model's time per batch (training_step + backward + AdamW step; encode_docs + "
         "score_chunk; ranker.encode), each timed apart on the same batches; the loader rows have no model. "
-        "`encode` (retrieval/encode.py) does not read the data config, so it has no data.pretokenize setting. The "
+        "`encode host` runs the same encoder with the model replaced by a stub (no model time to subtract). The "
         "host of a fit, test or encode row is the difference of two quantities timed apart: its error grows with the "
         "model's time and the machine's load (the loader row, no model, is the data part of the fit's and test's "
         "host).",
