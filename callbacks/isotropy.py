@@ -81,6 +81,9 @@ class IsotropyCallback(Callback):
         At most this many test batches for the `paper` protocol (`eval.isotropy_max_batches`); None: all.
     sample_seed : int
         Seed of the sample of test batches when `max_batches` limits them (`eval.isotropy_sample_seed`).
+    figure_dir : str or Path, optional
+        Folder of the before/after figures (the job's attempt folder, published with its results); None: the
+        trainer's `default_root_dir`.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class IsotropyCallback(Callback):
         seed: int = 0,
         batch_pairs: int = 16,
         dump_dir: str | Path | None = None,
+        figure_dir: str | Path | None = None,
         max_batches: int | None = None,
         sample_seed: int = 0,
     ):
@@ -110,6 +114,7 @@ class IsotropyCallback(Callback):
         # 1 GiB); a larger split (MS MARCO dev x top 1,000: ~180 GB) falls back to encoding its batches in groups
         self.keep_bytes = 2**33
         self.dump_dir = Path(dump_dir) if dump_dir else None  # eval.dump_isotropy: <output_dir>/isotropy_batches
+        self.figure_dir = Path(figure_dir) if figure_dir else None  # None: the trainer's default_root_dir
         self.sample: dict[str, dict[str, Tensor]] = {}  # the last measure()'s figure sample, per variant
         self._warned_rank_deficient = False
 
@@ -344,7 +349,8 @@ class IsotropyCallback(Callback):
         name = head.name if head is not None else "head"
         title = f"Isotropy before/after the {name} head ({split} probe texts, step {trainer.global_step})"
         png = save_figure(
-            cosine_figure(self.sample, values, title, name), Path(trainer.default_root_dir) / f"isotropy_{split}.png"
+            cosine_figure(self.sample, values, title, name),
+            (self.figure_dir or Path(trainer.default_root_dir)) / f"isotropy_{split}.png",
         )
         logger = trainer.logger
         if logger is not None and hasattr(logger, "log_image"):  # W&B

@@ -115,6 +115,38 @@ def _lock_fault(path: Path, e: BaseException) -> WriteFault:
 
 
 @contextmanager
+def build_lock(target: str | os.PathLike, what: str = "cache") -> Iterator[None]:
+    """Hold `<target>.lock` while this process builds `target` (a cache folder or file); other processes wait.
+
+    The folders made for the lock are made here (a folder that cannot be made is an InputError naming it and `what`)
+    and, with the lock file, removed on the way out when they stayed empty: a build stopped by bad input (a duplicate
+    id found while the document store is written) leaves no trace in `data.cache_dir`.
+    """
+    lock_path = Path(f"{target}.lock")
+    for attempt in range(3):  # a folder that a finishing build removes between our mkdir and our open: make it again
+        created = [p for p in (lock_path.parent, *lock_path.parent.parents) if not p.exists()]
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(lock_path)
+            lock.acquire()
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+        except OSError as e:
+            raise InputError(
+                str(lock_path.parent),
+                f"cannot create the {what} folder ({e.strerror}); expected a writable data.cache_dir",
+            ) from None
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while held, as in output_dir_lock
+        lock.release()
+        _remove_created(created)
+
+
+@contextmanager
 def claim(lock_path: str | os.PathLike) -> Iterator[bool]:
     """Hold the lock file `lock_path` for the block when no other process holds it (True), else do nothing (False).
 

@@ -485,8 +485,9 @@ class RankingDataModule(pl.LightningDataModule):
             return
         docs = ds.docs
         wanted: dict[bool, list[np.ndarray]] = {}  # rotated or not -> the collection rows to tokenise so
-        for es in self.eval_splits.values():
-            wanted.setdefault(cfg.rotate_eval, []).append(store_rows(docs, es.doc_ids))
+        eval_rows = {name: store_rows(docs, es.doc_ids) for name, es in self.eval_splits.items()}
+        if eval_rows:
+            wanted[cfg.rotate_eval] = list(eval_rows.values())
         train = bool(len(self.triples)) and (not cfg.rotate_train or cfg.rotation == "per_passage")
         if train:
             triples = self.triples
@@ -509,10 +510,8 @@ class RankingDataModule(pl.LightningDataModule):
             )
             for rotate, parts in wanted.items()
         }
-        for es in self.eval_splits.values():
-            es.tokens = SplitTokens(
-                QueryTokens.in_memory(es.qtexts, pt), tables[cfg.rotate_eval], store_rows(docs, es.doc_ids)
-            )
+        for name, es in self.eval_splits.items():
+            es.tokens = SplitTokens(QueryTokens.in_memory(es.qtexts, pt), tables[cfg.rotate_eval], eval_rows[name])
         if train:
             queries = QueryTokens.cached(ds.split("train").queries, pt, cfg.cache_dir)
             self.train_tokens = (queries, tables[cfg.rotate_train])

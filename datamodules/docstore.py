@@ -45,6 +45,7 @@ import numpy as np
 
 from core.errors import InputError
 from core.io import AtomicDir, current_umask, file_sha256
+from core.lock import build_lock
 
 STORE_VERSION = 1
 BATCH_ROWS = 1 << 16
@@ -323,20 +324,11 @@ def open_store(
     It is built from `records()` ((line number, id, text) in source order; the reader raises InputError on a malformed
     line). One process builds, others wait.
     """
-    from filelock import FileLock
-
     folder = store_folder(cache_dir, fp)
     problem = _manifest_ok(folder, fp)
     if problem is None:
         return DocStore(folder)
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(
-            str(folder.parent),
-            f"cannot create the document store folder ({e.strerror}); expected a writable data.cache_dir",
-        ) from None
-    with FileLock(str(folder) + ".lock"):
+    with build_lock(folder, "document store"):
         problem = _manifest_ok(folder, fp)  # another process may have built it while this one waited
         if problem is not None:
             if folder.exists():
@@ -518,8 +510,6 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
     Built from the store's texts (read batch by batch with pread: the collection's texts never sit in memory) when
     missing or damaged. One process builds, others wait.
     """
-    from filelock import FileLock
-
     folder = text_index_folder(cache_dir, store.fingerprint)
 
     def opened() -> TextIndex | None:
@@ -533,8 +523,7 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
 
     if (index := opened()) is not None:
         return index
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
+    with build_lock(folder, "text index"):
         if (index := opened()) is not None:
             return index
         if folder.exists():

@@ -42,6 +42,7 @@ import numpy as np
 
 from core.errors import InputError
 from core.io import AtomicDir
+from core.lock import build_lock
 from core.npy import NpyRowWriter
 from datamodules.docstore import (
     BATCH_ROWS,
@@ -84,16 +85,13 @@ def read_text_triples(
 
     `queries` gets the qids the triples assign, and the result's `docs` is the collection the triples' ids are in.
     """
-    from filelock import FileLock
-
     path = Path(path)
     digest = _digest(path, store, queries)
     folder = Path(cache_dir) / "triples" / f"text-{digest[:32]}"
     triples = _open(folder, digest, store, queries)
     if triples is not None:
         return triples
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
+    with build_lock(folder, "triples cache"):
         triples = _open(folder, digest, store, queries)  # another process may have built it while this one waited
         if triples is not None:
             return triples

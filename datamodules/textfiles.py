@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 import math
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,32 @@ def resolve_path(value: str | None, key: str, what: str = "file", must_be_dir: b
     if not must_be_dir and p.is_dir():
         raise InputError(f"data.{key}", f"path '{value}' is a directory; expected the {what} (a file)")
     return p
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_id(ident: str, where: str, what: str) -> str:
+    r"""Return `ident` when it holds no control character; else raise InputError at `where` (`file:line`).
+
+    An id with a NUL byte or another control character in it would match no id of the files that refer to it, and
+    the error would then name the referring file, not the line that holds the fault.
+
+    >>> check_id("D8", "collection.tsv:8", "passage id")
+    'D8'
+    >>> check_id("D8\x00", "collection.tsv:8", "passage id")
+    Traceback (most recent call last):
+    ...
+    core.errors.InputError: collection.tsv:8: passage id 'D8\x00' holds the control character '\x00' at position 2; ...
+    """
+    m = _CONTROL.search(ident)
+    if m is not None:
+        raise InputError(
+            where,
+            f"{what} {ident!r} holds the control character {m.group()!r} at position {m.start()}; "
+            "expected an id of printable characters",
+        )
+    return ident
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -106,6 +133,7 @@ def iter_id_text(path: Path, kind: str) -> Iterator[tuple[int, str, str]]:
         ident, text = cols[0].strip(), cols[1]
         if not ident:
             raise InputError(f"{path}:{lineno}", f"empty {kind} id; expected '{kind} id<TAB>{kind} text'")
+        check_id(ident, f"{path}:{lineno}", f"{kind} id")
         if not text.strip():
             raise InputError(f"{path}:{lineno}", f"empty {kind} text for id '{ident}'; expected a non-empty {kind}")
         yield lineno, ident, text
@@ -141,6 +169,8 @@ def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
     layout = ("qid", "iter", "docid", "rel") if columns == 4 else ("qid", "docid", "rel")
     for lineno, cols in iter_rows(path, layout, tabs=False):
         qid, did, rel = (cols[0], cols[2], cols[3]) if columns == 4 else (cols[0], cols[1], cols[2])
+        check_id(qid, f"{path}:{lineno}", "query id")
+        check_id(did, f"{path}:{lineno}", "doc id")
         grade = parse_int(rel, f"{path}:{lineno}", "relevance")
         judged = qrels.setdefault(qid, {})
         judged[did] = max(grade, judged.get(did, grade))
@@ -168,6 +198,8 @@ def _run_rows(path: Path) -> dict[str, dict[str, tuple[float, int]]]:
     for lineno, cols in iter_rows(path, ("qid", "Q0", "docid", "rank", "score", "tag"), tabs=False):
         qid, _, did, rank, score, _ = cols
         where = f"{path}:{lineno}"
+        check_id(qid, where, "query id")
+        check_id(did, where, "doc id")
         r = parse_int(rank, where, "rank")
         try:
             s = float(score)

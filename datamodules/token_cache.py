@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from core.io import AtomicDir, file_sha256
+from core.lock import build_lock
 
 TOKENS_VERSION = 1
 BLOCK = 8192  # texts tokenised per call: large enough for the fast tokenizer's threads, small enough for memory
@@ -175,14 +176,11 @@ def token_table(
 
     `tokenize` maps a block of texts to their content tokens; `vocab_size` picks the smallest dtype that holds them.
     """
-    from filelock import FileLock
-
     digest = hashlib.sha256(json.dumps({"version": TOKENS_VERSION, **key}, sort_keys=True).encode()).hexdigest()
     folder = Path(cache_dir) / "tokens" / digest[:32]
     if table_problem(folder, digest, count) is None:
         return TokenTable.open(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
+    with build_lock(folder, "token cache"):
         problem = table_problem(folder, digest, count)  # another process may have built it while this one waited
         if problem is None:
             return TokenTable.open(folder)

@@ -35,7 +35,7 @@ from core.host_reads import DeferredReads
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.tokenization import PairTokenizer
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
-from metrics.rerank_depth import candidate_ranks, choose_depth, truncate
+from metrics.rerank_depth import SELECT_BY, candidate_ranks, choose_depth, truncate
 from models.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
 from models.loading import pair_tokenizer_for
 from models.oom import halving
@@ -646,7 +646,11 @@ class RankingModule(pl.LightningModule):
         run = self.runs[key].to_run(es.qids, es.doc_ids)  # gathered from every rank
         self.runs[key].reset()
         run, depth = self._at_rerank_depth(run, es, split)
-        means, per_query = evaluate_run(run, es.qrels, self.measures)
+        measures = self.measures
+        if split == "val" and SELECT_BY not in measures:
+            # validation selects the checkpoint (and the re-ranking depth) by it, whatever the test reports
+            measures = [*measures, SELECT_BY]
+        means, per_query = evaluate_run(run, es.qrels, measures)
         if depth is not None:
             means["rerank_depth"] = float(depth)
         # update, not replace: the isotropy callback stores its values here just before this hook

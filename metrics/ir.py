@@ -40,7 +40,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from core.errors import InputError
 
-__all__ = ["DEFAULT_MEASURES", "evaluate_run", "rank_documents", "truncate_run", "RetrievalRun"]
+__all__ = ["DEFAULT_MEASURES", "check_measures", "evaluate_run", "rank_documents", "truncate_run", "RetrievalRun"]
 
 Run = Mapping[str, Mapping[str, float]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -53,8 +53,8 @@ _PLAIN_MEASURES = ("map", "recip_rank", "ndcg", "Rprec", "bpref")
 _NAME = re.compile(r"^(?P<base>[A-Za-z_]+?)_(?P<k>[0-9]+)$")
 
 
-def _parse_measure(name: str) -> tuple[str, str, int | None]:
-    """Name -> (kind, pytrec_eval measure, cutoff); kind is 'trec' or 'mrr'."""
+def _parse_measure(name: str, where: str = "measures") -> tuple[str, str, int | None]:
+    """Name -> (kind, pytrec_eval measure, cutoff); kind is 'trec' or 'mrr'. `where` names the source in errors."""
     if name in _PLAIN_MEASURES:
         return "trec", name, None
     m = _NAME.match(name)
@@ -65,10 +65,23 @@ def _parse_measure(name: str) -> tuple[str, str, int | None]:
         if base == "mrr":
             return "mrr", "recip_rank", k
     raise InputError(
-        "measures",
+        where,
         f"unknown measure {name!r}; expected one of {list(_PLAIN_MEASURES)}, "
         f"{[b + '_K' for b in _CUT_MEASURES]} or 'mrr_K' (K a positive int)",
     )
+
+
+def check_measures(names: Iterable[str], where: str = "measures") -> None:
+    """Check that every name is a measure `evaluate_run` computes; raise InputError naming `where` otherwise.
+
+    >>> check_measures(["ndcg_cut_10", "mrr_10", "map"])
+    >>> check_measures(["ndcg@10"], "config key 'eval.measures'")
+    Traceback (most recent call last):
+    ...
+    core.errors.InputError: config key 'eval.measures': unknown measure 'ndcg@10'; expected one of ['map', ...
+    """
+    for name in names:
+        _parse_measure(str(name), where)
 
 
 def rank_documents(docs: Mapping[str, float]) -> list[tuple[str, float]]:

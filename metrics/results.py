@@ -16,6 +16,7 @@ WriteFault naming the file and the OS's reason, with the earlier results unchang
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -35,19 +36,22 @@ def write_result_dir(
     extra: Mapping[str, object] | None = None,
     retire: tuple = (),
     folders: Mapping[str, Callable[[Path], object]] | None = None,
+    files: Mapping[str, Path] | None = None,
 ) -> None:
     """Write one evaluation's results to `out` as one set: per_query.json, run.trec, metrics.json (module docstring).
 
     `config`: the resolved config (YAML text), written as config.yaml with the results; `extra`: more JSON files
     of the set ({name: object}, e.g. validation.json); `folders`: folders of the set, each written by its function
-    into the path it is given (e.g. {"index": index.save}); `retire`: files removed when the set is in place (a
-    pending attempt's config).
+    into the path it is given (e.g. {"index": index.save}); `files`: files copied into the set ({name: path}, e.g. an
+    attempt's figures); `retire`: files removed when the set is in place (a pending attempt's config and figures).
     """
     with result_set(out, retire=tuple(retire)) as tmp:
         for name, save in (folders or {}).items():
             save(tmp / name)
         for name, obj in (extra or {}).items():
             write_json(tmp / name, obj)
+        for name, src in (files or {}).items():
+            shutil.copyfile(src, tmp / name)
         write_json(tmp / "per_query.json", per_query)
         write_trec_run(tmp / "run.trec", run, tag=tag)
         if config is not None:

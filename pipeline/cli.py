@@ -28,7 +28,7 @@ from callbacks.preemption import (
 from core.errors import InputError, TrainingStopped
 from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
 from pipeline.config import compose, parse_args, to_yaml
-from pipeline.jobs import Script
+from pipeline.jobs import Script, check_files
 
 
 def main(argv: list[str], job: Callable) -> int:
@@ -52,9 +52,9 @@ def main(argv: list[str], job: Callable) -> int:
     try:
         cfg = compose(argv)
         if dry:
-            if isinstance(job, Script):
-                job.check(cfg)  # the keys fit the job (pipeline/jobs.py), before any checkpoint header is read
-            check_files(cfg)
+            # the keys fit the job (pipeline/jobs.py), before any checkpoint header is read
+            name = job.check(cfg) if isinstance(job, Script) else None
+            check_files(cfg, model_from_cli(argv), name)
             print(to_yaml(cfg), end="")
             return 0
         job(cfg, model_from_cli(argv))
@@ -142,22 +142,6 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
     if ours and issubclass(category, UserWarning):
         return f"warning: {message}\n"
     return _library_format(message, category, filename, lineno, line)
-
-
-def check_files(cfg) -> None:
-    """Check for `--dry-run` that the checkpoints a run would read exist and their headers are sound.
-
-    Sound: a torch zip file with our keys and hyper-parameters this version knows (core/checkpoints.read_header);
-    no tensor loaded.
-    """
-    from core.checkpoints import read_header
-
-    for key in ("ckpt", "ckpt_path", "head_ckpt", "init_ckpt"):
-        path = Path(cfg[key]) if cfg.get(key) else None
-        # ckpt= may also be a folder from `train.py stage=export` (evaluate.py reads its isorank.json)
-        exported = key == "ckpt" and path is not None and (path / "isorank.json").is_file()
-        if path is not None and not exported:
-            read_header(str(cfg[key]), key, head=key == "head_ckpt")
 
 
 def model_from_cli(argv: list[str]) -> bool:

@@ -31,7 +31,7 @@ from datamodules.sources import SOURCES
 from lightning_modules.loading import check_optim_hparams  # noqa: F401 - registers the checkpoint hyper-parameter checks
 from lightning_modules.module import OptimConfig
 from metrics.ats import MATS_MODES
-from metrics.ir import DEFAULT_MEASURES
+from metrics.ir import DEFAULT_MEASURES, check_measures
 from models.heads import HEADS
 from models.rankers.limits import check_model_limits, output_dim
 from retrieval.config import schema as retrieval_schema
@@ -201,6 +201,7 @@ class EvalConfig:
                 "config key 'eval.measures'",
                 f"is empty; expected a list of trec_eval measures, e.g. {list(DEFAULT_MEASURES)}",
             )
+        check_measures(self.measures, "config key 'eval.measures'")  # at load, not after the model is built
         check_ranges(
             "eval",
             self,

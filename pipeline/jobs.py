@@ -28,15 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from core.checkpoints import check_same_ranker, read_header
 from core.errors import InputError
 from core.lock import output_dir_lock
 from core.registry import Registry
 from pipeline.config import RunConfig
-from pipeline.stages import check_outputs
+from pipeline.stages import begin_attempt, check_outputs
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "Script",
     "When",
     "check",
+    "check_files",
     "job",
     "jobs_of",
     "select",
@@ -427,6 +430,37 @@ def check(cfg: DictConfig, name: str) -> None:
             raise InputError(need.where, need.problem.format(**names))
 
 
+def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None = None) -> None:
+    """Check what the headers of the checkpoints a job will read tell, loading no tensor.
+
+    Each exists and is sound (a torch zip file with our keys and hyper-parameters this version knows:
+    core/checkpoints.read_header) and holds what the job `name` takes from it: the ranker `model.name` asks for (for
+    `ckpt` when the command line picked the model, for `init_ckpt`, and for fine-tuning's `ckpt_path`, which may not
+    be a head's). Every job and `--dry-run` run it before anything is read or written, so a bad checkpoint stops a
+    job before its data is read and its caches are built.
+    """
+    headers = {}
+    for key in ("ckpt", "ckpt_path", "head_ckpt", "init_ckpt"):
+        path = Path(cfg[key]) if cfg.get(key) else None
+        # ckpt= may also be a folder from `train.py stage=export` (evaluate.py reads its isorank.json)
+        exported = key == "ckpt" and path is not None and (path / "isorank.json").is_file()
+        if path is not None and not exported:
+            headers[key] = read_header(str(cfg[key]), key, head=key == "head_ckpt")
+    if "ckpt" in headers and model_from_cli and "base_ckpt" not in headers["ckpt"]:
+        check_same_ranker(headers["ckpt"], cfg, "ckpt", cfg.ckpt)
+    if "init_ckpt" in headers:
+        check_same_ranker(headers["init_ckpt"], cfg, "init_ckpt", cfg.init_ckpt)
+    if "ckpt_path" in headers and name == "finetune":
+        resumed = headers["ckpt_path"]
+        if "base_ckpt" in resumed:
+            raise InputError(
+                "ckpt_path",
+                f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); "
+                f"resume it with stage=head ckpt={resumed['base_ckpt']}",
+            )
+        check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
+
+
 @dataclass(frozen=True)
 class Script:
     """An entry script's jobs (`train.py`, `evaluate.py`): select the config's job, check it, run it.
@@ -454,6 +488,8 @@ class Script:
         `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it.
         """
         name = self.check(cfg)
+        check_files(cfg, model_from_cli, name)  # the checkpoints' headers, before the lock, any data or any cache
         with output_dir_lock(cfg.output_dir):
             check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
+            begin_attempt(cfg)
             return JOBS.get(name, "job").build(cfg, model_from_cli)

@@ -138,15 +138,8 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         cfg, fit=True
     )  # before any weights: bad data stops the run at once (reading it draws no global random numbers)
     start_step = 0
-    if cfg.ckpt_path:
+    if cfg.ckpt_path:  # its header was checked before the data (pipeline/jobs.check_files)
         resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
-        if "base_ckpt" in resumed:
-            raise InputError(
-                "ckpt_path",
-                f"'{cfg.ckpt_path}' is a head checkpoint (from stage=head); "
-                f"resume it with stage=head ckpt={resumed['base_ckpt']}",
-            )
-        check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
         start_step = int(resumed.get("global_step", 0))
         del resumed
     module = RankingModule(

@@ -6,6 +6,8 @@ write its result directory and resolved config into `output_dir` (atomically, by
 
 from __future__ import annotations
 
+import os
+from functools import partial
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -30,10 +32,11 @@ from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import data_config
 from lightning_modules.module import RankingModule
+from metrics.rerank_depth import SELECT_BY
 from metrics.results import write_result_dir
 from pipeline.config import PIPELINE_TRAINER_KEYS
 
-MONITOR = "val/ndcg_cut_10"
+MONITOR = f"val/{SELECT_BY}"  # the checkpoint with the best validation nDCG@10 is the one tested
 
 
 def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
@@ -45,7 +48,8 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     """
     t = OmegaConf.to_container(cfg.trainer)
     own = {k: t.pop(k) for k in PIPELINE_TRAINER_KEYS if k in t}  # applied below, not Lightning's
-    dump = Path(cfg.output_dir) / "isotropy_batches" if cfg.eval.dump_isotropy else None
+    # files written while the job runs go to its attempt folder: published with its results, or left there
+    dump = attempt_dir(cfg) / "isotropy_batches" if cfg.eval.dump_isotropy else None
     callbacks: list = [
         IsotropyCallback(
             seed=int(cfg.seed),
@@ -53,6 +57,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
             dump_dir=dump,
             max_batches=cfg.eval.isotropy_max_batches,
             sample_seed=int(cfg.eval.isotropy_sample_seed),
+            figure_dir=attempt_dir(cfg),
         )
     ]
     if cfg.eval.ats_passages > 0:
@@ -146,35 +151,58 @@ def check_outputs(cfg: DictConfig) -> None:
         check_writable(Path(index_dir).parent, "retrieval.index_dir")
 
 
-# output folder (resolved) -> this job's pending config (attempts/<n>/config.yaml), moved to config.yaml with the
-# results
-_PENDING: dict[Path, Path] = {}
+# output folder (resolved) -> the folder of this job's attempt (`attempt_dir`)
+_ATTEMPT: dict[Path, Path] = {}
+
+
+def begin_attempt(cfg: DictConfig) -> None:
+    """Forget an earlier job's attempt folder for `output_dir` in this process (a grid runs many jobs in one)."""
+    _ATTEMPT.pop(Path(cfg.output_dir).resolve(), None)
+
+
+def attempt_dir(cfg: DictConfig) -> Path:
+    """Return the folder where this job writes its files until its results are published as one set.
+
+    `output_dir` itself when it holds no result of an earlier attempt (no config.yaml, no metrics.json); otherwise
+    `attempts/<n>/`, so that the earlier config.yaml, results and figures stay as they were until `write_results`
+    publishes the new set (a continued run that dies leaves them unchanged, its own config and figures in
+    `attempts/<n>/` as the record of the attempt). Decided once per job.
+    """
+    out = Path(cfg.output_dir)
+    key = out.resolve()
+    if key not in _ATTEMPT:
+        if not (out / "config.yaml").exists() and not (out / "metrics.json").exists():
+            _ATTEMPT[key] = out
+        else:
+            n = 1 + max((int(d.name) for d in (out / "attempts").glob("*") if d.name.isdigit()), default=0)
+            _ATTEMPT[key] = out / "attempts" / str(n)
+    return _ATTEMPT[key]
 
 
 def save_config(cfg: DictConfig) -> Path:
-    """Write the resolved config at a job's start and return its path.
-
-    A folder without a result of an earlier attempt (no config.yaml, no metrics.json) gets it as config.yaml at once;
-    otherwise config.yaml keeps describing the results beside it and this job's config waits in
-    `attempts/<n>/config.yaml` until write_results moves it to config.yaml together with the new results (a continued
-    run that dies leaves the earlier config and results as they were).
-    """
-    out = Path(cfg.output_dir)
-    if not (out / "config.yaml").exists() and not (out / "metrics.json").exists():
-        path = out / "config.yaml"
-    else:
-        n = 1 + max((int(d.name) for d in (out / "attempts").glob("*") if d.name.isdigit()), default=0)
-        path = out / "attempts" / str(n) / "config.yaml"
-        _PENDING[out.resolve()] = path
+    """Write the resolved config at a job's start into its `attempt_dir` and return its path."""
+    path = attempt_dir(cfg) / "config.yaml"
     with atomic_open(path) as f:
         f.write(OmegaConf.to_yaml(cfg))
     return path
 
 
 def result_config(cfg: DictConfig) -> dict:
-    """write_result_dir's keywords that put `cfg` into the result set as config.yaml and retire the pending one."""
-    pending = _PENDING.pop(Path(cfg.output_dir).resolve(), None)
-    return {"config": OmegaConf.to_yaml(cfg), "retire": (pending,) if pending is not None else ()}
+    """write_result_dir's keywords that put `cfg` and the attempt's own files into the result set.
+
+    config.yaml is written anew; an attempt folder's figures and folders (the isotropy figures, the isotropy dump)
+    join the set and leave the attempt folder, which is removed once empty.
+    """
+    out = Path(cfg.output_dir)
+    attempt = _ATTEMPT.pop(out.resolve(), out)
+    kw: dict = {"config": OmegaConf.to_yaml(cfg)}
+    if attempt.resolve() == out.resolve() or not attempt.is_dir():
+        return kw
+    own = [p for p in sorted(attempt.iterdir()) if p.name != "config.yaml" and not p.name.startswith(".")]
+    kw["files"] = {p.name: p for p in own if p.is_file()}
+    kw["folders"] = {p.name: partial(os.replace, p) for p in own if p.is_dir()}
+    kw["retire"] = (attempt / "config.yaml", *kw["files"].values())
+    return kw
 
 
 def write_results(

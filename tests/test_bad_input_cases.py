@@ -301,6 +301,27 @@ CASES = [
         files({"random.ckpt": random.Random(0).randbytes(4096)}),
     ),
     Case(
+        "zero-byte-checkpoint",  # read before the data: no BM25 candidates cached for a job that cannot run
+        "evaluate.py",
+        [*TSV, "ckpt={tmp}/zero.ckpt"],
+        "ckpt: cannot read checkpoint '{tmp}/zero.ckpt' (it is empty, 0 bytes); it is truncated or not a torch file",
+        files({"zero.ckpt": b""}),
+    ),
+    Case(
+        "unknown-measure",  # at load, before the model: the names evaluate_run knows
+        "train.py",
+        [*TSV, "eval.measures=[P_20,ndcg@10]"],
+        "config key 'eval.measures': unknown measure 'ndcg@10'; expected one of",
+    ),
+    Case(
+        "nul-in-passage-id",  # the collection line that holds it, not the qrels line whose id then matches nothing
+        "train.py",
+        TSV,
+        "collection.tsv:2: passage id 'd2\\x00' holds the control character '\\x00' at position 2; "
+        "expected an id of printable characters",
+        files({"collection.tsv": COLLECTION.replace("d2\t", "d2\x00\t")}),
+    ),
+    Case(
         "checkpoint-of-another-ranker",
         "evaluate.py",
         [*TSV, "model=bert_cat", "ckpt={ckpt}"],
@@ -430,8 +451,9 @@ def colbert_ckpt(tmp_path_factory, tiny_bert) -> Path:
 
 @pytest.fixture(scope="module")
 def bm25_cache(tmp_path_factory) -> Path:
-    """data.cache_dir, outside the compared folder: a case whose error comes after the data are read (a bad
-    checkpoint) may have cached BM25 candidates, which are content-addressed and reused, not output."""
+    """data.cache_dir, outside the compared folder: a data error found in the queries or qrels comes after the
+    collection's document store (a valid, content-addressed cache, reused by the next run) was built. A bad
+    checkpoint writes no cache at all: its header is read first (tests/test_faults_checks.py)."""
     return tmp_path_factory.mktemp("cache")
 
 

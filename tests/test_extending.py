@@ -250,8 +250,8 @@ def test_the_page_commands_compose_with_the_recipes(recipe_modules, configs, tmp
 
     from test_docs_commands import documented_commands
 
-    from pipeline.cli import check_files
     from pipeline.config import compose
+    from pipeline.jobs import check_files
 
     commands = documented_commands(PAGE)
     # one "Check:" command per recipe, each naming what its recipe adds

@@ -29,7 +29,7 @@ from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
-from datamodules.textfiles import iter_rows, parse_int, read_jsonl, resolve_path
+from datamodules.textfiles import check_id, iter_rows, parse_int, read_jsonl, resolve_path
 
 
 @dataclass
@@ -76,7 +76,7 @@ def iter_corpus(path: Path, use_title: bool) -> Iterator[tuple[int, str, str]]:
     """(line number, _id, passage text) of each corpus line; uniqueness is the caller's to check."""
     for lineno, obj in read_jsonl(path):
         where = f"{path}:{lineno}"
-        did = _string_field(obj, "_id", where)
+        did = check_id(_string_field(obj, "_id", where), where, "corpus _id")
         title = _string_field(obj, "title", where, required=False).strip()
         text = _string_field(obj, "text", where, required=False).strip()
         full = f"{title} {text}".strip() if use_title else text
@@ -100,7 +100,7 @@ def read_queries(path: Path) -> dict[str, str]:
     queries: dict[str, str] = {}
     for lineno, obj in read_jsonl(path):
         where = f"{path}:{lineno}"
-        qid = _string_field(obj, "_id", where)
+        qid = check_id(_string_field(obj, "_id", where), where, "query _id")
         text = _string_field(obj, "text", where)
         if not text.strip():
             raise InputError(where, f"empty query text for _id '{qid}'; expected a non-empty query")
@@ -122,7 +122,8 @@ def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
             first = False
             if cols[2].strip().lower() == "score" or cols[0].strip().lower() == "query-id":
                 continue  # the header
-        qid, did = cols[0].strip(), cols[1].strip()
+        qid = check_id(cols[0].strip(), f"{path}:{lineno}", "query-id")
+        did = check_id(cols[1].strip(), f"{path}:{lineno}", "corpus-id")
         grade = parse_int(cols[2].strip(), f"{path}:{lineno}", "relevance score")
         judged = qrels.setdefault(qid, {})
         judged[did] = max(grade, judged.get(did, grade))

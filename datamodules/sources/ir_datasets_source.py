@@ -42,10 +42,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
 from pytorch_lightning.utilities import rank_zero_warn
 
 from core.errors import InputError
+from core.lock import build_lock
 from core.ranges import COUNT, check_ranges
 from datamodules.answer_matching import match_answer_spans
 from datamodules.config import DataConfig
@@ -187,8 +187,7 @@ def _docpairs(ds, dataset_id: str, cfg) -> ArrowTriples:
         json.dumps({"docpairs": dataset_id, "ir_datasets": ir_datasets.__version__, "cap": cap}).encode()
     ).hexdigest()
     path = Path(cfg.cache_dir) / "docpairs" / f"{source[:32]}.arrow"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    with build_lock(path, "docpairs cache"):
         try:
             return ArrowTriples(path, source)
         except (OSError, ValueError):  # absent, or a damaged file (pyarrow's ArrowInvalid is a ValueError)

@@ -1,0 +1,124 @@
+"""Checks made before anything loads, results and figures published as one set (issue 48, items 5-7;
+docs/reliability.md "Faults: checks before loading, figures in the result set").
+
+In-process (`pipeline.cli.main`) on a tiny random BERT and the synthetic source. The cases of these classes that run
+the entry scripts as processes are rows of tests/test_bad_input_cases.py (a zero-byte checkpoint writes no cache, an
+unknown measure stops train.py at load, a NUL byte in a passage id names the collection line).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+from test_faults_inputs import SMALL, one_line, run_main
+
+
+def test_validation_selects_by_ndcg10_when_the_measures_leave_it_out(tmp_path, tiny_bert, capsys):
+    """`eval.measures=[P_20,mrr_10]`: validation still computes nDCG@10, which chooses the checkpoint; the test
+    reports the measures asked for (it failed with `KeyError: 'val/ndcg_cut_10'` after training)."""
+    out = tmp_path / "run"
+    argv = [
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "eval.measures=[P_20,mrr_10]",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "eval.before_training=false",
+        f"output_dir={out}",
+    ]
+    assert run_main(argv, job="train") == 0, capsys.readouterr().err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"P_20", "mrr_10"} <= metrics.keys() and "ndcg_cut_10" not in metrics
+    curve = json.loads((out / "validation.json").read_text())
+    assert curve["monitor"] == "val/ndcg_cut_10"
+    vals = curve["validations"]
+    assert len(vals) == 3 and all("val/ndcg_cut_10" in v and "val/P_20" in v for v in vals)
+    best = max(vals, key=lambda v: v["val/ndcg_cut_10"])  # the first of equals, as ModelCheckpoint keeps it
+    assert curve["best_step"] == metrics["best_step"] == best["step"]
+
+
+def _writes_refused(monkeypatch, name: str) -> None:
+    """Make the result set's write of `name` fail as a full disk does."""
+    import metrics.results as results
+
+    real = results.write_json
+
+    def write_json(path, obj):
+        if Path(path).name == name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, obj)
+
+    monkeypatch.setattr(results, "write_json", write_json)
+
+
+def test_a_failed_continuation_keeps_the_earlier_figures(tmp_path, tiny_bert, capsys, monkeypatch):
+    """A continued Glow head run stopped by a full disk leaves isotropy_val.png / isotropy_test.png of the earlier
+    result (it replaced them with its own); its figures wait in attempts/<n>/ and join the next published set."""
+    common = [*SMALL, f"model.backbone={tiny_bert}", f"data.cache_dir={tmp_path / 'cache'}"]
+    ft = tmp_path / "ft"
+    assert (
+        run_main(
+            [
+                *common,
+                "trainer.max_steps=1",
+                "eval.before_training=false",
+                "eval.start_candidate=false",
+                f"output_dir={ft}",
+            ],
+            job="train",
+        )
+        == 0
+    )
+    out = tmp_path / "glow"
+    head = [
+        *common,
+        "stage=head",
+        f"ckpt={ft / 'checkpoints' / 'last.ckpt'}",
+        "head=glow",
+        "head.hidden_units=8",
+        "head.hidden_layers=1",
+        "head.batch_size=64",
+        f"output_dir={out}",
+    ]
+    assert run_main([*head, "head.epochs=1"], job="train") == 0
+    capsys.readouterr()
+    figures = ("isotropy_val.png", "isotropy_test.png", "metrics.json", "config.yaml")
+    earlier = {n: (out / n).read_bytes() for n in figures}
+
+    last = out / "checkpoints" / "last.ckpt"
+    with monkeypatch.context() as m:
+        _writes_refused(m, "per_query.json")
+        rc = run_main([*head, "head.epochs=2", f"ckpt_path={last}"], job="train")
+    line = one_line(capsys, rc, 1, warned=True)
+    assert line == f"error: cannot write '{out}' (No space left on device); earlier results in '{out}' unchanged"
+    assert {n: (out / n).read_bytes() for n in figures} == earlier
+    attempt = out / "attempts" / "1"
+    assert {p.name for p in attempt.iterdir()} == {"config.yaml", "isotropy_val.png", "isotropy_test.png"}
+    assert "epochs: 2" in (attempt / "config.yaml").read_text()
+
+    assert run_main([*head, "head.epochs=3", f"ckpt_path={last}"], job="train") == 0
+    assert all((out / n).read_bytes() != earlier[n] for n in figures)
+    assert "epochs: 3" in (out / "config.yaml").read_text()
+    assert not (out / "attempts" / "2").exists()  # the published attempt's folder is gone, the failed one stays
+    assert attempt.is_dir()
+
+
+@pytest.mark.parametrize("script", ["train", "evaluate"])
+def test_a_bad_checkpoint_stops_before_the_data(tmp_path, capsys, script):
+    """The checkpoints' headers are read first, as `--dry-run` reads them: no data read, no cache, no output_dir."""
+    bad = tmp_path / "zero.ckpt"
+    bad.write_bytes(b"")
+    key = "ckpt_path" if script == "train" else "ckpt"
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    rc = run_main([*SMALL, f"{key}={bad}", f"data.cache_dir={cache}", f"output_dir={out}"], job=script)
+    line = one_line(capsys, rc, 2)
+    assert (
+        line
+        == f"error: {key}: cannot read checkpoint '{bad}' (it is empty, 0 bytes); it is truncated or not a torch file"
+    )
+    assert not out.exists() and not cache.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zero.ckpt"]  # no lock files beside output_dir either
