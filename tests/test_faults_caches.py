@@ -425,23 +425,13 @@ def test_sidecar_of_an_earlier_version_is_a_stale_cache(tmp_path):
 def test_head_stage_rebuilds_a_cache_of_another_precision_or_weights(tmp_path, tiny_bert):
     """`train.py stage=head` (in-process): an fp32 cache is reused as is, then bf16 and other weights at the same
     checkpoint path each rebuild it with one warning, and the head's metrics equal a run on a fresh cache."""
-    from conftest import small_run
+    from test_faults_inputs import SMALL  # the tiny run of the other fault tests
 
     from pipeline.cli import main
     from pipeline.config import compose
     from pipeline.run import train
 
-    small = small_run(
-        "eval.ats_passages=0",
-        "eval.isotropy_paper=false",
-        "data.batch_size=8",
-        triples=16,
-        eval_queries=4,
-        depth=8,
-        probe_queries=4,
-        probe_docs=8,
-    )
-    common = [*small, f"model.backbone={tiny_bert}"]
+    common = [*SMALL, f"model.backbone={tiny_bert}"]
     ft = tmp_path / "ft"
     train(
         compose(
