@@ -20,7 +20,8 @@ over one collection (any split, depth or DDP rank) shares it. The collection's c
 has one (a DocStore: the SHA-256 of its source files), else a hash of its sorted (id, text) items. The folder holds
 bm25s' own save (CSC score matrix `*.csc.index.npy`, `vocab.index.json`, `params.index.json`, the non-occurrence
 array of bm25l / bm25+), `doc_ids.npy` (the doc id of each index row) and `manifest.json` (counts, settings, byte
-size and SHA-256 of every file). It is loaded with bm25s' `load(mmap=True)`: the arrays stay in the page cache,
+size, SHA-256 and stat of every file: sizes are compared at every load, the bytes when a file's stat moved). It is
+loaded with bm25s' `load(mmap=True)`: the arrays stay in the page cache,
 shared by every process. A manifest that does not match its files is rebuilt with a warning. The folder is written
 as a whole (core.io.AtomicDir), and one process builds while the others wait on `.index-<digest>.lock`
 (core.lock.claim), then all load it.
@@ -33,7 +34,9 @@ collection's texts or token strings exists (bm25s' own `index` held both, plus P
 on 1M synthetic MS MARCO-shaped passages held in a 0.6 GB dict: peak process RSS 1.3 GB, against 3.7 GB before.
 
 Runs: `<cache_dir>/bm25/<key>-<digest>.json`, digest = SHA-256 of (collection content, queries, settings, k), on top
-of the index, so a repeated evaluation is read back. Written atomically (core.io.atomic_open) by one process while
+of the index, so a repeated evaluation is read back; `<file>.sha256` beside it is its record (bytes, SHA-256,
+stat when written: core.digests), and a run that no longer matches it (a same-size edit) is recomputed with a
+warning. Written atomically (core.io.atomic_open) by one process while
 the others wait on its lock (`.<file>.lock`), as the index is.
 """
 
@@ -56,8 +59,9 @@ from typing import Any
 import numpy as np
 
 from core.bm25s_lib import bm25s_module, bm25s_submodule, stopwords_en
+from core.digests import file_record, record_problem, sidecar_problem, write_sidecar
 from core.errors import InputError, check_choice
-from core.io import AtomicDir, atomic_open, file_sha256
+from core.io import AtomicDir, atomic_open
 from core.lock import claim
 
 # bm25s variants (Kamphuis et al. 2020)
@@ -332,7 +336,7 @@ def save_index(index: BM25Index, folder: Path, manifest: dict) -> None:
     with AtomicDir(folder, marker=MANIFEST, kind="a BM25 index") as tmp:
         index.retriever.save(tmp, show_progress=False)
         np.save(tmp / DOC_IDS, index.doc_ids)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
+        files = {p.name: file_record(p) for p in sorted(tmp.iterdir())}
         s = index.retriever.scores
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(
@@ -353,12 +357,8 @@ def load_index(folder: Path, manifest: dict, warn: bool) -> BM25Index | None:
         if {k: m.get(k) for k in manifest} != manifest:
             problem = "built for other settings or another collection"
         for name, f in sorted(m["files"].items()) if problem is None else ():
-            size = (folder / name).stat().st_size
-            if size != f["bytes"]:
-                problem = f"{name} has {size} bytes, the manifest says {f['bytes']}"
-            elif file_sha256(folder / name) != f["sha256"]:
-                problem = f"{name} does not match its checksum"
-            if problem:
+            # sizes at every load, the bytes when a file's (size, mtime, inode) moved since it was written
+            if (problem := record_problem(folder / name, f)) is not None:
                 break
         if problem is None:
             r = bm25s_module().BM25.load(folder, mmap=True, show_progress=False)
@@ -540,6 +540,10 @@ def compute_bm25_run(
     return rank(index, queries, k)
 
 
+class _Stale(Exception):
+    """A cached run whose record says it changed since it was written."""
+
+
 def _safe(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(key))[:80] or "bm25"
 
@@ -599,6 +603,9 @@ def bm25_run(
         if not path.exists():
             return None
         try:
+            problem = sidecar_problem(path)  # its record: a same-size edit is found (the bytes, when the stat moved)
+            if problem is not None:
+                raise _Stale(problem)
             with open(path, encoding="utf-8") as f:
                 payload = json.load(f)
             run = payload["run"]
@@ -612,6 +619,8 @@ def bm25_run(
                 if bad is None:
                     return got
                 problem = f"query '{bad}' has a non-finite score"
+        except _Stale as e:
+            problem = str(e)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             problem = f"it is unreadable ({type(e).__name__})"  # truncated, garbled or foreign
         if warn:
@@ -622,6 +631,7 @@ def bm25_run(
         result = compute() if compute is not None else compute_bm25_run(docs, queries, k, params, cache_dir, digest)
         with atomic_open(path) as f:
             _write_run(f, expected, result)
+        write_sidecar(path)  # after it: a reader that finds no record waits on the lock and reads again
         return result
 
     return _once(path.parent / f".{path.name}.lock", load, make, f"the BM25 run {path}")

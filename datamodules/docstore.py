@@ -16,12 +16,16 @@ Layout of `<cache_dir>/docstore/<fingerprint[:32]>/`:
 - `index_keys.npy`, `index_rows.npy`: the 64-bit BLAKE2b key of every id, sorted, and each key's row: a lookup is a
   binary search and a check that the row's id is the asked one (so a key collision costs a step, never a wrong text);
 - `sorted_rows.npy`: the rows in sorted doc-id order (BM25 indexes in that order; ties are broken by doc id);
-- `manifest.json`, written last: count, fingerprint, origin, byte sizes of the files and a SHA-256 of the index
-  arrays. A folder whose manifest does not match its files is rebuilt with a warning.
+- `manifest.json`, written last: count, fingerprint, origin, and every file's record (core.digests.file_record: bytes,
+  SHA-256, stat when written). Sizes are compared at every open, the bytes when a file's (size, mtime, inode) moved
+  since it was written, so a same-size edit of docs.arrow is found; a folder that does not match is rebuilt with a
+  warning.
 
-The fingerprint names the content: `fingerprint(...)` hashes the source files' bytes with the reader's settings, so an
-edited file gets a new store and an unchanged one is reused by every run, split and rank. One process builds while
-the others wait on a file lock; the folder appears whole (written to a temp folder, then renamed).
+The fingerprint names the content: `fingerprint(...)` combines the source files' SHA-256 with the reader's settings,
+so an edited file gets a new store and an unchanged one is reused by every run, split and rank. The digests are
+memoised by (size, mtime, inode) in `<cache_dir>/digests/` (core.digests.input_digest), so an unchanged collection is
+not read to be named; an edited one is re-hashed and named in one warning. One process builds while the others wait
+on a file lock; the folder appears whole (written to a temp folder, then renamed).
 
 Beside a store, built on first use and keyed by its fingerprint: `<fingerprint[:32]>-texts/`, its text -> row index
 (`open_text_index`: the 64-bit BLAKE2b key of every text, sorted, with its row; a hit is confirmed by reading the
@@ -43,11 +47,12 @@ from pathlib import Path
 
 import numpy as np
 
+from core.digests import file_record, input_digest, memo_folder, record_problem
 from core.errors import InputError
-from core.io import AtomicDir, current_umask, file_sha256
+from core.io import AtomicDir, current_umask
 from core.lock import build_lock
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: every file's record (docs.arrow's SHA-256 included), input digests memoised
 BATCH_ROWS = 1 << 16
 _FILES = ("docs.arrow", "index_keys.npy", "index_rows.npy", "sorted_rows.npy")
 
@@ -57,17 +62,21 @@ def id_key(doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def fingerprint(kind: str, paths: Iterable[Path], **settings) -> str:
-    """Return the SHA-256 of a source's files (their bytes, in the given order) and the reader's settings.
+def fingerprint(kind: str, paths: Iterable[Path], *, cache_dir: str | os.PathLike | None = None, **settings) -> str:
+    """Return the SHA-256 of a source's files (their SHA-256, in the given order) and the reader's settings.
 
-    It is the store's name. Hashing reads each file once (about 2 s per GB here), far less than parsing it.
+    It is the store's name. A file is hashed (about 2 s per GB here) only when its (size, mtime, inode) moved since
+    its digest was memoised in `<cache_dir>/digests/`; a content change since then is said in one warning.
     """
     h = hashlib.sha256(json.dumps({"kind": kind, "version": STORE_VERSION, **settings}, sort_keys=True).encode())
     for path in paths:
-        h.update(b"\0file\0")
-        with open(path, "rb") as f:
-            while block := f.read(1 << 23):
-                h.update(block)
+        digest, changed = input_digest(path, memo_folder(cache_dir) if cache_dir is not None else None)
+        if changed is not None:
+            warnings.warn(
+                f"{path}: changed since the caches were made from it ({changed}); they are made again from its content",
+                stacklevel=2,
+            )
+        h.update(b"\0file\0" + digest.encode())
     return h.hexdigest()
 
 
@@ -296,12 +305,9 @@ def _manifest_ok(folder: Path, fp: str) -> str | None:
         m = json.loads(path.read_text())
         if m.get("version") != STORE_VERSION or m.get("fingerprint") != fp or int(m["batch_rows"]) < 1:
             return "another version or content"
-        for name in _FILES:
-            if (folder / name).stat().st_size != m["sizes"][name]:
-                return f"{name} has {(folder / name).stat().st_size} bytes, the manifest says {m['sizes'][name]}"
-        for name in _FILES[1:]:
-            if file_sha256(folder / name) != m["sha256"][name]:
-                return f"{name} does not match its checksum"
+        for name in _FILES:  # sizes at every open, the bytes when a file's stat moved since it was written
+            if (problem := record_problem(folder / name, m["files"][name])) is not None:
+                return problem
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable ({e})"
     return None
@@ -393,8 +399,11 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
     _check_unique(table, key_arr, order, np.array(lines, dtype=np.int64), origin, kind)
     np.save(tmp / "sorted_rows.npy", pc.sort_indices(table.column("id")).to_numpy().astype(np.int64))
     del table
-    sizes = {name: (tmp / name).stat().st_size for name in _FILES}
-    sha = {name: file_sha256(tmp / name) for name in _FILES[1:]}
+    for p in tmp.iterdir():  # fsynced before their records are taken
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    files = {name: file_record(tmp / name) for name in _FILES}
     with open(tmp / "manifest.json", "w") as f:
         json.dump(
             {
@@ -403,16 +412,13 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
                 "origin": origin,
                 "count": len(key_arr),
                 "batch_rows": BATCH_ROWS,
-                "sizes": sizes,
-                "sha256": sha,
+                "files": files,
             },
             f,
             indent=2,
         )
-    for p in tmp.iterdir():
-        fd = os.open(p, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _check_unique(table, sorted_keys: np.ndarray, rows: np.ndarray, lines: np.ndarray, origin: str, kind: str) -> None:
@@ -433,7 +439,7 @@ def _check_unique(table, sorted_keys: np.ndarray, rows: np.ndarray, lines: np.nd
 
 
 # ---- text -> row: the index text triples resolve passages with ----------------------------------------------------
-TEXT_INDEX_VERSION = 1
+TEXT_INDEX_VERSION = 2  # 2: the files' records (bytes, SHA-256, stat) in the manifest
 
 
 def text_key(data: bytes | memoryview) -> int:
@@ -512,13 +518,21 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
     """
     folder = text_index_folder(cache_dir, store.fingerprint)
 
+    problem = "no manifest"
+
     def opened() -> TextIndex | None:
+        nonlocal problem
         try:
             m = json.loads((folder / "manifest.json").read_text())
-            if m.get("version") == TEXT_INDEX_VERSION and m.get("fingerprint") == store.fingerprint:
-                return TextIndex(folder, store)
-        except (OSError, ValueError, KeyError):
-            pass
+            if m.get("version") != TEXT_INDEX_VERSION or m.get("fingerprint") != store.fingerprint:
+                problem = "another version or store"
+                return None
+            for name in ("keys.npy", "rows.npy"):  # sizes at every open, the bytes when a file's stat moved
+                if (problem := record_problem(folder / name, m["files"][name])) is not None:
+                    return None
+            return TextIndex(folder, store)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problem = f"unreadable ({type(e).__name__})"
         return None
 
     if (index := opened()) is not None:
@@ -527,7 +541,7 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
         if (index := opened()) is not None:
             return index
         if folder.exists():
-            warnings.warn(f"{folder}: text index is incomplete or damaged; rebuilding it", stacklevel=2)
+            warnings.warn(f"{folder}: text index is incomplete or damaged ({problem}); rebuilding it", stacklevel=2)
         keys = np.empty(len(store), dtype=np.uint64)
         at = 0
         for b in range(len(store._batches)):
@@ -539,9 +553,17 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
         with AtomicDir(folder) as tmp:
             np.save(tmp / "keys.npy", keys[order])
             np.save(tmp / "rows.npy", order.astype(np.int64))
+            files = {name: file_record(tmp / name) for name in ("keys.npy", "rows.npy")}
             with open(tmp / "manifest.json", "w") as f:
                 json.dump(
-                    {"version": TEXT_INDEX_VERSION, "fingerprint": store.fingerprint, "count": len(store)}, f, indent=2
+                    {
+                        "version": TEXT_INDEX_VERSION,
+                        "fingerprint": store.fingerprint,
+                        "count": len(store),
+                        "files": files,
+                    },
+                    f,
+                    indent=2,
                 )
         del keys, order
     return TextIndex(folder, store)

@@ -22,9 +22,11 @@ second store, and `triples.docs` is a docstore.StackedStore of the two (the stor
 Everything is kept in `<cache_dir>/triples/text-<digest>/`, the digest naming the file's content, the store and the
 queries: `triples.npy` (int32 rows: query index, positive row, negative row), `queries.json` (the qids the triples
 assign, in order), `extra/` (the added passages' store) and `sorted_rows.npy` (the stacked rows in doc-id order) when
-passages were added, `manifest.json` last. One process builds while the others wait on a lock; the folder is written
-in a temp folder and renamed whole, so an error leaves nothing behind. A malformed line, bad UTF-8 or a corrupt gzip
-stream sends the file to the line reader, which raises the InputError naming the line, word for word as before.
+passages were added, `manifest.json` last (with each file's record: bytes, SHA-256, stat; a file that no longer
+matches, a same-size edit included, gets the folder rebuilt with a warning). One process builds while the others
+wait on a lock; the folder is written in a temp folder and renamed whole, so an error leaves nothing behind. A
+malformed line, bad UTF-8 or a corrupt gzip stream sends the file to the line reader, which raises the InputError
+naming the line, word for word as before.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.digests import file_record, record_problem
 from core.errors import InputError
 from core.io import AtomicDir
 from core.lock import build_lock
@@ -58,7 +61,7 @@ from datamodules.docstore import (
 from datamodules.textfiles import content_id, iter_rows
 from datamodules.triples import TripleArray
 
-TEXT_TRIPLES_VERSION = 1
+TEXT_TRIPLES_VERSION = 2  # 2: the files' records (core.digests) in the manifest; input digests memoised
 BLOCK_BYTES = (
     1 << 22
 )  # bytes of lines per block: 1M MS MARCO-shaped triples parse as fast in blocks of 1-16 MB, and the
@@ -86,7 +89,7 @@ def read_text_triples(
     `queries` gets the qids the triples assign, and the result's `docs` is the collection the triples' ids are in.
     """
     path = Path(path)
-    digest = _digest(path, store, queries)
+    digest = _digest(path, store, queries, cache_dir)
     folder = Path(cache_dir) / "triples" / f"text-{digest[:32]}"
     triples = _open(folder, digest, store, queries)
     if triples is not None:
@@ -108,10 +111,9 @@ def read_text_triples(
     return triples
 
 
-def _digest(path: Path, store: DocStore, queries: dict[str, str]) -> str:
-    h = hashlib.sha256(
-        f"text-triples|{TEXT_TRIPLES_VERSION}|{fingerprint('text-triples', [path])}|{store.fingerprint}".encode()
-    )
+def _digest(path: Path, store: DocStore, queries: dict[str, str], cache_dir: str | os.PathLike) -> str:
+    source = fingerprint("text-triples", [path], cache_dir=cache_dir)
+    h = hashlib.sha256(f"text-triples|{TEXT_TRIPLES_VERSION}|{source}|{store.fingerprint}".encode())
     for qid, text in queries.items():
         q, t = qid.encode("utf-8"), text.encode("utf-8")
         h.update(len(q).to_bytes(8, "little") + q + len(t).to_bytes(8, "little") + t)
@@ -127,6 +129,9 @@ def _open(folder: Path, digest: str, store: DocStore, queries: dict[str, str]) -
         m = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         if m.get("version") != TEXT_TRIPLES_VERSION or m.get("digest") != digest:
             return None
+        for name, record in m["files"].items():  # sizes at every open, the bytes when a file's stat moved
+            if record_problem(folder / name, record) is not None:
+                return None
         assigned = json.loads((folder / "queries.json").read_text(encoding="utf-8"))
         rows = np.load(folder / "triples.npy", mmap_mode="r")
         if len(assigned) != m["queries"] or rows.shape != (m["triples"], 3) or not len(rows):
@@ -181,6 +186,8 @@ def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: di
     resolver.spill.unlink(missing_ok=True)
     with open(tmp / "queries.json", "w", encoding="utf-8") as f:
         json.dump(resolver.assigned, f, ensure_ascii=False)
+    names = ["triples.npy", "queries.json"] + (["sorted_rows.npy"] if resolver.extra else [])
+    files = {name: file_record(tmp / name) for name in names}
     with open(tmp / "manifest.json", "w", encoding="utf-8") as f:  # last
         json.dump(
             {
@@ -192,6 +199,7 @@ def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: di
                 "queries": len(resolver.assigned),
                 "extra": len(resolver.extra),
                 "extra_fingerprint": extra_fp,
+                "files": files,
             },
             f,
             indent=2,

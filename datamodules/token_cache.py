@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.io import AtomicDir, file_sha256
+from core.digests import file_record, record_problem
+from core.io import AtomicDir
 from core.lock import build_lock
 
 TOKENS_VERSION = 1
@@ -134,11 +135,6 @@ class TokenTable:
         return np.diff(np.asarray(self.offsets))
 
 
-def _stat(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
 def table_problem(folder: Path, digest: str, count: int) -> str | None:
     """None when `folder` holds a complete table of key `digest` with `count` rows, else what is wrong with it."""
     path = folder / "manifest.json"
@@ -149,12 +145,10 @@ def table_problem(folder: Path, digest: str, count: int) -> str | None:
         if m.get("version") != TOKENS_VERSION or m.get("digest") != digest or m.get("count") != count:
             return "another version, key or row count"
         for name in _FILES:
-            now = _stat(folder / name)
-            if now[0] != m["sizes"][name]:
-                return f"{name} has {now[0]} bytes, the manifest says {m['sizes'][name]}"
-            # a file touched since it was written (same size, other mtime or inode) is checked byte for byte
-            if now != m["stat"][name] and file_sha256(folder / name) != m["sha256"][name]:
-                return f"{name} does not match its checksum"
+            # sizes at every open; a file touched since it was written (other mtime or inode) is checked byte for byte
+            record = {"bytes": m["sizes"][name], "sha256": m["sha256"][name], "stat": m["stat"][name]}
+            if (problem := record_problem(folder / name, record)) is not None:
+                return problem
         offsets = np.load(folder / "offsets.npy", mmap_mode="r")
         if offsets.shape != (count + 1,) or int(offsets[0]) != 0 or int(offsets[-1]) != m["tokens"]:
             return "offsets.npy does not fit the manifest"
@@ -223,6 +217,7 @@ def _build(tmp: Path, key: dict, digest: str, count: int, texts, tokenize, vocab
     if row != count:
         raise ValueError(f"{row} texts where {count} were expected")
     np.save(tmp / "offsets.npy", offsets)
+    records = {n: file_record(tmp / n) for n in _FILES}
     manifest = {
         "version": TOKENS_VERSION,
         "digest": digest,
@@ -230,8 +225,8 @@ def _build(tmp: Path, key: dict, digest: str, count: int, texts, tokenize, vocab
         "count": count,
         "tokens": int(offsets[-1]),
         "dtype": dtype.str,
-        "sizes": {n: (tmp / n).stat().st_size for n in _FILES},
-        "sha256": {n: file_sha256(tmp / n) for n in _FILES},
-        "stat": {n: _stat(tmp / n) for n in _FILES},
+        "sizes": {n: r["bytes"] for n, r in records.items()},
+        "sha256": {n: r["sha256"] for n, r in records.items()},
+        "stat": {n: r["stat"] for n, r in records.items()},
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")

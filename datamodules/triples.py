@@ -8,8 +8,10 @@ rows on disk, shared through the page cache).
 
 The file (`qid<TAB>positive doc id<TAB>negative doc id`, gzip or plain) is parsed with pyarrow's CSV reader, block
 by block, and every id is turned into an index: the query's position in the split's queries, the passages' rows in
-the store. The array is kept in `<cache_dir>/triples/<digest>.npy`, the digest naming the file's content, the store
-and the queries, so every later run, rank and worker maps the same file. A malformed line is reported by the line
+the store. The array is kept in `<cache_dir>/triples/<digest>.npy`, the digest naming the file's content (its SHA-256,
+memoised by stat: core.digests.input_digest), the store and the queries, so every later run, rank and worker maps the
+same file; `<digest>.npy.sha256` beside it is its record (bytes, SHA-256, stat when written), and an array that no
+longer matches it (a same-size edit included) is read again with a warning. A malformed line is reported by the line
 reader of datamodules/textfiles.py (file and line, as for small files); an unknown id names the line too.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.digests import file_record, sidecar_problem, write_sidecar
 from core.errors import InputError
 from core.io import atomic_open
 from core.npy import NpyRowWriter
@@ -146,7 +149,7 @@ def read_id_triples(
     Parsed once into `<cache_dir>/triples/`, then memory-mapped.
     """
     return cached_triples(
-        fingerprint("triples", [path]),
+        fingerprint("triples", [path], cache_dir=cache_dir),
         lambda: _tsv_blocks(path),
         docs,
         queries,
@@ -178,16 +181,18 @@ def cached_triples(
     qids = list(queries)
     target = Path(cache_dir) / "triples" / f"{_digest(source, docs, qids)[:32]}.npy"
     if target.is_file():
+        # the record beside it (bytes, SHA-256, stat when written: the bytes are read again only when the stat moved)
+        # and the shape; the digest ties the rows to this store and these queries
+        problem = sidecar_problem(target)
         try:
             rows = np.load(target, mmap_mode="r")
-            # shape only: np.load already rejects a truncated file, and the digest ties the rows to this store and these
-            # queries; a scan of the values would map the whole array into every rank (0.5 GB at 8.8M passages)
-            if rows.ndim == 2 and rows.shape[1] == 3 and len(rows):
+            if problem is None and rows.ndim == 2 and rows.shape[1] == 3 and len(rows):
                 return TripleArray(target, qids, docs)
-        except (OSError, ValueError):
-            pass
+            problem = problem or f"its rows have shape {rows.shape}"
+        except (OSError, ValueError) as e:
+            problem = problem or f"it is unreadable ({type(e).__name__})"
         warnings.warn(
-            f"{target}: cached triples are unreadable, truncated or out of range; reading {origin} again", stacklevel=2
+            f"{target}: cached triples are stale or damaged ({problem}); reading {origin} again", stacklevel=2
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -203,6 +208,7 @@ def cached_triples(
                 "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)",
             )
         writer.close()
+        write_sidecar(target, file_record(tmp))  # first: a rename keeps the size, mtime and inode it records
         os.replace(tmp, target)
     except BaseException as e:
         writer.abort()

@@ -1,9 +1,9 @@
 """`train.py stage=head ckpt=FINETUNED.ckpt head=whitening|nice|glow`: the isotropy paper's post-hoc stage.
 
 1. Rebuild the fine-tuned ranker from `ckpt` and freeze it; read and validate the data (nothing written before).
-2. Encode the training queries and passages ONCE into the on-disk representation cache (keyed by checkpoint,
-   granularity and texts under `data.cache_dir/representations/`, so whitening, NICE and Glow on the same ranker
-   share it).
+2. Encode the training queries and passages ONCE into the on-disk representation cache (under
+   `data.cache_dir/representations/`, keyed by the checkpoint's weights, the tokenizer, lengths, precision,
+   granularity and texts, so whitening, NICE and Glow on the same ranker share it).
 3. Fit the head, as its capabilities say (`HeadCapabilities.fit`):
    - closed form (whitening): stream the cache once through float64 moments, fit (Eq. 7-10), no optimiser;
    - by gradient (NICE / Glow): `head.epochs` epochs of maximum likelihood over the cache, validating after every
@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from callbacks.loggers import build_logger
 from callbacks.preemption import interruptible
 from core.checkpoints import check_finite, read_checkpoint, read_header
+from core.digests import input_digest, memo_folder
 from core.errors import InputError
 from core.io import atomic_open
 from core.precision import warn_emulated_bf16
@@ -82,22 +83,25 @@ def build_module(cfg: DictConfig) -> HeadModule:
 
 
 def _checkpoint_id(path: str) -> str:
-    st = Path(path).stat()
-    return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return str(Path(path).resolve())
 
 
 def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> RepresentationCache:
     """Encode the training queries and passages once with the frozen ranker into the on-disk representation cache.
 
-    Keyed by checkpoint, granularity and texts under `data.cache_dir/representations/`, so whitening, NICE and Glow
-    on the same ranker share it; the ranker's own representations, without the head.
+    Its folder under `data.cache_dir/representations/` is named by the checkpoint's path, granularity and texts, so
+    whitening, NICE and Glow on the same ranker share it; its manifest holds all the vectors depend on (the checkpoint
+    file's digest, memoised by stat in `<cache_dir>/digests/`; the tokenizer, lengths, precision, dtype), and a folder
+    of other inputs is rebuilt with a warning. The ranker's own representations, without the head.
     """
     queries, docs = training_texts(dm, cfg.head.max_train_texts, cfg.seed)
     granularity = cfg.head.granularity
     key = cache_key(_checkpoint_id(cfg.ckpt), granularity, queries, docs)
     path = Path(cfg.data.cache_dir) / "representations" / f"{Path(cfg.ckpt).stem}-{granularity}-{key[:16]}"
-    autocast = None
+    weights, _ = input_digest(cfg.ckpt, memo_folder(cfg.data.cache_dir))
+    autocast, precision = None, "32"
     if str(cfg.trainer.precision).startswith("bf16"):
+        precision = "bf16-autocast"
         warn_emulated_bf16("trainer.precision", cfg.trainer.precision, module.device.type, "32-true")
         autocast = lambda: torch.autocast(module.device.type, dtype=torch.bfloat16)  # noqa: E731
     module.attach(False)  # the ranker's own representations
@@ -112,6 +116,8 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
             dtype=cfg.head.cache_dtype,
             checkpoint=_checkpoint_id(cfg.ckpt),
             autocast=autocast,
+            precision=precision,
+            weights=weights,
         )
     finally:
         module.attach(True)

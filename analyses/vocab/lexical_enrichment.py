@@ -12,7 +12,9 @@ split then compares the chosen lambda with lambda = 0 per query (`significance` 
 the paper's section 6.4 variants (no_idf, static, no_whitening, no_normalization), each with its own lambda.
 
 s_t (Eq. 4) is optimised for the vocabulary items of the texts analysed only (on a CPU the whole 30k vocabulary
-costs hours), cached under `data.cache_dir/single_tokens/`; the whitening is fitted on those s_t.
+costs hours), cached under `data.cache_dir/single_tokens/` (keyed by the head's weights and the optimisation
+settings; `<key>.pt.sha256` beside it is its record, and a file that no longer matches it is optimised again
+with a warning); the whitening is fitted on those s_t.
 Writes `lexical_enrichment_lambda.png` (validation measure vs lambda per variant), then `lexical_enrichment.json`.
 """
 
@@ -22,6 +24,7 @@ import dataclasses
 import hashlib
 import time
 import types
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
@@ -43,6 +46,7 @@ from analyses.vocab.enrichment import (
 from analyses.vocab.mlm_head import load_mlm_head
 from analyses.whitebox.analysis import queries_and_candidates
 from analyses.whitebox.idf import collection_idf
+from core.digests import sidecar_problem, write_sidecar
 from core.errors import InputError, check_choice
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
@@ -151,11 +155,17 @@ def cached_single_tokens(
     """
     key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
     path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None
-    store = (
-        torch.load(path, weights_only=False)
-        if path is not None and path.exists()
-        else {"ids": [], "vectors": None, "ce": None, "steps": None}
-    )
+    store = {"ids": [], "vectors": None, "ce": None, "steps": None}
+    if path is not None and path.exists():
+        # its record beside it (core.digests: bytes, SHA-256, stat when written): a changed file is optimised again
+        problem = sidecar_problem(path)
+        if problem is None:
+            try:
+                store = torch.load(path, weights_only=False)
+            except Exception as e:  # noqa: BLE001 - a damaged file of any kind is recomputed
+                problem = f"it is unreadable ({type(e).__name__})"
+        if problem is not None:
+            warnings.warn(f"single-token cache '{path}': {problem}; optimising its items again", stacklevel=2)
     have = {t: i for i, t in enumerate(store["ids"])}
     missing = [t for t in token_ids if t not in have]
     t0 = time.perf_counter()
@@ -181,6 +191,7 @@ def cached_single_tokens(
         if path is not None:
             with atomic_open(path, "wb") as f:
                 torch.save(store, f)
+            write_sidecar(path)
         have = {t: i for i, t in enumerate(store["ids"])}
     rows = torch.tensor([have[t] for t in token_ids], dtype=torch.long)
     ce, steps = store["ce"][rows], store["steps"][rows]

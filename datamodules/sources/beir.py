@@ -148,7 +148,7 @@ def build(cfg: BeirConfig, seed: int, splits: tuple[str, ...] | None = None) -> 
         raise InputError("data.path", f"'{folder}' has no queries.jsonl; expected a BEIR dataset folder")
     docs = open_store(
         cfg.cache_dir,
-        fingerprint("beir-corpus", [corpus], use_title=bool(cfg.use_title)),
+        fingerprint("beir-corpus", [corpus], cache_dir=cfg.cache_dir, use_title=bool(cfg.use_title)),
         lambda: iter_corpus(corpus, cfg.use_title),
         origin=str(corpus),
         kind="corpus _id",

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from pytorch_lightning.utilities import rank_zero_warn
 
+from core.digests import sidecar_problem, write_sidecar
 from core.errors import InputError
 from core.lock import build_lock
 from core.ranges import COUNT, check_ranges
@@ -188,13 +189,20 @@ def _docpairs(ds, dataset_id: str, cfg) -> ArrowTriples:
     ).hexdigest()
     path = Path(cfg.cache_dir) / "docpairs" / f"{source[:32]}.arrow"
     with build_lock(path, "docpairs cache"):
-        try:
-            return ArrowTriples(path, source)
-        except (OSError, ValueError):  # absent, or a damaged file (pyarrow's ArrowInvalid is a ValueError)
-            if path.exists():
-                rank_zero_warn(f"{path}: cached docpairs are unreadable; reading them from ir_datasets again")
+        if path.exists():
+            # its record beside it (core.digests: bytes, SHA-256, stat when written), then pyarrow's reading
+            problem = sidecar_problem(path)
+            try:
+                if problem is None:
+                    return ArrowTriples(path, source)
+            except (OSError, ValueError) as e:  # a damaged file (pyarrow's ArrowInvalid is a ValueError)
+                problem = f"it is unreadable ({type(e).__name__})"
+            rank_zero_warn(
+                f"{path}: cached docpairs are stale or damaged ({problem}); reading them from ir_datasets again"
+            )
         pairs = ((str(p.query_id), str(p.doc_id_a), str(p.doc_id_b)) for p in ds.docpairs_iter())
         write_arrow_triples(path, itertools.islice(pairs, cap))
+        write_sidecar(path)
         return ArrowTriples(path, source)
 
 

@@ -85,7 +85,7 @@ def build(cfg: TsvConfig, seed: int, splits: tuple[str, ...] | None = None) -> I
     tpath = _opt(cfg, "train_triples", "training triples TSV")
     docs = open_store(
         cfg.cache_dir,
-        fingerprint("tsv-collection", [collection]),
+        fingerprint("tsv-collection", [collection], cache_dir=cfg.cache_dir),
         lambda: iter_id_text(collection, "passage"),
         origin=str(collection),
     )

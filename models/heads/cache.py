@@ -11,10 +11,15 @@ Vectors are the ranker's own representations with no head (`token_representation
 
 On disk (a folder, written under a temporary name and renamed into place, so a crash never leaves a cache that
 looks finished): `vectors.bin` (raw row-major float16 or float32) and `manifest.json` (count, dim, dtype,
-granularity, text counts, bytes, and `key`: a digest of the checkpoint, granularity and texts; a cache with another
-key is rebuilt, not reused). A cache with the right key is verified before it is reused (`RepresentationCache.problem`:
-a readable manifest, the file's size against count x dim x dtype, every value finite, scanned in chunks); one that
-fails is rebuilt, with a warning naming what was wrong. Nothing non-finite is ever written into a cache.
+granularity, text counts, bytes, the record of vectors.bin (core.digests: bytes, SHA-256, stat when written), `inputs`
+and `key`, their digest). `inputs` is everything the vectors depend on (`cache_inputs`): the ranker's weights (a
+digest of the checkpoint file, or of the state dict's tensors), the tokenizer (`tokenizer_digest`: vocabulary,
+normaliser, special tokens), the maximum query and passage lengths, the precision of the encoding, the granularity,
+the stored dtype and the texts. A cache whose inputs differ is rebuilt with a warning naming them (`built with another
+tokenizer`), never reused. A cache with the right key is verified before it is reused (`RepresentationCache.problem`:
+a readable manifest, the file's size against count x dim x dtype, its bytes against the record when its stat moved,
+every value finite, scanned in chunks); one that fails is rebuilt, with a warning naming what was wrong. Nothing
+non-finite is ever written into a cache.
 """
 
 from __future__ import annotations
@@ -28,17 +33,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.digests import file_record, record_problem
 from core.errors import InputError, TrainingStopped
 from core.io import AtomicDir, write_json
+from datamodules.token_cache import texts_digest, tokenizer_digest
 from models.encoding import encode_stream
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
 def cache_key(checkpoint: str, granularity: str, queries: list[str], docs: list[str]) -> str:
-    """Return the digest that identifies a cache: the checkpoint, the granularity and every query and passage text.
+    """Return the digest that names a cache's folder: the checkpoint's path, the granularity and every text.
 
-    A cache whose manifest holds another key was built from other inputs and is rebuilt, not reused.
+    What the vectors depend on beyond these (weights, tokenizer, lengths, precision) is checked from the manifest's
+    `inputs` when the folder is read (`cache_inputs`): a folder of other inputs is rebuilt with a warning.
     """
     h = hashlib.sha256(f"{checkpoint}|{granularity}".encode())
     for tag, texts in ((b"Q", queries), (b"D", docs)):
@@ -47,6 +55,61 @@ def cache_key(checkpoint: str, granularity: str, queries: list[str], docs: list[
             b = t.encode("utf-8")
             h.update(len(b).to_bytes(8, "little") + b)
     return h.hexdigest()[:32]
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """Return the SHA-256 of a module's state dict: every tensor's name, dtype, shape and bytes, in order."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+# what each input is called in the warning of a cache built from other inputs (`it was built with other inputs (...)`)
+_INPUT_NAMES = {
+    "weights": "weights",
+    "tokenizer": "tokenizer",
+    "query_max_len": "query length",
+    "doc_max_len": "passage length",
+    "precision": "precision",
+    "granularity": "granularity",
+    "dtype": "dtype",
+    "texts": "texts",
+}
+
+
+def cache_inputs(
+    ranker,
+    pair_tokenizer,
+    queries: list[str],
+    docs: list[str],
+    *,
+    granularity: str,
+    dtype: str,
+    precision: str,
+    weights: str | None = None,
+) -> dict:
+    """Return everything a cache's vectors depend on (module docstring).
+
+    `weights`: the checkpoint file's digest (core.digests.input_digest); None: the ranker's state dict is hashed.
+    """
+    return {
+        "weights": weights or weights_digest(ranker),
+        "tokenizer": tokenizer_digest(pair_tokenizer.tokenizer),
+        "query_max_len": int(pair_tokenizer.query_max_len),
+        "doc_max_len": int(pair_tokenizer.doc_max_len),
+        "precision": str(precision),
+        "granularity": granularity,
+        "dtype": dtype,
+        "texts": texts_digest([("Q", q) for q in queries] + [("D", d) for d in docs]),
+    }
+
+
+def inputs_key(inputs: dict) -> str:
+    """Return the digest of a cache's inputs (`cache_inputs`): the manifest's `key`."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
 
 @torch.inference_mode()
@@ -87,11 +150,13 @@ class RepresentationCache:
         """Return what is wrong with the cache on disk ("" / None: nothing).
 
         Checked: its key (when given), the manifest's fields, the size of vectors.bin (count x dim x dtype), non-finite
-        values (a chunked scan of the file).
+        values (a chunked scan of the file), its bytes against the manifest's record when its stat moved.
         """
         m = self.manifest
         if key is not None and m.get("key") != key:
             return "its key differs"
+        if not isinstance(m.get("vectors"), dict):
+            return "its manifest has no record of vectors.bin (written by an earlier version)"
         try:
             count, dim, dtype = int(m["count"]), int(m["dim"]), DTYPES[m["dtype"]]
         except (KeyError, TypeError, ValueError):
@@ -103,7 +168,7 @@ class RepresentationCache:
         if size != want:
             return f"vectors.bin has {size} bytes; the manifest's {count} x {dim} {m['dtype']} vectors need {want}"
         if count == 0:
-            return None
+            return record_problem(f, m["vectors"])
         vecs = self.vectors()
         step = max(1, chunk_bytes // max(1, dim * np.dtype(dtype).itemsize))
         for s in range(0, count, step):
@@ -111,7 +176,10 @@ class RepresentationCache:
             bad = ~np.isfinite(block)
             if bad.any():
                 return f"row {s + int(np.argmax(bad.any(axis=1)))} of vectors.bin holds non-finite values"
-        return None
+        try:  # its bytes against the record, when its (size, mtime, inode) moved since it was written
+            return record_problem(f, m["vectors"])
+        except (KeyError, TypeError):
+            return "its manifest's record of vectors.bin lacks bytes or sha256"
 
     def vectors(self) -> np.memmap:
         """Return the cached vectors [count, dim], read-only and memory-mapped."""
@@ -133,23 +201,44 @@ class RepresentationCache:
         checkpoint: str = "",
         batch_size: int = 64,
         autocast=None,
+        precision: str = "32-true",
+        weights: str | None = None,
     ) -> RepresentationCache:
-        """Encode `queries` and `docs` once and write their vectors; reuse an existing cache with the same key."""
+        """Encode `queries` and `docs` once and write their vectors; reuse an existing cache of the same inputs.
+
+        `precision`: how `autocast` encodes (part of the key); `weights`: the checkpoint file's digest (else the
+        ranker's state dict is hashed).
+        """
         if dtype not in DTYPES:
             raise InputError("head.cache_dtype", f"is '{dtype}'; expected one of {sorted(DTYPES)}")
         path = Path(path)
-        key = cache_key(checkpoint, granularity, queries, docs)
+        inputs = cache_inputs(
+            ranker,
+            pair_tokenizer,
+            queries,
+            docs,
+            granularity=granularity,
+            dtype=dtype,
+            precision=precision,
+            weights=weights,
+        )
+        key = inputs_key(inputs)
         if (path / "manifest.json").is_file():
             try:
                 cached = cls(path)
             except (OSError, ValueError) as e:  # a truncated or garbled manifest.json
                 cached, problem = None, f"its manifest.json is unreadable ({type(e).__name__})"
             else:
-                problem = cached.problem() if cached.manifest.get("key") == key else None
-                if cached.manifest.get("key") == key and not problem:
-                    return cached
-            if problem:
-                warnings.warn(f"representation cache '{path}': {problem}; rebuilding it", stacklevel=2)
+                if cached.manifest.get("key") == key:
+                    problem = cached.problem()
+                    if not problem:
+                        return cached
+                else:
+                    was = cached.manifest.get("inputs")
+                    was = was if isinstance(was, dict) else {}
+                    differ = [_INPUT_NAMES[k] for k in inputs if was.get(k) != inputs[k]] if was else []
+                    problem = f"it was built with other inputs ({', '.join(differ) or 'written by an earlier version'})"
+            warnings.warn(f"representation cache '{path}': {problem}; rebuilding it", stacklevel=2)
         # written into a temporary sibling and renamed into place: a crash leaves the old cache or none
         with AtomicDir(path, kind="a representation cache") as tmp:
             count, dim = 0, None
@@ -190,6 +279,8 @@ class RepresentationCache:
                 tmp / "manifest.json",
                 {
                     "key": key,
+                    "inputs": inputs,
+                    "vectors": file_record(tmp / "vectors.bin"),
                     "count": count,
                     "dim": dim,
                     "dtype": dtype,
