@@ -26,9 +26,32 @@ from models.encoding import RAW, WITH_HEAD
 from models.heads import HEAD_SLOTS, IsotropyHead, attach_head, build_head, head_config, head_input_dim
 from models.rankers import rankers_with
 from models.rankers.base import Encoded, Ranker
-from models.rankers.capabilities import capabilities_of
+from models.rankers.capabilities import RankerCapabilities, capabilities_of
 
 HEAD_PREFIXES = tuple(f"ranker.{slot}." for slot in HEAD_SLOTS.values())
+
+
+def check_head_fits(name: str, caps: RankerCapabilities, granularity: str) -> None:
+    """Raise InputError unless ranker `name` (of capabilities `caps`) has the vectors a head of `granularity` acts on.
+
+    Called from a checkpoint's header before any data is read (pipeline/head_stage.py), and by the module itself.
+    """
+    if not caps.token_vectors and not caps.sequence_vectors:
+        raise InputError(
+            "head",
+            f"isotropy heads act on bi-encoder representations; '{name}' has neither token nor sequence vectors "
+            "(a cross-encoder)",
+        )
+    if granularity == "sequence" and not caps.sequence_vectors:
+        raise InputError(
+            "head.granularity",
+            f"'sequence' needs a ranker with one vector per text; '{name}' has none (it scores token vectors; "
+            f"use 'token', or a ranker with sequence vectors: {rankers_with(lambda c: c.sequence_vectors)})",
+        )
+    if granularity == "token" and not caps.token_vectors:
+        raise InputError(
+            "head.granularity", f"'token' needs a ranker with token vectors; '{name}' has none (use 'sequence')"
+        )
 
 
 class HeadModule(RankingModule):
@@ -69,25 +92,8 @@ class HeadModule(RankingModule):
         self._val_memo_bytes = 0
 
     def check_capabilities(self) -> None:
-        """Raise InputError unless the ranker has the vectors `head.granularity` acts on (`RankerCapabilities`)."""
-        caps, name = capabilities_of(self.ranker), self.model_cfg.name
-        if not caps.token_vectors and not caps.sequence_vectors:
-            raise InputError(
-                "head",
-                f"isotropy heads act on bi-encoder representations; '{name}' has neither token nor sequence vectors "
-                "(a cross-encoder)",
-            )
-        if self.head_cfg.granularity == "sequence" and not caps.sequence_vectors:
-            raise InputError(
-                "head.granularity",
-                f"'sequence' needs a ranker with one vector per text; '{name}' has none (it scores token vectors; "
-                f"use 'token', or a ranker with sequence vectors: {rankers_with(lambda c: c.sequence_vectors)})",
-            )
-        if self.head_cfg.granularity == "token" and not caps.token_vectors:
-            raise InputError(
-                "head.granularity",
-                f"'token' needs a ranker with token vectors; '{name}' has none (use 'sequence')",
-            )
+        """Raise InputError unless the ranker has the vectors `head.granularity` acts on (`check_head_fits`)."""
+        check_head_fits(self.model_cfg.name, capabilities_of(self.ranker), self.head_cfg.granularity)
 
     @property
     def head(self):

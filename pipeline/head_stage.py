@@ -30,11 +30,12 @@ from core.errors import InputError
 from core.io import atomic_open
 from core.precision import warn_emulated_bf16
 from datamodules.representations import HeadDataModule, training_texts
-from lightning_modules.head_module import HEAD_PREFIXES, HeadModule
+from lightning_modules.head_module import HEAD_PREFIXES, HeadModule, check_head_fits
 from lightning_modules.loading import module_from_loaded
 from models.heads import head_capabilities
 from models.heads.cache import RepresentationCache, cache_key
 from models.loading import LoadedRanker, load_ranker
+from models.rankers import ranker_capabilities
 from pipeline.stages import (
     build_trainer,
     evaluate_module,
@@ -133,9 +134,19 @@ def save_head(module: HeadModule, path: Path) -> None:
         )
 
 
+def check_head_stage(cfg: DictConfig) -> None:
+    """Check from the checkpoints' headers, before any data is read, that the head fits the ranker of `ckpt`."""
+    if cfg.ckpt:
+        header = read_header(str(cfg.ckpt), "ckpt")
+        name = header["hyper_parameters"]["model"]["name"]
+        check_head_fits(name, ranker_capabilities(name), str(cfg.head.granularity))
+    if cfg.ckpt_path:
+        check_head_resume(cfg)
+
+
 def check_head_resume(cfg: DictConfig) -> None:
     """`ckpt_path` must be a flow head's training checkpoint of the same head on the same base ranker."""
-    ck = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+    ck = read_checkpoint(cfg.ckpt_path, "ckpt_path")  # a head's: small, read before the data
     if "base_ckpt" not in ck:
         raise InputError(
             "ckpt_path", f"'{cfg.ckpt_path}' is a fine-tuning checkpoint, not a head checkpoint of stage=head"
@@ -165,11 +176,10 @@ def train_head(cfg: DictConfig) -> dict | None:
             "output_dir",
             f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
         )
+    check_head_stage(cfg)  # from the checkpoints' headers, before the data
     dm = load_data(
         cfg, HeadDataModule, fit=True
     )  # read and validated before any weights are loaded or anything is written
-    if cfg.ckpt_path:
-        check_head_resume(cfg)
     module = build_module(cfg)
     dm.tokenizer = module.pair_tokenizer
     cache = build_cache(cfg, module, dm)
