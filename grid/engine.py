@@ -1056,13 +1056,18 @@ def _run_pass(
                     report.status[cell.label] = "failed"
                     once(cell, "fault", f"{warn}{what}; skipped: {todo.split(': ', 1)[1]}")
                     continue
-                say(f"{warn}{what}; rerunning it" + _HOW.get(todo, ""))
                 for name in RESULT_FILES:  # a lone or unreadable result: the run writes both again
                     (cell.dir / name).unlink(missing_ok=True)
+            fixed = [f"{warn}{fault[0]}; rerunning it{_HOW.get(fault[1], '')}"] if fault is not None else []
             t0 = time.monotonic()
+
+            def start(tag=tag, fixed=fixed) -> None:  # said when it really starts (a blocked cell does not)
+                while fixed:
+                    say(fixed.pop())
+                say(f"{tag}: running")
+
             for attempt in (1, 2):  # a cell whose folder vanishes while it runs runs once more, from scratch
-                # a blocked cell does not start
-                status, msg = run_cell(cell, spec, on_start=lambda tag=tag: say(f"{tag}: running"))
+                status, msg = run_cell(cell, spec, on_start=start)
                 if status == "blocked" or (gone := _vanished(cell)) is None:
                     break
                 status, msg = "failed", f"{gone} while it ran"

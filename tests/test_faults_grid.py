@@ -15,8 +15,9 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import small_run
-from test_grid import BM25_ROWS, tiny_grid
+from test_grid import BM25_ROWS, SYN, SYN_START, tiny_grid
 
 import grid.engine as engine
 from grid.engine import main, run
@@ -50,6 +51,7 @@ RESUME = small_run(
 )
 
 
+@pytest.mark.slow
 def test_train_resume_whose_best_checkpoint_is_gone_goes_on_with_one_warning(tmp_path, tiny_bert, recwarn):
     """`train.py ckpt_path=.../last.ckpt` whose best-N.ckpt is gone: one warning naming it, then the run goes on.
 
@@ -222,3 +224,105 @@ def test_the_output_root_removed_mid_grid(tmp_path, monkeypatch):
     monkeypatch.undo()
     rc, out = grid_main(f"grid={gfile}")
     assert rc == 0 and "[1/2] train bm25/syn/seed1: ran" in out and "seed2: skipped" in out, out
+
+
+@pytest.mark.slow
+def test_subprocess_cells_whose_log_or_folder_vanishes(tmp_path, monkeypatch):
+    """`launcher: subprocess`: the first cell's log removed while it runs (its results kept, one line, action=list
+    marks it), the second cell's folder removed while it runs (rerun once): the grid ends with exit code 0."""
+    gfile = bm25_grid(tmp_path, launcher="subprocess")
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    real, started = engine.subprocess.Popen, []
+
+    def popen(args, **kw):
+        proc = real(args, **kw)
+        started.append(proc)
+        if len(started) == 1:
+            (root / "seed1" / "evaluate.log").unlink()
+        elif len(started) == 2:
+            shutil.rmtree(root / "seed2")
+        return proc
+
+    monkeypatch.setattr(engine.subprocess, "Popen", popen)
+    out = run_expecting(
+        gfile,
+        0,
+        "warning: grid g: cell 'bm25/syn/seed1': its log evaluate.log vanished while it ran; its results are "
+        "complete and kept",
+        "warning: grid g: cell 'bm25/syn/seed2': its folder vanished while it ran; rerunning it from scratch",
+    )
+    assert len(started) == 3 and "[2/2] train bm25/syn/seed2: ran" in out
+    assert (root / "seed2" / "evaluate.log").is_file() and (root / "seed2" / "metrics.json").is_file()
+    assert listed(gfile) == {"bm25/syn/seed1": "done (its log evaluate.log is missing)", "bm25/syn/seed2": "done"}
+
+
+def unfinish(cell: Path) -> None:
+    """Remove a cell's results, as a run killed before it wrote them leaves it."""
+    for name in ("metrics.json", "per_query.json"):
+        (cell / name).unlink()
+
+
+@pytest.mark.slow
+def test_training_cells_with_partial_checkpoints_or_results(tmp_path, tiny_bert):
+    """A trained cell and its evaluation on other data, then: the best checkpoint gone beside last.ckpt (restart),
+    last.ckpt truncated (restart), per_query.json gone beside metrics.json (resumed from last.ckpt: the test again),
+    and a finished cell's best checkpoint gone under an unfinished evaluation (skipped, exit code 1)."""
+    gfile = tiny_grid(
+        tmp_path,
+        "t",
+        "colbert",
+        {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+        eval_data={"syn": SYN, "syn_start": SYN_START},
+    )
+    cell = tmp_path / "grids" / "t" / "colbert" / "syn" / "seed1"
+    ev = cell / "eval-syn_start"
+    ck = cell / "checkpoints"
+    train_label, ev_label = "colbert/syn/seed1", "colbert/syn/seed1/eval-syn_start"
+    run_expecting(gfile, 0)
+
+    # the best checkpoint gone beside last.ckpt, the cell unfinished: restarted (resuming would test another model)
+    (best,) = ck.glob("best-*.ckpt")
+    best.unlink()
+    unfinish(cell)
+    shutil.rmtree(ev)
+    assert listed(gfile)[train_label] == f"partial (best checkpoint {best.name} missing; will restart)"
+    out = run_expecting(
+        gfile,
+        0,
+        f"warning: grid t: cell '{train_label}': best checkpoint {best.name} missing; rerunning it from scratch",
+    )
+    assert f"train {train_label}: ran" in out and f"eval {ev_label}: ran" in out
+    assert set(listed(gfile).values()) == {"done"}
+
+    # last.ckpt truncated, the cell unfinished: restarted
+    data = (ck / "last.ckpt").read_bytes()
+    (ck / "last.ckpt").write_bytes(data[: len(data) // 2])
+    unfinish(cell)
+    state = listed(gfile)[train_label]
+    assert state.startswith("partial (last.ckpt unreadable (") and state.endswith("; will restart)"), state
+    out = run_expecting(
+        gfile,
+        0,
+        f"warning: grid t: cell '{train_label}': {state[len('partial (') : -len('; will restart)')]}; "
+        "rerunning it from scratch",
+    )
+    assert f"train {train_label}: ran" in out and f"eval {ev_label}: skipped" in out
+
+    # metrics.json without per_query.json: resumed from last.ckpt (a run at max_steps repeats its test)
+    (cell / "per_query.json").unlink()
+    what = "per_query.json missing beside metrics.json"
+    assert listed(gfile)[train_label] == f"partial ({what}; will resume from last.ckpt)"
+    out = run_expecting(gfile, 0, f"warning: grid t: cell '{train_label}': {what}; rerunning it from its last.ckpt")
+    assert f"train {train_label}: resumed" in out and (cell / "per_query.json").is_file()
+
+    # a finished training cell's best checkpoint gone while its evaluation is unfinished: that evaluation is skipped
+    (best,) = ck.glob("best-*.ckpt")
+    best.unlink()
+    unfinish(ev)
+    out = run_expecting(
+        gfile,
+        1,
+        f"warning: grid t: cell '{ev_label}': the best checkpoint {best.name} of its training cell is missing; "
+        f"skipped: delete '{cell}' to train it again (or restore the file)",
+    )
+    assert f"train {train_label}: skipped" in out and not (ev / "metrics.json").is_file()
