@@ -50,7 +50,10 @@ processes may run one grid at once (one per GPU, say): a process claims each cel
 beside it while it runs it, and skips (status busy) the cells another process holds, so no cell runs twice and no
 process deletes another's checkpoints. With the subprocess launcher each cell's output goes to `train.log` /
 `evaluate.log` in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell
-(exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1.
+(exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1. A cell with
+missing pieces (`Cell.fault`: a folder that vanished or is a file, a last.ckpt whose best checkpoint is gone or that is
+unreadable, one result file without the other) is reported in one `warning: grid ...` line and rerun or skipped; a
+cell whose folder vanishes while it runs is rerun once (docs/reliability.md, "Faults: grids and resumes ...").
 
 At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
 (long format, per query; qid `all` = the run's mean), and grid/tables.py renders `<name>/table.md` (against another
@@ -206,7 +209,8 @@ class Cell:
     def fault(self) -> tuple[str, str] | None:
         """Return (what is missing or broken, what a run does) for a cell with missing pieces, else None.
 
-        What a run does: `restart` (from scratch), `resume from last.ckpt`, `rerun` (an evaluation) or `skip: <why>`.
+        What a run does: `restart` (from scratch, its checkpoints removed), `resume from last.ckpt`, `rerun` (from
+        scratch: there is nothing to resume) or `skip: <why>`.
         A folder (or a folder above it) that is a file is skipped; results that are unreadable or one without the
         other are rerun; a training cell's `last.ckpt` that is unreadable, or whose best checkpoint is gone, restarts
         it (resuming would test another model than an uninterrupted run).
@@ -227,15 +231,13 @@ class Cell:
                 what = f"{name} unreadable ({type(e).__name__})"
             else:
                 return None  # done
-        trains = self.kind == "train" and not self.untrained
-        if not trains:
+        if self.kind != "train" or not self.last_ckpt.is_file() or self.untrained:  # runs from scratch anyway
             return (what, "rerun") if what else None
-        if not self.last_ckpt.is_file():
-            return (what, "restart") if what else None
         try:
             header = read_header(str(self.last_ckpt), "last.ckpt")
         except InputError as e:
-            reason = str(e).split("(", 1)[1].rsplit(")", 1)[0] if "(" in str(e) else str(e)
+            msg = str(e).removeprefix("last.ckpt: ")  # the reason in brackets after the path, else all of it
+            reason = msg.split("' (", 1)[1].rsplit(")", 1)[0] if "' (" in msg else msg
             return "; ".join(filter(None, [what, f"last.ckpt unreadable ({reason})"])), "restart"
         lost = lost_best(header)
         if lost is not None:
