@@ -224,12 +224,8 @@ class Cell:
             missing = next(n for n in RESULT_FILES if n not in results)
             what = f"{missing} missing beside {results[0]}"
         elif results:
-            try:
-                for name in results:
-                    read_json(self.dir / name)
-            except (OSError, ValueError) as e:
-                what = f"{name} unreadable ({type(e).__name__})"
-            else:
+            what = _unreadable(self.dir)
+            if not what:
                 return None  # done
         if self.kind != "train" or not self.last_ckpt.is_file() or self.untrained:  # runs from scratch anyway
             return (what, "rerun") if what else None
@@ -625,6 +621,24 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
     return (ckpt, "") if ckpt is not None else (None, f"no checkpoint in {train_dir / 'checkpoints'}")
 
 
+def _unreadable(cell_dir: Path) -> str:
+    """Say which result file of a finished cell is unreadable, else "".
+
+    metrics.json is parsed; per_query.json (large) only has to end as a JSON object does (a torn write does not).
+    """
+    try:
+        read_json(cell_dir / "metrics.json")
+    except (OSError, ValueError) as e:
+        return f"metrics.json unreadable ({type(e).__name__})"
+    try:
+        with open(cell_dir / "per_query.json", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64))
+            tail = f.read().rstrip()
+    except OSError as e:
+        return f"per_query.json unreadable ({type(e).__name__})"
+    return "" if tail.endswith(b"}") else "per_query.json unreadable (cut short)"
+
+
 def _log_note(cell: Cell) -> str:
     """` (its log train.log is missing)` for a cell started by the subprocess launcher whose log is gone, else ""."""
     try:
@@ -636,6 +650,25 @@ def _log_note(cell: Cell) -> str:
         if launcher == "subprocess" and not (cell.dir / cell.log_name).exists()
         else ""
     )
+
+
+def _clear_remade(cell: Cell, since: float) -> None:
+    """Clear what the run that lost its folder (`_vanished`) left there, so that the cell runs from scratch.
+
+    A folder the run made again holds only files written since `since` (the attempt's start): it is removed. Anything
+    older (only cell.json was removed, say) stays; only the results are removed, so that the cell is not taken as done.
+    """
+    if not cell.dir.is_dir():
+        return
+    try:
+        remade = all(p.stat().st_mtime >= since - 2 for p in cell.dir.rglob("*"))
+    except OSError:
+        remade = False
+    if remade:
+        shutil.rmtree(cell.dir, ignore_errors=True)
+        return
+    for name in RESULT_FILES:
+        (cell.dir / name).unlink(missing_ok=True)
 
 
 def _vanished(cell: Cell) -> str | None:
@@ -1069,6 +1102,7 @@ def _run_pass(
                 say(f"{tag}: running")
 
             for attempt in (1, 2):  # a cell whose folder vanishes while it runs runs once more, from scratch
+                since = time.time()
                 status, msg = run_cell(cell, spec, on_start=start)
                 if status == "blocked" or (gone := _vanished(cell)) is None:
                     break
@@ -1077,8 +1111,7 @@ def _run_pass(
                 if fault is not None and fault[1].startswith("skip"):
                     say(f"{warn}{gone} while it ran: {fault[0]}; skipped: {fault[1].split(': ', 1)[1]}")
                     break
-                if cell.dir.is_dir():  # made again by the run after it vanished: what it holds is not a whole run
-                    shutil.rmtree(cell.dir)
+                _clear_remade(cell, since)
                 if attempt == 2:
                     say(
                         f"{warn}{gone} again while it reran; skipped: run the same command again once nothing "

@@ -326,3 +326,24 @@ def test_training_cells_with_partial_checkpoints_or_results(tmp_path, tiny_bert)
         f"skipped: delete '{cell}' to train it again (or restore the file)",
     )
     assert f"train {train_label}: skipped" in out and not (ev / "metrics.json").is_file()
+
+
+def test_results_cut_short_or_without_their_pair_are_rerun(tmp_path):
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    run_expecting(gfile, 0)
+    text = (root / "seed1" / "per_query.json").read_text()
+    (root / "seed1" / "per_query.json").write_text(text[: len(text) // 2])
+    (root / "seed2" / "per_query.json").unlink()
+    assert listed(gfile) == {
+        "bm25/syn/seed1": "partial (per_query.json unreadable (cut short); will rerun)",
+        "bm25/syn/seed2": "partial (per_query.json missing beside metrics.json; will rerun)",
+    }
+    out = run_expecting(
+        gfile,
+        0,
+        "warning: grid g: cell 'bm25/syn/seed1': per_query.json unreadable (cut short); rerunning it",
+        "warning: grid g: cell 'bm25/syn/seed2': per_query.json missing beside metrics.json; rerunning it",
+    )
+    assert "seed1: ran" in out and "seed2: ran" in out and (root / "seed1" / "per_query.json").read_text() == text
+    assert set(listed(gfile).values()) == {"done"}
