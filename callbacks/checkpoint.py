@@ -10,6 +10,11 @@ of that epoch's batches.
 Every validation while fitting (the step-0 candidate included) is kept with its step in `validations`, part of the
 checkpoint state so a resumed run keeps the curve; train.py writes it as `validation.json` and the tested
 checkpoint's step as `best_step` in metrics.json, which is how a learning-rate x steps sweep is read.
+
+A resumed `last.ckpt` whose best checkpoint is gone (deleted, or a folder copied without it) resumes without it
+(`lost_best` names it for the warning train.py prints): the lost best is forgotten, score included, so the best of the
+validations after the resume is kept and tested, or the resumed weights when none follows. Lightning alone would
+train on and then fail in the test with `Checkpoint file not found`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,45 @@ from pathlib import Path
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.trainer.states import TrainerFn
+
+
+def lost_best(ckpt: dict) -> dict | None:
+    """Return what a checkpoint's RankingCheckpoint state says of its best checkpoint when that file is missing.
+
+    {"path", "score" (float or None), "step" (int or None)} for a best checkpoint recorded in `ckpt` (a loaded
+    `last.ckpt`) that does not exist; None when it exists or none is recorded.
+    """
+    for key, state in (ckpt.get("callbacks") or {}).items():
+        if not str(key).startswith("RankingCheckpoint") or not isinstance(state, dict):
+            continue
+        path = state.get("best_model_path") or ""
+        if not path or Path(path).is_file():
+            return None
+        try:
+            score = float(state.get("best_model_score"))
+        except (TypeError, ValueError):  # none recorded, or a header read without tensors (core.checkpoints)
+            score = None
+        return {"path": path, "score": score, "step": state.get("best_step")}
+    return None
+
+
+def lost_best_warning(ckpt: dict, ckpt_path: str, monitor: str) -> str | None:
+    """Return the one-line warning for resuming `ckpt_path` (loaded as `ckpt`) whose best checkpoint is gone, else None.
+
+    It names the lost file and its score and says which model the test after training uses instead.
+    """
+    lost = lost_best(ckpt)
+    if lost is None:
+        return None
+    score = "" if lost["score"] is None else f"{monitor} {lost['score']:.4f}"
+    at = "" if lost["step"] is None else f"at step {lost['step']}"
+    what = f" ({' '.join(filter(None, [score, at]))})" if score or at else ""
+    step = int(ckpt.get("global_step", 0))
+    return (
+        f"ckpt_path: the best checkpoint that '{ckpt_path}' records, '{lost['path']}'{what}, is missing; resuming "
+        f"without it: the best validation after step {step} becomes the best checkpoint and is tested, or the "
+        "resumed weights if no validation follows (the lost one cannot be tested)"
+    )
 
 
 class RankingCheckpoint(ModelCheckpoint):
@@ -119,6 +163,21 @@ class RankingCheckpoint(ModelCheckpoint):
         self.before_training = state_dict.get("before_training")
         self.validations = list(state_dict.get("validations", []))
         self.best_step = state_dict.get("best_step")
+        self._forget_missing()
+
+    def _forget_missing(self) -> None:
+        """Forget checkpoints of the restored state whose files are gone, the best one included (see `lost_best`).
+
+        The next validation then becomes the best (and is saved), whatever its score against the lost one.
+        """
+        self.best_k_models = {k: v for k, v in self.best_k_models.items() if Path(k).is_file()}
+        if self.best_model_path and not Path(self.best_model_path).is_file():
+            self.best_model_path, self.best_model_score, self.best_step = "", None, None
+            if self.start_model_path and not Path(self.start_model_path).is_file():
+                self.start_model_path = ""
+        if self.kth_best_model_path and self.kth_best_model_path not in self.best_k_models:
+            self.kth_best_model_path = ""
+            self.kth_value = torch.tensor(float("-inf") if self.mode == "max" else float("inf"))
 
     def write_last(self, trainer) -> str:
         """Write (or keep, if this step's is written) the resumable `last.ckpt`; returns its path."""

@@ -27,7 +27,17 @@ from core.errors import InputError
 from core.io import atomic_open, write_json
 from core.lock import claim
 
-__all__ = ["CELL_FILE", "NEUTRAL", "settings", "portable", "read_json", "claim_cell", "export_cells", "import_cells"]
+__all__ = [
+    "CELL_FILE",
+    "NEUTRAL",
+    "RESULT_FILES",
+    "settings",
+    "portable",
+    "read_json",
+    "claim_cell",
+    "export_cells",
+    "import_cells",
+]
 
 CELL_FILE = "cell.json"  # the overrides a cell was started with
 # Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.

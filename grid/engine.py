@@ -50,7 +50,10 @@ processes may run one grid at once (one per GPU, say): a process claims each cel
 beside it while it runs it, and skips (status busy) the cells another process holds, so no cell runs twice and no
 process deletes another's checkpoints. With the subprocess launcher each cell's output goes to `train.log` /
 `evaluate.log` in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell
-(exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1.
+(exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1. A cell with
+missing pieces (`Cell.fault`: a folder that vanished or is a file, a last.ckpt whose best checkpoint is gone or that is
+unreadable, one result file without the other) is reported in one `warning: grid ...` line and rerun or skipped; a
+cell whose folder vanishes while it runs is rerun once (docs/reliability.md, "Faults: grids and resumes ...").
 
 At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
 (long format, per query; qid `all` = the run's mean), and grid/tables.py renders `<name>/table.md` (against another
@@ -74,6 +77,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,11 +90,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.checkpoint import lost_best
 from callbacks.preemption import Signalled
+from core.checkpoints import read_header
 from core.errors import InputError
 from core.io import WriteFault, atomic_open, check_writable, write_json
 from core.precision import warn_emulated_bf16
-from grid.cells import CELL_FILE, claim_cell, export_cells, import_cells, read_json, settings
+from grid.cells import CELL_FILE, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
 from grid.tables import RUN_LEVEL, log_wandb_table, write_table
@@ -174,14 +180,66 @@ class Cell:
         """The cell's `checkpoints/last.ckpt`, from which a partial training cell resumes."""
         return self.dir / "checkpoints" / "last.ckpt"
 
+    @property
+    def log_name(self) -> str:
+        """The file a subprocess launch writes the cell's output to: `train.log` or `evaluate.log`."""
+        return f"{Path(cell_script(self)[0]).stem}.log"
+
     # The resume decision, for run, table and list alike: a done cell is skipped, a partial one resumes from its
-    # last.ckpt, a todo one runs from scratch; a started one (done or partial) with other settings stops the run.
+    # last.ckpt, a todo one runs from scratch; a started one (done or partial) with other settings stops the run; a
+    # cell with missing or broken pieces (`fault`) is rerun from what is valid, or skipped.
     @property
     def state(self) -> str:
-        """The cell's state: done | partial (resumable): a training cell killed after a checkpoint | todo."""
+        """The cell's state: done | partial (resumable): a training cell killed after a checkpoint | todo.
+
+        A cell with missing or broken pieces says what and what a run does about it: `partial (best checkpoint
+        best-0.ckpt missing; will restart)`, `partial (per_query.json missing beside metrics.json; will rerun)`,
+        `unusable ('...' is a file, not a folder; will be skipped)`.
+        """
+        fault = self.fault()
+        if fault is not None:
+            what, plan = fault
+            if plan.startswith("skip"):
+                return f"unusable ({what}; will be skipped)"
+            return f"partial ({what}; will {plan})"
         if self.done:
             return DONE
         return PARTIAL if self.kind == "train" and self.last_ckpt.is_file() else TODO
+
+    def fault(self) -> tuple[str, str] | None:
+        """Return (what is missing or broken, what a run does) for a cell with missing pieces, else None.
+
+        What a run does: `restart` (from scratch, its checkpoints removed), `resume from last.ckpt`, `rerun` (from
+        scratch: there is nothing to resume) or `skip: <why>`.
+        A folder (or a folder above it) that is a file is skipped; results that are unreadable or one without the
+        other are rerun; a training cell's `last.ckpt` that is unreadable, or whose best checkpoint is gone, restarts
+        it (resuming would test another model than an uninterrupted run).
+        """
+        for p in [self.dir, *self.dir.parents][: self.label.count("/") + 2]:  # the cell's folders and the grid's
+            if p.exists() and not p.is_dir():
+                return f"'{p}' is a file, not a folder", "skip: move it away to run the cell"
+        results = [name for name in RESULT_FILES if (self.dir / name).is_file()]
+        what = ""
+        if len(results) == 1:
+            missing = next(n for n in RESULT_FILES if n not in results)
+            what = f"{missing} missing beside {results[0]}"
+        elif results:
+            what = _unreadable(self.dir)
+            if not what:
+                return None  # done
+        if self.kind != "train" or not self.last_ckpt.is_file() or self.untrained:  # runs from scratch anyway
+            return (what, "rerun") if what else None
+        try:
+            header = read_header(str(self.last_ckpt), "last.ckpt")
+        except InputError as e:
+            msg = str(e).removeprefix("last.ckpt: ")  # the reason in brackets after the path, else all of it
+            reason = msg.split("' (", 1)[1].rsplit(")", 1)[0] if "' (" in msg else msg
+            return "; ".join(filter(None, [what, f"last.ckpt unreadable ({reason})"])), "restart"
+        lost = lost_best(header)
+        if lost is not None:
+            best = Path(lost["path"]).name
+            return "; ".join(filter(None, [what, f"best checkpoint {best} missing"])), "restart"
+        return (what, "resume from last.ckpt") if what else None
 
     def other_settings(self) -> str | None:
         """Return what differs when a started cell's overrides in cell.json are not the planned ones, else None.
@@ -468,7 +526,8 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tupl
         except WriteFault as e:  # a write the machine refused: its one line, as pipeline/cli.py prints it
             rc, err = e.code, str(e)
         except Exception as e:  # noqa: BLE001 - a failed cell must not stop the other cells
-            traceback.print_exc()
+            if (log_path.parent / CELL_FILE).is_file():  # not when its folder vanished: the grid says so in one line
+                traceback.print_exc()
             rc, err = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
             _finish_wandb()
@@ -493,7 +552,10 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tupl
             raise
     if rc == 0:
         return 0, ""
-    text = log_path.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # removed while the cell ran (its folder, or the log alone)
+        return rc, f"exit code {rc}; its log {log_path.name} vanished while it ran, {LOG_LOST}"
     errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
     return rc, errors[-1] if errors else "\n".join(text.splitlines()[-25:])
 
@@ -532,12 +594,90 @@ def _untrained(argv: list[str]) -> bool:
     return not model_capabilities(compose([a for a in argv if not a.startswith(INIT_REF)]).model.name).trainable
 
 
+LOST_BEST = "the best checkpoint"  # starts the message of a cell blocked on a finished cell's lost best checkpoint
+LOG_LOST = "so what it printed is lost"  # ends the message of a failed subprocess cell whose log vanished
+_HOW = {"restart": " from scratch", "resume from last.ckpt": " from its last.ckpt"}
+
+
 def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
-    """Return (the best checkpoint of the finished training cell `train_dir`, ""), else (None, why `what` blocks)."""
+    """Return (the best checkpoint of the finished training cell `train_dir`, ""), else (None, why `what` blocks).
+
+    A finished cell whose tested best checkpoint is gone (its metrics.json names the step, only last.ckpt is left)
+    blocks, with a message starting with `LOST_BEST`: its last.ckpt is another model than the one it tested.
+    """
     if not (train_dir / "metrics.json").is_file():
         return None, f"{what} did not finish"
     ckpt = best_checkpoint(train_dir)
+    if ckpt is None or ckpt.name == "last.ckpt":
+        try:
+            step = read_json(train_dir / "metrics.json").get("best_step")
+        except (OSError, ValueError, AttributeError):
+            step = None
+        if isinstance(step, int):
+            return None, (
+                f"{LOST_BEST} best-{step}.ckpt of {what.rstrip(',')} is missing; skipped: "
+                f"delete '{train_dir}' to train it again (or restore the file)"
+            )
     return (ckpt, "") if ckpt is not None else (None, f"no checkpoint in {train_dir / 'checkpoints'}")
+
+
+def _unreadable(cell_dir: Path) -> str:
+    """Say which result file of a finished cell is unreadable, else "".
+
+    metrics.json is parsed; per_query.json (large) only has to end as a JSON object does (a torn write does not).
+    """
+    try:
+        read_json(cell_dir / "metrics.json")
+    except (OSError, ValueError) as e:
+        return f"metrics.json unreadable ({type(e).__name__})"
+    try:
+        with open(cell_dir / "per_query.json", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64))
+            tail = f.read().rstrip()
+    except OSError as e:
+        return f"per_query.json unreadable ({type(e).__name__})"
+    return "" if tail.endswith(b"}") else "per_query.json unreadable (cut short)"
+
+
+def _log_note(cell: Cell) -> str:
+    """` (its log train.log is missing)` for a cell started by the subprocess launcher whose log is gone, else ""."""
+    try:
+        launcher = read_json(cell.dir / CELL_FILE).get("launcher")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return (
+        f" (its log {cell.log_name} is missing)"
+        if launcher == "subprocess" and not (cell.dir / cell.log_name).exists()
+        else ""
+    )
+
+
+def _clear_remade(cell: Cell, since: float) -> None:
+    """Clear what the run that lost its folder (`_vanished`) left there, so that the cell runs from scratch.
+
+    A folder the run made again holds only files written since `since` (the attempt's start): it is removed. Anything
+    older (only cell.json was removed, say) stays; only the results are removed, so that the cell is not taken as done.
+    """
+    if not cell.dir.is_dir():
+        return
+    try:
+        remade = all(p.stat().st_mtime >= since - 2 for p in cell.dir.rglob("*"))
+    except OSError:
+        remade = False
+    if remade:
+        shutil.rmtree(cell.dir, ignore_errors=True)
+        return
+    for name in RESULT_FILES:
+        (cell.dir / name).unlink(missing_ok=True)
+
+
+def _vanished(cell: Cell) -> str | None:
+    """Say how a cell's folder went away while it ran (its cell.json, written at its start, is gone), else None."""
+    if (cell.dir / CELL_FILE).is_file():
+        return None
+    if cell.dir.exists() and not cell.dir.is_dir():
+        return "its folder was replaced by a file"
+    return "its folder vanished"
 
 
 PLANNED = "planned.ckpt"  # stands for a checkpoint run_cell will pass once the cell it comes from has finished
@@ -585,7 +725,7 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
     on_start()
     cell.dir.mkdir(parents=True, exist_ok=True)
-    write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv)})
+    write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv), "launcher": spec.launcher})
     rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log")
     if rc == 2:
         return "input-error", err
@@ -865,7 +1005,7 @@ def run(argv: list[str], out=None) -> GridReport:
         return report
     if spec.action == "list":
         for c in cells:
-            report.status[c.label] = c.state + (" (other settings)" if c.other_settings() else "")
+            report.status[c.label] = c.state + (" (other settings)" if c.other_settings() else "") + _log_note(c)
             say(f"  {c.label}: {report.status[c.label]}")
         return report
     if spec.action in ("run", "table", "import"):  # each writes under spec.dir: probed before any cell or table
@@ -881,6 +1021,14 @@ def run(argv: list[str], out=None) -> GridReport:
                 break  # one pass; or nothing ran and no other process holds a cell that could unblock one
             if not ran:
                 time.sleep(spec.wait_s)
+    for c in cells:  # finished here or before, gone by now (its folder, or the whole output root, removed)
+        if report.status.get(c.label) in ("ran", "resumed", "skipped") and not c.done:
+            report.status[c.label] = "failed"
+            gone = "its results" if c.dir.is_dir() else "its folder"
+            say(
+                f"warning: grid {spec.name}: cell '{c.label}': {gone} vanished after its run; skipped: "
+                "run the same command again to rerun it"
+            )
     stale = [c.label for c in cells if c.done and c.other_settings()]
     if stale:
         say(
@@ -931,22 +1079,69 @@ def _run_pass(
                 report.status[cell.label] = "busy"
                 once(cell, "busy", f"{tag}: skipped (another grid process is running it)")
                 continue
-            if cell.done:  # checked under the claim: another grid process may have just finished it
+            fault = cell.fault()
+            if fault is None and cell.done:  # checked under the claim: another grid process may have just finished it
                 report.status[cell.label] = "skipped"
                 once(cell, "skipped", f"{tag}: skipped (metrics.json exists)")
                 continue
+            warn = f"warning: grid {spec.name}: cell '{cell.label}': "
+            if fault is not None:
+                what, todo = fault
+                if todo.startswith("skip"):
+                    report.status[cell.label] = "failed"
+                    once(cell, "fault", f"{warn}{what}; skipped: {todo.split(': ', 1)[1]}")
+                    continue
+                for name in RESULT_FILES:  # a lone or unreadable result: the run writes both again
+                    (cell.dir / name).unlink(missing_ok=True)
+            fixed = [f"{warn}{fault[0]}; rerunning it{_HOW.get(fault[1], '')}"] if fault is not None else []
             t0 = time.monotonic()
-            # a blocked cell does not start
-            status, msg = run_cell(cell, spec, on_start=lambda tag=tag: say(f"{tag}: running"))
+
+            def start(tag=tag, fixed=fixed) -> None:  # said when it really starts (a blocked cell does not)
+                while fixed:
+                    say(fixed.pop())
+                say(f"{tag}: running")
+
+            for attempt in (1, 2):  # a cell whose folder vanishes while it runs runs once more, from scratch
+                since = time.time()
+                status, msg = run_cell(cell, spec, on_start=start)
+                if status == "blocked" or (gone := _vanished(cell)) is None:
+                    break
+                status, msg = "failed", f"{gone} while it ran"
+                fault = cell.fault()
+                if fault is not None and fault[1].startswith("skip"):
+                    say(f"{warn}{gone} while it ran: {fault[0]}; skipped: {fault[1].split(': ', 1)[1]}")
+                    break
+                _clear_remade(cell, since)
+                if attempt == 2:
+                    say(
+                        f"{warn}{gone} again while it reran; skipped: run the same command again once nothing "
+                        "removes it"
+                    )
+                    break
+                say(f"{warn}{gone} while it ran; rerunning it from scratch")
             if status == "input-error":
                 report.status[cell.label] = "failed"
                 raise InputError(f"grid {spec.name}, cell {cell.label}", msg.removeprefix("error: "))
             report.status[cell.label] = status
             if status == "blocked":
-                once(cell, "blocked", f"{tag}: blocked ({msg})")
+                if msg.startswith(LOST_BEST):
+                    report.status[cell.label] = "failed"
+                    once(cell, "blocked", f"{warn}{msg}")
+                else:
+                    once(cell, "blocked", f"{tag}: blocked ({msg})")
                 continue
             wall = time.monotonic() - t0
             _add_wall_time(cell, wall)
+            log = cell.dir / cell.log_name
+            if (spec.launcher == "subprocess" and status != "failed") or msg.endswith(LOG_LOST):
+                if not log.is_file() and (cell.dir / CELL_FILE).is_file():
+                    if status == "failed":
+                        say(
+                            f"{warn}its log {log.name} vanished while it ran, so its error is lost; skipped: "
+                            "run the same command again to rerun it"
+                        )
+                    else:
+                        say(f"{warn}its log {log.name} vanished while it ran; its results are complete and kept")
         say(f"{tag}: {status} in {_fmt(wall)}" + (f" ({msg})" if msg else ""))
         if first_only:
             return True, others

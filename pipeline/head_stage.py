@@ -21,7 +21,9 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities import rank_zero_warn
 
+from callbacks.checkpoint import lost_best_warning
 from callbacks.loggers import build_logger
 from callbacks.preemption import interruptible
 from core.checkpoints import check_finite, read_checkpoint, read_header
@@ -37,6 +39,7 @@ from models.heads.cache import RepresentationCache, cache_key
 from models.loading import LoadedRanker, load_ranker
 from models.rankers import ranker_capabilities
 from pipeline.stages import (
+    MONITOR,
     build_trainer,
     evaluate_module,
     load_data,
@@ -163,6 +166,8 @@ def check_head_resume(cfg: DictConfig) -> None:
         )
     if cfg.ckpt and Path(ck["base_ckpt"]).resolve() != Path(cfg.ckpt).resolve():
         raise InputError("ckpt_path", f"'{cfg.ckpt_path}' is a head of '{ck['base_ckpt']}', not of ckpt='{cfg.ckpt}'")
+    if lost := lost_best_warning(ck, cfg.ckpt_path, MONITOR):  # RankingCheckpoint forgets it when restored
+        rank_zero_warn(lost)
 
 
 def train_head(cfg: DictConfig) -> dict | None:

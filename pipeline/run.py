@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_warn
 
 from analyses.registry import run_analysis
+from callbacks.checkpoint import lost_best_warning
 from callbacks.loggers import build_logger, log_results_table
 from callbacks.preemption import interruptible
 from core.checkpoints import check_same_ranker, read_checkpoint
@@ -141,6 +142,8 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     if cfg.ckpt_path:  # its header was checked before the data (pipeline/jobs.check_files)
         resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
         start_step = int(resumed.get("global_step", 0))
+        if lost := lost_best_warning(resumed, cfg.ckpt_path, MONITOR):  # RankingCheckpoint forgets it when restored
+            rank_zero_warn(lost)
         del resumed
     module = RankingModule(
         OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)

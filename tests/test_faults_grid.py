@@ -1,0 +1,349 @@
+"""Grids and resumes that meet missing pieces (issue 48, item 4; docs/reliability.md "Faults: grids and resumes that
+meet missing pieces"): a cell's folder that vanishes before, while or after it runs, or is replaced by a file; a log
+that vanishes while its cell runs; a last.ckpt whose best checkpoint is gone, or that is truncated; results without
+per_query.json; the grid's output root deleted mid-grid. Each case asserts the one line printed, the exit code, and
+that the other cells ran and finished; `action=list` shows each state.
+
+In-process grids (`grid.engine.run`, `grid.engine.main`) of tiny random BERTs on the synthetic source, as
+tests/test_grid.py builds them; the faults are injected by wrapping `grid.engine._launch` (a cell's run) from outside.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import small_run
+from test_grid import BM25_ROWS, SYN, SYN_START, tiny_grid
+
+import grid.engine as engine
+from grid.engine import main, run
+
+BERT_FAST = ["trainer.max_steps=2", "trainer.val_check_interval=1"]
+
+
+# ---- a plain train.py resume whose best checkpoint is gone ----------------------------------------------------------
+def run_main(argv) -> int:
+    from pipeline.cli import main as cli_main
+    from pipeline.run import train
+
+    return cli_main(argv, lambda c, _: train(c))
+
+
+def our_lines(err: str) -> list[str]:
+    return [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith(("warning: ", "error: ", "stopped: "))]
+
+
+RESUME = small_run(
+    "eval.ats_passages=0",
+    "eval.isotropy_paper=false",
+    "data.batch_size=8",
+    "eval.before_training=false",
+    "trainer.val_check_interval=2",
+    triples=32,
+    eval_queries=4,
+    depth=8,
+    probe_queries=4,
+    probe_docs=8,
+)
+
+
+@pytest.mark.slow
+def test_train_resume_whose_best_checkpoint_is_gone_goes_on_with_one_warning(tmp_path, tiny_bert, recwarn):
+    """`train.py ckpt_path=.../last.ckpt` whose best-N.ckpt is gone: one warning naming it, then the run goes on.
+
+    With no validation after the resume the resumed weights are tested; with one, it becomes the best and is tested.
+    """
+    out = tmp_path / "run"
+    common = [*RESUME, f"model.backbone={tiny_bert}", f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"]
+    assert run_main([*common, "trainer.max_steps=2"]) == 0
+    ck = out / "checkpoints"
+    (best,) = ck.glob("best-*.ckpt")
+    best.unlink()
+    (out / "metrics.json").unlink()
+    last = ck / "last.ckpt"
+    for steps in (2, 4):
+        recwarn.clear()
+        assert run_main([*common, f"trainer.max_steps={steps}", f"ckpt_path={last}"]) == 0
+        lines = [str(w.message) for w in recwarn if "best checkpoint" in str(w.message)]
+        assert lines == [
+            f"ckpt_path: the best checkpoint that '{last}' records, '{best}' (val/ndcg_cut_10 "
+            + lines[0].split("val/ndcg_cut_10 ")[1].split(" ")[0]
+            + f" at step {best.stem.split('-')[1]}), is missing; resuming without it: the best validation after step 2 "
+            "becomes the best checkpoint and is tested, or the resumed weights if no validation follows (the lost one "
+            "cannot be tested)"
+        ], lines
+        metrics = json.loads((out / "metrics.json").read_text())
+        if steps == 2:  # nothing trained: the resumed weights are tested, no best checkpoint
+            assert not list(ck.glob("best-*.ckpt")) and (out / "per_query.json").is_file()
+        else:  # the validation at step 4 is the new best, saved and tested
+            assert [p.name for p in ck.glob("best-*.ckpt")] == ["best-4.ckpt"] and metrics["best_step"] == 4
+
+
+# ---- grids: a cell's folder or log that vanishes, a folder that is a file, the output root removed ------------------
+def bm25_grid(tmp_path: Path, **keys) -> Path:
+    """A grid of BM25 cells (nothing to train: seconds a cell), seeds 1 and 2, run in process unless `launcher`."""
+    return tiny_grid(tmp_path, "g", "bm25", BM25_ROWS, seeds=[1, 2], **keys)
+
+
+def grid_main(*argv: str) -> tuple[int, str]:
+    """experiments.py's `main` on `argv`, in process: (exit code, what it printed on stdout)."""
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(list(argv))
+    return rc, buf.getvalue()
+
+
+def warnings_of(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("warning: grid")]
+
+
+def run_expecting(gfile: Path, rc: int, *lines: str) -> str:
+    """Run the grid (experiments.py's main, in process); assert its exit code and its `warning: grid` lines."""
+    code, out = grid_main(f"grid={gfile}")
+    assert code == rc and warnings_of(out) == list(lines), out
+    assert "Traceback" not in out, out
+    return out
+
+
+def listed(gfile: Path, *extra: str) -> dict[str, str]:
+    return run([f"grid={gfile}", "action=list", *extra], out=io.StringIO()).status
+
+
+def on_launch(monkeypatch, fault, times: int = 1):
+    """Wrap the grid's cell launcher: `fault(log_path)` runs at the first `times` launches, before the cell runs
+    (with log_path.parent the cell's folder, its cell.json written)."""
+    real, count = engine._launch, []
+
+    def launch(script, argv, launcher, log_path):
+        if len(count) < times:
+            count.append(1)
+            fault(log_path)
+        return real(script, argv, launcher, log_path)
+
+    monkeypatch.setattr(engine, "_launch", launch)
+    return count
+
+
+def test_a_cell_folder_that_vanishes_while_it_runs_is_rerun_once(tmp_path, monkeypatch):
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    on_launch(monkeypatch, lambda log: shutil.rmtree(log.parent))
+    out = run_expecting(
+        gfile, 0, "warning: grid g: cell 'bm25/syn/seed1': its folder vanished while it ran; rerunning it from scratch"
+    )
+    assert "[1/2] train bm25/syn/seed1: ran" in out and "[2/2] train bm25/syn/seed2: ran" in out
+    assert all((root / s / "metrics.json").is_file() and (root / s / "cell.json").is_file() for s in ("seed1", "seed2"))
+    assert set(listed(gfile).values()) == {"done"}
+
+
+def test_a_cell_folder_that_vanishes_twice_is_skipped_and_the_grid_exits_1(tmp_path, monkeypatch):
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    on_launch(monkeypatch, lambda log: shutil.rmtree(log.parent), times=2)
+    out = run_expecting(
+        gfile,
+        1,
+        "warning: grid g: cell 'bm25/syn/seed1': its folder vanished while it ran; rerunning it from scratch",
+        "warning: grid g: cell 'bm25/syn/seed1': its folder vanished again while it reran; skipped: run the same "
+        "command again once nothing removes it",
+    )
+    assert "train bm25/syn/seed1: failed in" in out and "failed: bm25/syn/seed1" in out
+    assert (root / "seed2" / "metrics.json").is_file() and "[2/2] train bm25/syn/seed2: ran" in out
+    assert listed(gfile) == {"bm25/syn/seed1": "todo", "bm25/syn/seed2": "done"}
+    monkeypatch.undo()
+    rc, out = grid_main(f"grid={gfile}")  # the same command again: the cell runs
+    assert rc == 0 and not warnings_of(out) and "[1/2] train bm25/syn/seed1: ran" in out, out
+
+
+def test_a_cell_folder_that_is_a_file_is_skipped_with_one_line(tmp_path):
+    gfile = bm25_grid(tmp_path)
+    cell = tmp_path / "grids" / "g" / "bm25" / "syn" / "seed1"
+    cell.parent.mkdir(parents=True)
+    cell.write_text("not a folder")
+    assert listed(gfile) == {
+        "bm25/syn/seed1": f"unusable ('{cell}' is a file, not a folder; will be skipped)",
+        "bm25/syn/seed2": "todo",
+    }
+    run_expecting(
+        gfile,
+        1,
+        f"warning: grid g: cell 'bm25/syn/seed1': '{cell}' is a file, not a folder; skipped: move it away to run "
+        "the cell",
+    )
+    assert cell.read_text() == "not a folder" and (cell.parent / "seed2" / "metrics.json").is_file()
+
+
+def test_a_cell_folder_replaced_by_a_file_while_it_runs_is_skipped(tmp_path, monkeypatch):
+    gfile = bm25_grid(tmp_path)
+    cell = tmp_path / "grids" / "g" / "bm25" / "syn" / "seed1"
+
+    def replace(log):
+        shutil.rmtree(log.parent)
+        log.parent.write_text("not a folder")
+
+    on_launch(monkeypatch, replace)
+    out = run_expecting(
+        gfile,
+        1,
+        f"warning: grid g: cell 'bm25/syn/seed1': its folder was replaced by a file while it ran: '{cell}' is a "
+        "file, not a folder; skipped: move it away to run the cell",
+    )
+    assert "Traceback" not in out and (cell.parent / "seed2" / "metrics.json").is_file()
+
+
+def test_the_output_root_removed_mid_grid(tmp_path, monkeypatch):
+    """The grid's whole folder removed when its second cell starts: the first cell's results vanished after its run
+    (reported, exit code 1), the second runs again and finishes, the tables are written; the same command again
+    reruns the first only."""
+    gfile = bm25_grid(tmp_path)
+    grid_dir = tmp_path / "grids" / "g"
+    seen = []
+
+    def remove_root(log):
+        seen.append(log.parent.name)
+        if log.parent.name == "seed2" and seen.count("seed2") == 1:
+            shutil.rmtree(grid_dir)
+
+    on_launch(monkeypatch, remove_root, times=3)
+    out = run_expecting(
+        gfile,
+        1,
+        "warning: grid g: cell 'bm25/syn/seed2': its folder vanished while it ran; rerunning it from scratch",
+        "warning: grid g: cell 'bm25/syn/seed1': its folder vanished after its run; skipped: run the same command "
+        "again to rerun it",
+    )
+    assert (grid_dir / "bm25" / "syn" / "seed2" / "metrics.json").is_file()
+    assert (grid_dir / "results.json").is_file() and (grid_dir / "table.md").is_file()
+    assert listed(gfile) == {"bm25/syn/seed1": "todo", "bm25/syn/seed2": "done"}
+    monkeypatch.undo()
+    rc, out = grid_main(f"grid={gfile}")
+    assert rc == 0 and "[1/2] train bm25/syn/seed1: ran" in out and "seed2: skipped" in out, out
+
+
+@pytest.mark.slow
+def test_subprocess_cells_whose_log_or_folder_vanishes(tmp_path, monkeypatch):
+    """`launcher: subprocess`: the first cell's log removed while it runs (its results kept, one line, action=list
+    marks it), the second cell's folder removed while it runs (rerun once): the grid ends with exit code 0."""
+    gfile = bm25_grid(tmp_path, launcher="subprocess")
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    real, started = engine.subprocess.Popen, []
+
+    def popen(args, **kw):
+        proc = real(args, **kw)
+        started.append(proc)
+        if len(started) == 1:
+            (root / "seed1" / "evaluate.log").unlink()
+        elif len(started) == 2:
+            shutil.rmtree(root / "seed2")
+        return proc
+
+    monkeypatch.setattr(engine.subprocess, "Popen", popen)
+    out = run_expecting(
+        gfile,
+        0,
+        "warning: grid g: cell 'bm25/syn/seed1': its log evaluate.log vanished while it ran; its results are "
+        "complete and kept",
+        "warning: grid g: cell 'bm25/syn/seed2': its folder vanished while it ran; rerunning it from scratch",
+    )
+    assert len(started) == 3 and "[2/2] train bm25/syn/seed2: ran" in out
+    assert (root / "seed2" / "evaluate.log").is_file() and (root / "seed2" / "metrics.json").is_file()
+    assert listed(gfile) == {"bm25/syn/seed1": "done (its log evaluate.log is missing)", "bm25/syn/seed2": "done"}
+
+
+def unfinish(cell: Path) -> None:
+    """Remove a cell's results, as a run killed before it wrote them leaves it."""
+    for name in ("metrics.json", "per_query.json"):
+        (cell / name).unlink()
+
+
+@pytest.mark.slow
+def test_training_cells_with_partial_checkpoints_or_results(tmp_path, tiny_bert):
+    """A trained cell and its evaluation on other data, then: the best checkpoint gone beside last.ckpt (restart),
+    last.ckpt truncated (restart), per_query.json gone beside metrics.json (resumed from last.ckpt: the test again),
+    and a finished cell's best checkpoint gone under an unfinished evaluation (skipped, exit code 1)."""
+    gfile = tiny_grid(
+        tmp_path,
+        "t",
+        "colbert",
+        {"colbert": ["model=colbert", f"model.backbone={tiny_bert}"]},
+        eval_data={"syn": SYN, "syn_start": SYN_START},
+    )
+    cell = tmp_path / "grids" / "t" / "colbert" / "syn" / "seed1"
+    ev = cell / "eval-syn_start"
+    ck = cell / "checkpoints"
+    train_label, ev_label = "colbert/syn/seed1", "colbert/syn/seed1/eval-syn_start"
+    run_expecting(gfile, 0)
+
+    # the best checkpoint gone beside last.ckpt, the cell unfinished: restarted (resuming would test another model)
+    (best,) = ck.glob("best-*.ckpt")
+    best.unlink()
+    unfinish(cell)
+    shutil.rmtree(ev)
+    assert listed(gfile)[train_label] == f"partial (best checkpoint {best.name} missing; will restart)"
+    out = run_expecting(
+        gfile,
+        0,
+        f"warning: grid t: cell '{train_label}': best checkpoint {best.name} missing; rerunning it from scratch",
+    )
+    assert f"train {train_label}: ran" in out and f"eval {ev_label}: ran" in out
+    assert set(listed(gfile).values()) == {"done"}
+
+    # last.ckpt truncated, the cell unfinished: restarted
+    data = (ck / "last.ckpt").read_bytes()
+    (ck / "last.ckpt").write_bytes(data[: len(data) // 2])
+    unfinish(cell)
+    state = listed(gfile)[train_label]
+    assert state == "partial (last.ckpt unreadable (BadZipFile: File is not a zip file); will restart)", state
+    out = run_expecting(
+        gfile,
+        0,
+        f"warning: grid t: cell '{train_label}': {state[len('partial (') : -len('; will restart)')]}; "
+        "rerunning it from scratch",
+    )
+    assert f"train {train_label}: ran" in out and f"eval {ev_label}: skipped" in out
+
+    # metrics.json without per_query.json: resumed from last.ckpt (a run at max_steps repeats its test)
+    (cell / "per_query.json").unlink()
+    what = "per_query.json missing beside metrics.json"
+    assert listed(gfile)[train_label] == f"partial ({what}; will resume from last.ckpt)"
+    out = run_expecting(gfile, 0, f"warning: grid t: cell '{train_label}': {what}; rerunning it from its last.ckpt")
+    assert f"train {train_label}: resumed" in out and (cell / "per_query.json").is_file()
+
+    # a finished training cell's best checkpoint gone while its evaluation is unfinished: that evaluation is skipped
+    (best,) = ck.glob("best-*.ckpt")
+    best.unlink()
+    unfinish(ev)
+    out = run_expecting(
+        gfile,
+        1,
+        f"warning: grid t: cell '{ev_label}': the best checkpoint {best.name} of its training cell is missing; "
+        f"skipped: delete '{cell}' to train it again (or restore the file)",
+    )
+    assert f"train {train_label}: skipped" in out and not (ev / "metrics.json").is_file()
+
+
+def test_results_cut_short_or_without_their_pair_are_rerun(tmp_path):
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    run_expecting(gfile, 0)
+    text = (root / "seed1" / "per_query.json").read_text()
+    (root / "seed1" / "per_query.json").write_text(text[: len(text) // 2])
+    (root / "seed2" / "per_query.json").unlink()
+    assert listed(gfile) == {
+        "bm25/syn/seed1": "partial (per_query.json unreadable (cut short); will rerun)",
+        "bm25/syn/seed2": "partial (per_query.json missing beside metrics.json; will rerun)",
+    }
+    out = run_expecting(
+        gfile,
+        0,
+        "warning: grid g: cell 'bm25/syn/seed1': per_query.json unreadable (cut short); rerunning it",
+        "warning: grid g: cell 'bm25/syn/seed2': per_query.json missing beside metrics.json; rerunning it",
+    )
+    assert "seed1: ran" in out and "seed2: ran" in out and (root / "seed1" / "per_query.json").read_text() == text
+    assert set(listed(gfile).values()) == {"done"}
