@@ -122,3 +122,42 @@ def test_a_bad_checkpoint_stops_before_the_data(tmp_path, capsys, script):
     )
     assert not out.exists() and not cache.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["zero.ckpt"]  # no lock files beside output_dir either
+
+
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        (
+            ["stage=head", "head=whitening", "ckpt={bert_cat}"],
+            "error: head: isotropy heads act on bi-encoder representations; 'bert_cat' has neither token nor sequence",
+        ),
+        (
+            ["analysis=vocab_projections", "ckpt={colbert}"],
+            "error: config key 'analysis.mlm_head': is null and backbone '{bert}' has no MLM head; fit one with",
+        ),
+        (
+            ["model=repbert", "ckpt={colbert}"],
+            "error: ckpt: checkpoint '{colbert}' holds ranker 'colbert' but model.name is 'repbert'",
+        ),
+    ],
+    ids=["head-on-a-cross-encoder", "vocab-without-mlm-head", "ckpt-of-another-ranker"],
+)
+def test_what_the_headers_tell_is_checked_before_the_data(tmp_path, tiny_bert, capsys, args, text):
+    """A check that a checkpoint's or a backbone's header can answer stops the job before its data are read: the
+    cache folder stays absent (these were one line, but after BM25 candidates or the document store were cached)."""
+    from conftest import fake_checkpoint
+
+    values = {
+        "bert": tiny_bert,
+        "bert_cat": fake_checkpoint(tmp_path / "bert_cat.ckpt", tiny_bert, "bert_cat"),
+        "colbert": fake_checkpoint(tmp_path / "colbert.ckpt", tiny_bert),
+    }
+    capsys.readouterr()  # building the checkpoints printed transformers' loading report
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    argv = [*SMALL, *(a.format(**values) for a in args), f"data.cache_dir={cache}", f"output_dir={out}"]
+    job = "train" if "stage=head" in args else "evaluate"
+    if job == "evaluate" and any(a.startswith("analysis=") for a in args):
+        argv = [a for a in argv if not a.startswith("data.max_eval_queries")]
+    line = one_line(capsys, run_main(argv, job=job), 2)
+    assert line.startswith(text.format(**values)), line
+    assert not cache.exists() and not out.exists()

@@ -30,7 +30,7 @@ import torch
 from analyses.loading import analysed_model_config, analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, placed, write_result
 from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
-from analyses.vocab.mlm_head import load_mlm_head
+from analyses.vocab.mlm_head import check_head_source, load_mlm_head
 from analyses.vocab.projections import (
     PairStats,
     amnesia_row,
@@ -282,6 +282,7 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     model = analysed_model_config(cfg)  # what ckpt records, read without its tensors
     check_ranker(model)
+    check_head_source(model["backbone"], opts.mlm_head)  # from the files, before the data
     t0 = time.perf_counter()
     # the data and the head first: bad data or a missing head is a one-line error before any model is loaded
     dc = data_config(cfg)

@@ -43,7 +43,7 @@ from analyses.vocab.enrichment import (
     vocabulary_of,
     whiten,
 )
-from analyses.vocab.mlm_head import load_mlm_head
+from analyses.vocab.mlm_head import check_head_source, load_mlm_head
 from analyses.whitebox.analysis import queries_and_candidates
 from analyses.whitebox.idf import collection_idf
 from core.digests import sidecar_problem, write_sidecar
@@ -252,6 +252,7 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
             "model.name",
             f"is '{model_cfg['name']}'; lexical enrichment (Eq. 5) adds to one vector per text: {single}",
         )
+    check_head_source(model_cfg["backbone"], opts.mlm_head)  # from the files, before the data
     dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
     ds = load_dataset(dc, int(cfg.seed), used_splits(opts.val_split, opts.test_split))
     # one entry per split (val_split = test_split: one), named in errors by the key that chose it

@@ -157,11 +157,7 @@ def load_fitted(path: str | Path, backbone: str, where: str = "analysis.mlm_head
     or the file.
     """
     p = Path(path)
-    if not p.is_file():
-        raise InputError(
-            f"config key '{where}'",
-            f"file '{path}' does not exist; expected a head written by python evaluate.py analysis=fit_mlm_head",
-        )
+    check_head_source(backbone, path, where)
     try:
         payload = torch.load(p, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
@@ -189,10 +185,29 @@ def load_mlm_head(backbone: str, path: str | None = None, where: str = "analysis
         return load_fitted(path, backbone, where), str(path)
     head = _from_hf(backbone)
     if head is None:
-        raise InputError(
-            f"config key '{where}'",
-            f"is null and backbone '{backbone}' has no MLM head; fit one with "
-            f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH "
-            f"and set {where}=PATH",
-        )
+        raise _no_head(backbone, where)
     return head, f"{backbone} (pre-trained MLM head)"
+
+
+def check_head_source(backbone: str, path: str | None = None, where: str = "analysis.mlm_head") -> None:
+    """Check, from the files alone and before any data is read, that `load_mlm_head` has a head to load.
+
+    The fitted file exists, or (without one) the backbone's weights hold MLM weights (their names, no tensor read).
+    """
+    if path:
+        if not Path(path).is_file():
+            raise InputError(
+                f"config key '{where}'",
+                f"file '{path}' does not exist; expected a head written by python evaluate.py analysis=fit_mlm_head",
+            )
+    elif has_mlm_weights(backbone) is False:
+        raise _no_head(backbone, where)
+
+
+def _no_head(backbone: str, where: str) -> InputError:
+    return InputError(
+        f"config key '{where}'",
+        f"is null and backbone '{backbone}' has no MLM head; fit one with "
+        f"python evaluate.py analysis=fit_mlm_head model.backbone={backbone} data=squad analysis.out=PATH "
+        f"and set {where}=PATH",
+    )
