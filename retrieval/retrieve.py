@@ -20,6 +20,8 @@ from pathlib import Path
 from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.rank_watch import watch_for
+from core.ranks import current, unwatch, watching
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.tokenized import TokenizedCollection
@@ -43,6 +45,9 @@ def _launch(opts: DenseRetrievalConfig) -> str | None:
         return opts.device
     fabric = Fabric(accelerator=opts.accelerator, devices=opts.devices, strategy="ddp")
     fabric.launch()
+    watch = watch_for(fabric.strategy)  # any rank's death ends the others with one line, until the shares are in
+    if watch is not None:
+        watching(watch)
     return str(fabric.device)
 
 
@@ -82,16 +87,21 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     encoded = None
     if ranks()[1] > 1:
         # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
-        encoded = split_encode(
-            ranker,
-            tokenizer,
-            docs,
-            index_dir.parent / f".{index_dir.name}.encode-parts",
-            batch_size=opts.batch_size,
-            device=device,
-            precision=opts.precision,
-            output=index_cls.encoding,
-        )
+        try:
+            encoded = split_encode(
+                ranker,
+                tokenizer,
+                docs,
+                index_dir.parent / f".{index_dir.name}.encode-parts",
+                batch_size=opts.batch_size,
+                device=device,
+                precision=opts.precision,
+                output=index_cls.encoding,
+            )
+        finally:  # the ranks' work together ends here: rank 0 merges alone, the others return
+            watch = current()
+            if watch is not None:
+                unwatch(watch)
         if encoded is None:
             return None
     build_offered = dict(

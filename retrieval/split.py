@@ -32,6 +32,7 @@ from torch import Tensor
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
+from core.ranks import RankDied, peer_failure
 from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded
 from retrieval.encode import (
@@ -225,12 +226,12 @@ def split_encode(
             writer.add(w, ids, out)
         writer.finish()
         ok = True
-    except BaseException:
+    except BaseException as e:
         if writer is not None:
             writer.abort()
-        if world > 1:
+        if world > 1 and not isinstance(e, RankDied) and peer_failure(e) is None:  # a dead rank joins no all-reduce
             _all_ok(False)
-        if rank == 0:
+        if rank == 0 or (isinstance(e, RankDied) and e.rank == 0):  # rank 0 removes the shares, or its survivors do
             shutil.rmtree(parts_dir, ignore_errors=True)
         raise
     if world > 1 and not _all_ok(ok):
