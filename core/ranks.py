@@ -108,7 +108,7 @@ class RankWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.main_thread().ident
-        self._old = None
+        self._armed, self._old = False, None
 
     # ---- who died ------------------------------------------------------------------------------------------------
     def check(self) -> RankDied | None:
@@ -142,7 +142,7 @@ class RankWatch:
         if (not self.children and self.parent is None) or self._thread is not None:
             return self
         if threading.current_thread() is threading.main_thread() and _SIGNAL is not None:
-            self._old = signal.signal(_SIGNAL, self._raise)
+            self._old, self._armed = signal.signal(_SIGNAL, self._raise), True
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="rank-watch", daemon=True)
         self._thread.start()
@@ -154,16 +154,16 @@ class RankWatch:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
-        if self._old is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(_SIGNAL, self._old)
-            self._old = None
+        if self._armed and threading.current_thread() is threading.main_thread():
+            signal.signal(_SIGNAL, self._old if self._old is not None else signal.SIG_DFL)
+            self._armed, self._old = False, None
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
             dead = self.check()
             if dead is not None:
                 self.dead = dead
-                if self._old is not None and not self._stop.is_set():
+                if self._armed and not self._stop.is_set():
                     signal.pthread_kill(self._main, _SIGNAL)
                 return
 

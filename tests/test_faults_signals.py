@@ -259,3 +259,49 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
         _assert_one_line(got, victim, rf"no result was written to '{re.escape(str(out))}'")
         assert not (out / ".index.encode-parts").exists()
     assert not (out / "metrics.json").exists()
+
+
+# ---- the pieces, in-process ---------------------------------------------------------------------------------------
+def test_gloo_connection_errors_read_as_a_peers_death():
+    """gloo's words for a closed peer, anywhere in the chain, are a death (with 2 ranks, of the other rank); any
+    other error is not."""
+    from core.ranks import RankDied, as_rank_death, peer_failure
+
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5283: Connection reset by "
+        "peer. This is typically caused by a remote worker hanging or bugs in the application."
+    )
+    assert peer_failure(gloo) == "Connection reset by peer"
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("wrapped") from e
+    except ValueError as wrapped:
+        assert peer_failure(wrapped) == "Connection reset by peer"
+    assert peer_failure(RuntimeError("injected failure on rank 1 at step 2")) is None
+    dead = as_rank_death(gloo)
+    assert isinstance(dead, RankDied) and dead.how == "Connection reset by peer"
+    assert str(dead.keeping("no result was written to 'out'")).endswith("); no result was written to 'out'")
+
+
+def test_the_watchdog_interrupts_the_main_thread_when_a_child_dies():
+    """A RankWatch on rank 0 with one child: the child's SIGKILL reaches the main thread as RankDied naming rank 1
+    and its status within a second, even while the main thread waits; stopped, it leaves SIGUSR2 as it was."""
+    from core.ranks import RankDied, RankWatch
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    before = signal.getsignal(signal.SIGUSR2)
+    watch = RankWatch(0, 0, 2, children=[child]).start()
+    start = time.monotonic()
+    try:
+        child.kill()
+        with pytest.raises(RankDied) as raised:
+            time.sleep(20)
+    finally:
+        watch.stop()
+        child.kill()
+        child.wait()
+    assert time.monotonic() - start < 5
+    assert str(raised.value) == "rank 1 died (killed by SIGKILL)"
+    assert signal.getsignal(signal.SIGUSR2) == before
