@@ -49,7 +49,9 @@ def stop_early(state: str = "nothing was written") -> None:
     """
     _EARLY.update(state=state, pid=os.getpid())
     for signum in EXIT_CODES:
-        _EARLY["before"][signum] = signal.getsignal(signum)
+        current = signal.getsignal(signum)
+        if current is not _stop_now:  # called again (a script run twice in one process): keep the first one's
+            _EARLY["before"][signum] = current
         signal.signal(signum, _stop_now)
 
 
