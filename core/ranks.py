@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import time
 
@@ -160,18 +161,17 @@ class RankWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            dead = self.check()
-            if dead is not None:
-                self.dead = dead
-                if self._armed and not self._stop.is_set():
-                    signal.pthread_kill(self._main, _SIGNAL)
-                return
+            self.dead = self.dead or self.check()
+            if self.dead is not None and self._armed and not self._stop.is_set():
+                signal.pthread_kill(self._main, _SIGNAL)  # again each POLL_S until raised (see _raise)
 
     def _raise(self, signum, frame) -> None:
-        if self.dead is not None and not self._stop.is_set():
-            dead, self.dead = self.dead, None  # raised once; a second delivery finds nothing
-            self._stop.set()
-            raise dead
+        if self.dead is None or self._stop.is_set():
+            return
+        if sys.exc_info()[1] is not None:  # the main thread is handling an error: raise once it has, not inside
+            return
+        self._stop.set()  # raised once
+        raise self.dead
 
 
 PARENT_AT_START = os.getppid()  # read at import, early in an entry script: a child rank's launcher (local rank 0)
@@ -200,6 +200,13 @@ def watching(watch: RankWatch) -> RankWatch:
 def unwatch(watch: RankWatch) -> None:
     """Stop `watch`; it stays current for attributing a failure until the next `watching`."""
     watch.stop()
+
+
+def stop_watching() -> None:
+    """Stop the current RankWatch, if any (the job is ending: on its own error, or done)."""
+    watch = current()
+    if watch is not None:
+        watch.stop()
 
 
 def as_rank_death(e: BaseException) -> RankDied | None:

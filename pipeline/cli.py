@@ -28,7 +28,7 @@ from callbacks.preemption import (
 )
 from core.errors import InputError, TrainingStopped
 from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
-from core.ranks import RankDied, as_rank_death
+from core.ranks import RankDied, as_rank_death, stop_watching
 from pipeline.config import compose, parse_args, to_yaml
 from pipeline.jobs import Script
 
@@ -91,6 +91,7 @@ def main(argv: list[str], job: Callable) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 1
     finally:
+        stop_watching()  # a watchdog of ranks still running (the job stopped on its own error) raises nothing now
         restore_signals(handlers)
     return 0
 

@@ -21,7 +21,7 @@ from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.rank_watch import watch_for
-from core.ranks import current, unwatch, watching
+from core.ranks import stop_watching, watching
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.tokenized import TokenizedCollection
@@ -77,17 +77,17 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)",
         )
     device = _launch(opts)  # after the data's checks: a bad input stops before any process starts
-    loaded = load_configured(cfg, model_from_cli)
-    if device:
-        loaded.to(device)
-    ranker, tokenizer, _ = loaded
-    index_cls = index_for(ranker)  # the registry's class for its index family; none: an error before any encoding
-    # tokenised once (data.pretokenize): the encoder's host then pads cached ids instead of tokenising text
-    docs = TokenizedCollection.of(ds.docs, tokenizer, dc.cache_dir, dc.pretokenize)
-    encoded = None
-    if ranks()[1] > 1:
-        # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
-        try:
+    try:  # the ranks' work together ends with the shares (rank 0 merges alone), or with this rank's own error
+        loaded = load_configured(cfg, model_from_cli)
+        if device:
+            loaded.to(device)
+        ranker, tokenizer, _ = loaded
+        index_cls = index_for(ranker)  # the registry's class for its index family; none: an error before encoding
+        # tokenised once (data.pretokenize): the encoder's host then pads cached ids instead of tokenising text
+        docs = TokenizedCollection.of(ds.docs, tokenizer, dc.cache_dir, dc.pretokenize)
+        encoded = None
+        if ranks()[1] > 1:
+            # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
             encoded = split_encode(
                 ranker,
                 tokenizer,
@@ -98,12 +98,10 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
                 precision=opts.precision,
                 output=index_cls.encoding,
             )
-        finally:  # the ranks' work together ends here: rank 0 merges alone, the others return
-            watch = current()
-            if watch is not None:
-                unwatch(watch)
-        if encoded is None:
-            return None
+            if encoded is None:
+                return None
+    finally:
+        stop_watching()
     build_offered = dict(
         pair_tokenizer=tokenizer,
         batch_size=opts.batch_size,

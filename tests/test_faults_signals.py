@@ -285,23 +285,32 @@ def test_gloo_connection_errors_read_as_a_peers_death():
     assert str(dead.keeping("no result was written to 'out'")).endswith("); no result was written to 'out'")
 
 
-def test_the_watchdog_interrupts_the_main_thread_when_a_child_dies():
+@pytest.mark.parametrize("handling", [False, True])
+def test_the_watchdog_interrupts_the_main_thread_when_a_child_dies(handling):
     """A RankWatch on rank 0 with one child: the child's SIGKILL reaches the main thread as RankDied naming rank 1
-    and its status within a second, even while the main thread waits; stopped, it leaves SIGUSR2 as it was."""
-    from core.ranks import RankDied, RankWatch
+    and its status within seconds, even while the main thread waits; not inside an `except` block (the job is then
+    stopping on its own error), but as soon as it is left. Stopped, the watch leaves SIGUSR2 as it was."""
+    from core.ranks import POLL_S, RankDied, RankWatch
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     before = signal.getsignal(signal.SIGUSR2)
     watch = RankWatch(0, 0, 2, children=[child]).start()
-    start = time.monotonic()
+    start, handled = time.monotonic(), None
     try:
-        child.kill()
         with pytest.raises(RankDied) as raised:
+            try:
+                child.kill()
+                if handling:
+                    raise ValueError("an error of this rank's own")
+            except ValueError:
+                time.sleep(4 * POLL_S)  # the death is seen meanwhile, and not raised in here
+                handled = time.monotonic()
             time.sleep(20)
     finally:
         watch.stop()
         child.kill()
         child.wait()
     assert time.monotonic() - start < 5
+    assert handled is not None if handling else handled is None
     assert str(raised.value) == "rank 1 died (killed by SIGKILL)"
     assert signal.getsignal(signal.SIGUSR2) == before
