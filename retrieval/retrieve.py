@@ -21,7 +21,7 @@ from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.rank_watch import watch_for
-from core.ranks import stop_watching, watching
+from core.ranks import as_rank_death, stop_watching, watching
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.tokenized import TokenizedCollection
@@ -30,7 +30,7 @@ from metrics.results import write_result_dir
 from models.loading import load_configured
 from retrieval.base import index_for, sampled_queries
 from retrieval.config import DenseRetrievalConfig
-from retrieval.split import ranks, split_encode
+from retrieval.split import drop_shares, ranks, split_encode
 
 __all__ = ["retrieve"]
 
@@ -77,6 +77,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)",
         )
     device = _launch(opts)  # after the data's checks: a bad input stops before any process starts
+    parts = index_dir.parent / f".{index_dir.name}.encode-parts"
     try:  # the ranks' work together ends with the shares (rank 0 merges alone), or with this rank's own error
         loaded = load_configured(cfg, model_from_cli)
         if device:
@@ -92,7 +93,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
                 ranker,
                 tokenizer,
                 docs,
-                index_dir.parent / f".{index_dir.name}.encode-parts",
+                parts,
                 batch_size=opts.batch_size,
                 device=device,
                 precision=opts.precision,
@@ -100,6 +101,10 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             )
             if encoded is None:
                 return None
+    except BaseException as e:  # before or in the split encoding: no shares are left behind (split.py)
+        if ranks()[1] > 1:
+            drop_shares(parts, ranks()[0], as_rank_death(e))
+        raise
     finally:
         stop_watching()
     build_offered = dict(
