@@ -212,15 +212,20 @@ def stop_watching() -> None:
 def as_rank_death(e: BaseException) -> RankDied | None:
     """Return `e` as a RankDied: itself, or a failed collective's (peer_failure) with the rank that died; else None.
 
+    A failed collective needs peers: a RankWatch of this process, or WORLD_SIZE > 1 (launchers set it); a single
+    process' `Connection refused` (a hub, a logger) is no rank's death.
+
     A RankDied of the watchdog raised while a failed collective unwinds also gets the collective's reason.
     """
     if isinstance(e, RankDied):
         reason = peer_failure(e.__context__) if e.__context__ is not None else None
         return RankDied(e.rank, f"{e.how}; {reason}", e.kept) if reason and reason not in e.how else e
+    watch = current()
+    if watch is None and int(os.environ.get("WORLD_SIZE", "1") or 1) < 2:  # one process: no peer to lose
+        return None
     reason = peer_failure(e)
     if reason is None:
         return None
-    watch = current()
     if watch is None:
         return RankDied(None, reason)
     return watch.attribute(reason)

@@ -262,7 +262,7 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
 
 
 # ---- the pieces, in-process ---------------------------------------------------------------------------------------
-def test_gloo_connection_errors_read_as_a_peers_death():
+def test_gloo_connection_errors_read_as_a_peers_death(monkeypatch):
     """gloo's words for a closed peer, anywhere in the chain, are a death (with 2 ranks, of the other rank); any
     other error is not."""
     from core.ranks import RankDied, as_rank_death, peer_failure
@@ -280,6 +280,9 @@ def test_gloo_connection_errors_read_as_a_peers_death():
     except ValueError as wrapped:
         assert peer_failure(wrapped) == "Connection reset by peer"
     assert peer_failure(RuntimeError("injected failure on rank 1 at step 2")) is None
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert as_rank_death(gloo) is None  # one process: a refused or reset connection is some server's, not a rank's
+    monkeypatch.setenv("WORLD_SIZE", "2")
     dead = as_rank_death(gloo)
     assert isinstance(dead, RankDied) and dead.how == "Connection reset by peer"
     assert str(dead.keeping("no result was written to 'out'")).endswith("); no result was written to 'out'")
