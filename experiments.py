@@ -5,12 +5,19 @@ Usage: `python experiments.py grid=NAME [key=value ...]` (configs/grid/NAME.yaml
 state printed, nothing run or written.
 """
 
-import sys
+KEPT = "finished cells are kept: run the same command again to resume"  # what a stopped grid keeps, said at any stop
 
-from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals
-from core.io import WriteFault
-from grid.engine import main
-from pipeline.cli import DRY_RUN
+if __name__ == "__main__":  # first, before the imports (seconds): a signal during them ends as a later one does
+    from core.signals import stop_early
+
+    stop_early(KEPT)
+
+import sys  # noqa: E402
+
+from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals  # noqa: E402
+from core.io import WriteFault  # noqa: E402
+from grid.engine import main  # noqa: E402
+from pipeline.cli import DRY_RUN  # noqa: E402
 
 
 def run(argv: list[str]) -> int:
@@ -19,14 +26,11 @@ def run(argv: list[str]) -> int:
     SIGINT / SIGTERM exit 130 / 143 (a cell running in a subprocess is stopped with it; finished cells stay
     finished); a refused write exits 1.
     """
-    raise_on_signals()
     try:
+        raise_on_signals()  # inside the try: a signal just after it is this line too
         return main(argv)
     except Signalled as e:
-        print(
-            f"stopped: interrupted by {e}; finished cells are kept: run the same command again to resume",
-            file=sys.stderr,
-        )
+        print(f"stopped: interrupted by {e}; {KEPT}", file=sys.stderr)
         return EXIT_CODES[e.signum]
     except WriteFault as e:
         print(f"error: {e}", file=sys.stderr)

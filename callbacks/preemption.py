@@ -31,7 +31,9 @@ from pytorch_lightning import Callback
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + signal number, as a shell reports a signalled job
+from callbacks.rank_watch import kept_checkpoint
+from core.ranks import RankDied, as_rank_death
+from core.signals import EXIT_CODES, before_early
 
 
 class Interrupted(SystemExit):
@@ -91,9 +93,12 @@ def raise_on_signals() -> dict:
 def restore_signals(old: dict) -> None:
     """Reinstate the signal handlers that `raise_on_signals` returned.
 
-    A None entry (a handler not installed from Python, which cannot be reinstated) is skipped.
+    A None entry (a handler not installed from Python, which cannot be reinstated) is skipped. An entry script's early
+    handler (core/signals.py) is not reinstated: its line ("nothing was written") no longer holds once the job has
+    run, so Python's default comes back in its place.
     """
     for signum, handler in old.items():
+        handler = before_early(signum, handler)
         if handler is not None:
             signal.signal(signum, handler)
 
@@ -169,10 +174,18 @@ def interruptible(trainer):
     """Turn Lightning's SIGTERMException (fit, validation or test) and `Signalled` into `Interrupted`.
 
     `Interrupted` names the checkpoint to resume from: the one written on the way out, else the run's latest
-    `last.ckpt`.
+    `last.ckpt`. Another rank's death (`core.ranks.RankDied`, or a collective failed by it) becomes a RankDied that
+    names the `last.ckpt` kept.
     """
     try:
         yield
+    except RankDied as e:  # another rank's death, seen by the watchdog (core/ranks.py): what this run keeps
+        raise as_rank_death(e).keeping(kept_checkpoint(trainer)) from None
+    except RuntimeError as e:  # a collective that failed because another rank died
+        dead = as_rank_death(e)
+        if dead is None:
+            raise
+        raise dead.keeping(kept_checkpoint(trainer)) from None
     except Signalled as e:  # outside the training loop (a test before or after it, a second Ctrl-C)
         last = getattr(trainer.checkpoint_callback, "last_model_path", "")
         raise Interrupted(e.signum, trainer.global_step, last if last and Path(last).is_file() else None) from None

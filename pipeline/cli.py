@@ -2,7 +2,8 @@
 
 Each way a job can stop becomes one line on stderr and an exit code: bad input 2 (`error: ...`), a write the machine
 refused 1 (`error: cannot write ...`; 2 when the probe at the start finds a path the user cannot use), SIGINT 130
-and SIGTERM 143 (`stopped: interrupted by ...`), a training-policy stop 3. No traceback for any of them.
+and SIGTERM 143 (`stopped: interrupted by ...`), a training-policy stop 3, another rank's death 1 (`stopped: rank 0
+died (...); <what was kept>`, core/ranks.py). No traceback for any of them.
 
 `--dry-run` (or `--print-config`) anywhere on the command line validates the composed config (every key against
 its schema; for train.py and evaluate.py, that its keys fit the job the job table selects, pipeline/jobs.py; the
@@ -27,6 +28,7 @@ from callbacks.preemption import (
 )
 from core.errors import InputError, TrainingStopped
 from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
+from core.ranks import RankDied, as_rank_death, stop_watching
 from pipeline.config import compose, parse_args, to_yaml
 from pipeline.jobs import Script, check_files
 
@@ -47,9 +49,9 @@ def main(argv: list[str], job: Callable) -> int:
     warnings.formatwarning = _format_warning
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
-    handlers = raise_on_signals()
-    cfg = None
+    handlers, cfg = {}, None
     try:
+        handlers = raise_on_signals()  # in place of the entry script's early handlers (core/signals.py)
         cfg = compose(argv)
         if dry:
             # the keys fit the job (pipeline/jobs.py), before any checkpoint header is read
@@ -68,6 +70,10 @@ def main(argv: list[str], job: Callable) -> int:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"stopped: {interrupt_line(signum, cfg)}", file=sys.stderr)
         return EXIT_CODES[signum]
+    except RankDied as e:  # another rank's death (core/ranks.py); training names its checkpoint (interruptible)
+        dead = as_rank_death(e)
+        print(f"stopped: {dead if dead.kept else dead.keeping(_results_state(cfg))}", file=sys.stderr)
+        return e.code
     except TrainingStopped as e:
         print(f"stopped: {e}", file=sys.stderr)
         return 3
@@ -75,12 +81,17 @@ def main(argv: list[str], job: Callable) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.code
     except (OSError, RuntimeError) as e:
+        dead = as_rank_death(e)  # a collective that failed because another rank died
+        if dead is not None:
+            print(f"stopped: {dead.keeping(_results_state(cfg))}", file=sys.stderr)
+            return dead.code
         line = fault_line(e, cfg)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)
         return 1
     finally:
+        stop_watching()  # a watchdog of ranks still running (the job stopped on its own error) raises nothing now
         restore_signals(handlers)
     return 0
 

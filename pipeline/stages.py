@@ -24,6 +24,7 @@ from callbacks.isotropy import IsotropyCallback
 from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption
 from callbacks.progress import RankingProgressBar
+from callbacks.rank_watch import RankWatchCallback
 from core.io import atomic_open, check_writable
 from core.lock import global_rank_zero
 from core.precision import set_matmul_precision, warn_emulated_bf16
@@ -58,7 +59,8 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
             max_batches=cfg.eval.isotropy_max_batches,
             sample_seed=int(cfg.eval.isotropy_sample_seed),
             figure_dir=attempt_dir(cfg),
-        )
+        ),
+        RankWatchCallback(),  # under DDP: another rank's death ends this one with one line (core/ranks.py)
     ]
     if cfg.eval.ats_passages > 0:
         callbacks.append(ATSCallback(cfg.eval.ats_passages, cfg.eval.ats_max_occurrences, cfg.seed, mats=cfg.eval.mats))

@@ -20,6 +20,8 @@ from pathlib import Path
 from lightning_fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.rank_watch import watch_for
+from core.ranks import as_rank_death, stop_watching, watching
 from datamodules.config import empty_split
 from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.tokenized import TokenizedCollection
@@ -28,7 +30,7 @@ from metrics.results import write_result_dir
 from models.loading import load_configured
 from retrieval.base import index_for, sampled_queries
 from retrieval.config import DenseRetrievalConfig
-from retrieval.split import ranks, split_encode
+from retrieval.split import drop_shares, ranks, split_encode
 
 __all__ = ["retrieve"]
 
@@ -43,6 +45,9 @@ def _launch(opts: DenseRetrievalConfig) -> str | None:
         return opts.device
     fabric = Fabric(accelerator=opts.accelerator, devices=opts.devices, strategy="ddp")
     fabric.launch()
+    watch = watch_for(fabric.strategy)  # any rank's death ends the others with one line, until the shares are in
+    if watch is not None:
+        watching(watch)
     return str(fabric.device)
 
 
@@ -72,28 +77,36 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             f"has no judged query to retrieve for ({len(split.queries)} queries, none with a relevant document)",
         )
     device = _launch(opts)  # after the data's checks: a bad input stops before any process starts
-    loaded = load_configured(cfg, model_from_cli)
-    if device:
-        loaded.to(device)
-    ranker, tokenizer, _ = loaded
-    index_cls = index_for(ranker)  # the registry's class for its index family; none: an error before any encoding
-    # tokenised once (data.pretokenize): the encoder's host then pads cached ids instead of tokenising text
-    docs = TokenizedCollection.of(ds.docs, tokenizer, dc.cache_dir, dc.pretokenize)
-    encoded = None
-    if ranks()[1] > 1:
-        # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
-        encoded = split_encode(
-            ranker,
-            tokenizer,
-            docs,
-            index_dir.parent / f".{index_dir.name}.encode-parts",
-            batch_size=opts.batch_size,
-            device=device,
-            precision=opts.precision,
-            output=index_cls.encoding,
-        )
-        if encoded is None:
-            return None
+    parts = index_dir.parent / f".{index_dir.name}.encode-parts"
+    try:  # the ranks' work together ends with the shares (rank 0 merges alone), or with this rank's own error
+        loaded = load_configured(cfg, model_from_cli)
+        if device:
+            loaded.to(device)
+        ranker, tokenizer, _ = loaded
+        index_cls = index_for(ranker)  # the registry's class for its index family; none: an error before encoding
+        # tokenised once (data.pretokenize): the encoder's host then pads cached ids instead of tokenising text
+        docs = TokenizedCollection.of(ds.docs, tokenizer, dc.cache_dir, dc.pretokenize)
+        encoded = None
+        if ranks()[1] > 1:
+            # each rank encodes its share of the collection; rank 0 merges the shares and does everything after
+            encoded = split_encode(
+                ranker,
+                tokenizer,
+                docs,
+                parts,
+                batch_size=opts.batch_size,
+                device=device,
+                precision=opts.precision,
+                output=index_cls.encoding,
+            )
+            if encoded is None:
+                return None
+    except BaseException as e:  # before or in the split encoding: no shares are left behind (split.py)
+        if ranks()[1] > 1:
+            drop_shares(parts, ranks()[0], as_rank_death(e))
+        raise
+    finally:
+        stop_watching()
     build_offered = dict(
         pair_tokenizer=tokenizer,
         batch_size=opts.batch_size,

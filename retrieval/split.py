@@ -32,6 +32,7 @@ from torch import Tensor
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
+from core.ranks import RankDied, as_rank_death
 from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded
 from retrieval.encode import (
@@ -43,7 +44,7 @@ from retrieval.encode import (
     windows,
 )
 
-__all__ = ["ranks", "split_encode", "ShareWriter", "read_shares", "share_windows"]
+__all__ = ["ranks", "split_encode", "ShareWriter", "read_shares", "share_windows", "drop_shares"]
 
 
 def ranks() -> tuple[int, int]:
@@ -225,17 +226,22 @@ def split_encode(
             writer.add(w, ids, out)
         writer.finish()
         ok = True
-    except BaseException:
+    except BaseException as e:
         if writer is not None:
             writer.abort()
-        if world > 1:
+        dead = as_rank_death(e) if world > 1 else None
+        if world > 1 and dead is None:  # a dead rank joins no all-reduce
             _all_ok(False)
-        if rank == 0:
-            shutil.rmtree(parts_dir, ignore_errors=True)
+        drop_shares(parts_dir, rank, dead)
         raise
-    if world > 1 and not _all_ok(ok):
+    try:
+        every_ok = world == 1 or _all_ok(ok)
+    except BaseException as e:  # waiting for the others when one died
+        drop_shares(parts_dir, rank, as_rank_death(e))
+        raise
+    if not every_ok:
+        drop_shares(parts_dir, rank, None)
         if rank == 0:
-            shutil.rmtree(parts_dir, ignore_errors=True)
             raise InputError(
                 "retrieval.devices",
                 "another rank failed while encoding its share of the collection; see its message above",
@@ -244,6 +250,15 @@ def split_encode(
     if rank != 0:
         return None
     return _merged(parts_dir, world)
+
+
+def drop_shares(parts_dir: Path, rank: int, dead: RankDied | None) -> None:
+    """Remove the shares after a failure: rank 0 does (they are its to merge), or, when rank 0 died, its survivors.
+
+    Also for a failure before this rank began its share (retrieval/retrieve.py): another rank's may be there.
+    """
+    if rank == 0 or (dead is not None and dead.rank == 0):
+        shutil.rmtree(parts_dir, ignore_errors=True)
 
 
 def _merged(parts_dir: Path, world: int) -> Iterator[tuple[list, Tensor | Encoded]]:

@@ -1,0 +1,82 @@
+"""Runs train.py / evaluate.py as DDP ranks one of which dies by SIGKILL (tests/test_faults_signals.py):
+
+    RANK_FAULT=train:0:3 SCRIPT=train.py python tests/rank_faults.py key=value ...   # rank 0 at the end of step 3
+    RANK_FAULT=encode:1:2 SCRIPT=evaluate.py ...   # rank 1 at its 2nd batch of the split index encoding
+
+Every rank runs this driver (Lightning and Fabric start ranks 1..N-1 as `sys.argv` again). Each writes, into the
+folder RANK_FAULT_DIR, `killed` (the time it SIGKILLs itself) or `exit-<rank>` (its exit code, when it leaves
+by sys.exit). Test-only: the pipeline has no fault hooks; this wraps it from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MARKS = Path(os.environ["RANK_FAULT_DIR"])
+
+
+def _die() -> None:
+    (MARKS / "killed").write_text(str(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def at_train_step(rank: int, step: int) -> None:
+    from pytorch_lightning import Callback
+
+    import pipeline.head_stage
+    import pipeline.run
+    import pipeline.stages
+
+    class Die(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == step and trainer.global_rank == rank:
+                _die()
+
+    build = pipeline.stages.build_trainer
+
+    def with_fault(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.callbacks.append(Die())
+        return trainer
+
+    for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
+        module.build_trainer = with_fault
+
+
+def at_encode_batch(rank: int, nth: int) -> None:
+    import retrieval.split
+
+    real = retrieval.split.ShareWriter.add
+    count = {"n": 0}
+
+    def add(self, *a, **k):
+        if retrieval.split.ranks()[0] == rank:
+            count["n"] += 1
+            if count["n"] == nth:
+                _die()
+        return real(self, *a, **k)
+
+    retrieval.split.ShareWriter.add = add
+
+
+def main() -> None:
+    kind, rank, when = os.environ["RANK_FAULT"].split(":")
+    {"train": at_train_step, "encode": at_encode_batch}[kind](int(rank), int(when))
+    me = os.environ.get("LOCAL_RANK", "0")
+    path = REPO / os.environ["SCRIPT"]
+    try:
+        exec(compile(path.read_text(), str(path), "exec"), {"__name__": "__main__", "__file__": str(path)})
+    except SystemExit as e:
+        (MARKS / f"exit-{me}").write_text(str(e.code))
+        raise
+
+
+if __name__ == "__main__":
+    main()
