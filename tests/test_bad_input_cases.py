@@ -317,7 +317,7 @@ CASES = [
         "nul-in-passage-id",  # the collection line that holds it, not the qrels line whose id then matches nothing
         "train.py",
         TSV,
-        "collection.tsv:2: passage id 'd2\\x00' holds the control character '\\x00' at position 2; "
+        "collection.tsv:2: passage id 'd2\\x00' holds the non-printable character U+0000 at position 2; "
         "expected an id of printable characters",
         files({"collection.tsv": COLLECTION.replace("d2\t", "d2\x00\t")}),
     ),
