@@ -663,7 +663,8 @@ def test_dead_worker_message_forms_name_the_example(message):
 @pytest.mark.slow
 def test_ddp_one_rank_raising_stops_all_ranks(tmp_path, tiny_bert, rank):
     """Two gloo ranks; one raises after step 2. The other rank's next collective fails ("Connection closed by
-    peer") instead of waiting, so the job exits non-zero well inside the limit and no rank process is left over."""
+    peer"), or its watchdog sees the rank end, instead of waiting, so the job exits non-zero well inside the limit and
+    no rank process is left over."""
     import time
 
     out = tmp_path / f"ddp-rank{rank}"
@@ -683,7 +684,9 @@ def test_ddp_one_rank_raising_stops_all_ranks(tmp_path, tiny_bert, rank):
     assert proc.returncode != 0 and time.monotonic() - start < 240
     log = proc.stdout + proc.stderr
     assert f"injected failure on rank {rank} at step 2" in log
-    assert "Connection closed by peer" in log  # the surviving rank noticed, rather than hanging
+    # the surviving rank noticed, rather than hanging: its collective failed, or its watchdog saw the rank end first
+    # (core/ranks.py; with rank 0 raising, the parent process is gone before rank 1's next collective)
+    assert "Connection closed by peer" in log or f"stopped: rank {rank} died" in log, log[-3000:]
     deadline = time.monotonic() + 60  # a rank still exiting on a loaded machine is not one that outlived the job
     while str(out) in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
         assert time.monotonic() < deadline, "a rank process outlived the job"

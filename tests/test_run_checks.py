@@ -53,15 +53,22 @@ def tsv(tmp_path, qrels: str = "q1 0 d1 1\nq2 0 d2 1\nq3 0 d3 1\n") -> list[str]
 
 
 @pytest.mark.parametrize(
-    "job, extra", [(lambda cfg, _: train(cfg), []), (evaluate, []), (evaluate, ["ckpt=/no/such/checkpoint.ckpt"])]
+    "job, extra, first",
+    [
+        (lambda cfg, _: train(cfg), [], "qrels.txt:2"),
+        (evaluate, [], "qrels.txt:2"),
+        # a checkpoint's existence and header come before the data (pipeline/jobs.check_files): no data is read
+        (evaluate, ["ckpt=/no/such/checkpoint.ckpt"], "ckpt: checkpoint '/no/such/checkpoint.ckpt' does not exist"),
+    ],
 )
-def test_bad_data_is_reported_before_any_weights_are_loaded(tmp_path, capsys, job, extra):
-    """A backbone (or checkpoint) that does not exist would fail as soon as weights are loaded: the data error wins."""
+def test_bad_data_is_reported_before_any_weights_are_loaded(tmp_path, capsys, job, extra, first):
+    """A backbone that does not exist would fail as soon as weights are loaded: the data error wins."""
     bad = tsv(tmp_path, qrels="q1 0 d1 1\nq2 0 d2\n")  # line 2 lacks the grade
     out = tmp_path / "run"
     assert main([*bad, "model.backbone=/no/such/backbone", *extra, f"output_dir={out}"], job) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{tmp_path / 'qrels.txt'}:2" in err, err
+    where = str(tmp_path / first) if first.startswith("qrels") else first
+    assert err.count("\n") == 1 and where in err, err
     assert not out.exists()
 
 
