@@ -479,6 +479,7 @@ class ForkServer:
             os.killpg(pid, signal.SIGKILL)  # the child leads its own process group: its ranks and cells go too
             self._until("@exit", timeout=60)
             raise subprocess.TimeoutExpired(argv, timeout) from None
+        _wait_for_group(pid, timeout=60)
         text = (out.read_text(errors="replace"), err.read_text(errors="replace"))
         return subprocess.CompletedProcess(argv, code, self.head_out + text[0], self.head_err + text[1])
 
@@ -487,6 +488,30 @@ class ForkServer:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
         self.proc = None
+
+
+def _wait_for_group(pgid: int, timeout: float) -> None:
+    """Wait until no live process of group `pgid` is left (zombies aside), at most `timeout` s.
+
+    The forked child leads its own process group; the ranks it launches (DDP) belong to it and write to the same
+    files, and may outlive it by a moment (a survivor printing why it stopped). subprocess.run waits for them by
+    waiting for its pipes' end; this is the same wait for the files the fork server writes to."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended while we looked
+            if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+                alive = True
+                break
+        if not alive:
+            return
+        time.sleep(0.1)
 
 
 FORK_SERVER = ForkServer()
