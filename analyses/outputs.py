@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from callbacks.loggers import build_logger
+from callbacks.loggers import build_logger, phase_summary
 from core.io import result_set, save_figure, write_json
 
 __all__ = ["analysis_set", "log_analysis", "placed", "save_figure", "write_result"]
@@ -72,8 +72,9 @@ def log_analysis(
             logger.log_table(key=key, columns=list(columns), data=[list(r) for r in rows])
         for key, png in (images or {}).items():
             logger.log_image(key, [str(png)])
-        if summary:
-            logger.experiment.summary.update(summary)
+        more = {**(summary or {}), **phase_summary()}  # and the times of the analysis' long phases
+        if more:
+            logger.experiment.summary.update(more)
     logger.save()
     if is_wandb:
         logger.experiment.finish()

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
 from core.errors import InputError
+from core.progress import times
 
 
 def key_configured() -> bool:
@@ -128,7 +129,8 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", 
     paper's rows), one column per measure, the values of `metrics.json`; the same under the summary key `results`
     (`results.<row>.<measure>` columns in the runs table). `extra` goes into the summary as it is: values that are not
     measures of a row (`best_step`, the step of the tested checkpoint, a column of the runs table beside the
-    results). False, and nothing logged, unless `logger` is W&B. Logged after the results files are written, so a
+    results), and `phase_summary()`: the seconds of the job's long phases. False, and nothing logged, unless
+    `logger` is W&B. Logged after the results files are written, so a
     W&B failure here is a warning, not a lost run.
     """
     if not logger or not hasattr(logger, "log_table"):
@@ -150,14 +152,25 @@ def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", 
                 }
             }
         )
-        if extra:
-            logger.experiment.summary.update(extra)
+        more = {**(extra or {}), **phase_summary()}  # and the times of the job's long phases
+        if more:
+            logger.experiment.summary.update(more)
     except Exception as e:  # noqa: BLE001 - the results are on disk already
         warnings.warn(
             f"could not log the results table to W&B ({_first_line(e)}); metrics.json holds them", stacklevel=2
         )
         return False
     return True
+
+
+def phase_summary() -> dict:
+    """Return {"phase_s": {phase: seconds}}: this process' long phases so far (core/progress.py); {} when none.
+
+    The phases that printed their line (`QUIET_S` or longer: a store, index or token cache built, an encoding, the
+    isotropy protocol), keyed without their sizes, for the W&B run summary beside the results.
+    """
+    spent = times()
+    return {"phase_s": {k: round(v, 1) for k, v in spent.items()}} if spent else {}
 
 
 def head_rows(before: dict, after: dict, head: str) -> dict[str, dict]:

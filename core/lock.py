@@ -20,25 +20,14 @@ from filelock import FileLock, Timeout
 
 from core.errors import InputError
 from core.io import PATH_ERRNOS, WriteFault, atomic_open, reason_of
-
-# Set, and not 0, in every process of a distributed job but global rank 0 (Lightning's DDP children, torchrun,
-# SLURM tasks, the first process of another node). Only global rank 0 takes the lock: Lightning's DDP children
-# re-run the entry script while their parent holds it.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+from core.progress import phase
+from core.ranks import global_rank_zero
 
 
 def lock_files(output_dir: str | os.PathLike) -> tuple[Path, Path]:
     """(lock file, pid file) of `output_dir`; resolved, so two spellings of one folder share a lock."""
     out = Path(output_dir).resolve()
     return out.parent / f".{out.name}.lock", out.parent / f".{out.name}.lock.pid"
-
-
-def global_rank_zero() -> bool:
-    """Tell whether this process is global rank 0 of its job, or not part of a distributed job: only it locks.
-
-    That is, every variable of RANK_VARIABLES is unset, empty or 0.
-    """
-    return all(os.environ.get(v, "").strip() in ("", "0") for v in RANK_VARIABLES)
 
 
 @contextmanager
@@ -128,7 +117,8 @@ def build_lock(target: str | os.PathLike, what: str = "cache") -> Iterator[None]
         try:
             lock_path.parent.mkdir(parents=True, exist_ok=True)
             lock = FileLock(lock_path)
-            lock.acquire()
+            with phase(f"waiting for another process to build the {what} {target}", key="waiting for another process"):
+                lock.acquire()
             break
         except FileNotFoundError:
             if attempt == 2:

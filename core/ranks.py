@@ -38,6 +38,19 @@ _PEER_GONE = re.compile(
 )
 _SIGNAL = getattr(signal, "SIGUSR2", None)  # RankWatch's way into the main thread (pthread_kill)
 
+# Set, and not 0, in every process of a distributed job but global rank 0 (Lightning's DDP children, torchrun,
+# SLURM tasks, the first process of another node). Only global rank 0 takes the lock (core/lock.py): Lightning's DDP
+# children re-run the entry script while their parent holds it; only it prints progress (core/progress.py).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def global_rank_zero() -> bool:
+    """Tell whether this process is global rank 0 of its job, or not part of a distributed job: only it locks.
+
+    That is, every variable of RANK_VARIABLES is unset, empty or 0.
+    """
+    return all(os.environ.get(v, "").strip() in ("", "0") for v in RANK_VARIABLES)
+
 
 class RankDied(BaseException):
     """Another rank of this job died; `rank` (None: not known which), `how` (its status or the failed collective).

@@ -26,8 +26,8 @@ from callbacks.preemption import Preemption
 from callbacks.progress import RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
 from core.io import atomic_open, check_writable
-from core.lock import global_rank_zero
 from core.precision import set_matmul_precision, warn_emulated_bf16
+from core.ranks import global_rank_zero
 from datamodules.bm25 import no_candidates_warning
 from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule

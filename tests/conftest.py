@@ -12,6 +12,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A phase's progress lines (core/progress.py) depend on how fast this machine runs it: a test's output must not, so
+# none prints unless a test asks (tests/test_progress.py sets the threshold itself).
+os.environ.setdefault("ISORANK_PROGRESS_QUIET_S", "1000000")
 
 # Under pytest-xdist (`-n N`) each worker runs one thread: N workers then share the cores without oversubscription,
 # and the train.py / evaluate.py processes a worker starts inherit these variables. The same thread count is not
