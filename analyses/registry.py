@@ -21,6 +21,7 @@ from typing import ClassVar
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import InputError
+from core.progress import phase
 from core.registry import Registry
 
 ANALYSES: Registry = Registry("analysis")
@@ -88,4 +89,7 @@ def run_analysis(cfg, model_from_cli: bool = False) -> dict:
             f"is {sample}, but analysis {cfg.analysis.name} takes no sample of a split's questions (those that do: "
             f"{', '.join(n for n in ANALYSES.names() if ANALYSES.get(n).schema.takes_eval_sample)}); leave it null",
         )
-    return entry.build(cfg, model_from_cli)
+    # one phase for the whole analysis (core/progress.py): its steps that take minutes (per-query statistics,
+    # projections) are not silent in a log, and its encodings report their own counts inside it
+    with phase(f"analysis {cfg.analysis.name}", key=f"analysis {cfg.analysis.name}"):
+        return entry.build(cfg, model_from_cli)

@@ -40,6 +40,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from core.io import atomic_open, save_figure
+from core.progress import phase
 from metrics.isotropy import (
     AvgCos,
     IsotropyIW,
@@ -248,21 +249,25 @@ class IsotropyCallback(Callback):
         if ranker.kind != "bi" or not hasattr(trainer.datamodule, "pair_batches"):
             return {}
         variants = self._variants(ranker)
-        measure = PaperMeasure(self.paper_bytes)
         kept = module.kept_vectors(split) if hasattr(module, "kept_vectors") else None
-        if kept is not None and all(v in kept["query"] for v in variants):
-            # the vectors the evaluation just scored (keep_vectors, asked for at the epoch's start): nothing is
-            # encoded again, and the protocol measures exactly what was ranked
-            for k, qrows, prows in trainer.datamodule.pair_batches(
-                split, self.batch_pairs, self.max_batches, self.sample_seed, texts=False
-            ):
-                rows = {"query": qrows, "passage": prows}
-                measure.add(k, batch_sets(kept, rows, module.device))
-                if self.dump_dir is not None and split == "test":
-                    dump_batch(self.dump_dir / f"{k}.npz", batch_vectors(kept, rows))
-        else:
-            self._measure_encoding(trainer, module, split, variants, measure)
-        measure.flush()
+        # minutes on a large split after the test's own bar has ended: a phase with its progress (core/progress.py)
+        with phase(f"isotropy paper protocol ({split})", unit="batches", key="isotropy paper protocol") as ph:
+            measure = PaperMeasure(self.paper_bytes, on_measured=ph.advance)
+            if kept is not None and all(v in kept["query"] for v in variants):
+                # the vectors the evaluation just scored (keep_vectors, asked for at the epoch's start): nothing is
+                # encoded again, and the protocol measures exactly what was ranked
+                batches = trainer.datamodule.pair_batches(
+                    split, self.batch_pairs, self.max_batches, self.sample_seed, texts=False
+                )
+                ph.stage("measuring the test batches' vectors", total=len(batches))
+                for k, qrows, prows in batches:
+                    rows = {"query": qrows, "passage": prows}
+                    measure.add(k, batch_sets(kept, rows, module.device))
+                    if self.dump_dir is not None and split == "test":
+                        dump_batch(self.dump_dir / f"{k}.npz", batch_vectors(kept, rows))
+            else:
+                self._measure_encoding(trainer, module, split, variants, measure, ph)
+            measure.flush()
         per_batch = measure.values
         if _distributed() and dist.get_world_size() > 1:
             parts: list = [None] * dist.get_world_size()
@@ -276,13 +281,14 @@ class IsotropyCallback(Callback):
     def _variants(ranker) -> tuple[str, ...]:
         return (WITH_HEAD, RAW) if (ranker.token_head is not None or ranker.sequence_head is not None) else (WITH_HEAD,)
 
-    def _measure_encoding(self, trainer, module, split: str, variants, measure: PaperMeasure) -> None:
-        """Add this rank's protocol batches to `measure`, their texts encoded here.
+    def _measure_encoding(self, trainer, module, split: str, variants, measure: PaperMeasure, ph) -> None:
+        """Add this rank's protocol batches to `measure`, their texts encoded here (`ph`: the protocol's phase).
 
         Used where the evaluation's own vectors are not at hand (a DDP rank scored only its share of the passages; a
         direct call outside a test).
         """
         batches = trainer.datamodule.pair_batches(split, self.batch_pairs, self.max_batches, self.sample_seed)
+        ph.stage("encoding and measuring the test batches", total=len(batches))
         tok = module.pair_tokenizer
         ids = {}  # (side, text) -> token ids: each distinct text tokenised once, for the budget and the encoding
         for i, side in SIDES:
@@ -412,8 +418,9 @@ class PaperMeasure:
     `values`: [(k, {key: value})], in the order added; the keys are `paper_batch_values`'.
     """
 
-    def __init__(self, max_bytes: int | None = None):
+    def __init__(self, max_bytes: int | None = None, on_measured=None):
         self.max_bytes = max_bytes
+        self.on_measured = on_measured  # called with the number of batches each flush measured (progress)
         self.values: list[tuple[int, dict[str, float]]] = []
         self._pending: list[tuple[int, dict[tuple[str, str], BatchSets]]] = []
         self._bytes = 0
@@ -434,6 +441,8 @@ class PaperMeasure:
         bounds = np.linspace(0, len(self._pending), workers + 1).round().astype(int)
         parts = [self._pending[a:b] for a, b in zip(bounds, bounds[1:])]
         self.values += [kv for part in _map_threads(_measure_batches, parts) for kv in part]
+        if self.on_measured is not None:
+            self.on_measured(len(self._pending))
         self._pending, self._bytes = [], 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from core.errors import InputError
+from core.progress import phase
 
 # errno values that say the path itself cannot be used (a choice of the user: exit 2 when found before the job
 # starts); every other write failure (full disk, quota, file-size limit, I/O error) is a fault of the machine (exit 1)
@@ -200,12 +201,23 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         raise
 
 
+LOUD_HASH_BYTES = 1 << 28  # files from this size are checksummed as a phase (core/progress.py): 0.5 s and more
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Return the SHA-256 of a file's bytes, read in 8 MB blocks (how every cache checks its files)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(1 << 23):
-            h.update(block)
+        size = os.fstat(f.fileno()).st_size
+        if size < LOUD_HASH_BYTES:
+            while block := f.read(1 << 23):
+                h.update(block)
+            return h.hexdigest()
+        # a collection or a triples file: seconds to minutes (about 2 s per GB here)
+        with phase(f"checksumming {path} ({size / 1e9:.1f} GB)", total=size >> 20, unit="MB", key="checksumming") as p:
+            while block := f.read(1 << 23):
+                h.update(block)
+                p.advance(len(block) >> 20)
     return h.hexdigest()
 
 

@@ -63,6 +63,7 @@ from core.digests import file_record, record_problem, sidecar_problem, write_sid
 from core.errors import InputError, check_choice
 from core.io import AtomicDir, atomic_open
 from core.lock import claim
+from core.progress import phase
 
 # bm25s variants (Kamphuis et al. 2020)
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -240,17 +241,26 @@ def _pair_scores(
 
 
 def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | None = None) -> BM25Index | None:
+    """Build the index of `docs` in memory (`_index_passes`), a phase with its progress (core/progress.py)."""
+    n = len(docs)
+    with phase(f"building the BM25 index ({n:,} passages)", unit="passages", key="building the BM25 index") as ph:
+        return _index_passes(docs, params, spill_dir, ph)
+
+
+def _index_passes(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | None, ph) -> BM25Index | None:
     """Build the index of `docs` in memory (module docstring: build memory); None when no document has a token.
 
     Two passes over chunks of CHUNK_DOCS documents in sorted doc-id order. The first tokenises a chunk into its
     (term id, tf) pairs, counts document frequencies and lengths, and spills the pairs to an unlinked temp file in
     `spill_dir` (the system's when None): idf and avgdl need the whole collection before any score, and NumPy's
     freed chunks do not go back to the OS (glibc keeps them), so holding the pairs would cost their 6 bytes each on
-    top of the index's 8. The second reads them back, scores them and counting-sorts them into the CSC arrays.
+    top of the index's 8. The second reads them back, scores them and counting-sorts them into the CSC arrays. `ph`:
+    the phase whose stages (tokenising, scoring) count the documents of each pass.
     """
     bm25s, scoring = bm25s_module(), bm25s_submodule("scoring")
     doc_ids = np.array(sorted(docs))
     n = len(doc_ids)
+    ph.stage("tokenising", total=n)
     terms = _Terms()
     dl = np.zeros(n, dtype=np.int32)  # tokens per document
     npairs = np.zeros(n, dtype=np.int32)  # distinct terms per document
@@ -272,7 +282,7 @@ def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | 
             tf_types.append(np.uint16 if len(tf) and tf.max() < 1 << 16 else np.uint32)
             t.tofile(spill)
             tf.astype(tf_types[-1]).tofile(spill)
-            log.info("BM25 index: tokenised %d of %d documents", start + len(chunk), n)
+            ph.advance(len(chunk))
         nnz, vocab = int(npairs.sum(dtype=np.int64)), len(terms.stems)
         if nnz == 0:
             return None
@@ -305,8 +315,10 @@ def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | 
         indices = np.empty(nnz, dtype=r.int_dtype)
         heads = indptr[:-1].copy()
         spill.seek(0)
+        ph.stage("scoring", total=n)
         for c, start in enumerate(range(0, n, CHUNK_DOCS)):
             m = min(CHUNK_DOCS, n - start)
+            ph.advance(m)
             p = int(npairs[start : start + m].sum(dtype=np.int64))
             t = np.fromfile(spill, dtype=np.int32, count=p)
             tf = np.fromfile(spill, dtype=tf_types[c], count=p).astype(np.float32)  # bm25s' tf dtype
@@ -408,11 +420,12 @@ def _once(lock: Path, load: Callable[[bool], Any], make: Callable[[], Any], what
         if not waited:
             log.info("waiting for another process to write %s", what)
             waited = True
-        free = False
-        while not free:
-            time.sleep(POLL_S)
-            with claim(lock) as free:
-                pass
+        with phase(f"waiting for another process to write {what}", key="waiting for another process"):
+            free = False
+            while not free:
+                time.sleep(POLL_S)
+                with claim(lock) as free:
+                    pass
 
 
 _NOTHING = object()  # a collection without a single token: no index, nothing to rank
@@ -513,9 +526,13 @@ def rank(index: BM25Index, queries: Mapping[str, str], k: int) -> dict[str, Rank
         return list(zip(shared, scores[top].tolist()))
 
     out: dict[str, Ranking] = {}
-    with ThreadPoolExecutor(max_workers=min(_threads(), max(1, len(qids)))) as pool:
+    with (
+        phase(f"BM25 search ({len(qids):,} queries)", total=len(qids), unit="queries", key="BM25 search") as ph,
+        ThreadPoolExecutor(max_workers=min(_threads(), max(1, len(qids)))) as pool,
+    ):
         for s in range(0, len(qids), RANK_BATCH):  # map() submits every task at once: bounded for 500k queries
             out.update(zip(qids[s : s + RANK_BATCH], pool.map(one, wanted[s : s + RANK_BATCH])))
+            ph.advance(len(qids[s : s + RANK_BATCH]))
     return out
 
 

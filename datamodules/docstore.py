@@ -51,6 +51,7 @@ from core.digests import file_record, input_digest, memo_folder, record_problem
 from core.errors import InputError
 from core.io import AtomicDir, current_umask
 from core.lock import build_lock
+from core.progress import phase
 
 STORE_VERSION = 2  # 2: every file's record (docs.arrow's SHA-256 included), input digests memoised
 BATCH_ROWS = 1 << 16
@@ -371,34 +372,38 @@ def write_store_files(tmp: Path, fp: str, records, origin: str, kind: str = "pas
     keys, lines = [], []
     ids: list[str] = []
     texts: list[str] = []
-    with pa.OSFile(str(tmp / "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+    unit = "passages" if kind.startswith("passage") else "documents"
+    with phase(f"building the document store of {origin}", unit=unit, key="building the document store") as ph:
+        with pa.OSFile(str(tmp / "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
 
-        def flush():
-            writer.write_batch(
-                pa.record_batch([pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=schema)
-            )
-            ids.clear()
-            texts.clear()
+            def flush():
+                writer.write_batch(
+                    pa.record_batch([pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=schema)
+                )
+                ph.advance(len(ids))
+                ids.clear()
+                texts.clear()
 
-        for lineno, doc_id, text in records():
-            ids.append(doc_id)
-            texts.append(text)
-            keys.append(id_key(doc_id))
-            lines.append(lineno)
-            if len(ids) == BATCH_ROWS:
+            for lineno, doc_id, text in records():
+                ids.append(doc_id)
+                texts.append(text)
+                keys.append(id_key(doc_id))
+                lines.append(lineno)
+                if len(ids) == BATCH_ROWS:
+                    flush()
+            if ids or not keys:
                 flush()
-        if ids or not keys:
-            flush()
-    key_arr = np.array(keys, dtype=np.uint64)
-    del keys
-    order = np.argsort(key_arr, kind="stable")
-    key_arr = key_arr[order]
-    np.save(tmp / "index_keys.npy", key_arr)
-    np.save(tmp / "index_rows.npy", order.astype(np.int64))
-    table = pa.ipc.open_file(pa.memory_map(str(tmp / "docs.arrow"), "r")).read_all()
-    _check_unique(table, key_arr, order, np.array(lines, dtype=np.int64), origin, kind)
-    np.save(tmp / "sorted_rows.npy", pc.sort_indices(table.column("id")).to_numpy().astype(np.int64))
-    del table
+        ph.stage(f"indexing the ids of {len(keys):,} {unit}")
+        key_arr = np.array(keys, dtype=np.uint64)
+        del keys
+        order = np.argsort(key_arr, kind="stable")
+        key_arr = key_arr[order]
+        np.save(tmp / "index_keys.npy", key_arr)
+        np.save(tmp / "index_rows.npy", order.astype(np.int64))
+        table = pa.ipc.open_file(pa.memory_map(str(tmp / "docs.arrow"), "r")).read_all()
+        _check_unique(table, key_arr, order, np.array(lines, dtype=np.int64), origin, kind)
+        np.save(tmp / "sorted_rows.npy", pc.sort_indices(table.column("id")).to_numpy().astype(np.int64))
+        del table
     for p in tmp.iterdir():  # fsynced before their records are taken
         fd = os.open(p, os.O_RDONLY)
         os.fsync(fd)
@@ -544,12 +549,19 @@ def open_text_index(store: DocStore, cache_dir: str | os.PathLike) -> TextIndex:
             warnings.warn(f"{folder}: text index is incomplete or damaged ({problem}); rebuilding it", stacklevel=2)
         keys = np.empty(len(store), dtype=np.uint64)
         at = 0
-        for b in range(len(store._batches)):
-            offsets, data = store._column_batch("text", b)
-            view, o = memoryview(data), offsets.tolist()
-            keys[at : at + len(o) - 1] = text_keys([view[o[i] : o[i + 1]] for i in range(len(o) - 1)])
-            at += len(o) - 1
-        order = np.argsort(keys, kind="stable")  # stable: rows ascending among equal keys
+        with phase(
+            f"indexing the texts of {len(store):,} passages ({store.origin})",
+            total=len(store),
+            unit="passages",
+            key="indexing the texts of the document store",
+        ) as p:
+            for b in range(len(store._batches)):
+                offsets, data = store._column_batch("text", b)
+                view, o = memoryview(data), offsets.tolist()
+                keys[at : at + len(o) - 1] = text_keys([view[o[i] : o[i + 1]] for i in range(len(o) - 1)])
+                at += len(o) - 1
+                p.advance(len(o) - 1)
+            order = np.argsort(keys, kind="stable")  # stable: rows ascending among equal keys
         with AtomicDir(folder) as tmp:
             np.save(tmp / "keys.npy", keys[order])
             np.save(tmp / "rows.npy", order.astype(np.int64))

@@ -47,6 +47,7 @@ from core.errors import InputError
 from core.io import AtomicDir
 from core.lock import build_lock
 from core.npy import NpyRowWriter
+from core.progress import phase
 from datamodules.docstore import (
     BATCH_ROWS,
     DocStore,
@@ -160,15 +161,17 @@ def _build(tmp: Path, path: Path, store: DocStore, index: TextIndex, queries: di
     try:
         unparsed = False
         try:
-            for buf in _line_blocks(path):
-                cols = _columns(buf)
-                if cols is not None:
-                    rows = resolver.block(path, *cols)
-                    if rows.max() > np.iinfo(dtype).max:
-                        raise InputError(
-                            str(path), f"adds too many passages or queries for {np.dtype(dtype).name} rows"
-                        )
-                    writer.write(rows)
+            with phase(f"parsing the text triples of {path}", unit="triples", key="parsing triples") as ph:
+                for buf in _line_blocks(path):
+                    cols = _columns(buf)
+                    if cols is not None:
+                        rows = resolver.block(path, *cols)
+                        if rows.max() > np.iinfo(dtype).max:
+                            raise InputError(
+                                str(path), f"adds too many passages or queries for {np.dtype(dtype).name} rows"
+                            )
+                        writer.write(rows)
+                        ph.advance(len(rows))
             unparsed = not writer.rows
         except _Unparsed:
             unparsed = True

@@ -27,8 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -38,11 +36,11 @@ import numpy as np
 from core.digests import file_record, record_problem
 from core.io import AtomicDir
 from core.lock import build_lock
+from core.progress import phase
 
 TOKENS_VERSION = 1
 BLOCK = 8192  # texts tokenised per call: large enough for the fast tokenizer's threads, small enough for memory
 _FILES = ("ids.bin", "offsets.npy")
-_LOUD_SECONDS = 10.0  # a build longer than this says what it did
 
 
 def tokenizer_digest(tokenizer) -> str:
@@ -180,16 +178,15 @@ def token_table(
             return TokenTable.open(folder)
         if folder.exists():
             warnings.warn(f"{folder}: token cache is stale or damaged ({problem}); tokenising again", stacklevel=2)
-        start = time.monotonic()
-        with AtomicDir(folder, kind="a token cache") as tmp:
-            _build(tmp, key, digest, count, texts, tokenize, vocab_size)
-        took = time.monotonic() - start
-        if took > _LOUD_SECONDS:
-            print(f"tokenised {count:,} {what} once in {took:.0f} s ({folder})", file=sys.stderr, flush=True)
+        with (
+            phase(f"tokenising {count:,} {what} once", total=count, unit=what, key="tokenising") as progress,
+            AtomicDir(folder, kind="a token cache") as tmp,
+        ):
+            _build(tmp, key, digest, count, texts, tokenize, vocab_size, progress.advance)
     return TokenTable.open(folder)
 
 
-def _build(tmp: Path, key: dict, digest: str, count: int, texts, tokenize, vocab_size: int) -> None:
+def _build(tmp: Path, key: dict, digest: str, count: int, texts, tokenize, vocab_size: int, advance) -> None:
     dtype = np.dtype("<u2") if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype("<i4")
     offsets = np.zeros(count + 1, dtype=np.int64)
     row = 0
@@ -203,6 +200,7 @@ def _build(tmp: Path, key: dict, digest: str, count: int, texts, tokenize, vocab
         offsets[row + 1 : row + 1 + len(block)] += offsets[row]
         f.write(np.fromiter((t for c in contents for t in c), dtype=dtype, count=int(lengths.sum())).tobytes())
         row += len(block)
+        advance(len(block))
         block.clear()
 
     with open(tmp / "ids.bin", "wb") as f:

@@ -29,6 +29,7 @@ from core.digests import file_record, sidecar_problem, write_sidecar
 from core.errors import InputError
 from core.io import atomic_open
 from core.npy import NpyRowWriter
+from core.progress import phase
 from datamodules.corpus import locate
 from datamodules.docstore import DocStore, fingerprint
 from datamodules.textfiles import iter_rows
@@ -200,8 +201,10 @@ def cached_triples(
     dtype = np.int32 if max(len(docs), len(qids)) < np.iinfo(np.int32).max else np.int64
     writer = NpyRowWriter(tmp, dtype, 3)
     try:
-        for rows in _resolve(blocks(), docs, qids, origin, split):
-            writer.write(rows)
+        with phase(f"parsing the triples of {origin}", unit="triples", key="parsing triples") as ph:
+            for rows in _resolve(blocks(), docs, qids, origin, split):
+                writer.write(rows)
+                ph.advance(len(rows))
         if not writer.rows:
             raise InputError(
                 origin,

@@ -96,6 +96,7 @@ from core.checkpoints import read_header
 from core.errors import InputError
 from core.io import WriteFault, atomic_open, check_writable, write_json
 from core.precision import warn_emulated_bf16
+from core.progress import phase
 from grid.cells import CELL_FILE, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
@@ -511,8 +512,11 @@ def _stop_if_other_settings(spec: GridSpec, cells: list[Cell]) -> None:
         )
 
 
-def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tuple[int, str]:
-    """Run train.py / evaluate.py with `argv`; (exit code, the error line or the log's tail)."""
+def _launch(script: str, argv: list[str], launcher: str, log_path: Path, label: str = "") -> tuple[int, str]:
+    """Run train.py / evaluate.py with `argv`; (exit code, the error line or the log's tail).
+
+    `label`: the cell's, for the progress lines of a subprocess cell (its own output goes to its log).
+    """
     if launcher == "inprocess":  # what pipeline/cli.py does, keeping the error message
         rc, err = 0, ""
         try:
@@ -546,7 +550,9 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path) -> tupl
             start_new_session=True,
         )
         try:
-            rc = proc.wait()
+            # a line every ~30 s in a log while the cell runs (core/progress.py); the grid says how it ended
+            with phase(f"cell {label or log_path.parent.name}", key="grid cell", done_line=False):
+                rc = proc.wait()
         except Signalled as e:
             _stop_cell(proc, e.signum, log)
             raise
@@ -726,7 +732,7 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
     on_start()
     cell.dir.mkdir(parents=True, exist_ok=True)
     write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv), "launcher": spec.launcher})
-    rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log")
+    rc, err = _launch(script, argv, spec.launcher, cell.dir / f"{Path(script).stem}.log", cell.label)
     if rc == 2:
         return "input-error", err
     if rc != 0 or not cell.done:

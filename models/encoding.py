@@ -39,6 +39,7 @@ from torch import Tensor
 
 from core.background import background
 from core.npy import NpyRowWriter
+from core.progress import phase
 from datamodules.tokenization import length_order
 from models.oom import halving
 from models.rankers.base import Encoded, EncodedTexts
@@ -396,15 +397,18 @@ def encode_collection(
     names = tuple(variants) if variants is not None else (WITH_HEAD,)
     forward = variants_forward(ranker, side, names) if variants is not None else None
     writers = {v: EncodedTextsWriter(len(ids), keep_tokens, keep_ids, budget_bytes, spill_dir) for v in names}
-    for chunk, out in encode_stream(
-        ranker, ids, side, batch_size=batch_size, pad_id=pad_id, forward=forward, autocast=autocast
-    ):
-        encodings = out if variants is not None else {WITH_HEAD: out}
-        token_ids = (
-            [t for i in chunk for t in ids[i]] if keep_ids else None
-        )  # the real tokens, as the writer keeps them
-        for v, enc in encodings.items():
-            seq = None if enc.sequence is None else prep(enc.sequence.float())
-            writers[v].add(chunk, Encoded(prep(enc.tokens.float()), enc.mask, seq), token_ids)
+    unit = "queries" if side == "query" else "passages"
+    with phase(f"encoding {len(ids):,} {unit}", total=len(ids), unit=unit, key=f"encoding {unit}") as ph:
+        for chunk, out in encode_stream(
+            ranker, ids, side, batch_size=batch_size, pad_id=pad_id, forward=forward, autocast=autocast
+        ):
+            encodings = out if variants is not None else {WITH_HEAD: out}
+            token_ids = (
+                [t for i in chunk for t in ids[i]] if keep_ids else None
+            )  # the real tokens, as the writer keeps them
+            for v, enc in encodings.items():
+                seq = None if enc.sequence is None else prep(enc.sequence.float())
+                writers[v].add(chunk, Encoded(prep(enc.tokens.float()), enc.mask, seq), token_ids)
+            ph.advance(len(chunk))
     done = {v: w.finish() for v, w in writers.items()}
     return done if variants is not None else done[WITH_HEAD]

@@ -38,11 +38,12 @@ import inspect
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from core.errors import InputError
+from core.progress import phase
 from core.registry import Registry
 from models.loading import load_ranker, pair_tokenizer_for
 from models.rankers import rankers_with
@@ -62,6 +63,8 @@ __all__ = [
     "read_doc_ids",
     "record_doc_ids",
     "check_ranker_matches",
+    "build_phase",
+    "search_phase",
 ]
 
 Run = dict[str, dict[str, float]]  # {qid: {doc id: score}}, the pipeline's run form
@@ -140,6 +143,24 @@ def record_doc_ids(ids, doc_ids: list[str], seen: set[str]) -> None:
             raise InputError("docs", f"duplicate doc id '{s}'")
         seen.add(s)
         doc_ids.append(s)
+
+
+def build_phase(docs, family: str, encoding: bool):
+    """Return the phase (core/progress.py) of an index build over `docs`, counting passages: `advance(len(ids))`.
+
+    `encoding`: the build encodes the passages itself (else it indexes the batches of a split encoding).
+    """
+    n = len(docs) if isinstance(docs, Sized) else None
+    verb = "encoding and indexing" if encoding else "indexing"
+    size = f"{n:,} passages" if n is not None else "the collection"
+    return phase(f"{verb} {size} ({family} index)", total=n, unit="passages", key=f"{verb} the collection")
+
+
+def search_phase(queries, family: str):
+    """Return the phase (core/progress.py) of a search for `queries`, counting queries: `advance(len(qids))`."""
+    n = len(queries) if isinstance(queries, Sized) else None
+    size = f"{n:,} queries" if n is not None else "the queries"
+    return phase(f"{family} search ({size})", total=n, unit="queries", key=f"{family} search")
 
 
 def check_ranker_matches(ranker, manifest: dict, path) -> None:

@@ -66,7 +66,16 @@ from core.io import AtomicDir, write_json
 from core.npy import NpyRowWriter
 from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded, cosine_normalize
-from retrieval.base import ENCODING_OPTIONS, Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
+from retrieval.base import (
+    ENCODING_OPTIONS,
+    Index,
+    build_phase,
+    check_ranker_matches,
+    read_doc_ids,
+    record_doc_ids,
+    register_index,
+    search_phase,
+)
 from retrieval.dense import (
     GPU_MAX_K,
     INDEX_OPTIONS,
@@ -316,22 +325,24 @@ class ColBERTIndex(Index):
             doc_ids: list[str] = []
             seen: set[str] = set()
             lengths: list[np.ndarray] = []
-            if encoded is None:
-                encoded = encode_docs(
-                    ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"
-                )
-            for ids, enc in encoded:
-                record_doc_ids(ids, doc_ids, seen)
-                flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
-                lengths.append(enc.mask.sum(1).numpy().astype(np.int64))
-                x = np.ascontiguousarray(flat.numpy(), dtype=np.float32)
-                builder.add(x)
-                store.add(x)
-            del seen
-            if not doc_ids:
-                raise InputError("docs", "no documents to index")
-            index, params = builder.finish()
-            tokens = store.finish()
+            with build_phase(docs, cls.family, encoding=encoded is None) as ph:
+                if encoded is None:
+                    encoded = encode_docs(
+                        ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="tokens"
+                    )
+                for ids, enc in encoded:
+                    record_doc_ids(ids, doc_ids, seen)
+                    flat = cosine_normalize(enc.tokens)[enc.mask]  # [sum of lengths, D], passage by passage, in order
+                    lengths.append(enc.mask.sum(1).numpy().astype(np.int64))
+                    x = np.ascontiguousarray(flat.numpy(), dtype=np.float32)
+                    builder.add(x)
+                    store.add(x)
+                    ph.advance(len(ids))
+                del seen
+                if not doc_ids:
+                    raise InputError("docs", "no documents to index")
+                index, params = builder.finish()
+                tokens = store.finish()
         except BaseException:
             store.abort()
             shutil.rmtree(folder, ignore_errors=True)
@@ -424,27 +435,29 @@ class ColBERTIndex(Index):
         if self.placement.on_gpu and kk > GPU_MAX_K:
             raise InputError("k_tokens", f"is {kk}; faiss on the GPU returns at most {GPU_MAX_K} hits per query token")
         run: dict[str, dict[str, float]] = {}
-        for qids, enc in encode_queries(
-            ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="tokens"
-        ):
-            flat = np.ascontiguousarray(cosine_normalize(enc.tokens)[enc.mask].numpy(), dtype=np.float32)
-            if flat.shape[1] != self.dim:
-                raise InputError(
-                    "ranker", f"query token vectors are {flat.shape[1]}-dimensional; this index holds {self.dim}"
-                )
-            scores, hits = self.index.search(flat, kk)
-            lens = enc.mask.sum(1).tolist()
-            start = 0
-            for b, qid in enumerate(qids):
-                qid = str(qid)
-                if qid in run:
-                    raise InputError("queries", f"duplicate query id '{qid}'")
-                sl = slice(start, start + lens[b])
-                start += lens[b]
-                cands = candidates_from_hits(scores[sl], hits[sl], self.offsets, depth)
-                exact = self.rescore(enc.tokens[b], enc.mask[b], cands, rescore_chunk)
-                order = np.lexsort((cands, -exact.astype(np.float64)))[:k]
-                run[qid] = {self.doc_ids[cands[i]]: float(exact[i]) for i in order}
+        with search_phase(queries, self.family) as ph:
+            for qids, enc in encode_queries(
+                ranker, self.pair_tokenizer, queries, batch_size, device, prec, output="tokens"
+            ):
+                flat = np.ascontiguousarray(cosine_normalize(enc.tokens)[enc.mask].numpy(), dtype=np.float32)
+                if flat.shape[1] != self.dim:
+                    raise InputError(
+                        "ranker", f"query token vectors are {flat.shape[1]}-dimensional; this index holds {self.dim}"
+                    )
+                scores, hits = self.index.search(flat, kk)
+                lens = enc.mask.sum(1).tolist()
+                start = 0
+                for b, qid in enumerate(qids):
+                    qid = str(qid)
+                    if qid in run:
+                        raise InputError("queries", f"duplicate query id '{qid}'")
+                    sl = slice(start, start + lens[b])
+                    start += lens[b]
+                    cands = candidates_from_hits(scores[sl], hits[sl], self.offsets, depth)
+                    exact = self.rescore(enc.tokens[b], enc.mask[b], cands, rescore_chunk)
+                    order = np.lexsort((cands, -exact.astype(np.float64)))[:k]
+                    run[qid] = {self.doc_ids[cands[i]]: float(exact[i]) for i in order}
+                ph.advance(len(qids))
         return run
 
     # -- persistence

@@ -67,7 +67,16 @@ from core.errors import InputError
 from core.io import AtomicDir, write_json
 from models.loading import pair_tokenizer_for
 from models.rankers.base import cosine_normalize
-from retrieval.base import ENCODING_OPTIONS, Index, check_ranker_matches, read_doc_ids, record_doc_ids, register_index
+from retrieval.base import (
+    ENCODING_OPTIONS,
+    Index,
+    build_phase,
+    check_ranker_matches,
+    read_doc_ids,
+    record_doc_ids,
+    register_index,
+    search_phase,
+)
 from retrieval.encode import (
     encode_docs,
     encode_queries,
@@ -450,15 +459,17 @@ class DenseIndex(Index):
         builder = FaissBuilder(opts)
         doc_ids: list[str] = []
         seen: set[str] = set()
-        if encoded is None:
-            encoded = encode_docs(
-                ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence"
-            )
-        for ids, vecs in encoded:
-            record_doc_ids(ids, doc_ids, seen)
-            builder.add(cls._prepare(vecs, ranker.cosine))
-        del seen
-        index, params = builder.finish()
+        with build_phase(docs, cls.family, encoding=encoded is None) as ph:
+            if encoded is None:
+                encoded = encode_docs(
+                    ranker, pt, docs, batch_size, device, precision, sort_window=sort_window, output="sequence"
+                )
+            for ids, vecs in encoded:
+                record_doc_ids(ids, doc_ids, seen)
+                builder.add(cls._prepare(vecs, ranker.cosine))
+                ph.advance(len(ids))
+            del seen
+            index, params = builder.finish()
         manifest = base_manifest(FORMAT, ranker, checkpoint, params, builder.dim, builder.count, precision)
         manifest.update(
             score="cosine" if ranker.cosine else "dot", metric="inner_product", normalized=bool(ranker.cosine)
@@ -534,12 +545,14 @@ class DenseIndex(Index):
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InputError("k", f"is {k!r}; expected a positive integer")
         run: dict[str, dict[str, float]] = {}
-        for qids, vecs in self.encode_queries(queries, batch_size, device, precision):
-            scores, rows = self.search_vectors(vecs, k)
-            for qid, docs in run_from_hits(qids, scores, rows, self.doc_ids).items():
-                if qid in run:
-                    raise InputError("queries", f"duplicate query id '{qid}'")
-                run[qid] = docs
+        with search_phase(queries, self.family) as ph:
+            for qids, vecs in self.encode_queries(queries, batch_size, device, precision):
+                scores, rows = self.search_vectors(vecs, k)
+                for qid, docs in run_from_hits(qids, scores, rows, self.doc_ids).items():
+                    if qid in run:
+                        raise InputError("queries", f"duplicate query id '{qid}'")
+                    run[qid] = docs
+                ph.advance(len(qids))
         return run
 
     # -- persistence

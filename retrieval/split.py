@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from torch import Tensor
 
 from core.errors import InputError
 from core.npy import NpyRowWriter
+from core.progress import phase
 from core.ranks import RankDied, as_rank_death
 from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded
@@ -68,6 +69,20 @@ def share_windows(docs: Mapping | Iterable, window: int, rank: int, world: int) 
     for w, items in enumerate(windows(iter_items(docs, "docs"), window)):
         if w % world == rank:
             yield w, items
+
+
+def _share_phase(docs, window: int, rank: int, world: int):
+    """Return the phase (core/progress.py) of this rank's encoding, counting its passages (shown on rank 0 only)."""
+    if not isinstance(docs, Sized):
+        return phase(f"encoding rank {rank}'s share of the collection", unit="passages", key="encoding a share")
+    n = len(docs)
+    share = sum(min(n, (w + 1) * window) - w * window for w in range(rank, -(-n // window), world))
+    return phase(
+        f"encoding {share:,} of {n:,} passages (rank {rank}'s share of {world})",
+        total=share,
+        unit="passages",
+        key="encoding a share",
+    )
 
 
 class ShareWriter:
@@ -212,18 +227,20 @@ def split_encode(
     writer = None
     try:
         writer = ShareWriter(_share_folder(parts_dir, rank))
-        for w, ids, out in encode_windows(
-            ranker,
-            pt,
-            share_windows(docs, window, rank, world),
-            side="docs",
-            batch_size=batch_size,
-            device=dev,
-            precision=precision,
-            sort=window > batch_size,
-            output=output,
-        ):
-            writer.add(w, ids, out)
+        with _share_phase(docs, window, rank, world) as ph:
+            for w, ids, out in encode_windows(
+                ranker,
+                pt,
+                share_windows(docs, window, rank, world),
+                side="docs",
+                batch_size=batch_size,
+                device=dev,
+                precision=precision,
+                sort=window > batch_size,
+                output=output,
+            ):
+                writer.add(w, ids, out)
+                ph.advance(len(ids))
         writer.finish()
         ok = True
     except BaseException as e:

@@ -36,6 +36,7 @@ import torch
 from core.digests import file_record, record_problem
 from core.errors import InputError, TrainingStopped
 from core.io import AtomicDir, write_json
+from core.progress import phase
 from datamodules.token_cache import texts_digest, tokenizer_digest
 from models.encoding import encode_stream
 
@@ -244,7 +245,15 @@ class RepresentationCache:
             count, dim = 0, None
             device = next(ranker.parameters()).device
             pad_id = pair_tokenizer.tokenizer.pad_token_id
-            with open(tmp / "vectors.bin", "wb") as f:
+            with (
+                phase(
+                    f"encoding the representation cache ({len(queries):,} queries, {len(docs):,} passages)",
+                    total=len(queries) + len(docs),
+                    unit="texts",
+                    key="encoding the representation cache",
+                ) as ph,
+                open(tmp / "vectors.bin", "wb") as f,
+            ):
                 for texts, side in ((queries, "query"), (docs, "doc")):
                     # in the texts' order (sort=False): the file's rows are the texts' vectors, text after text
                     stream = encode_stream(
@@ -273,6 +282,7 @@ class RepresentationCache:
                             )
                         f.write(np.ascontiguousarray(v).tobytes())
                         count, dim = count + len(v), v.shape[1]
+                        ph.advance(len(chunk))
                 f.flush()
                 os.fsync(f.fileno())
             write_json(
