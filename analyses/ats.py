@@ -34,6 +34,7 @@ from core.io import save_figure
 from datamodules.datamodule import passage_text, rotation_draw
 from datamodules.sources import data_config, load_dataset, used_splits
 from metrics.ats import average_term_similarity
+from metrics.results import print_table
 from models.loading import load_ranker
 from models.rankers.terms import passage_terms
 
@@ -213,11 +214,15 @@ def run(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
         tables={"ats/curves": (["model", "delta", "ats", "std", "pairs"], rows)},
         images={"ats/figure": png},
     )
+    # the measures under the names a fine-tuning run's metrics.json gives them, in the table every job prints
+    print_table(
+        {f"{label} ({r['model']})": {k: r[k] for k in ("mats", "mats_std", "ats0")} for label, r in models.items()},
+        title="ATS / MATS (position-bias paper Eq. 8-9)",
+    )
     for label, r in models.items():
-        mats = "n/a" if r["mats"] is None else f"{r['mats']:.4f} (std {r['mats_std']:.4f})"
         print(
-            f"{label} ({r['model']}): MATS {mats}, ATS(0) {r['ats0']}, {r['tokens']:,} term occurrences, "
-            f"{r['occurrences']:,} after the cap, {r['vocabulary']:,} terms with pairs"
+            f"{label}: {r['tokens']:,} term occurrences, {r['occurrences']:,} after the cap, "
+            f"{r['vocabulary']:,} terms with pairs"
         )
     print(f"wrote {png} and {js}")
     return result

@@ -15,7 +15,6 @@ has learnt little about the ranking yet. Keys: configs/analysis/random_rerank.ya
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.textfiles import read_trec_run
 from metrics.ir import evaluate_run
+from metrics.results import print_table
 
 JSON_NAME = "random_rerank.json"
 
@@ -105,7 +105,11 @@ def run(cfg, opts: RandomRerankConfig) -> dict:
         scalars={f"random_rerank/{m}/{stat}": v[stat] for m, v in result.items() for stat in ("mean", "std")},
         summary={"random_rerank": doc},
     )
-    print(json.dumps(doc, indent=1))
+    # the measures as every job prints them (metrics/results.py); the settings are in the JSON
+    print_table(
+        {stat: {m: v[stat] for m, v in result.items()} for stat in ("mean", "std")},
+        title=f"{opts.split} metrics of a random order ({opts.permutations} permutations, {len(candidates)} queries)",
+    )
     print(f"wrote {path}")
     return doc
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from bench import options, record
 from bench.synthetic_msmarco import Spec, ensure, files
+from core.versions import versions_line
 
 REPO = record.REPO
 RUNS = ("bm25_cold", "bm25_warm", "default")
@@ -167,6 +168,7 @@ def write_record(result: dict, opts: Options, argv) -> Path:
         f"- Command: `{record.relative(record.command_line('bench.bench_ab', argv))}`",
         f"- Commits: before {result['before']['commit']}, after {result['after']['commit']}",
         f"- Machine: {machine_line()}",
+        f"- Versions: {versions_line()}",
         f"- Data: {opts.passages:,} synthetic MS MARCO-shaped passages (bench/synthetic_msmarco.py, seed {opts.seed})",
         "",
         "| run | before (s, median) | after (s, median) | after / before | same metrics.json |",

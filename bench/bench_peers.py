@@ -281,7 +281,7 @@ def quality_eval_lists(split) -> dict:
 
 def quality_data(args) -> dict:
     """Training batches and validation candidate lists from the project's data module (SQuAD v1.1 dev split by
-    article; BM25 negatives and candidates, cached under .cache/)."""
+    article; BM25 negatives and candidates, cached in data.cache_dir's default, the user's cache directory)."""
     if not SQUAD.exists():
         raise SystemExit(f"quality: {SQUAD} not found (the quality guard needs SQuAD v1.1 dev)")
     cfg = SquadConfig(
@@ -289,7 +289,6 @@ def quality_data(args) -> dict:
         batch_size=args.batch,
         candidate_depth=args.quality_depth,
         max_eval_queries=args.quality_queries,
-        cache_dir=str(REPO / ".cache"),
     )
     dm = RankingDataModule(cfg, tokenizer=None, seed=args.seed)
     dm.setup("fit")

@@ -40,6 +40,7 @@ import torch
 from bench import options
 from bench.bench_speed import Meter  # wall time and the CPU other processes used meanwhile
 from core.io import write_json
+from core.versions import library_versions
 from datamodules.sources.classic import load_vaswani as parse
 from models.rankers import build_ranker, ranker_config
 from retrieval.colbert_e2e import ColBERTIndex
@@ -72,6 +73,7 @@ def machine() -> dict:
         transformers=transformers.__version__,
         faiss_gpus=faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0,
         cuda=torch.cuda.is_available(),
+        versions=library_versions(),  # every library's exact version (core/versions.py), as results/ records carry
     )
     return info
 

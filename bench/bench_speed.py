@@ -52,6 +52,7 @@ import torch
 
 from bench import options
 from core.io import write_json
+from core.versions import library_versions
 from lightning_modules.module import RankingModule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +95,7 @@ def machine_info(threads: int) -> dict:
         info["sentence_transformers"] = sentence_transformers.__version__
     except ImportError:
         info["sentence_transformers"] = None
+    info["versions"] = library_versions()  # every library's exact version (core/versions.py), as results/ records carry
     return info
 
 

@@ -116,7 +116,6 @@ def main(argv=None) -> dict:
     overrides = [
         f"data={args.data}",
         f"data.path={args.data_dir / PATHS[args.data]}",
-        f"data.cache_dir={REPO / '.cache'}",
         "analysis=whitebox",
         f"analysis.split={args.split}",
         f"analysis.candidate_depth={args.depth}",

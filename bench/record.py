@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.versions import versions_line
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
 
@@ -91,13 +93,16 @@ def write_record(
     columns: list[str],
     when: dt.datetime,
 ) -> tuple[Path, Path]:
-    """Write `<date>-<slug>.md` (title, the facts as a list, then `body`) and its `.tsv` (`rows` x `columns`)."""
+    """Write `<date>-<slug>.md` (title, the facts as a list, then `body`) and its `.tsv` (`rows` x `columns`).
+
+    The facts end with `Versions`: the exact versions of the libraries (core/versions.py).
+    """
     md, tsv = record_paths(folder, slug, when.date())
     md.parent.mkdir(parents=True, exist_ok=True)
     head = [
         f"# {title}",
         "",
-        *(f"- {k}: {v}" for k, v in facts),
+        *(f"- {k}: {v}" for k, v in [*facts, ("Versions", versions_line())]),
         "",
         f"Rows as measured: [{tsv.name}]({tsv.name}).",
         "",

@@ -7,12 +7,12 @@ Scoring: bm25s' variants (Kamphuis et al. 2020), "lucene" by default (k1 = 1.5, 
 
 summed over the query's tokens as they occur (a repeated query term counts twice, as in Lucene's BooleanQuery
 of term clauses), over bm25s' tokenizer rules: lower-cased, tokens `(?u)\b\w\w+\b`, English stopwords removed,
-stemmed with PyStemmer's English Snowball stemmer only when PyStemmer is installed (optional; the stemmer is part
-of the cache key). Documents are indexed in sorted doc-id order; a query's ranking holds the documents with a score
-> 0 (for lucene, robertson and atire: those sharing at least one term with it), best first, ties broken by doc id,
-at most k, so the result does not depend on dict order and is the same in every process. Scores are bm25s' float32
-scores, bit for bit: tests/test_bm25_index.py compares runs with bm25s' own index (the previous implementation),
-tests/test_bm25.py scores with an independent float64 BM25.
+stemmed with PyStemmer's English Snowball stemmer only when PyStemmer is installed (optional; the stemmer, with its
+exact version, is part of the cache key). Documents are indexed in sorted doc-id order; a query's ranking holds the
+documents with a score > 0 (for lucene, robertson and atire: those sharing at least one term with it), best first,
+ties broken by doc id, at most k, so the result does not depend on dict order and is the same in every process.
+Scores are bm25s' float32 scores, bit for bit: tests/test_bm25_index.py compares runs with bm25s' own index (the
+previous implementation), tests/test_bm25.py scores with an independent float64 BM25.
 
 Index, built once per collection: `<cache_dir>/bm25/index-<digest>/`, digest = SHA-256 of (the collection's content,
 tokenizer and stemmer settings, BM25 variant and parameters, bm25s version), not of the queries or k, so every run
@@ -64,6 +64,7 @@ from core.errors import InputError, check_choice
 from core.io import AtomicDir, atomic_open
 from core.lock import claim
 from core.progress import phase
+from core.versions import distribution_version
 
 # bm25s variants (Kamphuis et al. 2020)
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -114,12 +115,19 @@ class BM25Index:
 
 
 def _stemmer():
+    """(stemmer or None, its name with the exact version, as settings and every record give it)."""
     try:
         import Stemmer  # PyStemmer, optional
-
-        return Stemmer.Stemmer("english"), f"pystemmer-english-{getattr(Stemmer, '__version__', '?')}"
     except ImportError:
         return None, "none"
+    # PyStemmer has no __version__ (its `version()` is the Snowball library's): the installed distribution's metadata
+    # says which release stems, as the other libraries' versions are read (core/versions.py)
+    return Stemmer.Stemmer("english"), f"pystemmer-english-{distribution_version('PyStemmer')}"
+
+
+def stemmer_name() -> str:
+    """Return the stemmer BM25 stems with and its exact version (`pystemmer-english-3.1.0`), or `none`."""
+    return _stemmer()[1]
 
 
 def settings(params: BM25Params = BM25Params()) -> dict:
@@ -132,7 +140,7 @@ def settings(params: BM25Params = BM25Params()) -> dict:
         "token_pattern": TOKEN_PATTERN,
         "lower": True,
         "stopwords": STOPWORDS,
-        "stemmer": _stemmer()[1],
+        "stemmer": stemmer_name(),
         "version": CACHE_VERSION,
     }
 

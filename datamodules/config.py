@@ -6,7 +6,9 @@ source.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, is_dataclass
+import os
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
 
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, check_ranges
@@ -28,6 +30,22 @@ TRAINING_ONLY = frozenset(
         "answer_bias_seed",
     }
 )
+
+
+PROJECT = "isorank"  # pyproject.toml's name: the folder of this project's caches in the user's cache directory
+
+
+def default_cache_dir() -> str:
+    """Return `data.cache_dir`'s default: `$XDG_CACHE_HOME/isorank`, else `~/.cache/isorank` (XDG base directories).
+
+    Not a folder under the current one: every run of the user, from any folder, shares one document store, BM25 index
+    and token cache per collection, and no command leaves a `.cache/` where it was run. Absolute, so config.yaml
+    records where the run's caches are.
+    """
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    # the spec: a relative XDG_CACHE_HOME is invalid and is ignored
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
+    return str(root / PROJECT)
 
 
 @dataclass
@@ -69,7 +87,8 @@ class DataConfig:
     # evaluation and every epoch (the paper's debiased data set, Sec. 4.2); "per_epoch" = training redraws the cut
     # every epoch and per triple (evaluation is cut per passage either way).
     rotation: str = "per_passage"
-    cache_dir: str = ".cache"
+    # where collections' stores, BM25 indexes, token and triple caches are built once and shared by every run
+    cache_dir: str = field(default_factory=default_cache_dir)
     # k-fold cross-validation over the judged queries of all splits (datamodules/folds.py), for sources without
     # training triples and candidate lists: test = fold `fold`, val = fold (fold + 1) % num_folds, train = the rest.
     # null = the source's own splits. `fold_seed` fixes the assignment (independent of the run seed).

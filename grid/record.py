@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from core.io import atomic_open
+from core.versions import versions_line
 
 __all__ = ["commit", "machine", "write_record", "RESULTS_DIR"]
 
@@ -86,7 +87,7 @@ def write_record(
     if wall_s is not None:
         lines.append(f"- Wall time: {_fmt_wall(wall_s)}{note}")
     lines += [
-        f"- Python {sys.version.split()[0]}, torch {torch.__version__}",
+        f"- Python {sys.version.split()[0]}; {versions_line()}",
         "- Command:",
         "",
         "```bash",

@@ -35,6 +35,7 @@ from core.checkpoints import check_same_ranker, read_checkpoint
 from core.errors import InputError
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
+from metrics.results import print_table
 from models.loading import load_ranker_weights
 from pipeline.export import export
 from pipeline.head_stage import evaluate_with_head, train_head
@@ -44,7 +45,6 @@ from pipeline.stages import (
     build_trainer,
     evaluate_module,
     load_data,
-    print_table,
     save_config,
     set_rerank_depths,
     test_results,
@@ -77,7 +77,7 @@ def evaluate_first_stage(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     """
     retriever = first_stage(cfg.model.name)
     after = retriever.build(cfg)  # config.yaml with the results
-    print_table(after, title=f"{cfg.model.get('split', 'test')} metrics")
+    print_table({"value": after}, title=f"{cfg.model.get('split', 'test')} metrics")
     # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
     # after the files are written: a logging failure cannot lose the results
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
@@ -194,7 +194,7 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         {"before training": before, "after training": after} if before else {"after training": after},
         extra={"best_step": curve["best_step"]} if curve is not None else None,
     )
-    print_table(after, before)
+    print_table({"before training": before, "after": after} if before else {"value": after})
     return after
 
 

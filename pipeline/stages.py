@@ -14,8 +14,6 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.utilities import rank_zero_warn
-from rich.console import Console
-from rich.table import Table
 
 from callbacks.atomic_io import AtomicCheckpointIO
 from callbacks.ats import ATSCallback
@@ -28,13 +26,14 @@ from callbacks.rank_watch import RankWatchCallback
 from core.io import atomic_open, check_writable
 from core.precision import set_matmul_precision, warn_emulated_bf16
 from core.ranks import global_rank_zero
-from datamodules.bm25 import no_candidates_warning
+from datamodules.bm25 import no_candidates_warning, stemmer_name
 from datamodules.config import empty_split
 from datamodules.datamodule import RankingDataModule
 from datamodules.sources import data_config
 from lightning_modules.module import RankingModule
 from metrics.rerank_depth import SELECT_BY
-from metrics.results import write_result_dir
+from metrics.results import print_table, write_result_dir
+from models.rankers.backbone import tokenizer_record
 from pipeline.config import PIPELINE_TRAINER_KEYS
 
 MONITOR = f"val/{SELECT_BY}"  # the checkpoint with the best validation nDCG@10 is the one tested
@@ -234,28 +233,14 @@ def write_results(
         test["run"],
         tag=f"{cfg.model.name}",
         extra={"validation.json": curve} if curve is not None else None,
+        # the BM25 stemmer made the candidates and negatives unless the data gave them; recorded either way
+        versions={
+            "tokenizer": tokenizer_record(cfg.model.backbone, module.ranker.tokenizer),
+            "stemmer": stemmer_name(),
+        },
         **result_config(cfg),
     )
     return metrics
-
-
-def print_table(
-    after: dict,
-    before: dict | None = None,
-    before_title: str = "before training",
-    after_title: str = "after",
-    title: str = "test metrics",
-) -> None:
-    """Print the test metrics as a table on the console, beside the `before` column when there is one."""
-    table = Table(title=title)
-    table.add_column("metric")
-    if before is not None:
-        table.add_column(before_title, justify="right")
-    table.add_column(after_title if before is not None else "value", justify="right")
-    for k, v in after.items():
-        row = [k] + ([f"{before[k]:.4f}" if k in before else "-"] if before is not None else []) + [f"{v:.4f}"]
-        table.add_row(*row)
-    Console().print(table)
 
 
 def test_results(module: RankingModule) -> dict:
@@ -292,7 +277,7 @@ def evaluate_module(cfg: DictConfig, module: RankingModule, dm: RankingDataModul
     if not hasattr(module, "results_without_head"):
         after = write_results(cfg, module)
         log_results_table(trainer.logger, {"test": after})
-        print_table(after)
+        print_table({"value": after})
         return after
     return report_head_results(cfg, module, trainer.logger)
 
@@ -305,5 +290,5 @@ def report_head_results(cfg: DictConfig, module, logger) -> dict:
     before = module.results_without_head()
     after = write_results(cfg, module, before, before_key="before_head")
     log_results_table(logger, head_rows(before, after, cfg.head.name))
-    print_table(after, before, before_title="Ft (no head)", after_title=f"Ft -> {cfg.head.name}")
+    print_table({"Ft (no head)": before, f"Ft -> {cfg.head.name}": after})
     return after

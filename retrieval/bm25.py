@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 
 import datamodules.bm25 as bm25_lib
 from core.errors import InputError
-from datamodules.bm25 import BM25Params, no_candidates_warning, settings
+from datamodules.bm25 import BM25Params, no_candidates_warning, settings, stemmer_name
 from datamodules.config import empty_split
 from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset, used_splits
@@ -281,5 +281,6 @@ def run_bm25(cfg, split: str = "test", k: int = 1000, params: BM25Params = _DEFA
         run,
         tag=f"bm25-{params.method}",
         config=OmegaConf.to_yaml(cfg),
+        versions={"stemmer": stemmer_name()},
     )
     return means

@@ -4,6 +4,7 @@ and benchmarks load MiniLM."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A phase's progress lines (core/progress.py) depend on how fast this machine runs it: a test's output must not, so
 # none prints unless a test asks (tests/test_progress.py sets the threshold itself).
 os.environ.setdefault("ISORANK_PROGRESS_QUIET_S", "1000000")
+
+# data.cache_dir defaults to the user's cache directory, $XDG_CACHE_HOME/isorank (datamodules/config.py): every test
+# and every process a test starts (they inherit this environment) builds its caches under a temporary folder instead,
+# never in the real ~/.cache. One folder per user, shared by the xdist workers and kept between sessions, as the
+# checkout's .cache/ was: the caches are content-keyed and locked for sharing, and a session need not rebuild them.
+# The Hugging Face cache stays where it was (its default follows XDG_CACHE_HOME): offline tests may read it.
+os.environ.setdefault("HF_HOME", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"))
+os.environ["XDG_CACHE_HOME"] = str(Path(tempfile.gettempdir()) / f"isorank-tests-{os.getuid()}")
 
 # Under pytest-xdist (`-n N`) each worker runs one thread: N workers then share the cores without oversubscription,
 # and the train.py / evaluate.py processes a worker starts inherit these variables. The same thread count is not

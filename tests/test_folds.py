@@ -1,5 +1,6 @@
 """k-fold cross-validation over query sets (datamodules/folds.py, data.num_folds / data.fold / data.fold_seed)."""
 
+import os
 import subprocess
 import sys
 
@@ -85,7 +86,8 @@ def test_fold_assignment_independent_of_run_seed_and_stable_across_processes():
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONHASHSEED": "777", "PATH": ""},
+        # another hash seed; the tests' cache folder (conftest.py), as every process a test starts has it
+        env={"PYTHONHASHSEED": "777", "PATH": "", "XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]},
     ).stdout
     assert out.strip() == str(sorted(a.splits["test"].queries))
     c = load_dataset(SyntheticConfig(**SMALL_SYN, num_folds=5, fold=2, fold_seed=99), 0)

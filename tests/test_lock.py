@@ -85,7 +85,13 @@ def test_second_run_into_a_directory_in_use_stops(tmp_path):
     finally:
         first.kill()
     assert first.returncode == 0, stderr[-3000:]
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.json", "per_query.json", "run.trec"}
+    assert {p.name for p in out.iterdir()} == {
+        "config.yaml",
+        "metrics.json",
+        "per_query.json",
+        "run.trec",
+        "versions.json",
+    }
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", "go", "paused_evaluate.py"]  # lock files gone
 
 

@@ -27,6 +27,7 @@ def test_evaluate_entry_on_a_bm25_run(tmp_path, capsys):
     numbers of `random_rerank` on the run's candidates and the split's qrels, printed and written to
     random_rerank.json; a run of another split or a missing file is a one-line error that writes nothing."""
     import json
+    import re
 
     from datamodules.sources import data_config, load_dataset
     from datamodules.textfiles import read_trec_run
@@ -49,7 +50,10 @@ def test_evaluate_entry_on_a_bm25_run(tmp_path, capsys):
     assert saved["random_order"].keys() == want.keys() and saved["queries"] == len(run) and saved["split"] == "test"
     for m, v in want.items():
         assert saved["random_order"][m] == pytest.approx(v), m
-    assert '"random_order"' in capsys.readouterr().out
+    # printed as every job prints its measures: a row per measure, the mean and std over the permutations
+    printed = capsys.readouterr().out
+    for m, v in want.items():
+        assert re.search(rf"│ {m} +│ +{v['mean']:.4f} │ +{v['std']:.4f} │", printed), (m, printed)
 
     assert main([*args, "analysis.split=train", f"output_dir={tmp_path / 'x'}"], evaluate) == 2
     assert "has no qrels in split train" in capsys.readouterr().err

