@@ -28,10 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_warn
 
 from analyses.registry import run_analysis
-from callbacks.checkpoint import lost_best_warning
+from callbacks.checkpoint import lost_best, lost_best_warning
 from callbacks.loggers import build_logger, log_results_table
 from callbacks.preemption import interruptible
-from core.checkpoints import check_same_ranker, read_checkpoint
+from core.checkpoints import check_same_ranker, read_checkpoint, read_header
 from core.errors import InputError
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
@@ -140,11 +140,14 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     )  # before any weights: bad data stops the run at once (reading it draws no global random numbers)
     start_step = 0
     if cfg.ckpt_path:  # its header was checked before the data (pipeline/jobs.check_files)
-        resumed = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+        # the header (no tensor read) holds the step and the best checkpoint's path; Lightning loads the whole file
+        # once more to resume, so it is read in full here only when the best is lost (the warning quotes its score)
+        resumed = read_header(cfg.ckpt_path, "ckpt_path")
         start_step = int(resumed.get("global_step", 0))
-        if lost := lost_best_warning(resumed, cfg.ckpt_path, MONITOR):  # RankingCheckpoint forgets it when restored
-            rank_zero_warn(lost)
-        del resumed
+        if lost_best(resumed) is not None:
+            full = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+            rank_zero_warn(lost_best_warning(full, cfg.ckpt_path, MONITOR))  # RankingCheckpoint forgets it on restore
+            del full
     module = RankingModule(
         OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)
     )
