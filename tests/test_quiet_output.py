@@ -132,6 +132,43 @@ def test_library_warnings_are_filtered_only_by_their_own_messages():
     assert len(WARNINGS) == len({m for m, _c, _w in WARNINGS})
 
 
+def test_lightning_info_lines_are_dropped_by_logger_and_message_others_kept():
+    """Lines only a GPU or a DDP run prints (not seen on this CPU) included; a resume's line and any other stay."""
+    import logging
+
+    from pipeline.quiet import quiet_libraries
+
+    quiet_libraries()
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            kept.append(record.getMessage())
+
+    emitted = {
+        "pytorch_lightning.utilities.rank_zero": [
+            "You are using a CUDA device ('NVIDIA H200') that has Tensor Cores. To properly utilize them, ...",
+            "GPU available: True (cuda), used: True",
+            "-" * 100 + "\ndistributed_backend=nccl\nAll distributed processes registered. Starting with 2 processes\n",
+            "Restored all states from the checkpoint at /x/last.ckpt",
+            "some other Lightning line",
+        ],
+        "lightning_fabric.utilities.distributed": ["Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2"],
+    }
+    for name, lines in emitted.items():
+        logger, handler = logging.getLogger(name), Keep()
+        logger.addHandler(handler)
+        level = logger.level
+        logger.setLevel(logging.INFO)
+        try:
+            for line in lines:
+                logger.info(line)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    assert kept == ["Restored all states from the checkpoint at /x/last.ckpt", "some other Lightning line"]
+
+
 def test_load_report_of_only_the_unused_pooler_is_dropped_any_other_is_kept():
     from pipeline.quiet import pooler_only_report
 
