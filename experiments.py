@@ -18,6 +18,7 @@ from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals  # noqa
 from core.io import WriteFault  # noqa: E402
 from grid.engine import main  # noqa: E402
 from pipeline.cli import DRY_RUN  # noqa: E402
+from pipeline.quiet import quiet_libraries  # noqa: E402
 
 
 def run(argv: list[str]) -> int:
@@ -26,6 +27,7 @@ def run(argv: list[str]) -> int:
     SIGINT / SIGTERM exit 130 / 143 (a cell running in a subprocess is stopped with it; finished cells stay
     finished); a refused write exits 1.
     """
+    quiet_libraries()  # for cells run in this process (launcher=inprocess); train.py / evaluate.py do it too
     try:
         raise_on_signals()  # inside the try: a signal just after it is this line too
         return main(argv)

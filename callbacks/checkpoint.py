@@ -114,7 +114,7 @@ class RankingCheckpoint(ModelCheckpoint):
         is a collective).
         """
         path = str(Path(self.dirpath) / f"best-{trainer.global_step}{self.FILE_EXTENSION}")
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state, as every checkpoint of a run
         value = torch.tensor(float(score))
         self.best_k_models = {path: value}
         self.kth_best_model_path, self.kth_value = path, value
@@ -191,7 +191,7 @@ class RankingCheckpoint(ModelCheckpoint):
             return
         last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
         self.last_model_path = str(last)  # part of the saved callback state: set before saving
-        trainer.save_checkpoint(str(last))
+        trainer.save_checkpoint(str(last), weights_only=False)  # resumable: optimiser, schedule, callbacks
         self._last_step_written = trainer.global_step
 
     def on_validation_end(self, trainer, pl_module) -> None:

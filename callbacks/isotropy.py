@@ -209,8 +209,12 @@ class IsotropyCallback(Callback):
 
         The probe's sequence set (one vector per probe text) is smaller than the dimension for most backbones
         (96 texts, 384 dimensions): W^T W is then rank-deficient and I(W) measures mostly its null space. Said
-        once per run, loudly; the `paper` protocol is the one to compare with the isotropy paper.
+        once per run, naming the keys that make it full rank, and only when the run measures isotropy by the
+        isotropy paper's protocol (`eval.isotropy_paper`, `batch_pairs` > 0), the one to compare with the paper:
+        without it the run is not about isotropy and the note is nothing to act on.
         """
+        if self.batch_pairs <= 0 or self._warned_rank_deficient:  # the same on every rank: no rank skips a collective
+            return
         local = (
             sum(int(x.shape[0]) for x in metric.vectors)
             if isinstance(metric.vectors, list)
@@ -221,12 +225,13 @@ class IsotropyCallback(Callback):
         if _distributed():
             n = n.to(metric.device)
             dist.all_reduce(n)
-        if 0 < int(n) < dim and not self._warned_rank_deficient:
+        if 0 < int(n) < dim:
             self._warned_rank_deficient = True
             rank_zero_warn(
                 f"isotropy probe ({split}): iw_sequence is computed from {int(n)} vectors in {dim} dimensions, "
                 f"so W^T W is rank-deficient; it is a training curve, not the isotropy paper's measure "
-                f"(that is iw_paper*, per test batch: docs/isotropy.md)"
+                f"(that is iw_paper*, per test batch: docs/isotropy.md); eval.probe_queries + eval.probe_docs "
+                f">= {dim} (at most the split's texts) makes it full rank"
             )
 
     @torch.inference_mode()

@@ -18,6 +18,7 @@ offline into a fresh temporary folder, else the CSV logger, else no logger.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -72,7 +73,14 @@ def _try(args: dict, save_dir: Path, mode: str, config: dict):
 
     try:
         (save_dir / "wandb").mkdir(parents=True, exist_ok=True)
-        logger = WandbLogger(**args, save_dir=str(save_dir), mode=mode, config=config)
+        # quiet: wandb's start and end banners (version, run history, summary) repeat what the run prints; it still
+        # says where the run is saved and how to view it, and every warning
+        logger = WandbLogger(
+            **args, save_dir=str(save_dir), mode=mode, config=config, settings=wandb.Settings(quiet=True)
+        )
+        # Lightning passes `anonymous` to wandb.init always (None when not asked for); wandb ignores the
+        # setting (0.31 here) and warns whenever it is passed at all. Not passing it changes nothing else.
+        getattr(logger, "_wandb_init", {}).pop("anonymous", None)
         logger.experiment  # noqa: B018  wandb.init on rank 0 (a dummy elsewhere)
         return logger
     except Exception as e:  # wandb raises CommError, UsageError, OSError, ... depending on what broke
@@ -120,6 +128,17 @@ def wandb_logger(cfg: DictConfig, name: str, job: str | None = None):
             stacklevel=2,
         )
         return False
+
+
+def finish_wandb() -> None:
+    """Finish this process's W&B run, if one is open (its files complete when the job returns).
+
+    Finished at exit instead, wandb ignores `quiet` and prints its sync hint and log folder again, after the run's
+    last line; the start of the run says where it is.
+    """
+    wandb = sys.modules.get("wandb")  # never imported here only to find no run
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
 
 
 def log_results_table(logger, rows: dict[str, dict], key: str = "test/results", extra: dict | None = None) -> bool:

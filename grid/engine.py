@@ -91,6 +91,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.checkpoint import lost_best
+from callbacks.loggers import finish_wandb
 from callbacks.preemption import Signalled
 from core.checkpoints import read_header
 from core.errors import InputError
@@ -534,7 +535,7 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path, label: 
                 traceback.print_exc()
             rc, err = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
-            _finish_wandb()
+            finish_wandb()
         return rc, err
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -588,12 +589,6 @@ def _stop_cell(proc: subprocess.Popen, signum: int, log) -> None:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-
-
-def _finish_wandb() -> None:
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.finish()
 
 
 def _untrained(argv: list[str]) -> bool:
@@ -884,6 +879,7 @@ def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
             mode=mode,
             dir=str(spec.dir),
             config=spec.to_dict(),
+            settings=wandb.Settings(quiet=True),  # as the cells' runs (callbacks/loggers.py)
         )
         try:
             log_wandb_table(results)

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from callbacks.loggers import finish_wandb
 from callbacks.preemption import (
     EXIT_CODES,
     Interrupted,
@@ -31,6 +32,7 @@ from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
 from core.ranks import RankDied, as_rank_death, stop_watching
 from pipeline.config import compose, parse_args, to_yaml
 from pipeline.jobs import Script, check_files
+from pipeline.quiet import quiet_libraries
 
 
 def main(argv: list[str], job: Callable) -> int:
@@ -41,11 +43,7 @@ def main(argv: list[str], job: Callable) -> int:
     such callable; a Script also checks, under `--dry-run`, that the config fits the job it selects.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # pytorch-lightning 2.6 builds torch's deprecated LeafSpec at every step; the warning names no code of ours and
-    # would otherwise head every run's log
-    warnings.filterwarnings(
-        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
-    )
+    quiet_libraries()  # the libraries' messages a user cannot act on (pipeline/quiet.py)
     warnings.formatwarning = _format_warning
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
@@ -60,6 +58,7 @@ def main(argv: list[str], job: Callable) -> int:
             print(to_yaml(cfg), end="")
             return 0
         job(cfg, model_from_cli(argv))
+        finish_wandb()  # quietly, now, rather than with wandb's footer at exit (callbacks/loggers.py)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -109,6 +109,7 @@ class TrainerConfig:
     gradient_clip_val: float | None = 1.0
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
+    enable_model_summary: bool = False  # Lightning's layer table, Lightning's output rather than the run's
     deterministic: bool = False
     # torch.set_float32_matmul_precision for the run: auto = "high" (TF32 tensor cores for fp32 matrix products) when
     # the trainer runs on CUDA, PyTorch's own ("highest") elsewhere; or highest | high | medium, as torch defines them

@@ -175,7 +175,7 @@ def train_head(cfg: DictConfig) -> dict | None:
 
     Returns the test results on the global-zero process, None on the others.
     """
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in config.yaml
     if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError(
             "output_dir",
@@ -235,7 +235,7 @@ def evaluate_with_head(cfg: DictConfig) -> dict | None:
 
     In- or out-of-distribution: the head was fit on its stage's training data, `data` may be any other collection.
     """
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in config.yaml
     dm = load_data(cfg)  # before any weights: bad data stops the run at once
     module = module_from_loaded(load_with_head(cfg), list(cfg.eval.measures))
     return evaluate_module(cfg, module, dm)

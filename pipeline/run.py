@@ -134,7 +134,7 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
             "output_dir",
             f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
         )
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in config.yaml
     dm = load_data(
         cfg, fit=True
     )  # before any weights: bad data stops the run at once (reading it draws no global random numbers)
@@ -164,6 +164,14 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
                 else ""
             )
         )
+    steps, every = cfg.trainer.max_steps, cfg.trainer.log_every_n_steps
+    if cfg.logger.name != "none" and not cfg.ckpt_path and 0 < steps < every:
+        # in place of Lightning's warning about short epochs (pipeline/quiet.py): its step count runs across epochs,
+        # so only a run shorter than the interval logs no training scalar
+        rank_zero_warn(
+            f"trainer.log_every_n_steps={every} is more than the {steps} steps of trainer.max_steps: no train/ scalar "
+            f"will be logged; set trainer.log_every_n_steps={steps} or less to log them"
+        )
     logger = build_logger(cfg, name=Path(cfg.output_dir).name)
     trainer = build_trainer(cfg, logger, checkpoints=True)
     if trainer.is_global_zero:
@@ -185,7 +193,8 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         if best and best == trainer.checkpoint_callback.start_model_path:
             rank_zero_warn(
                 f"no validation beat the model before fine-tuning ({MONITOR} at step 0 stays the best): "
-                f"the test uses the starting weights, {Path(best).name}"
+                f"the test uses the starting weights, {Path(best).name} (eval.start_candidate=false tests the best "
+                f"fine-tuned checkpoint instead)"
             )
         curve = trainer.checkpoint_callback.curve()
         trainer.test(module, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=False)
@@ -227,7 +236,7 @@ def evaluate_checkpoint(cfg: DictConfig, model_from_cli: bool = False) -> dict |
 
     Returns the test metrics on the global-zero process, None on the others.
     """
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in config.yaml
     dm = load_data(cfg)  # before any weights: bad data stops the run at once
     module = load_module(cfg, model_from_cli)  # a checkpoint, a folder of `train.py stage=export`, or untrained
     return evaluate_module(cfg, module, dm)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_script
+from test_quiet_output import foreign_lines
 from test_train_resume import SMALL
 
 RETRIEVAL = ("ndcg_cut_10", "ndcg_cut_20", "P_20", "mrr_10", "recall_100")
@@ -59,7 +60,7 @@ def test_ddp_on_splits_smaller_than_the_world_matches_one_process(tmp_path, tiny
     ]
     one, many = tmp_path / "one", tmp_path / "many"
     run_script("train.py", *base, "data.batch_size=8", f"output_dir={one}")
-    run_script(
+    proc = run_script(
         "train.py",
         *base,
         f"data.batch_size={8 // ranks}",
@@ -67,6 +68,10 @@ def test_ddp_on_splits_smaller_than_the_world_matches_one_process(tmp_path, tiny
         f"trainer.devices={ranks}",
         f"output_dir={many}",
     )
+    # every rank quiet: no library line (pipeline/quiet.py runs on each rank), each warning once, not once per rank
+    assert foreign_lines(proc) == [], "\n".join(foreign_lines(proc))
+    said = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(said) == len(set(said)), said
     m1, m2 = metrics(one), metrics(many)
     p1, p2 = per_query(one), per_query(many)
     assert len(p1) == queries and p2.keys() == p1.keys()
