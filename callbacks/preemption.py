@@ -27,6 +27,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from pytorch_lightning import Callback
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -117,11 +118,19 @@ class Preemption(Callback):
         self.checkpoint: str | None = None
         self.step = 0
         self._pending: int | None = None  # a signal held back until the validation in progress ends
+        self._requested = 0  # DDP: the signal this rank was sent; the ranks agree at the next batch start
 
     def on_train_start(self, trainer, pl_module) -> None:
         """Install this callback's SIGTERM and SIGINT handlers in place of Lightning's (main thread only)."""
         # after Lightning's signal connector registered its handlers; it restores the originals at teardown
-        self._trainer, self._pending = trainer, None
+        self._trainer, self._pending, self._requested = trainer, None, 0
+        if trainer.world_size > 1:
+            # Lightning (2.6) broadcasts rank 0's flag inside its SIGTERM handler, a collective at whatever point the
+            # signal lands (another rank inside a training step's all_gather: both hang for good), and each rank
+            # also stops on its own flag at the end of a batch, unsynchronised. Here a signal only marks its rank,
+            # and Lightning's per-batch broadcast is replaced by one all-reduce of the marks: every rank stops at
+            # the same batch start, whichever rank was signalled (a Ctrl-C reaches all, a scheduler's kill maybe one).
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._agree_to_stop
         if threading.current_thread() is threading.main_thread():
             # Lightning's notifier alone (sets the flag, passes the signal on to DDP ranks it started): the handler
             # it composes also calls the one it found, raise_on_signals', which would stop mid-batch
@@ -134,7 +143,9 @@ class Preemption(Callback):
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signum is not None:
             raise Signalled(signum)  # a second Ctrl-C: stop now, without a checkpoint
-        if self.signum is None and signum == signal.SIGINT:
+        if (
+            self.signum is None and signum == signal.SIGINT and self._trainer.global_rank == 0
+        ):  # one line, not one a rank
             warnings.warn(
                 "SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)",
                 stacklevel=2,
@@ -147,10 +158,25 @@ class Preemption(Callback):
             self._stop(signum, frame)
 
     def _stop(self, signum, frame) -> None:
-        if signum == signal.SIGTERM and callable(self._lightning_sigterm):
+        if self._trainer.world_size > 1:
+            self._requested = signum  # no collective in a signal handler: _agree_to_stop reads it at the batch start
+        elif signum == signal.SIGTERM and callable(self._lightning_sigterm):
             self._lightning_sigterm(signum, frame)  # sets the flag, and passes the signal on to DDP ranks it started
         else:
             self._trainer._signal_connector.received_sigterm = True
+
+    def _agree_to_stop(self) -> None:
+        """DDP, at every training batch start (in place of Lightning's broadcast): stop every rank if any asked to.
+
+        A failed all-reduce (a rank died) propagates, for `interruptible` to name the death.
+        """
+        trainer = self._trainer
+        flag = torch.tensor([self._requested], device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if signum := int(flag.item()):
+            self.signum = self.signum or signum  # a rank that was not signalled names the signal another rank got
+            trainer._signal_connector.received_sigterm = True
+            raise SIGTERMException()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         """Pass on a signal held back during the validation, so training stops after this batch."""

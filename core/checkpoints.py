@@ -55,6 +55,18 @@ def _is_ours(ckpt) -> bool:
     )
 
 
+def _not_a_file(p: Path, path: str, key: str) -> InputError:
+    """Return the error for a checkpoint path that is not a file.
+
+    A folder is named as one: "does not exist" of a folder that exists sends the user looking for another fault.
+    """
+    if p.is_dir():
+        # ckpt= also takes an export folder; the callers that accept one look for its isorank.json before this
+        export = " nor an export folder from train.py stage=export (it has no isorank.json)" if key == "ckpt" else ""
+        return InputError(key, f"'{path}' is a folder, not a checkpoint file{export}; expected a .ckpt file")
+    return InputError(key, f"checkpoint '{path}' does not exist")
+
+
 def read_checkpoint(path: str, key: str) -> dict:
     """Return the checkpoint dict at `path` (named by config key `key` in errors), checked.
 
@@ -63,7 +75,7 @@ def read_checkpoint(path: str, key: str) -> dict:
     """
     p = Path(path)
     if not p.is_file():
-        raise InputError(key, f"checkpoint '{path}' does not exist")
+        raise _not_a_file(p, path, key)
     try:
         # Our checkpoints carry RNG states (numpy arrays), which the weights-only unpickler refuses.
         ckpt = torch.load(p, map_location="cpu", weights_only=False)
@@ -179,7 +191,7 @@ def read_header(path: str, key: str, head: bool = False) -> dict:
     """
     p = Path(path)
     if not p.is_file():
-        raise InputError(key, f"checkpoint '{path}' does not exist")
+        raise _not_a_file(p, path, key)
     unreadable = f"cannot read checkpoint '{path}'"
     if p.stat().st_size == 0:
         raise InputError(key, f"{unreadable} (it is empty, 0 bytes); it is truncated or not a torch file")

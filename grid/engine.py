@@ -231,11 +231,8 @@ class Cell:
                 return None  # done
         if self.kind != "train" or not self.last_ckpt.is_file() or self.untrained:  # runs from scratch anyway
             return (what, "rerun") if what else None
-        try:
-            header = read_header(str(self.last_ckpt), "last.ckpt")
-        except InputError as e:
-            msg = str(e).removeprefix("last.ckpt: ")  # the reason in brackets after the path, else all of it
-            reason = msg.split("' (", 1)[1].rsplit(")", 1)[0] if "' (" in msg else msg
+        header, reason = _header(self.last_ckpt)
+        if header is None:
             return "; ".join(filter(None, [what, f"last.ckpt unreadable ({reason})"])), "restart"
         lost = lost_best(header)
         if lost is not None:
@@ -619,7 +616,24 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
                 f"{LOST_BEST} best-{step}.ckpt of {what.rstrip(',')} is missing; skipped: "
                 f"delete '{train_dir}' to train it again (or restore the file)"
             )
-    return (ckpt, "") if ckpt is not None else (None, f"no checkpoint in {train_dir / 'checkpoints'}")
+    if ckpt is None:
+        return None, f"no checkpoint in {train_dir / 'checkpoints'}"
+    header, reason = _header(ckpt)  # a truncated best checkpoint is as lost as a missing one: one cell skipped
+    if header is None:
+        return None, (
+            f"{LOST_BEST} {ckpt.name} of {what.rstrip(',')} is unreadable ({reason}); skipped: "
+            f"delete '{train_dir}' to train it again (or restore the file)"
+        )
+    return ckpt, ""
+
+
+def _header(ckpt: Path) -> tuple[dict | None, str]:
+    """Return (the checkpoint's header, ""), or (None, why it is unreadable: the reason in brackets, else all)."""
+    try:
+        return read_header(str(ckpt), ckpt.name), ""
+    except InputError as e:
+        msg = str(e).removeprefix(f"{ckpt.name}: ")
+        return None, (msg.split("' (", 1)[1].rsplit(")", 1)[0] if "' (" in msg else msg)
 
 
 def _unreadable(cell_dir: Path) -> str:

@@ -29,6 +29,7 @@ from callbacks.preemption import (
 )
 from core.errors import InputError, TrainingStopped
 from core.io import PUBLISHED, WriteFault, as_write_fault, path_in_traceback
+from core.lock import global_rank_zero
 from core.ranks import RankDied, as_rank_death, stop_watching
 from pipeline.config import compose, parse_args, to_yaml
 from pipeline.jobs import Script, check_files
@@ -63,7 +64,8 @@ def main(argv: list[str], job: Callable) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:
-        print(f"stopped: {e}", file=sys.stderr)
+        if global_rank_zero():  # DDP ranks stop together (callbacks/preemption.py) with the same line: rank 0 says it
+            print(f"stopped: {e}", file=sys.stderr)
         return e.code
     except (Signalled, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)

@@ -2,6 +2,7 @@
 
     RANK_FAULT=train:0:3 SCRIPT=train.py python tests/rank_faults.py key=value ...   # rank 0 at the end of step 3
     RANK_FAULT=encode:1:2 SCRIPT=evaluate.py ...   # rank 1 at its 2nd batch of the split index encoding
+    RANK_FAULT=sigterm:1:3 SCRIPT=train.py ...     # rank 1 sends itself SIGTERM at the end of step 3 (it lives on)
 
 Every rank runs this driver (Lightning and Fabric start ranks 1..N-1 as `sys.argv` again). Each writes, into the
 folder RANK_FAULT_DIR, `killed` (the time it SIGKILLs itself) or `exit-<rank>` (its exit code, when it leaves
@@ -22,12 +23,12 @@ sys.path.insert(0, str(REPO))
 MARKS = Path(os.environ["RANK_FAULT_DIR"])
 
 
-def _die() -> None:
+def _die(sig: int = signal.SIGKILL) -> None:
     (MARKS / "killed").write_text(str(time.time()))
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), sig)
 
 
-def at_train_step(rank: int, step: int) -> None:
+def at_train_step(rank: int, step: int, sig: int = signal.SIGKILL) -> None:
     from pytorch_lightning import Callback
 
     import pipeline.head_stage
@@ -37,7 +38,7 @@ def at_train_step(rank: int, step: int) -> None:
     class Die(Callback):
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == step and trainer.global_rank == rank:
-                _die()
+                _die(sig)
 
     build = pipeline.stages.build_trainer
 
@@ -68,7 +69,8 @@ def at_encode_batch(rank: int, nth: int) -> None:
 
 def main() -> None:
     kind, rank, when = os.environ["RANK_FAULT"].split(":")
-    {"train": at_train_step, "encode": at_encode_batch}[kind](int(rank), int(when))
+    sigterm = lambda r, w: at_train_step(r, w, signal.SIGTERM)  # noqa: E731
+    {"train": at_train_step, "encode": at_encode_batch, "sigterm": sigterm}[kind](int(rank), int(when))
     me = os.environ.get("LOCAL_RANK", "0")
     path = REPO / os.environ["SCRIPT"]
     try:

@@ -161,3 +161,19 @@ def test_what_the_headers_tell_is_checked_before_the_data(tmp_path, tiny_bert, c
     line = one_line(capsys, run_main(argv, job=job), 2)
     assert line.startswith(text.format(**values)), line
     assert not cache.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("key", ["ckpt", "head_ckpt", "init_ckpt"])
+def test_a_checkpoint_key_naming_a_folder_says_it_is_a_folder(tmp_path, capsys, key):
+    """A folder where a checkpoint file is expected is named as a folder (it was "does not exist"), before any data."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    job = "train" if key == "init_ckpt" else "evaluate"
+    rc = run_main([*SMALL, f"{key}={folder}", f"data.cache_dir={cache}", f"output_dir={out}"], job=job)
+    export = " nor an export folder from train.py stage=export (it has no isorank.json)" if key == "ckpt" else ""
+    assert (
+        one_line(capsys, rc, 2)
+        == f"error: {key}: '{folder}' is a folder, not a checkpoint file{export}; expected a .ckpt file"
+    )
+    assert not out.exists() and not cache.exists()

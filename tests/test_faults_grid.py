@@ -347,3 +347,24 @@ def test_results_cut_short_or_without_their_pair_are_rerun(tmp_path):
     )
     assert "seed1: ran" in out and "seed2: ran" in out and (root / "seed1" / "per_query.json").read_text() == text
     assert set(listed(gfile).values()) == {"done"}
+
+
+def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it(tmp_path, tiny_bert):
+    """A best checkpoint cut short is as lost as a missing one: the evaluation that needs it is skipped with one line
+    (the grid once stopped on it with exit code 2, its later cells unvisited); an intact one is returned."""
+    from conftest import fake_checkpoint
+
+    from grid.engine import _finished_checkpoint
+
+    cell = tmp_path / "colbert" / "syn" / "seed1"
+    (cell / "checkpoints").mkdir(parents=True)
+    (cell / "metrics.json").write_text(json.dumps({"best_step": 0}))
+    best = fake_checkpoint(cell / "checkpoints" / "best-0.ckpt", tiny_bert)
+    assert _finished_checkpoint(cell, "its training cell") == (best, "")
+    data = best.read_bytes()
+    best.write_bytes(data[: len(data) // 2])
+    assert _finished_checkpoint(cell, "its training cell") == (
+        None,
+        "the best checkpoint best-0.ckpt of its training cell is unreadable (BadZipFile: File is not a zip file); "
+        f"skipped: delete '{cell}' to train it again (or restore the file)",
+    )

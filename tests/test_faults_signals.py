@@ -261,6 +261,27 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
     assert not (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
+def test_a_signal_to_one_ddp_rank_stops_every_rank_at_one_batch(tmp_path, tiny_bert):
+    """2 gloo ranks; only rank 1 gets SIGTERM, at the end of step 3 (a scheduler's kill of one process). Lightning
+    broadcast the flag inside its signal handler, a collective while rank 0 was inside a training step: both hung
+    for good. Now both stop at the next batch start with a resumable last.ckpt of step 3, one line (rank 0's), exit
+    code 143 on both, no process left."""
+    out = tmp_path / "out"
+    got = _run_ranks(
+        tmp_path, "sigterm:1:3", "train.py", *TRAIN_DDP, f"model.backbone={tiny_bert}", f"output_dir={out}"
+    )
+    last = out / "checkpoints" / "last.ckpt"
+    lines = [line for line in got["stderr"].splitlines() if line.startswith(("stopped:", "error:"))]
+    assert lines == [f"stopped: interrupted by SIGTERM at step 3; resume with ckpt_path={last}"], got["stderr"][-3000:]
+    assert "Traceback" not in got["stderr"]
+    assert got["rc0"] == 143 and got["exits"] == {"exit-0": 143, "exit-1": 143}
+    import torch
+
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
+    assert not (out / "metrics.json").exists()
+
+
 # ---- the pieces, in-process ---------------------------------------------------------------------------------------
 def test_gloo_connection_errors_read_as_a_peers_death(monkeypatch):
     """gloo's words for a closed peer, anywhere in the chain, are a death (with 2 ranks, of the other rank); any
