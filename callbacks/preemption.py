@@ -130,7 +130,13 @@ class Preemption(Callback):
             # also stops on its own flag at the end of a batch, unsynchronised. Here a signal only marks its rank,
             # and Lightning's per-batch broadcast is replaced by one all-reduce of the marks: every rank stops at
             # the same batch start, whichever rank was signalled (a Ctrl-C reaches all, a scheduler's kill maybe one).
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._agree_to_stop
+            loop = trainer.fit_loop.epoch_loop
+            if not callable(getattr(loop, "_broadcast_sigterm_tensor", None)):  # a Lightning that moved it
+                raise RuntimeError(
+                    "pytorch-lightning's training loop has no _broadcast_sigterm_tensor: callbacks/preemption.py "
+                    "cannot make a signal stop every DDP rank at one batch with this version"
+                )
+            loop._broadcast_sigterm_tensor = self._agree_to_stop
         if threading.current_thread() is threading.main_thread():
             # Lightning's notifier alone (sets the flag, passes the signal on to DDP ranks it started): the handler
             # it composes also calls the one it found, raise_on_signals', which would stop mid-batch
