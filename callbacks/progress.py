@@ -13,8 +13,12 @@ GPU waits for the whole step to finish before the next one can be queued.
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
 
+from pytorch_lightning import Callback
 from pytorch_lightning.callbacks import RichProgressBar
+
+from core.progress import Phase, phase
 
 # the training values the bar shows, from what the module logs (without prog_bar): fine-tuning's loss, the head's NLL
 TRAIN_SHOWN = ("train/loss", "train/nll")
@@ -38,6 +42,7 @@ class RankingProgressBar(RichProgressBar):
     """
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """One training batch done."""
         """Advance the bar; refresh its values only at log steps (Lightning's refreshes them after every batch)."""
         if not self.is_disabled and self.train_progress_bar_id is None:
             self._initialize_train_progress_bar_id()  # as Lightning's: a resumed epoch starts mid-way
@@ -66,3 +71,77 @@ class RankingProgressBar(RichProgressBar):
             return super()._get_train_description(current_epoch)
         # padded as Lightning pads it, so that the bar does not flicker beside the validation bar
         return f"{f'Epoch {current_epoch}/{last}':{len(self.validation_description)}}"
+
+
+class LoopPhases(Callback):
+    """Lightning's loops as phases of core/progress.py, in place of the bar when stdout is not a terminal (a log, CI).
+
+    A Rich bar written to a file prints nothing while it runs and its last frame when it stops: a training epoch of
+    hours would be silent in the log. Here each epoch, validation and test is a phase like the pipeline's other long
+    work: a line every `ISORANK_PROGRESS_EVERY_S` saying how many batches are done, and `<name> ... done in <s> s`
+    (phases under `ISORANK_PROGRESS_QUIET_S` print nothing). Reads no tensor: the loss is in the logger, not here.
+    """
+
+    def __init__(self):
+        self._open: dict[str, tuple[AbstractContextManager, Phase]] = {}
+
+    def _begin(self, key: str, name: str, total: float | int | None) -> None:
+        self._end(key)
+        total = int(total) if total is not None and math.isfinite(total) else None
+        manager = phase(name, total=total, unit="batches", key=key)
+        self._open[key] = (manager, manager.__enter__())
+
+    def _advance(self, key: str) -> None:
+        if key in self._open:
+            self._open[key][1].advance(1)
+
+    def _end(self, key: str, error: BaseException | None = None) -> None:
+        if key in self._open:
+            manager, _ = self._open.pop(key)
+            if error is None:
+                manager.__exit__(None, None, None)
+            else:  # no done line for a loop that failed (core/progress.py)
+                manager.__exit__(type(error), error, error.__traceback__)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        """Open the epoch's phase, counted in training batches."""
+        self._begin("training", f"training epoch {trainer.current_epoch}", trainer.num_training_batches)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Count one training batch."""
+        self._advance("training")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        """Close the epoch's phase (its done line)."""
+        self._end("training")
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        """Open the phase of a validation (or of the sanity check)."""
+        name = "sanity check" if trainer.sanity_checking else f"validation at step {trainer.global_step}"
+        total = sum(trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches)
+        self._begin("validation", name, total)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """One validation batch done."""
+        self._advance("validation")
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        """Close the validation's phase."""
+        self._end("validation")
+
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        """Open the test's phase."""
+        self._begin("testing", "testing", sum(trainer.num_test_batches))
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """One test batch done."""
+        self._advance("testing")
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        """Close the test's phase."""
+        self._end("testing")
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """End the open phases without a done line: the error says what happened."""
+        for key in list(self._open):
+            self._end(key, exception)

@@ -46,7 +46,7 @@ QUIET_ENV, EVERY_ENV = "ISORANK_PROGRESS_QUIET_S", "ISORANK_PROGRESS_EVERY_S"
 TICK_S = 0.25  # how often the background thread looks at the running phases
 IDLE_S = 2.0  # the thread ends after this long without a phase (a build checking many small files starts one)
 
-__all__ = ["phase", "Phase", "times", "QUIET_S", "EVERY_S", "QUIET_ENV", "EVERY_ENV"]
+__all__ = ["phase", "Phase", "times", "on_terminal", "QUIET_S", "EVERY_S", "QUIET_ENV", "EVERY_ENV"]
 
 
 def _seconds(env: str, default: float) -> float:
@@ -75,7 +75,7 @@ def _rank_zero() -> bool:
     return True
 
 
-def _terminal() -> bool:
+def on_terminal() -> bool:
     """Whether stdout is a terminal, as Rich (and so Lightning's bar) decides it."""
     try:
         from rich import get_console
@@ -259,7 +259,7 @@ def phase(
     if not p.shown:
         yield p
         return
-    p.terminal = _terminal()
+    p.terminal = on_terminal()
     _REPORTER.add(p)
     ok = False
     try:

@@ -21,10 +21,11 @@ from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
 from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption
-from callbacks.progress import RankingProgressBar
+from callbacks.progress import LoopPhases, RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
 from core.io import atomic_open, check_writable
 from core.precision import set_matmul_precision, warn_emulated_bf16
+from core.progress import on_terminal
 from core.ranks import global_rank_zero
 from datamodules.bm25 import no_candidates_warning, stemmer_name
 from datamodules.config import empty_split
@@ -68,7 +69,11 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if t.get("enable_progress_bar"):
-        callbacks.append(RankingProgressBar())
+        if on_terminal():
+            callbacks.append(RankingProgressBar())
+        else:  # a log: the loops report as phases, one line each (a Rich bar there is silent until it ends)
+            t["enable_progress_bar"] = False
+            callbacks.append(LoopPhases())
     if t.get("limit_val_batches") is None:
         t.pop("limit_val_batches", None)
     trainer = pl.Trainer(

@@ -182,15 +182,21 @@ def test_load_report_of_only_the_unused_pooler_is_dropped_any_other_is_kept():
 
 
 def test_default_run_prints_only_its_own_lines(tmp_path, tiny_bert):
-    """The default run (train.py, W&B offline, tested before and after training), tiny."""
+    """The default run (train.py, W&B offline, tested before and after training, its progress on), tiny.
+
+    Not on a terminal, Lightning's loops report as the pipeline's other phases (callbacks/progress.py LoopPhases):
+    every phase prints its done line here (ISORANK_PROGRESS_QUIET_S=0), none a Rich bar's last frame."""
     proc = run_script(
         "train.py",
         *tiny_run(f"model.backbone={tiny_bert}", *finetune_steps(2, before_training=True), logger=True),
+        "trainer.enable_progress_bar=true",
         f"data.cache_dir={tmp_path / 'cache'}",
         f"output_dir={tmp_path / 'out'}",
-        extra_env=offline_wandb(tmp_path),
+        extra_env={**offline_wandb(tmp_path), "ISORANK_PROGRESS_QUIET_S": "0"},
     )
     said = check_quiet(proc)
+    done = [line.split(" ... ")[0] for line in proc.stderr.splitlines() if " ... done in " in line]
+    assert done.count("testing") == 2 and "training epoch 0" in done and "validation at step 0" in done, done
     assert any(line.startswith("test metrics") for line in map(str.strip, proc.stdout.splitlines()))
     # the probe's rank-deficiency note, with the isotropy paper's protocol on (the default): once, naming its keys
     assert len([s for s in said if "iw_sequence" in s and "eval.probe_queries" in s]) == 1, said
