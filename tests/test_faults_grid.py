@@ -120,11 +120,11 @@ def on_launch(monkeypatch, fault, times: int = 1):
     (with log_path.parent the cell's folder, its cell.json written)."""
     real, count = engine._launch, []
 
-    def launch(script, argv, launcher, log_path):
+    def launch(script, argv, launcher, log_path, *rest):
         if len(count) < times:
             count.append(1)
             fault(log_path)
-        return real(script, argv, launcher, log_path)
+        return real(script, argv, launcher, log_path, *rest)
 
     monkeypatch.setattr(engine, "_launch", launch)
     return count
