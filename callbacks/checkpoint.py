@@ -157,8 +157,16 @@ class RankingCheckpoint(ModelCheckpoint):
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore the state of `state_dict`; keys missing from an older checkpoint get their empty defaults."""
+        """Restore the state of `state_dict`; keys missing from an older checkpoint get their empty defaults.
+
+        A last.ckpt this callback wrote in this process stays the one named: the test after training restores the
+        state saved with best-N.ckpt (its last_model_path older or empty), and a signal or a rank's death during that
+        test must still name the last.ckpt to resume from (callbacks/preemption.py, callbacks/rank_watch.py).
+        """
+        written = (self.last_model_path, self._last_step_written)
         super().load_state_dict(state_dict)
+        if written[0] and written[1] >= 0 and Path(written[0]).is_file():
+            self.last_model_path, self._last_step_written = written
         self.start_model_path = state_dict.get("start_model_path", "")
         self.before_training = state_dict.get("before_training")
         self.validations = list(state_dict.get("validations", []))

@@ -177,3 +177,24 @@ def test_a_checkpoint_key_naming_a_folder_says_it_is_a_folder(tmp_path, capsys, 
         == f"error: {key}: '{folder}' is a folder, not a checkpoint file{export}; expected a .ckpt file"
     )
     assert not out.exists() and not cache.exists()
+
+
+def test_the_test_of_the_best_checkpoint_keeps_the_last_checkpoint_named(tmp_path):
+    """trainer.test(ckpt_path=best) restores the checkpoint callback's state saved with best-N.ckpt (an empty
+    last_model_path): the last.ckpt written since stays named, for a signal or a rank's death during that test."""
+    from callbacks.checkpoint import RankingCheckpoint
+    from callbacks.rank_watch import kept_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    last = folder / "last.ckpt"
+    last.write_bytes(b"x")
+    cb = RankingCheckpoint(str(folder), monitor="val/ndcg_cut_10")
+    saved_with_best = cb.state_dict()  # as at step 0: nothing written yet
+    cb.last_model_path, cb._last_step_written = str(last), 2
+    cb.load_state_dict(saved_with_best)
+    trainer = type("T", (), {"checkpoint_callback": cb})()
+    assert kept_checkpoint(trainer) == f"last.ckpt at step 2 is kept: resume with ckpt_path={last}"
+    fresh = RankingCheckpoint(str(folder), monitor="val/ndcg_cut_10")  # a resume: the state's own last.ckpt
+    fresh.load_state_dict({**saved_with_best, "last_model_path": str(last)})
+    assert fresh.last_model_path == str(last)
