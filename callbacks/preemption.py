@@ -91,6 +91,32 @@ def raise_on_signals() -> dict:
     return old
 
 
+def no_broadcast_in_sigterm(trainer) -> None:
+    """Make Lightning's SIGTERM handler on `trainer` pass the signal on without its broadcast (all stages).
+
+    Lightning (2.6) broadcasts from inside its SIGTERM handler, a collective at whatever point the signal lands: under
+    DDP another rank is then inside a different collective (a test's gather, a barrier) and both wait for good. Without
+    it, every rank the signal reaches (rank 0 passes it on to the ranks it started, as Lightning's does) raises
+    `Signalled` where it is, and a rank left in a collective with a stopped one sees it die (core/ranks.py). In
+    training `Preemption` replaces the handler altogether and stops every rank at one batch.
+    """
+    connector = trainer._signal_connector
+    if not callable(getattr(connector, "_sigterm_notifier_fn", None)):  # a Lightning that moved it
+        raise RuntimeError(
+            "pytorch-lightning's signal connector has no _sigterm_notifier_fn: callbacks/preemption.py cannot keep a "
+            "SIGTERM from hanging DDP ranks with this version"
+        )
+
+    def notify(signum, frame) -> None:
+        if not connector.received_sigterm:
+            launcher = trainer.strategy.launcher
+            if launcher is not None:
+                launcher.kill(signum)
+        connector.received_sigterm = True
+
+    connector._sigterm_notifier_fn = notify  # looked up when Lightning registers its handlers, at each stage's start
+
+
 def restore_signals(old: dict) -> None:
     """Reinstate the signal handlers that `raise_on_signals` returned.
 

@@ -69,7 +69,8 @@ def main(argv: list[str], job: Callable) -> int:
         return e.code
     except (Signalled, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        print(f"stopped: {interrupt_line(signum, cfg)}", file=sys.stderr)
+        if global_rank_zero():  # under DDP rank 0 passes the signal on to the others: one line, rank 0's
+            print(f"stopped: {interrupt_line(signum, cfg)}", file=sys.stderr)
         return EXIT_CODES[signum]
     except RankDied as e:  # another rank's death (core/ranks.py); training names its checkpoint (interruptible)
         dead = as_rank_death(e)

@@ -20,7 +20,7 @@ from callbacks.ats import ATSCallback
 from callbacks.checkpoint import RankingCheckpoint
 from callbacks.isotropy import IsotropyCallback
 from callbacks.loggers import build_logger, head_rows, log_results_table
-from callbacks.preemption import Preemption
+from callbacks.preemption import Preemption, no_broadcast_in_sigterm
 from callbacks.progress import LoopPhases, RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
 from core.io import atomic_open, check_writable
@@ -86,6 +86,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
         enable_checkpointing=checkpoints,
         plugins=[AtomicCheckpointIO()],
     )
+    no_broadcast_in_sigterm(trainer)  # a SIGTERM under DDP must not hang the ranks (callbacks/preemption.py)
     # before fit or test set the device up, where Lightning hints at this setting on CUDA
     set_matmul_precision(own.get("float32_matmul_precision", "auto"), trainer.strategy.root_device.type)
     if str(t["precision"]).startswith("bf16") and trainer.is_global_zero:

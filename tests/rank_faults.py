@@ -3,6 +3,7 @@
     RANK_FAULT=train:0:3 SCRIPT=train.py python tests/rank_faults.py key=value ...   # rank 0 at the end of step 3
     RANK_FAULT=encode:1:2 SCRIPT=evaluate.py ...   # rank 1 at its 2nd batch of the split index encoding
     RANK_FAULT=sigterm:1:3 SCRIPT=train.py ...     # rank 1 sends itself SIGTERM at the end of step 3 (it lives on)
+    RANK_FAULT=testterm:0:1 SCRIPT=evaluate.py ... # rank 0 sends itself SIGTERM at the end of its 1st test batch
 
 Every rank runs this driver (Lightning and Fabric start ranks 1..N-1 as `sys.argv` again). Each writes, into the
 folder RANK_FAULT_DIR, `killed` (the time it SIGKILLs itself) or `exit-<rank>` (its exit code, when it leaves
@@ -51,6 +52,33 @@ def at_train_step(rank: int, step: int, sig: int = signal.SIGKILL) -> None:
         module.build_trainer = with_fault
 
 
+def at_test_batch(rank: int, nth: int, sig: int = signal.SIGTERM) -> None:
+    from pytorch_lightning import Callback
+
+    import pipeline.head_stage
+    import pipeline.run
+    import pipeline.stages
+
+    class Signal(Callback):
+        seen = 0
+
+        def on_test_batch_end(self, trainer, *args, **kwargs):
+            if trainer.global_rank == rank:
+                self.seen += 1
+                if self.seen == nth:
+                    _die(sig)
+
+    build = pipeline.stages.build_trainer
+
+    def with_fault(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.callbacks.append(Signal())
+        return trainer
+
+    for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
+        module.build_trainer = with_fault
+
+
 def at_encode_batch(rank: int, nth: int) -> None:
     import retrieval.split
 
@@ -70,7 +98,9 @@ def at_encode_batch(rank: int, nth: int) -> None:
 def main() -> None:
     kind, rank, when = os.environ["RANK_FAULT"].split(":")
     sigterm = lambda r, w: at_train_step(r, w, signal.SIGTERM)  # noqa: E731
-    {"train": at_train_step, "encode": at_encode_batch, "sigterm": sigterm}[kind](int(rank), int(when))
+    {"train": at_train_step, "encode": at_encode_batch, "sigterm": sigterm, "testterm": at_test_batch}[kind](
+        int(rank), int(when)
+    )
     me = os.environ.get("LOCAL_RANK", "0")
     path = REPO / os.environ["SCRIPT"]
     try:

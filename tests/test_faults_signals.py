@@ -282,6 +282,29 @@ def test_a_signal_to_one_ddp_rank_stops_every_rank_at_one_batch(tmp_path, tiny_b
     assert not (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
+def test_a_sigterm_during_a_ddp_test_stops_both_ranks_with_one_line(tmp_path, tiny_bert):
+    """2 gloo ranks evaluating; rank 0 gets SIGTERM at its first test batch. Lightning broadcast inside its handler
+    (in test and validation too), while rank 1 was in another collective: both hung for good. Now rank 0 passes the
+    signal on and each rank stops where it is: one line (rank 0's), exit code 143, no process left, no result."""
+    out = tmp_path / "out"
+    got = _run_ranks(
+        tmp_path,
+        "testterm:0:1",
+        "evaluate.py",
+        "model=colbert",
+        f"model.backbone={tiny_bert}",
+        *small_run("data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp"),
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"output_dir={out}",
+        timeout=240,
+    )
+    lines = [line for line in got["stderr"].splitlines() if line.startswith(("stopped:", "error:"))]
+    assert lines == [f"stopped: interrupted by SIGTERM; no result was written to '{out}'"], got["stderr"][-3000:]
+    assert "Traceback" not in got["stderr"] and got["rc0"] == 143
+    assert not (out / "metrics.json").exists()
+
+
 # ---- the pieces, in-process ---------------------------------------------------------------------------------------
 def test_gloo_connection_errors_read_as_a_peers_death(monkeypatch):
     """gloo's words for a closed peer, anywhere in the chain, are a death (with 2 ranks, of the other rank); any
