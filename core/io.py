@@ -387,6 +387,17 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
     the machine (full disk, I/O error).
     """
     p = Path(path)
+    # a dangling symbolic link on the way: mkdir would say "File exists" of a folder that does not
+    dangling = next((q for q in (p, *p.parents) if q.is_symlink() and not q.exists()), None)
+    if dangling is not None:
+        raise WriteFault(
+            dangling,
+            f"it is a symbolic link to '{os.readlink(dangling)}', which does not exist",
+            "create the link's target or choose another folder; nothing was loaded or written",
+            code=2,
+            errno_=errno.ENOENT,
+            key=key,
+        )
     created = [q for q in (p, *p.parents) if not q.exists()]
     probe = p / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:

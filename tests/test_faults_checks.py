@@ -198,3 +198,21 @@ def test_the_test_of_the_best_checkpoint_keeps_the_last_checkpoint_named(tmp_pat
     fresh = RankingCheckpoint(str(folder), monitor="val/ndcg_cut_10")  # a resume: the state's own last.ckpt
     fresh.load_state_dict({**saved_with_best, "last_model_path": str(last)})
     assert fresh.last_model_path == str(last)
+
+
+def test_a_dangling_symbolic_link_on_the_output_path_is_named_as_one(tmp_path):
+    """mkdir says "File exists" of a link whose target is gone; the probe says what it is, before anything is made."""
+    from core.io import WriteFault, check_writable
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    for target in (link, link / "run" / "out"):
+        with pytest.raises(WriteFault) as e:
+            check_writable(target, "output_dir")
+        assert str(e.value) == (
+            f"output_dir: cannot write '{link}' (it is a symbolic link to '{tmp_path / 'gone'}', which does not "
+            "exist); create the link's target or choose another folder; nothing was loaded or written"
+        )
+        assert e.value.code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+    check_writable(tmp_path / "fine" / "out", "output_dir")  # an ordinary path still passes
