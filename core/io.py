@@ -255,10 +255,15 @@ class AtomicDir:
     def __init__(self, path: str | os.PathLike, marker: str = "manifest.json", kind: str = "an index directory"):
         self.path, self.marker, self.kind = Path(path), marker, kind
 
-    def __enter__(self) -> Path:
+    def check(self) -> None:
+        """Refuse (InputError) a `path` this would not replace; a job calls it before it loads anything."""
         p = self.path
         if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not (p / self.marker).exists())):
             raise InputError(str(p), f"exists and is not {self.kind} (no {self.marker}); refusing to replace it")
+
+    def __enter__(self) -> Path:
+        p = self.path
+        self.check()
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))

@@ -23,7 +23,7 @@ from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption, no_broadcast_in_sigterm
 from callbacks.progress import LoopPhases, RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
-from core.io import atomic_open, check_writable
+from core.io import AtomicDir, atomic_open, check_writable
 from core.precision import set_matmul_precision, warn_emulated_bf16
 from core.progress import on_terminal
 from core.ranks import global_rank_zero
@@ -156,6 +156,7 @@ def check_outputs(cfg: DictConfig) -> None:
     )
     if index_dir:
         check_writable(Path(index_dir).parent, "retrieval.index_dir")
+        AtomicDir(index_dir).check()  # a file or a foreign folder there: refused now, not after the encoding
 
 
 # output folder (resolved) -> the folder of this job's attempt (`attempt_dir`)

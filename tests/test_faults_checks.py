@@ -216,3 +216,33 @@ def test_a_dangling_symbolic_link_on_the_output_path_is_named_as_one(tmp_path):
         assert e.value.code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
     check_writable(tmp_path / "fine" / "out", "output_dir")  # an ordinary path still passes
+
+
+@pytest.mark.parametrize("what", ["a file", "a foreign folder"])
+def test_an_index_dir_that_would_be_refused_is_refused_before_anything_loads(tmp_path, what):
+    """retrieval.index_dir naming a file or a folder that is not an index: the job's first checks refuse it (it was
+    found only when the encoded index was written), with the writer's own words; an index folder passes."""
+    from omegaconf import OmegaConf
+
+    from core.errors import InputError
+    from pipeline.stages import check_outputs
+
+    target = tmp_path / "idx"
+    if what == "a file":
+        target.write_text("a collection\n")
+    else:
+        target.mkdir()
+        (target / "notes.txt").write_text("mine\n")
+    cfg = OmegaConf.create(
+        {
+            "output_dir": str(tmp_path / "out"),
+            "data": {"cache_dir": str(tmp_path / "cache")},
+            "retrieval": {"name": "dense", "index_dir": str(target)},
+        }
+    )
+    with pytest.raises(InputError, match=r"exists and is not an index directory \(no manifest.json\); refusing"):
+        check_outputs(cfg)
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text("{}")
+    check_outputs(OmegaConf.merge(cfg, {"retrieval": {"index_dir": str(index)}}))
