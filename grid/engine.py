@@ -98,6 +98,7 @@ from core.errors import InputError
 from core.io import WriteFault, atomic_open, check_writable, write_json
 from core.precision import warn_emulated_bf16
 from core.progress import phase
+from core.ranks import exit_status
 from grid.cells import CELL_FILE, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
@@ -560,8 +561,15 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path, label: 
         text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:  # removed while the cell ran (its folder, or the log alone)
         return rc, f"exit code {rc}; its log {log_path.name} vanished while it ran, {LOG_LOST}"
-    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
-    return rc, errors[-1] if errors else "\n".join(text.splitlines()[-25:])
+    errors = [ln for ln in text.splitlines() if ln.startswith(("error:", "stopped:"))]
+    if errors:
+        return rc, errors[-1]
+    if rc < 0:  # killed by a signal (the OOM killer's SIGKILL): the cell could say nothing; say what is left
+        kept = (log_path.parent / "checkpoints" / "last.ckpt").is_file()
+        return rc, f"{exit_status(rc)} (its log: {log_path}); " + (
+            "its last.ckpt is kept: a rerun of the grid resumes the cell" if kept else "a rerun of the grid reruns it"
+        )
+    return rc, "\n".join(text.splitlines()[-25:])
 
 
 CELL_STOP_GRACE_S = 600.0  # how long a signalled cell may take to save and stop before it is killed

@@ -368,3 +368,18 @@ def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it
         "the best checkpoint best-0.ckpt of its training cell is unreadable (BadZipFile: File is not a zip file); "
         f"skipped: delete '{cell}' to train it again (or restore the file)",
     )
+
+
+def test_a_subprocess_cell_killed_by_a_signal_is_named_so(tmp_path):
+    """A cell SIGKILLed (the OOM killer) could print nothing: the grid's line says how it ended and what a rerun does,
+    not the last lines of its log."""
+    script = tmp_path / "dies.py"
+    script.write_text("import os, signal\nprint('working')\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    cell = tmp_path / "cell"
+    log = cell / "train.log"
+    rc, err = engine._launch(str(script), [], "subprocess", log, "row/syn/seed1")
+    assert (rc, err) == (-9, f"killed by SIGKILL (its log: {log}); a rerun of the grid reruns it")
+    (cell / "checkpoints").mkdir()
+    (cell / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    rc, err = engine._launch(str(script), [], "subprocess", log, "row/syn/seed1")
+    assert err == f"killed by SIGKILL (its log: {log}); its last.ckpt is kept: a rerun of the grid resumes the cell"
