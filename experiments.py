@@ -12,12 +12,13 @@ if __name__ == "__main__":  # first, before the imports (seconds): a signal duri
 
     stop_early(KEPT)
 
+import signal  # noqa: E402
 import sys  # noqa: E402
 
-from callbacks.preemption import EXIT_CODES, Signalled, raise_on_signals  # noqa: E402
+from callbacks.preemption import EXIT_CODES, Interrupted, Signalled, raise_on_signals  # noqa: E402
 from core.io import WriteFault  # noqa: E402
 from grid.engine import main  # noqa: E402
-from pipeline.cli import DRY_RUN  # noqa: E402
+from pipeline.cli import DRY_RUN, format_warnings  # noqa: E402
 from pipeline.quiet import quiet_libraries  # noqa: E402
 
 
@@ -28,12 +29,19 @@ def run(argv: list[str]) -> int:
     finished); a refused write exits 1.
     """
     quiet_libraries()  # for cells run in this process (launcher=inprocess); train.py / evaluate.py do it too
+    format_warnings()
     try:
         raise_on_signals()  # inside the try: a signal just after it is this line too
         return main(argv)
     except Signalled as e:
         print(f"stopped: interrupted by {e}; {KEPT}", file=sys.stderr)
         return EXIT_CODES[e.signum]
+    except Interrupted as e:  # a training cell run in this process (launcher=inprocess), stopped after its batch
+        kept = "; the cell's last.ckpt is kept" if e.checkpoint else ""
+        print(
+            f"stopped: interrupted by {signal.Signals(e.signum).name} at step {e.step}{kept}; {KEPT}", file=sys.stderr
+        )
+        return e.code
     except WriteFault as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code

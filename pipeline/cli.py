@@ -45,7 +45,7 @@ def main(argv: list[str], job: Callable) -> int:
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     quiet_libraries()  # the libraries' messages a user cannot act on (pipeline/quiet.py)
-    warnings.formatwarning = _format_warning
+    format_warnings()
     dry = [a for a in argv if a in DRY_RUN]
     argv = [a for a in argv if a not in DRY_RUN]
     handlers, cfg = {}, None
@@ -140,6 +140,11 @@ def fault_line(e: BaseException, cfg) -> str | None:
 DRY_RUN = ("--dry-run", "--print-config")
 _ROOT = Path(__file__).resolve().parent.parent
 _library_format = warnings.formatwarning
+
+
+def format_warnings() -> None:
+    """Print warnings as this project's entry scripts do: ours as `warning: ...`, a library's with its file:line."""
+    warnings.formatwarning = _format_warning
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

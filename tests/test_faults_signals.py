@@ -361,3 +361,24 @@ def test_the_watchdog_interrupts_the_main_thread_when_a_child_dies(handling):
     assert handled is not None if handling else handled is None
     assert str(raised.value) == "rank 1 died (killed by SIGKILL)"
     assert signal.getsignal(signal.SIGUSR2) == before
+
+
+def test_a_training_cell_of_an_in_process_grid_stopped_by_a_signal_says_one_line(monkeypatch, capsys):
+    """launcher=inprocess: the training cell stops after its batch (Interrupted, a SystemExit) and the grid says so in
+    its one line, exit code 130, where it used to leave with no line at all."""
+    import signal
+
+    import experiments
+    from callbacks.preemption import Interrupted
+
+    def interrupted(argv):
+        raise Interrupted(signal.SIGINT, 3, "/g/row/syn/seed1/checkpoints/last.ckpt")
+
+    monkeypatch.setattr(experiments, "main", interrupted)
+    monkeypatch.setattr(experiments, "raise_on_signals", dict)  # this test process keeps its own handlers
+    monkeypatch.setattr("warnings.formatwarning", __import__("warnings").formatwarning)
+    assert experiments.run(["grid=g"]) == 130
+    assert capsys.readouterr().err == (
+        "stopped: interrupted by SIGINT at step 3; the cell's last.ckpt is kept; finished cells are kept: run the "
+        "same command again to resume\n"
+    )
