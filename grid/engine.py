@@ -99,7 +99,7 @@ from core.io import WriteFault, atomic_open, check_writable, write_json
 from core.precision import warn_emulated_bf16
 from core.progress import phase
 from core.ranks import exit_status
-from grid.cells import CELL_FILE, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
+from grid.cells import CELL_FILE, NEUTRAL, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
 from grid.tables import RUN_LEVEL, log_wandb_table, write_table
@@ -252,8 +252,8 @@ class Cell:
             return None
         try:
             before = settings(read_json(path)["argv"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return f"{path} is unreadable"
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return _config_differs(self, f"{CELL_FILE} is unreadable ({type(e).__name__})")
         now = settings(self.argv)
         if before == now:
             return None
@@ -662,6 +662,72 @@ def _unreadable(cell_dir: Path) -> str:
     return "" if tail.endswith(b"}") else "per_query.json unreadable (cut short)"
 
 
+# Keys a grid sets when it launches a cell, not in its planned overrides: the checkpoint it resumes from or evaluates.
+_LAUNCH_KEYS = ("output_dir", "ckpt", "ckpt_path")
+
+
+def _leaves(node: dict, prefix: str = "") -> dict:
+    """Flatten a nested dict to {dotted key: value} (an empty dict is a leaf)."""
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _config_differs(cell: Cell, why: str) -> str | None:
+    """Check a cell whose cell.json is unreadable against the config.yaml its run wrote; what differs, else None.
+
+    A run writes its whole resolved config at its start, so the plan composed now must equal it but for the keys the
+    grid sets at launch and the NEUTRAL ones. Without a readable config.yaml the cell's settings are unknown: it counts
+    as other settings (a grid never mixes them in one table) and the user is told to delete it or restore the file.
+    """
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(cell.dir / "config.yaml"))
+    except Exception as e:  # noqa: BLE001 - any reason makes the settings unknown; the line names it
+        reason = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({type(e).__name__})"
+        return f"{why} and its config.yaml is {reason}: its settings are unknown"
+    planned = _leaves(OmegaConf.to_container(compose(list(cell.argv))))
+    saved = _leaves(saved) if isinstance(saved, dict) else {}
+    differ = sorted(
+        k
+        for k in planned.keys() | saved.keys()
+        if not k.startswith(NEUTRAL) and k not in _LAUNCH_KEYS and planned.get(k, "<unset>") != saved.get(k, "<unset>")
+    )
+    if not differ:
+        return None
+    shown = ", ".join(
+        f"{k}: ran with {saved.get(k, '<unset>')!r}, now {planned.get(k, '<unset>')!r}" for k in differ[:3]
+    )
+    return f"{why}; its config.yaml differs from the plan ({shown}{', ...' if len(differ) > 3 else ''})"
+
+
+def _settings_note(cell: Cell) -> str:
+    """` (cell.json unreadable; its config.yaml has the planned settings)` for such a cell, else ""."""
+    path = cell.dir / CELL_FILE
+    if cell.state == TODO or not path.is_file():
+        return ""
+    try:
+        read_json(path)["argv"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if _config_differs(cell, "") is None:
+            return f" ({CELL_FILE} unreadable ({type(e).__name__}); its config.yaml has the planned settings)"
+    return ""
+
+
+def _rewrite_cell_records(spec: GridSpec, cells: list[Cell], say) -> None:
+    """Write cell.json anew for started cells whose cell.json is unreadable but whose config.yaml matches the plan."""
+    for c in cells:
+        if spec.selected(c) and (note := _settings_note(c)):
+            write_json(c.dir / CELL_FILE, {"argv": list(c.argv), "launcher": spec.launcher})
+            say(
+                f"warning: grid {spec.name}: cell '{c.label}': {note.strip(' ()')}; "
+                f"wrote its {CELL_FILE} again from the plan (its recorded wall time is lost)"
+            )
+
+
 def _log_note(cell: Cell) -> str:
     """` (its log train.log is missing)` for a cell started by the subprocess launcher whose log is gone, else ""."""
     try:
@@ -1029,13 +1095,17 @@ def run(argv: list[str], out=None) -> GridReport:
         return report
     if spec.action == "list":
         for c in cells:
-            report.status[c.label] = c.state + (" (other settings)" if c.other_settings() else "") + _log_note(c)
+            other = c.other_settings()
+            report.status[c.label] = (
+                c.state + (f" (other settings: {other})" if other else _settings_note(c)) + _log_note(c)
+            )
             say(f"  {c.label}: {report.status[c.label]}")
         return report
     if spec.action in ("run", "table", "import"):  # each writes under spec.dir: probed before any cell or table
         check_writable(spec.dir, grid_key(spec.source, "output_root"))
     if spec.action == "run":
         _stop_if_other_settings(spec, cells)
+        _rewrite_cell_records(spec, cells, say)
         _record_spec(spec, extra, cells, say)
         _warn_emulated_bf16(precisions)
         said: set[tuple[str, str]] = set()  # a cell's skip or wait, printed once however many looks wait_s takes

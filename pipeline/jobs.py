@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoints import check_same_ranker, read_header
 from core.errors import InputError
@@ -165,8 +165,11 @@ class Job:
     `keys`: the dataclass of the top-level keys it takes (`KEYS` outside it are refused when set); `groups`: the
     config groups it reads (of `OPTIONAL_GROUPS`, the others are refused when set); `shape`: how a message shows it
     (`evaluate.py retrieval={retrieval}`); `command`: the command line to suggest for it; `refuses`: why it takes no
-    such key, for the keys a user may expect it to take (else the message names the jobs that take it). `shape`,
-    `command`, `refuses` and `Need.problem` may name `{model}`, `{head}`, `{retrieval}`, `{analysis}` and `{value}`.
+    such key, for the keys a user may expect it to take (else the message names the jobs that take it); `ignores`:
+    keys of a group it reads that it does not apply (`data.passage_words`: BM25 scores whole documents), each with
+    why: one set away from its default is refused, rather than give the default's numbers silently. `shape`,
+    `command`, `refuses`, `ignores` and `Need.problem` may name `{model}`, `{head}`, `{retrieval}`, `{analysis}` and
+    `{value}`.
     """
 
     script: str
@@ -177,6 +180,7 @@ class Job:
     command: str
     needs: tuple[Need, ...] = ()
     refuses: dict[str, str] = field(default_factory=dict)
+    ignores: dict[str, str] = field(default_factory=dict)
 
     def takes(self, item: str) -> bool:
         """Tell whether this job takes the top-level key or config group `item`."""
@@ -254,6 +258,12 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py retrieval={retrieval}",
         command="evaluate.py retrieval={retrieval} ckpt=...",
         refuses={"head_ckpt": "it indexes a ranker checkpoint (ckpt=), not a head"},
+        ignores={
+            "data.passage_words": "the index holds whole documents (cut at model.doc_max_len tokens), not passage "
+            "windows; MaxP / FirstP are for re-ranking: `python evaluate.py ckpt=... data.passage_words={value}`",
+            "data.rotate_eval": "the index is built from the collection as it is; rotation-debiased evaluation "
+            "re-ranks (`python evaluate.py ckpt=... data.rotate_eval=true`)",
+        },
     ),
     "analysis": Job(
         "evaluate.py",
@@ -271,6 +281,10 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py model={model}",
         command="evaluate.py model={model} data=...",
         refuses={"ckpt": "model '{model}' ranks the collection by itself and takes no checkpoint"},
+        ignores={
+            "data.passage_words": "model '{model}' scores whole documents, not passage windows (MaxP / FirstP are "
+            "for neural re-ranking)",
+        },
     ),
     "evaluate_head": Job(
         "evaluate.py",
@@ -322,6 +336,16 @@ def _is_set(cfg: DictConfig, item: str) -> bool:
     if item in OPTIONAL_GROUPS:
         return cfg[item].name != "none"
     return cfg[item] not in (None, "", _DEFAULTS[item])
+
+
+def _default(node: DictConfig, key: str) -> Any:
+    """Return the schema default of `key` in the structured group `node` (its dataclass field's default)."""
+    return next(f.default for f in fields(OmegaConf.get_type(node)) if f.name == key)
+
+
+def _yaml(value: Any) -> str:
+    """Show a config value as a command line writes it (`null`, `true`, `50`)."""
+    return OmegaConf.to_yaml({"v": value}).split(": ", 1)[1].strip()
 
 
 def _value(cfg: DictConfig, item: str) -> Any:
@@ -422,6 +446,15 @@ def check(cfg: DictConfig, name: str) -> None:
             raise _foreign(cfg, name, item)
     names = _names(cfg)
     names["model"] = str(cfg.model.name)
+    for key, why in spec.ignores.items():
+        group, sub = key.split(".", 1)
+        value, default = cfg[group][sub], _default(cfg[group], sub)
+        if value != default:
+            raise InputError(
+                f"config key '{key}'",
+                f"is {_yaml(value)}, but {_label(name, cfg)} does not apply it: "
+                f"{why.format(**names | {'value': _yaml(value)})}; leave it at {_yaml(default)}",
+            )
     for need in spec.needs:
         met = (not need.any_of or any(_is_set(cfg, k) for k in need.any_of)) and (
             need.capability is None or bool(getattr(model_capabilities(str(cfg.model.name)), need.capability))

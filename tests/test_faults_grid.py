@@ -383,3 +383,49 @@ def test_a_subprocess_cell_killed_by_a_signal_is_named_so(tmp_path):
     (cell / "checkpoints" / "last.ckpt").write_bytes(b"x")
     rc, err = engine._launch(str(script), [], "subprocess", log, "row/syn/seed1")
     assert err == f"killed by SIGKILL (its log: {log}); its last.ckpt is kept: a rerun of the grid resumes the cell"
+
+
+def test_an_unreadable_cell_json_is_checked_against_the_cells_config_yaml(tmp_path, capsys):
+    """A finished cell's cell.json garbled (second fault trial G1): its config.yaml, the run's whole resolved config,
+    stands in for it. Matching the plan: list says so, a run writes cell.json again with one warning and reuses the
+    results; a config.yaml that differs names the key; no config.yaml makes the settings unknown (one error line)."""
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    run_expecting(gfile, 0)
+    metrics = {s: (root / s / "metrics.json").stat().st_mtime_ns for s in ("seed1", "seed2")}
+    (root / "seed1" / "cell.json").write_text('{"argv": ["data.max_')
+    assert listed(gfile) == {
+        "bm25/syn/seed1": "done (cell.json unreadable (JSONDecodeError); its config.yaml has the planned settings)",
+        "bm25/syn/seed2": "done",
+    }
+    out = run_expecting(
+        gfile,
+        0,
+        "warning: grid g: cell 'bm25/syn/seed1': cell.json unreadable (JSONDecodeError); its config.yaml has the "
+        "planned settings; wrote its cell.json again from the plan (its recorded wall time is lost)",
+    )
+    assert "seed1: skipped" in out and json.loads((root / "seed1" / "cell.json").read_text())["argv"]
+    assert {s: (root / s / "metrics.json").stat().st_mtime_ns for s in metrics} == metrics
+    assert set(listed(gfile).values()) == {"done"}
+
+    # planned now with another setting: the garbled cell's config.yaml names what differs
+    (root / "seed1" / "cell.json").write_text("\x00")
+    other = listed(gfile, "eval.measures=[ndcg_cut_10,map]")["bm25/syn/seed1"]
+    assert other.startswith("done (other settings: cell.json is unreadable (JSONDecodeError); its config.yaml differs")
+    assert "eval.measures" in other
+    # neither record readable: one line naming both, nothing run or written
+    (root / "seed1" / "config.yaml").unlink()
+    capsys.readouterr()
+    code, out = grid_main(f"grid={gfile}")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in out + err, out + err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        f"error: grid g: 1 started cell(s) have other settings than planned now, e.g. bm25/syn/seed1 (cell.json is "
+        "unreadable (JSONDecodeError) and its config.yaml is missing: its settings are unknown); delete those cells' "
+        f"folders under {tmp_path / 'grids' / 'g'} to recompute them, or run with another output_root"
+    ]
+    assert {s: (root / s / "metrics.json").stat().st_mtime_ns for s in metrics} == metrics
+    assert listed(gfile)["bm25/syn/seed1"] == (
+        "done (other settings: cell.json is unreadable (JSONDecodeError) and its config.yaml is missing: "
+        "its settings are unknown)"
+    )

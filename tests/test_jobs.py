@@ -269,3 +269,35 @@ def test_typed_config_still_takes_a_checkpoints_model_and_head():
     cfg.experiment = "e"
     assert OmegaConf.to_container(cfg.model)["some_older_key"] == 1 and cfg.head.name == "whitening"
     assert OmegaConf.merge(cfg, {"trainer": {"max_epochs": 3}}).trainer.max_epochs == 3
+
+
+def test_a_data_key_a_job_does_not_apply_is_refused_not_ignored(capsys, tmp_path):
+    """`ignores` (second fault trial C4): BM25 scored whole documents with `data.passage_words=50` set, and dense
+    retrieval indexed the collection unrotated with `data.rotate_eval=true`, silently. Each declared key, set away from
+    its default, is one line naming it and the job, at --dry-run too; at its default the job runs as before."""
+    argv_of = {"first_stage": ["model=bm25"], "retrieve": ["retrieval=dense", "model=repbert", "ckpt=a.ckpt"]}
+    declared = {name: spec.ignores for name, spec in TABLE.items() if spec.ignores}
+    assert set(declared) == set(argv_of) and "data.passage_words" in declared["first_stage"]
+    for name, keys in declared.items():
+        assert check(compose(argv_of[name]), name) is None
+        for key in keys:
+            value = "true" if key == "data.rotate_eval" else "50"
+            cfg = compose([*argv_of[name], f"{key}={value}"])
+            assert select(cfg, "evaluate.py") == name
+            with pytest.raises(InputError) as e:
+                check(cfg, name)
+            line = str(e.value)
+            assert line.startswith(f"config key '{key}': is {value}, but job '{name}' (evaluate.py ") and "\n" not in line
+            assert line.endswith("leave it at " + ("false" if value == "true" else "null")), line
+    # re-ranking applies both: no error
+    for key in ("data.passage_words=50", "data.rotate_eval=true"):
+        cfg = compose(["ckpt=a.ckpt", key])
+        assert check(cfg, select(cfg, "evaluate.py")) is None
+
+    from pipeline.cli import main
+
+    out = tmp_path / "out"
+    assert main(["model=bm25", "data.passage_words=50", f"output_dir={out}", "--dry-run"], EVALUATE) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config key 'data.passage_words': is 50, but job 'first_stage' (evaluate.py model=bm25)")
+    assert err.count("\n") == 1 and not out.exists()
