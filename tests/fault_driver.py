@@ -25,51 +25,42 @@ def _at_step(step: int, act) -> None:
     """`act(trainer)` at the end of the training batch that reaches global step `step`."""
     from pytorch_lightning import Callback
 
-    import pipeline.stages
-
     class Act(Callback):
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == step:
                 act(trainer)
 
-    build = pipeline.stages.build_trainer
-
-    def with_fault(*args, **kwargs):
-        trainer = build(*args, **kwargs)
-        trainer.callbacks.append(Act())
-        return trainer
-
-    _install(with_fault)
+    with_callback(Act())
 
 
 def signal_in_validation(sig: signal.Signals, step: int) -> None:
     """The signal arrives after the first batch of the validation at global step `step`."""
     from pytorch_lightning import Callback
 
-    import pipeline.stages
-
     class Send(Callback):
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
             if trainer.global_step == step and batch_idx == 0 and not trainer.sanity_checking:
                 os.kill(os.getpid(), sig)
 
-    build = pipeline.stages.build_trainer
-    _install(lambda *a, **k: _appended(build(*a, **k), Send()))
+    with_callback(Send())
 
 
-def _install(builder) -> None:
-    """`builder` replaces build_trainer wherever a run looks it up: fine-tuning, the head stage, evaluation."""
+def with_callback(callback) -> None:
+    """Every Trainer a run builds gets `callback`: build_trainer is wrapped wherever a run looks it up (fine-tuning,
+    the head stage, evaluation)."""
     import pipeline.head_stage
     import pipeline.run
     import pipeline.stages
 
+    build = pipeline.stages.build_trainer
+
+    def builder(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.callbacks.append(callback)
+        return trainer
+
     for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
         module.build_trainer = builder
-
-
-def _appended(trainer, callback):
-    trainer.callbacks.append(callback)
-    return trainer
 
 
 def signal_at_step(sig: signal.Signals, step: int) -> None:

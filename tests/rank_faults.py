@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fault_driver import with_callback  # noqa: E402 - after the repo is on sys.path
+
 MARKS = Path(os.environ["RANK_FAULT_DIR"])
 
 
@@ -32,32 +34,16 @@ def _die(sig: int = signal.SIGKILL) -> None:
 def at_train_step(rank: int, step: int, sig: int = signal.SIGKILL) -> None:
     from pytorch_lightning import Callback
 
-    import pipeline.head_stage
-    import pipeline.run
-    import pipeline.stages
-
     class Die(Callback):
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == step and trainer.global_rank == rank:
                 _die(sig)
 
-    build = pipeline.stages.build_trainer
-
-    def with_fault(*args, **kwargs):
-        trainer = build(*args, **kwargs)
-        trainer.callbacks.append(Die())
-        return trainer
-
-    for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
-        module.build_trainer = with_fault
+    with_callback(Die())
 
 
 def at_test_batch(rank: int, nth: int, sig: int = signal.SIGTERM) -> None:
     from pytorch_lightning import Callback
-
-    import pipeline.head_stage
-    import pipeline.run
-    import pipeline.stages
 
     class Signal(Callback):
         seen = 0
@@ -68,15 +54,7 @@ def at_test_batch(rank: int, nth: int, sig: int = signal.SIGTERM) -> None:
                 if self.seen == nth:
                     _die(sig)
 
-    build = pipeline.stages.build_trainer
-
-    def with_fault(*args, **kwargs):
-        trainer = build(*args, **kwargs)
-        trainer.callbacks.append(Signal())
-        return trainer
-
-    for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
-        module.build_trainer = with_fault
+    with_callback(Signal())
 
 
 def at_encode_batch(rank: int, nth: int) -> None:

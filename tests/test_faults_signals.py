@@ -241,7 +241,8 @@ ENCODE_DDP = [
 @pytest.mark.parametrize("victim", [0, 1])
 @pytest.mark.parametrize("stage", ["training", "split encoding"])
 def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, victim):
-    """2 gloo ranks; rank `victim` is SIGKILLed: in training at the end of step 3 (last.ckpt of step 2 on disk), or
+    """2 gloo ranks; rank `victim` is SIGKILLed: in training at the end of step 3 (last.ckpt of step 2 on disk), then
+    the other rank in the head stage on that checkpoint (at its step 2), or
     at its 2nd batch of `evaluate.py retrieval=dense retrieval.devices=2`'s split encoding. The other rank ends
     within seconds with one line naming the dead rank and what was kept (the checkpoint; no results), exit code 1,
     no traceback, no process left, no metrics.json; a surviving rank removes the shares when rank 0 (their owner)
@@ -253,6 +254,26 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
         last = out / "checkpoints" / "last.ckpt"
         _assert_one_line(got, victim, rf"last\.ckpt at step 2 is kept: resume with ckpt_path={re.escape(str(last))}")
         assert last.is_file()
+        # the head stage on that checkpoint under DDP, the other rank killed at its step 2 (before any head
+        # checkpoint): the same one line, saying nothing was kept
+        head, marks = tmp_path / "head", tmp_path / "head-run"
+        marks.mkdir()
+        got = _run_ranks(
+            marks,
+            f"train:{1 - victim}:2",
+            "train.py",
+            *small_run(),
+            "stage=head",
+            f"ckpt={last}",
+            "head=glow",
+            "head.epochs=3",
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"output_dir={head}",
+        )
+        _assert_one_line(got, 1 - victim, "no checkpoint was written by this run")
+        assert not (head / "metrics.json").exists()
     else:
         cache = f"data.cache_dir={tmp_path / 'cache'}"
         got = _run_ranks(tmp_path, f"encode:{victim}:2", "evaluate.py", *ENCODE_DDP, *common, cache)

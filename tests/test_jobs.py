@@ -287,7 +287,8 @@ def test_a_data_key_a_job_does_not_apply_is_refused_not_ignored(capsys, tmp_path
             with pytest.raises(InputError) as e:
                 check(cfg, name)
             line = str(e.value)
-            assert line.startswith(f"config key '{key}': is {value}, but job '{name}' (evaluate.py ") and "\n" not in line
+            assert line.startswith(f"config key '{key}': is {value}, but job '{name}' (evaluate.py ")
+            assert "\n" not in line
             assert line.endswith("leave it at " + ("false" if value == "true" else "null")), line
     # re-ranking applies both: no error
     for key in ("data.passage_words=50", "data.rotate_eval=true"):
@@ -299,5 +300,7 @@ def test_a_data_key_a_job_does_not_apply_is_refused_not_ignored(capsys, tmp_path
     out = tmp_path / "out"
     assert main(["model=bm25", "data.passage_words=50", f"output_dir={out}", "--dry-run"], EVALUATE) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: config key 'data.passage_words': is 50, but job 'first_stage' (evaluate.py model=bm25)")
+    assert err.startswith(
+        "error: config key 'data.passage_words': is 50, but job 'first_stage' (evaluate.py model=bm25) does not apply"
+    )
     assert err.count("\n") == 1 and not out.exists()
