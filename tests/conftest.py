@@ -377,11 +377,8 @@ def crash_when(monkeypatch):
     """`crash_when(predicate)`: every Trainer that the pipeline builds from now on raises RuntimeError("simulated
     crash") at the end of the first training batch where predicate(trainer) holds, as a killed job would stop
     (no checkpoint written on the way out). Undone at the end of the test, or by calling the returned `undo`."""
+    from fault_driver import with_callback
     from pytorch_lightning import Callback
-
-    import pipeline.head_stage
-    import pipeline.run
-    import pipeline.stages
 
     def install(predicate):
         class Crash(Callback):
@@ -389,16 +386,7 @@ def crash_when(monkeypatch):
                 if predicate(trainer):
                     raise RuntimeError("simulated crash")
 
-        build = pipeline.stages.build_trainer
-
-        def crashing(*args, **kwargs):
-            trainer = build(*args, **kwargs)
-            trainer.callbacks.append(Crash())
-            return trainer
-
-        # every module that calls build_trainer holds its own name for it (fine-tuning, head stage, evaluation)
-        for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
-            monkeypatch.setattr(module, "build_trainer", crashing)
+        with_callback(Crash(), monkeypatch.setattr)
         return monkeypatch.undo
 
     return install

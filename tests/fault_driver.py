@@ -45,9 +45,9 @@ def signal_in_validation(sig: signal.Signals, step: int) -> None:
     with_callback(Send())
 
 
-def with_callback(callback) -> None:
+def with_callback(callback, patch=setattr) -> None:
     """Every Trainer a run builds gets `callback`: build_trainer is wrapped wherever a run looks it up (fine-tuning,
-    the head stage, evaluation)."""
+    the head stage, evaluation). `patch`: how the name is replaced (a test passes `monkeypatch.setattr`)."""
     import pipeline.head_stage
     import pipeline.run
     import pipeline.stages
@@ -60,7 +60,7 @@ def with_callback(callback) -> None:
         return trainer
 
     for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
-        module.build_trainer = builder
+        patch(module, "build_trainer", builder)
 
 
 def signal_at_step(sig: signal.Signals, step: int) -> None:

@@ -345,20 +345,9 @@ def steps_of_ft(backbone: str, steps: int, out: Path) -> list[str]:
 
 
 def _with_callback(monkeypatch, cb) -> None:
-    import pipeline.head_stage
-    import pipeline.run
-    import pipeline.stages
+    from fault_driver import with_callback
 
-    build = pipeline.stages.build_trainer
-
-    def building(*args, **kwargs):
-        trainer = build(*args, **kwargs)
-        trainer.callbacks.append(cb)
-        return trainer
-
-    # every module that builds trainers holds its own name for build_trainer (fine-tuning, head stage, evaluation)
-    for module in (pipeline.run, pipeline.head_stage, pipeline.stages):
-        monkeypatch.setattr(module, "build_trainer", building)
+    with_callback(cb, monkeypatch.setattr)
 
 
 @pytest.mark.slow
