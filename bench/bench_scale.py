@@ -17,7 +17,9 @@ share it: without `store`, the first stage that reads the collection builds the 
 that needs BM25 builds its index. Per size:
 
 - `store/build`, `store/reuse`: `datamodules.sources.load_dataset` of a `TsvConfig` holding only the collection:
-  the first load builds the document store (datamodules/docstore.py), the second opens it. `load_s`: the load alone.
+  the first load builds the document store (datamodules/docstore.py), the second opens it. `load_s`: the load alone;
+  `rows_us_per_id`: `DocStore.rows` over 200,000 sampled ids, against `row_loop_us_per_id`, one `row` call an id
+  (20,000 of them), in the same process.
 - `bm25/build`: `evaluate.py model=bm25 data=tsv` with the test queries (6,980), `model.depth=1000`,
   `model.split=test` (the split it ranks): the BM25 index build plus the top 1,000 of every query; train and val
   files null, so nothing else is read. `bm25/reuse`: the same with the 1,000 other queries (index reused, new run).
@@ -287,8 +289,31 @@ def drive_store(collection: str, cache_dir: str) -> None:
             "load_s": round(t2 - t1, 3),
             "docs": len(ds.docs),
             "docs_type": type(ds.docs).__name__,
+            **_lookups(ds.docs),
         }
     )
+
+
+def _lookups(docs, n: int = 200_000, loop: int = 20_000) -> dict:
+    """Microseconds per id of `docs.rows` over `n` sampled ids (how a run's candidates are mapped to store rows) and,
+    in the same process, of a `row` call per id over the first `loop` of them (the lookup `rows` replaced)."""
+    import numpy as np
+
+    if not hasattr(docs, "rows"):
+        return {}
+    want = np.random.default_rng(0).integers(0, len(docs), min(n, len(docs)))
+    ids = [docs.id_at(int(r)) for r in want]
+    t = time.perf_counter()
+    got = docs.rows(ids)
+    vectorised = time.perf_counter() - t
+    t = time.perf_counter()
+    looped = [docs.row(d) for d in ids[:loop]]
+    per_id = time.perf_counter() - t
+    assert (got == want).all() and looped == want[:loop].tolist()
+    return {
+        "rows_us_per_id": round(vectorised / len(ids) * 1e6, 2),
+        "row_loop_us_per_id": round(per_id / len(looped) * 1e6, 2),
+    }
 
 
 def drive_dense(n: int, dim: int, chunk: int, index_type: str, seed: int, search_queries: int, k: int) -> None:
@@ -531,7 +556,8 @@ def line_of(rec: dict) -> str:
             f"r{r['rank']} {r['peak_rss_gb']:.2f} GB / {r['first_step_s']:.1f} s" for r in rec["ranks"]
         )
     res = rec.get("result", {})
-    for key in ("reused", "import_s", "load_s", "mrr_10", "recall_100", "passages_per_s", "add_s", "search_s"):
+    keys = ("reused", "import_s", "load_s", "rows_us_per_id", "row_loop_us_per_id", "mrr_10", "recall_100")
+    for key in (*keys, "passages_per_s", "add_s", "search_s"):
         if key in res:
             s += f"  {key} {res[key]}"
     if "growth" in rec:

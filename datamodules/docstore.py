@@ -63,6 +63,11 @@ def id_key(doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+def _blake8(data: bytes) -> bytes:
+    """Return the 8-byte BLAKE2b digest of `data`: `id_key`'s little-endian bytes."""
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
 def fingerprint(kind: str, paths: Iterable[Path], *, cache_dir: str | os.PathLike | None = None, **settings) -> str:
     """Return the SHA-256 of a source's files (their SHA-256, in the given order) and the reader's settings.
 
@@ -223,6 +228,43 @@ class DocStore(RowStore):
     def id_at(self, row: int) -> str:
         """Return the doc id of row `row`, read with pread."""
         return self._string("id", row)
+
+    def rows(self, doc_ids: Iterable[str]) -> np.ndarray:
+        """Rows of many doc ids (int64, -1 for unknown ones), one vectorised search of the id index.
+
+        A run's candidates are millions of ids (MS MARCO's 6.9M): one binary search and one read per id cost ~13 us
+        each. Here the keys are searched at once and each hit is confirmed by its id's bytes; an id whose first key
+        match is not it (a 64-bit key collision) takes `row`'s walk over the equal keys.
+        """
+        ids = list(doc_ids)
+        out = np.full(len(ids), -1, dtype=np.int64)
+        if not ids or not self._n:
+            return out
+        encoded = [d.encode("utf-8") for d in ids]
+        keys = np.frombuffer(b"".join(_blake8(e) for e in encoded), dtype="<u8")  # id_key of each, at once
+        at = np.searchsorted(self._keys, keys)
+        hit = np.flatnonzero((at < self._n) & (self._keys[np.minimum(at, self._n - 1)] == keys))
+        rows = np.asarray(self._key_rows[at[hit]], dtype=np.int64)
+        starts, ends = self._spans("id", rows)
+        found = np.zeros(len(hit), dtype=bool)
+        # the ids are read batch by batch: one pread of the span that holds a batch's hits when they are dense in it
+        # (a run's candidates), else one pread an id
+        batch = rows // self._batch_rows
+        order = np.argsort(batch, kind="stable")
+        for part in np.split(order, np.flatnonzero(np.diff(batch[order])) + 1) if len(order) else ():
+            a, b = starts[part], ends[part]
+            lo, hi = int(a.min()), int(b.max())
+            wanted = [encoded[i] for i in hit[part].tolist()]
+            if hi - lo <= 256 * len(part):
+                block = os.pread(self._fd, hi - lo, lo)
+                got = [block[x:y] for x, y in zip((a - lo).tolist(), (b - lo).tolist())]
+            else:
+                got = [os.pread(self._fd, y - x, x) for x, y in zip(a.tolist(), b.tolist())]
+            found[part] = [g == w for g, w in zip(got, wanted)]
+        out[hit[found]] = rows[found]
+        for i in hit[~found].tolist():  # a key collision: walk the equal keys
+            out[i] = self.row(ids[i])
+        return out
 
     def row(self, doc_id: str) -> int:
         """Return the row of `doc_id`, -1 when the store does not hold it (a binary search of the id index)."""

@@ -64,6 +64,22 @@ def test_store_equals_dict_reader(tmp_path, batch_rows):
     assert again == ref and len(pickle.dumps(store)) < 500
 
 
+@pytest.mark.parametrize("collide", [False, True], ids=["keys", "colliding-keys"])
+def test_rows_equals_a_lookup_per_id(tmp_path, batch_rows, monkeypatch, collide):
+    """`rows` (one vectorised search, ids confirmed by their bytes, dense hits read a batch span at once) gives what
+    a dict lookup gives for every id, unknown ones and repeats included; with every key colliding (a key of the id's
+    length, at build and lookup alike) the walk over equal keys still finds each id."""
+    if collide:
+        monkeypatch.setattr(docstore, "id_key", lambda d: len(d.encode("utf-8")))
+        monkeypatch.setattr(docstore, "_blake8", lambda b: len(b).to_bytes(8, "little"))
+    path = _collection(tmp_path)
+    ref = {d: r for r, d in enumerate(read_id_text_tsv(path, "passage"))}
+    store = _store(path, tmp_path / "cache")
+    asked = [*IDS, "nope", "1", "doc-a", "", *reversed(IDS), "zzz"]
+    assert store.rows(asked).tolist() == [ref.get(d, -1) for d in asked]
+    assert store.rows([]).tolist() == [] and store.rows(iter(["c"])).tolist() == [ref["c"]]
+
+
 def test_store_built_once_and_damage_rebuilt(tmp_path):
     path = _collection(tmp_path)
     cache = tmp_path / "cache"
