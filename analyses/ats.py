@@ -30,6 +30,7 @@ from analyses.loading import analysed_rankers
 from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from core.errors import InputError, check_choice
+from core.inputs import input_path
 from core.io import save_figure
 from datamodules.datamodule import passage_text, rotation_draw
 from datamodules.sources import data_config, load_dataset, used_splits
@@ -59,7 +60,7 @@ class ATSConfig(AnalysisConfig):
     max_occurrences: int = 100  # seeded cap on the occurrences per term
     max_delta: int | None = None  # deltas above are dropped; null = all
     split: str = "test"  # cross-encoders: whose queries are paired with the passages (train | val | test)
-    compare: dict[str, str] = dataclasses.field(default_factory=dict)  # further checkpoints: {label: path}
+    compare: dict[str, str] = input_path("checkpoints", "a ranker checkpoint", factory=dict)  # {label: path}
     label: str | None = None  # the label of `ckpt` in the outputs; null = "trained" (or "untrained" without ckpt)
     batch_size: int = 64  # passages per forward pass
     seed: int | None = None  # passage, query and occurrence samples; null = the run seed

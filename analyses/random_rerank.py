@@ -24,6 +24,7 @@ import numpy as np
 from analyses.outputs import analysis_set, log_analysis, write_result
 from analyses.registry import ANALYSES, AnalysisConfig, analysis_options
 from core.errors import InputError, check_choice
+from core.inputs import check_input_file, input_path
 from datamodules.corpus import SPLITS
 from datamodules.sources import data_config, load_dataset, used_splits
 from datamodules.textfiles import read_trec_run
@@ -38,7 +39,7 @@ class RandomRerankConfig(AnalysisConfig):
     """configs/analysis/random_rerank.yaml."""
 
     name: str = "random_rerank"
-    run: str | None = None  # the TREC run whose documents per query are the candidates (required)
+    run: str | None = input_path("file", "a TREC run")  # whose documents per query are the candidates (required)
     split: str = "test"  # the split whose qrels judge the run: train | val | test
     permutations: int = 200  # random orders per query
     seed: int = 0  # of the permutations
@@ -75,8 +76,7 @@ def random_rerank(
 
 def run(cfg, opts: RandomRerankConfig) -> dict:
     """Check the run against the split's qrels (nothing written before), then the random-order statistics."""
-    if not Path(opts.run).is_file():
-        raise InputError("config key 'analysis.run'", f"'{opts.run}' does not exist; expected a TREC run")
+    check_input_file(opts.run, "config key 'analysis.run'", "a TREC run")
     trec = read_trec_run(opts.run)
     split = load_dataset(data_config(cfg), cfg.seed, used_splits(opts.split)).split(opts.split)
     missing = sorted(set(trec) - set(split.qrels))

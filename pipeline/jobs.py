@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoints import check_same_ranker, read_header
 from core.errors import InputError
+from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
 from core.registry import Registry
 from pipeline.config import RunConfig
@@ -472,6 +473,7 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
     be a head's). Every job and `--dry-run` run it before anything is read or written, so a bad checkpoint stops a
     job before its data is read and its caches are built.
     """
+    _check_declared_inputs(cfg)
     headers = {}
     for key in ("ckpt", "ckpt_path", "head_ckpt", "init_ckpt"):
         path = Path(cfg[key]) if cfg.get(key) else None
@@ -492,6 +494,30 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
                 f"resume it with stage=head ckpt={resumed['base_ckpt']}",
             )
         check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
+
+
+def _check_declared_inputs(cfg: DictConfig) -> None:
+    """Check every input path a group's schema declares (core/inputs.py), set in `cfg`.
+
+    A checkpoint by its header, a file by being one. The group's own code reads them later, after the data: checked
+    here, a bad one stops the job (and `--dry-run`) before anything loads, in the words every job uses.
+    """
+    for group in cfg:
+        node = cfg[group]
+        if not isinstance(node, DictConfig):
+            continue
+        for name, kind, what in declared_inputs(OmegaConf.get_type(node)):
+            value = node[name]
+            if not value:
+                continue
+            where = f"config key '{group}.{name}'"
+            items = value.items() if kind == "checkpoints" else [(None, value)]
+            for label, path in items:
+                key = f"config key '{group}.{name}.{label}'" if label is not None else where
+                if kind == "file":
+                    check_input_file(str(path), key, what)
+                elif not (Path(str(path)) / "isorank.json").is_file():  # an export folder loads as a checkpoint
+                    read_header(str(path), key)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from analyses.vocab.projections import (
 )
 from analyses.whitebox.analysis import queries_and_candidates
 from core.errors import InputError, check_choice
+from core.inputs import input_path
 from core.io import save_figure
 from datamodules.sources import data_config, load_dataset, used_splits
 from models.encoding import encode_collection
@@ -63,7 +64,8 @@ class VocabProjectionsConfig(AnalysisConfig):
 
     name: str = "vocab_projections"
     takes_eval_sample: ClassVar[bool] = True  # its questions: the re-rankers' sample under data.max_eval_queries
-    mlm_head: str | None = None  # a head from fit_mlm_head; null = the backbone checkpoint's own MLM head
+    # a head from fit_mlm_head; null = the backbone checkpoint's own MLM head
+    mlm_head: str | None = input_path("file", "a head written by python evaluate.py analysis=fit_mlm_head")
     split: str = "test"
     max_queries: int | None = None
     candidate_depth: int | None = None

@@ -48,6 +48,7 @@ from analyses.whitebox.analysis import queries_and_candidates
 from analyses.whitebox.idf import collection_idf
 from core.digests import sidecar_problem, write_sidecar
 from core.errors import InputError, check_choice
+from core.inputs import input_path
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.sources import data_config, load_dataset, used_splits
@@ -65,7 +66,8 @@ class LexicalEnrichmentConfig(AnalysisConfig):
 
     name: str = "lexical_enrichment"
     takes_eval_sample: ClassVar[bool] = True  # its questions: the re-rankers' sample under data.max_eval_queries
-    mlm_head: str | None = None
+    # a head from fit_mlm_head; null = the backbone checkpoint's own MLM head
+    mlm_head: str | None = input_path("file", "a head written by python evaluate.py analysis=fit_mlm_head")
     lambdas: list[float] = dataclasses.field(
         default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0]
     )

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from core.errors import InputError
+from core.inputs import check_input_file
 from core.io import atomic_open
 from models.rankers.backbone import load_backbone, resolve
 
@@ -195,11 +196,7 @@ def check_head_source(backbone: str, path: str | None = None, where: str = "anal
     The fitted file exists, or (without one) the backbone's weights hold MLM weights (their names, no tensor read).
     """
     if path:
-        if not Path(path).is_file():
-            raise InputError(
-                f"config key '{where}'",
-                f"file '{path}' does not exist; expected a head written by python evaluate.py analysis=fit_mlm_head",
-            )
+        check_input_file(path, f"config key '{where}'", "a head written by python evaluate.py analysis=fit_mlm_head")
     elif has_mlm_weights(backbone) is False:
         raise _no_head(backbone, where)
 
