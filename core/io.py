@@ -383,6 +383,41 @@ def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple
     PUBLISHED.add(out.resolve())
 
 
+# The folders the caches keep in `data.cache_dir`, one per family (docs/reliability.md "Caches": what keys each):
+# a file or a dangling link in one's place is found by the job's first checks (`check_cache_folders`), not when the
+# family first writes there, after the data loaded. tests/test_faults_checks.py keeps this list in step with the code.
+CACHE_FOLDERS = (
+    "bm25",
+    "digests",
+    "docpairs",
+    "docstore",
+    "representations",
+    "single_tokens",
+    "tokens",
+    "triples",
+)
+
+
+def check_cache_folders(cache_dir: str | os.PathLike, key: str = "data.cache_dir") -> None:
+    """Refuse a cache folder whose family folder (`CACHE_FOLDERS`) is a file or a dangling link, naming it."""
+    for name in CACHE_FOLDERS:
+        q = Path(cache_dir) / name
+        if q.is_symlink() and not q.exists():
+            what = f"a symbolic link to '{os.readlink(q)}', which does not exist"
+        elif q.exists() and not q.is_dir():
+            what = "a file, not a folder"
+        else:
+            continue
+        raise WriteFault(
+            q,
+            f"it is {what}; the {name} cache is kept in that folder",
+            f"move it away or choose another {key}; nothing was loaded or written",
+            code=2,
+            errno_=errno.ENOTDIR,
+            key=key,
+        )
+
+
 def check_writable(path: str | os.PathLike, key: str) -> None:
     """Probe that `path` can be written: every job runs this before it loads data or a model.
 

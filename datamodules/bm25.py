@@ -413,9 +413,8 @@ def _once(lock: Path, load: Callable[[bool], Any], make: Callable[[], Any], what
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(
-            str(lock.parent), f"cannot create the BM25 cache folder ({e.strerror}); expected a writable data.cache_dir"
-        ) from None
+        fix = "move the file in its place away" if lock.parent.is_file() else "expected a writable data.cache_dir"
+        raise InputError(str(lock.parent), f"cannot create the BM25 cache folder ({e.strerror}); {fix}") from None
     waited = False
     while True:
         got = load(False)

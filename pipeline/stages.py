@@ -23,7 +23,7 @@ from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption, no_broadcast_in_sigterm
 from callbacks.progress import LoopPhases, RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
-from core.io import AtomicDir, atomic_open, check_writable
+from core.io import AtomicDir, atomic_open, check_cache_folders, check_writable
 from core.precision import set_matmul_precision, warn_emulated_bf16
 from core.progress import on_terminal
 from core.ranks import global_rank_zero
@@ -151,6 +151,7 @@ def check_outputs(cfg: DictConfig) -> None:
     cache = cfg.data.get("cache_dir") if cfg.get("data") is not None else None
     if cache:
         check_writable(cache, "data.cache_dir")
+        check_cache_folders(cache)
     index_dir = (
         cfg.retrieval.get("index_dir") if cfg.get("retrieval") is not None and cfg.retrieval.name != "none" else None
     )
