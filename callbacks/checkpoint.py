@@ -91,6 +91,7 @@ class RankingCheckpoint(ModelCheckpoint):
             auto_insert_metric_name=False,
         )
         self._last_step_written = -1
+        self._said_other = False  # the warning of a resume from another run's folder, once
         self.start_model_path = ""  # best-0.ckpt while the starting model is the best (add_start_candidate)
         self.before_training: dict | None = (
             None  # the test metrics before fine-tuning, for a resumed run's metrics.json
@@ -164,7 +165,12 @@ class RankingCheckpoint(ModelCheckpoint):
         test must still name the last.ckpt to resume from (callbacks/preemption.py, callbacks/rank_watch.py).
         """
         written = (self.last_model_path, self._last_step_written)
-        super().load_state_dict(state_dict)
+        other = state_dict.get("dirpath", self.dirpath)
+        with warnings.catch_warnings():  # said below in this project's words, with what is carried over
+            warnings.filterwarnings("ignore", message="The dirpath has changed")
+            super().load_state_dict(state_dict)
+        if other != self.dirpath:
+            self._carry_best(state_dict, str(other))
         if written[0] and written[1] >= 0 and Path(written[0]).is_file():
             self.last_model_path, self._last_step_written = written
         self.start_model_path = state_dict.get("start_model_path", "")
@@ -172,6 +178,33 @@ class RankingCheckpoint(ModelCheckpoint):
         self.validations = list(state_dict.get("validations", []))
         self.best_step = state_dict.get("best_step")
         self._forget_missing()
+
+    def _carry_best(self, state_dict: dict, other: str) -> None:
+        """Keep the best so far of a run resumed from another run's folder (`ckpt_path=<other>/last.ckpt`).
+
+        Lightning then reloads only the best checkpoint's path, not its score: the first validation after the resume
+        would be taken as the best, however it scored. The score and the best-k record are carried over (their files
+        stay in the other folder, where the test reads the best from unless a later validation beats it); last.ckpt
+        is this run's own.
+        """
+        self.best_model_score = state_dict.get("best_model_score")
+        self.best_k_models = dict(state_dict.get("best_k_models") or {})
+        self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+        self.kth_value = state_dict.get("kth_value", self.kth_value)
+        if self._said_other:
+            return
+        self._said_other = True
+        best, score = self.best_model_path, self.best_model_score
+        kept = (
+            f"its best so far, {best} ({self.monitor} {float(score):.4f}), stays the one to beat and is tested from "
+            "there unless a later validation beats it"
+            if best and score is not None
+            else "it recorded no best checkpoint"
+        )
+        warnings.warn(
+            f"ckpt_path is a checkpoint of another run's folder ({other}): this run goes on in {self.dirpath}; {kept}",
+            stacklevel=2,
+        )
 
     def _forget_missing(self) -> None:
         """Forget checkpoints of the restored state whose files are gone, the best one included (see `lost_best`).

@@ -42,7 +42,7 @@ def kept_checkpoint(trainer) -> str:
         return f"last.ckpt at step {step} is kept: resume with ckpt_path={last}"
     if last and Path(last).is_file():
         return f"'{last}' is kept: resume with ckpt_path={last}"
-    return "no checkpoint was written by this run"
+    return "no resumable checkpoint (last.ckpt) was written by this run"
 
 
 class RankWatchCallback(Callback):

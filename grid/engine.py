@@ -230,7 +230,9 @@ class Cell:
             what = _unreadable(self.dir)
             if not what:
                 return None  # done
-        if self.kind != "train" or not self.last_ckpt.is_file() or self.untrained:  # runs from scratch anyway
+        # a dangling link counts as a last.ckpt (an unreadable one): the cell is not silently `todo`
+        present = self.last_ckpt.is_file() or self.last_ckpt.is_symlink()
+        if self.kind != "train" or not present or self.untrained:  # runs from scratch anyway
             return (what, "rerun") if what else None
         header, reason = _header(self.last_ckpt)
         if header is None:
@@ -637,6 +639,8 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
 
 def _header(ckpt: Path) -> tuple[dict | None, str]:
     """Return (the checkpoint's header, ""), or (None, why it is unreadable: the reason in brackets, else all)."""
+    if ckpt.is_symlink() and not ckpt.exists():
+        return None, f"a symbolic link to '{os.readlink(ckpt)}', which does not exist"
     try:
         return read_header(str(ckpt), ckpt.name), ""
     except InputError as e:

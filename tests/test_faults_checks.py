@@ -246,3 +246,125 @@ def test_an_index_dir_that_would_be_refused_is_refused_before_anything_loads(tmp
     index.mkdir()
     (index / "manifest.json").write_text("{}")
     check_outputs(OmegaConf.merge(cfg, {"retrieval": {"index_dir": str(index)}}))
+
+
+INPUTS = {
+    "random_rerank-run": (["analysis=random_rerank", "analysis.run={path}"], "analysis.run", "a TREC run"),
+    "vocab-mlm_head": (
+        ["analysis=vocab_projections", "analysis.mlm_head={path}"],
+        "analysis.mlm_head",
+        "a head written by python evaluate.py analysis=fit_mlm_head",
+    ),
+    "ats-compare": (["analysis=ats", "analysis.compare.other={path}"], "analysis.compare.other", None),
+}
+# an empty file is a file: what it holds is for the analysis to read; an empty checkpoint is refused by its header
+CASES = [
+    (name, fault) for name, (_, _, what) in INPUTS.items() for fault in ("folder", "missing", "empty")[: 3 - bool(what)]
+]
+
+
+@pytest.mark.parametrize("name,fault", CASES, ids=[f"{n}-{f}" for n, f in CASES])
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
+def test_an_input_path_a_schema_declares_is_checked_before_anything_loads(tmp_path, capsys, name, fault, dry):
+    """Third fault trial K1, K2: `analysis.run=<a folder>` said "does not exist"; `analysis.compare.other=<a zero-byte
+    file>` passed --dry-run and failed only after the data and the first ranker loaded, in other words than ckpt='s.
+    Every path a schema declares (core/inputs.py) is checked by the job's first checks, at --dry-run too: one line,
+    exit code 2, nothing written."""
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    args, key, what = INPUTS[name]
+    path = tmp_path / "input"
+    if fault == "folder":
+        path.mkdir()
+    elif fault == "empty":
+        path.write_bytes(b"")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = [*SMALL, *(a.format(path=path) for a in args), f"data.cache_dir={cache}", f"output_dir={out}"]
+    argv = [a for a in argv if not a.startswith("data.max_eval_queries")] + (["--dry-run"] if dry else [])
+    line = one_line(capsys, main(argv, EVALUATE), 2)
+    where = f"error: config key '{key}': "
+    expected = {
+        ("folder", True): f"{where}'{path}' is a folder, not a file; expected {what}",
+        ("folder", False): f"{where}'{path}' is a folder, not a checkpoint file; expected a .ckpt file",
+        ("missing", True): f"{where}'{path}' does not exist (resolved to {path}); expected {what}",
+        ("missing", False): f"{where}checkpoint '{path}' does not exist",
+        ("empty", False): f"{where}cannot read checkpoint '{path}' (it is empty, 0 bytes); it is truncated or not a "
+        "torch file",
+    }[fault, what is not None]
+    assert line == expected
+    assert not out.exists() and not cache.exists()
+
+
+@pytest.mark.parametrize("what", ["file", "dangling link"])
+def test_a_cache_family_folder_that_is_a_file_is_refused_before_anything_loads(tmp_path, capsys, what):
+    """Third fault trial C3: `<cache>/bm25` a file was found when BM25 first wrote there, after the data loaded, with
+    "expected a writable data.cache_dir" (the cache folder was writable). Every family's folder is checked first."""
+    from core.io import CACHE_FOLDERS
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    for name in CACHE_FOLDERS:
+        for q in cache.iterdir():
+            q.unlink()
+        if what == "file":
+            (cache / name).write_text("x")
+        else:
+            (cache / name).symlink_to(tmp_path / "gone")
+        line = one_line(capsys, run_main([*SMALL, "model=bm25", f"data.cache_dir={cache}", f"output_dir={out}"]), 2)
+        shown = (
+            "a file, not a folder"
+            if what == "file"
+            else f"a symbolic link to '{tmp_path / 'gone'}', which does not exist"
+        )
+        assert line == (
+            f"error: data.cache_dir: cannot write '{cache / name}' (it is {shown}; the {name} cache is kept in that "
+            "folder); move it away or choose another data.cache_dir; nothing was loaded or written"
+        )
+        assert not out.exists() and [q.name for q in cache.iterdir()] == [name]
+
+
+def test_every_cache_family_folder_is_listed():
+    """CACHE_FOLDERS names every `<cache_dir>/<family>` folder the code writes (read from the sources)."""
+    import re
+
+    from core.io import CACHE_FOLDERS
+
+    repo = Path(__file__).resolve().parents[1]
+    named = set()
+    for path in repo.glob("*/**/*.py"):
+        if path.parts[len(repo.parts)] in ("tests", "bench"):
+            continue
+        named |= set(re.findall(r"""\(\s*(?:cfg\.(?:data\.)?)?cache_dir\s*\)\s*/\s*"(\w+)\"""", path.read_text()))
+    assert named == set(CACHE_FOLDERS), named ^ set(CACHE_FOLDERS)
+
+
+@pytest.mark.slow
+def test_a_resume_from_another_runs_folder_keeps_its_best_so_far(tmp_path, tiny_bert, capsys, recwarn):
+    """Third fault trial G3: `ckpt_path=<run A>/last.ckpt output_dir=<B>` printed Lightning's raw "The dirpath has
+    changed" and dropped A's best score, so B's first validation became the best however it scored. B now carries
+    A's best (score and file), says so in one warning, and selects and tests what A resumed in place does."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = [
+        *SMALL,
+        f"model.backbone={tiny_bert}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "trainer.val_check_interval=1",
+        "eval.before_training=false",
+    ]
+    assert run_main([*common, "trainer.max_steps=2", f"output_dir={a}"], job="train") == 0
+    capsys.readouterr()
+    last = a / "checkpoints" / "last.ckpt"
+    assert run_main([*common, "trainer.max_steps=4", f"ckpt_path={last}", f"output_dir={b}"], job="train") == 0
+    said = [str(w.message) for w in recwarn]
+    ours = [m for m in said if "another run's folder" in m]
+    assert len(ours) == 1 and ours[0].startswith(
+        f"ckpt_path is a checkpoint of another run's folder ({a / 'checkpoints'}): this run goes on in "
+        f"{b / 'checkpoints'}; its best so far, {a / 'checkpoints'}/best-"
+    ), said
+    assert not any("dirpath has changed" in m for m in said) and "dirpath has changed" not in capsys.readouterr().err
+    assert run_main([*common, "trainer.max_steps=4", f"ckpt_path={last}", f"output_dir={a}"], job="train") == 0
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
+    va, vb = (json.loads((d / "validation.json").read_text())["validations"] for d in (a, b))
+    assert [v["step"] for v in vb] == [0, 1, 2, 3, 4] and vb == va  # step 0: the start candidate
+    assert mb["best_step"] == ma["best_step"] and mb["ndcg_cut_10"] == ma["ndcg_cut_10"]

@@ -272,7 +272,7 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
             f"data.cache_dir={tmp_path / 'cache'}",
             f"output_dir={head}",
         )
-        _assert_one_line(got, 1 - victim, "no checkpoint was written by this run")
+        _assert_one_line(got, 1 - victim, r"no resumable checkpoint \(last\.ckpt\) was written by this run")
         assert not (head / "metrics.json").exists()
     else:
         cache = f"data.cache_dir={tmp_path / 'cache'}"
