@@ -5,7 +5,10 @@ must leave no folder behind, and `stage=export` renames a finished folder into p
 host into `.<name>.lock.pid` (not into the lock file, which every contender opens). filelock's FileLock is flock(2)
 on Linux, which the kernel drops when its holder dies, so a killed run (even by SIGKILL) never blocks the next one:
 its two leftover files are taken over. A job that ends, normally or by an exception, removes both files and the
-parent folders it created for them, if they stayed empty.
+parent folders it created for them, if they stayed empty; so is `output_dir` itself when this job made it and it is
+empty (an error, a signal or a rank's death before any file was kept there). When rank 0 (the holder) dies under
+DDP, a surviving rank removes it as rank 0 would: rank 0 says in `CREATED_VARIABLE`, which the ranks it starts
+inherit, that it made the folder (an `output_dir` that existed before the job stays, empty or not).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from filelock import FileLock, Timeout
 from core.errors import InputError
 from core.io import PATH_ERRNOS, WriteFault, atomic_open, reason_of
 from core.progress import phase
-from core.ranks import global_rank_zero
+from core.ranks import as_rank_death, global_rank_zero
+
+CREATED_VARIABLE = "ISORANK_OUTPUT_DIR_CREATED"  # output_dir, resolved, when the lock's holder made it (rank 0)
 
 
 def lock_files(output_dir: str | os.PathLike) -> tuple[Path, Path]:
@@ -38,11 +43,19 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     and is not a folder is an InputError too; a lock that cannot be written beside it is a WriteFault.
     """
     if not global_rank_zero():
-        yield
+        try:
+            yield
+        except BaseException as e:
+            if os.environ.get(CREATED_VARIABLE) == str(_resolved(output_dir)):
+                dead = as_rank_death(e)
+                if dead is not None and dead.rank == 0:  # the holder died: nobody else will remove it
+                    _remove_if_empty(Path(output_dir))
+            raise
         return
     if Path(output_dir).exists() and not Path(output_dir).is_dir():
         # checked here, before the first write of every job, not when the first results file fails to be written
         raise InputError("output_dir", f"'{output_dir}' exists and is not a folder; choose another output_dir")
+    made = not Path(output_dir).exists()  # by this job, if at all: removed at its end if it stayed empty
     lock_path, pid_path = lock_files(output_dir)
     created = [p for p in (lock_path.parent, *lock_path.parent.parents) if not p.exists()]
     try:
@@ -61,6 +74,11 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     except OSError as e:  # a folder the user may not write: found here, before anything is loaded
         _remove_created(created)
         raise _lock_fault(lock_path, e) from e
+    before = os.environ.get(CREATED_VARIABLE)
+    if made:
+        os.environ[CREATED_VARIABLE] = str(_resolved(output_dir))
+    else:
+        os.environ.pop(CREATED_VARIABLE, None)
     try:
         try:
             with atomic_open(pid_path) as f:
@@ -69,12 +87,30 @@ def output_dir_lock(output_dir: str | os.PathLike) -> Iterator[None]:
             raise _lock_fault(pid_path, e) from e
         yield
     finally:
+        if before is None:  # a grid runs many jobs in one process: the next one says its own
+            os.environ.pop(CREATED_VARIABLE, None)
+        else:
+            os.environ[CREATED_VARIABLE] = before
+        if made:
+            _remove_if_empty(Path(output_dir))
         pid_path.unlink(missing_ok=True)
         # Unlinked while still held: filelock discards a lock won on an unlinked file, so a contender that opened
         # this one just now retries on a fresh file instead of sharing the lock with the next holder.
         lock_path.unlink(missing_ok=True)
         lock.release()
         _remove_created(created)
+
+
+def _resolved(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir).resolve()
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it is empty: a job's own output folder that kept nothing."""
+    try:
+        folder.rmdir()
+    except OSError:  # it holds something (a result, a checkpoint, a log), or it is gone already
+        pass
 
 
 def _remove_created(created: list[Path]) -> None:

@@ -49,11 +49,13 @@ repeats its test), any other cell runs from scratch. Delete a cell's folder to r
 processes may run one grid at once (one per GPU, say): a process claims each cell with the lock file `.<cell>.grid.lock`
 beside it while it runs it, and skips (status busy) the cells another process holds, so no cell runs twice and no
 process deletes another's checkpoints. With the subprocess launcher each cell's output goes to `train.log` /
-`evaluate.log` in its folder. Every cell's config is composed and checked before anything runs. An input error in a cell
-(exit code 2) stops the grid; another failure is reported, the other cells go on, and the grid exits 1. A cell with
-missing pieces (`Cell.fault`: a folder that vanished or is a file, a last.ckpt whose best checkpoint is gone or that is
-unreadable, one result file without the other) is reported in one `warning: grid ...` line and rerun or skipped; a
-cell whose folder vanishes while it runs is rerun once (docs/reliability.md, "Faults: grids and resumes ...").
+`evaluate.log` in its folder, and a cell ends with its grid process, whatever kills it (SIGTERM from the kernel:
+core/signals.py `end_with_parent`), so a rerun finds it stopped and resumes it. Every cell's config is composed and
+checked before anything runs. An input error in a cell (exit code 2) stops the grid; another failure is reported,
+the other cells go on, and the grid exits 1. A cell with missing pieces (`Cell.fault`: a folder that vanished or is a
+file, a last.ckpt whose best checkpoint is gone or that is unreadable, one result file without the other) is reported
+in one `warning: grid ...` line and rerun or skipped; a cell whose folder vanishes while it runs is rerun once
+(docs/reliability.md, "Faults: grids and resumes ...").
 
 At the end, all cells' `metrics.json` and `per_query.json` go into `<name>/results.json` and `<name>/results.csv`
 (long format, per query; qid `all` = the run's mean), and grid/tables.py renders `<name>/table.md` (against another
@@ -99,6 +101,7 @@ from core.io import WriteFault, atomic_open, check_writable, write_json
 from core.precision import warn_emulated_bf16
 from core.progress import phase
 from core.ranks import exit_status
+from core.signals import PARENT_VARIABLE
 from grid.cells import CELL_FILE, NEUTRAL, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
@@ -538,7 +541,8 @@ def _launch(script: str, argv: list[str], launcher: str, log_path: Path, label: 
             finish_wandb()
         return rc, err
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # PARENT_VARIABLE: the cell ends (SIGTERM: its last.ckpt, its line) when this process dies, even by SIGKILL
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_VARIABLE: str(os.getpid())}
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {sys.executable} {script} {' '.join(argv)}\n")
         log.flush()

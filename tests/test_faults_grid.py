@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -383,6 +386,82 @@ def test_a_subprocess_cell_killed_by_a_signal_is_named_so(tmp_path):
     (cell / "checkpoints" / "last.ckpt").write_bytes(b"x")
     rc, err = engine._launch(str(script), [], "subprocess", log, "row/syn/seed1")
     assert err == f"killed by SIGKILL (its log: {log}); its last.ckpt is kept: a rerun of the grid resumes the cell"
+
+
+# a subprocess cell: train.py's first lines, then a last.ckpt, then training until stopped. Its SIGTERM path is
+# train.py's in short (the real one: test_faults.py): the line naming the kept last.ckpt, exit code 143.
+CELL = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+import core.signals
+if {watch!r}:  # as where the kernel cannot be asked (not Linux): the thread that watches the parent
+    core.signals._parent_death_signal = lambda signum: False
+core.signals.stop_early()
+cell = sys.argv[1]
+last = os.path.join(cell, "checkpoints", "last.ckpt")
+os.makedirs(os.path.dirname(last))
+with open(last, "w") as f:
+    f.write("step 1")
+
+def stop(signum, frame):
+    print(f"stopped: interrupted by SIGTERM at step 1; resume with ckpt_path={{last}}")
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, stop)
+with open(os.path.join(cell, "pid.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.replace(os.path.join(cell, "pid.tmp"), os.path.join(cell, "pid"))
+time.sleep(60)
+print("trained on after its grid died")
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, which only waits to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("how", ["pdeathsig", "parent watch"])
+def test_a_subprocess_cell_ends_when_its_grid_is_killed(tmp_path, how):
+    """experiments.py SIGKILLed while a subprocess cell trains (third fault trial S4): the cell, in its own session,
+    trained on unseen under pid 1 and held its folder's lock, so a rerun of the grid stopped on it. It now gets
+    SIGTERM when the grid dies and stops within seconds through its own SIGTERM path (its line in its log, its
+    last.ckpt kept for the rerun to resume), by the kernel's parent-death signal or, where that is missing, by
+    watching its parent."""
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    script = tmp_path / "cell.py"
+    script.write_text(CELL.format(repo=str(engine.REPO), watch=how == "parent watch"))
+    log = cell / "train.log"
+    grid = os.fork()
+    if grid == 0:  # the grid process: it runs the cell as experiments.py does, until it is killed
+        try:
+            engine._launch(str(script), [str(cell)], "subprocess", log, "row/syn/seed1")
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while not (cell / "pid").exists():
+        assert time.monotonic() < deadline and os.waitpid(grid, os.WNOHANG) == (0, 0), log.read_text()
+        time.sleep(0.02)
+    pid = int((cell / "pid").read_text())
+    os.kill(grid, signal.SIGKILL)
+    os.waitpid(grid, 0)
+    killed = time.monotonic()
+    try:
+        while _running(pid):
+            assert time.monotonic() - killed < 5, "the cell trains on after its grid died"
+            time.sleep(0.05)
+    finally:
+        if _running(pid):  # the test's own stray: not left to run on after it
+            os.kill(pid, signal.SIGKILL)
+    last = cell / "checkpoints" / "last.ckpt"
+    assert (
+        log.read_text().splitlines()[-1] == f"stopped: interrupted by SIGTERM at step 1; resume with ckpt_path={last}"
+    )
+    assert last.read_text() == "step 1"
 
 
 def test_an_unreadable_cell_json_is_checked_against_the_cells_config_yaml(tmp_path, capsys):

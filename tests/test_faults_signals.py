@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -90,6 +91,57 @@ def test_signal_between_the_early_handler_and_the_jobs_is_one_line(tmp_path):
         "stopped: interrupted by SIGTERM; nothing was written\n",
         "",
     )
+
+
+def _no_byte_written() -> None:
+    """preexec_fn: a file-size limit of 0 with SIGXFSZ ignored, as `trap '' XFSZ; ulimit -f 0` (a pipe is exempt)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "experiments.py"])
+def test_no_writable_temporary_folder_is_one_line(tmp_path, script):
+    """No byte can be written (third fault trial O1; a full disk is the same): importing Lightning asks for a
+    temporary folder (torchmetrics), and its FileNotFoundError was a 40-line traceback. Now one line naming the
+    folders Python tries (TMPDIR, /tmp, /var/tmp, /usr/tmp, the working folder) and the OS's reason, exit 1,
+    nothing written, before the imports."""
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+    args = ["grid=squad_3seeds"] if script == "experiments.py" else ["analysis=random_rerank", "logger=none"]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / script), *args, f"output_dir={tmp_path / 'out'}"],
+        cwd=tmp_path,
+        env={**env, "TMPDIR": str(tmp_path / "tmp")},
+        preexec_fn=_no_byte_written,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    tried = [str(tmp_path / "tmp"), "/tmp", "/var/tmp", "/usr/tmp", str(tmp_path)]
+    assert (proc.returncode, proc.stderr, proc.stdout) == (
+        1,
+        f"error: cannot write a temporary file in any of {tried} ({tmp_path / 'tmp'}: File too large); "
+        "free space or set TMPDIR to a writable folder; nothing was written\n",
+        "",
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["tmp"] and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_an_oserror_while_importing_is_one_line(tmp_path):
+    """Any other OSError raised while the entry script imports (the early handlers in): one line, exit 1. Once the
+    job's handlers have taken over, an error keeps Python's report (pipeline/cli.py says what it knows)."""
+    (tmp_path / "heavy.py").write_text("raise OSError(28, 'No space left on device', '/cache/x.bin')\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    early = "from core.signals import stop_early; stop_early(); import heavy"
+    proc = subprocess.run([sys.executable, "-c", early], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        "error: cannot start: OSError: [Errno 28] No space left on device: '/cache/x.bin' (while importing the "
+        "libraries); nothing was written\n",
+    )
+    later = early.replace("import heavy", "import signal; signal.signal(signal.SIGTERM, signal.SIG_DFL); import heavy")
+    proc = subprocess.run([sys.executable, "-c", later], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.startswith("Traceback"), proc.stderr
 
 
 @pytest.mark.slow
@@ -246,7 +298,7 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
     at its 2nd batch of `evaluate.py retrieval=dense retrieval.devices=2`'s split encoding. The other rank ends
     within seconds with one line naming the dead rank and what was kept (the checkpoint; no results), exit code 1,
     no traceback, no process left, no metrics.json; a surviving rank removes the shares when rank 0 (their owner)
-    died."""
+    died, and no empty output_dir made by the run is left."""
     out = tmp_path / "out"
     common = (f"model.backbone={tiny_bert}", f"output_dir={out}")
     if stage == "training":
@@ -278,7 +330,9 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
         cache = f"data.cache_dir={tmp_path / 'cache'}"
         got = _run_ranks(tmp_path, f"encode:{victim}:2", "evaluate.py", *ENCODE_DDP, *common, cache)
         _assert_one_line(got, victim, rf"no result was written to '{re.escape(str(out))}'")
-        assert not (out / ".index.encode-parts").exists()
+        # nor the folder this run made for it, left empty (third fault trial R1): rank 0 removes it, or, when rank 0
+        # is the one killed, the surviving rank
+        assert not out.exists(), sorted(out.rglob("*"))
     assert not (out / "metrics.json").exists()
 
 

@@ -5,6 +5,7 @@ by bad input leaves no lock file or folder behind; DDP children do not lock."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,4 +132,66 @@ def test_lock_names_the_holder_and_ddp_children_do_not_lock(tmp_path, monkeypatc
                 m.setenv(var, "1")
                 with output_dir_lock(out):
                     pass
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("stop", ["error", "signal"])
+def test_a_stopped_job_leaves_no_empty_output_dir_it_made(tmp_path, stop):
+    """A job stopped by an error or a signal after its first write made output_dir, and before any file was kept there
+    (third fault trial R1): the folder is removed with the lock files. One that existed before stays, empty or
+    not, and so does one that keeps a file."""
+    from callbacks.preemption import Signalled, raise_on_signals, restore_signals
+
+    def job(out, keep):
+        with output_dir_lock(out):
+            (out / ".results.tmp-1").mkdir(parents=True)  # a staged set, as result_set makes it: makes out too
+            if keep:
+                (out / "metrics.json").write_text("{}")
+            (out / ".results.tmp-1").rmdir()  # removed on the way out, as result_set does
+            if stop == "error":
+                raise InputError("data.path", "'x' does not exist")
+            os.kill(os.getpid(), signal.SIGTERM)  # raise_on_signals: Signalled here
+            time.sleep(5)
+
+    for name, existed, keep in (("new", False, False), ("old", True, False), ("kept", False, True)):
+        out = tmp_path / name
+        if existed:
+            out.mkdir()
+        handlers = raise_on_signals()  # as pipeline/cli.py, once per job
+        try:
+            with pytest.raises(Signalled if stop == "signal" else InputError):
+                job(out, keep)
+        finally:
+            restore_signals(handlers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "old"]  # "new" is gone, and every lock file
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["metrics.json"]
+
+
+def test_a_rank_that_outlives_rank_0_removes_the_empty_output_dir_rank_0_made(tmp_path, monkeypatch):
+    """Rank 0 (the lock's holder) SIGKILLed under DDP cannot remove the folder it made: a surviving rank does, told
+    by the variable rank 0 set for the ranks it starts. Another rank's death (rank 0 lives on and removes it),
+    another error, or a folder rank 0 did not make: it stays."""
+    from core.lock import CREATED_VARIABLE
+    from core.ranks import RankDied
+
+    out = tmp_path / "out"
+    with output_dir_lock(out):  # rank 0: says so while it holds the lock, not after
+        made = os.environ[CREATED_VARIABLE]
+    assert made == str(out.resolve()) and CREATED_VARIABLE not in os.environ
+    monkeypatch.setenv("LOCAL_RANK", "1")
+
+    def survive(error, variable):
+        out.mkdir(exist_ok=True)
+        with monkeypatch.context() as m:
+            if variable:
+                m.setenv(CREATED_VARIABLE, variable)
+            with pytest.raises(type(error)):
+                with output_dir_lock(out):
+                    raise error
+        return out.exists()
+
+    assert survive(RankDied(2, "killed by SIGKILL"), made)
+    assert survive(InputError("data.path", "'x' does not exist"), made)
+    assert survive(RankDied(0, "its process ended"), str(tmp_path / "elsewhere"))
+    assert not survive(RankDied(0, "its process ended"), made)
     assert sorted(tmp_path.iterdir()) == []
