@@ -43,6 +43,7 @@ from pipeline.stages import (
     build_trainer,
     evaluate_module,
     load_data,
+    refuse_other_checkpoints,
     report_head_results,
     save_config,
 )
@@ -176,11 +177,7 @@ def train_head(cfg: DictConfig) -> dict | None:
     Returns the test results on the global-zero process, None on the others.
     """
     pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in config.yaml
-    if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
-        raise InputError(
-            "output_dir",
-            f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
-        )
+    refuse_other_checkpoints(cfg)
     check_head_stage(cfg)  # from the checkpoints' headers, before the data
     dm = load_data(
         cfg, HeadDataModule, fit=True

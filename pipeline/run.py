@@ -32,7 +32,6 @@ from callbacks.checkpoint import lost_best, lost_best_warning
 from callbacks.loggers import build_logger, log_results_table
 from callbacks.preemption import interruptible
 from core.checkpoints import check_same_ranker, read_checkpoint, read_header
-from core.errors import InputError
 from lightning_modules.loading import load_module
 from lightning_modules.module import RankingModule
 from metrics.results import print_table
@@ -45,6 +44,7 @@ from pipeline.stages import (
     build_trainer,
     evaluate_module,
     load_data,
+    refuse_other_checkpoints,
     save_config,
     set_rerank_depths,
     test_results,
@@ -128,12 +128,7 @@ def finetune(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
 
     Returns the test metrics on the global-zero process, None on the others.
     """
-    if not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
-        # Two runs' checkpoints in one folder would make "best" and "last" ambiguous.
-        raise InputError(
-            "output_dir",
-            f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
-        )
+    refuse_other_checkpoints(cfg)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in config.yaml
     dm = load_data(
         cfg, fit=True

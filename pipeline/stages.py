@@ -23,6 +23,7 @@ from callbacks.loggers import build_logger, head_rows, log_results_table
 from callbacks.preemption import Preemption, no_broadcast_in_sigterm
 from callbacks.progress import LoopPhases, RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
+from core.errors import InputError
 from core.io import AtomicDir, atomic_open, check_cache_folders, check_writable
 from core.precision import set_matmul_precision, warn_emulated_bf16
 from core.progress import on_terminal
@@ -158,6 +159,20 @@ def check_outputs(cfg: DictConfig) -> None:
     if index_dir:
         check_writable(Path(index_dir).parent, "retrieval.index_dir")
         AtomicDir(index_dir).check()  # a file or a foreign folder there: refused now, not after the encoding
+
+
+def refuse_other_checkpoints(cfg: DictConfig) -> None:
+    """Refuse an output_dir that holds checkpoints when this run does not resume them (`ckpt_path`).
+
+    Two runs' checkpoints in one folder would make "best" and "last" ambiguous. Checked by global rank 0 only: a DDP
+    rank that Lightning starts later runs the script again, and would find rank 0's own first checkpoint (the head
+    stage's closed-form head is saved before the other ranks are started).
+    """
+    if global_rank_zero() and not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
+        raise InputError(
+            "output_dir",
+            f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
+        )
 
 
 # output folder (resolved) -> the folder of this job's attempt (`attempt_dir`)
