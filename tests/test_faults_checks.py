@@ -368,3 +368,17 @@ def test_a_resume_from_another_runs_folder_keeps_its_best_so_far(tmp_path, tiny_
     va, vb = (json.loads((d / "validation.json").read_text())["validations"] for d in (a, b))
     assert [v["step"] for v in vb] == [0, 1, 2, 3, 4] and vb == va  # step 0: the start candidate
     assert mb["best_step"] == ma["best_step"] and mb["ndcg_cut_10"] == ma["ndcg_cut_10"]
+
+
+@pytest.mark.parametrize("missing", ["test_qrels", "test_queries", "test_run"])
+def test_a_missing_data_file_is_refused_before_the_cache_is_written(tmp_path, capsys, missing):
+    """Fourth fault trial K3: a missing test qrels file was refused after the collection's digest memo had been
+    written into data.cache_dir. The tsv source finds every file the job reads before it writes anything."""
+    from test_run_checks import tsv
+
+    args = [a for a in tsv(tmp_path) if not a.startswith(f"data.{missing}=")]
+    gone = tmp_path / "gone.txt"
+    rc = run_main([*args, "model=bm25", f"data.{missing}={gone}", f"output_dir={tmp_path / 'out'}"])
+    line = one_line(capsys, rc, 2)
+    assert line.startswith(f"error: data.{missing}: path '{gone}' does not exist"), line
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()

@@ -83,21 +83,28 @@ def build(cfg: TsvConfig, seed: int, splits: tuple[str, ...] | None = None) -> I
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
     collection = resolve_path(cfg.collection, "collection", "collection TSV")
     tpath = _opt(cfg, "train_triples", "training triples TSV")
+    used = ("train", "val", "test") if splits is None else splits
+    # every file this job reads is found before anything is written (the collection's digest memo, its store)
+    wanted = [
+        n for n in ("train", "val", "test") if n in used or (n == "train" and fmt == "text" and tpath is not None)
+    ]
+    paths = {
+        (name, kind): _opt(cfg, f"{name}_{kind}", f"{name} {what}")
+        for name in wanted
+        for kind, what in (("queries", "queries TSV"), ("qrels", "TREC qrels"), ("run", "TREC run"))
+    }
     docs = open_store(
         cfg.cache_dir,
         fingerprint("tsv-collection", [collection], cache_dir=cfg.cache_dir),
         lambda: iter_id_text(collection, "passage"),
         origin=str(collection),
     )
-    used = ("train", "val", "test") if splits is None else splits
     read: dict[str, Split] = {}
     for name in ("train", "val", "test"):
-        if name not in used and not (name == "train" and fmt == "text" and tpath is not None):
+        if name not in wanted:
             read[name] = Split()
             continue
-        qpath = _opt(cfg, f"{name}_queries", f"{name} queries TSV")
-        qrels_path = _opt(cfg, f"{name}_qrels", f"{name} TREC qrels")
-        run_path = _opt(cfg, f"{name}_run", f"{name} TREC run")
+        qpath, qrels_path, run_path = (paths[name, kind] for kind in ("queries", "qrels", "run"))
         queries = read_id_text_tsv(qpath, "query") if qpath else {}
         split = Split(queries=queries, qrels=read_trec_qrels(qrels_path) if qrels_path else {})
         split.origins.update(
