@@ -494,6 +494,7 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
                 f"resume it with stage=head ckpt={resumed['base_ckpt']}",
             )
         check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
+        _check_same_model(resumed, cfg)
 
 
 def _check_declared_inputs(cfg: DictConfig) -> None:
@@ -518,6 +519,36 @@ def _check_declared_inputs(cfg: DictConfig) -> None:
                     check_input_file(str(path), key, what)
                 elif not (Path(str(path)) / "isorank.json").is_file():  # an export folder loads as a checkpoint
                     read_header(str(path), key)
+
+
+# model keys that change how a ranker runs, not what it computes: a resume may set them otherwise
+_RUNTIME_MODEL_KEYS = ("attn_implementation", "compile", "fast_dropout", "length_buckets")
+
+
+def _check_same_model(resumed: dict, cfg: DictConfig) -> None:
+    """Refuse a resume (`ckpt_path`) whose checkpoint was trained with other `model` settings than `cfg`'s.
+
+    A resume continues one model: another width, cut or backbone would fail in Lightning's strict load with a
+    traceback (or, for a cut, go on silently as another model). Runtime keys (`_RUNTIME_MODEL_KEYS`) may differ.
+    """
+    saved = dict(resumed.get("hyper_parameters", {}).get("model") or {})
+    now = OmegaConf.to_container(cfg.model)
+    defaults = {f.name: f.default for f in fields(OmegaConf.get_type(cfg.model))}  # keys newer than the checkpoint
+
+    def same(k: str) -> bool:
+        a, b = saved.get(k, defaults.get(k)), now.get(k)
+        if k == "backbone" and a != b and Path(str(a)).exists():  # one folder, named two ways
+            return Path(str(a)).resolve() == Path(str(b)).resolve()
+        return a == b
+
+    differ = sorted(k for k in now if k not in _RUNTIME_MODEL_KEYS and not same(k))
+    if differ:
+        shown = ", ".join(f"model.{k}={_yaml(saved.get(k))} (this run: {_yaml(now.get(k))})" for k in differ[:3])
+        raise InputError(
+            "ckpt_path",
+            f"'{cfg.ckpt_path}' was trained with {shown}{', ...' if len(differ) > 3 else ''}; a resume continues "
+            "the same model: drop those overrides, or start a new output_dir from its weights with init_ckpt=",
+        )
 
 
 @dataclass(frozen=True)

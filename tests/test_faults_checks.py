@@ -382,3 +382,27 @@ def test_a_missing_data_file_is_refused_before_the_cache_is_written(tmp_path, ca
     line = one_line(capsys, rc, 2)
     assert line.startswith(f"error: data.{missing}: path '{gone}' does not exist"), line
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_resume_with_other_model_settings_is_one_line_before_the_data(tmp_path, tiny_bert, capsys):
+    """Fourth fault trial K4: `ckpt_path=` a ColBERT checkpoint with `model.compress_dim=16` set now failed in
+    Lightning's strict load with a traceback (after the data, leaving an attempt folder). The checkpoint's model
+    settings are compared with the run's first: one line naming what differs; runtime keys may differ."""
+    from conftest import fake_checkpoint
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    bert = tiny_bert
+    ckpt = fake_checkpoint(tmp_path / "colbert.ckpt", bert)
+    capsys.readouterr()
+    base = [*SMALL, f"model.backbone={bert}", f"ckpt_path={ckpt}", f"data.cache_dir={cache}", f"output_dir={out}"]
+    line = one_line(capsys, run_main([*base, "model.compress_dim=16"], job="train"), 2)
+    assert line == (
+        f"error: ckpt_path: '{ckpt}' was trained with model.compress_dim=null (this run: 16); a resume continues the "
+        "same model: drop those overrides, or start a new output_dir from its weights with init_ckpt="
+    )
+    assert not out.exists() and not cache.exists()
+    from pipeline.cli import main
+    from pipeline.run import TRAIN
+
+    for runtime in ("model.attn_implementation=eager", "model.length_buckets=1", f"model.backbone={bert}/."):
+        assert main([*base, runtime, "--dry-run"], TRAIN) == 0, capsys.readouterr().err
