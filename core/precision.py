@@ -15,7 +15,9 @@ import warnings
 
 import torch
 
-__all__ = ["cpu_bf16_native", "set_matmul_precision", "warn_emulated_bf16"]
+from core.errors import InputError
+
+__all__ = ["check_fp16_device", "cpu_bf16_native", "set_matmul_precision", "warn_emulated_bf16"]
 
 _warned: set[tuple[str, str]] = set()  # (key, value) said in this process: e.g. the head stage's cache and trainer
 
@@ -62,3 +64,21 @@ def set_matmul_precision(value: str, device_type: str) -> str | None:
         value = "high"
     torch.set_float32_matmul_precision(value)
     return value
+
+
+def check_fp16_device(precision: str, accelerator: str, machine: bool = True) -> None:
+    """Refuse `trainer.precision` fp16 (`16-mixed`, `16-true`) for a run on the CPU, before anything loads.
+
+    Lightning swaps it for bf16-mixed on the CPU with a warning of its own, and the run's numbers are bf16 ones while
+    its config.yaml says 16-mixed. `accelerator=cpu` is refused from the config alone (`--dry-run` too);
+    `accelerator=auto` when `machine` (the job itself, not a dry run that may be composed on a login node) and this
+    machine has no CUDA device.
+    """
+    if not str(precision).startswith("16"):
+        return
+    if accelerator == "cpu" or (machine and accelerator == "auto" and not torch.cuda.is_available()):
+        raise InputError(
+            "config key 'trainer.precision'",
+            f"is {precision}, but fp16 needs a CUDA device and this run is on the CPU (Lightning would run bf16-mixed "
+            "instead); use bf16-mixed or 32-true on the CPU",
+        )

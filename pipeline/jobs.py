@@ -37,6 +37,7 @@ from core.checkpoints import check_same_ranker, read_header
 from core.errors import InputError
 from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
+from core.precision import check_fp16_device
 from core.registry import Registry
 from pipeline.config import RunConfig
 from pipeline.stages import begin_attempt, check_outputs
@@ -447,6 +448,8 @@ def check(cfg: DictConfig, name: str) -> None:
             raise _foreign(cfg, name, item)
     names = _names(cfg)
     names["model"] = str(cfg.model.name)
+    if "trainer" in cfg:
+        check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator, machine=False)
     for key, why in spec.ignores.items():
         group, sub = key.split(".", 1)
         value, default = cfg[group][sub], _default(cfg[group], sub)
@@ -579,6 +582,8 @@ class Script:
         """
         name = self.check(cfg)
         check_files(cfg, model_from_cli, name)  # the checkpoints' headers, before the lock, any data or any cache
+        if "trainer" in cfg:
+            check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator)  # `auto` decided on this machine
         with output_dir_lock(cfg.output_dir):
             check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
             begin_attempt(cfg)

@@ -406,3 +406,25 @@ def test_a_resume_with_other_model_settings_is_one_line_before_the_data(tmp_path
 
     for runtime in ("model.attn_implementation=eager", "model.length_buckets=1", f"model.backbone={bert}/."):
         assert main([*base, runtime, "--dry-run"], TRAIN) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("accelerator,dry", [("cpu", True), ("cpu", False), ("auto", False)])
+def test_fp16_on_the_cpu_is_refused_not_swapped_for_bf16(tmp_path, capsys, monkeypatch, accelerator, dry):
+    """Fourth fault trial K9: `trainer.precision=16-mixed` on the CPU ran as bf16-mixed (Lightning's swap, its own
+    warning) with 16-mixed in config.yaml. Refused before anything loads: from the config for accelerator=cpu
+    (--dry-run too), on this machine for auto (a dry run composed on a login node passes)."""
+    import torch
+
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    argv = [*SMALL, "model=repbert", "trainer.precision=16-mixed", f"trainer.accelerator={accelerator}"]
+    argv += [f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}", *(["--dry-run"] if dry else [])]
+    assert one_line(capsys, main(argv, EVALUATE), 2) == (
+        "error: config key 'trainer.precision': is 16-mixed, but fp16 needs a CUDA device and this run is on the CPU "
+        "(Lightning would run bf16-mixed instead); use bf16-mixed or 32-true on the CPU"
+    )
+    assert not out.exists()
+    assert main([a for a in argv if "accelerator" not in a] + ["trainer.accelerator=auto", "--dry-run"], EVALUATE) == 0
