@@ -62,6 +62,12 @@ def _not_a_file(p: Path, path: str, key: str) -> InputError:
     """
     if p.is_dir():
         # ckpt= also takes an export folder; the callers that accept one look for its isorank.json before this
+        if (p / "isorank.json").is_file():
+            return InputError(
+                key,
+                f"'{path}' is an export folder (train.py stage=export), which this job does not read; give the "
+                ".ckpt file it was exported from",
+            )
         export = " nor an export folder from train.py stage=export (it has no isorank.json)" if key == "ckpt" else ""
         return InputError(key, f"'{path}' is a folder, not a checkpoint file{export}; expected a .ckpt file")
     return InputError(key, f"checkpoint '{path}' does not exist")

@@ -428,3 +428,20 @@ def test_fp16_on_the_cpu_is_refused_not_swapped_for_bf16(tmp_path, capsys, monke
     )
     assert not out.exists()
     assert main([a for a in argv if "accelerator" not in a] + ["trainer.accelerator=auto", "--dry-run"], EVALUATE) == 0
+
+
+@pytest.mark.parametrize("args", [["stage=head", "head=whitening", "ckpt={export}"], ["ckpt_path={export}"]])
+def test_an_export_folder_where_a_checkpoint_file_is_needed_is_named_so(tmp_path, capsys, args):
+    """Fourth fault trial K13: stage=head ckpt=<an export folder> said the folder "has no isorank.json" (it has one).
+    A job that does not read export folders says it is one and asks for the .ckpt it came from."""
+    export = tmp_path / "exported"
+    export.mkdir()
+    (export / "isorank.json").write_text("{}")
+    out = tmp_path / "out"
+    argv = [*SMALL, *(a.format(export=export) for a in args), f"data.cache_dir={tmp_path / 'c'}", f"output_dir={out}"]
+    key = "ckpt" if "stage=head" in args else "ckpt_path"
+    assert one_line(capsys, run_main(argv, job="train"), 2) == (
+        f"error: {key}: '{export}' is an export folder (train.py stage=export), which this job does not read; give "
+        "the .ckpt file it was exported from"
+    )
+    assert not out.exists()
