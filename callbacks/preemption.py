@@ -20,6 +20,7 @@ exits 130 / 143. Lightning passes it through (it is no KeyboardInterrupt, which 
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import threading
@@ -178,9 +179,13 @@ class Preemption(Callback):
         if (
             self.signum is None and signum == signal.SIGINT and self._trainer.global_rank == 0
         ):  # one line, not one a rank
-            warnings.warn(
+            # attributed to this file, not to the frame the signal interrupted (often torch's or transformers'):
+            # the entry scripts print a warning as `warning: ...` only when it comes from the project's code
+            warnings.warn_explicit(
                 "SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)",
-                stacklevel=2,
+                UserWarning,
+                __file__,
+                inspect.currentframe().f_lineno,
             )
         self.signum = self.signum or signum
         if self._trainer.validating:

@@ -457,3 +457,32 @@ def test_a_training_cell_of_an_in_process_grid_stopped_by_a_signal_says_one_line
         "stopped: interrupted by SIGINT at step 3; the cell's last.ckpt is kept; finished cells are kept: run the "
         "same command again to resume\n"
     )
+
+
+def test_the_first_ctrl_c_warning_is_ours_wherever_the_signal_lands(monkeypatch):
+    """Fourth fault trial S4: the Ctrl-C warning was attributed to the frame the signal interrupted, so a signal in
+    transformers' code printed `.../transformers/activations.py:89: UserWarning: SIGINT: ...` in the library's
+    format. It is attributed to callbacks/preemption.py: the entry scripts print it as `warning: ...`."""
+    import types
+    import warnings
+
+    from callbacks.preemption import Preemption
+    from pipeline.cli import _format_warning
+
+    cb = Preemption()
+    cb._trainer = types.SimpleNamespace(global_rank=0, validating=False, world_size=1)
+    monkeypatch.setattr(cb, "_stop", lambda signum, frame: None)
+    library = {"__name__": "transformers.activations"}
+    exec(
+        compile("def forward(cb, sig):\n    cb._on_signal(sig, None)\n", "/site-packages/transformers/x.py", "exec"),
+        library,
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        library["forward"](cb, signal.SIGINT)
+    (w,) = seen
+    line = _format_warning(w.message, w.category, w.filename, w.lineno)
+    assert (
+        line
+        == "warning: SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)\n"
+    )
