@@ -445,3 +445,26 @@ def test_an_export_folder_where_a_checkpoint_file_is_needed_is_named_so(tmp_path
         "the .ckpt file it was exported from"
     )
     assert not out.exists()
+
+
+def test_only_global_rank_zero_refuses_an_output_dir_with_checkpoints(tmp_path, monkeypatch):
+    """Fourth fault trial R4: `train.py stage=head head=whitening` under DDP failed with no fault: the closed-form head
+    is saved before Lightning starts rank 1, which runs the script again and refused rank 0's own checkpoint. Only
+    global rank 0 (before anything is written) refuses; a resume (ckpt_path) never does."""
+    from omegaconf import OmegaConf
+
+    from core.errors import InputError
+    from pipeline.stages import refuse_other_checkpoints
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "head.ckpt").write_bytes(b"x")
+    cfg = OmegaConf.create({"output_dir": str(tmp_path), "ckpt_path": None})
+    from core.ranks import RANK_VARIABLES
+
+    for var in RANK_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(InputError, match="already holds checkpoints"):
+        refuse_other_checkpoints(cfg)
+    refuse_other_checkpoints(OmegaConf.merge(cfg, {"ckpt_path": "last.ckpt"}))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    refuse_other_checkpoints(cfg)  # a rank Lightning started: rank 0 has checked already
