@@ -2,8 +2,9 @@
 and validates: each is run with `--dry-run` appended (compose and check the config, load and write nothing; for
 experiments.py every cell's config, as `action=list`) and must exit 0.
 
-A command may name a checkpoint that an earlier documented command produces: "checkpoint '...' does not exist" for
-a path the command names is tolerated. Commands come from ```bash (sh, shell, console) fences, one per line
+A command may name a checkpoint (or an input file such as `analysis.run`) that an earlier documented command
+produces: "checkpoint '...' does not exist" (or "'...' does not exist" of that key) for a path the command names is
+tolerated. Commands come from ```bash (sh, shell, console) fences, one per line
 (`\\` continuations joined, a leading `$ ` prompt and leading `VAR=value` environment assignments allowed), and from
 inline `code` in the prose. Synopsis notation is read as such: a `...` argument or `key=...` is dropped, an optional
 `[key=value]` is validated as `key=value`, and a command with an all-caps placeholder value (`grid=NAME`) other than a
@@ -42,6 +43,8 @@ _INLINE = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)")  # an inline code 
 _SHELL_OPS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1"}
 _PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")  # PATH, NAME, N
 _MISSING_CKPT = re.compile(r"checkpoint '([^']+)' does not exist")
+# an input file a schema declares (core/inputs.py, e.g. analysis.run), checked at --dry-run since issue 48
+_MISSING_INPUT = re.compile(r"config key '([\w.]+)': '([^']+)' does not exist \(resolved to ")
 
 
 def documented_commands(path: Path) -> list[tuple[int, str]]:
@@ -121,7 +124,8 @@ def assert_ok_or_missing_checkpoint(rc: int, out: str, err: str, args: list[str]
     if rc == 0:
         return
     named = {a.split("=", 1)[1] for a in args if "=" in a and _checkpoint_arg(a)}
-    missing = set(_MISSING_CKPT.findall(err))
+    named |= {value for key, value in _MISSING_INPUT.findall(err) if f"{key}={value}" in args}
+    missing = set(_MISSING_CKPT.findall(err)) | {value for _, value in _MISSING_INPUT.findall(err)}
     if rc == 2 and missing and missing <= named and not any(Path(REPO, p).exists() for p in missing):
         return  # a checkpoint an earlier documented command writes
     raise AssertionError(f"{where}: exit code {rc}\nstdout: {out[-2000:]}\nstderr: {err[-4000:]}")
