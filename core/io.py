@@ -258,6 +258,12 @@ class AtomicDir:
     def check(self) -> None:
         """Refuse (InputError) a `path` this would not replace; a job calls it before it loads anything."""
         p = self.path
+        if p.is_symlink() and not p.exists():
+            raise InputError(
+                str(p),
+                f"is a symbolic link to '{os.readlink(p)}', which does not exist; create the link's target or choose "
+                "another folder",
+            )
         if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not (p / self.marker).exists())):
             raise InputError(str(p), f"exists and is not {self.kind} (no {self.marker}); refusing to replace it")
 

@@ -218,7 +218,7 @@ def test_a_dangling_symbolic_link_on_the_output_path_is_named_as_one(tmp_path):
     check_writable(tmp_path / "fine" / "out", "output_dir")  # an ordinary path still passes
 
 
-@pytest.mark.parametrize("what", ["a file", "a foreign folder"])
+@pytest.mark.parametrize("what", ["a file", "a foreign folder", "a dangling link"])
 def test_an_index_dir_that_would_be_refused_is_refused_before_anything_loads(tmp_path, what):
     """retrieval.index_dir naming a file or a folder that is not an index: the job's first checks refuse it (it was
     found only when the encoded index was written), with the writer's own words; an index folder passes."""
@@ -230,6 +230,8 @@ def test_an_index_dir_that_would_be_refused_is_refused_before_anything_loads(tmp
     target = tmp_path / "idx"
     if what == "a file":
         target.write_text("a collection\n")
+    elif what == "a dangling link":  # fifth fault trial D1: refused only after the encoding, "Not a directory"
+        target.symlink_to(tmp_path / "nowhere" / "idx")
     else:
         target.mkdir()
         (target / "notes.txt").write_text("mine\n")
@@ -240,7 +242,12 @@ def test_an_index_dir_that_would_be_refused_is_refused_before_anything_loads(tmp
             "retrieval": {"name": "dense", "index_dir": str(target)},
         }
     )
-    with pytest.raises(InputError, match=r"exists and is not an index directory \(no manifest.json\); refusing"):
+    expected = (
+        r"is a symbolic link to '.*', which does not exist"
+        if what == "a dangling link"
+        else r"exists and is not an index directory \(no manifest.json\); refusing"
+    )
+    with pytest.raises(InputError, match=expected):
         check_outputs(cfg)
     index = tmp_path / "index"
     index.mkdir()
