@@ -42,6 +42,7 @@ the others wait on its lock (`.<file>.lock`), as the index is.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -255,6 +256,19 @@ def _build_index(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | 
         return _index_passes(docs, params, spill_dir, ph)
 
 
+def _check_spill(spill, expected: int, spill_dir: Path | None) -> None:
+    """Raise OSError (File too large) when the spill file holds fewer bytes than were written to it.
+
+    NumPy's tofile reports a short write of its own, but the tail a buffered write leaves for the close is lost
+    silently under a file-size limit or a full disk; read back short, the scoring pass would index past its pairs.
+    """
+    spill.flush()
+    size = os.fstat(spill.fileno()).st_size
+    if size != expected:
+        where = Path(spill_dir or tempfile.gettempdir()) / "<the BM25 build's temporary spill file>"
+        raise OSError(errno.EFBIG, f"the write stopped short, {size} of {expected} bytes written", str(where))
+
+
 def _index_passes(docs: Mapping[str, str], params: BM25Params, spill_dir: Path | None, ph) -> BM25Index | None:
     """Build the index of `docs` in memory (module docstring: build memory); None when no document has a token.
 
@@ -274,6 +288,7 @@ def _index_passes(docs: Mapping[str, str], params: BM25Params, spill_dir: Path |
     npairs = np.zeros(n, dtype=np.int32)  # distinct terms per document
     df = np.zeros(0, dtype=np.int64)
     tf_types = []  # per chunk, the dtype its tfs were spilled as
+    spilled = 0  # bytes written to the spill file
     with tempfile.TemporaryFile(dir=spill_dir) as spill:
         for start in range(0, n, CHUNK_DOCS):
             chunk = doc_ids[start : start + CHUNK_DOCS].tolist()
@@ -290,7 +305,9 @@ def _index_passes(docs: Mapping[str, str], params: BM25Params, spill_dir: Path |
             tf_types.append(np.uint16 if len(tf) and tf.max() < 1 << 16 else np.uint32)
             t.tofile(spill)
             tf.astype(tf_types[-1]).tofile(spill)
+            spilled += t.nbytes + len(tf) * np.dtype(tf_types[-1]).itemsize
             ph.advance(len(chunk))
+        _check_spill(spill, spilled, spill_dir)
         nnz, vocab = int(npairs.sum(dtype=np.int64)), len(terms.stems)
         if nnz == 0:
             return None

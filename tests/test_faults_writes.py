@@ -597,3 +597,34 @@ def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case
     listed = launch("experiments.py", [f"grid={case / 'g.yaml'}", "action=list"])
     assert "colbert/syn/seed1: partial (resumable)" in listed.stdout, listed.stdout
     no_temp(root)
+
+
+def test_a_bm25_spill_cut_short_at_its_close_is_a_write_fault_not_an_index_error(tmp_path):
+    """Fifth fault trial U1: under a file-size limit the tail of the BM25 build's spill file, left in a buffer for the
+    close, was lost silently, and the scoring pass indexed past its pairs (IndexError, a 59-line traceback). The
+    spill's size is checked: an OSError naming the file, which the entry scripts print as one line."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = (
+        "import signal, resource\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "import numpy as np\n"
+        "from datamodules.bm25 import _index_passes, BM25Params\n"
+        "from core.progress import phase\n"
+        "rng = np.random.default_rng(0)\n"
+        "docs = {f'd{i}': ' '.join(f'w{int(w)}' for w in rng.integers(0, 300, 8)) for i in range(3000)}\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (142000, 142000))\n"  # t's 94,948 bytes and most of tf's
+        "try:\n"
+        "    with phase('bm25', unit='docs') as ph:\n"
+        "        _index_passes(docs, BM25Params('lucene', 1.5, 0.75), None, ph)\n"
+        "except OSError as e:\n"
+        "    print('OSError', e.errno, e.strerror, e.filename)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout.startswith("OSError 27 the write stopped short, 142000 of 142422 bytes written"), proc.stderr
+    assert "<the BM25 build's temporary spill file>" in proc.stdout
