@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import small_run
-from test_grid import BM25_ROWS, SYN, SYN_START, tiny_grid
+from test_grid import BM25_ROWS, FAST, SYN, SYN_START, tiny_grid
 
 import grid.engine as engine
 from grid.engine import main, run
@@ -350,6 +350,25 @@ def test_results_cut_short_or_without_their_pair_are_rerun(tmp_path):
     )
     assert "seed1: ran" in out and "seed2: ran" in out and (root / "seed1" / "per_query.json").read_text() == text
     assert set(listed(gfile).values()) == {"done"}
+
+
+def test_a_grid_whose_cache_dir_is_a_file_stops_before_it_writes_anything(tmp_path, monkeypatch, capsys):
+    """The fourth fault trial's G3: `data.cache_dir` in a grid's common a regular file stopped the first cell with
+    "(File exists)" and "nothing was loaded or written" after the grid had written grid.yaml and the cell's cell.json.
+    The grid's checks now probe every cell's output and cache folders first: the cell's line, exit 2, no file."""
+    import experiments
+
+    afile = tmp_path / "cachefile"
+    afile.write_text("a file\n")
+    gfile = bm25_grid(tmp_path, common=[*FAST, f"data.cache_dir={afile}"])
+    monkeypatch.setattr(experiments, "raise_on_signals", dict)  # this test process keeps its own handlers
+    monkeypatch.setattr("warnings.formatwarning", __import__("warnings").formatwarning)
+    assert experiments.run([f"grid={gfile}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: grid g, cell bm25/syn/seed1: data.cache_dir: cannot write '{afile}' (it is a file, not a folder); "
+        "move it away or choose another folder; nothing was loaded or written\n"
+    )
+    assert not (tmp_path / "grids").exists() and afile.read_text() == "a file\n"
 
 
 def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it(tmp_path, tiny_bert):
