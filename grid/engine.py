@@ -106,10 +106,12 @@ from grid.cells import (
     CELL_FILE,
     NEUTRAL,
     RESULT_FILES,
+    UnreadableResult,
     claim_cell,
     export_cells,
     import_cells,
     read_json,
+    read_results,
     settings,
 )
 from grid.record import write_record
@@ -910,10 +912,20 @@ def _cell_wall(cell: Cell) -> float | None:
         return None
 
 
-def collect(spec: GridSpec, cells: list[Cell]) -> dict:
-    """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data."""
+def collect(spec: GridSpec, cells: list[Cell], say) -> dict:
+    """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data.
+
+    A finished cell whose results cannot be read is entered as missing, with one `say` line naming the file and how
+    to rerun that cell (a run does it by itself).
+    """
     by_key = {(c.kind, c.row, c.train, c.eval, c.replicate): c for c in cells}
     entries = []
+    unreadable: set[str] = set()
+    rerun = (
+        "action=run (the same command without action=table) reruns that cell"
+        if spec.action == "table"
+        else "run the same command again to rerun that cell"
+    )
     for rep, seed, fold in spec.replicates():
         for train in spec.train_data:
             for row in spec.rows:
@@ -939,12 +951,14 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                     }
                     if cell.done:
                         try:
-                            metrics = read_json(cell.dir / "metrics.json")
-                            per_query = read_json(cell.dir / "per_query.json")
-                        except (OSError, ValueError) as e:
-                            raise InputError(
-                                str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it"
-                            ) from e
+                            files = read_results(cell.dir, ["metrics.json", "per_query.json"])
+                        except UnreadableResult as e:  # not finished, as a missing cell: the others are tabulated
+                            if cell.label not in unreadable:
+                                unreadable.add(cell.label)
+                                say(f"warning: grid {spec.name}: cell '{cell.label}': {e}; not tabulated: {rerun}")
+                            entries.append(entry)
+                            continue
+                        metrics, per_query = files["metrics.json"], files["per_query.json"]
                         entry["wall_s"] = _cell_wall(cell)
                         entry["before_training"] = metrics.pop("before_training", None)
                         entry["before_head"] = metrics.pop("before_head", None)  # head rows: the same model without it
@@ -1183,7 +1197,7 @@ def run(argv: list[str], out=None) -> GridReport:
             f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, "
             f"e.g. {stale[0]} (action=list marks them)"
         )
-    results = collect(spec, cells)
+    results = collect(spec, cells, say)
     report.results_path = write_results(results, spec.dir)
     report.table = write_table(results, spec.table_path)
     say("")
