@@ -444,6 +444,18 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
             errno_=errno.ENOENT,
             key=key,
         )
+    # a file where a folder is expected, the path itself or a folder above it: mkdir would say "File exists" or
+    # "Not a directory", which reads as if the folder were there
+    blocking = next((q for q in (p, *p.parents) if q.exists() and not q.is_dir()), None)
+    if blocking is not None:
+        raise WriteFault(
+            blocking,
+            "it is a file, not a folder",
+            "move it away or choose another folder; nothing was loaded or written",
+            code=2,
+            errno_=errno.ENOTDIR,
+            key=key,
+        )
     created = [q for q in (p, *p.parents) if not q.exists()]
     probe = p / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:

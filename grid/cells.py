@@ -70,6 +70,28 @@ def read_json(path: Path) -> Any:
         return json.load(f)
 
 
+class UnreadableResult(Exception):
+    """A cell's result file (or its cell.json) that exists but cannot be read or parsed: `path` and why."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"'{path}' is unreadable ({reason})")
+
+
+def read_results(cell_dir: Path, names: Iterable[str]) -> dict[str, Any]:
+    """Return {name: parsed content} of the files `names` in a cell's folder; one that fails is an UnreadableResult.
+
+    The error names the file, not the folder: a training cell's folder also holds its checkpoints, which a rerun keeps.
+    """
+    out = {}
+    for name in names:
+        try:
+            out[name] = read_json(cell_dir / name)
+        except (OSError, ValueError) as e:
+            raise UnreadableResult(cell_dir / name, str(e) or type(e).__name__) from e
+    return out
+
+
 def claim_cell(cell_dir: Path):
     """Claim a cell for this grid process while it runs or writes it (core.lock.claim).
 
@@ -85,12 +107,12 @@ def export_cells(grid: str, cells: list[CellLike], path: Path) -> int:
         if not c.done:
             continue
         try:
-            info = read_json(c.dir / CELL_FILE) if (c.dir / CELL_FILE).is_file() else {}
-            files = {
-                name: read_json(c.dir / name) for name in RESULT_FILES + OPTIONAL_FILES if (c.dir / name).is_file()
-            }
-        except (OSError, ValueError) as e:
-            raise InputError(str(c.dir), f"unreadable results ({e}); delete the cell folder to recompute it") from e
+            info = read_results(c.dir, [CELL_FILE])[CELL_FILE] if (c.dir / CELL_FILE).is_file() else {}
+            files = read_results(c.dir, [n for n in RESULT_FILES + OPTIONAL_FILES if (c.dir / n).is_file()])
+        except UnreadableResult as e:  # the grid's run rewrites it (a result: the cell reruns; cell.json: rewritten)
+            raise InputError(
+                f"cell {c.label}", f"{e}; run the grid (action=run) to rerun that cell, then export again"
+            ) from e
         entries.append(
             {"label": c.label, "argv": list(info.get("argv", c.argv)), "wall_s": info.get("wall_s"), "files": files}
         )

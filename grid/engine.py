@@ -97,12 +97,23 @@ from callbacks.loggers import finish_wandb
 from callbacks.preemption import Signalled
 from core.checkpoints import read_header
 from core.errors import InputError
-from core.io import WriteFault, atomic_open, check_writable, write_json
+from core.io import WriteFault, atomic_open, check_cache_folders, check_writable, write_json
 from core.precision import warn_emulated_bf16
 from core.progress import phase
 from core.ranks import exit_status
 from core.signals import PARENT_VARIABLE
-from grid.cells import CELL_FILE, NEUTRAL, RESULT_FILES, claim_cell, export_cells, import_cells, read_json, settings
+from grid.cells import (
+    CELL_FILE,
+    NEUTRAL,
+    RESULT_FILES,
+    UnreadableResult,
+    claim_cell,
+    export_cells,
+    import_cells,
+    read_json,
+    read_results,
+    settings,
+)
 from grid.record import write_record
 from grid.spec import INIT_REF, GridSpec, grid_key, load_grid
 from grid.tables import RUN_LEVEL, log_wandb_table, write_table
@@ -438,17 +449,24 @@ def _after_references(cells: list[Cell]) -> list[Cell]:
     return out
 
 
-def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str, str]]]:
+def _config_key(cell: Cell) -> tuple:
+    """Return what a cell's composed config depends on besides its folder and seed (`check` composes each once)."""
+    return (cell.kind, cell.row, cell.train, cell.eval, cell.fold is not None)
+
+
+def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str, str]], dict[tuple, str]]:
     """Compose every distinct cell config and check the table's measures.
 
-    Return the first cell's config and the (trainer.precision, trainer.accelerator) pairs of all of them. A misspelt
-    key or option stops here, before anything runs.
+    Return the first cell's config, the (trainer.precision, trainer.accelerator) pairs of all of them and each
+    distinct config's `data.cache_dir` (by `_config_key`; none where unset). A misspelt key or option stops here,
+    before anything runs.
     """
     first = None
     precisions: set[tuple[str, str]] = set()
+    caches: dict[tuple, str] = {}
     seen = set()
     for cell in cells:
-        key = (cell.kind, cell.row, cell.train, cell.eval, cell.fold is not None)
+        key = _config_key(cell)
         if key in seen:
             continue
         seen.add(key)
@@ -465,6 +483,8 @@ def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str,
         if first is None:
             first = cfg
         precisions.add((str(cfg.trainer.precision), str(cfg.trainer.accelerator)))
+        if cfg.get("data") is not None and cfg.data.get("cache_dir"):
+            caches[key] = str(cfg.data.cache_dir)
         if not spec.measures:
             spec.measures = list(cfg.eval.measures)
         missing = [m for m in spec.measures if m not in cfg.eval.measures and m not in RUN_LEVEL]
@@ -474,7 +494,34 @@ def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str,
                 f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; "
                 "add them to eval.measures in common",
             )
-    return first, precisions
+    return first, precisions, caches
+
+
+def check_cell_folders(spec: GridSpec, cells: list[Cell], caches: dict[tuple, str]) -> None:
+    """Probe the folders each cell that will run writes, before the grid writes anything.
+
+    Those are its output_dir and its data.cache_dir (core.io.check_writable, check_cache_folders), which the cell's job
+    probes first thing; a refusal is that job's line under the cell's label, so its "nothing was loaded or written"
+    holds for the grid too. Cells that will not run (done, not selected, or skipped for a file where their folder
+    should be) are left out.
+    """
+    probed: set[str] = set()
+    for cell in cells:
+        fault = cell.fault()
+        if not spec.selected(cell) or (fault is None and cell.done) or (fault and fault[1].startswith("skip")):
+            continue
+        where = f"grid {spec.name}, cell {cell.label}"
+        cache = caches.get(_config_key(cell))
+        try:
+            key = "output_dir"
+            check_writable(cell.dir, key)
+            if cache and cache not in probed:
+                key = "data.cache_dir"
+                check_writable(cache, key)
+                check_cache_folders(cache, key)
+                probed.add(cache)
+        except WriteFault as e:  # the same fault, named under the cell (exit code as the job's)
+            raise WriteFault(e.path, e.reason, e.kept, code=e.code, errno_=e.errno, key=f"{where}: {key}") from e
 
 
 def _warn_emulated_bf16(precisions: set[tuple[str, str]]) -> None:
@@ -865,10 +912,20 @@ def _cell_wall(cell: Cell) -> float | None:
         return None
 
 
-def collect(spec: GridSpec, cells: list[Cell]) -> dict:
-    """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data."""
+def collect(spec: GridSpec, cells: list[Cell], say) -> dict:
+    """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data.
+
+    A finished cell whose results cannot be read is entered as missing, with one `say` line naming the file and how
+    to rerun that cell (a run does it by itself).
+    """
     by_key = {(c.kind, c.row, c.train, c.eval, c.replicate): c for c in cells}
     entries = []
+    unreadable: set[str] = set()
+    rerun = (
+        "action=run (the same command without action=table) reruns that cell"
+        if spec.action == "table"
+        else "run the same command again to rerun that cell"
+    )
     for rep, seed, fold in spec.replicates():
         for train in spec.train_data:
             for row in spec.rows:
@@ -894,12 +951,14 @@ def collect(spec: GridSpec, cells: list[Cell]) -> dict:
                     }
                     if cell.done:
                         try:
-                            metrics = read_json(cell.dir / "metrics.json")
-                            per_query = read_json(cell.dir / "per_query.json")
-                        except (OSError, ValueError) as e:
-                            raise InputError(
-                                str(cell.dir), f"unreadable results ({e}); delete the cell folder to recompute it"
-                            ) from e
+                            files = read_results(cell.dir, ["metrics.json", "per_query.json"])
+                        except UnreadableResult as e:  # not finished, as a missing cell: the others are tabulated
+                            if cell.label not in unreadable:
+                                unreadable.add(cell.label)
+                                say(f"warning: grid {spec.name}: cell '{cell.label}': {e}; not tabulated: {rerun}")
+                            entries.append(entry)
+                            continue
+                        metrics, per_query = files["metrics.json"], files["per_query.json"]
                         entry["wall_s"] = _cell_wall(cell)
                         entry["before_training"] = metrics.pop("before_training", None)
                         entry["before_head"] = metrics.pop("before_head", None)  # head rows: the same model without it
@@ -1067,7 +1126,7 @@ def run(argv: list[str], out=None) -> GridReport:
             f"{spec.only} matches none of the {len(labels)} cells of grid {spec.name}: "
             f"{labels[:6]}{' ...' if len(labels) > 6 else ''} (action=list prints them all)",
         )
-    cfg, precisions = check(spec, cells)
+    cfg, precisions, caches = check(spec, cells)
     report = GridReport(spec)
     n_train = sum(c.kind == "train" for c in cells)
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
@@ -1112,6 +1171,7 @@ def run(argv: list[str], out=None) -> GridReport:
     if spec.action in ("run", "table", "import"):  # each writes under spec.dir: probed before any cell or table
         check_writable(spec.dir, grid_key(spec.source, "output_root"))
     if spec.action == "run":
+        check_cell_folders(spec, cells, caches)  # the cells' own first checks, before grid.yaml or any cell.json
         _stop_if_other_settings(spec, cells)
         _rewrite_cell_records(spec, cells, say)
         _record_spec(spec, extra, cells, say)
@@ -1137,7 +1197,7 @@ def run(argv: list[str], out=None) -> GridReport:
             f"warning: {len(stale)} finished cell(s) ran with other settings than the grid plans now, "
             f"e.g. {stale[0]} (action=list marks them)"
         )
-    results = collect(spec, cells)
+    results = collect(spec, cells, say)
     report.results_path = write_results(results, spec.dir)
     report.table = write_table(results, spec.table_path)
     say("")

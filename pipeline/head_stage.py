@@ -2,8 +2,8 @@
 
 1. Rebuild the fine-tuned ranker from `ckpt` and freeze it; read and validate the data (nothing written before).
 2. Encode the training queries and passages ONCE into the on-disk representation cache (under
-   `data.cache_dir/representations/`, keyed by the checkpoint's weights, the tokenizer, lengths, precision,
-   granularity and texts, so whitening, NICE and Glow on the same ranker share it).
+   `data.cache_dir/representations/`, keyed by the checkpoint's weights, the backbone's config.json, the tokenizer,
+   lengths, precision, granularity and texts, so whitening, NICE and Glow on the same ranker share it).
 3. Fit the head, as its capabilities say (`HeadCapabilities.fit`):
    - closed form (whitening): stream the cache once through float64 moments, fit (Eq. 7-10), no optimiser;
    - by gradient (NICE / Glow): `head.epochs` epochs of maximum likelihood over the cache, validating after every
@@ -38,6 +38,7 @@ from models.heads import head_capabilities
 from models.heads.cache import RepresentationCache, cache_key
 from models.loading import LoadedRanker, load_ranker
 from models.rankers import ranker_capabilities
+from models.rankers.backbone import backbone_digests
 from pipeline.stages import (
     MONITOR,
     build_trainer,
@@ -95,15 +96,19 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
     """Encode the training queries and passages once with the frozen ranker into the on-disk representation cache.
 
     Its folder under `data.cache_dir/representations/` is named by the checkpoint's path, granularity and texts, so
-    whitening, NICE and Glow on the same ranker share it; its manifest holds all the vectors depend on (the checkpoint
-    file's digest, memoised by stat in `<cache_dir>/digests/`; the tokenizer, lengths, precision, dtype), and a folder
-    of other inputs is rebuilt with a warning. The ranker's own representations, without the head.
+    whitening, NICE and Glow on the same ranker share it; its manifest holds all the vectors depend on (the digests of
+    the checkpoint file and of the backbone's config.json, from which the ranker is built, both memoised by stat in
+    `<cache_dir>/digests/`; the tokenizer, lengths, precision, dtype), and a folder of other inputs is rebuilt with a
+    warning. The ranker's own representations, without the head.
     """
     queries, docs = training_texts(dm, cfg.head.max_train_texts, cfg.seed)
     granularity = cfg.head.granularity
     key = cache_key(_checkpoint_id(cfg.ckpt), granularity, queries, docs)
     path = Path(cfg.data.cache_dir) / "representations" / f"{Path(cfg.ckpt).stem}-{granularity}-{key[:16]}"
-    weights, _ = input_digest(cfg.ckpt, memo_folder(cfg.data.cache_dir))
+    memo = memo_folder(cfg.data.cache_dir)
+    weights, _ = input_digest(cfg.ckpt, memo)
+    # the checkpoint records its backbone's path only: the architecture is read from that folder at every load
+    backbone = backbone_digests(module.ranker.cfg.backbone, memo)
     autocast, precision = None, "32"
     if str(cfg.trainer.precision).startswith("bf16"):
         precision = "bf16-autocast"
@@ -123,6 +128,7 @@ def build_cache(cfg: DictConfig, module: HeadModule, dm: HeadDataModule) -> Repr
             autocast=autocast,
             precision=precision,
             weights=weights,
+            backbone=backbone,
         )
     finally:
         module.attach(True)

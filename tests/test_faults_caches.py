@@ -192,6 +192,74 @@ def test_checkpoint_digest_sees_other_weights_at_the_same_path(colbert, tmp_path
     assert digests.input_digest(ck, memo)[0] != first
 
 
+def test_a_same_size_edit_of_the_backbone_config_builds_a_new_representation_cache(tmp_path, monkeypatch):
+    """The fourth fault trial's C2: a checkpoint records its backbone's path, and the architecture is read from that
+    folder's config.json at every load, so `"gelu"` -> `"relu"` there (same size) is another ranker from the same
+    checkpoint: the head stage's cache (keyed as `build_cache` keys it: the checkpoint's digest, the backbone's files'
+    digests memoised in <cache>/digests) is rebuilt with one warning naming the file, and equals a fresh cache's."""
+    from conftest import make_tiny_bert, tiny_bi_encoders
+
+    from models.heads import cache as cache_mod
+    from models.loading import pair_tokenizer_for
+    from models.rankers.backbone import backbone_digests
+
+    bert = make_tiny_bert(tmp_path / "bert")  # its own copy: the shared fixture's folder is not edited
+    memo, path = tmp_path / "cache" / "digests", tmp_path / "cache" / "representations" / "c"
+    ranker = tiny_bi_encoders(str(bert))["colbert"]
+    state = copy.deepcopy(ranker.state_dict())  # the checkpoint: every weight, as load_ranker loads them (strictly)
+    ck = tmp_path / "last.ckpt"
+    torch.save({"state_dict": state}, ck)
+    weights, _ = digests.input_digest(ck, memo)
+
+    def from_checkpoint():
+        r = tiny_bi_encoders(str(bert))["colbert"]
+        r.load_state_dict(state)
+        return r, pair_tokenizer_for(r)
+
+    def build(at, r, pt):
+        return _rep_build(at, r, pt, weights=weights, backbone=backbone_digests(str(bert), memo))
+
+    good = np.array(build(path, *from_checkpoint()).vectors())
+    encoded = []
+    real = cache_mod._vectors
+    monkeypatch.setattr(cache_mod, "_vectors", lambda *a: encoded.append(1) or real(*a))
+    _, msgs = caught_warnings(lambda: build(path, *from_checkpoint()))  # untouched: reused
+    assert not encoded and not [m for m in msgs if "representation cache" in m]
+
+    config = bert / "config.json"
+    size = config.stat().st_size
+    edit_same_size(config, b'"gelu"', b'"relu"')
+    assert config.stat().st_size == size
+    rebuilt, msgs = caught_warnings(lambda: build(path, *from_checkpoint()))
+    one_warning(msgs, "representation cache", "other inputs (backbone config.json); rebuilding it")
+    assert encoded
+    fresh = build(tmp_path / "fresh" / "c", *from_checkpoint())
+    assert np.array_equal(np.array(rebuilt.vectors()), np.array(fresh.vectors()))
+    assert not np.array_equal(np.array(rebuilt.vectors()), good)  # relu: other vectors, which the old cache held
+
+
+def test_single_token_cache_is_keyed_by_the_heads_activation_and_epsilon(tmp_path):
+    """The single-token cache (lexical enrichment) of a backbone's own MLM head: the head's activation and LayerNorm
+    epsilon come from the backbone's config.json, so a head with the same tensors and another activation is optimised
+    anew (not read from the first head's cache), and its vectors equal an uncached run's."""
+    from analyses.vocab.lexical_enrichment import cached_single_tokens
+    from analyses.vocab.mlm_head import MLMHead
+
+    torch.manual_seed(0)
+    emb = torch.randn(12, 8)
+    gelu = MLMHead(emb, act="gelu")
+    relu = MLMHead(emb, act="relu")
+    relu.load_state_dict(gelu.state_dict())  # the same tensors
+    opts = SimpleNamespace(st_lr=0.05, st_threshold=0.5, st_max_steps=5, st_batch_size=8)
+    ids, cache = [1, 4, 7], tmp_path / "cache"
+    first, _ = cached_single_tokens(gelu, ids, opts, cache)
+    got, summary = cached_single_tokens(relu, ids, opts, cache)
+    assert summary["optimised_now"] == len(ids)  # not the gelu head's vectors
+    want, _ = cached_single_tokens(relu, ids, opts, None)
+    assert torch.equal(got, want) and not torch.equal(got, first)
+    assert len(list((cache / "single_tokens").glob("*.pt"))) == 2
+
+
 # ---- the document store, its text index (datamodules/docstore.py) -------------------------------------------------
 def _collection(tmp_path: Path) -> Path:
     path = tmp_path / "collection.tsv"

@@ -218,6 +218,26 @@ def test_a_dangling_symbolic_link_on_the_output_path_is_named_as_one(tmp_path):
     check_writable(tmp_path / "fine" / "out", "output_dir")  # an ordinary path still passes
 
 
+@pytest.mark.parametrize("where", ["the folder itself", "a folder above it"])
+@pytest.mark.parametrize("key", ["output_dir", "data.cache_dir"])
+def test_a_file_where_a_folder_is_expected_is_named_as_one(tmp_path, where, key):
+    """The fourth fault trial's G3: mkdir said "File exists" of a regular file given as data.cache_dir, as if a folder
+    were there; the probe says what it is, for every path it probes, and makes nothing."""
+    from core.io import WriteFault, check_writable
+
+    afile = tmp_path / "cachefile"
+    afile.write_text("a file\n")
+    target = afile if where == "the folder itself" else afile / "run" / "out"
+    with pytest.raises(WriteFault) as e:
+        check_writable(target, key)
+    assert str(e.value) == (
+        f"{key}: cannot write '{afile}' (it is a file, not a folder); move it away or choose another folder; "
+        "nothing was loaded or written"
+    )
+    assert e.value.code == 2
+    assert afile.read_text() == "a file\n" and sorted(p.name for p in tmp_path.iterdir()) == ["cachefile"]
+
+
 @pytest.mark.parametrize("what", ["a file", "a foreign folder", "a dangling link"])
 def test_an_index_dir_that_would_be_refused_is_refused_before_anything_loads(tmp_path, what):
     """retrieval.index_dir naming a file or a folder that is not an index: the job's first checks refuse it (it was

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import small_run
-from test_grid import BM25_ROWS, SYN, SYN_START, tiny_grid
+from test_grid import BM25_ROWS, FAST, SYN, SYN_START, tiny_grid
 
 import grid.engine as engine
 from grid.engine import main, run
@@ -350,6 +350,63 @@ def test_results_cut_short_or_without_their_pair_are_rerun(tmp_path):
     )
     assert "seed1: ran" in out and "seed2: ran" in out and (root / "seed1" / "per_query.json").read_text() == text
     assert set(listed(gfile).values()) == {"done"}
+
+
+def test_a_table_over_a_cell_with_results_cut_short_names_the_file_and_tabulates_the_others(tmp_path, capsys):
+    """The fourth fault trial's G2: action=table over a finished cell whose per_query.json was cut in half said
+    "<cell folder>: unreadable results (...); delete the cell folder to recompute it" (exit 2): the folder, not the
+    file, and advice that throws away a training cell's checkpoints. Now one line names the file and says action=run
+    reruns the cell; the other cells are tabulated and that one counts as not finished (exit 0, as a missing cell);
+    action=export names the file too; action=run reruns the cell by itself."""
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    run_expecting(gfile, 0)
+    pq = root / "seed1" / "per_query.json"
+    text = pq.read_text()
+    pq.write_text(text[: len(text) // 2])
+    try:
+        json.loads(pq.read_text())
+    except ValueError as e:
+        reason = str(e)
+    code, out = grid_main(f"grid={gfile}", "action=table")
+    assert code == 0 and warnings_of(out) == [
+        f"warning: grid g: cell 'bm25/syn/seed1': '{pq}' is unreadable ({reason}); not tabulated: action=run (the "
+        "same command without action=table) reruns that cell"
+    ], out
+    assert "1 of 2 result cells are not finished" in out
+    results = json.loads((tmp_path / "grids" / "g" / "results.json").read_text())
+    assert [c["status"] for c in results["cells"]] == ["missing", "done"]
+    assert results["cells"][1]["per_query"] == json.loads((root / "seed2" / "per_query.json").read_text())
+    capsys.readouterr()
+    code, out = grid_main(f"grid={gfile}", "action=export", f"cells_file={tmp_path / 'cells.json.gz'}")
+    assert code == 2 and not (tmp_path / "cells.json.gz").exists()
+    assert capsys.readouterr().err == (
+        f"error: cell bm25/syn/seed1: '{pq}' is unreadable ({reason}); run the grid (action=run) to rerun that cell, "
+        "then export again\n"
+    )
+    out = run_expecting(
+        gfile, 0, "warning: grid g: cell 'bm25/syn/seed1': per_query.json unreadable (cut short); rerunning it"
+    )
+    assert pq.read_text() == text and "seed2: skipped" in out
+
+
+def test_a_grid_whose_cache_dir_is_a_file_stops_before_it_writes_anything(tmp_path, monkeypatch, capsys):
+    """The fourth fault trial's G3: `data.cache_dir` in a grid's common a regular file stopped the first cell with
+    "(File exists)" and "nothing was loaded or written" after the grid had written grid.yaml and the cell's cell.json.
+    The grid's checks now probe every cell's output and cache folders first: the cell's line, exit 2, no file."""
+    import experiments
+
+    afile = tmp_path / "cachefile"
+    afile.write_text("a file\n")
+    gfile = bm25_grid(tmp_path, common=[*FAST, f"data.cache_dir={afile}"])
+    monkeypatch.setattr(experiments, "raise_on_signals", dict)  # this test process keeps its own handlers
+    monkeypatch.setattr("warnings.formatwarning", __import__("warnings").formatwarning)
+    assert experiments.run([f"grid={gfile}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: grid g, cell bm25/syn/seed1: data.cache_dir: cannot write '{afile}' (it is a file, not a folder); "
+        "move it away or choose another folder; nothing was loaded or written\n"
+    )
+    assert not (tmp_path / "grids").exists() and afile.read_text() == "a file\n"
 
 
 def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it(tmp_path, tiny_bert):

@@ -11,10 +11,10 @@ enriched vectors e' = e + lambda e_lex / ||e_lex||. lambda is the value of `lamb
 split then compares the chosen lambda with lambda = 0 per query (`significance` test). `ablations` repeat this for
 the paper's section 6.4 variants (no_idf, static, no_whitening, no_normalization), each with its own lambda.
 
-s_t (Eq. 4) is optimised for the vocabulary items of the texts analysed only (on a CPU the whole 30k vocabulary
-costs hours), cached under `data.cache_dir/single_tokens/` (keyed by the head's weights and the optimisation
-settings; `<key>.pt.sha256` beside it is its record, and a file that no longer matches it is optimised again
-with a warning); the whitening is fitted on those s_t.
+s_t (Eq. 4) is optimised for the vocabulary items of the texts analysed only (on a CPU the whole 30k vocabulary costs
+hours), cached under `data.cache_dir/single_tokens/` (keyed by the head: its weights, activation and epsilon, and the
+optimisation settings; `<key>.pt.sha256` beside it is its record, and a file that no longer matches it is optimised
+again with a warning); the whitening is fitted on those s_t.
 Writes `lexical_enrichment_lambda.png` (validation measure vs lambda per variant), then `lexical_enrichment.json`.
 """
 
@@ -141,7 +141,9 @@ def _say(msg: str) -> None:
 
 
 def _head_digest(head) -> str:
-    h = hashlib.sha256()
+    # the activation and LayerNorm epsilon too: a backbone's own MLM head takes them from its config.json, so a
+    # same-size edit there ("gelu" -> "relu") is another head with the same tensors
+    h = hashlib.sha256(f"{head.act_name}|{head.norm.eps!r}|".encode())
     for t in (head.dense.weight, head.dense.bias, head.norm.weight, head.norm.bias, head.bias, head.embeddings):
         h.update(t.detach().float().numpy().tobytes())
     return h.hexdigest()[:24]
@@ -152,8 +154,8 @@ def cached_single_tokens(
 ) -> tuple[torch.Tensor, dict]:
     """Return s_t (Eq. 4) of `token_ids` [n, d] in that order, and a summary (items, reached, steps).
 
-    Only items not in the cache are optimised; the cache is keyed by the head's weights and the optimisation
-    settings.
+    Only items not in the cache are optimised; the cache is keyed by the head (its weights, activation and LayerNorm
+    epsilon) and the optimisation settings.
     """
     key = f"{_head_digest(head)}-lr{opts.st_lr}-ce{opts.st_threshold}-max{opts.st_max_steps}"
     path = Path(cache_dir) / "single_tokens" / f"{key}.pt" if cache_dir else None

