@@ -406,8 +406,20 @@ CACHE_FOLDERS = (
 
 def check_cache_folders(cache_dir: str | os.PathLike, key: str = "data.cache_dir") -> None:
     """Refuse a cache folder whose family folder (`CACHE_FOLDERS`) is a file or a dangling link, naming it."""
-    for name in CACHE_FOLDERS:
-        q = Path(cache_dir) / name
+    check_subfolders(cache_dir, {name: f"the {name} cache is kept in that folder" for name in CACHE_FOLDERS}, key)
+
+
+# The folders a job writes in its output_dir: a file in one's place is refused before anything loads
+OUTPUT_FOLDERS = {
+    "checkpoints": "the run's checkpoints are written there",
+    "attempts": "a continued run's attempt is written there",
+}
+
+
+def check_subfolders(parent: str | os.PathLike, folders: dict[str, str], key: str) -> None:
+    """Refuse a folder of `folders` ({name: what it is for}) inside `parent` that is a file or a dangling link."""
+    for name, role in folders.items():
+        q = Path(parent) / name
         if q.is_symlink() and not q.exists():
             what = f"a symbolic link to '{os.readlink(q)}', which does not exist"
         elif q.exists() and not q.is_dir():
@@ -416,7 +428,7 @@ def check_cache_folders(cache_dir: str | os.PathLike, key: str = "data.cache_dir
             continue
         raise WriteFault(
             q,
-            f"it is {what}; the {name} cache is kept in that folder",
+            f"it is {what}; {role}",
             f"move it away or choose another {key}; nothing was loaded or written",
             code=2,
             errno_=errno.ENOTDIR,

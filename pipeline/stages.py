@@ -24,7 +24,7 @@ from callbacks.preemption import Preemption, no_broadcast_in_sigterm
 from callbacks.progress import LoopPhases, RankingProgressBar
 from callbacks.rank_watch import RankWatchCallback
 from core.errors import InputError
-from core.io import AtomicDir, atomic_open, check_cache_folders, check_writable
+from core.io import OUTPUT_FOLDERS, AtomicDir, atomic_open, check_cache_folders, check_subfolders, check_writable
 from core.precision import set_matmul_precision, warn_emulated_bf16
 from core.progress import on_terminal
 from core.ranks import global_rank_zero
@@ -149,6 +149,7 @@ def check_outputs(cfg: DictConfig) -> None:
     if not global_rank_zero():
         return
     check_writable(cfg.output_dir, "output_dir")
+    check_subfolders(cfg.output_dir, OUTPUT_FOLDERS, "output_dir")
     cache = cfg.data.get("cache_dir") if cfg.get("data") is not None else None
     if cache:
         check_writable(cache, "data.cache_dir")

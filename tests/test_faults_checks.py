@@ -495,3 +495,17 @@ def test_only_global_rank_zero_refuses_an_output_dir_with_checkpoints(tmp_path, 
     refuse_other_checkpoints(OmegaConf.merge(cfg, {"ckpt_path": "last.ckpt"}))
     monkeypatch.setenv("LOCAL_RANK", "1")
     refuse_other_checkpoints(cfg)  # a rank Lightning started: rank 0 has checked already
+
+
+def test_a_file_in_place_of_the_checkpoints_folder_is_refused_before_anything_loads(tmp_path, capsys):
+    """Fifth fault trial K2: `<output_dir>/checkpoints` a regular file was found at the first checkpoint write, after
+    the model, the data and two steps, as "File exists" of best-0.ckpt. The job's first checks name it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoints").write_text("")
+    rc = run_main([*SMALL, f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"], job="train")
+    assert one_line(capsys, rc, 2) == (
+        f"error: output_dir: cannot write '{out / 'checkpoints'}' (it is a file, not a folder; the run's checkpoints "
+        "are written there); move it away or choose another output_dir; nothing was loaded or written"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints"] and not (tmp_path / "cache").exists()
