@@ -39,6 +39,7 @@ from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
 from core.precision import check_fp16_device
 from core.registry import Registry
+from models.rankers.backbone import check_backbone_path
 from pipeline.config import RunConfig
 from pipeline.stages import begin_attempt, check_outputs
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
@@ -450,6 +451,8 @@ def check(cfg: DictConfig, name: str) -> None:
     names["model"] = str(cfg.model.name)
     if "trainer" in cfg:
         check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator, machine=False)
+    if _builds_from_config(cfg, name):
+        check_backbone_path(str(cfg.model.backbone))  # found by the job's first checks, not when the model loads
     for key, why in spec.ignores.items():
         group, sub = key.split(".", 1)
         value, default = cfg[group][sub], _default(cfg[group], sub)
@@ -526,6 +529,17 @@ def _check_declared_inputs(cfg: DictConfig) -> None:
 
 # model keys that change how a ranker runs, not what it computes: a resume may set them otherwise
 _RUNTIME_MODEL_KEYS = ("attn_implementation", "compile", "fast_dropout", "length_buckets")
+
+
+def _builds_from_config(cfg: DictConfig, name: str) -> bool:
+    """Return whether the job `name` builds its ranker from `cfg.model` (its backbone).
+
+    Fine-tuning always (init_ckpt and ckpt_path only replace weights); the jobs of evaluate.py without a checkpoint
+    (the untrained model).
+    """
+    if first_stage(str(cfg.model.name)) is not None or name in ("export", "head", "evaluate_head"):
+        return False
+    return name == "finetune" or not cfg.get("ckpt")
 
 
 def _check_same_model(resumed: dict, cfg: DictConfig) -> None:

@@ -509,3 +509,31 @@ def test_a_file_in_place_of_the_checkpoints_folder_is_refused_before_anything_lo
         "are written there); move it away or choose another output_dir; nothing was loaded or written"
     )
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints"] and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("job,args", [("train", []), ("evaluate", [])])
+def test_a_missing_local_backbone_is_refused_before_anything_is_written(tmp_path, capsys, job, args):
+    """Fifth fault trial K7 (and K1 in a grid): `model.backbone=<a missing folder>` was found when the backbone
+    loaded, after the BM25 index and runs were written into data.cache_dir. The job's first checks find it."""
+    gone = tmp_path / "nobert"
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    rc = run_main([*SMALL, *args, f"model.backbone={gone}", f"data.cache_dir={cache}", f"output_dir={out}"], job=job)
+    assert one_line(capsys, rc, 2) == (
+        f"error: model.backbone: local path '{gone}' does not exist; expected an HF id, a local model dir or 'minilm'"
+    )
+    assert not cache.exists() and not out.exists()
+
+
+def test_a_grid_row_with_a_missing_backbone_stops_before_any_cell_runs(tmp_path, capsys):
+    """Fifth fault trial K1: the bm25 cell ran to the end, then the colbert row's missing backbone stopped the grid."""
+    from test_faults_grid import grid_main
+    from test_grid import BM25_ROWS, tiny_grid
+
+    gone = tmp_path / "nobert"
+    rows = {**BM25_ROWS, "colbert": ["model=colbert", f"model.backbone={gone}"]}
+    gfile = tiny_grid(tmp_path, "g", "bm25", rows)
+    capsys.readouterr()
+    code, out = grid_main(f"grid={gfile}")
+    err = capsys.readouterr().err
+    assert code == 2 and "local path" in err and str(gone) in err, out + err
+    assert not (tmp_path / "grids" / "g" / "bm25").exists()

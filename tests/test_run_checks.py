@@ -62,10 +62,13 @@ def tsv(tmp_path, qrels: str = "q1 0 d1 1\nq2 0 d2 1\nq3 0 d3 1\n") -> list[str]
     ],
 )
 def test_bad_data_is_reported_before_any_weights_are_loaded(tmp_path, capsys, job, extra, first):
-    """A backbone that does not exist would fail as soon as weights are loaded: the data error wins."""
+    """A backbone folder without weights would fail as soon as weights are loaded: the data error wins. (A backbone
+    path that does not exist is refused before both, by the job's first checks.)"""
     bad = tsv(tmp_path, qrels="q1 0 d1 1\nq2 0 d2\n")  # line 2 lacks the grade
     out = tmp_path / "run"
-    assert main([*bad, "model.backbone=/no/such/backbone", *extra, f"output_dir={out}"], job) == 2
+    empty = tmp_path / "empty-backbone"
+    empty.mkdir()
+    assert main([*bad, f"model.backbone={empty}", *extra, f"output_dir={out}"], job) == 2
     err = capsys.readouterr().err
     where = str(tmp_path / first) if first.startswith("qrels") else first
     assert err.count("\n") == 1 and where in err, err

@@ -52,6 +52,18 @@ def resolve(name: str) -> str:
     return name
 
 
+def check_backbone_path(name: str, key: str = "model.backbone") -> str:
+    """Return what `name` loads from (`resolve`); refuse a local path that does not exist.
+
+    A name that can only be a local path and does not exist is an InputError at `key`. Jobs call it in their first
+    checks, before any data or cache, and `load_backbone` again.
+    """
+    path = resolve(name)
+    if not Path(path).exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
+        raise InputError(key, f"local path '{path}' does not exist; expected an HF id, a local model dir or 'minilm'")
+    return path
+
+
 def load_backbone(name: str, attn_implementation: str = "sdpa"):
     """Load the backbone `name` and return (encoder, tokenizer).
 
@@ -64,12 +76,7 @@ def load_backbone(name: str, attn_implementation: str = "sdpa"):
         AutoTokenizer,
     )
 
-    path = resolve(name)
-    local = Path(path).exists()
-    if not local and (path.startswith((".", "/")) or path.count("/") > 1):
-        raise InputError(
-            "model.backbone", f"local path '{path}' does not exist; expected an HF id, a local model dir or 'minilm'"
-        )
+    path = check_backbone_path(name)
     try:
         try:
             # No ranker reads BERT's pooler; leaving it out keeps DDP from waiting on gradients it never gets.
