@@ -628,3 +628,34 @@ def test_a_bm25_spill_cut_short_at_its_close_is_a_write_fault_not_an_index_error
     )
     assert proc.stdout.startswith("OSError 27 the write stopped short, 142000 of 142422 bytes written"), proc.stderr
     assert "<the BM25 build's temporary spill file>" in proc.stdout
+
+
+def test_a_failed_mlm_head_write_leaves_the_earlier_head_and_report(tmp_path, monkeypatch):
+    """Fifth fault trial O2: a file-size limit while fit_mlm_head replaced an earlier head said the earlier head was
+    unchanged, but its report had been deleted first. The new head is written beside the earlier set first."""
+    import errno
+    import json
+
+    import analyses.vocab.fit_mlm_head as fit_mlm_head
+
+    out = tmp_path / "mlm_head.pt"
+    out.write_bytes(b"the earlier head")
+    (tmp_path / "mlm_head.pt.json").write_text('{"earlier": true}')
+    report = {"heldout": {}}
+    monkeypatch.setattr(fit_mlm_head, "load_dataset", lambda *a, **k: type("DS", (), {"docs": {}, "name": "syn"})())
+    monkeypatch.setattr(fit_mlm_head, "fit", lambda *a, **k: (object(), dict(report), None))
+
+    def full_disk(head, path, backbone, rep):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(fit_mlm_head, "save_head", full_disk)
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"model": {"backbone": "b"}, "seed": 0, "output_dir": str(tmp_path), "data": {}})
+    monkeypatch.setattr(fit_mlm_head, "data_config", lambda cfg: None)
+    opts = type("O", (), {"out": str(out)})()
+    with pytest.raises(OSError):
+        fit_mlm_head.run(cfg, opts)
+    assert out.read_bytes() == b"the earlier head"
+    assert json.loads((tmp_path / "mlm_head.pt.json").read_text()) == {"earlier": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlm_head.pt", "mlm_head.pt.json"]

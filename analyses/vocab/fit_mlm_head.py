@@ -18,6 +18,7 @@ Writes the head (`analysis.out`, default `<output_dir>/mlm_head.pt`, atomically)
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -306,10 +307,14 @@ def run(cfg, opts: FitOptions) -> dict:
     head, report, _ = fit(backbone, ds.docs, opts, log=lambda m: print(f"[fit_mlm_head] {m}", flush=True))
     report["dataset"] = ds.name
     target = opts.out or str(Path(cfg.output_dir) / "mlm_head.pt")
-    # the report marks a finished head: an earlier one goes before the new head replaces the old, so an interrupt in
-    # between leaves a head without a report (unfinished), never a report beside a head it does not describe
+    # The new head is written beside the earlier set first: a write that fails (a full disk) leaves that set whole.
+    # Then the report marks a finished head: the earlier one goes before the new head replaces the old, so an
+    # interrupt in between leaves a head without a report (unfinished), never a report beside a head it does not
+    # describe.
+    staged = save_head(head, Path(target).with_name(f".{Path(target).name}.new"), backbone, report)
     Path(target + ".json").unlink(missing_ok=True)
-    out = save_head(head, target, backbone, report)
+    out = Path(target)
+    os.replace(staged, out)
     write_json(Path(str(out) + ".json"), report)
     h = report["heldout"]
     print(
