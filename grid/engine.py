@@ -244,6 +244,14 @@ class Cell:
             what = _unreadable(self.dir)
             if not what:
                 return None  # done
+        # a finished cell it runs from whose best checkpoint is lost or unreadable: skipped, as a run says
+        named = {self.base_dir: f"its base cell {self.base_dir}", self.init_dir: f"the cell {self.init_dir},"}
+        for used in sorted(self.uses):
+            if (used / "metrics.json").is_file():
+                ckpt, why = _finished_checkpoint(used, named.get(used, "its training cell"))
+                if ckpt is None and "; skipped: " in why:
+                    lost, plan = why.split("; skipped: ", 1)
+                    return lost, f"skip: {plan}"
         # a dangling link counts as a last.ckpt (an unreadable one): the cell is not silently `todo`
         present = self.last_ckpt.is_file() or self.last_ckpt.is_symlink()
         if self.kind != "train" or not present or self.untrained:  # runs from scratch anyway
@@ -454,16 +462,18 @@ def _config_key(cell: Cell) -> tuple:
     return (cell.kind, cell.row, cell.train, cell.eval, cell.fold is not None)
 
 
-def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str, str]], dict[tuple, str]]:
+def check(
+    spec: GridSpec, cells: list[Cell]
+) -> tuple[DictConfig, set[tuple[str, str]], dict[tuple, tuple[DictConfig, str]]]:
     """Compose every distinct cell config and check the table's measures.
 
     Return the first cell's config, the (trainer.precision, trainer.accelerator) pairs of all of them and each
-    distinct config's `data.cache_dir` (by `_config_key`; none where unset). A misspelt key or option stops here,
-    before anything runs.
+    distinct config with the job its script runs (by `_config_key`), for the checks a run makes on this machine
+    (`check_cell_folders`). A misspelt key or option stops here, before anything runs.
     """
     first = None
     precisions: set[tuple[str, str]] = set()
-    caches: dict[tuple, str] = {}
+    composed: dict[tuple, tuple[DictConfig, str]] = {}
     seen = set()
     for cell in cells:
         key = _config_key(cell)
@@ -477,14 +487,14 @@ def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str,
             cfg = compose([*argv, *(f"{k}={PLANNED}" for k in given)])
             # the job the cell's script will run, with the checkpoint keys run_cell adds: a key that job does not take
             # stops the grid here, not when the cell starts
-            jobs.check(cfg, jobs.select(cfg, script))
+            job = jobs.select(cfg, script)
+            jobs.check(cfg, job)
         except InputError as e:
             raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
+        composed[key] = (cfg, job)
         if first is None:
             first = cfg
         precisions.add((str(cfg.trainer.precision), str(cfg.trainer.accelerator)))
-        if cfg.get("data") is not None and cfg.data.get("cache_dir"):
-            caches[key] = str(cfg.data.cache_dir)
         if not spec.measures:
             spec.measures = list(cfg.eval.measures)
         missing = [m for m in spec.measures if m not in cfg.eval.measures and m not in RUN_LEVEL]
@@ -494,16 +504,16 @@ def check(spec: GridSpec, cells: list[Cell]) -> tuple[DictConfig, set[tuple[str,
                 f"{missing} not among eval.measures {list(cfg.eval.measures)} of cell {cell.label}; "
                 "add them to eval.measures in common",
             )
-    return first, precisions, caches
+    return first, precisions, composed
 
 
-def check_cell_folders(spec: GridSpec, cells: list[Cell], caches: dict[tuple, str]) -> None:
-    """Probe the folders each cell that will run writes, before the grid writes anything.
+def check_cell_folders(spec: GridSpec, cells: list[Cell], composed: dict[tuple, tuple[DictConfig, str]]) -> None:
+    """Probe what each cell that will run writes and needs of this machine, before the grid writes anything.
 
     Those are its output_dir and its data.cache_dir (core.io.check_writable, check_cache_folders), which the cell's job
-    probes first thing; a refusal is that job's line under the cell's label, so its "nothing was loaded or written"
-    holds for the grid too. Cells that will not run (done, not selected, or skipped for a file where their folder
-    should be) are left out.
+    probes first thing, and `pipeline.jobs.check_machine` (a missing local backbone, fp16 without CUDA); a refusal
+    is that job's line under the cell's label, so its "nothing was loaded or written" holds for the grid too. Cells
+    that will not run (done, not selected, or skipped for a file where their folder should be) are left out.
     """
     probed: set[str] = set()
     for cell in cells:
@@ -511,7 +521,12 @@ def check_cell_folders(spec: GridSpec, cells: list[Cell], caches: dict[tuple, st
         if not spec.selected(cell) or (fault is None and cell.done) or (fault and fault[1].startswith("skip")):
             continue
         where = f"grid {spec.name}, cell {cell.label}"
-        cache = caches.get(_config_key(cell))
+        cfg, job = composed[_config_key(cell)]
+        cache = str(cfg.data.cache_dir) if cfg.get("data") is not None and cfg.data.get("cache_dir") else None
+        try:
+            jobs.check_machine(cfg, job)  # its backbone, its precision on this machine: before any cell runs
+        except InputError as e:
+            raise InputError(where, str(e)) from e
         try:
             key = "output_dir"
             check_writable(cell.dir, key)
@@ -1126,7 +1141,7 @@ def run(argv: list[str], out=None) -> GridReport:
             f"{spec.only} matches none of the {len(labels)} cells of grid {spec.name}: "
             f"{labels[:6]}{' ...' if len(labels) > 6 else ''} (action=list prints them all)",
         )
-    cfg, precisions, caches = check(spec, cells)
+    cfg, precisions, composed = check(spec, cells)
     report = GridReport(spec)
     n_train = sum(c.kind == "train" for c in cells)
     say(f"grid {spec.name}: {n_train} training cells, {len(cells) - n_train} evaluation cells -> {spec.dir}")
@@ -1171,7 +1186,7 @@ def run(argv: list[str], out=None) -> GridReport:
     if spec.action in ("run", "table", "import"):  # each writes under spec.dir: probed before any cell or table
         check_writable(spec.dir, grid_key(spec.source, "output_root"))
     if spec.action == "run":
-        check_cell_folders(spec, cells, caches)  # the cells' own first checks, before grid.yaml or any cell.json
+        check_cell_folders(spec, cells, composed)  # the cells' own first checks, before grid.yaml or any cell.json
         _stop_if_other_settings(spec, cells)
         _rewrite_cell_records(spec, cells, say)
         _record_spec(spec, extra, cells, say)

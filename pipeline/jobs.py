@@ -56,6 +56,7 @@ __all__ = [
     "When",
     "check",
     "check_files",
+    "check_machine",
     "job",
     "jobs_of",
     "select",
@@ -451,8 +452,6 @@ def check(cfg: DictConfig, name: str) -> None:
     names["model"] = str(cfg.model.name)
     if "trainer" in cfg:
         check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator, machine=False)
-    if _builds_from_config(cfg, name):
-        check_backbone_path(str(cfg.model.backbone))  # found by the job's first checks, not when the model loads
     for key, why in spec.ignores.items():
         group, sub = key.split(".", 1)
         value, default = cfg[group][sub], _default(cfg[group], sub)
@@ -531,6 +530,19 @@ def _check_declared_inputs(cfg: DictConfig) -> None:
 _RUNTIME_MODEL_KEYS = ("attn_implementation", "compile", "fast_dropout", "length_buckets")
 
 
+def check_machine(cfg: DictConfig, name: str) -> None:
+    """Check what the job `name` needs of this machine before anything loads.
+
+    fp16 needs a CUDA device (`accelerator=auto` decided here); a job that builds its ranker from `model` needs its
+    local `model.backbone` to exist. Not at `--dry-run` (a command checked on a login node, or one naming a backbone
+    an earlier step exports); a job and a grid's run (for every cell, before any cell runs) make them.
+    """
+    if "trainer" in cfg:
+        check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator)
+    if _builds_from_config(cfg, name):
+        check_backbone_path(str(cfg.model.backbone))
+
+
 def _builds_from_config(cfg: DictConfig, name: str) -> bool:
     """Return whether the job `name` builds its ranker from `cfg.model` (its backbone).
 
@@ -596,8 +608,7 @@ class Script:
         """
         name = self.check(cfg)
         check_files(cfg, model_from_cli, name)  # the checkpoints' headers, before the lock, any data or any cache
-        if "trainer" in cfg:
-            check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator)  # `auto` decided on this machine
+        check_machine(cfg, name)
         with output_dir_lock(cfg.output_dir):
             check_outputs(cfg)  # before any data or weights: a folder this job cannot write stops it at once
             begin_attempt(cfg)

@@ -322,6 +322,10 @@ def test_training_cells_with_partial_checkpoints_or_results(tmp_path, tiny_bert)
     (best,) = ck.glob("best-*.ckpt")
     best.unlink()
     unfinish(ev)
+    # action=list shows it (fifth fault trial G1: `todo`, with the skip said only by a run)
+    assert listed(gfile)[ev_label] == (
+        f"unusable (the best checkpoint {best.name} of its training cell is missing; will be skipped)"
+    )
     out = run_expecting(
         gfile,
         1,
