@@ -89,6 +89,8 @@ def read_results(cell_dir: Path, names: Iterable[str]) -> dict[str, Any]:
             out[name] = read_json(cell_dir / name)
         except (OSError, ValueError) as e:
             raise UnreadableResult(cell_dir / name, str(e) or type(e).__name__) from e
+        if not isinstance(out[name], dict):  # valid JSON of another shape (`[]`): no run writes it
+            raise UnreadableResult(cell_dir / name, f"not a JSON object but a {type(out[name]).__name__}")
     return out
 
 

@@ -720,9 +720,11 @@ def _unreadable(cell_dir: Path) -> str:
     metrics.json is parsed; per_query.json (large) only has to end as a JSON object does (a torn write does not).
     """
     try:
-        read_json(cell_dir / "metrics.json")
+        metrics = read_json(cell_dir / "metrics.json")
     except (OSError, ValueError) as e:
         return f"metrics.json unreadable ({type(e).__name__})"
+    if not isinstance(metrics, dict):
+        return f"metrics.json unreadable (not a JSON object but a {type(metrics).__name__})"
     try:
         with open(cell_dir / "per_query.json", "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 64))

@@ -85,7 +85,7 @@ def main(argv: list[str], job: Callable) -> int:
     except (OSError, RuntimeError) as e:
         dead = as_rank_death(e)  # a collective that failed because another rank died
         if dead is not None:
-            print(f"stopped: {dead.keeping(_results_state(cfg))}", file=sys.stderr)
+            print(f"stopped: {dead.keeping(_results_state(cfg) + _kept_checkpoints(cfg))}", file=sys.stderr)
             return dead.code
         line = fault_line(e, cfg)
         if line is None:
@@ -107,6 +107,20 @@ def _results_state(cfg) -> str:
     if (out / "metrics.json").is_file() or _analysis_results(out):
         return f"earlier results in '{out}' unchanged"
     return f"no result was written to '{out}'"
+
+
+def _kept_checkpoints(cfg) -> str:
+    """Return `; checkpoints/head.ckpt is kept` for the checkpoints in output_dir, else "".
+
+    For a job stopped without a training loop to name them: a rank's death in the head stage's test after the
+    closed-form head was saved.
+    """
+    out = Path(cfg.output_dir) if cfg is not None and cfg.get("output_dir") else None
+    kept = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")) if out is not None else []
+    if not kept:
+        return ""
+    names = ", ".join(f"checkpoints/{k}" for k in kept)
+    return f"; {names} {'is' if len(kept) == 1 else 'are'} kept (delete '{out}' to start again)"
 
 
 def _analysis_results(out: Path) -> bool:

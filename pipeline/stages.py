@@ -172,7 +172,8 @@ def refuse_other_checkpoints(cfg: DictConfig) -> None:
     if global_rank_zero() and not cfg.ckpt_path and any((Path(cfg.output_dir) / "checkpoints").glob("*.ckpt")):
         raise InputError(
             "output_dir",
-            f"'{cfg.output_dir}' already holds checkpoints; resume with ckpt_path=... or choose another output_dir",
+            f"'{cfg.output_dir}' already holds checkpoints; resume a run with ckpt_path=<its last.ckpt>, or choose "
+            "another output_dir (or delete that one to start again)",
         )
 
 

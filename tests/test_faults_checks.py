@@ -537,3 +537,15 @@ def test_a_grid_row_with_a_missing_backbone_stops_before_any_cell_runs(tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and "local path" in err and str(gone) in err, out + err
     assert not (tmp_path / "grids" / "g" / "bm25").exists()
+
+
+def test_an_analysis_measure_is_checked_when_the_config_is_composed(capsys):
+    """Sixth fault trial K7: `analysis=lexical_enrichment analysis.measure=ndcg_cut10` was refused after the ranker
+    loaded and the BM25 and single-token caches were written (at the default 1,000 optimisation steps, not within
+    300 s). It is checked at compose, as eval.measures is: one line, --dry-run included."""
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    rc = main(["analysis=lexical_enrichment", "analysis.measure=ndcg_cut10", "model=repbert", "--dry-run"], EVALUATE)
+    line = one_line(capsys, rc, 2)
+    assert line.startswith("error: config key 'analysis.measure': unknown measure 'ndcg_cut10'; expected one of"), line

@@ -582,3 +582,25 @@ def test_a_dangling_last_checkpoint_link_is_named_and_restarts_the_cell(tmp_path
         "colbert/syn/seed1": f"partial (last.ckpt unreadable (a symbolic link to '{tmp_path / 'gone.ckpt'}', which "
         "does not exist); will restart)"
     }
+
+
+def test_results_of_another_json_shape_are_unreadable_not_a_traceback(tmp_path):
+    """Sixth fault trial G3: a finished cell's metrics.json replaced by `[]` (valid JSON) was `done`, and the table
+    died in a TypeError traceback. A result that is not a JSON object is unreadable: listed, tabulated as not
+    finished, rerun by a run."""
+    gfile = bm25_grid(tmp_path)
+    root = tmp_path / "grids" / "g" / "bm25" / "syn"
+    run_expecting(gfile, 0)
+    (root / "seed1" / "metrics.json").write_text("[]")
+    assert (
+        listed(gfile)["bm25/syn/seed1"]
+        == "partial (metrics.json unreadable (not a JSON object but a list); will rerun)"
+    )
+    code, out = grid_main(f"grid={gfile}", "action=table")
+    assert code == 0 and "Traceback" not in out and "1 of 2 result cells are not finished" in out, out
+    out = run_expecting(
+        gfile,
+        0,
+        "warning: grid g: cell 'bm25/syn/seed1': metrics.json unreadable (not a JSON object but a list); rerunning it",
+    )
+    assert "seed1: ran" in out and set(listed(gfile).values()) == {"done"}

@@ -486,3 +486,25 @@ def test_the_first_ctrl_c_warning_is_ours_wherever_the_signal_lands(monkeypatch)
         line
         == "warning: SIGINT: stopping after this batch with a resumable checkpoint (Ctrl-C again to stop at once)\n"
     )
+
+
+def test_a_peers_death_names_the_checkpoints_a_job_without_a_training_loop_kept(tmp_path, monkeypatch, capsys):
+    """Sixth fault trial R3: rank 0 killed in the whitening head stage's test under DDP: the line said no result was
+    written, though checkpoints/head.ckpt (the fitted head) was kept. It names what is kept and how to start again."""
+    from pipeline.cli import main
+
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "head.ckpt").write_bytes(b"x")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def job(cfg, model_from_cli):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5283: Connection reset by peer.")
+
+    assert main(["logger=none", f"output_dir={out}"], job) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(
+        f"Connection reset by peer); no result was written to '{out}'; checkpoints/head.ckpt is kept "
+        f"(delete '{out}' to start again)\n"
+    ), err
+    assert err.count("\n") == 1 and err.startswith("stopped: ")

@@ -52,7 +52,7 @@ from core.inputs import input_path
 from core.io import atomic_open, save_figure
 from core.ranges import COUNT, NON_NEGATIVE, POSITIVE, check_ranges
 from datamodules.sources import data_config, load_dataset, used_splits
-from metrics.ir import evaluate_run
+from metrics.ir import check_measures, evaluate_run
 from metrics.significance import check_test, p_value, significance_mark
 from models.rankers import ranker_capabilities, rankers_with
 
@@ -91,6 +91,7 @@ class LexicalEnrichmentConfig(AnalysisConfig):
     def __post_init__(self):
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
         check_test(self.significance, "analysis.significance", paired=True)
+        check_measures([self.measure], "config key 'analysis.measure'")  # at compose, as eval.measures
         if not self.lambdas or 0.0 not in [float(x) for x in self.lambdas] or any(float(x) < 0 for x in self.lambdas):
             raise InputError(
                 "config key 'analysis.lambdas'",
