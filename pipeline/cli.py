@@ -74,7 +74,8 @@ def main(argv: list[str], job: Callable) -> int:
         return EXIT_CODES[signum]
     except RankDied as e:  # another rank's death (core/ranks.py); training names its checkpoint (interruptible)
         dead = as_rank_death(e)
-        print(f"stopped: {dead if dead.kept else dead.keeping(_results_state(cfg))}", file=sys.stderr)
+        kept = dead if dead.kept else dead.keeping(_results_state(cfg) + _kept_checkpoints(cfg))
+        print(f"stopped: {kept}", file=sys.stderr)
         return e.code
     except TrainingStopped as e:
         print(f"stopped: {e}", file=sys.stderr)

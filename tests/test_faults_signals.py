@@ -501,6 +501,17 @@ def test_a_peers_death_names_the_checkpoints_a_job_without_a_training_loop_kept(
     def job(cfg, model_from_cli):
         raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5283: Connection reset by peer.")
 
+    def watched(cfg, model_from_cli):  # the watchdog's way: RankDied in the main thread, nothing kept named yet
+        from core.ranks import RankDied
+
+        raise RankDied(0, "its process ended")
+
+    assert main(["logger=none", f"output_dir={out}"], watched) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"stopped: rank 0 died (its process ended); no result was written to '{out}'; checkpoints/head.ckpt is kept "
+        f"(delete '{out}' to start again)\n"
+    ), err
     assert main(["logger=none", f"output_dir={out}"], job) == 1
     err = capsys.readouterr().err
     assert err.endswith(
