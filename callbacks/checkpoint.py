@@ -187,9 +187,15 @@ class RankingCheckpoint(ModelCheckpoint):
         stay in the other folder, where the test reads the best from unless a later validation beats it); last.ckpt
         is this run's own.
         """
+
+        def here(path: str) -> str:  # a copied run folder holds its own copy of the file: use that one
+            own = Path(self.dirpath) / Path(path).name if path else None
+            return str(own) if own is not None and own.is_file() else path
+
         self.best_model_score = state_dict.get("best_model_score")
-        self.best_k_models = dict(state_dict.get("best_k_models") or {})
-        self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+        self.best_model_path = here(self.best_model_path)
+        self.best_k_models = {here(k): v for k, v in (state_dict.get("best_k_models") or {}).items()}
+        self.kth_best_model_path = here(state_dict.get("kth_best_model_path", ""))
         self.kth_value = state_dict.get("kth_value", self.kth_value)
         if self._said_other:
             return
