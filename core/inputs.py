@@ -3,6 +3,7 @@
 A schema field that names a file to read is declared with `input_path(kind, what)` (dataclass field metadata):
 
     run: str | None = input_path("file", "a TREC run")                  # analyses/random_rerank.py
+    embeddings: str = input_path("file", "...", "backbone", keywords=("backbone",))   # models/rankers/tk.py
     compare: dict[str, str] = input_path("checkpoints", "...", factory=dict)   # {label: checkpoint}
 
 `pipeline.jobs.check_files` walks the composed config's groups for these fields and checks each set one the same
@@ -24,18 +25,21 @@ INPUT = "input"  # the dataclass field metadata key
 KINDS = ("file", "checkpoint", "checkpoints")  # checkpoints: a {label: path} mapping of checkpoints
 
 
-def input_path(kind: str, what: str, default: Any = None, factory: Any = None) -> Any:
-    """Return a dataclass field that names an input of `kind` (`KINDS`), described as `what` in errors."""
+def input_path(kind: str, what: str, default: Any = None, factory: Any = None, keywords: tuple = ()) -> Any:
+    """Return a dataclass field that names an input of `kind` (`KINDS`), described as `what` in errors.
+
+    `keywords`: values of the field that are not paths (TK's `embeddings: backbone`), never checked as files.
+    """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")  # a schema author's mistake
-    meta = {INPUT: (kind, what)}
+    meta = {INPUT: (kind, what, tuple(keywords))}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
-def declared_inputs(schema: type) -> list[tuple[str, str, str]]:
-    """Return (field name, kind, what) of every input path `schema` (a dataclass) declares."""
+def declared_inputs(schema: type) -> list[tuple[str, str, str, tuple]]:
+    """Return (field name, kind, what, keywords) of every input path `schema` (a dataclass) declares."""
     if not dataclasses.is_dataclass(schema):
         return []
     return [(f.name, *f.metadata[INPUT]) for f in dataclasses.fields(schema) if INPUT in f.metadata]

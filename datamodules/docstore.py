@@ -36,6 +36,7 @@ second after those of the first): a collection plus the passages that text tripl
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -55,6 +56,7 @@ from core.progress import phase
 
 STORE_VERSION = 2  # 2: every file's record (docs.arrow's SHA-256 included), input digests memoised
 BATCH_ROWS = 1 << 16
+ROWS_CHUNK = 1 << 20  # ids `DocStore.rows` resolves at once
 _FILES = ("docs.arrow", "index_keys.npy", "index_rows.npy", "sorted_rows.npy")
 
 
@@ -234,9 +236,17 @@ class DocStore(RowStore):
 
         A run's candidates are millions of ids (MS MARCO's 6.9M): one binary search and one read per id cost ~13 us
         each. Here the keys are searched at once and each hit is confirmed by its id's bytes; an id whose first key
-        match is not it (a 64-bit key collision) takes `row`'s walk over the equal keys.
+        match is not it (a 64-bit key collision) takes `row`'s walk over the equal keys. The ids are taken `ROWS_CHUNK`
+        at a time, so the encoded ids held at once stay ~100 MB however long the run.
         """
-        ids = list(doc_ids)
+        it = iter(doc_ids)
+        parts = []
+        while chunk := list(itertools.islice(it, ROWS_CHUNK)):
+            parts.append(self._chunk_rows(chunk))
+        return np.concatenate(parts) if parts else np.full(0, -1, dtype=np.int64)
+
+    def _chunk_rows(self, ids: list[str]) -> np.ndarray:
+        """`rows` of one chunk of ids."""
         out = np.full(len(ids), -1, dtype=np.int64)
         if not ids or not self._n:
             return out

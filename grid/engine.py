@@ -77,6 +77,7 @@ collection).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import shutil
@@ -704,9 +705,24 @@ def _finished_checkpoint(train_dir: Path, what: str) -> tuple[Path | None, str]:
 
 
 def _header(ckpt: Path) -> tuple[dict | None, str]:
-    """Return (the checkpoint's header, ""), or (None, why it is unreadable: the reason in brackets, else all)."""
+    """Return (the checkpoint's header, ""), or (None, why it is unreadable: the reason in brackets, else all).
+
+    Read once per version of the file: every evaluation cell of a training cell asks for its best checkpoint, and a
+    cell's state is asked several times per grid command. A file replaced or rewritten since (inode, size, mtime)
+    is read again.
+    """
     if ckpt.is_symlink() and not ckpt.exists():
         return None, f"a symbolic link to '{os.readlink(ckpt)}', which does not exist"
+    try:
+        st = ckpt.stat()
+    except OSError:
+        return _read_header(ckpt, None)
+    return _read_header(ckpt, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_header(ckpt: Path, version: tuple | None) -> tuple[dict | None, str]:
+    """`_header`'s read of `ckpt` as it is at `version` (its stat; None: not memoised in effect, it cannot be read)."""
     try:
         return read_header(str(ckpt), ckpt.name), ""
     except InputError as e:

@@ -74,7 +74,7 @@ def main(argv: list[str], job: Callable) -> int:
         return EXIT_CODES[signum]
     except RankDied as e:  # another rank's death (core/ranks.py); training names its checkpoint (interruptible)
         dead = as_rank_death(e)
-        kept = dead if dead.kept else dead.keeping(_results_state(cfg) + _kept_checkpoints(cfg))
+        kept = dead if dead.kept else dead.keeping(_what_is_kept(cfg))
         print(f"stopped: {kept}", file=sys.stderr)
         return e.code
     except TrainingStopped as e:
@@ -86,7 +86,7 @@ def main(argv: list[str], job: Callable) -> int:
     except (OSError, RuntimeError) as e:
         dead = as_rank_death(e)  # a collective that failed because another rank died
         if dead is not None:
-            print(f"stopped: {dead.keeping(_results_state(cfg) + _kept_checkpoints(cfg))}", file=sys.stderr)
+            print(f"stopped: {dead.keeping(_what_is_kept(cfg))}", file=sys.stderr)
             return dead.code
         line = fault_line(e, cfg)
         if line is None:
@@ -99,8 +99,12 @@ def main(argv: list[str], job: Callable) -> int:
     return 0
 
 
+def _output_dir(cfg) -> Path | None:
+    return Path(cfg.output_dir) if cfg is not None and cfg.get("output_dir") else None
+
+
 def _results_state(cfg) -> str:
-    out = Path(cfg.output_dir) if cfg is not None and cfg.get("output_dir") else None
+    out = _output_dir(cfg)
     if out is None:
         return "nothing was written"
     if out.resolve() in PUBLISHED:
@@ -110,18 +114,18 @@ def _results_state(cfg) -> str:
     return f"no result was written to '{out}'"
 
 
-def _kept_checkpoints(cfg) -> str:
-    """Return `; checkpoints/head.ckpt is kept` for the checkpoints in output_dir, else "".
+def _what_is_kept(cfg) -> str:
+    """Return `_results_state` and, for the checkpoints in output_dir, `; checkpoints/head.ckpt is kept`.
 
-    For a job stopped without a training loop to name them: a rank's death in the head stage's test after the
-    closed-form head was saved.
+    For a job stopped without a training loop to name its checkpoints: a rank's death in the head stage's test after
+    the closed-form head was saved.
     """
-    out = Path(cfg.output_dir) if cfg is not None and cfg.get("output_dir") else None
+    out = _output_dir(cfg)
     kept = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")) if out is not None else []
     if not kept:
-        return ""
+        return _results_state(cfg)
     names = ", ".join(f"checkpoints/{k}" for k in kept)
-    return f"; {names} {'is' if len(kept) == 1 else 'are'} kept (delete '{out}' to start again)"
+    return f"{_results_state(cfg)}; {names} {'is' if len(kept) == 1 else 'are'} kept (delete '{out}' to start again)"
 
 
 def _analysis_results(out: Path) -> bool:

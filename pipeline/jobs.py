@@ -34,6 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoints import check_same_ranker, read_header
+from core.devices import check_accelerator, check_device
 from core.errors import InputError
 from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
@@ -478,7 +479,7 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
     be a head's). Every job and `--dry-run` run it before anything is read or written, so a bad checkpoint stops a
     job before its data is read and its caches are built.
     """
-    _check_declared_inputs(cfg)
+    _check_declared_inputs(cfg, name)
     headers = {}
     for key in ("ckpt", "ckpt_path", "head_ckpt", "init_ckpt"):
         path = Path(cfg[key]) if cfg.get(key) else None
@@ -502,24 +503,27 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
         _check_same_model(resumed, cfg)
 
 
-def _check_declared_inputs(cfg: DictConfig) -> None:
+def _check_declared_inputs(cfg: DictConfig, name: str | None = None) -> None:
     """Check every input path a group's schema declares (core/inputs.py), set in `cfg`.
 
     A checkpoint by its header, a file by being one. The group's own code reads them later, after the data: checked
-    here, a bad one stops the job (and `--dry-run`) before anything loads, in the words every job uses.
+    here, a bad one stops the job (and `--dry-run`) before anything loads, in the words every job uses. The `model`
+    group's only where the job `name` builds its ranker from it (a checkpoint's ranker is built from its own).
     """
     for group in cfg:
         node = cfg[group]
         if not isinstance(node, DictConfig):
             continue
-        for name, kind, what in declared_inputs(OmegaConf.get_type(node)):
-            value = node[name]
-            if not value:
+        if group == "model" and name is not None and not _builds_from_config(cfg, name):
+            continue
+        for key_name, kind, what, keywords in declared_inputs(OmegaConf.get_type(node)):
+            value = node[key_name]
+            if not value or value in keywords:
                 continue
-            where = f"config key '{group}.{name}'"
+            where = f"config key '{group}.{key_name}'"
             items = value.items() if kind == "checkpoints" else [(None, value)]
             for label, path in items:
-                key = f"config key '{group}.{name}.{label}'" if label is not None else where
+                key = f"config key '{group}.{key_name}.{label}'" if label is not None else where
                 if kind == "file":
                     check_input_file(str(path), key, what)
                 elif not (Path(str(path)) / "isorank.json").is_file():  # an export folder loads as a checkpoint
@@ -533,12 +537,17 @@ _RUNTIME_MODEL_KEYS = ("attn_implementation", "compile", "fast_dropout", "length
 def check_machine(cfg: DictConfig, name: str) -> None:
     """Check what the job `name` needs of this machine before anything loads.
 
-    fp16 needs a CUDA device (`accelerator=auto` decided here); a job that builds its ranker from `model` needs its
+    fp16 needs a CUDA device (`accelerator=auto` decided here), a named GPU (`trainer.accelerator`, `trainer.devices`,
+    `retrieval.device`) one this machine has; a job that builds its ranker from `model` needs its
     local `model.backbone` to exist. Not at `--dry-run` (a command checked on a login node, or one naming a backbone
     an earlier step exports); a job and a grid's run (for every cell, before any cell runs) make them.
     """
     if "trainer" in cfg:
         check_fp16_device(cfg.trainer.precision, cfg.trainer.accelerator)
+        devices = cfg.trainer.devices
+        check_accelerator(cfg.trainer.accelerator, list(devices) if OmegaConf.is_list(devices) else devices)
+    if cfg.get("retrieval") is not None and "device" in cfg.retrieval:
+        check_device("config key 'retrieval.device'", cfg.retrieval.device, cfg.retrieval.devices)
     if _builds_from_config(cfg, name):
         check_backbone_path(str(cfg.model.backbone))
 

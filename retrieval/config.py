@@ -88,6 +88,12 @@ class DenseRetrievalConfig(RetrievalConfig):
         if self.device is not None and not DEVICE.fullmatch(self.device):
             raise InputError(_key("device"), f"is {self.device!r}; expected cpu, cuda, cuda:N, mps or null")
         check_ranges("retrieval", self, devices=COUNT)
+        if self.precision == "fp16" and not str(self.device).startswith("cuda"):
+            raise InputError(
+                _key("precision"),
+                f"is fp16 with retrieval.device={self.device or 'null'}: fp16 needs a CUDA device; use bf16 or fp32, "
+                "or retrieval.device=cuda",
+            )
         if self.devices > 1 and self.device not in (None, "cpu", "cuda"):
             raise InputError(
                 _key("device"),

@@ -78,6 +78,8 @@ def test_rows_equals_a_lookup_per_id(tmp_path, batch_rows, monkeypatch, collide)
     asked = [*IDS, "nope", "1", "doc-a", "", *reversed(IDS), "zzz"]
     assert store.rows(asked).tolist() == [ref.get(d, -1) for d in asked]
     assert store.rows([]).tolist() == [] and store.rows(iter(["c"])).tolist() == [ref["c"]]
+    monkeypatch.setattr(docstore, "ROWS_CHUNK", 3)  # chunks that split the ids anywhere: the same rows, in order
+    assert store.rows(iter(asked)).tolist() == [ref.get(d, -1) for d in asked]
 
 
 def test_store_built_once_and_damage_rebuilt(tmp_path):

@@ -323,6 +323,26 @@ def test_an_input_path_a_schema_declares_is_checked_before_anything_loads(tmp_pa
     assert not out.exists() and not cache.exists()
 
 
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
+def test_tk_glove_embeddings_path_is_checked_before_the_data(tmp_path, capsys, dry):
+    """Seventh fault trial K5: `train.py model=tk model.embeddings=<missing file>` read the training data (its
+    max_train_triples warning) before it named the file. The key is a declared input (core/inputs.py, `backbone` a
+    keyword, not a path), checked with the job's first checks."""
+    from pipeline.cli import main
+    from pipeline.run import TRAIN
+
+    path, out, cache = tmp_path / "glove.txt", tmp_path / "out", tmp_path / "cache"
+    argv = [*SMALL, "model=tk", f"model.embeddings={path}", f"data.cache_dir={cache}", f"output_dir={out}"]
+    argv += ["--dry-run"] if dry else []
+    assert one_line(capsys, main(argv, TRAIN), 2) == (
+        f"error: config key 'model.embeddings': '{path}' does not exist (resolved to {path}); expected a GloVe-format "
+        "file (token v1 ... vd) or backbone"
+    )
+    assert not out.exists() and not cache.exists()
+    base = argv[:-1] if dry else argv
+    assert main([*base, "model.embeddings=backbone", "--dry-run"], TRAIN) == 0
+
+
 @pytest.mark.parametrize("what", ["file", "dangling link"])
 def test_a_cache_family_folder_that_is_a_file_is_refused_before_anything_loads(tmp_path, capsys, what):
     """Third fault trial C3: `<cache>/bm25` a file was found when BM25 first wrote there, after the data loaded, with
@@ -411,6 +431,22 @@ def test_a_missing_data_file_is_refused_before_the_cache_is_written(tmp_path, ca
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
+def test_a_beir_folder_without_the_test_qrels_is_refused_before_the_store_is_built(tmp_path, capsys):
+    """The BEIR source built the corpus's document store (and its digest memo) and only then said the test split "has
+    no judged query", naming no file. The test qrels are found first; the line names the file and what qrels/ holds."""
+    from test_sources import _beir
+
+    folder = tmp_path / "beir"
+    _beir(folder, with_dev=False)
+    (folder / "qrels" / "test.tsv").unlink()
+    argv = ["model=bm25", "data=beir", f"data.path={folder}", "logger=none", f"data.cache_dir={tmp_path / 'cache'}"]
+    assert one_line(capsys, run_main([*argv, f"output_dir={tmp_path / 'out'}"], job="evaluate"), 2) == (
+        f"error: config key 'data.test_split': is 'test', but '{folder}/qrels/test.tsv' does not exist (qrels/ holds "
+        "['train.tsv']); expected the qrels of the split evaluated"
+    )
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_resume_with_other_model_settings_is_one_line_before_the_data(tmp_path, tiny_bert, capsys):
     """Fourth fault trial K4: `ckpt_path=` a ColBERT checkpoint with `model.compress_dim=16` set now failed in
     Lightning's strict load with a traceback (after the data, leaving an attempt folder). The checkpoint's model
@@ -455,6 +491,68 @@ def test_fp16_on_the_cpu_is_refused_not_swapped_for_bf16(tmp_path, capsys, monke
     )
     assert not out.exists()
     assert main([a for a in argv if "accelerator" not in a] + ["trainer.accelerator=auto", "--dry-run"], EVALUATE) == 0
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["trainer.accelerator=gpu"],
+            "config key 'trainer.accelerator': names cuda, but this machine has no CUDA device "
+            "(torch.cuda.is_available() is False); use trainer.accelerator=cpu or auto",
+        ),
+        (
+            ["trainer.accelerator=cuda", "trainer.devices=[0,1]"],
+            "config key 'trainer.devices': needs 2 cuda device(s), but this machine has 1; use at most "
+            "trainer.devices=1",
+        ),
+        (
+            ["retrieval=dense", "retrieval.device=cuda"],
+            "config key 'retrieval.device': names cuda, but this machine has no CUDA device (torch.cuda.is_available() "
+            "is False); use cpu (or null), or run on a machine that has one",
+        ),
+        (
+            ["retrieval=dense", "retrieval.device=cuda:1"],
+            "config key 'retrieval.device': is 'cuda:1', but this machine has 1 cuda device(s)",
+        ),
+        (
+            ["retrieval=dense", "retrieval.device=cuda", "retrieval.devices=2"],
+            "config key 'retrieval.device': is 'cuda' with 2 processes (GPUs 0..1), but this machine has 1 cuda "
+            "device(s)",
+        ),
+    ],
+)
+def test_a_device_this_machine_lacks_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch, args, line):
+    """Seventh fault trial K1: `evaluate.py retrieval=dense retrieval.device=cuda` on a CPU machine loaded the
+    checkpoint and data, then stopped in PyTorch's `AssertionError: Torch not compiled with CUDA enabled`;
+    `trainer.accelerator=gpu` in Lightning's `MisconfigurationException` (each a traceback). Refused by the job's
+    machine checks (core/devices.py), before anything is written; a --dry-run (a login node) passes."""
+    import torch
+
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    gpus = 1 if any(a.endswith(("[0,1]", "cuda:1", "devices=2")) for a in args) else 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    out = tmp_path / "out"
+    argv = [*SMALL, "model=repbert", *args, f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"]
+    assert one_line(capsys, main(argv, EVALUATE), 2) == f"error: {line}"
+    assert not out.exists() and not (tmp_path / "cache").exists()
+    assert main([*argv, "--dry-run"], EVALUATE) == 0, capsys.readouterr().err
+
+
+def test_fp16_dense_retrieval_off_cuda_is_refused_from_the_config(tmp_path, capsys):
+    """fp16 encoding needs CUDA: `retrieval.precision=fp16` with a CPU device was refused only in the encoding, after
+    the checkpoint loaded. Now from the config (--dry-run too)."""
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    argv = [*SMALL, "model=repbert", "retrieval=dense", "retrieval.precision=fp16", f"output_dir={tmp_path / 'o'}"]
+    assert one_line(capsys, main([*argv, "--dry-run"], EVALUATE), 2) == (
+        "error: config key 'retrieval.precision': is fp16 with retrieval.device=null: fp16 needs a CUDA device; use "
+        "bf16 or fp32, or retrieval.device=cuda"
+    )
 
 
 @pytest.mark.parametrize("args", [["stage=head", "head=whitening", "ckpt={export}"], ["ckpt_path={export}"]])

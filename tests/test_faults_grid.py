@@ -413,7 +413,7 @@ def test_a_grid_whose_cache_dir_is_a_file_stops_before_it_writes_anything(tmp_pa
     assert not (tmp_path / "grids").exists() and afile.read_text() == "a file\n"
 
 
-def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it(tmp_path, tiny_bert):
+def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it(tmp_path, tiny_bert, monkeypatch):
     """A best checkpoint cut short is as lost as a missing one: the evaluation that needs it is skipped with one line
     (the grid once stopped on it with exit code 2, its later cells unvisited); an intact one is returned."""
     from conftest import fake_checkpoint
@@ -424,7 +424,12 @@ def test_a_finished_cells_truncated_best_checkpoint_skips_the_cells_that_need_it
     (cell / "checkpoints").mkdir(parents=True)
     (cell / "metrics.json").write_text(json.dumps({"best_step": 0}))
     best = fake_checkpoint(cell / "checkpoints" / "best-0.ckpt", tiny_bert)
-    assert _finished_checkpoint(cell, "its training cell") == (best, "")
+    reads = []
+    monkeypatch.setattr(engine, "read_header", lambda *a, **k: reads.append(a) or real(*a, **k))
+    real = __import__("core.checkpoints", fromlist=["read_header"]).read_header
+    for _ in range(3):  # every evaluation cell of the training cell asks: the header is read once per version
+        assert _finished_checkpoint(cell, "its training cell") == (best, "")
+    assert len(reads) == 1
     data = best.read_bytes()
     best.write_bytes(data[: len(data) // 2])
     assert _finished_checkpoint(cell, "its training cell") == (

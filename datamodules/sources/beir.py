@@ -146,6 +146,16 @@ def build(cfg: BeirConfig, seed: int, splits: tuple[str, ...] | None = None) -> 
     qfile = _find(folder, "queries.jsonl")
     if qfile is None:
         raise InputError("data.path", f"'{folder}' has no queries.jsonl; expected a BEIR dataset folder")
+    # the test split's qrels, when this job reads it, are found before the corpus's store is built (a cache written);
+    # a missing train or dev file leaves its split empty (many BEIR sets have test.tsv only), as IRDataset reports
+    test = _find(folder / "qrels", f"{cfg.test_split}.tsv")
+    if "test" in used and test is None:
+        there = sorted(p.name for p in (folder / "qrels").glob("*.tsv*")) if (folder / "qrels").is_dir() else []
+        raise InputError(
+            "config key 'data.test_split'",
+            f"is {cfg.test_split!r}, but '{folder / 'qrels' / cfg.test_split}.tsv' does not exist (qrels/ holds "
+            f"{there or 'nothing'}); expected the qrels of the split evaluated",
+        )
     docs = open_store(
         cfg.cache_dir,
         fingerprint("beir-corpus", [corpus], cache_dir=cfg.cache_dir, use_title=bool(cfg.use_title)),

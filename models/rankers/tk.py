@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from core.errors import InputError
+from core.inputs import input_path
 from core.ranges import (
     COUNT,
     FRACTION,
@@ -93,7 +94,9 @@ class TKConfig(RankerConfig):
     name: str = "tk"
     # "backbone": copy the backbone's input word embeddings; otherwise a GloVe-format text file (token v1 ... vd)
     # whose vectors replace them (the paper's GloVe). The backbone always supplies the WordPiece tokenizer.
-    embeddings: str = "backbone"
+    embeddings: str = input_path(
+        "file", "a GloVe-format file (token v1 ... vd) or backbone", "backbone", keywords=("backbone",)
+    )
     train_embeddings: bool = True  # the paper trains them (lr 1e-4); false freezes them
     # "auto": backbone vectors scaled to a mean norm of sqrt(d), GloVe as it is; a number: that factor (see Scale)
     embedding_scale: str | int | float = "auto"
