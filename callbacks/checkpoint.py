@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 
 def lost_best(ckpt: dict) -> dict | None:
@@ -185,7 +186,7 @@ class RankingCheckpoint(ModelCheckpoint):
         Lightning then reloads only the best checkpoint's path, not its score: the first validation after the resume
         would be taken as the best, however it scored. The score and the best-k record are carried over (their files
         stay in the other folder, where the test reads the best from unless a later validation beats it); last.ckpt
-        is this run's own.
+        is this run's own: in a copied run folder, the copy resumed from until this run writes its next.
         """
 
         def here(path: str) -> str:  # a copied run folder holds its own copy of the file: use that one
@@ -197,7 +198,11 @@ class RankingCheckpoint(ModelCheckpoint):
         self.best_k_models = {here(k): v for k, v in (state_dict.get("best_k_models") or {}).items()}
         self.kth_best_model_path = here(state_dict.get("kth_best_model_path", ""))
         self.kth_value = state_dict.get("kth_value", self.kth_value)
-        if self._said_other:
+        # a copied folder's own last.ckpt (the one resumed from) is what a stop now keeps; Lightning drops the path
+        last = here(state_dict.get("last_model_path", ""))
+        if last and Path(last).parent == Path(self.dirpath) and Path(last).is_file():
+            self.last_model_path = last
+        if self._said_other or rank_zero_only.rank != 0:  # one warning per run, not one per rank
             return
         self._said_other = True
         best, score = self.best_model_path, self.best_model_score

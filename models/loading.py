@@ -42,7 +42,7 @@ from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
 from models.heads import HEAD_SLOTS, HEADS, IsotropyHead, attach_head, build_head, head_config, head_input_dim
 from models.rankers import RANKERS, build_ranker, ranker_config
-from models.rankers.base import Ranker
+from models.rankers.base import RUNTIME_KEYS, Ranker, RankerConfig
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -237,10 +237,10 @@ def _check_expected(recorded: str, expect: str | None, what: str, key: str) -> N
         raise InputError(key, f"{what} holds ranker '{recorded}' but model.name is '{expect}'")
 
 
-def _from_state(ckpt: dict, path: str, key: str) -> LoadedRanker:
-    """Build the ranker a read (fine-tuning) checkpoint describes and load its weights."""
+def _from_state(ckpt: dict, path: str, key: str, runtime: Mapping | None = None) -> LoadedRanker:
+    """Build the ranker a read (fine-tuning) checkpoint describes (`runtime` keys over its own) and load its weights."""
     hp = ckpt["hyper_parameters"]
-    model = dict(hp["model"])
+    model = {**hp["model"], **(runtime or {})}
     ranker = build_ranker(ranker_config(model))
     load_ranker_weights(ranker, ckpt["state_dict"], f"'{path}' does not match ranker '{ranker.cfg.name}'", key)
     hparams = {"model": model, "optim": dict(hp.get("optim") or {})}
@@ -248,12 +248,14 @@ def _from_state(ckpt: dict, path: str, key: str) -> LoadedRanker:
     return LoadedRanker(ranker, pair_tokenizer_for(ranker), None, hparams, "checkpoint", str(path), None, rerank_depth)
 
 
-def _from_checkpoint(path: str, key: str, expect: str | None = None, base: str | None = None) -> LoadedRanker:
+def _from_checkpoint(
+    path: str, key: str, expect: str | None = None, base: str | None = None, runtime: Mapping | None = None
+) -> LoadedRanker:
     ckpt = read_checkpoint(path, key)
     hp = ckpt["hyper_parameters"]
     _check_expected(hp["model"]["name"], expect, f"checkpoint '{path}'", key)
     if "base_ckpt" not in ckpt:
-        return _from_state(ckpt, path, key)
+        return _from_state(ckpt, path, key, runtime)
     # a head checkpoint: the head's weights only, on its base ranker
     base_path, base_key = (str(base), "ckpt") if base else (str(ckpt["base_ckpt"]), key)
     base_ckpt = read_checkpoint(base_path, base_key)
@@ -263,7 +265,7 @@ def _from_checkpoint(path: str, key: str, expect: str | None = None, base: str |
             f"'{base_path}' holds ranker {base_ckpt['hyper_parameters']['model']['name']} with other settings "
             f"than the head's base ({ckpt['base_ckpt']})",
         )
-    loaded = _from_state(base_ckpt, base_path, base_key)
+    loaded = _from_state(base_ckpt, base_path, base_key, runtime)
     del base_ckpt
     loaded.head = _load_head(loaded.ranker, hp["head"], ckpt["state_dict"], f"'{path}'", key)
     loaded.source, loaded.path, loaded.base_path = "head checkpoint", str(path), base_path
@@ -282,10 +284,10 @@ def read_export_info(folder: str | os.PathLike, key: str = "ckpt") -> dict:
     return info
 
 
-def _from_export(folder: Path, key: str, expect: str | None = None) -> LoadedRanker:
+def _from_export(folder: Path, key: str, expect: str | None = None, runtime: Mapping | None = None) -> LoadedRanker:
     info = read_export_info(folder, key)
     _check_expected(info["model"]["name"], expect, f"checkpoint '{folder}'", key)
-    model = dict(info["model"])
+    model = {**info["model"], **(runtime or {})}
     if info["encoder"]:
         model["backbone"] = str(folder)  # the fine-tuned backbone, saved by save_pretrained
     ranker = build_ranker(ranker_config(model))
@@ -328,6 +330,7 @@ def load_ranker(
     device: str | torch.device | None = None,
     expect: str | None = None,
     base: str | os.PathLike | None = None,
+    runtime: Mapping | None = None,
 ) -> LoadedRanker:
     """Load a ranker from a checkpoint, a head checkpoint, an export folder or a hub id (module docstring).
 
@@ -348,6 +351,9 @@ def load_ranker(
     base : str, PathLike or None
         For a head checkpoint: the ranker checkpoint to put the head on (default: the `base_ckpt` it records), which
         must hold the ranker the head was fitted on (named `ckpt` in errors).
+    runtime : Mapping or None
+        `model` keys of `RUNTIME_KEYS` (how the ranker runs: attention implementation, length buckets, ...) to build
+        a checkpoint's or export's ranker with, over the values it records (`runtime_overrides`).
 
     Returns
     -------
@@ -364,11 +370,9 @@ def load_ranker(
             raise InputError(key, "load_ranker needs a path (checkpoint, export folder or hub id) or a model config")
         loaded = _untrained(model, "config")
     elif Path(path).is_file():
-        loaded = _from_checkpoint(str(path), key, expect, base)
+        loaded = _from_checkpoint(str(path), key, expect, base, runtime)
     elif Path(path).is_dir() and (model is None or (Path(path) / "isorank.json").is_file()):
-        loaded = _from_export(
-            Path(path).resolve(), key, expect
-        )  # a folder without isorank.json: "not an isorank export"
+        loaded = _from_export(Path(path).resolve(), key, expect, runtime)  # without isorank.json: "not an export"
     elif model is not None:  # a hub id or a Hugging Face folder: the backbone of the untrained `model`
         loaded = _untrained({**model, "backbone": str(path)}, "hub")
         loaded.path = str(path)
@@ -384,6 +388,17 @@ def load_ranker(
     return loaded
 
 
+def runtime_overrides(model: Mapping) -> dict:
+    """Return the `RUNTIME_KEYS` of a run's `model` config set away from their defaults.
+
+    A job that loads a checkpoint builds its ranker with these over the checkpoint's own (an evaluation on a GPU with
+    `model.attn_implementation=flash_attention_2` of a ranker trained with sdpa); keys left at their defaults keep
+    what the checkpoint records.
+    """
+    defaults = {f.name: f.default for f in fields(RankerConfig) if f.name in RUNTIME_KEYS}
+    return {k: model[k] for k in RUNTIME_KEYS if k in model and model[k] != defaults[k]}
+
+
 def load_configured(cfg, model_from_cli: bool = False, device: str | torch.device | None = None) -> LoadedRanker:
     """Load the ranker a run config names: `cfg.ckpt` (anything `load_ranker` reads), else `cfg.model` untrained.
 
@@ -394,7 +409,8 @@ def load_configured(cfg, model_from_cli: bool = False, device: str | torch.devic
     if not cfg.ckpt:
         model = OmegaConf.to_container(cfg.model) if isinstance(cfg.model, DictConfig) else dict(cfg.model)
         return load_ranker(model=model, device=device)
-    loaded = load_ranker(cfg.ckpt, key="ckpt", expect=cfg.model.name if model_from_cli else None, device=device)
+    expect = cfg.model.name if model_from_cli else None
+    loaded = load_ranker(cfg.ckpt, key="ckpt", expect=expect, device=device, runtime=runtime_overrides(cfg.model))
     cfg.model = loaded.hparams["model"]
     if "head" in loaded.hparams:
         cfg.head = loaded.hparams["head"]

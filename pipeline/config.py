@@ -314,6 +314,16 @@ def _option(group: str, option: str) -> DictConfig:
     return load_yaml(path, f"{group}={option}")
 
 
+def model_defaults(name: str) -> dict:
+    """Return the keys of `configs/model/<name>.yaml` over its ranker's schema defaults, with nothing above them.
+
+    What a `model` key is when the command line leaves it: a job tells a key the user set from a default this way.
+    """
+    picked = _option("model", name)
+    picked.pop("optim", None)  # the ranker's optim defaults (merged into `optim`)
+    return OmegaConf.to_container(merge_structured(model_entry(name).schema, picked, prefix="model."))
+
+
 def _config_key(key: str) -> str:
     return f"config key '{key}'"
 

@@ -36,7 +36,7 @@ from lightning_modules.head_module import HEAD_PREFIXES, HeadModule, check_head_
 from lightning_modules.loading import module_from_loaded
 from models.heads import head_capabilities
 from models.heads.cache import RepresentationCache, cache_key
-from models.loading import LoadedRanker, load_ranker
+from models.loading import LoadedRanker, load_ranker, runtime_overrides
 from models.rankers import ranker_capabilities
 from models.rankers.backbone import backbone_digests
 from pipeline.stages import (
@@ -74,8 +74,9 @@ def build_module(cfg: DictConfig) -> HeadModule:
             f"'{cfg.ckpt}' is a head checkpoint; pass the fine-tuned ranker's checkpoint "
             f"(its base_ckpt is '{header['base_ckpt']}')",
         )
-    loaded = load_ranker(cfg.ckpt, key="ckpt")
+    loaded = load_ranker(cfg.ckpt, key="ckpt", runtime=runtime_overrides(cfg.model))
     hp = loaded.hparams
+    cfg.model = hp["model"]  # config.yaml describes the ranker the head is fitted on, as evaluate.py's does
     optim = {**hp.get("optim", {}), "nonfinite": cfg.optim.nonfinite}  # the ranker's optim, this run's NaN policy
     # base_ckpt absolute, so evaluate.py finds the base from any working directory (grids run from elsewhere, for one)
     return HeadModule(

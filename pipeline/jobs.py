@@ -40,8 +40,10 @@ from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
 from core.precision import check_fp16_device
 from core.registry import Registry
+from models.loading import recorded_model
 from models.rankers.backbone import check_backbone_path
-from pipeline.config import RunConfig
+from models.rankers.base import RUNTIME_KEYS
+from pipeline.config import RunConfig, model_defaults
 from pipeline.stages import begin_attempt, check_outputs
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
 
@@ -491,6 +493,7 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
         check_same_ranker(headers["ckpt"], cfg, "ckpt", cfg.ckpt)
     if "init_ckpt" in headers:
         check_same_ranker(headers["init_ckpt"], cfg, "init_ckpt", cfg.init_ckpt)
+    _check_model_keys_apply(cfg, headers, name)
     if "ckpt_path" in headers and name == "finetune":
         resumed = headers["ckpt_path"]
         if "base_ckpt" in resumed:
@@ -501,6 +504,50 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
             )
         check_same_ranker(resumed, cfg, "ckpt_path", cfg.ckpt_path)
         _check_same_model(resumed, cfg)
+
+
+def _check_model_keys_apply(cfg: DictConfig, headers: dict, name: str | None) -> None:
+    """Refuse `model` keys set for a job that takes its ranker's settings from a checkpoint, where they differ.
+
+    evaluate.py / an analysis / retrieval with `ckpt=`, the head stage and export build the ranker the checkpoint
+    (or export folder, or head checkpoint) records: a `model.doc_max_len=24` beside it was silently not applied, and
+    the head stage's config.yaml even recorded it. A key counts as set when it differs from its ranker's YAML
+    (`model_defaults`); one equal to the recorded value (a grid's evaluation cell repeating its row) is no fault.
+    Runtime keys (`RUNTIME_KEYS`: how the ranker runs, not what it computes) apply over the recorded ones.
+    """
+    if name is None or _builds_from_config(cfg, name) or first_stage(str(cfg.model.name)) is not None:
+        return
+    for key in ("ckpt", "head_ckpt"):
+        if not cfg.get(key):
+            continue
+        header = headers.get(key)
+        try:
+            recorded = dict(header["hyper_parameters"]["model"]) if header else recorded_model(str(cfg[key]), key)
+        except InputError:  # an export folder a job refuses, or a broken one: the job's own checks name it
+            return
+        break
+    else:
+        return
+    now = OmegaConf.to_container(cfg.model)
+    defaults = model_defaults(str(cfg.model.name))
+    schema = {f.name: f.default for f in fields(OmegaConf.get_type(cfg.model))}  # keys newer than the checkpoint
+
+    def ignored(k: str) -> bool:
+        was = recorded.get(k, schema.get(k))
+        if k == "name" or k in RUNTIME_KEYS or now[k] == defaults.get(k) or now[k] == was:
+            return False
+        return not (k == "backbone" and Path(str(was)).exists() and Path(str(was)).resolve() == Path(now[k]).resolve())
+
+    differ = [k for k in now if ignored(k)]
+    if differ:
+        k = differ[0]
+        more = f" (and {', '.join(f'model.{d}' for d in differ[1:])})" if len(differ) > 1 else ""
+        raise InputError(
+            f"config key 'model.{k}'",
+            f"is {_yaml(now[k])}{more}, but {_label(name, cfg)} builds the ranker as {key}= records it "
+            f"({k}={_yaml(recorded.get(k, schema.get(k)))}) and does not apply it; drop the override, or fine-tune "
+            f"with it: `python train.py init_ckpt={cfg[key]} model.{k}={_yaml(now[k])}`",
+        )
 
 
 def _check_declared_inputs(cfg: DictConfig, name: str | None = None) -> None:
@@ -528,10 +575,6 @@ def _check_declared_inputs(cfg: DictConfig, name: str | None = None) -> None:
                     check_input_file(str(path), key, what)
                 elif not (Path(str(path)) / "isorank.json").is_file():  # an export folder loads as a checkpoint
                     read_header(str(path), key)
-
-
-# model keys that change how a ranker runs, not what it computes: a resume may set them otherwise
-_RUNTIME_MODEL_KEYS = ("attn_implementation", "compile", "fast_dropout", "length_buckets")
 
 
 def check_machine(cfg: DictConfig, name: str) -> None:
@@ -567,7 +610,7 @@ def _check_same_model(resumed: dict, cfg: DictConfig) -> None:
     """Refuse a resume (`ckpt_path`) whose checkpoint was trained with other `model` settings than `cfg`'s.
 
     A resume continues one model: another width, cut or backbone would fail in Lightning's strict load with a
-    traceback (or, for a cut, go on silently as another model). Runtime keys (`_RUNTIME_MODEL_KEYS`) may differ.
+    traceback (or, for a cut, go on silently as another model). Runtime keys (`RUNTIME_KEYS`) may differ.
     """
     saved = dict(resumed.get("hyper_parameters", {}).get("model") or {})
     now = OmegaConf.to_container(cfg.model)
@@ -579,7 +622,7 @@ def _check_same_model(resumed: dict, cfg: DictConfig) -> None:
             return Path(str(a)).resolve() == Path(str(b)).resolve()
         return a == b
 
-    differ = sorted(k for k in now if k not in _RUNTIME_MODEL_KEYS and not same(k))
+    differ = sorted(k for k in now if k not in RUNTIME_KEYS and not same(k))
     if differ:
         shown = ", ".join(f"model.{k}={_yaml(saved.get(k))} (this run: {_yaml(now.get(k))})" for k in differ[:3])
         raise InputError(

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from test_faults_inputs import SMALL, one_line, run_main
 
 
@@ -647,3 +648,92 @@ def test_an_analysis_measure_is_checked_when_the_config_is_composed(capsys):
     rc = main(["analysis=lexical_enrichment", "analysis.measure=ndcg_cut10", "model=repbert", "--dry-run"], EVALUATE)
     line = one_line(capsys, rc, 2)
     assert line.startswith("error: config key 'analysis.measure': unknown measure 'ndcg_cut10'; expected one of"), line
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_copied_run_folder_names_its_own_last_checkpoint_when_a_rank_dies(tmp_path, recwarn, monkeypatch, rank):
+    """Seventh fault trial R3: a DDP resume inside a copied run folder (`cp -a a b`, `ckpt_path=b/.../last.ckpt`)
+    whose rank 1 died before a new last.ckpt said "no resumable checkpoint (last.ckpt) was written by this run",
+    though the copy's own last.ckpt was there to resume from (Lightning drops its path when the folder moved); the
+    resume's warning was printed by every rank. The copy's own last.ckpt is named, the warning said by rank 0 only."""
+    from types import SimpleNamespace
+
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+    from callbacks.checkpoint import RankingCheckpoint
+    from callbacks.rank_watch import kept_checkpoint
+
+    a, b = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    for d in (a, b):
+        d.mkdir(parents=True)
+        for name in ("best-2.ckpt", "last.ckpt"):
+            (d / name).write_bytes(b"x")
+    saved = RankingCheckpoint(str(a))
+    saved.best_model_path, saved.best_model_score = str(a / "best-2.ckpt"), torch.tensor(0.5)
+    saved.best_k_models = {str(a / "best-2.ckpt"): torch.tensor(0.5)}
+    saved.last_model_path = str(a / "last.ckpt")
+    state = saved.state_dict()
+    monkeypatch.setattr(rank_zero_only, "rank", rank)
+    resumed = RankingCheckpoint(str(b))
+    resumed.load_state_dict(state)
+    assert resumed.best_model_path == str(b / "best-2.ckpt") and resumed.last_model_path == str(b / "last.ckpt")
+    trainer = SimpleNamespace(checkpoint_callback=resumed)
+    assert kept_checkpoint(trainer) == f"'{b / 'last.ckpt'}' is kept: resume with ckpt_path={b / 'last.ckpt'}"
+    assert len([w for w in recwarn if "another run's folder" in str(w.message)]) == (rank == 0)
+    fresh = RankingCheckpoint(str(tmp_path / "new"))  # a new folder holds no last.ckpt of its own: none is named
+    fresh.load_state_dict(state)
+    assert kept_checkpoint(SimpleNamespace(checkpoint_callback=fresh)).startswith("no resumable checkpoint")
+
+
+MODEL_KEY_JOBS = {
+    "evaluate": ["ckpt={ckpt}"],
+    "head": ["stage=head", "head=whitening", "ckpt={ckpt}"],
+    "analysis": ["analysis=whitebox", "ckpt={ckpt}"],
+    "retrieval": ["retrieval=dense", "ckpt={ckpt}"],
+    "export": ["stage=export", "ckpt={ckpt}"],
+}
+
+
+@pytest.mark.parametrize("job", list(MODEL_KEY_JOBS))
+def test_a_model_key_a_checkpoint_job_would_not_apply_is_refused(tmp_path, tiny_bert, capsys, job):
+    """Seventh fault trial C5: `train.py stage=head ckpt=... model.doc_max_len=24` fitted the head on the ranker the
+    checkpoint records (doc_max_len 180) without a word, and its config.yaml said 24; evaluate.py ignored it too. Every
+    job that builds its ranker from a checkpoint refuses a `model` key set to another value than the checkpoint's,
+    before anything is written (--dry-run too); the checkpoint's own value, or the key left alone, passes."""
+    from conftest import fake_checkpoint
+
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE, TRAIN
+
+    ckpt = fake_checkpoint(tmp_path / "colbert.ckpt", tiny_bert)
+    capsys.readouterr()
+    script = TRAIN if job in ("head", "export") else EVALUATE
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = [*SMALL, *(a.format(ckpt=ckpt) for a in MODEL_KEY_JOBS[job]), f"data.cache_dir={cache}", f"output_dir={out}"]
+    for dry in ([], ["--dry-run"]):
+        line = one_line(capsys, main([*argv, "model.doc_max_len=24", *dry], script), 2)
+        assert line.startswith("error: config key 'model.doc_max_len': is 24, but job ") and line.endswith(
+            f"builds the ranker as ckpt= records it (doc_max_len=180) and does not apply it; drop the override, or "
+            f"fine-tune with it: `python train.py init_ckpt={ckpt} model.doc_max_len=24`"
+        ), line
+        assert not out.exists() and not cache.exists()
+    for fine in ("model.doc_max_len=180", f"model.backbone={tiny_bert}/.", "model.attn_implementation=eager"):
+        assert main([*argv, fine, "--dry-run"], script) == 0, capsys.readouterr().err
+
+
+def test_runtime_model_keys_apply_over_the_checkpoints(tmp_path, tiny_bert):
+    """A runtime key (how the ranker runs: attention, length buckets) set beside `ckpt=` builds the checkpoint's
+    ranker with it, and config.yaml's model says so; left alone, the checkpoint's own value stays."""
+    from conftest import fake_checkpoint
+
+    from models.loading import load_configured
+    from pipeline.config import compose
+
+    ckpt = fake_checkpoint(tmp_path / "colbert.ckpt", tiny_bert)
+    cfg = compose([*SMALL, f"ckpt={ckpt}", "model.attn_implementation=eager", "model.length_buckets=1"])
+    loaded = load_configured(cfg)
+    assert loaded.ranker.encoder.config._attn_implementation == "eager"
+    assert cfg.model.attn_implementation == "eager" and cfg.model.length_buckets == 1
+    cfg = compose([*SMALL, f"ckpt={ckpt}"])
+    load_configured(cfg)
+    assert cfg.model.attn_implementation == "sdpa" and cfg.model.length_buckets == 4  # the recorded defaults

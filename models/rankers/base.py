@@ -35,6 +35,10 @@ from models.rankers.backbone import backbone_mask, check_attention, load_backbon
 from models.rankers.capabilities import RankerCapabilities
 from models.rankers.dropout import use_fast_dropout
 
+# model keys that change how a ranker runs, not what it computes: a resume may set them otherwise, and a job that
+# loads a checkpoint runs it with the run's values of them (models/loading.load_ranker's `runtime`)
+RUNTIME_KEYS = ("attn_implementation", "compile", "fast_dropout", "length_buckets")
+
 
 @dataclass
 class RankerConfig:
@@ -469,6 +473,7 @@ def cosine_normalize(x: Tensor) -> Tensor:
 
 
 __all__ = [
+    "RUNTIME_KEYS",
     "RankerConfig",
     "Encoded",
     "ParamGroup",
