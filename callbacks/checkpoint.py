@@ -200,7 +200,8 @@ class RankingCheckpoint(ModelCheckpoint):
         self.kth_value = state_dict.get("kth_value", self.kth_value)
         # a copied folder's own last.ckpt (the one resumed from) is what a stop now keeps; Lightning drops the path
         last = here(state_dict.get("last_model_path", ""))
-        if last and Path(last).parent == Path(self.dirpath) and Path(last).is_file():
+        copied = bool(last) and Path(last).parent == Path(self.dirpath) and Path(last).is_file()
+        if copied:
             self.last_model_path = last
         if self._said_other or rank_zero_only.rank != 0:  # one warning per run, not one per rank
             return
@@ -212,10 +213,12 @@ class RankingCheckpoint(ModelCheckpoint):
             if best and score is not None
             else "it recorded no best checkpoint"
         )
-        warnings.warn(
-            f"ckpt_path is a checkpoint of another run's folder ({other}): this run goes on in {self.dirpath}; {kept}",
-            stacklevel=2,
+        where = (
+            f"this run folder is a copy of {Path(other).parent}: the run goes on here with the copy's checkpoints"
+            if copied
+            else f"ckpt_path is a checkpoint of another run's folder ({other}): this run goes on in {self.dirpath}"
         )
+        warnings.warn(f"{where}; {kept}", stacklevel=2)
 
     def _forget_missing(self) -> None:
         """Forget checkpoints of the restored state whose files are gone, the best one included (see `lost_best`).

@@ -679,7 +679,13 @@ def test_a_copied_run_folder_names_its_own_last_checkpoint_when_a_rank_dies(tmp_
     assert resumed.best_model_path == str(b / "best-2.ckpt") and resumed.last_model_path == str(b / "last.ckpt")
     trainer = SimpleNamespace(checkpoint_callback=resumed)
     assert kept_checkpoint(trainer) == f"'{b / 'last.ckpt'}' is kept: resume with ckpt_path={b / 'last.ckpt'}"
-    assert len([w for w in recwarn if "another run's folder" in str(w.message)]) == (rank == 0)
+    said = [str(w.message) for w in recwarn if "copy of" in str(w.message)]
+    want = (
+        f"this run folder is a copy of {a.parent}: the run goes on here with the copy's checkpoints; its best so "
+        f"far, {b / 'best-2.ckpt'} (val/ndcg_cut_10 0.5000), stays the one to beat and is tested from there unless "
+        "a later validation beats it"
+    )
+    assert said == [want][: rank == 0]
     fresh = RankingCheckpoint(str(tmp_path / "new"))  # a new folder holds no last.ckpt of its own: none is named
     fresh.load_state_dict(state)
     assert kept_checkpoint(SimpleNamespace(checkpoint_callback=fresh)).startswith("no resumable checkpoint")
