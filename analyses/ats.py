@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -54,6 +55,8 @@ DEFINITION = (
 @dataclasses.dataclass
 class ATSConfig(AnalysisConfig):
     """configs/analysis/ats.yaml."""
+
+    applies_data: ClassVar[tuple[str, ...]] = ("rotate_eval",)  # its passages as evaluation sees them
 
     name: str = "ats"
     passages: int | None = 2000  # seeded sample of the collection's passages; null = all

@@ -14,6 +14,7 @@ keys are typed by their schemas here. `compose` makes `cfg.analysis` the structu
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import ClassVar
@@ -47,6 +48,17 @@ class AnalysisConfig:
     # (`data.max_eval_queries`, datamodules.corpus.IRDataset.eval_sample). One that cannot refuses the key rather than
     # silently reading every question or passage.
     takes_eval_sample: ClassVar[bool] = False
+    # The evaluation-time data switches (`DATA_SWITCHES`) it applies. One set that it does not apply is refused
+    # (`check_analysis`) rather than give the default's numbers under a config that says otherwise.
+    applies_data: ClassVar[tuple[str, ...]] = ()
+
+
+# data keys that change what an evaluation scores, and why an analysis that reads whole documents ignores them
+DATA_SWITCHES = {
+    "passage_words": "it reads whole documents (cut at model.doc_max_len tokens), not passage windows (MaxP / FirstP "
+    "are for re-ranking: `python evaluate.py ckpt=... data.passage_words={value}`)",
+    "rotate_eval": "it reads the documents as they are, not rotation-debiased (Eq. 7)",
+}
 
 
 ANALYSES.register("none", schema=AnalysisConfig)(lambda cfg, model_from_cli=False: None)
@@ -79,16 +91,41 @@ def analysis_options(cfg):
     return OmegaConf.to_object(node)
 
 
-def run_analysis(cfg, model_from_cli: bool = False) -> dict:
-    """Run `cfg.analysis.name`: the `analysis` job of evaluate.py (pipeline/jobs.py) when it is not `none`."""
+def check_analysis(cfg) -> None:
+    """Refuse data keys the analysis `cfg.analysis.name` does not apply, from the config alone.
+
+    The `analysis` job's own check (pipeline/jobs.py), made with the job's first checks and by `--dry-run`:
+    `data.max_eval_queries` for an analysis that takes no sample of a split's questions, and a `DATA_SWITCHES` key set
+    away from its default for one that does not declare it in `applies_data`.
+    """
     entry = load_all().get(cfg.analysis.name, "analysis.name")
-    sample = cfg.get("data", {}).get("max_eval_queries")
+    data = cfg.get("data") or {}
+    sample = data.get("max_eval_queries")
     if sample is not None and not entry.schema.takes_eval_sample:
         raise InputError(
             "config key 'data.max_eval_queries'",
             f"is {sample}, but analysis {cfg.analysis.name} takes no sample of a split's questions (those that do: "
             f"{', '.join(n for n in ANALYSES.names() if ANALYSES.get(n).schema.takes_eval_sample)}); leave it null",
         )
+    defaults = {f.name: f.default for f in dataclasses.fields(OmegaConf.get_type(data))} if data else {}
+    for key, why in DATA_SWITCHES.items():
+        value = data.get(key, defaults.get(key))
+        if key not in defaults or value == defaults[key] or key in entry.schema.applies_data:
+            continue
+        shown = OmegaConf.to_yaml({"v": value}).split(": ", 1)[1].strip()
+        others = [n for n in ANALYSES.names() if key in ANALYSES.get(n).schema.applies_data]
+        raise InputError(
+            f"config key 'data.{key}'",
+            f"is {shown}, but analysis {cfg.analysis.name} does not apply it: {why.format(value=shown)}"
+            f"{f' (analyses that do: {others})' if others else ''}; leave it at "
+            f"{OmegaConf.to_yaml({'v': defaults[key]}).split(': ', 1)[1].strip()}",
+        )
+
+
+def run_analysis(cfg, model_from_cli: bool = False) -> dict:
+    """Run `cfg.analysis.name`: the `analysis` job of evaluate.py (pipeline/jobs.py) when it is not `none`."""
+    entry = load_all().get(cfg.analysis.name, "analysis.name")
+    check_analysis(cfg)  # made by the job's checks already; a caller that skips them (a test) is checked too
     # one phase for the whole analysis (core/progress.py): its steps that take minutes (per-query statistics,
     # projections) are not silent in a log, and its encodings report their own counts inside it
     with phase(f"analysis {cfg.analysis.name}", key=f"analysis {cfg.analysis.name}"):

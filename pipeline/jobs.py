@@ -33,6 +33,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from analyses.registry import check_analysis
 from core.checkpoints import check_same_ranker, read_header
 from core.devices import check_accelerator, check_device
 from core.errors import InputError
@@ -188,6 +189,8 @@ class Job:
     needs: tuple[Need, ...] = ()
     refuses: dict[str, str] = field(default_factory=dict)
     ignores: dict[str, str] = field(default_factory=dict)
+    # the job's own checks of the config, beyond the table's (the analysis job: what the chosen analysis applies)
+    checks: Callable[[DictConfig], None] | None = None
 
     def takes(self, item: str) -> bool:
         """Tell whether this job takes the top-level key or config group `item`."""
@@ -279,6 +282,7 @@ TABLE: dict[str, Job] = {
         ("analysis", *_READS),
         shape="evaluate.py analysis={analysis}",
         command="evaluate.py analysis={analysis} ...",
+        checks=check_analysis,
     ),
     "first_stage": Job(
         "evaluate.py",
@@ -464,6 +468,8 @@ def check(cfg: DictConfig, name: str) -> None:
                 f"is {_yaml(value)}, but {_label(name, cfg)} does not apply it: "
                 f"{why.format(**names | {'value': _yaml(value)})}; leave it at {_yaml(default)}",
             )
+    if spec.checks is not None:
+        spec.checks(cfg)
     for need in spec.needs:
         met = (not need.any_of or any(_is_set(cfg, k) for k in need.any_of)) and (
             need.capability is None or bool(getattr(model_capabilities(str(cfg.model.name)), need.capability))

@@ -743,3 +743,32 @@ def test_runtime_model_keys_apply_over_the_checkpoints(tmp_path, tiny_bert):
     cfg = compose([*SMALL, f"ckpt={ckpt}"])
     load_configured(cfg)
     assert cfg.model.attn_implementation == "sdpa" and cfg.model.length_buckets == 4  # the recorded defaults
+
+
+@pytest.mark.parametrize(
+    "analysis,switch,applied",
+    [
+        ("whitebox", "data.passage_words=20", False),
+        ("whitebox", "data.rotate_eval=true", False),
+        ("vocab_projections", "data.rotate_eval=true", False),
+        ("ats", "data.passage_words=20", False),
+        ("ats", "data.rotate_eval=true", True),
+    ],
+)
+def test_an_analysis_refuses_the_data_switches_it_does_not_apply(tmp_path, capsys, analysis, switch, applied):
+    """Review of issue 48's job-ignored keys (second fresh trial's C4, for analyses): `analysis=whitebox
+    data.passage_words=20` read whole documents and said nothing. Each analysis declares the evaluation switches it
+    applies (`applies_data`: ATS rotates its passages as evaluation does); another set is refused at --dry-run."""
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    argv = [*SMALL, f"analysis={analysis}", switch, f"output_dir={tmp_path / 'o'}", "--dry-run"]
+    argv = [a for a in argv if not a.startswith("data.max_eval_queries")]
+    rc = main(argv, EVALUATE)
+    if applied:
+        assert rc == 0, capsys.readouterr().err
+        return
+    key, value = switch.split("=")
+    line = one_line(capsys, rc, 2)
+    assert line.startswith(f"error: config key '{key}': is {value}, but analysis {analysis} does not apply it: "), line
+    assert line.endswith("; leave it at " + ("null" if "words" in key else "false")), line
