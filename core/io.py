@@ -474,23 +474,15 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
         times = None if created else (p.stat().st_atime_ns, p.stat().st_mtime_ns)
     except OSError:
         times = None
+    renamed = probe.with_suffix(".renamed")
     try:
         p.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
             f.write(b"probe\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(probe, probe.with_suffix(".renamed"))
-        probe.with_suffix(".renamed").unlink()
-        if times is not None:  # an existing folder keeps its times: the probe leaves no trace at all
-            with contextlib.suppress(OSError):
-                os.utime(p, ns=times)
+        os.replace(probe, renamed)
     except OSError as e:
-        for q in (probe, probe.with_suffix(".renamed")):
-            try:
-                q.unlink()
-            except OSError:
-                pass
         code = 2 if e.errno in PATH_ERRNOS else 1
         raise WriteFault(
             p,
@@ -501,11 +493,20 @@ def check_writable(path: str | os.PathLike, key: str) -> None:
             key=key,
         ) from e
     finally:
-        for q in created:  # deepest first
-            try:
-                q.rmdir()
-            except OSError:
-                break
+        # whatever ended the probe (a refusal, or SIGINT / SIGTERM raised inside it), it leaves no trace: no probe
+        # file, an existing folder's times as they were, no folder it made
+        with signals_held():
+            for q in (probe, renamed):
+                with contextlib.suppress(OSError):
+                    q.unlink()
+            if times is not None:
+                with contextlib.suppress(OSError):
+                    os.utime(p, ns=times)
+            for q in created:  # deepest first
+                try:
+                    q.rmdir()
+                except OSError:
+                    break
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:

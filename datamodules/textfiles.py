@@ -38,11 +38,11 @@ def resolve_path(value: str | None, key: str, what: str = "file", must_be_dir: b
 
 
 def check_id(ident: str, where: str, what: str) -> str:
-    r"""Return `ident` when every character of it is printable; else raise InputError at `where` (`file:line`).
+    r"""Return `ident` when its characters are printable and none is a space; else InputError at `where` (file:line).
 
     An id with a NUL byte, another control character, a no-break space or a zero-width character in it would match no
     id of the files that refer to it (they look alike on screen), and the error would then name the referring file,
-    not the line that holds the fault.
+    not the line that holds the fault. A space would split it in the TREC run written at the end of the job.
 
     >>> check_id("D8", "collection.tsv:8", "passage id")
     'D8'
@@ -50,6 +50,10 @@ def check_id(ident: str, where: str, what: str) -> str:
     Traceback (most recent call last):
     ...
     core.errors.InputError: collection.tsv:8: passage id 'D8\x00' holds the non-printable character U+0000 at ...
+    >>> check_id("D 8", "collection.tsv:8", "passage id")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    core.errors.InputError: collection.tsv:8: passage id 'D 8' holds a space at position 1; expected an id without ...
     """
     if not ident.isprintable():  # str.isprintable: C speed, at every line of a collection
         at, ch = next((i, c) for i, c in enumerate(ident) if not c.isprintable())
@@ -57,6 +61,12 @@ def check_id(ident: str, where: str, what: str) -> str:
             where,
             f"{what} {ident!r} holds the non-printable character U+{ord(ch):04X} at position {at}; "
             "expected an id of printable characters",
+        )
+    if " " in ident:  # the only whitespace isprintable lets through; a run or qrels line would split the id
+        raise InputError(
+            where,
+            f"{what} {ident!r} holds a space at position {ident.index(' ')}; expected an id without whitespace "
+            "(TREC run and qrels files separate their fields by whitespace)",
         )
     return ident
 

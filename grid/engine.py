@@ -236,6 +236,9 @@ class Cell:
         for p in [self.dir, *self.dir.parents][: self.label.count("/") + 2]:  # the cell's folders and the grid's
             if p.exists() and not p.is_dir():
                 return f"'{p}' is a file, not a folder", "skip: move it away to run the cell"
+        for name in (*RESULT_FILES, CELL_FILE):  # a folder where a run writes a file: it could not, nor remove it
+            if (self.dir / name).is_dir():
+                return f"'{self.dir / name}' is a folder, not a file", "skip: move it away to run the cell"
         results = [name for name in RESULT_FILES if (self.dir / name).is_file()]
         what = ""
         if len(results) == 1:
@@ -948,8 +951,9 @@ def _cell_wall(cell: Cell) -> float | None:
 def collect(spec: GridSpec, cells: list[Cell], say) -> dict:
     """results.json contents: one entry per (row, train, eval, replicate), eval in eval_data.
 
-    A finished cell whose results cannot be read is entered as missing, with one `say` line naming the file and how
-    to rerun that cell (a run does it by itself).
+    A finished cell whose results cannot be read, or a cell with broken pieces (`Cell.fault`: a result without its
+    pair, a folder in a result's place), is entered as missing, with one `say` line naming the file and how to rerun
+    that cell (a run does it by itself, or skips it until the folder is moved away).
     """
     by_key = {(c.kind, c.row, c.train, c.eval, c.replicate): c for c in cells}
     entries = []
@@ -982,6 +986,12 @@ def collect(spec: GridSpec, cells: list[Cell], say) -> dict:
                         "metrics": {},
                         "per_query": {},
                     }
+                    # a cell with broken pieces, more than one not run: a run says it as it visits the cell
+                    fault = None if cell.done or spec.action != "table" else cell.fault()
+                    if fault is not None and fault[0] and cell.label not in unreadable:
+                        unreadable.add(cell.label)
+                        todo = "move it away, then " if fault[1].startswith("skip") else ""
+                        say(f"warning: grid {spec.name}: cell '{cell.label}': {fault[0]}; not tabulated: {todo}{rerun}")
                     if cell.done:
                         try:
                             files = read_results(cell.dir, ["metrics.json", "per_query.json"])

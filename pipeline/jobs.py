@@ -46,6 +46,7 @@ from models.rankers.backbone import check_backbone_path
 from models.rankers.base import RUNTIME_KEYS
 from pipeline.config import RunConfig, model_defaults
 from pipeline.stages import begin_attempt, check_outputs
+from retrieval.config import check_index_place
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
 
 __all__ = [
@@ -268,6 +269,7 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py retrieval={retrieval}",
         command="evaluate.py retrieval={retrieval} ckpt=...",
         refuses={"head_ckpt": "it indexes a ranker checkpoint (ckpt=), not a head"},
+        checks=check_index_place,
         ignores={
             "data.passage_words": "the index holds whole documents (cut at model.doc_max_len tokens), not passage "
             "windows; MaxP / FirstP are for re-ranking: `python evaluate.py ckpt=... data.passage_words={value}`",

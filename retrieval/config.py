@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, Range, check_ranges
@@ -22,7 +23,7 @@ from retrieval.colbert_e2e import STORE_DTYPES
 from retrieval.dense import INDEX_TYPES
 from retrieval.encode import PRECISIONS
 
-__all__ = ["RetrievalConfig", "DenseRetrievalConfig", "SCHEMAS", "schema"]
+__all__ = ["RetrievalConfig", "DenseRetrievalConfig", "SCHEMAS", "check_index_place", "schema"]
 
 DEVICE = re.compile(r"(cpu|mps|cuda(:\d+)?)")
 
@@ -128,3 +129,28 @@ def schema(name: str) -> type:
     if name not in SCHEMAS:
         raise InputError("retrieval.name", f"unknown retrieval '{name}'; expected one of {sorted(SCHEMAS)}")
     return SCHEMAS[name]
+
+
+def check_index_place(cfg) -> None:
+    """Refuse a shared `retrieval.index_dir` that is `output_dir`, holds it or lies in it (the retrieve job's check).
+
+    The index is saved by replacing its folder whole: at output_dir (or above it) that replace would take the run's
+    results with it, and inside output_dir it would share the folder the result set owns. `--dry-run` makes it too.
+    """
+    index_dir = cfg.retrieval.get("index_dir")
+    if not index_dir:
+        return
+    index, out = Path(str(index_dir)).expanduser().absolute(), Path(str(cfg.output_dir)).expanduser().absolute()
+    index_r, out_r = index.resolve(), out.resolve()  # through links, as the writes would go
+    if index_r == out_r or index_r in out_r.parents:
+        where = "is output_dir" if index_r == out_r else "holds output_dir"
+    elif out_r in index_r.parents:
+        where = "lies inside output_dir"
+    else:
+        return
+    raise InputError(
+        _key("index_dir"),
+        f"'{index_dir}' {where} ('{cfg.output_dir}'); a shared index is saved by replacing its folder whole, so it "
+        "must lie outside the run's results: choose another folder, or leave it null to keep the index with the "
+        "results (<output_dir>/index)",
+    )

@@ -130,8 +130,6 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     search_offered = dict(batch_size=opts.batch_size, k_tokens=opts.k_tokens, depth=opts.depth)
     index = index_cls.build(ranker, docs, **index_cls.options("build", build_offered))
     run = index.search(queries, k=opts.k, **index_cls.options("search", search_offered))
-    if opts.index_dir:  # a shared index outside the run's folder
-        index.save(index_dir)
     means, per_query = evaluate_run(run, qrels, list(cfg.eval.measures))
     # the run's own index is one of its result files: replaced together with run.trec and metrics.json, or not at all
     write_result_dir(
@@ -153,5 +151,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
         folders=None if opts.index_dir else {index_dir.name: index.save},
         versions={"tokenizer": tokenizer_record(ranker.cfg.backbone, ranker.tokenizer)},
     )
+    if opts.index_dir:  # a shared index outside the run's folder, a cache keyed by what built it: saved after the
+        index.save(index_dir)  # results, so a stop in between leaves the earlier results beside the earlier index
     print_table({"value": means}, title=f"{opts.split} metrics")  # the table every job prints (metrics/results.py)
     return means

@@ -322,6 +322,14 @@ CASES = [
         files({"collection.tsv": COLLECTION.replace("d2\t", "d2\x00\t")}),
     ),
     Case(
+        "space-in-passage-id",  # eighth fault trial E3: found when run.trec was written, naming the run, not the line
+        "evaluate.py",
+        [*TSV, "model=bm25"],
+        "collection.tsv:2: passage id 'd 2' holds a space at position 1; expected an id without whitespace (TREC run "
+        "and qrels files separate their fields by whitespace)",
+        files({"collection.tsv": COLLECTION.replace("d2\t", "d 2\t")}),
+    ),
+    Case(
         "checkpoint-of-another-ranker",
         "evaluate.py",
         [*TSV, "model=bert_cat", "ckpt={ckpt}"],

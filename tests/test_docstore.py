@@ -18,7 +18,7 @@ from datamodules.docstore import DocStore, fingerprint, open_store, store_folder
 from datamodules.textfiles import iter_id_text, read_id_text_tsv
 from datamodules.triples import TripleArray, read_id_triples, read_id_triples_list
 
-IDS = ["10", "2", "doc-ä", "1", "b", "a b", "zz", "0x", "99", "é", "3", "c"]
+IDS = ["10", "2", "doc-ä", "1", "b", "a+b", "zz", "0x", "99", "é", "3", "c"]
 
 
 def _collection(tmp_path: Path, ids=IDS, name="collection.tsv") -> Path:

@@ -772,3 +772,50 @@ def test_an_analysis_refuses_the_data_switches_it_does_not_apply(tmp_path, capsy
     line = one_line(capsys, rc, 2)
     assert line.startswith(f"error: config key '{key}': is {value}, but analysis {analysis} does not apply it: "), line
     assert line.endswith("; leave it at " + ("null" if "words" in key else "false")), line
+
+
+@pytest.mark.parametrize("where", ["output_dir", "above", "inside"])
+def test_a_shared_index_dir_in_the_results_place_is_refused(tmp_path, capsys, where):
+    """Eighth fault trial K9b: `retrieval.index_dir` equal to output_dir: the index's whole-folder replace took the
+    earlier results with it when the job stopped before its own results were published. The retrieve job refuses an
+    index_dir that is, holds or lies inside output_dir, at --dry-run too."""
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    out = tmp_path / "o"
+    index = {"output_dir": out, "above": tmp_path, "inside": out / "idx"}[where]
+    argv = [*SMALL, "model=repbert", "retrieval=dense", f"retrieval.index_dir={index}", f"output_dir={out}"]
+    for dry in ([], ["--dry-run"]):
+        said = {"output_dir": "is output_dir", "above": "holds output_dir", "inside": "lies inside output_dir"}[where]
+        assert one_line(capsys, main([*argv, *dry], EVALUATE), 2) == (
+            f"error: config key 'retrieval.index_dir': '{index}' {said} ('{out}'); a shared index is saved by "
+            "replacing its folder whole, so it must lie outside the run's results: choose another folder, or leave it "
+            "null to keep the index with the results (<output_dir>/index)"
+        )
+        assert not out.exists()
+
+
+def test_a_shared_index_is_saved_after_the_results(tmp_path, tiny_bert, capsys, monkeypatch):
+    """Eighth fault trial O1: a dense retrieval with a shared `retrieval.index_dir`, stopped while its results were
+    written, had already replaced the shared index: the earlier results stood beside another checkpoint's index. The
+    index is saved after the results are published; a job that fails before leaves the earlier index as it was."""
+    from conftest import fake_checkpoint
+
+    import retrieval.retrieve as retrieve
+
+    ckpt = fake_checkpoint(tmp_path / "repbert.ckpt", tiny_bert, name="repbert")
+    out, index = tmp_path / "out", tmp_path / "shared-index"
+    argv = [*SMALL, "retrieval=dense", "retrieval.k=10", f"ckpt={ckpt}", f"retrieval.index_dir={index}"]
+    argv += [f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"]
+    assert run_main(argv) == 0
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in [index, *index.iterdir()]}
+    results = (out / "metrics.json").read_bytes()
+    capsys.readouterr()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "run.trec"))
+
+    monkeypatch.setattr(retrieve, "write_result_dir", full_disk)
+    assert run_main([*argv, "retrieval.k=5"]) == 1
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in [index, *index.iterdir()]} == before
+    assert (out / "metrics.json").read_bytes() == results

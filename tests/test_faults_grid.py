@@ -609,3 +609,33 @@ def test_results_of_another_json_shape_are_unreadable_not_a_traceback(tmp_path):
         "warning: grid g: cell 'bm25/syn/seed1': metrics.json unreadable (not a JSON object but a list); rerunning it",
     )
     assert "seed1: ran" in out and set(listed(gfile).values()) == {"done"}
+
+
+def test_a_folder_in_a_result_files_place_skips_the_cell_and_is_said(tmp_path):
+    """Eighth fault trial G1: a finished cell's per_query.json replaced by a folder was "missing" to action=list,
+    left out of the table without a word, and a run died in an IsADirectoryError traceback after deleting the cell's
+    metrics.json. The cell is unusable until the folder is moved: listed so, said by the table, skipped by a run
+    (exit 1) with its files kept; the other cells run."""
+    gfile = bm25_grid(tmp_path)
+    cell = tmp_path / "grids" / "g" / "bm25" / "syn" / "seed1"
+    run_expecting(gfile, 0)
+    (cell / "per_query.json").unlink()
+    (cell / "per_query.json").mkdir()
+    what = f"'{cell / 'per_query.json'}' is a folder, not a file"
+    assert listed(gfile)["bm25/syn/seed1"] == f"unusable ({what}; will be skipped)"
+    code, out = grid_main(f"grid={gfile}", "action=table")
+    assert code == 0 and "Traceback" not in out, out
+    assert warnings_of(out) == [
+        f"warning: grid g: cell 'bm25/syn/seed1': {what}; not tabulated: move it away, then action=run (the same "
+        "command without action=table) reruns that cell"
+    ]
+    metrics = (cell / "metrics.json").read_bytes()
+    out = run_expecting(
+        gfile, 1, f"warning: grid g: cell 'bm25/syn/seed1': {what}; skipped: move it away to run the cell"
+    )
+    assert (cell / "metrics.json").read_bytes() == metrics and (cell / "per_query.json").is_dir()
+    (cell / "per_query.json").rmdir()
+    run_expecting(
+        gfile, 0, "warning: grid g: cell 'bm25/syn/seed1': per_query.json missing beside metrics.json; rerunning it"
+    )
+    assert set(listed(gfile).values()) == {"done"}
