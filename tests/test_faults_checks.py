@@ -819,3 +819,30 @@ def test_a_shared_index_is_saved_after_the_results(tmp_path, tiny_bert, capsys, 
     assert run_main([*argv, "retrieval.k=5"]) == 1
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in [index, *index.iterdir()]} == before
     assert (out / "metrics.json").read_bytes() == results
+
+
+@pytest.mark.parametrize("at", ["fsync", "replace"])
+def test_a_signal_inside_the_write_probe_leaves_no_probe_file(tmp_path, monkeypatch, at):
+    """Eighth fault trial S1: SIGINT while check_writable probed an existing output_dir left `.write-probe-*` there
+    (its removal ran for an OSError only; a signal raises a BaseException) and moved the folder's mtime. Whatever
+    ends the probe, the folder is as it was, and a folder the probe made is gone."""
+    import core.io as io
+
+    class Signalled(BaseException):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Signalled
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    times = (out.stat().st_atime_ns, out.stat().st_mtime_ns)
+    monkeypatch.setattr(io.os, at, stop)
+    with pytest.raises(Signalled):
+        io.check_writable(out, "output_dir")
+    assert out.stat().st_mtime_ns == times[1]  # before listing it, which moves its atime
+    assert [p.name for p in out.iterdir()] == ["metrics.json"]
+    with pytest.raises(Signalled):
+        io.check_writable(tmp_path / "new" / "deeper", "output_dir")
+    assert not (tmp_path / "new").exists()
