@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from analyses.outputs import analysis_set, log_analysis, placed
 from analyses.position_plot import plot_histograms
@@ -80,6 +81,8 @@ class Options:
 @dataclasses.dataclass
 class AnswerPositionsConfig(AnalysisConfig):
     """`python evaluate.py analysis=answer_positions data=...` (configs/analysis/answer_positions.yaml)."""
+
+    needs_answers: ClassVar[bool] = True
 
     name: str = "answer_positions"
     split: str = "train"

@@ -51,6 +51,8 @@ class AnalysisConfig:
     # The evaluation-time data switches (`DATA_SWITCHES`) it applies. One set that it does not apply is refused
     # (`check_analysis`) rather than give the default's numbers under a config that says otherwise.
     applies_data: ClassVar[tuple[str, ...]] = ()
+    # It reads answer spans: a data source that never has them (`DataConfig.answers` False) is refused from the config.
+    needs_answers: ClassVar[bool] = False
 
 
 # data keys that change what an evaluation scores, and why an analysis that reads whole documents ignores them
@@ -95,8 +97,9 @@ def check_analysis(cfg) -> None:
     """Refuse data keys the analysis `cfg.analysis.name` does not apply, from the config alone.
 
     The `analysis` job's own check (pipeline/jobs.py), made with the job's first checks and by `--dry-run`:
-    `data.max_eval_queries` for an analysis that takes no sample of a split's questions, and a `DATA_SWITCHES` key set
-    away from its default for one that does not declare it in `applies_data`.
+    `data.max_eval_queries` for an analysis that takes no sample of a split's questions, a source without answer spans
+    for one that reads them (`needs_answers`), and a `DATA_SWITCHES` key set away from its default for one that does
+    not declare it in `applies_data`.
     """
     entry = load_all().get(cfg.analysis.name, "analysis.name")
     data = cfg.get("data") or {}
@@ -106,6 +109,13 @@ def check_analysis(cfg) -> None:
             "config key 'data.max_eval_queries'",
             f"is {sample}, but analysis {cfg.analysis.name} takes no sample of a split's questions (those that do: "
             f"{', '.join(n for n in ANALYSES.names() if ANALYSES.get(n).schema.takes_eval_sample)}); leave it null",
+        )
+    source = OmegaConf.get_type(data) if isinstance(data, DictConfig) else None
+    if entry.schema.needs_answers and source is not None and getattr(source, "answers", None) is False:
+        raise InputError(
+            "config key 'data.source'",
+            f"is '{data.source}', which has no answer spans, but analysis {cfg.analysis.name} reads them; use a "
+            "source with answers (squad, synthetic, ir_datasets with answer strings)",
         )
     defaults = {f.name: f.default for f in dataclasses.fields(OmegaConf.get_type(data))} if data else {}
     for key, why in DATA_SWITCHES.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, check_ranges
@@ -56,6 +57,11 @@ class DataConfig:
     (`check_fold_config`), the answer-bias keys (`check_answer_bias`) and the passage windows (`check_passages`), so a
     bad value raises InputError before any data is read.
     """
+
+    # What the source can give: answer spans in its passages (`IRDataset.answers`, the position-bias paper's answer
+    # positions and biased splits): True always, False never, None depending on the dataset (ir_datasets: QnA ones)
+    # or not declared. A key or an analysis that needs them is refused from the config where a source never has them.
+    answers: ClassVar[bool | None] = None
 
     source: str = "synthetic"
     batch_size: int = 16  # training triplets per optimiser step and rank
@@ -177,6 +183,12 @@ def check_answer_bias(cfg: DataConfig) -> None:
         raise InputError(
             "config key 'data.answer_bias_late_keep'",
             f"is {cfg.answer_bias_late_keep}; expected a probability in [0, 1]",
+        )
+    if k is not None and type(cfg).answers is False:
+        raise InputError(
+            "config key 'data.answer_bias_keep_first'",
+            f"is {k}, but data source '{cfg.source}' has no answer spans; a position-biased split needs a source "
+            "with answers (squad, synthetic, ir_datasets with answer strings)",
         )
     if k is None and cfg.answer_bias_late_keep:
         raise InputError(

@@ -846,3 +846,32 @@ def test_a_signal_inside_the_write_probe_leaves_no_probe_file(tmp_path, monkeypa
     with pytest.raises(Signalled):
         io.check_writable(tmp_path / "new" / "deeper", "output_dir")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "args,key,line",
+    [
+        (
+            ["analysis=answer_positions"],
+            "data.source",
+            "is '{source}', which has no answer spans, but analysis answer_positions reads them; use a source with "
+            "answers (squad, synthetic, ir_datasets with answer strings)",
+        ),
+        (
+            ["data.answer_bias_keep_first=0.5"],
+            "data.answer_bias_keep_first",
+            "is 0.5, but data source '{source}' has no answer spans; a position-biased split needs a source with "
+            "answers (squad, synthetic, ir_datasets with answer strings)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("source", ["tsv", "beir", "cranfield"])
+def test_what_needs_answer_spans_is_refused_for_a_source_without_them(tmp_path, capsys, args, key, line, source):
+    """`analysis=answer_positions` or a position-biased split over a source that never has answer spans (TSV, BEIR,
+    the classic collections) built the collection's store and then said the dataset had none. Each source declares
+    whether it has them (`DataConfig.answers`; ir_datasets: known after loading); the config is refused at once."""
+    from pipeline.cli import main
+    from pipeline.run import EVALUATE
+
+    argv = [f"data={source}", *args, "logger=none", f"output_dir={tmp_path / 'o'}", "--dry-run"]
+    assert one_line(capsys, main(argv, EVALUATE), 2) == f"error: config key '{key}': {line.format(source=source)}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,6 +40,8 @@ class BeirConfig(DataConfig):
     `val_fraction` and `split_seed` derive a dev split from the training queries when there is no dev qrels file
     (module docstring).
     """
+
+    answers: ClassVar[bool | None] = False
 
     source: str = "beir"
     path: str | None = None  # the BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)

@@ -37,6 +37,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -65,6 +66,8 @@ class ClassicConfig(DataConfig):
     `test_fraction` and `val_fraction` of the judged queries go to test and val, the rest to train, permuted with
     `split_seed` (independent of the run seed).
     """
+
+    answers: ClassVar[bool | None] = False
 
     path: str = ""
     val_fraction: float = 0.15

@@ -41,6 +41,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from pytorch_lightning.utilities import rank_zero_warn
 
@@ -64,6 +65,8 @@ class IrDatasetsConfig(DataConfig):
     Also where the documents come from (`docs_id`) and the caps `max_docpairs`, `max_queries_per_split` and
     `only_referenced_docs` (module docstring).
     """
+
+    answers: ClassVar[bool | None] = None  # QnA datasets carry answer strings, others none: known after loading
 
     source: str = "ir_datasets"
     train_id: str | None = "msmarco-passage/train/triples-small"

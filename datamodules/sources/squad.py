@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -37,6 +38,8 @@ class SquadConfig(DataConfig):
     `val_articles` / `test_articles`: < 1 a fraction of the articles (at least one), >= 1 a count;
     `max_questions_per_split` keeps a `split_seed`-seeded subset of each split's questions.
     """
+
+    answers: ClassVar[bool | None] = True
 
     source: str = "squad"
     path: str = "../shared/data/squad_v1.1_dev/dev-v1.1.json.gz"

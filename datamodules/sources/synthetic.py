@@ -26,6 +26,7 @@ random) and candidates are the BM25 top-k, like for the classic collections.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -44,6 +45,8 @@ class SyntheticConfig(DataConfig):
     Each key's comment and the module docstring say what it controls; `answer_position: start` gives a
     position-biased collection (answers skewed to the start of the passage, like MS MARCO in the position-bias paper).
     """
+
+    answers: ClassVar[bool | None] = True
 
     source: str = "synthetic"
     data_seed: int | None = None  # null: the run seed

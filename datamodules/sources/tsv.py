@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from core.errors import InputError, check_choice
 from datamodules.config import DataConfig
@@ -46,6 +47,8 @@ class TsvConfig(DataConfig):
     Every file may be gzip-compressed; the optional ones may be null (module docstring). `triples_format` says
     whether `train_triples` holds ids or texts.
     """
+
+    answers: ClassVar[bool | None] = False
 
     source: str = "tsv"
     collection: str | None = None
