@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -325,7 +326,9 @@ PUBLISHED: set[Path] = set()
 
 
 @contextmanager
-def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple[Path, ...] = ()) -> Iterator[Path]:
+def result_set(
+    out: str | os.PathLike, last: str = "metrics.json", retire: tuple[Path, ...] = (), shared: bool = False
+) -> Iterator[Path]:
     """Publish one result's files into `out` as a set: all of them, or on any error none.
 
     `with result_set(out) as tmp:` write one result's files (and folders, e.g. an index) into `tmp`, a hidden
@@ -333,14 +336,17 @@ def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple
     earlier `last` (metrics.json, the mark of a finished run) is removed first, `last` is renamed in last, with
     SIGINT / SIGTERM held throughout, and the files in `retire` (a pending attempt's config) are removed with them.
     On any error or interrupt `tmp` is removed and `out` holds the earlier result unchanged; a refused write is a
-    WriteFault saying so.
+    WriteFault saying so, a file of the set whose place holds a folder (or the reverse) before anything is renamed.
+    `shared`: other processes may publish into `out` at once (a grid's folder): only staged sets older than an hour
+    (left by a killed process) are removed, not another's live one.
     """
     out = Path(out)
     kept = f"earlier results in '{out}' unchanged" if (out / last).exists() else f"no result was written to '{out}'"
     try:
         out.mkdir(parents=True, exist_ok=True)
         for stale in out.glob(".results.tmp-*"):  # a set staged by a killed job (this job holds out's lock)
-            shutil.rmtree(stale, ignore_errors=True)
+            if not shared or time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=".results.tmp-", dir=out))
     except OSError as e:
         raise WriteFault(out, reason_of(e), kept) from e
@@ -362,6 +368,12 @@ def result_set(out: str | os.PathLike, last: str = "metrics.json", retire: tuple
                 )
             raise fault from e
         raise
+    for name in names:  # os.replace cannot put a file over a folder: refused before the first rename
+        target, staged = out / name, tmp / name
+        if target.exists() and target.is_dir() != staged.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            what = "a folder, not a file" if target.is_dir() else "a file, not a folder"
+            raise WriteFault(target, f"it is {what}", f"{kept}; move it away", code=2, errno_=errno.EISDIR)
     olds = []
     try:
         with signals_held():

@@ -98,7 +98,7 @@ from callbacks.loggers import finish_wandb
 from callbacks.preemption import Signalled
 from core.checkpoints import read_header
 from core.errors import InputError
-from core.io import WriteFault, atomic_open, check_cache_folders, check_writable, write_json
+from core.io import WriteFault, atomic_open, check_cache_folders, check_writable, result_set, write_json
 from core.precision import warn_emulated_bf16
 from core.progress import phase
 from core.ranks import exit_status
@@ -1032,7 +1032,19 @@ def collect(spec: GridSpec, cells: list[Cell], say) -> dict:
     }
 
 
-def write_results(results: dict, out_dir: Path) -> Path:
+def write_results(results: dict, out_dir: Path, table_path: Path) -> tuple[Path, str]:
+    """Write results.json, results.csv and the Markdown table into `out_dir` as one set; (results.json, the table).
+
+    All three are staged and renamed in together (core/io.result_set, results.json last): a refused write or an
+    interrupt leaves the earlier three as they were. Other processes of the same grid may publish at once.
+    """
+    with result_set(out_dir, last="results.json", shared=True) as tmp:
+        _write_results(results, tmp)
+        text = write_table(results, tmp / table_path.name)
+    return out_dir / "results.json", text
+
+
+def _write_results(results: dict, out_dir: Path) -> None:
     write_json(out_dir / "results.json", results)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -1049,7 +1061,6 @@ def write_results(results: dict, out_dir: Path) -> Path:
                 w.writerow([*head, qid, m, repr(float(v))])
     with atomic_open(out_dir / "results.csv") as f:
         f.write(buf.getvalue())
-    return out_dir / "results.json"
 
 
 def _wandb_table(spec: GridSpec, cfg: DictConfig | None, results: dict) -> None:
@@ -1241,8 +1252,7 @@ def run(argv: list[str], out=None) -> GridReport:
             f"e.g. {stale[0]} (action=list marks them)"
         )
     results = collect(spec, cells, say)
-    report.results_path = write_results(results, spec.dir)
-    report.table = write_table(results, spec.table_path)
+    report.results_path, report.table = write_results(results, spec.dir, spec.table_path)
     say("")
     say(report.table)
     say(f"results: {spec.dir / 'results.json'}, {spec.dir / 'results.csv'}, table: {spec.table_path}")

@@ -639,3 +639,29 @@ def test_a_folder_in_a_result_files_place_skips_the_cell_and_is_said(tmp_path):
         gfile, 0, "warning: grid g: cell 'bm25/syn/seed1': per_query.json missing beside metrics.json; rerunning it"
     )
     assert set(listed(gfile).values()) == {"done"}
+
+
+def test_the_grids_results_are_one_set(tmp_path, capsys, monkeypatch):
+    """Ninth fault trial G2: with the grid's results.csv replaced by a folder, action=table replaced results.json
+    (shrunk, when a cell had lost its results), then failed on results.csv and said the earlier results were
+    unchanged. results.json, results.csv and the table are published together: a refused one leaves all three."""
+    gfile = bm25_grid(tmp_path)
+    grid = tmp_path / "grids" / "g"
+    run_expecting(gfile, 0)
+    (grid / "results.csv").unlink()
+    (grid / "results.csv").mkdir()
+    (grid / "bm25" / "syn" / "seed1" / "metrics.json").unlink()
+    before = {n: (grid / n).read_bytes() for n in ("results.json", "table.md")}
+    import experiments
+
+    monkeypatch.setattr(experiments, "raise_on_signals", dict)  # this test process keeps its own handlers
+    capsys.readouterr()
+    assert experiments.run([f"grid={gfile}", "action=table"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot write '{grid / 'results.csv'}' (it is a folder, not a file); earlier results in '{grid}' "
+        "unchanged; move it away\n"
+    )
+    assert {n: (grid / n).read_bytes() for n in before} == before and not list(grid.glob(".results.tmp-*"))
+    (grid / "results.csv").rmdir()
+    assert grid_main(f"grid={gfile}", "action=table")[0] == 0
+    assert (grid / "results.json").read_bytes() != before["results.json"] and (grid / "results.csv").is_file()
