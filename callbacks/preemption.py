@@ -64,16 +64,26 @@ class Signalled(BaseException):
         super().__init__(signal.Signals(signum).name)
 
 
-_OWNER = {"pid": None, "raised": False}
+_OWNER = {"pid": None, "raised": False, "signum": None}
 
 
 def _raise(signum, frame) -> None:
     if os.getpid() != _OWNER["pid"]:  # a forked DataLoader worker: it stops quietly on KeyboardInterrupt
         raise KeyboardInterrupt
+    _OWNER["signum"] = _OWNER["signum"] or signum
     if _OWNER["raised"]:  # a second signal while the first unwinds: the job is already stopping
         return
     _OWNER["raised"] = True
     raise Signalled(signum)
+
+
+def received_signal() -> int | None:
+    """Return the SIGINT / SIGTERM this process received since `raise_on_signals`, else None.
+
+    A Ctrl-C reaches every rank of a terminal's process group: a rank that was interrupted itself reports its stop,
+    not the death of a peer that the same Ctrl-C stopped first.
+    """
+    return _OWNER["signum"]
 
 
 def raise_on_signals() -> dict:
@@ -85,7 +95,7 @@ def raise_on_signals() -> dict:
     """
     if threading.current_thread() is not threading.main_thread():
         return {}
-    _OWNER.update(pid=os.getpid(), raised=False)
+    _OWNER.update(pid=os.getpid(), raised=False, signum=None)
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, _raise)
     signal.signal(signal.SIGTERM, _raise)

@@ -19,9 +19,11 @@ the machine, as a refused write). The standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -76,6 +78,26 @@ class RankDied(BaseException):
     def keeping(self, kept: str) -> RankDied:
         """Return this death with `kept` said (a new exception: the same rank and cause)."""
         return RankDied(self.rank, self.how, kept)
+
+
+class RankStopped(RankDied):
+    """Another rank of this job was stopped by a signal sent to it alone (SIGINT / SIGTERM); `signum`.
+
+    Its exit code is the signal's (128 + signum), as if this job had been stopped itself; the line names the rank.
+    """
+
+    def __init__(self, rank: int | None, signum: int, kept: str = ""):
+        self.signum, self.code = signum, 128 + signum
+        super().__init__(rank, signal.Signals(signum).name, kept)
+
+    def line(self) -> str:
+        """`rank 1 was stopped by SIGTERM; <kept>`: the message after `stopped: `."""
+        who = f"rank {self.rank}" if self.rank is not None else "another rank"
+        return f"{who} was stopped by {self.how}" + (f"; {self.kept}" if self.kept else "")
+
+    def keeping(self, kept: str) -> RankStopped:
+        """Return this stop with `kept` said."""
+        return RankStopped(self.rank, self.signum, kept)
 
 
 def peer_failure(e: BaseException) -> str | None:
@@ -215,11 +237,19 @@ def unwatch(watch: RankWatch) -> None:
     watch.stop()
 
 
-def stop_watching() -> None:
-    """Stop the current RankWatch, if any (the job is ending: on its own error, or done)."""
+def stop_watching(wait_s: float = 0.0) -> None:
+    """Stop the current RankWatch, if any (the job is ending: on its own error, or done).
+
+    `wait_s`: how long to wait for the ranks this process started to end too (they were stopped with it, or see it
+    gone), so that none prints after the command has returned.
+    """
     watch = current()
     if watch is not None:
         watch.stop()
+        end = time.monotonic() + wait_s
+        for proc in watch.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
 
 
 def as_rank_death(e: BaseException) -> RankDied | None:

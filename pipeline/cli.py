@@ -25,6 +25,7 @@ from callbacks.preemption import (
     Interrupted,
     Signalled,
     raise_on_signals,
+    received_signal,
     restore_signals,
 )
 from core.errors import InputError, TrainingStopped
@@ -68,11 +69,10 @@ def main(argv: list[str], job: Callable) -> int:
             print(f"stopped: {e}", file=sys.stderr)
         return e.code
     except (Signalled, KeyboardInterrupt) as e:
-        signum = getattr(e, "signum", signal.SIGINT)
-        if global_rank_zero():  # under DDP rank 0 passes the signal on to the others: one line, rank 0's
-            print(f"stopped: {interrupt_line(signum, cfg)}", file=sys.stderr)
-        return EXIT_CODES[signum]
+        return _interrupted(getattr(e, "signum", signal.SIGINT), cfg)
     except RankDied as e:  # another rank's death (core/ranks.py); training names its checkpoint (interruptible)
+        if (signum := received_signal()) is not None:
+            return _interrupted(signum, cfg)
         dead = as_rank_death(e)
         kept = dead if dead.kept else dead.keeping(_what_is_kept(cfg))
         print(f"stopped: {kept}", file=sys.stderr)
@@ -85,6 +85,8 @@ def main(argv: list[str], job: Callable) -> int:
         return e.code
     except (OSError, RuntimeError) as e:
         dead = as_rank_death(e)  # a collective that failed because another rank died
+        if dead is not None and (signum := received_signal()) is not None:
+            return _interrupted(signum, cfg)
         if dead is not None:
             print(f"stopped: {dead.keeping(_what_is_kept(cfg))}", file=sys.stderr)
             return dead.code
@@ -94,9 +96,21 @@ def main(argv: list[str], job: Callable) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 1
     finally:
-        stop_watching()  # a watchdog of ranks still running (the job stopped on its own error) raises nothing now
+        # a watchdog of ranks still running (the job stopped on its own error) raises nothing now; the ranks this
+        # process started end before the command returns (stopped with it, or seeing it gone)
+        stop_watching(wait_s=RANKS_END_S)
         restore_signals(handlers)
     return 0
+
+
+RANKS_END_S = 10.0  # how long a stopped job waits for the ranks it started to end
+
+
+def _interrupted(signum: int, cfg) -> int:
+    """Say how SIGINT / SIGTERM stopped this job (rank 0 only: under DDP the signal reaches every rank, one line)."""
+    if global_rank_zero():
+        print(f"stopped: {interrupt_line(signum, cfg)}", file=sys.stderr)
+    return EXIT_CODES[signum]
 
 
 def _output_dir(cfg) -> Path | None:

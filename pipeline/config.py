@@ -588,6 +588,30 @@ def check_rerank_depths(cfg: DictConfig) -> None:
         )
 
 
+def check_validation_schedule(cfg: DictConfig) -> None:
+    """Refuse a fine-tuning whose validations would all fall after its last step (the `finetune` job's check).
+
+    An integer `trainer.val_check_interval` counts training batches: above `max_steps` x `accumulate_grad_batches`
+    no validation runs once training starts, so the step-0 validation of the starting model (eval.start_candidate)
+    stays the best and the test uses the starting weights, as if fine-tuning had lost. Not checked when validation is
+    off (`limit_val_batches=0`), the run is bounded by epochs, or the starting model is no candidate.
+    """
+    t = cfg.trainer
+    every, steps, accumulate = t.val_check_interval, int(t.max_steps), int(t.accumulate_grad_batches)
+    if not isinstance(every, int) or isinstance(every, bool) or steps <= 0 or t.limit_val_batches == 0:
+        return
+    if cfg.get("ckpt_path"):  # a resume: its best so far was chosen by validations before it
+        return
+    if cfg.eval.start_candidate and every > steps * accumulate:
+        batches = f"{steps} x trainer.accumulate_grad_batches {accumulate} = " if accumulate > 1 else ""
+        raise InputError(
+            "config key 'trainer.val_check_interval'",
+            f"is {every} training batches, but trainer.max_steps={steps} trains {batches}{steps * accumulate}: no "
+            "validation would run after fine-tuning starts, and the test would use the starting model (its step-0 "
+            f"validation the only one); set trainer.val_check_interval <= {steps * accumulate}",
+        )
+
+
 def to_yaml(cfg: DictConfig) -> str:
     """Return the composed config as YAML, as `--dry-run` prints it."""
     return OmegaConf.to_yaml(cfg)

@@ -44,7 +44,7 @@ from core.registry import Registry
 from models.loading import recorded_model
 from models.rankers.backbone import check_backbone_path
 from models.rankers.base import RUNTIME_KEYS
-from pipeline.config import RunConfig, model_defaults
+from pipeline.config import RunConfig, check_validation_schedule, model_defaults
 from pipeline.stages import begin_attempt, check_outputs
 from retrieval.config import check_index_place
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
@@ -247,6 +247,7 @@ TABLE: dict[str, Job] = {
         _READS,
         shape="train.py",
         command="train.py [init_ckpt=...]",
+        checks=check_validation_schedule,
         needs=(
             Need(
                 "model",

@@ -20,8 +20,10 @@ file read back in order needs no memory beyond one batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from torch import Tensor
 from core.errors import InputError
 from core.npy import NpyRowWriter
 from core.progress import phase
-from core.ranks import RankDied, as_rank_death
+from core.ranks import RankDied, RankStopped, as_rank_death
 from models.loading import pair_tokenizer_for
 from models.rankers.base import Encoded
 from retrieval.encode import (
@@ -193,12 +195,22 @@ def read_shares(parts_dir: str | Path, world: int) -> Iterator[tuple[list, Tenso
                 fv.close()
 
 
-def _all_ok(ok: bool) -> bool:
-    """Whether every rank says ok (an all-reduce of a flag: a failed rank joins it too, so none waits forever)."""
+def _statuses(status: int) -> list[int]:
+    """Every rank's status (an all-gather: a failed rank joins it too, so none waits forever).
+
+    0: its share is in; 1: it failed and said why; 128 + signum: SIGINT / SIGTERM stopped it (only global rank 0
+    speaks of signals, so rank 0 names it).
+    """
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    mine = torch.tensor([status], device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [int(t.item()) for t in every]
+
+
+def _status_of(e: BaseException) -> int:
+    signum = getattr(e, "signum", signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
+    return 128 + int(signum) if signum is not None else 1
 
 
 def split_encode(
@@ -242,26 +254,30 @@ def split_encode(
                 writer.add(w, ids, out)
                 ph.advance(len(ids))
         writer.finish()
-        ok = True
     except BaseException as e:
         if writer is not None:
             writer.abort()
         dead = as_rank_death(e) if world > 1 else None
-        if world > 1 and dead is None:  # a dead rank joins no all-reduce
-            _all_ok(False)
+        if world > 1 and dead is None:  # a dead rank joins no all-gather
+            with contextlib.suppress(RankDied, RuntimeError):  # the others stopped as well: this rank's own error
+                _statuses(_status_of(e))
         drop_shares(parts_dir, rank, dead)
         raise
     try:
-        every_ok = world == 1 or _all_ok(ok)
+        statuses = [0] if world == 1 else _statuses(0)
     except BaseException as e:  # waiting for the others when one died
         drop_shares(parts_dir, rank, as_rank_death(e))
         raise
-    if not every_ok:
+    failed = [(r, code) for r, code in enumerate(statuses) if code]
+    if failed:
         drop_shares(parts_dir, rank, None)
         if rank == 0:
+            other, code = failed[0]
+            if code > 128:  # a signal to that rank alone: it says nothing itself (rank 0 speaks of signals)
+                raise RankStopped(other, code - 128)
             raise InputError(
                 "retrieval.devices",
-                "another rank failed while encoding its share of the collection; see its message above",
+                f"rank {other} failed while encoding its share of the collection; see its message above",
             )
         return None
     if rank != 0:

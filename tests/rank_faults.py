@@ -4,6 +4,8 @@
     RANK_FAULT=encode:1:2 SCRIPT=evaluate.py ...   # rank 1 at its 2nd batch of the split index encoding
     RANK_FAULT=sigterm:1:3 SCRIPT=train.py ...     # rank 1 sends itself SIGTERM at the end of step 3 (it lives on)
     RANK_FAULT=testterm:0:1 SCRIPT=evaluate.py ... # rank 0 sends itself SIGTERM at the end of its 1st test batch
+    RANK_FAULT=encodeterm:1:2 SCRIPT=evaluate.py ...  # rank 1 sends itself SIGTERM at its 2nd encoding batch
+    RANK_FAULT=encodeint:1:2 SCRIPT=evaluate.py ...   # rank 1 sends SIGINT to the whole job there (a Ctrl-C)
 
 Every rank runs this driver (Lightning and Fabric start ranks 1..N-1 as `sys.argv` again). Each writes, into the
 folder RANK_FAULT_DIR, `killed` (the time it SIGKILLs itself) or `exit-<rank>` (its exit code, when it leaves
@@ -26,9 +28,12 @@ from fault_driver import with_callback  # noqa: E402 - after the repo is on sys.
 MARKS = Path(os.environ["RANK_FAULT_DIR"])
 
 
-def _die(sig: int = signal.SIGKILL) -> None:
+def _die(sig: int = signal.SIGKILL, group: bool = False) -> None:
     (MARKS / "killed").write_text(str(time.time()))
-    os.kill(os.getpid(), sig)
+    if group:  # every process of the job, as a terminal's Ctrl-C
+        os.killpg(os.getpgrp(), sig)
+    else:
+        os.kill(os.getpid(), sig)
 
 
 def at_train_step(rank: int, step: int, sig: int = signal.SIGKILL) -> None:
@@ -57,7 +62,7 @@ def at_test_batch(rank: int, nth: int, sig: int = signal.SIGTERM) -> None:
     with_callback(Signal())
 
 
-def at_encode_batch(rank: int, nth: int) -> None:
+def at_encode_batch(rank: int, nth: int, sig: int = signal.SIGKILL, group: bool = False) -> None:
     import retrieval.split
 
     real = retrieval.split.ShareWriter.add
@@ -67,7 +72,7 @@ def at_encode_batch(rank: int, nth: int) -> None:
         if retrieval.split.ranks()[0] == rank:
             count["n"] += 1
             if count["n"] == nth:
-                _die()
+                _die(sig, group)
         return real(self, *a, **k)
 
     retrieval.split.ShareWriter.add = add
@@ -75,10 +80,15 @@ def at_encode_batch(rank: int, nth: int) -> None:
 
 def main() -> None:
     kind, rank, when = os.environ["RANK_FAULT"].split(":")
-    sigterm = lambda r, w: at_train_step(r, w, signal.SIGTERM)  # noqa: E731
-    {"train": at_train_step, "encode": at_encode_batch, "sigterm": sigterm, "testterm": at_test_batch}[kind](
-        int(rank), int(when)
-    )
+    faults = {
+        "train": at_train_step,
+        "encode": at_encode_batch,
+        "sigterm": lambda r, w: at_train_step(r, w, signal.SIGTERM),
+        "testterm": at_test_batch,
+        "encodeterm": lambda r, w: at_encode_batch(r, w, signal.SIGTERM),
+        "encodeint": lambda r, w: at_encode_batch(r, w, signal.SIGINT, group=True),
+    }
+    faults[kind](int(rank), int(when))
     me = os.environ.get("LOCAL_RANK", "0")
     path = REPO / os.environ["SCRIPT"]
     try:

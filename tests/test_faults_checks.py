@@ -875,3 +875,24 @@ def test_what_needs_answer_spans_is_refused_for_a_source_without_them(tmp_path, 
 
     argv = [f"data={source}", *args, "logger=none", f"output_dir={tmp_path / 'o'}", "--dry-run"]
     assert one_line(capsys, main(argv, EVALUATE), 2) == f"error: config key '{key}': {line.format(source=source)}"
+
+
+def test_a_validation_interval_past_the_last_step_is_refused(tmp_path, capsys):
+    """Ninth fault trial K3: `train.py trainer.max_steps=2 trainer.val_check_interval=5` (or the default 30) never
+    validated the trained weights; the test used the starting model, with a warning that read as if validations had
+    lost. The finetune job refuses it from the config; a resume, no validation or no start candidate pass."""
+    from pipeline.cli import main
+    from pipeline.run import TRAIN
+
+    argv = [*SMALL, "trainer.max_steps=2", "trainer.val_check_interval=5", f"output_dir={tmp_path / 'o'}", "--dry-run"]
+    assert one_line(capsys, main(argv, TRAIN), 2) == (
+        "error: config key 'trainer.val_check_interval': is 5 training batches, but trainer.max_steps=2 trains 2: no "
+        "validation would run after fine-tuning starts, and the test would use the starting model (its step-0 "
+        "validation the only one); set trainer.val_check_interval <= 2"
+    )
+    assert one_line(capsys, main([*argv, "trainer.accumulate_grad_batches=2"], TRAIN), 2).startswith(
+        "error: config key 'trainer.val_check_interval': is 5 training batches, but trainer.max_steps=2 trains 2 x "
+        "trainer.accumulate_grad_batches 2 = 4: "
+    )
+    for fine in ("trainer.accumulate_grad_batches=3", "trainer.limit_val_batches=0", "eval.start_candidate=false"):
+        assert main([*argv, fine], TRAIN) == 0, capsys.readouterr().err

@@ -337,6 +337,31 @@ def test_a_rank_killed_ends_the_other_with_one_line(tmp_path, tiny_bert, stage, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault,line,code",
+    [
+        ("encodeterm:1:2", "stopped: rank 1 was stopped by SIGTERM; no result was written to '{out}'", 143),
+        ("encodeint:1:2", "stopped: interrupted by SIGINT; no result was written to '{out}'", 130),
+    ],
+    ids=["sigterm-to-rank-1", "ctrl-c-to-the-job"],
+)
+def test_a_signal_in_the_split_encoding_says_one_line(tmp_path, tiny_bert, fault, line, code):
+    """Ninth fault trial R1, S4: SIGTERM to rank 1 alone in `retrieval.devices=2`'s split encoding made rank 0 say
+    "another rank failed ...; see its message above" with nothing above it (only rank 0 speaks of signals); a Ctrl-C
+    to the job printed rank 0's line and then rank 1's "rank 0 died", after the command had returned. Now rank 0
+    names the rank a signal stopped, a rank interrupted itself says nothing of a peer's death, and the command
+    returns after its ranks: one line, the signal's exit code on both ranks, no process left."""
+    out = tmp_path / "out"
+    common = (f"model.backbone={tiny_bert}", f"output_dir={out}", f"data.cache_dir={tmp_path / 'cache'}")
+    got = _run_ranks(tmp_path, fault, "evaluate.py", *ENCODE_DDP, *common)
+    lines = [ln for ln in got["stderr"].splitlines() if ln.startswith(("stopped:", "error:"))]
+    assert lines == [line.format(out=out)], got["stderr"][-3000:]
+    assert "Traceback" not in got["stderr"] and got["rc0"] == code
+    assert got["exits"] == {"exit-0": code, "exit-1": code}
+    assert not out.exists()
+
+
+@pytest.mark.slow
 def test_a_signal_to_one_ddp_rank_stops_every_rank_at_one_batch(tmp_path, tiny_bert):
     """2 gloo ranks; only rank 1 gets SIGTERM, at the end of step 3 (a scheduler's kill of one process). Lightning
     broadcast the flag inside its signal handler, a collective while rank 0 was inside a training step: both hung

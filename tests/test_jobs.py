@@ -27,7 +27,17 @@ README_SHAPES = [
         ["data=squad", "model=repbert", "trainer.max_steps=100", "output_dir=outputs/squad-repbert"],
         "finetune",
     ),
-    ("train.py", ["trainer=ddp", "trainer.accelerator=cpu", "data.batch_size=8", "trainer.max_steps=20"], "finetune"),
+    (
+        "train.py",
+        [
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "data.batch_size=8",
+            "trainer.max_steps=20",
+            "trainer.val_check_interval=10",
+        ],
+        "finetune",
+    ),
     ("train.py", ["ckpt_path=outputs/default/checkpoints/last.ckpt"], "finetune"),
     ("train.py", ["init_ckpt=outputs/squad-repbert/checkpoints/last.ckpt", "model=repbert"], "finetune"),
     (
