@@ -35,7 +35,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from callbacks.rank_watch import kept_checkpoint
 from core.ranks import RankDied, as_rank_death
-from core.signals import EXIT_CODES, before_early
+from core.signals import EXIT_CODES, STOP_SIGNALS, before_early
 
 
 class Interrupted(SystemExit):
@@ -96,9 +96,9 @@ def raise_on_signals() -> dict:
     if threading.current_thread() is not threading.main_thread():
         return {}
     _OWNER.update(pid=os.getpid(), raised=False, signum=None)
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, _raise)
-    signal.signal(signal.SIGTERM, _raise)
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s in STOP_SIGNALS:
+        signal.signal(s, _raise)
     return old
 
 
@@ -180,8 +180,8 @@ class Preemption(Callback):
             self._lightning_sigterm = getattr(
                 trainer._signal_connector, "_sigterm_notifier_fn", None
             ) or signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+            for s in STOP_SIGNALS:  # SIGHUP too, where the job does not ignore it (core/signals.py)
+                signal.signal(s, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signum is not None:

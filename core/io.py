@@ -312,8 +312,8 @@ class AtomicDir:
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM are held (delivered when the block ends) for a few renames that must happen together."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """SIGINT, SIGTERM and SIGHUP are held (delivered when the block ends) for a few renames that must go together."""
+    held = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield

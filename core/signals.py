@@ -35,6 +35,11 @@ import threading
 import time
 
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + signal number, as a shell reports a signalled job
+# SIGHUP (the terminal or ssh session closed) stops a job as SIGTERM does, unless the job was started ignoring it
+# (`nohup`, tmux's and screen's own handling): an ignored SIGHUP stays ignored, read once at import (the first line)
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+    EXIT_CODES[signal.SIGHUP] = 129
+STOP_SIGNALS = tuple(EXIT_CODES)  # the signals every handler of the project stops a job on
 
 _EARLY = {"state": "nothing was written", "pid": None, "before": {}}
 

@@ -102,7 +102,7 @@ from core.io import WriteFault, atomic_open, check_cache_folders, check_writable
 from core.precision import warn_emulated_bf16
 from core.progress import phase
 from core.ranks import exit_status
-from core.signals import PARENT_VARIABLE
+from core.signals import PARENT_VARIABLE, STOP_SIGNALS
 from grid.cells import (
     CELL_FILE,
     NEUTRAL,
@@ -648,7 +648,7 @@ CELL_STOP_GRACE_S = 600.0  # how long a signalled cell may take to save and stop
 
 
 def _stop_cell(proc: subprocess.Popen, signum: int, log) -> None:
-    """Hand the grid's SIGINT / SIGTERM on to its running cell and wait until the cell has stopped.
+    """Hand the grid's SIGINT / SIGTERM / SIGHUP on to its running cell and wait until the cell has stopped.
 
     The cell stops as it would alone: a training cell after its current batch, with a resumable `last.ckpt`; an
     evaluation cell with its earlier results untouched. A second signal, or `CELL_STOP_GRACE_S` without an end,
@@ -657,7 +657,7 @@ def _stop_cell(proc: subprocess.Popen, signum: int, log) -> None:
     log.write(f"\n[grid] {signal.Signals(signum).name}: handed on to the cell\n")
     log.flush()
     proc.send_signal(signum)
-    old = {s: signal.signal(s, lambda *_: proc.kill()) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, lambda *_: proc.kill()) for s in STOP_SIGNALS}
     try:
         proc.wait(timeout=CELL_STOP_GRACE_S)
     except subprocess.TimeoutExpired:

@@ -41,11 +41,12 @@ def _catches(pid: int, sig: signal.Signals) -> bool:
 
 
 # ---- a signal while the entry script imports ----------------------------------------------------------------------
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize("script", ["train.py", "evaluate.py", "experiments.py"])
 def test_signal_during_the_imports_is_one_line(tmp_path, script, sig):
-    """0.5 s after the start (the imports take seconds): `stopped: interrupted by SIG...; <state>`, 130 / 143, no
-    traceback, nothing written (no output_dir, nothing in the working folder)."""
+    """0.5 s after the start (the imports take seconds): `stopped: interrupted by SIG...; <state>`, 130 / 143 / 129
+    (SIGHUP: the terminal closed; ninth fault trial S1 had no line), no traceback, nothing written (no output_dir,
+    nothing in the working folder)."""
     out = tmp_path / "out"
     args = ["grid=squad_3seeds"] if script == "experiments.py" else ["data=synthetic", "logger=none"]
     start = time.monotonic()
@@ -544,3 +545,19 @@ def test_a_peers_death_names_the_checkpoints_a_job_without_a_training_loop_kept(
         f"(delete '{out}' to start again)\n"
     ), err
     assert err.count("\n") == 1 and err.startswith("stopped: ")
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["sighup-stops", "nohup-keeps-it-ignored"])
+def test_sighup_stops_a_job_unless_it_was_started_ignoring_it(ignored):
+    """SIGHUP (a closed terminal or ssh session) stops a job as SIGTERM does, with its own line and 129; a job started
+    under `nohup` (SIGHUP ignored) keeps ignoring it: the project's handlers never take it over."""
+    code = (
+        "import signal\n"
+        + ("signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" if ignored else "")
+        + "import core.signals as s\n"
+        + "from callbacks.preemption import raise_on_signals\n"
+        + "raise_on_signals()\n"
+        + "print(signal.SIGHUP in s.STOP_SIGNALS, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == (["False", "True"] if ignored else ["True", "False"]), out.stderr[-2000:]

@@ -538,7 +538,7 @@ def test_read_only_grid_folder(world, case):
     assert "seed2" not in proc.stdout and snapshot(root) == before
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 @pytest.mark.slow
 def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case, sig):
     """A training cell launched as a subprocess: the grid's signal is handed on to it (its own session, so a
