@@ -233,9 +233,9 @@ class Cell:
         other are rerun; a training cell's `last.ckpt` that is unreadable, or whose best checkpoint is gone, restarts
         it (resuming would test another model than an uninterrupted run).
         """
-        for p in [self.dir, *self.dir.parents][: self.label.count("/") + 2]:  # the cell's folders and the grid's
-            if p.exists() and not p.is_dir():
-                return f"'{p}' is a file, not a folder", "skip: move it away to run the cell"
+        blocked = self.path_fault()
+        if blocked is not None:
+            return blocked
         for name in (*RESULT_FILES, CELL_FILE):  # a folder where a run writes a file: it could not, nor remove it
             if (self.dir / name).is_dir():
                 return f"'{self.dir / name}' is a folder, not a file", "skip: move it away to run the cell"
@@ -268,6 +268,16 @@ class Cell:
             best = Path(lost["path"]).name
             return "; ".join(filter(None, [what, f"best checkpoint {best} missing"])), "restart"
         return (what, "resume from last.ckpt") if what else None
+
+    def path_fault(self) -> tuple[str, str] | None:
+        """Return `fault`'s (what, skip) when a file stands where the cell's folder, or a folder above it, should be.
+
+        Nothing can be made under it, the cell's claim lock included: a run skips the cell before claiming it.
+        """
+        for p in [self.dir, *self.dir.parents][: self.label.count("/") + 2]:  # the cell's folders and the grid's
+            if p.exists() and not p.is_dir():
+                return f"'{p}' is a file, not a folder", "skip: move it away to run the cell"
+        return None
 
     def other_settings(self) -> str | None:
         """Return what differs when a started cell's overrides in cell.json are not the planned ones, else None.
@@ -1288,6 +1298,16 @@ def _run_pass(
         if not spec.selected(cell) or report.status.get(cell.label) in ("ran", "resumed", "failed", "skipped"):
             continue
         tag = f"[{i}/{len(cells)}] {cell.kind} {cell.label}"
+        blocked = cell.path_fault()  # its claim's lock file would go under that file: skipped before claiming it
+        if blocked is not None:
+            report.status[cell.label] = "failed"
+            once(
+                cell,
+                "fault",
+                f"warning: grid {spec.name}: cell '{cell.label}': {blocked[0]}; skipped: "
+                f"{blocked[1].split(': ', 1)[1]}",
+            )
+            continue
         with claim_cell(cell.dir) as mine:
             if not mine:
                 others = True

@@ -665,3 +665,24 @@ def test_the_grids_results_are_one_set(tmp_path, capsys, monkeypatch):
     (grid / "results.csv").rmdir()
     assert grid_main(f"grid={gfile}", "action=table")[0] == 0
     assert (grid / "results.json").read_bytes() != before["results.json"] and (grid / "results.csv").is_file()
+
+
+def test_an_evaluation_cell_under_a_training_folder_that_became_a_file_is_skipped(tmp_path):
+    """Tenth fault trial G3b: a finished training cell's folder replaced by a file: action=list said both its cells
+    would be skipped, but a run claimed the evaluation cell first, whose lock file would go inside that file: a
+    FileExistsError traceback, the results not rewritten. Both cells are skipped with one line each, the others run
+    and the table is written."""
+    gfile = bm25_grid(tmp_path, eval_data={"syn": SYN, "syn_start": SYN_START})
+    run_expecting(gfile, 0)
+    cell = tmp_path / "grids" / "g" / "bm25" / "syn" / "seed1"
+    shutil.rmtree(cell)
+    cell.write_text("not a folder")
+    said = f"'{cell}' is a file, not a folder; skipped: move it away to run the cell"
+    out = run_expecting(
+        gfile,
+        1,
+        f"warning: grid g: cell 'bm25/syn/seed1': {said}",
+        f"warning: grid g: cell 'bm25/syn/seed1/eval-syn_start': {said}",
+    )
+    assert "Traceback" not in out and (tmp_path / "grids" / "g" / "results.json").is_file()
+    assert cell.read_text() == "not a folder"
