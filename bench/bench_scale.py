@@ -639,6 +639,7 @@ def train_command(
         f"data.max_eval_queries={eval_queries}",
         f"data.candidate_depth={depth}",
         f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",  # one validation of the trained model, at its last step
         "trainer.enable_progress_bar=false",
         "eval.before_training=false",
         "logger=none",
