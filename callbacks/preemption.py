@@ -34,6 +34,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from callbacks.rank_watch import kept_checkpoint
+from core.host_reads import DeferredReads
 from core.ranks import RankDied, as_rank_death
 from core.signals import EXIT_CODES, STOP_SIGNALS, before_early
 
@@ -156,11 +157,12 @@ class Preemption(Callback):
         self.step = 0
         self._pending: int | None = None  # a signal held back until the validation in progress ends
         self._requested = 0  # DDP: the signal this rank was sent; the ranks agree at the next batch start
+        self._agreed = DeferredReads()  # DDP: the all-reduced marks, read a batch later on CUDA
 
     def on_train_start(self, trainer, pl_module) -> None:
         """Install this callback's SIGTERM and SIGINT handlers in place of Lightning's (main thread only)."""
         # after Lightning's signal connector registered its handlers; it restores the originals at teardown
-        self._trainer, self._pending, self._requested = trainer, None, 0
+        self._trainer, self._pending, self._requested, self._agreed = trainer, None, 0, DeferredReads()
         if trainer.world_size > 1:
             # Lightning (2.6) broadcasts rank 0's flag inside its SIGTERM handler, a collective at whatever point the
             # signal lands (another rank inside a training step's all_gather: both hang for good), and each rank
@@ -215,15 +217,36 @@ class Preemption(Callback):
     def _agree_to_stop(self) -> None:
         """DDP, at every training batch start (in place of Lightning's broadcast): stop every rank if any asked to.
 
-        A failed all-reduce (a rank died) propagates, for `interruptible` to name the death.
+        The ranks' marks are all-reduced on the device; on CUDA the result is read one batch later (a pinned copy,
+        core/host_reads.py), so that the host never waits for the step in flight: every rank reads the same batch's
+        result at the same batch start, and stops there, one batch after the signal (on the CPU, where a read costs
+        nothing, at once). A failed all-reduce (a rank died) propagates, for `interruptible` to name the death.
         """
         trainer = self._trainer
-        flag = torch.tensor([self._requested], device=trainer.strategy.root_device)
+        # filled on the device: a tensor built from a Python value would be a blocking host-to-device copy
+        flag = torch.full((1,), self._requested, device=trainer.strategy.root_device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if signum := int(flag.item()):
-            self.signum = self.signum or signum  # a rank that was not signalled names the signal another rank got
-            trainer._signal_connector.received_sigterm = True
-            raise SIGTERMException()
+        self._agreed.push(trainer.global_step, flag)
+        for _, (signum,) in self._agreed.pop(keep_last=1 if flag.device.type == "cuda" else 0):
+            if signum:
+                self._stop_all(int(signum))
+
+    def _stop_all(self, signum: int) -> None:
+        self.signum = self.signum or signum  # a rank that was not signalled names the signal another rank got
+        self._trainer._signal_connector.received_sigterm = True
+        raise SIGTERMException()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """DDP: a signal in the last batches, which no batch start agreed on, still stops every rank, with last.ckpt.
+
+        Without this the job would go on to its test as if no signal had come.
+        """
+        if trainer.world_size > 1 and self._trainer is trainer:
+            flag = torch.full((1,), self._requested, device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            signum = max([int(flag.item())] + [int(v[0]) for _, v in self._agreed.pop()])
+            if signum:
+                self._stop_all(signum)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         """Pass on a signal held back during the validation, so training stops after this batch."""

@@ -38,7 +38,7 @@ from datamodules.samplers import (
     shard_range,
 )
 from datamodules.sources import load_dataset
-from datamodules.tokenization import HOST_LENGTHS, PairTokenizer, host_lengths
+from datamodules.tokenization import HOST_LENGTHS, HOST_RANK_ROWS, PairTokenizer, host_lengths
 from datamodules.tokenized import PassageTokens, QueryTokens, SplitTokens, store_rows
 
 MAX_AUTO_WORKERS = 8  # enough to keep a GPU fed with cached tokens; each worker holds its own copy of the datasets
@@ -191,10 +191,12 @@ class TripletCollate:
 
     Besides the tokenizer's `triplets` output, the batch holds `pos_doc`, `neg_doc` and `relevant_docs` (each query's
     judged documents, padded with -1), so the module can mask an in-batch negative judged relevant to the query, and
-    `HOST_LENGTHS`, the token counts of its rows, for the ranker to decide on padding without reading the device.
+    `HOST_LENGTHS`, the token counts of its rows, for the ranker to decide on padding without reading the device, and
+    `HOST_RANK_ROWS` (`rank_rows`: the most triplets a DDP rank's batch holds; None in one process).
     """
 
     tokenizer: PairTokenizer
+    rank_rows: int | None = None
 
     def __call__(self, items: list[tuple[str, str, str, TripletKeys]]) -> dict[str, torch.Tensor]:
         """Tokenise the batch's triplets and add the doc-key tensors."""
@@ -212,6 +214,8 @@ class TripletCollate:
             [list(k.relevant) + [-1] * (width - len(k.relevant)) for k in keys], dtype=torch.long
         )
         batch[HOST_LENGTHS] = host_lengths(batch)  # numpy: they stay on the host when the batch moves
+        if self.rank_rows is not None:
+            batch[HOST_RANK_ROWS] = self.rank_rows  # an int: it stays on the host too
         return batch
 
 
@@ -584,7 +588,7 @@ class RankingDataModule(pl.LightningDataModule):
         return ResumableLoader(
             ds,
             batch_sampler=sampler,
-            collate_fn=TripletCollate(self.tokenizer),
+            collate_fn=TripletCollate(self.tokenizer, sampler.max_shard if world > 1 else None),
             **self._loader_options(),
             consumed=self._consumed,
             generator=self._generator(),

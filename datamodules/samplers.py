@@ -59,6 +59,13 @@ class DistributedTrainBatchSampler(Sampler[list]):
         return full + (1 if rest >= self.world_size or full == 0 else 0)
 
     @property
+    def max_shard(self) -> int:
+        """Return the most examples a rank gets in one batch: `batch_size`, or more in a merged last global batch."""
+        count = len(self)
+        last = self.n - (count - 1) * self.batch_size * self.world_size
+        return max(self.batch_size if count > 1 else 0, -(-last // self.world_size))
+
+    @property
     def sampler(self) -> DistributedTrainBatchSampler:
         """Return this batch sampler itself, so that Lightning's `set_epoch` calls reach it."""
         # Lightning calls set_epoch on `loader.sampler` and `loader.batch_sampler.sampler`, never on the batch

@@ -17,6 +17,9 @@ from torch import Tensor
 # int64 array [rows]} (`TripletCollate`). With them a ranker decides padding questions on the host (length groups,
 # whether a mask is needed) instead of reading the mask back from the device, a sync per forward pass on a GPU.
 HOST_LENGTHS = "host_lengths"
+# the most triplets any DDP rank's share of a global training batch holds (DistributedTrainBatchSampler.max_shard): the
+# ranks pad their in-batch negatives to it, a shape every rank knows without asking the others (a host sync)
+HOST_RANK_ROWS = "host_rank_rows"
 
 
 def host_lengths(batch: dict[str, Tensor]) -> dict[str, np.ndarray]:

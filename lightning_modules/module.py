@@ -33,7 +33,7 @@ from torch import Tensor
 from core.errors import TrainingStopped, check_choice
 from core.host_reads import DeferredReads
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
-from datamodules.tokenization import PairTokenizer
+from datamodules.tokenization import HOST_RANK_ROWS, PairTokenizer
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
 from metrics.rerank_depth import SELECT_BY, candidate_ranks, choose_depth, truncate
 from models.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
@@ -86,6 +86,26 @@ class OptimConfig:
         )
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def contiguous_grad(x: Tensor) -> Tensor:
+    """Identity whose gradient is made contiguous on the way back.
+
+    torch.distributed.nn's all_gather sends its output's gradient to the other ranks as it gets it; a strided one
+    (what the scores' einsum hands back) reaches gloo's all-to-all as wrong values (the gradients of two ranks matched
+    one process's only when an indexing copy stood between them).
+    """
+    return _ContiguousGrad.apply(x)
+
+
 class RankingModule(pl.LightningModule):
     """Train any registered ranker (`model.name`) on triplets and evaluate it by re-ranking with trec_eval semantics.
 
@@ -128,36 +148,41 @@ class RankingModule(pl.LightningModule):
         return pair_tokenizer_for(self.ranker)
 
     # ---- training ------------------------------------------------------------------------------------------
-    def _gather_docs(self, d: Encoded, keys: Tensor | None = None) -> tuple[Encoded, Tensor | None, int]:
-        """Gather all ranks' passages for in-batch negatives.
+    def _gather_docs(
+        self, d: Encoded, keys: Tensor | None, rank_rows: int | None
+    ) -> tuple[Encoded, Tensor | None, int, Tensor | None]:
+        """Gather all ranks' passages for in-batch negatives, in shapes every rank knows without asking (no host sync).
 
-        Returns all ranks' passages (with gradients), their doc keys (`keys`: this rank's, one per passage; None
-        stays None), and where this rank's block starts in them.
+        Each rank pads its block to 2 x `rank_rows` passages (HOST_RANK_ROWS: the most triplets a rank's batch holds)
+        of the tokenizer's most passage tokens, so the gathered tensors have one shape on every rank. Returns all ranks'
+        blocks (with gradients), their doc keys (`keys`: this rank's, one per passage, -1 for padding; None stays
+        None), where this rank's block starts, and which gathered passages are real ([C] bool; None in one process).
         """
         world = self.trainer.world_size if self._trainer is not None else 1
-        n = d.tokens.shape[0]
         if world == 1:
-            return d, keys, 0
+            return d, keys, 0, None
+        n, length = d.tokens.shape[:2]
+        n_max, l_max = 2 * (rank_rows or 0), self.pair_tokenizer.doc_max_len
+        if n > n_max or length > l_max:  # shapes, known on the host
+            raise RuntimeError(
+                f"in-batch negatives under DDP: {n} passages of {length} tokens on rank {self.global_rank}, above the "
+                f"{n_max} x {l_max} every rank pads to (HOST_RANK_ROWS missing from the batch?)"
+            )
         dev = d.tokens.device
-        sizes = self.all_gather(torch.tensor([n, d.tokens.shape[1]], device=dev)).reshape(world, 2)
-        n_max, l_max = int(sizes[:, 0].max()), int(sizes[:, 1].max())
-        start = int(sizes[: self.global_rank, 0].sum())
-        valid = torch.cat([torch.arange(int(s)) + i * n_max for i, s in enumerate(sizes[:, 0].tolist())]).to(dev)
+        real = self.all_gather(torch.arange(n_max, device=dev) < n).reshape(world * n_max)
         if keys is not None:
-            keys = self.all_gather(F.pad(keys, (0, n_max - n), value=-1)).reshape(world * n_max)[valid]
+            keys = self.all_gather(F.pad(keys, (0, n_max - n), value=-1)).reshape(world * n_max)
+        start = self.global_rank * n_max
         if d.sequence is not None:  # single-vector rankers score with the pooled vector only
             seq = F.pad(d.sequence, (0, 0, 0, n_max - n))
-            seq = self.all_gather(seq, sync_grads=True).reshape(world * n_max, -1)[valid]
-            return (
-                Encoded(tokens=seq[:, None], mask=torch.ones(len(seq), 1, dtype=torch.bool, device=dev), sequence=seq),
-                keys,
-                start,
-            )
-        tok = F.pad(d.tokens, (0, 0, 0, l_max - d.tokens.shape[1], 0, n_max - n))
-        mask = F.pad(d.mask, (0, l_max - d.mask.shape[1], 0, n_max - n))
-        tok = self.all_gather(tok, sync_grads=True).reshape(world * n_max, l_max, -1)[valid]
-        mask = self.all_gather(mask).reshape(world * n_max, l_max)[valid]
-        return Encoded(tokens=tok, mask=mask), keys, start
+            seq = contiguous_grad(self.all_gather(seq, sync_grads=True)).reshape(world * n_max, -1)
+            return Encoded(tokens=seq[:, None], mask=real[:, None], sequence=seq), keys, start, real
+        tok = F.pad(d.tokens, (0, 0, 0, l_max - length, 0, n_max - n))
+        mask = F.pad(d.mask, (0, l_max - length, 0, n_max - n))
+        mask[n:, 0] = True  # a padding passage holds one zero vector: finite scores (masked out) for every ranker
+        tok = contiguous_grad(self.all_gather(tok, sync_grads=True)).reshape(world * n_max, l_max, -1)
+        mask = self.all_gather(mask).reshape(world * n_max, l_max)
+        return Encoded(tokens=tok, mask=mask), keys, start, real
 
     @staticmethod
     def _judged_columns(keys: Tensor, relevant: Tensor, start: int) -> Tensor:
@@ -191,11 +216,15 @@ class RankingModule(pl.LightningModule):
         if self.optim_cfg.in_batch_negatives:
             mask = self.optim_cfg.in_batch_mask_relevant and "relevant_docs" in batch
             keys = torch.cat([batch["pos_doc"], batch["neg_doc"]]) if mask else None
-            d_all, keys_all, start = self._gather_docs(d, keys)
+            d_all, keys_all, start, real = self._gather_docs(d, keys, batch.get(HOST_RANK_ROWS))
             scores = r.score_all(q, d_all)  # positives of this rank sit at start + i, own negatives at start + b + i
             out = TripletOutput(scores[ar, start + ar], scores[ar, start + b + ar])
+            if real is not None:  # other ranks' padding is no negative
+                scores = scores.masked_fill(~real, float("-inf"))
             if mask:
                 judged = self._judged_columns(keys_all, batch["relevant_docs"], start)
+                if real is not None:
+                    judged &= real  # padding's key -1 would match the -1 that pads `relevant_docs`
                 out.logs["masked_in_batch"] = judged.sum(1).float().mean()  # per query
                 scores = scores.masked_fill(judged, float("-inf"))
             return scores, start + ar, out
@@ -231,7 +260,22 @@ class RankingModule(pl.LightningModule):
         if out.aux_losses:
             self.log("train/loss", loss)
         self.log("train/margin", (pos - neg).float().mean())
-        return self.watch_loss(loss)
+        return self.watch_loss(loss * self._rank_weight(pos.shape[0]))
+
+    def _rank_weight(self, rows: int) -> Tensor | float:
+        """Return the factor that makes DDP's mean of the ranks' gradients that of the global batch's mean loss.
+
+        Each rank's loss is a mean over its `rows` queries and DDP averages the ranks' gradients, which weighs every
+        rank alike; the last global batch of an epoch can give ranks one query more or less (datamodules/samplers.py),
+        so each rank weighs its mean by rows x world / global rows (1 exactly when the shares are equal). The global
+        count is all-reduced on the device: no host sync.
+        """
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world == 1:
+            return 1.0
+        total = torch.full((1,), float(rows), device=self.device)
+        torch.distributed.all_reduce(total)
+        return (rows * world / total).reshape(())
 
     # ---- non-finite losses and gradients (optim.nonfinite), decided on the device -------------------------------
     # A step's flags (loss NaN/inf on any rank, gradients NaN/inf) reach the optimiser as a tensor: the fused AdamW /

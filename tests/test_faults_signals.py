@@ -384,6 +384,24 @@ def test_a_signal_to_one_ddp_rank_stops_every_rank_at_one_batch(tmp_path, tiny_b
 
 
 @pytest.mark.slow
+def test_a_signal_to_one_ddp_rank_in_the_last_batch_still_stops_every_rank(tmp_path, tiny_bert):
+    """2 gloo ranks training 6 steps; rank 1 gets SIGTERM at the end of step 6, after which no batch starts to agree
+    on it (the batch-start agreement is read a batch late on CUDA, which widens that window): the run went on to its
+    test as if no signal had come. Now every rank stops at the train end with a resumable last.ckpt of step 6."""
+    out = tmp_path / "out"
+    args = [*TRAIN_DDP, "trainer.max_steps=6", f"model.backbone={tiny_bert}", f"output_dir={out}"]
+    got = _run_ranks(tmp_path, "sigterm:1:6", "train.py", *args)
+    last = out / "checkpoints" / "last.ckpt"
+    lines = [line for line in got["stderr"].splitlines() if line.startswith(("stopped:", "error:"))]
+    assert lines == [f"stopped: interrupted by SIGTERM at step 6; resume with ckpt_path={last}"], got["stderr"][-3000:]
+    assert got["rc0"] == 143 and got["exits"] == {"exit-0": 143, "exit-1": 143}
+    import torch
+
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 6
+    assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.slow
 def test_a_sigterm_during_a_ddp_test_stops_both_ranks_with_one_line(tmp_path, tiny_bert):
     """2 gloo ranks evaluating; rank 0 gets SIGTERM at its first test batch. Lightning broadcast inside its handler
     (in test and validation too), while rank 1 was in another collective: both hung for good. Now rank 0 passes the

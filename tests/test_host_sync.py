@@ -150,13 +150,7 @@ def _fit_recording(tmp_path, monkeypatch, backbone: str, model: str) -> SyncReco
         "repbert",
         "bert_cat",
         "tk",
-        pytest.param(
-            "dgre",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="DGRe's MINE terms take the query tokens' rows (a boolean mask): a shape only the device knows",
-            ),
-        ),
+        "dgre",
     ],
 )
 def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch, tiny_bert, model):

@@ -25,6 +25,8 @@ def test_each_example_once_per_epoch_across_ranks(n, bs, world):
     assert sorted(seen) == list(range(n))
     assert all(len(b) > 0 for batches in per_rank for b in batches)
     assert all(e == 3 for batches in per_rank for b in batches for (e, _) in b)
+    # the in-batch negatives' padding (HOST_RANK_ROWS) is the largest batch any rank gets
+    assert DistributedTrainBatchSampler(n, bs, 7, 0, world).max_shard == max(len(b) for r in per_rank for b in r)
 
 
 def test_ddp_shards_concatenate_to_single_process_batches():

@@ -139,7 +139,8 @@ class DGReOutput:
     doc_words: Tensor  # mean of E^L over the document words [B, d]
     refined: Tensor  # Z^l [B, L, d] (Eq. 12)
     related: Tensor  # mean of Z_dr over the query words [B, d] (Eq. 14, 16)
-    mi_rows: tuple[Tensor, Tensor, Tensor]  # (Z_q, Z_dr, Z_du) rows of all query words [N, d] (Eq. 22-24)
+    mi_rows: tuple[Tensor, Tensor, Tensor]  # (Z_q, Z_dr, Z_du) rows of the positions query words can hold [N, d]
+    mi_valid: Tensor  # [N] bool: which of those rows are query words (Eq. 22-24 take only these)
 
 
 def bert_self_attention(encoder: nn.Module, layer: int):
@@ -228,6 +229,10 @@ class DGRe(CrossEncoder):
         refined = masked_mean(z, am.bool()) if cfg.refined_pool == "mean" else z[:, 0]
         cls = last[:, 0]
         logits = self.predict(torch.cat([related, refined, cls], dim=-1)).squeeze(-1)
+        # the MINE rows: positions 1..query_max_len, where the pair tokenizer puts every query word (a fixed block, so
+        # no step waits for the host to count them; checked on the device, without a sync)
+        span = min(ids.shape[1], cfg.query_max_len + 1)
+        torch._assert_async(~query[:, span:].any(), "DGRe: a query word lies past model.query_max_len")
         return DGReOutput(
             logits=logits,
             scores=scores,
@@ -239,7 +244,8 @@ class DGRe(CrossEncoder):
             doc_words=masked_mean(last, doc),
             refined=z,
             related=related,
-            mi_rows=(dec.query[query], dec.related[query], dec.unrelated[query]),
+            mi_rows=tuple(t[:, :span].flatten(0, 1) for t in (dec.query, dec.related, dec.unrelated)),
+            mi_valid=query[:, :span].flatten(),
         )
 
     def score(self, batch: dict[str, Tensor]) -> Tensor:
@@ -266,8 +272,8 @@ class DGRe(CrossEncoder):
         if dist is not None:
             losses["distance"] = cfg.aux_lambda * dist
             logs[cfg.distance] = dist.detach()
-        if self.mutual_information is not None and out.mi_rows[0].shape[0] > 1:
-            surrogate, estimates = self.mutual_information(*out.mi_rows)
+        if self.mutual_information is not None:
+            surrogate, estimates = self.mutual_information(*out.mi_rows, valid=out.mi_valid)
             losses["mi"] = cfg.aux_lambda * surrogate
             logs.update(estimates)
         return losses, logs
