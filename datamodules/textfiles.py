@@ -100,6 +100,36 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
         ) from e
 
 
+RUN_COLUMNS = ("qid", "Q0", "docid", "rank", "score", "tag")
+QRELS_COLUMNS = {4: ("qid", "iter", "docid", "rel"), 3: ("qid", "docid", "rel")}
+
+
+def id_text_columns(kind: str) -> tuple[str, str]:
+    """Return the columns of an `id<TAB>text` file of `kind` ("passage" or "query")."""
+    return (f"{kind} id", f"{kind} text")
+
+
+def rows_expected(columns: tuple[str, ...], tabs: bool = True) -> str:
+    """Return what a file read by `iter_rows(path, columns, tabs)` should hold, as its errors say it.
+
+    >>> rows_expected(("qid", "positive doc id", "negative doc id"))
+    'lines of 3 tab-separated columns (qid, positive doc id, negative doc id)'
+    """
+    return f"lines of {len(columns)} {'tab' if tabs else 'whitespace'}-separated columns ({', '.join(columns)})"
+
+
+def check_not_empty(path: Path, expected: str) -> Path:
+    """Return `path` when a line of it holds more than blanks; else the InputError its reader would raise.
+
+    Reads up to that first line only, so that a job can refuse an empty data file before it writes anything (a
+    collection's store, a triples cache), with the message of the reader that comes later ("is empty; expected ...").
+    """
+    for _, line in iter_lines(path):
+        if line.strip():
+            return path
+    raise InputError(str(path), f"is empty; expected {expected}")
+
+
 def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterator[tuple[int, list[str]]]:
     """Yield (line number, columns) of each non-blank line, split on tabs (or on whitespace with tabs=False).
 
@@ -120,9 +150,7 @@ def iter_rows(path: Path, columns: tuple[str, ...], tabs: bool = True) -> Iterat
         yield lineno, cols
     if not rows:
         # a configured file with nothing in it is a wrong path or a failed export, not a deliberate empty set
-        raise InputError(
-            str(path), f"is empty; expected lines of {len(columns)} {kind}-separated columns ({', '.join(columns)})"
-        )
+        raise InputError(str(path), f"is empty; expected {rows_expected(columns, tabs)}")
 
 
 def read_text(path: Path) -> str:
@@ -136,7 +164,7 @@ def iter_id_text(path: Path, kind: str) -> Iterator[tuple[int, str, str]]:
     Blank lines are skipped; an empty id or text raises InputError naming the line. Uniqueness is the caller's to
     check.
     """
-    for lineno, cols in iter_rows(path, (f"{kind} id", f"{kind} text")):
+    for lineno, cols in iter_rows(path, id_text_columns(kind)):
         ident, text = cols[0].strip(), cols[1]
         if not ident:
             raise InputError(f"{path}:{lineno}", f"empty {kind} id; expected '{kind} id<TAB>{kind} text'")
@@ -173,8 +201,7 @@ def read_trec_qrels(path: Path, columns: int = 4) -> dict[str, dict[str, int]]:
     A pair listed twice keeps its highest grade.
     """
     qrels: dict[str, dict[str, int]] = {}
-    layout = ("qid", "iter", "docid", "rel") if columns == 4 else ("qid", "docid", "rel")
-    for lineno, cols in iter_rows(path, layout, tabs=False):
+    for lineno, cols in iter_rows(path, QRELS_COLUMNS[columns], tabs=False):
         qid, did, rel = (cols[0], cols[2], cols[3]) if columns == 4 else (cols[0], cols[1], cols[2])
         check_id(qid, f"{path}:{lineno}", "query id")
         check_id(did, f"{path}:{lineno}", "doc id")
@@ -202,7 +229,7 @@ def _run_rows(path: Path) -> dict[str, dict[str, tuple[float, int]]]:
     if not Path(path).is_file():
         raise InputError(str(path), "no such TREC run file")
     run: dict[str, dict[str, tuple[float, int]]] = {}
-    for lineno, cols in iter_rows(path, ("qid", "Q0", "docid", "rank", "score", "tag"), tabs=False):
+    for lineno, cols in iter_rows(path, RUN_COLUMNS, tabs=False):
         qid, _, did, rank, score, _ = cols
         where = f"{path}:{lineno}"
         check_id(qid, where, "query id")

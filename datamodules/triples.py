@@ -32,7 +32,9 @@ from core.npy import NpyRowWriter
 from core.progress import phase
 from datamodules.corpus import locate
 from datamodules.docstore import DocStore, fingerprint
-from datamodules.textfiles import iter_rows
+from datamodules.textfiles import iter_rows, rows_expected
+
+ID_TRIPLE_COLUMNS = ("qid", "positive doc id", "negative doc id")
 
 TRIPLES_VERSION = 1
 
@@ -128,7 +130,7 @@ def read_id_triples_list(path: Path) -> list[tuple[str, str, str]]:
     For small files, and for the exact file:line of a malformed line.
     """
     triples = []
-    for lineno, cols in iter_rows(path, ("qid", "positive doc id", "negative doc id")):
+    for lineno, cols in iter_rows(path, ID_TRIPLE_COLUMNS):
         if not all(c.strip() for c in cols):
             raise InputError(f"{path}:{lineno}", "empty id; expected qid<TAB>positive doc id<TAB>negative doc id")
         triples.append((cols[0].strip(), cols[1].strip(), cols[2].strip()))
@@ -208,7 +210,7 @@ def cached_triples(
         if not writer.rows:
             raise InputError(
                 origin,
-                "holds no triples; expected lines of 3 tab-separated columns (qid, positive doc id, negative doc id)",
+                f"holds no triples; expected {rows_expected(ID_TRIPLE_COLUMNS)}",
             )
         writer.close()
         write_sidecar(target, file_record(tmp))  # first: a rename keeps the size, mtime and inode it records

@@ -515,6 +515,23 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
         _check_same_model(resumed, cfg)
 
 
+def same_model_value(key: str, recorded, now) -> bool:
+    """Return whether a checkpoint's `model.<key>` and this run's are one setting.
+
+    Equal, or one backbone folder named two ways.
+
+    >>> same_model_value("doc_max_len", 180, 180), same_model_value("doc_max_len", 180, 24)
+    (True, False)
+    >>> same_model_value("backbone", ".", str(Path(".").resolve()))
+    True
+    """
+    if recorded == now:
+        return True
+    return (
+        key == "backbone" and Path(str(recorded)).exists() and Path(str(recorded)).resolve() == Path(str(now)).resolve()
+    )
+
+
 def _check_model_keys_apply(cfg: DictConfig, headers: dict, name: str | None) -> None:
     """Refuse `model` keys set for a job that takes its ranker's settings from a checkpoint, where they differ.
 
@@ -542,10 +559,9 @@ def _check_model_keys_apply(cfg: DictConfig, headers: dict, name: str | None) ->
     schema = {f.name: f.default for f in fields(OmegaConf.get_type(cfg.model))}  # keys newer than the checkpoint
 
     def ignored(k: str) -> bool:
-        was = recorded.get(k, schema.get(k))
-        if k == "name" or k in RUNTIME_KEYS or now[k] == defaults.get(k) or now[k] == was:
+        if k == "name" or k in RUNTIME_KEYS or now[k] == defaults.get(k):
             return False
-        return not (k == "backbone" and Path(str(was)).exists() and Path(str(was)).resolve() == Path(now[k]).resolve())
+        return not same_model_value(k, recorded.get(k, schema.get(k)), now[k])
 
     differ = [k for k in now if ignored(k)]
     if differ:
@@ -625,13 +641,9 @@ def _check_same_model(resumed: dict, cfg: DictConfig) -> None:
     now = OmegaConf.to_container(cfg.model)
     defaults = {f.name: f.default for f in fields(OmegaConf.get_type(cfg.model))}  # keys newer than the checkpoint
 
-    def same(k: str) -> bool:
-        a, b = saved.get(k, defaults.get(k)), now.get(k)
-        if k == "backbone" and a != b and Path(str(a)).exists():  # one folder, named two ways
-            return Path(str(a)).resolve() == Path(str(b)).resolve()
-        return a == b
-
-    differ = sorted(k for k in now if k not in RUNTIME_KEYS and not same(k))
+    differ = sorted(
+        k for k in now if k not in RUNTIME_KEYS and not same_model_value(k, saved.get(k, defaults.get(k)), now.get(k))
+    )
     if differ:
         shown = ", ".join(f"model.{k}={_yaml(saved.get(k))} (this run: {_yaml(now.get(k))})" for k in differ[:3])
         raise InputError(

@@ -4,6 +4,7 @@ and benchmarks load MiniLM."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -89,6 +90,15 @@ def project_sources(*packages: str, root: Path = REPO) -> list[Path]:
         ]
     keep = [f for f in files if f.relative_to(root).parts[0] in {*wanted, *([] if packages else modules)}]
     return sorted(set(keep))
+
+
+def sighup_default() -> None:
+    """preexec_fn of a job a test sends SIGHUP to: the signal at its default, whatever the suite was started under.
+
+    A suite started under `nohup` hands its children SIGHUP ignored, which a job then keeps ignoring (by design:
+    core/signals.py), so a test of what SIGHUP does to a job would read the launcher's disposition, not the job's.
+    """
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def small_run(

@@ -431,9 +431,14 @@ def test_bom_files_give_the_same_bm25_metrics(tmp_path):
 )
 @pytest.mark.parametrize("text", ["", "\n \n"], ids=["empty", "blank"])
 def test_empty_files_name_the_file(tmp_path, key, name, expect, text):
+    """Tenth fault trial E4: an empty triples file was refused by its reader after the collection's store (and the
+    triples cache folder) had been built. Every file of the source is refused before anything is written, with the
+    message of its reader."""
     extra = {"val_queries": _w(tmp_path / "vq.tsv", QUERIES)} if key == "val_run" else {}
-    msg = _error(_tsv(tmp_path, **{key: (name, text)}, **extra))
+    cache = tmp_path / "cache"
+    msg = _error(_tsv(tmp_path, **{key: (name, text)}, **extra, cache_dir=str(cache)))
     assert msg == f"{tmp_path / name}: is empty; expected lines of {expect}", msg
+    assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
 
 
 def test_empty_files_of_other_formats_name_the_file(tmp_path):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, finetune_steps, small_run
+from conftest import REPO, finetune_steps, sighup_default, small_run
 
 EARLY = {
     "train.py": "nothing was written",
@@ -57,6 +57,7 @@ def test_signal_during_the_imports_is_one_line(tmp_path, script, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sighup_default,
     )
     # SIGTERM is caught once the early handler is in (a loaded machine may take longer than 0.5 s to get there)
     while not _catches(proc.pid, signal.SIGTERM):
@@ -571,7 +572,7 @@ def test_sighup_stops_a_job_unless_it_was_started_ignoring_it(ignored):
     under `nohup` (SIGHUP ignored) keeps ignoring it: the project's handlers never take it over."""
     code = (
         "import signal\n"
-        + ("signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" if ignored else "")
+        + f"signal.signal(signal.SIGHUP, signal.{'SIG_IGN' if ignored else 'SIG_DFL'})\n"  # not the suite's own
         + "import core.signals as s\n"
         + "from callbacks.preemption import raise_on_signals\n"
         + "raise_on_signals()\n"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_bert, run_script, small_run
+from conftest import REPO, make_tiny_bert, run_script, sighup_default, small_run
 
 SMALL = small_run()
 FT = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false"]
@@ -565,7 +565,9 @@ def test_interrupt_experiments_hands_the_signal_to_its_training_cell(world, case
     (case / "g.yaml").write_text(json.dumps(grid))
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, str(REPO / "experiments.py"), f"grid={case / 'g.yaml'}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sighup_default
+    )
     cell = root / "faults" / "colbert" / "syn" / "seed1"
     log = cell / "train.log"
     try:

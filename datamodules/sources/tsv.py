@@ -31,9 +31,21 @@ from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
+from datamodules.text_triples import COLUMNS as TEXT_TRIPLE_COLUMNS
 from datamodules.text_triples import read_text_triples
-from datamodules.textfiles import iter_id_text, read_id_text_tsv, read_trec_qrels, resolve_path, run_candidates
-from datamodules.triples import read_id_triples
+from datamodules.textfiles import (
+    QRELS_COLUMNS,
+    RUN_COLUMNS,
+    check_not_empty,
+    id_text_columns,
+    iter_id_text,
+    read_id_text_tsv,
+    read_trec_qrels,
+    resolve_path,
+    rows_expected,
+    run_candidates,
+)
+from datamodules.triples import ID_TRIPLE_COLUMNS, read_id_triples
 
 # --------------------------------------------------------------------------------------------------------------
 # The tsv source
@@ -96,6 +108,18 @@ def build(cfg: TsvConfig, seed: int, splits: tuple[str, ...] | None = None) -> I
         for name in wanted
         for kind, what in (("queries", "queries TSV"), ("qrels", "TREC qrels"), ("run", "TREC run"))
     }
+    # and holds a line: an empty file is refused here with its reader's message, not by its reader after the store
+    expected = {
+        "queries": rows_expected(id_text_columns("query")),
+        "qrels": rows_expected(QRELS_COLUMNS[4], tabs=False),
+        "run": rows_expected(RUN_COLUMNS, tabs=False),
+    }
+    check_not_empty(collection, rows_expected(id_text_columns("passage")))
+    for (_, kind), path in paths.items():
+        if path is not None:
+            check_not_empty(path, expected[kind])
+    if tpath is not None:
+        check_not_empty(tpath, rows_expected(TEXT_TRIPLE_COLUMNS if fmt == "text" else ID_TRIPLE_COLUMNS))
     docs = open_store(
         cfg.cache_dir,
         fingerprint("tsv-collection", [collection], cache_dir=cfg.cache_dir),
