@@ -32,6 +32,7 @@ import torch
 from pytorch_lightning import Callback
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
+from torch import Tensor
 
 from callbacks.rank_watch import kept_checkpoint
 from core.host_reads import DeferredReads
@@ -222,14 +223,18 @@ class Preemption(Callback):
         result at the same batch start, and stops there, one batch after the signal (on the CPU, where a read costs
         nothing, at once). A failed all-reduce (a rank died) propagates, for `interruptible` to name the death.
         """
-        trainer = self._trainer
-        # filled on the device: a tensor built from a Python value would be a blocking host-to-device copy
-        flag = torch.full((1,), self._requested, device=trainer.strategy.root_device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        self._agreed.push(trainer.global_step, flag)
+        flag = self._marks()
+        self._agreed.push(self._trainer.global_step, flag)
         for _, (signum,) in self._agreed.pop(keep_last=1 if flag.device.type == "cuda" else 0):
             if signum:
                 self._stop_all(int(signum))
+
+    def _marks(self) -> Tensor:
+        """Return the largest signal any rank was sent ([1], on the device; 0: none), by one all-reduce."""
+        # filled on the device: a tensor built from a Python value would be a blocking host-to-device copy
+        flag = torch.full((1,), self._requested, device=self._trainer.strategy.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return flag
 
     def _stop_all(self, signum: int) -> None:
         self.signum = self.signum or signum  # a rank that was not signalled names the signal another rank got
@@ -241,12 +246,9 @@ class Preemption(Callback):
 
         Without this the job would go on to its test as if no signal had come.
         """
-        if trainer.world_size > 1 and self._trainer is trainer:
-            flag = torch.full((1,), self._requested, device=trainer.strategy.root_device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            signum = max([int(flag.item())] + [int(v[0]) for _, v in self._agreed.pop()])
-            if signum:
-                self._stop_all(signum)
+        # a rank's mark is never cleared, so this all-reduce sees every signal the pending ones would
+        if trainer.world_size > 1 and self._trainer is trainer and (signum := int(self._marks().item())):
+            self._stop_all(signum)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         """Pass on a signal held back during the validation, so training stops after this batch."""

@@ -101,6 +101,7 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 RUN_COLUMNS = ("qid", "Q0", "docid", "rank", "score", "tag")
+JSONL_EXPECTED = "one JSON object a line"
 QRELS_COLUMNS = {4: ("qid", "iter", "docid", "rel"), 3: ("qid", "docid", "rel")}
 
 
@@ -268,7 +269,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             raise InputError(f"{path}:{lineno}", f"expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
     if not rows:
-        raise InputError(str(path), "is empty; expected one JSON object a line")
+        raise InputError(str(path), f"is empty; expected {JSONL_EXPECTED}")
 
 
 def content_id(prefix: str, text: str) -> str:

@@ -37,6 +37,7 @@ from datamodules.tokenization import HOST_RANK_ROWS, PairTokenizer
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
 from metrics.rerank_depth import SELECT_BY, candidate_ranks, choose_depth, truncate
 from models.encoding import WITH_HEAD, EncodedTextsWriter, encode_stream
+from models.gradients import contiguous_gradient
 from models.loading import pair_tokenizer_for
 from models.oom import halving
 from models.rankers import build_ranker, ranker_config
@@ -84,26 +85,6 @@ class OptimConfig:
             margin=NON_NEGATIVE,
             temperature=POSITIVE,
         )
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
-
-
-def contiguous_grad(x: Tensor) -> Tensor:
-    """Identity whose gradient is made contiguous on the way back.
-
-    torch.distributed.nn's all_gather sends its output's gradient to the other ranks as it gets it; a strided one
-    (what the scores' einsum hands back) reaches gloo's all-to-all as wrong values (the gradients of two ranks matched
-    one process's only when an indexing copy stood between them).
-    """
-    return _ContiguousGrad.apply(x)
 
 
 class RankingModule(pl.LightningModule):
@@ -175,14 +156,21 @@ class RankingModule(pl.LightningModule):
         start = self.global_rank * n_max
         if d.sequence is not None:  # single-vector rankers score with the pooled vector only
             seq = F.pad(d.sequence, (0, 0, 0, n_max - n))
-            seq = contiguous_grad(self.all_gather(seq, sync_grads=True)).reshape(world * n_max, -1)
+            seq = self._gather_with_grads(seq).reshape(world * n_max, -1)
             return Encoded(tokens=seq[:, None], mask=real[:, None], sequence=seq), keys, start, real
         tok = F.pad(d.tokens, (0, 0, 0, l_max - length, 0, n_max - n))
         mask = F.pad(d.mask, (0, l_max - length, 0, n_max - n))
         mask[n:, 0] = True  # a padding passage holds one zero vector: finite scores (masked out) for every ranker
-        tok = contiguous_grad(self.all_gather(tok, sync_grads=True)).reshape(world * n_max, l_max, -1)
+        tok = self._gather_with_grads(tok).reshape(world * n_max, l_max, -1)
         mask = self.all_gather(mask).reshape(world * n_max, l_max)
         return Encoded(tokens=tok, mask=mask), keys, start, real
+
+    def _gather_with_grads(self, x: Tensor) -> Tensor:
+        """Return all ranks' `x` stacked [world, ...]; gradients flow back to each rank's own, contiguous.
+
+        (A strided gradient reaches gloo's all-to-all as wrong values: models/gradients.py.)
+        """
+        return contiguous_gradient(self.all_gather(x, sync_grads=True))
 
     @staticmethod
     def _judged_columns(keys: Tensor, relevant: Tensor, start: int) -> Tensor:

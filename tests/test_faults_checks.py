@@ -448,6 +448,27 @@ def test_a_beir_folder_without_the_test_qrels_is_refused_before_the_store_is_bui
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("queries.jsonl", "one JSON object a line"),
+        ("qrels/test.tsv", "lines of 3 tab-separated columns (query-id, corpus-id, score)"),
+    ],
+)
+def test_an_empty_beir_file_is_refused_before_the_store_is_built(tmp_path, capsys, name, expected):
+    """Issue 48's E4 through the BEIR door: queries.jsonl and the qrels are read after the corpus's store is built,
+    so an empty one was refused only after a cache was written. Now first, with its reader's own message."""
+    from test_sources import _beir
+
+    folder = tmp_path / "beir"
+    _beir(folder, with_dev=False)
+    (folder / name).write_text("\n")
+    argv = ["model=bm25", "data=beir", f"data.path={folder}", "logger=none", f"data.cache_dir={tmp_path / 'cache'}"]
+    line = one_line(capsys, run_main([*argv, f"output_dir={tmp_path / 'out'}"], job="evaluate"), 2)
+    assert line == f"error: {folder / name}: is empty; expected {expected}"
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_resume_with_other_model_settings_is_one_line_before_the_data(tmp_path, tiny_bert, capsys):
     """Fourth fault trial K4: `ckpt_path=` a ColBERT checkpoint with `model.compress_dim=16` set now failed in
     Lightning's strict load with a traceback (after the data, leaving an attempt folder). The checkpoint's model

@@ -30,7 +30,18 @@ from datamodules.config import DataConfig
 from datamodules.corpus import IRDataset, Split
 from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
-from datamodules.textfiles import check_id, iter_rows, parse_int, read_jsonl, resolve_path
+from datamodules.textfiles import (
+    JSONL_EXPECTED,
+    check_id,
+    check_not_empty,
+    iter_rows,
+    parse_int,
+    read_jsonl,
+    resolve_path,
+    rows_expected,
+)
+
+QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 
 
 @dataclass
@@ -120,7 +131,7 @@ def read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
     """
     qrels: dict[str, dict[str, int]] = {}
     first = True
-    for lineno, cols in iter_rows(path, ("query-id", "corpus-id", "score")):
+    for lineno, cols in iter_rows(path, QRELS_COLUMNS):
         if first:
             first = False
             if cols[2].strip().lower() == "score" or cols[0].strip().lower() == "query-id":
@@ -159,6 +170,18 @@ def build(cfg: BeirConfig, seed: int, splits: tuple[str, ...] | None = None) -> 
             f"is {cfg.test_split!r}, but '{folder / 'qrels' / cfg.test_split}.tsv' does not exist (qrels/ holds "
             f"{there or 'nothing'}); expected the qrels of the split evaluated",
         )
+    # the files read after the store (queries, the used splits' qrels) hold a line, or are refused with their readers'
+    # message before the store is built
+    dev_missing = _find(folder / "qrels", f"{cfg.val_split}.tsv") is None
+    qrels_found = {  # of the splits read: the used ones, and train when a missing dev file is derived from it
+        split: _find(folder / "qrels", f"{getattr(cfg, key)}.tsv")
+        for split, key in (("train", "train_split"), ("val", "val_split"), ("test", "test_split"))
+        if split in used or (split == "train" and "val" in used and dev_missing)
+    }
+    check_not_empty(qfile, JSONL_EXPECTED)
+    for f in qrels_found.values():
+        if f is not None:
+            check_not_empty(f, rows_expected(QRELS_COLUMNS))
     docs = open_store(
         cfg.cache_dir,
         fingerprint("beir-corpus", [corpus], cache_dir=cfg.cache_dir, use_title=bool(cfg.use_title)),
@@ -168,17 +191,11 @@ def build(cfg: BeirConfig, seed: int, splits: tuple[str, ...] | None = None) -> 
     )
     queries = read_queries(qfile)
 
-    qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {}
-    qrels_files: dict[str, str] = {}
-    dev_missing = _find(folder / "qrels", f"{cfg.val_split}.tsv") is None
-    for split, key in (("train", "train_split"), ("val", "val_split"), ("test", "test_split")):
-        if split not in used and not (split == "train" and "val" in used and dev_missing):
-            qrels_by_split[split] = None
-            continue
-        f = _find(folder / "qrels", f"{getattr(cfg, key)}.tsv")
-        qrels_by_split[split] = read_beir_qrels(f) if f is not None else None
-        if f is not None:
-            qrels_files[split] = str(f)
+    qrels_by_split: dict[str, dict[str, dict[str, int]] | None] = {
+        split: read_beir_qrels(f) if (f := qrels_found.get(split)) is not None else None
+        for split in ("train", "val", "test")
+    }
+    qrels_files = {split: str(f) for split, f in qrels_found.items() if f is not None}
 
     if dev_missing and qrels_by_split["train"]:
         train = qrels_by_split["train"]

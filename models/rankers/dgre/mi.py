@@ -38,20 +38,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-
-class _Reverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return -grad
-
-
-def reverse_gradient(x: Tensor) -> Tensor:
-    """Identity forward, negated gradient backward."""
-    return _Reverse.apply(x)
+from models.gradients import reverse_gradient
 
 
 def donsker_varadhan(joint: Tensor, marginal: Tensor, weight: Tensor | None = None) -> Tensor:
@@ -159,4 +146,4 @@ class MutualInformation(nn.Module):
         return -(ru + qu + qr), estimates
 
 
-__all__ = ["MINE", "MutualInformation", "donsker_varadhan", "marginal_pairs", "reverse_gradient"]
+__all__ = ["MINE", "MutualInformation", "donsker_varadhan", "marginal_pairs"]
