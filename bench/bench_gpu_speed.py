@@ -4,7 +4,8 @@ PyLate's ColBERT training step, on the GPU at hand (issue 47, item 6).
     python -m bench.bench_gpu_speed [only=colbert-train,repbert-train,bertcat-train,dense-encode,colbert-encode]
                                     [shapes=minilm,bert-base] [batches=32,256] [steps=50] [warmup=10]
                                     [passages=100000] [budget_s=540] [peers=pylate] [pylate_wheelhouse=null]
-                                    [record_dir=results] [work_dir=outputs/bench-gpu-speed]
+                                    [ours_overrides=key=value,...] [record_dir=results]
+                                    [work_dir=outputs/bench-gpu-speed]
     python -m bench.bench_gpu_speed tiny=true      # every task at toy sizes on the CPU (~2-3 min); record to /tmp
 
 Configurations: each task (below) x shape x batch. Shapes are random BERTs built on the machine from a BertConfig
@@ -38,8 +39,11 @@ tasks; for the encoding tasks the time of every call of `models.encoding.pad_bat
 passages, before its forward) or `RankingModule.test_step` (re-ranking: once per chunk). The first `warmup`
 steps (or batches) are dropped; the rate is the units of the rest over the time they span, so imports, data
 loading, model building, DataLoader workers' start, checkpointing and the test after training are all outside it.
-Each training step of ours synchronises with the GPU (the non-finite loss and gradient checks read a value back),
-and each dense batch's vectors are copied to the host, so those times are GPU-complete times.
+A training step of ours does not wait for the GPU (docs/performance.md, no host sync), but the host cannot run more
+than about a step ahead of it: each step reads the previous step's non-finite flags (core/host_reads.py), and a
+dense batch's vectors are copied to the host a batch later; the marks of `pad_batch` come from the thread that pads
+up to 2 batches ahead. Such a lead is the same at both ends of a steady window, so over its 50 steps (or hundreds of
+batches) the rate is the GPU's to within a step.
 
 Bare: an in-process loop, no Lightning, no DataLoader: the backbone loaded as the pipeline loads it
 (models.rankers.backbone.load_backbone), random token ids generated on the device beforehand with the data's lengths
@@ -65,10 +69,16 @@ Contrastive loss with in-batch negatives, AdamW; queries padded with [MASK] to 3
 collator does; tokenisation inside the timed step; its own 384/768 -> 128 projection), at the same batch, shape
 and precision, on the same backbone folder and the synthetic triples' texts. It runs in its own venv
 (`pylate_python`, default bench_peers' /work/venvs/pylate). A missing venv or a failing import is recorded as
-`not run: <why>`, never a failure. On a machine without internet, carry a wheelhouse (bench/requirements-pylate.txt
-says how to make one) and give `pylate_wheelhouse=<folder>`: the bench then makes the venv offline with
-`--system-site-packages` (the machine's torch, with its CUDA) and `pip install --no-index` of the wheelhouse, and
-the record lists what it installed.
+`not run: <why>`, never a failure. On a machine without internet, carry a wheelhouse (`python -m bench.gpu_carry`
+makes one, .gpu/pylate-wheelhouse) and give `pylate_wheelhouse=<folder>`: the bench then makes the venv offline with
+`--system-site-packages` (the machine's torch, with its CUDA) and `pip install --no-index --no-deps` of every wheel
+in the wheelhouse, and the record lists what it installed.
+
+On the lent GPU machine (no internet, its own torch and transformers): `python -m bench.gpu_carry` here prepares
+.gpu/ (the project's packages that machine lacks as wheels, PyLate's wheelhouse, the MiniLM tokenizer, the commit),
+and `bash bench/gpu_session.sh [key=value ...]` there installs them and runs this bench into $OUT (docs/performance.md).
+`tokenizer`: the tokenizer of the random backbones (a folder or a backbone name; default MiniLM's, from the
+`minilm` wheel). `carried`: a folder of wheels installed beyond the machine's packages, listed in the record.
 
 `budget_s`: configurations start only while the run's elapsed time is under it (shapes and batches in the given
 order, minilm first); the rest are recorded as not run. The record goes to `record_dir` (results/ by default;
@@ -80,10 +90,11 @@ figures to `<work_dir>/gpu-speed.json`.
 the command line win). About 2 minutes on a quiet 2-core CPU (4-5 minutes on this project's CPU shared with other
 jobs); its figures only show that every path runs.
 
-On one H200 the default grid (5 tasks x 2 shapes x 2 batches, and PyLate) needs about 8-10 minutes, most of it the 20
-subprocesses' start-up (imports, CUDA, data, checkpoint writing), and the first run makes the PyLate venv (about a
-minute): `budget_s` stops starting configurations after 9 minutes. Under a 10-minute limit per command, run the two
-shapes as two commands (`shapes=minilm`, then `shapes=bert-base`: two records).
+Not yet run on a GPU; estimated, the default grid (5 tasks x 2 shapes x 2 batches, and PyLate) needs more than 10
+minutes, most of it the 20 subprocesses' start-up (imports, CUDA, data, checkpoint writing). A configuration starts
+only under `budget_s`, and its subprocess (and PyLate's) is stopped 2 minutes past it, so `budget_s=450` ends inside
+a 10-minute limit. Issue 47's bar first: `only=colbert-train,dense-encode` (8 configurations and PyLate's 4); the
+other tasks in another command (docs/performance.md: the lent machine's sessions).
 """
 
 from __future__ import annotations
@@ -128,7 +139,6 @@ TINY_SHAPES = {  # the toy stand-ins of tiny=true
     "bert-base": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128),
 }
 QUERY_MAX_LEN, DOC_MAX_LEN = 32, 180
-PYLATE_PIN = "pylate==1.6.0"
 GIB = 2**30
 
 
@@ -147,11 +157,14 @@ class Options:
     device: str = "auto"  # auto: cuda when torch sees one, else cpu
     precision: str = dataclasses.field(default="auto", metadata={"choices": ("auto", "bf16", "fp32")})
     data_workers: int = 4  # ours: data.num_workers
+    ours_overrides: str = ""  # comma-separated key=value added to every command of ours (an A/B of one key)
     cpu_threads: int | None = None  # torch / OpenMP threads of every process; null: their defaults (tiny: 1)
     budget_s: float = 540.0
     peers: str = "pylate"  # comma-separated, or empty
     pylate_python: str | None = None  # null: bench_peers' venv if there, else <work_dir>/pylate-venv
-    pylate_wheelhouse: str | None = "bench/results/pylate-wheelhouse"  # makes a missing venv offline, if it exists
+    pylate_wheelhouse: str | None = ".gpu/pylate-wheelhouse"  # makes a missing venv offline, if it exists
+    tokenizer: str = "minilm"  # the random backbones' tokenizer: a folder or a backbone name
+    carried: str | None = None  # a folder of wheels installed beyond the machine's packages (listed in the record)
     tiny: bool = False
     seed: int = 0
     work_dir: str = "outputs/bench-gpu-speed"
@@ -352,6 +365,7 @@ def unit_flops(shape: dict, task: str, lengths: dict[str, np.ndarray]) -> float:
 def ours_command(task: str, backbone: str, batch: int, opts: Options, data: dict, cache: Path, out: Path) -> dict:
     """The entry-script command of a configuration, the probe's mark, and how its steady state is read."""
     gpu = opts.device.startswith("cuda")
+    extra = [a for a in opts.ours_overrides.split(",") if a]  # last: they win
     common = [
         f"model={MODEL[task]}",
         f"model.backbone={backbone}",
@@ -382,7 +396,7 @@ def ours_command(task: str, backbone: str, batch: int, opts: Options, data: dict
             "eval.before_training=false",
             *lightning,
         ]
-        return {"cmd": cmd, "mark": None, "read": "steps"}
+        return {"cmd": cmd + extra, "mark": None, "read": "steps"}
     if task == "dense-encode":
         cmd = [
             "evaluate.py",
@@ -394,7 +408,7 @@ def ours_command(task: str, backbone: str, batch: int, opts: Options, data: dict
             f"retrieval.batch_size={batch}",
             "retrieval.k=10",
         ]
-        return {"cmd": cmd, "mark": "models.encoding:pad_batch", "read": "marks", "limit": data["passages"]}
+        return {"cmd": cmd + extra, "mark": "models.encoding:pad_batch", "read": "marks", "limit": data["passages"]}
     cmd = [
         "evaluate.py",
         *common,
@@ -402,7 +416,7 @@ def ours_command(task: str, backbone: str, batch: int, opts: Options, data: dict
         f"data.eval_batch_size={batch}",
         *lightning,
     ]
-    return {"cmd": cmd, "mark": "lightning_modules.module:RankingModule.test_step", "read": "marks"}
+    return {"cmd": cmd + extra, "mark": "lightning_modules.module:RankingModule.test_step", "read": "marks"}
 
 
 def steady_window(times: list[float], units: list[float], skip: int) -> dict | None:
@@ -581,10 +595,10 @@ def bare_run(task: str, backbone: str, batch: int, opts: Options, lengths: dict)
 
 
 # ---- the PyLate peer ---------------------------------------------------------------------------------------------
-def pylate_requirements() -> list[str]:
-    """bench/requirements-pylate.txt without torch (the venv takes the machine's, with its CUDA)."""
-    lines = (REPO / "bench" / "requirements-pylate.txt").read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#") and not ln.startswith("torch")]
+def carried_wheels(folder: str) -> list[str]:
+    """`name version` of each wheel in `folder` (what a session carried to the machine and installed there)."""
+    path = Path(folder) if Path(folder).is_absolute() else REPO / folder
+    return [" ".join(w.name.split("-")[:2]) for w in sorted(path.glob("*.whl"))] or [f"no wheels in {folder}"]
 
 
 def venv_packages(python: str) -> list[str]:
@@ -594,33 +608,41 @@ def venv_packages(python: str) -> list[str]:
 
 
 def ensure_pylate(opts: Options, work: Path) -> tuple[str | None, str | None, list[str]]:
-    """(python, None, the venv's packages) when PyLate imports there; (None, why, installed) when it cannot run.
+    """(python, None, its packages) when PyLate imports there; (None, why, installed) when it cannot run.
 
-    The venv: `pylate_python`, else bench_peers' when it exists, else <work>/pylate-venv, made from
-    `pylate_wheelhouse` (when that folder exists) if missing."""
+    The interpreter: `pylate_python`, else bench_peers' venv when it exists, else <work>/pylate-python made from
+    `pylate_wheelhouse` (when that folder exists): every wheel installed, none of their dependencies (the wheelhouse
+    holds what the machine lacks, bench/requirements-gpu-pylate.txt; pip's resolver would look for the rest offline
+    and fail), into <work>/pylate-site, and a script that runs this interpreter with that folder first on its path.
+    Not a venv: `venv --system-site-packages` made from a venv's interpreter (the GPU machine's python3 is one) sees
+    the base interpreter's packages, not that venv's torch.
+    """
     python = opts.pylate_python or TOOLS["pylate"][1]
     if not opts.pylate_python and not Path(python).exists():
-        python = str(work / "pylate-venv" / "bin" / "python")
+        python = str(work / "pylate-python")
     installed: list[str] = []
     wheelhouse = Path(opts.pylate_wheelhouse) if opts.pylate_wheelhouse else None
     if wheelhouse is not None and not wheelhouse.is_absolute():
         wheelhouse = REPO / wheelhouse
     if not Path(python).exists() and wheelhouse is not None and wheelhouse.is_dir():
-        venv = Path(python).parents[1]
-        wheels = str(wheelhouse.resolve())
-        steps = [
-            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-            [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels, "--no-deps", PYLATE_PIN],
-            [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels, *pylate_requirements()],
-        ]
-        for cmd in steps:
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-2:])
-                return None, f"making the PyLate venv from {wheels} failed: {tail}", installed
-        installed = venv_packages(python)
+        site = work / "pylate-site"
+        shutil.rmtree(site, ignore_errors=True)
+        wheels = [str(w) for w in sorted(wheelhouse.glob("*.whl"))]
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site), *wheels]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0 or not wheels:
+            tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-2:]) or "no wheels there"
+            return None, f"installing PyLate from {wheelhouse} failed: {tail}", installed
+        script = Path(python)
+        script.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
+        script.chmod(0o755)
+        installed = carried_wheels(str(wheelhouse))
     if not Path(python).exists():
-        return None, f"no PyLate venv at {python} and no wheelhouse at {wheelhouse} (bench/requirements-pylate.txt)", []
+        return (
+            None,
+            f"no PyLate venv at {python} and no wheelhouse at {wheelhouse} (python -m bench.gpu_carry makes one)",
+            [],
+        )
     check = "import pylate, sentence_transformers, transformers, torch; print(pylate.__version__, torch.__version__)"
     p = subprocess.run([python, "-c", check], capture_output=True, text=True, cwd=REPO)
     if p.returncode != 0:
@@ -629,7 +651,7 @@ def ensure_pylate(opts: Options, work: Path) -> tuple[str | None, str | None, li
     return python, None, installed or venv_packages(python)
 
 
-def run_pylate(python: str, backbone: str, batch: int, opts: Options, data: dict, work: Path) -> dict:
+def run_pylate(python: str, backbone: str, batch: int, opts: Options, data: dict, work: Path, timeout: float) -> dict:
     n = opts.warmup + opts.steps
     trip = triple_texts(data, n * batch)
     if len(trip) < n * batch:
@@ -651,7 +673,7 @@ def run_pylate(python: str, backbone: str, batch: int, opts: Options, data: dict
         "seed": opts.seed,
         "data": str(data_path),
     }
-    res = run_driver("pylate", python, spec, work, timeout=max(60.0, opts.budget_s))
+    res = run_driver("pylate", python, spec, work, timeout=timeout)
     if "error" in res:
         return {"error": res["error"]}
     times = res["times"]
@@ -864,7 +886,7 @@ def main(argv: list[str] | None = None) -> dict:
     for s in shapes:
         folder = work / f"backbone-{s}{'-tiny' if opts.tiny else ''}"
         if not (folder / "config.json").exists():
-            save_random_bert(folder, seed=opts.seed, tokenizer="minilm", **shape_cfg[s])
+            save_random_bert(folder, seed=opts.seed, tokenizer=opts.tokenizer, **shape_cfg[s])
         backbones[s] = str(folder)
     from transformers import AutoTokenizer  # lazy: heavy, only model building needs it
 
@@ -936,7 +958,9 @@ def main(argv: list[str] | None = None) -> dict:
                     if pylate_python is None or late:
                         result["measured"].append(measurement(t, s, b, "pylate", late or f"not run: {pylate_why}"))
                         continue
-                    pl = run_pylate(pylate_python, backbones[s], b, opts, data, work / "pylate")
+                    # as the stages: at most 2 minutes past the budget, so that a run under a time limit ends inside it
+                    left = max(120.0, opts.budget_s - (time.time() - t_start) + 120)
+                    pl = run_pylate(pylate_python, backbones[s], b, opts, data, work / "pylate", left)
                     status = "ok" if "error" not in pl else f"failed: {pl['error'][-600:]}"
                     busy = sampler.busy(pl.get("t0"), pl.get("t1")) if sampler else None
                     result["measured"].append(measurement(t, s, b, "pylate", status, pl, unit_flops_, busy))
@@ -958,13 +982,18 @@ def main(argv: list[str] | None = None) -> dict:
             f"device {opts.device}, precision {opts.precision}, {opts.warmup} warm-up + {opts.steps} timed steps, "
             f"data.num_workers={opts.data_workers}, colbert-encode {opts.rerank_queries} queries x "
             f"{opts.candidates} candidates"
+            + (f", ours with {opts.ours_overrides}" if opts.ours_overrides else "")
             + (", tiny (toy shapes: " + json.dumps(TINY_SHAPES) + ")" if opts.tiny else ""),
         ),
         (
             "Installed beyond the machine's packages",
-            "nothing for ours and bare"
+            (
+                f"for ours and bare, from {opts.carried}: {', '.join(carried_wheels(opts.carried))}"
+                if opts.carried
+                else "nothing for ours and bare"
+            )
             + (
-                f"; PyLate venv {pylate_python}: {', '.join(installed)}"
+                f"; PyLate ({pylate_python}): {', '.join(installed)}"
                 if installed
                 else "; PyLate not run" + (f" ({pylate_why})" if pylate_why else "")
             ),

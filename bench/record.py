@@ -7,6 +7,7 @@ A record is never rewritten: a second record of the same slug and date is writte
 from __future__ import annotations
 
 import datetime as dt
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,13 @@ RESULTS = REPO / "results"
 
 
 def git_commit() -> str:
-    """The checkout's short commit, with a note when tracked files differ from it."""
+    """The checkout's short commit, with a note when tracked files differ from it.
+
+    Outside a git checkout (a working tree copied to a GPU machine without .git), the `BENCH_COMMIT` environment
+    variable names it (bench/gpu_session.sh sets it from .gpu/COMMIT, written by bench/gpu_carry.py here).
+    """
+    if not (REPO / ".git").exists() and os.environ.get("BENCH_COMMIT"):
+        return f"{os.environ['BENCH_COMMIT']} (a copy of the working tree, as bench/gpu_carry.py found it)"
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True

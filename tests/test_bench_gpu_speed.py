@@ -126,3 +126,75 @@ def test_tiny_run_writes_a_record(tmp_path, task):
     else:
         assert "pylate" not in by_side
     assert f"| {task} | minilm | 4 |" in text
+
+
+def _wheel(folder, name: str, version: str, source: str) -> None:
+    """A pure-Python wheel of one module `name` (its source `source`), written as a zip as pip reads it."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+
+
+@pytest.mark.slow  # two pip runs and interpreter starts (~15 s)
+def test_pylate_from_a_wheelhouse_runs_this_interpreter_with_its_wheels_first(tmp_path):
+    """Without a venv (the GPU machine's python3 is a venv's, so `venv --system-site-packages` would lose its torch):
+    every wheel installed with no dependencies into a folder that the interpreter's wrapper puts first on the path,
+    ahead of the packages already installed (there PyLate's transformers 5.3 over the machine's 5.17)."""
+    house = tmp_path / "house"
+    house.mkdir()
+    _wheel(house, "pylate", "9.9.9", "__version__ = '9.9.9'\n")
+    _wheel(house, "einops", "0.0.1", "__version__ = 'shadowed'\n")  # installed here too: the wheel's must win
+    opts = bgs.parse_args([f"pylate_python={tmp_path / 'pylate-python'}", f"pylate_wheelhouse={house}"])
+    python, why, installed = bgs.ensure_pylate(opts, tmp_path / "work")
+    assert why is None and python == str(tmp_path / "pylate-python"), why
+    assert installed == ["einops 0.0.1", "pylate 9.9.9"]
+    code = "import einops, pylate, torch; print(einops.__version__, pylate.__version__, torch.__version__)"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import torch
+
+    assert out == ["shadowed", "9.9.9", torch.__version__]
+    # a broken wheelhouse: PyLate is recorded as not run, with pip's reason
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "broken-1.0-py3-none-any.whl").write_text("not a zip")
+    opts = bgs.parse_args([f"pylate_python={tmp_path / 'other'}", f"pylate_wheelhouse={tmp_path / 'bad'}"])
+    python, why, _ = bgs.ensure_pylate(opts, tmp_path / "work2")
+    assert python is None and why.startswith(f"installing PyLate from {tmp_path / 'bad'} failed: ")
+
+
+def test_commit_of_a_copied_working_tree_comes_from_bench_commit(tmp_path, monkeypatch):
+    """On the GPU machine no .git travels: the record names the commit bench/gpu_carry.py wrote (BENCH_COMMIT)."""
+    monkeypatch.setattr(record, "REPO", tmp_path)
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
+    assert record.git_commit() == "unknown (not a git checkout)"
+    monkeypatch.setenv("BENCH_COMMIT", "4fb0a5f")
+    assert record.git_commit().startswith("4fb0a5f (a copy of the working tree")
+    monkeypatch.setattr(record, "REPO", REPO)  # a checkout: its own commit, whatever the variable says
+    assert not record.git_commit().startswith("4fb0a5f (a copy")
+
+
+@pytest.mark.parametrize("task", bgs.TASKS)
+def test_ours_overrides_end_every_command_of_ours(task, tmp_path):
+    """`ours_overrides` (an A/B of one key on the GPU, e.g. model.length_buckets=1) comes last, so that it wins over
+    the bench's own settings, in train.py's and evaluate.py's commands alike."""
+    names = ["collection", "queries.train", "qrels.train", "triples", "queries.dev", "qrels.dev"]
+    data = {
+        "files": {n: tmp_path / n for n in [*names, "queries.test", "qrels.test"]},
+        "val_run": tmp_path / "val.run",
+        "test_run": tmp_path / "test.run",
+        "passages": 10,
+    }
+    opts = bgs.parse_args(["tiny=true", "ours_overrides=model.length_buckets=1,data.num_workers=2"])
+    how = bgs.ours_command(task, "bb", 4, opts, data, tmp_path / "cache", tmp_path / "out")
+    assert how["cmd"][-2:] == ["model.length_buckets=1", "data.num_workers=2"]
+    assert how["cmd"][0] == ("train.py" if task.endswith("-train") else "evaluate.py")
+    plain = bgs.ours_command(task, "bb", 4, bgs.parse_args(["tiny=true"]), data, tmp_path / "cache", tmp_path / "out")
+    assert plain["cmd"] == how["cmd"][:-2]
