@@ -160,7 +160,7 @@ class Options:
     ours_overrides: str = ""  # comma-separated key=value added to every command of ours (an A/B of one key)
     cpu_threads: int | None = None  # torch / OpenMP threads of every process; null: their defaults (tiny: 1)
     budget_s: float = 540.0
-    peers: str = "pylate"  # comma-separated, or empty
+    peers: str | None = "pylate"  # comma-separated, or empty (`peers=`: none)
     pylate_python: str | None = None  # null: bench_peers' venv if there, else <work_dir>/pylate-venv
     pylate_wheelhouse: str | None = ".gpu/pylate-wheelhouse"  # makes a missing venv offline, if it exists
     tokenizer: str = "minilm"  # the random backbones' tokenizer: a folder or a backbone name

@@ -91,6 +91,7 @@ def test_options_errors():
         with pytest.raises(SystemExit) as e:
             bgs.parse_args(bad)
         assert e.value.code == 2, bad
+    assert bgs.parse_args(["peers="]).peers is None  # no peer (an empty value reads as null)
     tiny = bgs.parse_args(["tiny=true", "batches=4"])
     assert tiny.batches == "4" and tiny.device == "cpu" and tiny.steps == bgs.TINY["steps"]
 
