@@ -65,7 +65,8 @@ sampling period is 1/6 to 1 s, so short windows read coarsely); peak GPU memory:
 (ours: the probe's reading at the subprocess's exit, which covers everything it ran).
 
 PyLate peer (`peers=pylate`): bench/peers/pylate_driver.py's colbert_train on the GPU (PyLate 1.6.0's ColBERT, its
-Contrastive loss with in-batch negatives, AdamW; queries padded with [MASK] to 32 and passages to 180 tokens, as its
+Contrastive loss with in-batch negatives, the optimiser its trainer builds by default: fused AdamW, weight decay
+0, no clipping, where ours clips at 1.0; queries padded with [MASK] to 32 and passages to 180 tokens, as its
 collator does; tokenisation inside the timed step; its own 384/768 -> 128 projection), at the same batch, shape
 and precision, on the same backbone folder and the synthetic triples' texts. It runs in its own venv
 (`pylate_python`, default bench_peers' /work/venvs/pylate). A missing venv or a failing import is recorded as
@@ -688,6 +689,7 @@ def run_pylate(python: str, backbone: str, batch: int, opts: Options, data: dict
         "peak_gib": round(peak / GIB, 2) if peak else None,
         "wall_s": round(res["process_s"], 1),
         "others_cores": res.get("others_cores"),
+        "optimizer": res.get("optimizer"),
     }
 
 
@@ -963,7 +965,8 @@ def main(argv: list[str] | None = None) -> dict:
                     pl = run_pylate(pylate_python, backbones[s], b, opts, data, work / "pylate", left)
                     status = "ok" if "error" not in pl else f"failed: {pl['error'][-600:]}"
                     busy = sampler.busy(pl.get("t0"), pl.get("t1")) if sampler else None
-                    result["measured"].append(measurement(t, s, b, "pylate", status, pl, unit_flops_, busy))
+                    how_pl = f"python -m bench.peers.pylate_driver (colbert_train; {pl.get('optimizer')})"
+                    result["measured"].append(measurement(t, s, b, "pylate", status, pl, unit_flops_, busy, how_pl))
                     print(f"  {t:15s} {s:9s} b{b:<4d} PyLate {pl.get('rate', 0):9.1f}/s", flush=True)
                 runner.save()
     if sampler:

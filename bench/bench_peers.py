@@ -180,6 +180,7 @@ def summarise(runs: list[dict], task: str, flops: float, matmul: float) -> dict:
         "others_cores": sum(others) / len(others) if others else None,
         "rounds": len(ok),
         "losses": [r.get("losses") for r in ok],
+        **({"optimizer": ok[0]["optimizer"]} if "optimizer" in ok[0] else {}),  # what a training step stepped
     }
 
 

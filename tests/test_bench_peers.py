@@ -1,14 +1,18 @@
 """bench/bench_peers.py (`python -m bench.bench_peers key=value ...`): the FLOP count it divides by, one alternation
 round of our driver end to end, and the quality guard's data export, run files and evaluation (the peers themselves are
-not tested here: their venvs are not part of CI)."""
+not tested here, but for the optimiser PyLate's driver steps, where its venv exists: the venvs are not part of CI)."""
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from bench import bench_peers
+from bench.bench_peers import TOOLS
 from bench.peers.common import scores_by_query
 
 
@@ -226,3 +230,19 @@ def test_meter_counts_the_measured_driver_subprocess_as_its_own_cpu():
     subprocess.run([sys.executable, "-c", burn], check=True)
     _, own1 = _cpu_jiffies()
     assert (own1 - own0) / os.sysconf("SC_CLK_TCK") >= 0.5
+
+
+@pytest.mark.skipif(not Path(TOOLS["pylate"][1]).exists(), reason="no PyLate venv (bench/requirements-pylate.txt)")
+def test_pylate_steps_the_optimiser_its_trainer_builds():
+    """PyLate's trainer is an HF Trainer: fused AdamW (torch >= 2.8) with weight decay 0 by default; a plain
+    torch.optim.AdamW (a loop over parameters on the CPU, weight decay 0.01) would make PyLate slower than its users
+    see it. Checked in PyLate's own venv, against transformers' TrainingArguments there."""
+    code = (
+        "import torch, transformers\n"
+        "from bench.peers.pylate_driver import trainer_optimizer\n"
+        "opt, name = trainer_optimizer(torch.nn.Linear(3, 2), 2e-5)\n"
+        "g = opt.param_groups[0]\n"
+        "print(type(opt).__name__, g['fused'], g['weight_decay'], g['lr'], len(g['params']))\n"
+    )
+    out = subprocess.run([TOOLS["pylate"][1], "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["AdamW", "True", "0.0", "2e-05", "2"]

@@ -4,11 +4,12 @@ moves them, and records when the timed steps ended, `t_end`).
 
 colbert_train: one optimiser step as PyLate's trainer takes it: `ColBERT.tokenize(pad=True)` of queries (expanded
 to query_length with [MASK], PyLate's default) and passages (padded to document_length, as its collator does),
-`losses.Contrastive` (in-batch negatives over every
-passage of the batch, like ours), backward, AdamW step. encode: `ColBERT.encode(is_query=False)`. rerank: one
-query and its candidates encoded, then `rank.rerank`. quality: `train_steps` colbert_train steps, then every query
-and every distinct candidate passage encoded once (`ColBERT.encode`) and each query's candidates scored by
-`rank.rerank` (MaxSim).
+`losses.Contrastive` (in-batch negatives over every passage of the batch, like ours), backward, and the step of the
+optimiser PyLate's trainer builds by default (`trainer_optimizer`: fused AdamW from torch 2.8 on, weight decay 0; no
+gradient clipping, as ours in bench_peers; bench_gpu_speed's train.py clips at 1.0). encode:
+`ColBERT.encode(is_query=False)`. rerank: one query and its candidates encoded, then `rank.rerank`. quality:
+`train_steps` colbert_train steps, then every query and every distinct candidate passage encoded once
+(`ColBERT.encode`) and each query's candidates scored by `rank.rerank` (MaxSim).
 """
 
 from __future__ import annotations
@@ -18,6 +19,28 @@ import time
 import torch
 
 from bench.peers.common import autocast, load_spec, scores_by_query, time_rerank, timed, write
+
+
+def trainer_optimizer(model, lr: float):
+    """The optimiser PyLate's trainer builds by default, and its name.
+
+    PyLate trains through sentence-transformers' SentenceTransformerTrainer, an HF Trainer: its
+    `TrainingArguments.optim` (fused AdamW from torch 2.8 on) with the arguments' betas, eps and weight decay (0).
+    A plain `torch.optim.AdamW` (the loop over parameters on a CPU, weight decay 0.01) is not what a PyLate user runs.
+    """
+    import tempfile
+
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from transformers import Trainer
+
+    with tempfile.TemporaryDirectory() as folder:
+        args = SentenceTransformerTrainingArguments(output_dir=folder, learning_rate=lr, report_to=[])
+    # HF Trainer's static method (SentenceTransformerTrainer overrides it with one that needs a built trainer)
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    opt = cls([{"params": list(model.parameters()), "weight_decay": args.weight_decay}], **kwargs)
+    return opt, f"{cls.__module__}.{cls.__name__}({', '.join(f'{k}={v}' for k, v in kwargs.items())}), " + (
+        f"weight_decay={args.weight_decay}: SentenceTransformerTrainingArguments' optim={args.optim.value}"
+    )
 
 
 def main() -> None:
@@ -33,7 +56,7 @@ def main() -> None:
     if task in ("colbert_train", "quality"):
         model.train()
         loss_fn = losses.Contrastive(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
+        opt, res["optimizer"] = trainer_optimizer(model, spec["lr"])
         losses_seen = []
 
         def step(batch):
