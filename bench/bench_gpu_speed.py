@@ -68,12 +68,13 @@ PyLate peer (`peers=pylate`): bench/peers/pylate_driver.py's colbert_train on th
 Contrastive loss with in-batch negatives, the optimiser its trainer builds by default: fused AdamW, weight decay
 0, no clipping, where ours clips at 1.0; queries padded with [MASK] to 32 and passages to 180 tokens, as its
 collator does; tokenisation inside the timed step; its own 384/768 -> 128 projection), at the same batch, shape
-and precision, on the same backbone folder and the synthetic triples' texts. It runs in its own venv
-(`pylate_python`, default bench_peers' /work/venvs/pylate). A missing venv or a failing import is recorded as
+and precision, on the same backbone folder and the synthetic triples' texts. It runs with its own interpreter
+(`pylate_python`, default bench_peers' /work/venvs/pylate). A missing one or a failing import is recorded as
 `not run: <why>`, never a failure. On a machine without internet, carry a wheelhouse (`python -m bench.gpu_carry`
-makes one, .gpu/pylate-wheelhouse) and give `pylate_wheelhouse=<folder>`: the bench then makes the venv offline with
-`--system-site-packages` (the machine's torch, with its CUDA) and `pip install --no-index --no-deps` of every wheel
-in the wheelhouse, and the record lists what it installed.
+makes one, .gpu/pylate-wheelhouse) and give `pylate_wheelhouse=<folder>`: the bench then installs every wheel of it
+offline (`pip install --no-index --no-deps --target`) into a folder that a wrapper script puts first on this
+interpreter's path (the machine's torch, with its CUDA, stays visible; `ensure_pylate`), and the record lists what
+it installed.
 
 On the lent GPU machine (no internet, its own torch and transformers): `python -m bench.gpu_carry` here prepares
 .gpu/ (the project's packages that machine lacks as wheels, PyLate's wheelhouse, the MiniLM tokenizer, the commit),
@@ -162,8 +163,8 @@ class Options:
     cpu_threads: int | None = None  # torch / OpenMP threads of every process; null: their defaults (tiny: 1)
     budget_s: float = 540.0
     peers: str | None = "pylate"  # comma-separated, or empty (`peers=`: none)
-    pylate_python: str | None = None  # null: bench_peers' venv if there, else <work_dir>/pylate-venv
-    pylate_wheelhouse: str | None = ".gpu/pylate-wheelhouse"  # makes a missing venv offline, if it exists
+    pylate_python: str | None = None  # null: bench_peers' venv if there, else <work_dir>/pylate-python
+    pylate_wheelhouse: str | None = ".gpu/pylate-wheelhouse"  # makes a missing pylate_python offline, if it exists
     tokenizer: str = "minilm"  # the random backbones' tokenizer: a folder or a backbone name
     carried: str | None = None  # a folder of wheels installed beyond the machine's packages (listed in the record)
     tiny: bool = False
