@@ -14,11 +14,13 @@ the device tool's 64 MiB. `<dest>` is git-ignored, so the device call names it i
     run(command="bash bench/gpu_session.sh shapes=minilm", carry=[".gpu"], timeout_s=600)
 
 A wheel is downloaded for the target's interpreter and platforms (`pip download --only-binary=:all: --no-deps`);
-one already in the folder is kept. Exit 2 with one line when pip fails or the tree is over the limit.
+one already in the folder is kept, and one the requirements no longer name (an older pin) is removed: two versions of
+a package stop pip's whole install there. Exit 2 with one line when pip fails or the tree is over the limit.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -64,6 +66,20 @@ def download(reqs: list[str], folder: Path, python_version: str) -> None:
         options.error(f"pip download into {folder} failed: {(errors or ['no message'])[-1]}")
 
 
+def _key(name: str, version: str) -> tuple[str, str]:
+    """A distribution's name and version as a wheel's file name spells them (lower case, runs of - _ . as _)."""
+    return re.sub(r"[-_.]+", "_", name).lower(), version
+
+
+def prune(folder: Path, reqs: list[str]) -> list[str]:
+    """Remove the wheels of `folder` that no line of `reqs` (name==version) names; return their file names."""
+    wanted = {_key(*r.split("==")) for r in reqs}
+    stale = [w for w in sorted(folder.glob("*.whl")) if _key(*w.name.split("-")[:2]) not in wanted]
+    for w in stale:
+        w.unlink()
+    return [w.name for w in stale]
+
+
 def travelling_bytes(extra: Path) -> int:
     """Bytes of the files the device tool sends: tracked and untracked-not-ignored files, and `extra`."""
     listed = subprocess.run(
@@ -88,9 +104,13 @@ def main(argv: list[str] | None = None) -> Path:
             options.error(
                 f"dest={opts.dest}: not git-ignored, so it would travel twice; add /{dest.name}/ to .gitignore"
             )
-    download(requirements("requirements-gpu-project.txt"), dest / "wheels", opts.python_version)
+    folders = {"requirements-gpu-project.txt": dest / "wheels"}
     if opts.pylate:
-        download(requirements("requirements-gpu-pylate.txt"), dest / "pylate-wheelhouse", opts.python_version)
+        folders["requirements-gpu-pylate.txt"] = dest / "pylate-wheelhouse"
+    for name, folder in folders.items():
+        download(requirements(name), folder, opts.python_version)
+        for stale in prune(folder, requirements(name)):
+            print(f"removed {folder / stale}: bench/{name} no longer names it")
     from transformers import AutoTokenizer  # lazy: heavy
 
     from models.rankers.backbone import resolve

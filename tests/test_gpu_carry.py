@@ -48,3 +48,19 @@ def test_the_session_without_the_carried_folder_says_what_to_run(tmp_path):
         f"gpu_session: {tmp_path / 'nothing'}/wheels missing: run `python -m bench.gpu_carry` and carry "
         f"{tmp_path / 'nothing'}"
     )
+
+
+def test_wheels_the_requirements_no_longer_name_are_removed(tmp_path):
+    """An older pin's wheel left in .gpu/ would be a second version of its package, which stops the machine's pip."""
+    names = [
+        "filelock-4.3.1-py3-none-any.whl",
+        "filelock-4.2.0-py3-none-any.whl",  # the pin before
+        "pystemmer-3.1.0-cp312-cp312-manylinux1_x86_64.whl",  # PyStemmer==3.1.0, as the wheel spells it
+        "pytrec_eval_terrier-0.5.11-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "zuko-1.6.0-py3-none-any.whl",  # no longer required
+    ]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    reqs = ["filelock==4.3.1", "PyStemmer==3.1.0", "pytrec-eval-terrier==0.5.11"]
+    assert gpu_carry.prune(tmp_path, reqs) == ["filelock-4.2.0-py3-none-any.whl", "zuko-1.6.0-py3-none-any.whl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - {names[1], names[4]})
