@@ -4,7 +4,7 @@ PyLate's ColBERT training step, on the GPU at hand (issue 47, item 6).
     python -m bench.bench_gpu_speed [only=colbert-train,repbert-train,bertcat-train,dense-encode,colbert-encode]
                                     [shapes=minilm,bert-base] [batches=32,256] [steps=50] [warmup=10]
                                     [passages=100000] [budget_s=540] [peers=pylate] [pylate_wheelhouse=null]
-                                    [ours_overrides=key=value,...] [record_dir=results]
+                                    [ours_overrides=key=value,...] [profile=simple] [record_dir=results]
                                     [work_dir=outputs/bench-gpu-speed]
     python -m bench.bench_gpu_speed tiny=true      # every task at toy sizes on the CPU (~2-3 min); record to /tmp
 
@@ -92,11 +92,15 @@ figures to `<work_dir>/gpu-speed.json`.
 the command line win). About 2 minutes on a quiet 2-core CPU (4-5 minutes on this project's CPU shared with other
 jobs); its figures only show that every path runs.
 
-Not yet run on a GPU; estimated, the default grid (5 tasks x 2 shapes x 2 batches, and PyLate) needs more than 10
-minutes, most of it the 20 subprocesses' start-up (imports, CUDA, data, checkpoint writing). A configuration starts
-only under `budget_s`, and its subprocess (and PyLate's) is stopped 2 minutes past it, so `budget_s=450` ends inside
-a 10-minute limit. Issue 47's bar first: `only=colbert-train,dense-encode` (8 configurations and PyLate's 4); the
-other tasks in another command (docs/performance.md: the lent machine's sessions).
+Time on an H200 (2026-11-29, results/2026-11-29-gpu-speed-h200.md): a configuration of ours takes 23-91 s of wall
+time (imports, CUDA, data, a first step of 18-60 s, checkpointing and the test after training; the timed steps are
+seconds), PyLate's about as long; `only=colbert-train,dense-encode budget_s=450` ran 6 of its 8 configurations and 3
+of PyLate's 4 in 489 s, so the bar's grid takes two commands. A configuration starts only under `budget_s`, and its
+subprocess (and PyLate's) is stopped 2 minutes past it, so `budget_s=450` ends inside a 10-minute limit; the other
+tasks go in another command (docs/performance.md: the lent machine's sessions).
+
+`profile=simple|advanced|pytorch` runs ours under Lightning's profiler (`trainer.profiler`) and appends each run's
+report, condensed (`profile_report`), to `gpu-speed-profiles.txt` beside the record: where a step's host time goes.
 """
 
 from __future__ import annotations
@@ -160,6 +164,9 @@ class Options:
     precision: str = dataclasses.field(default="auto", metadata={"choices": ("auto", "bf16", "fp32")})
     data_workers: int = 4  # ours: data.num_workers
     ours_overrides: str = ""  # comma-separated key=value added to every command of ours (an A/B of one key)
+    # ours under Lightning's profiler (trainer.profiler): each run's report, condensed, into <record_dir or
+    # work_dir>/gpu-speed-profiles.txt as it finishes (training and colbert-encode; dense-encode has no trainer)
+    profile: str | None = dataclasses.field(default=None, metadata={"choices": (None, "simple", "advanced", "pytorch")})
     cpu_threads: int | None = None  # torch / OpenMP threads of every process; null: their defaults (tiny: 1)
     budget_s: float = 540.0
     peers: str | None = "pylate"  # comma-separated, or empty (`peers=`: none)
@@ -385,6 +392,7 @@ def ours_command(task: str, backbone: str, batch: int, opts: Options, data: dict
         "eval.isotropy_paper=false",
         "eval.ats_passages=0",
         f"data.num_workers={opts.data_workers}",
+        *([f"trainer.profiler={opts.profile}"] if opts.profile else []),
     ]
     if task.endswith("-train"):
         cmd = [
@@ -459,6 +467,38 @@ def ours_figures(probe: Path, how: dict, batch: int, warmup: int) -> dict:
     }
 
 
+def profiles_file(opts: Options, work: Path) -> Path:
+    """Where `profile=` puts the runs' reports: beside the record (record_dir), else in the work folder."""
+    return Path(opts.record_dir or work) / "gpu-speed-profiles.txt"
+
+
+def profile_report(run_dir: Path, rows: int = 40) -> str | None:
+    """The Lightning profiler's report of `run_dir` (an attempt's folder too), condensed; None when it wrote none.
+
+    The fit stage's where the run trained (the test's report repeats the fit's actions: one profiler serves both),
+    else the test's. The simple profiler's table becomes `total s  calls  mean ms  action` lines by total time (its
+    rows are padded to ~300 characters); other reports give their first `rows` lines as they are.
+    """
+    import re
+
+    row = re.compile(r"^\|\s+(.+?)\s+\|\s+([-\d.e]+)\s+\|\s+(\d+)\s+\|\s+([\d.e]+)\s+\|\s+([\d.e]+)\s+\|")
+    out = []
+    reports = sorted(run_dir.rglob("profile/*-profile*.txt"), key=lambda f: f.stat().st_mtime)
+    for report in [f for f in reports if f.name.startswith("fit-")] or reports:
+        text = report.read_text(errors="replace")
+        found = [m.groups() for m in map(row.match, text.splitlines()) if m and m.group(2) != "-"]
+        out.append(f"-- {report.name}")
+        if not found:
+            out += text.splitlines()[:rows]
+            continue
+        found.sort(key=lambda g: -float(g[3]))
+        out.append(f"{'total s':>9} {'calls':>6} {'mean ms':>9}  action")
+        for name, mean, calls, total, _ in found[:rows]:
+            name = re.sub(r"\{.*\}", "", name)  # a callback's state dict (ModelCheckpoint's) is no part of its name
+            out.append(f"{float(total):9.3f} {int(calls):6d} {1000 * float(mean):9.2f}  {name}")
+    return "\n".join(out) or None
+
+
 def run_ours(
     runner: Runner, task: str, shape: str, batch: int, how: dict, work: Path, opts: Options, passages: int
 ) -> dict:
@@ -468,6 +508,14 @@ def run_ours(
         env["OMP_NUM_THREADS"] = str(opts.cpu_threads)
     rec = runner.run(task, f"{shape}-b{batch}", passages, cmd, work, env=env)
     figs = ours_figures(work / "probe" / f"{task}-{shape}-b{batch}", how, batch, opts.warmup)
+    if opts.profile:
+        report = profile_report(Path(next(a for a in how["cmd"] if a.startswith("output_dir=")).split("=", 1)[1]))
+        if report:
+            extra = f", {opts.ours_overrides}" if opts.ours_overrides else ""
+            head = f"== {task} {shape} b{batch}: trainer.profiler={opts.profile}{extra}"
+            print(head + "\n" + "\n".join(report.splitlines()[:14]), flush=True)
+            with open(profiles_file(opts, work), "a") as f:
+                f.write(f"{head}\n{report}\n\n")
     if not rec["ok"]:
         figs["error"] = rec.get("error", "failed")[-600:]
     return {
@@ -609,6 +657,14 @@ def venv_packages(python: str) -> list[str]:
     return [ln for ln in p.stdout.splitlines() if ln and not ln.startswith("#")] if p.returncode == 0 else []
 
 
+def _text(path: Path) -> str:
+    """A small script's text; empty for a binary (an interpreter), a folder or nothing there."""
+    try:
+        return path.read_text() if path.is_file() and path.stat().st_size < 4096 else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def ensure_pylate(opts: Options, work: Path) -> tuple[str | None, str | None, list[str]]:
     """(python, None, its packages) when PyLate imports there; (None, why, installed) when it cannot run.
 
@@ -639,6 +695,8 @@ def ensure_pylate(opts: Options, work: Path) -> tuple[str | None, str | None, li
         script.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
         script.chmod(0o755)
         installed = carried_wheels(str(wheelhouse))
+    elif wheelhouse is not None and wheelhouse.is_dir() and str(work / "pylate-site") in _text(Path(python)):
+        installed = carried_wheels(str(wheelhouse))  # the wrapper an earlier run made here: these wheels, not the env
     if not Path(python).exists():
         return (
             None,
@@ -875,6 +933,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     (probe_dir / "sitecustomize.py").write_text(PROBE)
     sampler = GpuSampler(torch.device(opts.device).index or 0).start() if opts.device.startswith("cuda") else None
+    if opts.profile:  # this run's reports only
+        profiles_file(opts, work).parent.mkdir(parents=True, exist_ok=True)
+        profiles_file(opts, work).write_text("")
     tasks = parse_list(opts.only, "only", TASKS)
     shapes = parse_list(opts.shapes, "shapes", SHAPES)
     batches = [int(b) for b in parse_list(opts.batches, "batches")]

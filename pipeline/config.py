@@ -45,6 +45,7 @@ __all__ = [
     "MATMUL_PRECISIONS",
     "PIPELINE_TRAINER_KEYS",
     "PRECISIONS",
+    "PROFILERS",
     "STRATEGIES",
     "EvalConfig",
     "LoggerConfig",
@@ -86,8 +87,9 @@ DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of
 
 
 # trainer keys the pipeline applies itself (pipeline/stages.py), not passed to `pytorch_lightning.Trainer`
-PIPELINE_TRAINER_KEYS = ("float32_matmul_precision",)
+PIPELINE_TRAINER_KEYS = ("float32_matmul_precision", "profiler")
 MATMUL_PRECISIONS = ("auto", "highest", "high", "medium")
+PROFILERS = ("simple", "advanced", "pytorch")
 
 
 @dataclass
@@ -114,10 +116,17 @@ class TrainerConfig:
     # torch.set_float32_matmul_precision for the run: auto = "high" (TF32 tensor cores for fp32 matrix products) when
     # the trainer runs on CUDA, PyTorch's own ("highest") elsewhere; or highest | high | medium, as torch defines them
     float32_matmul_precision: str = "auto"
+    # Where a step's time goes (Lightning's profilers), written to `<attempt>/profile/<stage>-profile.txt`: null
+    # (off), simple (each hook's mean and total time: the data loader's wait, training_step, backward, optimiser
+    # step, callbacks), advanced (cProfile per hook: slows the run) or pytorch (operators' CPU and CUDA times of
+    # steps 3-5, by the host's time)
+    profiler: str | None = None
 
     def __post_init__(self):
         check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
         check_choice("trainer.float32_matmul_precision", self.float32_matmul_precision, MATMUL_PRECISIONS)
+        if self.profiler is not None:
+            check_choice("trainer.profiler", self.profiler, PROFILERS)
         check_choice("trainer.strategy", self.strategy, STRATEGIES)
         check_choice("trainer.precision", self.precision, PRECISIONS)
         devices = self.devices

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor
+from pytorch_lightning.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler
 from pytorch_lightning.utilities import rank_zero_warn
 
 from callbacks.atomic_io import AtomicCheckpointIO
@@ -81,6 +82,7 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
         **t,
         logger=logger,
         callbacks=callbacks,
+        profiler=build_profiler(own.get("profiler"), attempt_dir(cfg) / "profile"),
         default_root_dir=cfg.output_dir,
         # Our samplers shard by rank themselves (no padding, resumable); Lightning must not replace them.
         use_distributed_sampler=False,
@@ -93,6 +95,31 @@ def build_trainer(cfg: DictConfig, logger, checkpoints: bool) -> pl.Trainer:
     if str(t["precision"]).startswith("bf16") and trainer.is_global_zero:
         warn_emulated_bf16("trainer.precision", t["precision"], trainer.strategy.root_device.type, "32-true")
     return trainer
+
+
+def build_profiler(kind: str | None, folder: Path):
+    """Lightning's profiler of `trainer.profiler` writing `<stage>-profile[-<rank>].txt` into `folder`, or None.
+
+    Each report is a file of the run (not the console's end), one per stage (fit, test) and rank; the PyTorch
+    profiler's table only: its Chrome traces run to hundreds of megabytes.
+    """
+    if kind is None:
+        return None
+    if kind == "simple":
+        return SimpleProfiler(dirpath=folder, filename="profile")
+    if kind == "advanced":
+        return AdvancedProfiler(dirpath=folder, filename="profile", line_count_restriction=40)
+    # sorted by the host's time (Lightning offers no sort by self time; the table has that column too), the hooks'
+    # record_functions first; on a GPU, CUDA's columns say what the device did meanwhile; Lightning's schedule: steps
+    # 3-5 of each stage
+    return PyTorchProfiler(
+        dirpath=folder,
+        filename="profile",
+        export_to_chrome=False,
+        row_limit=40,
+        sort_by_key="cpu_time_total",
+        record_module_names=False,
+    )
 
 
 def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False) -> RankingDataModule:

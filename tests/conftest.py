@@ -245,6 +245,24 @@ def tiny_ranker_and_data(tmp_path: Path, backbone: str, model: str, **settings):
     return module, dm
 
 
+def module_and_data(cfg):
+    """(RankingModule, the data module read for fitting) of a composed config, seeded as train.py seeds: what the
+    tests that drive the pipeline's trainer themselves (build_trainer, then fit) start from."""
+    import pytorch_lightning as pl
+    from omegaconf import OmegaConf
+
+    from lightning_modules.module import RankingModule
+    from pipeline.stages import load_data
+
+    pl.seed_everything(0)
+    dm = load_data(cfg, fit=True)
+    module = RankingModule(
+        OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)
+    )
+    dm.tokenizer = module.pair_tokenizer
+    return module, dm
+
+
 def tiny_bi_encoders(backbone: str) -> dict:
     """RepBERT (pooled vectors) and ColBERT (token vectors, passages cut at 24 tokens) on `backbone`, seeded, in eval
     mode: the pair the streaming-encoder tests run."""

@@ -163,6 +163,8 @@ def test_pylate_from_a_wheelhouse_runs_this_interpreter_with_its_wheels_first(tm
     import torch
 
     assert out == ["shadowed", "9.9.9", torch.__version__]
+    # a second run on the same machine reuses the wrapper and names the same wheels (not the interpreter's whole env)
+    assert bgs.ensure_pylate(opts, tmp_path / "work") == (python, None, ["einops 0.0.1", "pylate 9.9.9"])
     # a broken wheelhouse: PyLate is recorded as not run, with pip's reason
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "broken-1.0-py3-none-any.whl").write_text("not a zip")

@@ -17,8 +17,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from conftest import small_run
-from omegaconf import OmegaConf
+from conftest import module_and_data, small_run
 from pytorch_lightning import Callback
 from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 
@@ -86,9 +85,8 @@ def _fit_recording(tmp_path, monkeypatch, backbone: str, model: str) -> SyncReco
     import pytorch_lightning as pl
 
     from callbacks.loggers import build_logger
-    from lightning_modules.module import RankingModule
     from pipeline.config import compose
-    from pipeline.stages import build_trainer, load_data
+    from pipeline.stages import build_trainer
 
     cfg = compose(
         small_run(
@@ -105,12 +103,7 @@ def _fit_recording(tmp_path, monkeypatch, backbone: str, model: str) -> SyncReco
             f"output_dir={tmp_path / 'run'}",
         )
     )
-    pl.seed_everything(0)
-    dm = load_data(cfg, fit=True)
-    module = RankingModule(
-        OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), list(cfg.eval.measures)
-    )
-    dm.tokenizer = module.pair_tokenizer
+    module, dm = module_and_data(cfg)
     rec = SyncRecorder(monkeypatch)
 
     class Start(Callback):  # first of the callbacks: a step's reads start with its first hook

@@ -1,0 +1,78 @@
+"""trainer.profiler: Lightning's profilers as a config key, their reports written into the run's folder, and the
+condensed form bench_gpu_speed prints of them (`profile=`)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import module_and_data, small_run
+
+from bench.bench_gpu_speed import profile_report
+from core.errors import InputError
+from pipeline.config import compose
+
+
+def test_a_profiler_that_lightning_lacks_is_a_one_line_error():
+    with pytest.raises(InputError) as e:
+        compose(["trainer.profiler=nvtx"])
+    msg = str(e.value)
+    assert msg.startswith("config key 'trainer.profiler'") and "simple" in msg and "\n" not in msg
+
+
+def test_profiler_is_off_by_default_and_each_kind_builds_lightnings_own(tmp_path):
+    from pytorch_lightning.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler
+
+    from pipeline.stages import build_profiler, build_trainer
+
+    assert compose([]).trainer.profiler is None and compose(["trainer=ddp"]).trainer.profiler is None
+    for kind, cls in [("simple", SimpleProfiler), ("advanced", AdvancedProfiler), ("pytorch", PyTorchProfiler)]:
+        profiler = build_profiler(kind, tmp_path)
+        assert type(profiler) is cls and profiler.dirpath == tmp_path and profiler.filename == "profile"
+    cfg = compose(small_run(f"output_dir={tmp_path / 'run'}"))
+    assert type(build_trainer(cfg, None, checkpoints=False).profiler).__name__ == "PassThroughProfiler"
+
+
+@pytest.mark.slow  # a 3-step fit (~10 s)
+def test_simple_profile_of_a_fit_is_written_to_the_run_and_condensed_with_lightnings_figures(tmp_path, tiny_bert):
+    """The fit writes <output_dir>/profile/fit-profile.txt; profile_report gives each action's calls, total and mean
+    as the profiler recorded them (its durations, summed here), largest total first."""
+    from pipeline.stages import build_trainer
+
+    steps = 3
+    cfg = compose(
+        small_run(
+            f"model.backbone={tiny_bert}",
+            "data.batch_size=4",
+            f"trainer.max_steps={steps}",
+            f"trainer.val_check_interval={steps}",
+            "trainer.limit_val_batches=0",
+            "trainer.profiler=simple",
+            "eval.ats_passages=0",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"output_dir={tmp_path / 'run'}",
+        )
+    )
+    module, dm = module_and_data(cfg)
+    trainer = build_trainer(cfg, None, checkpoints=False)
+    trainer.fit(module, datamodule=dm)
+    recorded = dict(trainer.profiler.recorded_durations)
+    trainer.profiler.describe()  # what Lightning does at the end of a stage (train.py's test follows the fit)
+    assert (tmp_path / "run" / "profile" / "fit-profile.txt").is_file()
+
+    report = profile_report(tmp_path / "run").splitlines()
+    assert report[0] == "-- fit-profile.txt" and report[1].split() == ["total", "s", "calls", "mean", "ms", "action"]
+    rows = {parts[3]: parts[:3] for parts in (line.split(None, 3) for line in report[2:])}
+    assert int(rows["run_training_batch"][1]) == steps == len(recorded["run_training_batch"])
+    for action in ("run_training_batch", "[Strategy]SingleDeviceStrategy.training_step"):
+        total, calls, mean = rows[action]
+        durations = recorded[action]
+        assert int(calls) == len(durations)
+        assert float(total) == pytest.approx(sum(durations), abs=1e-3)
+        assert float(mean) == pytest.approx(1000 * sum(durations) / len(durations), rel=1e-3, abs=0.01)
+    totals = [float(v[0]) for v in rows.values()]
+    assert totals == sorted(totals, reverse=True)
+    # a callback's state dict is not part of its action's name
+    assert not any("{" in name for name in rows)
+
+
+def test_profile_report_of_a_run_without_profile_is_none(tmp_path):
+    assert profile_report(tmp_path) is None
