@@ -6,13 +6,16 @@ before it, so the device idles while the host prepares the next step. CPU tensor
 made between a training batch's first hook (after its transfer to the device) and Lightning's per-step logging, in real
 fits with the pipeline's trainer, callbacks, progress bar and logger. Steps at which Lightning logs
 (`trainer.log_every_n_steps`) or a checkpoint is written read tensors by design and are left out; so are the reads of
-`DeferredReads` (core/host_reads.py), which reads host copies of an earlier step's flags.
+`DeferredReads` (core/host_reads.py), which reads host copies of an earlier step's flags. Copies of host data to
+the device count as reads: from pageable memory CUDA makes the host wait for the queued kernels before each one
+(core/transfers.py stages them in page-locked memory).
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
+import weakref
 from collections import defaultdict
 
 import pytest
@@ -37,7 +40,8 @@ class SyncRecorder:
         self.step = None
         self.calls: dict[int, list[str]] = defaultdict(list)
         self.excluded: set[int] = set()  # steps that logged or wrote a checkpoint
-        self._allowed = {DeferredReads.pop.__code__}
+        # DeferredReads reads host copies of an earlier step; its CPU path stands in for a pinned copy on CUDA
+        self._allowed = {DeferredReads.pop.__code__, DeferredReads.push.__code__}
         for name in READS:
             self._wrap(monkeypatch, torch.Tensor, name, name)
         for name in DATA_DEPENDENT:
@@ -45,13 +49,23 @@ class SyncRecorder:
             self._wrap(monkeypatch, torch, name, f"torch.{name}")
         for name in ("__getitem__", "__setitem__"):
             self._wrap(monkeypatch, torch.Tensor, name, f"{name}[bool mask]", when=_bool_index)
+        # copies of host data made in the step (from NumPy or Python values) to a device: on CUDA each copy from
+        # pageable memory waits for the kernels queued before it. On a CPU run every tensor is a host tensor and a
+        # copy to the CPU returns its source, so a copy is judged by its source: made on the host in the same step
+        # (a tensor made once and moved again each step moves only once on a GPU, and then is the moved one). The
+        # first step is left out of this check: Lightning moves the states of each newly logged value there, once
+        self.host_made: dict[int, tuple[weakref.ref, int | None]] = {}  # id -> (tensor, step made in)
+        self._wrap(monkeypatch, torch.Tensor, "to", "to(device) of host data", when=self._host_to_device)
+        for name in ("tensor", "as_tensor", "asarray", "from_numpy"):
+            self._wrap(monkeypatch, torch, name, f"torch.{name}(host data, device=)", when=_host_data_to_device)
+            self._track(monkeypatch, torch, name)
 
     def _wrap(self, monkeypatch, owner, name, label, when=None):
         real = getattr(owner, name)
         rec = self
 
         def wrapper(*args, **kwargs):
-            if rec.on and (when is None or when(args)):
+            if rec.on and (when is None or when(args, kwargs)):
                 rec.on = False  # the recording itself reads nothing, but keep it out of its own way
                 try:
                     if not rec._inside_allowed():
@@ -61,6 +75,25 @@ class SyncRecorder:
             return real(*args, **kwargs)
 
         monkeypatch.setattr(owner, name, wrapper)
+
+    def _track(self, monkeypatch, owner, name):
+        """Note the tensors `owner.name` makes on the host while recording (the sources `_host_to_device` judges)."""
+        real = getattr(owner, name)
+        rec = self
+
+        def tracked(*args, **kwargs):
+            out = real(*args, **kwargs)
+            if rec.on and isinstance(out, torch.Tensor) and out.device.type == "cpu":
+                rec.host_made[id(out)] = (weakref.ref(out), rec.step)
+            return out
+
+        monkeypatch.setattr(owner, name, tracked)
+
+    def _host_to_device(self, args, kwargs) -> bool:
+        t = args[0]
+        ref, step = self.host_made.get(id(t), (None, None))
+        made_this_step = ref is not None and ref() is t and step == self.step and step not in (None, 0)
+        return made_this_step and not t.is_pinned() and _names_a_device(args, kwargs)
 
     def _inside_allowed(self) -> bool:
         f = sys._getframe(2)
@@ -74,7 +107,18 @@ class SyncRecorder:
         return {s: c for s, c in self.calls.items() if s not in self.excluded and c}
 
 
-def _bool_index(args) -> bool:
+def _names_a_device(args, kwargs) -> bool:
+    """Whether a `Tensor.to` call moves to a device (not only a dtype): a device, a device string or a tensor."""
+    given = [*args[1:], kwargs.get("device"), kwargs.get("other")]
+    return any(isinstance(a, (torch.device, str, torch.Tensor)) for a in given if a is not None)
+
+
+def _host_data_to_device(args, kwargs) -> bool:
+    data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
+    return kwargs.get("device") is not None and not isinstance(data, torch.Tensor)
+
+
+def _bool_index(args, kwargs) -> bool:
     index = args[1] if len(args) > 1 else None
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from core.npy import NpyRowReader
 from core.ranges import COUNT, check_ranges
+from core.transfers import to_device
 from datamodules.tokenization import HOST_LENGTHS
 from models.rankers.backbone import backbone_mask, check_attention, load_backbone
 from models.rankers.capabilities import RankerCapabilities
@@ -355,10 +356,10 @@ class BiEncoder(Ranker):
             host_order = np.argsort(-np.asarray(lengths), kind="stable")
             for host_idx in np.array_split(host_order, k):
                 n = int(lengths[host_idx].max())
-                idx = torch.from_numpy(host_idx).to(input_ids.device, non_blocking=True)
+                idx = to_device(host_idx, input_ids.device)
                 padded = padded_rows(lengths[host_idx], n)
                 parts.append(self.encode(input_ids[idx, :n], attention_mask[idx, :n], side=side, padded=padded))
-            inverse = torch.from_numpy(np.argsort(host_order)).to(input_ids.device, non_blocking=True)
+            inverse = to_device(np.argsort(host_order), input_ids.device)
         return Encoded(
             tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, width - p.tokens.shape[1])) for p in parts])[inverse],
             mask=torch.cat([F.pad(p.mask, (0, width - p.mask.shape[1])) for p in parts])[inverse],
@@ -450,7 +451,7 @@ class CrossEncoder(Ranker):
         out = self.encoder(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
         ).last_hidden_state
-        special = torch.tensor(self.tokenizer.all_special_ids, device=batch["input_ids"].device)
+        special = to_device(np.asarray(self.tokenizer.all_special_ids), batch["input_ids"].device)
         mask = (
             batch["attention_mask"].bool() & (batch["token_type_ids"] == 1) & ~torch.isin(batch["input_ids"], special)
         )

@@ -19,9 +19,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from core.transfers import to_device
 from models.rankers.base import Ranker
 
 __all__ = ["PassageTerms", "passage_terms"]
@@ -59,7 +61,7 @@ def passage_terms(
     cross = ranker.kind == "cross"
     if cross and not queries:
         raise ValueError("a cross-encoder's passage vectors depend on a query: pass `queries`")
-    special = torch.tensor(ranker.tokenizer.all_special_ids, device=device)
+    special = to_device(np.asarray(ranker.tokenizer.all_special_ids), device)
     out: dict[str, list[Tensor]] = {"vectors": [], "terms": [], "positions": [], "passages": []}
     was_training = ranker.training
     ranker.eval()

@@ -26,7 +26,6 @@ Triangle (Eq. 21): C_triangle = C_point + C_pair. Each is averaged over the trip
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -36,7 +35,8 @@ DISTANCES = ("none", "point", "pair", "triangle")
 def cosine_distance(a: Tensor, b: Tensor, same_label: Tensor | bool) -> Tensor:
     """Eq. 18 row by row: a, b [N, d], same_label [N] bool (or one bool for all rows) -> [N]."""
     cos = F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-8)
-    sign = 2.0 * torch.as_tensor(same_label, dtype=cos.dtype, device=cos.device) - 1.0
+    # a Python bool stays on the host: torch.as_tensor(True, device="cuda") would be a copy that waits for the device
+    sign = (1.0 if same_label else -1.0) if isinstance(same_label, bool) else 2.0 * same_label.to(cos.dtype) - 1.0
     return 1.0 - sign * cos
 
 
