@@ -99,8 +99,10 @@ of PyLate's 4 in 489 s, so the bar's grid takes two commands. A configuration st
 subprocess (and PyLate's) is stopped 2 minutes past it, so `budget_s=450` ends inside a 10-minute limit; the other
 tasks go in another command (docs/performance.md: the lent machine's sessions).
 
-`profile=simple|advanced|pytorch` runs ours under Lightning's profiler (`trainer.profiler`) and appends each run's
-report, condensed (`profile_report`), to `gpu-speed-profiles.txt` beside the record: where a step's host time goes.
+`profile=simple|advanced|pytorch` runs ours under Lightning's profiler (`trainer.profiler`; not dense-encode, which
+has no trainer), `profile=cprofile` under `python -m cProfile` (every task; the main thread, whose host work a GPU
+waits for; its overhead slows the run, so its rate is no figure), and appends each run's report, condensed
+(`profile_report`, `cprofile_report`), to `gpu-speed-profiles.txt` beside the record: where the host's time goes.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ TINY_SHAPES = {  # the toy stand-ins of tiny=true
 }
 QUERY_MAX_LEN, DOC_MAX_LEN = 32, 180
 GIB = 2**30
+LIGHTNING_PROFILERS = ("simple", "advanced", "pytorch")  # trainer.profiler
 
 
 @dataclass
@@ -164,9 +167,12 @@ class Options:
     precision: str = dataclasses.field(default="auto", metadata={"choices": ("auto", "bf16", "fp32")})
     data_workers: int = 4  # ours: data.num_workers
     ours_overrides: str = ""  # comma-separated key=value added to every command of ours (an A/B of one key)
-    # ours under Lightning's profiler (trainer.profiler): each run's report, condensed, into <record_dir or
-    # work_dir>/gpu-speed-profiles.txt as it finishes (training and colbert-encode; dense-encode has no trainer)
-    profile: str | None = dataclasses.field(default=None, metadata={"choices": (None, "simple", "advanced", "pytorch")})
+    # ours under Lightning's profiler (trainer.profiler: training and colbert-encode; dense-encode has no trainer) or
+    # cProfile (every task, the main thread): each run's report, condensed, into <record_dir or
+    # work_dir>/gpu-speed-profiles.txt as it finishes
+    profile: str | None = dataclasses.field(
+        default=None, metadata={"choices": (None, *LIGHTNING_PROFILERS, "cprofile")}
+    )
     cpu_threads: int | None = None  # torch / OpenMP threads of every process; null: their defaults (tiny: 1)
     budget_s: float = 540.0
     peers: str | None = "pylate"  # comma-separated, or empty (`peers=`: none)
@@ -392,7 +398,7 @@ def ours_command(task: str, backbone: str, batch: int, opts: Options, data: dict
         "eval.isotropy_paper=false",
         "eval.ats_passages=0",
         f"data.num_workers={opts.data_workers}",
-        *([f"trainer.profiler={opts.profile}"] if opts.profile else []),
+        *([f"trainer.profiler={opts.profile}"] if opts.profile in LIGHTNING_PROFILERS else []),
     ]
     if task.endswith("-train"):
         cmd = [
@@ -499,20 +505,41 @@ def profile_report(run_dir: Path, rows: int = 40) -> str | None:
     return "\n".join(out) or None
 
 
+def cprofile_report(stats: Path, rows: int = 30) -> str:
+    """The main thread's functions of a `python -m cProfile -o` file: the `rows` with the most own time, then the
+    `rows` with the most time including what they call (pstats' tables)."""
+    import io
+    import pstats
+
+    out = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(str(stats), stream=out).strip_dirs().sort_stats(key).print_stats(rows)
+    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
+
+
 def run_ours(
     runner: Runner, task: str, shape: str, batch: int, how: dict, work: Path, opts: Options, passages: int
 ) -> dict:
-    cmd = [sys.executable, *how["cmd"]]
+    stats = work / "probe" / f"cprofile-{task}-{shape}-b{batch}.out"
+    stats.unlink(missing_ok=True)
+    profiled = ["-m", "cProfile", "-o", str(stats)] if opts.profile == "cprofile" else []
+    cmd = [sys.executable, *profiled, *how["cmd"]]
     env = {"BENCH_SCALE_MARK": how["mark"]} if how["mark"] else {}
     if opts.cpu_threads:
         env["OMP_NUM_THREADS"] = str(opts.cpu_threads)
     rec = runner.run(task, f"{shape}-b{batch}", passages, cmd, work, env=env)
     figs = ours_figures(work / "probe" / f"{task}-{shape}-b{batch}", how, batch, opts.warmup)
     if opts.profile:
-        report = profile_report(Path(next(a for a in how["cmd"] if a.startswith("output_dir=")).split("=", 1)[1]))
+        if opts.profile == "cprofile":
+            report = cprofile_report(stats) if stats.exists() else None
+        else:
+            report = profile_report(Path(next(a for a in how["cmd"] if a.startswith("output_dir=")).split("=", 1)[1]))
         if report:
             extra = f", {opts.ours_overrides}" if opts.ours_overrides else ""
-            head = f"== {task} {shape} b{batch}: trainer.profiler={opts.profile}{extra}"
+            what = (
+                "python -m cProfile (main thread)" if opts.profile == "cprofile" else f"trainer.profiler={opts.profile}"
+            )
+            head = f"== {task} {shape} b{batch}: {what}{extra}"
             print(head + "\n" + "\n".join(report.splitlines()[:14]), flush=True)
             with open(profiles_file(opts, work), "a") as f:
                 f.write(f"{head}\n{report}\n\n")

@@ -33,6 +33,7 @@ from torch import Tensor
 from core.errors import TrainingStopped, check_choice
 from core.host_reads import DeferredReads
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
+from core.transfers import to_device
 from datamodules.tokenization import HOST_RANK_ROWS, PairTokenizer
 from metrics.ir import DEFAULT_MEASURES, RetrievalRun, evaluate_run
 from metrics.rerank_depth import SELECT_BY, candidate_ranks, choose_depth, truncate
@@ -501,7 +502,7 @@ class RankingModule(pl.LightningModule):
         length = max(p.tokens.shape[1] for p in parts)
         inverse = torch.empty(len(texts), dtype=torch.long)
         inverse[torch.from_numpy(np.concatenate(chunks))] = torch.arange(len(texts))
-        inverse = inverse.to(self.device)
+        inverse = to_device(inverse, self.device)
         return Encoded(
             tokens=torch.cat([F.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts])[inverse],
             mask=torch.cat([F.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts])[inverse],

@@ -76,3 +76,39 @@ def test_simple_profile_of_a_fit_is_written_to_the_run_and_condensed_with_lightn
 
 def test_profile_report_of_a_run_without_profile_is_none(tmp_path):
     assert profile_report(tmp_path) is None
+
+
+def test_cprofile_report_names_the_main_threads_costliest_functions(tmp_path):
+    """bench_gpu_speed profile=cprofile: pstats' own tables of the run's file, own time first."""
+    import cProfile
+
+    from bench.bench_gpu_speed import cprofile_report
+
+    def costly_host_work():
+        return sum(i * i for i in range(200_000))
+
+    profiler = cProfile.Profile()
+    profiler.runcall(costly_host_work)
+    profiler.dump_stats(tmp_path / "run.out")
+    report = cprofile_report(tmp_path / "run.out", rows=5)
+    assert "Ordered by: internal time" in report and "Ordered by: cumulative time" in report
+    assert report.count("costly_host_work") == 2  # once per table
+
+
+def test_cprofile_is_no_trainer_profiler():
+    """profile=cprofile wraps the subprocess; only Lightning's kinds become trainer.profiler."""
+    from pathlib import Path
+
+    import bench.bench_gpu_speed as bgs
+
+    names = ["collection", "queries.train", "qrels.train", "triples", "queries.dev", "qrels.dev"]
+    data = {
+        "files": {n: Path(n) for n in [*names, "queries.test", "qrels.test"]},
+        "val_run": Path("val.run"),
+        "test_run": Path("test.run"),
+        "passages": 10,
+    }
+    for kind, want in [("cprofile", []), ("simple", ["trainer.profiler=simple"])]:
+        opts = bgs.parse_args(["tiny=true", f"profile={kind}"])
+        cmd = bgs.ours_command("colbert-train", "bb", 4, opts, data, Path("cache"), Path("out"))["cmd"]
+        assert [a for a in cmd if a.startswith("trainer.profiler")] == want
