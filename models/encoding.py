@@ -185,7 +185,12 @@ def encode_batches(
         def forward(input_ids, attention_mask):
             return ranker.encode(input_ids, attention_mask, side=side)
 
+    # the host knows whether a batch is padded (its mask is still on the host): told so, the backbone does not read
+    # the mask back from the device to find out, a sync per batch (a ranker that can be told declares padding_known)
+    told = getattr(ranker, "padding_known", None)
+
     def run(inp: Tensor, att: Tensor):
+        padded = bool(att.numel()) and not bool(att.all()) if att.device.type == "cpu" else None
         batch = {"input_ids": inp.to(device, non_blocking=True), "attention_mask": att.to(device, non_blocking=True)}
         # entered per batch, not around the loop: a suspended generator must not leave inference mode, eval mode or
         # autocast switched on in its consumer's code
@@ -193,6 +198,7 @@ def encode_batches(
             torch.inference_mode(),
             eval_mode(ranker),
             autocast() if autocast is not None else contextlib.nullcontext(),
+            told(padded) if told is not None else contextlib.nullcontext(),
         ):
             out = halving(
                 lambda b: forward(b["input_ids"], b["attention_mask"]), batch, f"encoding {side} texts", on_retry

@@ -140,6 +140,40 @@ def test_variants_are_one_pass_of_each_reading(colbert_with_head):
     assert not torch.allclose(both[WITH_HEAD].tokens(0), both[RAW].tokens(0))
 
 
+def test_batches_tell_the_backbone_whether_they_are_padded(colbert_with_head, monkeypatch):
+    """encode_stream tells each backbone pass whether its batch is padded (the mask is on the host then), so the
+    backbone never reads the mask back from the device (a sync per batch on a GPU): an unpadded batch passes no mask,
+    a padded one the 4-D mask; the vectors equal those of passes that read the mask themselves, bit for bit."""
+    import models.rankers.base as base
+
+    r = colbert_with_head
+    tok = r.tokenizer
+    ids = [tok("cats sat on mats")["input_ids"], tok("dogs ran to logs")["input_ids"], tok("a b")["input_ids"]]
+    ids.append(ids[2][:-2] + ids[2][-1:])  # one token shorter than the third: the second batch is padded
+    assert len(ids[0]) == len(ids[1]) > len(ids[2]) > len(ids[3])
+    told, masks = [], []
+    real = base.backbone_mask
+    monkeypatch.setattr(base, "backbone_mask", lambda enc, mask, padded: told.append(padded) or real(enc, mask, padded))
+    hook = r.encoder.register_forward_pre_hook(
+        lambda m, a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True
+    )
+    hinted = encode_collection(r, ids, "doc", batch_size=2, pad_id=tok.pad_token_id)
+    hook.remove()
+    assert told == [False, True]  # longest first: the two equal texts, then the padded pair
+    assert masks[0] is None and masks[1] is not None and masks[1].dim() == 4
+    told.clear()
+    told_nothing = type(r).padding_known
+
+    def unknown(self, padded):  # a ranker that cannot be told: the backbone checks the mask itself
+        return told_nothing(self, None)
+
+    monkeypatch.setattr(type(r), "padding_known", unknown)
+    plain = encode_collection(r, ids, "doc", batch_size=2, pad_id=tok.pad_token_id)
+    assert told == [None, None]
+    for k in range(len(ids)):
+        assert torch.equal(hinted.tokens(k), plain.tokens(k))
+
+
 def test_out_of_memory_halves_variant_batches(colbert_with_head, monkeypatch):
     """A batch of more than 2 rows raises torch.OutOfMemoryError: it is retried in halves, with a warning and a
     count, and both variants equal the unsplit encoding (1e-6)."""

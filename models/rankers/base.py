@@ -20,6 +20,7 @@ index family, token and sequence vectors for the heads, trainable), which caller
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -289,13 +290,24 @@ class BiEncoder(Ranker):
     ) -> Encoded:
         """Encode [B, L] token ids into what the ranker scores with (`token_representations`, then `finish`).
 
-        `padded`: whether any row is padded, as the host knows it (`HOST_LENGTHS`); None: not known.
+        `padded`: whether any row is padded, as the host knows it (`HOST_LENGTHS`); None: not known here (what an
+        enclosing `padding_known` says, if any).
         """
-        self._padded = padded
-        try:
+        with self.padding_known(padded if padded is not None else self._padded):
             return self.finish(self.token_representations(input_ids, attention_mask, side=side))
+
+    @contextlib.contextmanager
+    def padding_known(self, padded: bool | None):
+        """Tell the backbone passes in the block whether any row of their batch is padded (`padded`; None: not known).
+
+        They then take it instead of reading the mask back from the device. For callers that run
+        `token_representations` through their own forward (the encoder's batches, models/encoding.py).
+        """
+        outer, self._padded = self._padded, padded
+        try:
+            yield
         finally:
-            self._padded = None
+            self._padded = outer
 
     def finish(self, raw: Encoded, heads: bool = True) -> Encoded:
         """Turn token representations into what the ranker scores with: token head, pooling, sequence head.
