@@ -94,7 +94,7 @@ jobs); its figures only show that every path runs.
 
 Time on an H200 (2026-11-29, results/2026-11-29-gpu-speed-h200.md): a configuration of ours takes 23-91 s of wall
 time (imports, CUDA, data, a first step of 18-60 s, checkpointing and the test after training; the timed steps are
-seconds), PyLate's about as long; `only=colbert-train,dense-encode budget_s=450` ran 6 of its 8 configurations and 3
+seconds); `only=colbert-train,dense-encode budget_s=450` ran 6 of its 8 configurations and 3
 of PyLate's 4 in 489 s, so the bar's grid takes two commands. A configuration starts only under `budget_s`, and its
 subprocess (and PyLate's) is stopped 2 minutes past it, so `budget_s=450` ends inside a 10-minute limit; the other
 tasks go in another command (docs/performance.md: the lent machine's sessions).
@@ -110,6 +110,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -485,8 +486,6 @@ def profile_report(run_dir: Path, rows: int = 40) -> str | None:
     else the test's. The simple profiler's table becomes `total s  calls  mean ms  action` lines by total time (its
     rows are padded to ~300 characters); other reports give their first `rows` lines as they are.
     """
-    import re
-
     row = re.compile(r"^\|\s+(.+?)\s+\|\s+([-\d.e]+)\s+\|\s+(\d+)\s+\|\s+([\d.e]+)\s+\|\s+([\d.e]+)\s+\|")
     out = []
     reports = sorted(run_dir.rglob("profile/*-profile*.txt"), key=lambda f: f.stat().st_mtime)

@@ -190,7 +190,7 @@ def encode_batches(
     told = getattr(ranker, "padding_known", None)
 
     def run(inp: Tensor, att: Tensor):
-        padded = bool(att.numel()) and not bool(att.all()) if att.device.type == "cpu" else None
+        padded = not bool(att.all()) if att.device.type == "cpu" else None
         batch = {"input_ids": inp.to(device, non_blocking=True), "attention_mask": att.to(device, non_blocking=True)}
         # entered per batch, not around the loop: a suspended generator must not leave inference mode, eval mode or
         # autocast switched on in its consumer's code
