@@ -54,8 +54,8 @@ the vectors copied to the host, as an index needs them) or normalisation (ColBER
 
 Shapes of the bare batches (`bare_lengths`): `data` (default): each text's length drawn from the token lengths of the
 synthetic texts (a tokenised sample of `length_sample` passages and queries), padded to the batch's longest, as a
-plain loop pads; ours pads the same way but encodes a batch of passages in 4 length groups (model.length_buckets),
-which pads less. `max`: every query 32 and every passage 180 tokens (the upper bound).
+plain loop pads; ours pads the same way (model.length_buckets=auto is one block on a GPU; on the CPU, tiny=true, 4
+length groups, which pad less). `max`: every query 32 and every passage 180 tokens (the upper bound).
 
 Figures per configuration: units/s of ours and bare and their ratio; TFLOP/s: the useful FLOPs of a unit (forward
 FLOPs of BERT's matrices per real token plus attention, bench_peers.forward_flops, averaged over the sampled
@@ -571,8 +571,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_run(task: str, backbone: str, batch: int, opts: Options, lengths: dict) -> dict:
-    """The bare loop of `task`: `warmup` steps, then `steps` timed between two synchronisations."""
+def bare_loop(task: str, backbone: str, batch: int, opts: Options, lengths: dict) -> tuple:
+    """(step, batches) of the bare loop of `task` on `opts.device`: `step(b)` runs one training step (or encodes one
+    batch) of the `warmup + steps` batches, made beforehand on the device. bench/bench_ops.py counts its operators."""
     import torch.nn.functional as F
 
     from models.rankers.backbone import load_backbone
@@ -580,9 +581,6 @@ def bare_run(task: str, backbone: str, batch: int, opts: Options, lengths: dict)
     from models.rankers.maxsim import maxsim_all
 
     device = torch.device(opts.device)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(opts.seed)
     rng = np.random.default_rng([opts.seed, 49])
     encoder, tokenizer = load_backbone(backbone)
@@ -633,7 +631,6 @@ def bare_run(task: str, backbone: str, batch: int, opts: Options, lengths: dict)
             opt.zero_grad(set_to_none=True)
             return loss
 
-        units = batch
     else:
         encoder.eval()
         batches = [texts("doc", batch) for _ in range(n)]
@@ -646,7 +643,17 @@ def bare_run(task: str, backbone: str, batch: int, opts: Options, lengths: dict)
                     return masked_mean(out, b[1].bool()).float().cpu()
                 return cosine_normalize(out)
 
-        units = batch
+    return step, batches
+
+
+def bare_run(task: str, backbone: str, batch: int, opts: Options, lengths: dict) -> dict:
+    """The bare loop of `task`: `warmup` steps, then `steps` timed between two synchronisations."""
+    device = torch.device(opts.device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    step, batches = bare_loop(task, backbone, batch, opts, lengths)
+    units = batch
     for b in batches[: opts.warmup]:
         step(b)
     sync(device)

@@ -10,6 +10,7 @@ is slow.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -17,7 +18,7 @@ import torch
 
 from core.errors import InputError
 
-__all__ = ["check_fp16_device", "cpu_bf16_native", "set_matmul_precision", "warn_emulated_bf16"]
+__all__ = ["check_fp16_device", "cpu_bf16_native", "full_precision", "set_matmul_precision", "warn_emulated_bf16"]
 
 _warned: set[tuple[str, str]] = set()  # (key, value) said in this process: e.g. the head stage's cache and trainer
 
@@ -82,3 +83,15 @@ def check_fp16_device(precision: str, accelerator: str, machine: bool = True) ->
             f"is {precision}, but fp16 needs a CUDA device and this run is on the CPU (Lightning would run bf16-mixed "
             "instead); use bf16-mixed or 32-true on the CPU",
         )
+
+
+def full_precision(device_type: str) -> contextlib.AbstractContextManager:
+    """Return a context that turns the caller's autocast off on `device_type` (a device without autocast has none).
+
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16), full_precision("cpu"):
+    ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+    torch.float32
+    """
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()

@@ -116,9 +116,16 @@ def test_tk_bad_values_are_errors(argv, key):
     ],
 )
 def test_ranker_lengths_and_buckets_must_be_positive(argv, key):
-    with pytest.raises(InputError, match=rf"config key '{key}'.*expected >= 1"):
+    with pytest.raises(InputError, match=rf"config key '{key}'.*expected (an integer )?>= 1"):
         compose(argv)
     assert compose(["model.length_buckets=1"]).model.length_buckets == 1
+
+
+@pytest.mark.parametrize("value", ["four", "1.5", "-2"])
+def test_length_buckets_takes_auto_or_a_count(value):
+    with pytest.raises(InputError, match=r"config key 'model.length_buckets'"):
+        compose([f"model.length_buckets={value}"])
+    assert compose(["model.length_buckets=auto"]).model.length_buckets == "auto"
 
 
 # Every numeric and choice key has a declared range or set (core/ranges.py), checked by compose, which --dry-run

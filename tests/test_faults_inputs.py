@@ -429,10 +429,10 @@ def test_checkpoint_with_missing_hparam_key_takes_the_default(work, tmp_path):
     msgs = [str(w.message) for w in caught if "has no hyper-parameter" in str(w.message)]
     assert msgs == [
         f"checkpoint '{old}' has no hyper-parameter model.length_buckets (a checkpoint of another version?); "
-        "taking the default length_buckets=4"
+        "taking the default length_buckets='auto'"
     ]
-    assert loaded.config.length_buckets == 4
-    assert read_checkpoint(str(old), "ckpt")["hyper_parameters"]["model"]["length_buckets"] == 4
+    assert loaded.config.length_buckets == "auto"
+    assert read_checkpoint(str(old), "ckpt")["hyper_parameters"]["model"]["length_buckets"] == "auto"
 
 
 @pytest.mark.parametrize("arg", ["output_dir=outputs/a\nb", "data.cache_dir=.cache\tx", "ckpt=a\rb.ckpt"])

@@ -198,6 +198,64 @@ def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch, tiny_ber
     assert not bad, "host reads in training steps " + str(sorted(bad)) + ":\n" + "\n".join(next(iter(bad.values())))
 
 
+META_QUERIES = ["what is heat transfer", "slab conduction in thin plates of metal", "flow"]
+META_DOCS = [
+    "heat flows from hot to cold",
+    "a plate",
+    "conduction in metal slabs studied at length",
+    "x",
+    "flow",
+    "thin",
+]
+
+
+def _meta_step(backbone: str, model: str, change=None):
+    """A training step (loss and backward) of `model` on PyTorch's shape-only "meta" device, in train mode.
+
+    A meta tensor has no values: any read of one on the host (`.item()`, `bool()`, boolean-mask indexing, `nonzero`,
+    `repeat_interleave` without a size...) fails, wherever it is made: in the ranker, in transformers or inside a
+    PyTorch operator, which the recorder above cannot see. The batch carries its token counts (HOST_LENGTHS) as the
+    collate makes them. `change(module)` may alter the module first.
+    """
+    from datamodules.tokenization import HOST_LENGTHS, host_lengths
+    from lightning_modules.module import RankingModule
+
+    torch.manual_seed(0)
+    m = RankingModule({"name": model, "backbone": backbone, "query_max_len": 8, "doc_max_len": 16}, {}).train()
+    batch = m.pair_tokenizer.triplets(META_QUERIES, META_DOCS[:3], META_DOCS[3:])
+    batch[HOST_LENGTHS] = host_lengths(batch)
+    if change is not None:
+        change(m)
+    m.to("meta")
+    loss = m.training_step({k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}, 0)
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("model", ["colbert", "repbert", "bert_cat", "bert_dot", "tk", "dgre"])
+def test_training_step_runs_on_a_device_without_values(tiny_bert, model):
+    """Every ranker's training step runs on the meta device: nothing in it, down to the operators, reads a value on
+    the host (the length groups: 3 here; on an accelerator `auto` makes one, tested in test_speed.py)."""
+    loss = _meta_step(tiny_bert, model, lambda m: setattr(m.ranker.cfg, "length_buckets", 3))
+    assert loss.device.type == "meta" and loss.shape == ()
+
+
+def test_meta_step_sees_a_read_inside_an_operator(tiny_bert, monkeypatch):
+    """The meta check itself: a value read that no Python method shows (an operator whose output size depends on
+    values) fails the step."""
+    from lightning_modules.module import RankingModule
+
+    real = RankingModule.training_step
+
+    def reading(self, batch, batch_idx):
+        loss = real(self, batch, batch_idx)
+        return loss + torch.repeat_interleave(torch.ones_like(loss).long().reshape(1)).float().sum() * 0
+
+    monkeypatch.setattr(RankingModule, "training_step", reading)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        _meta_step(tiny_bert, "colbert")
+
+
 def test_recorder_sees_a_host_read_in_a_training_step(tmp_path, monkeypatch, tiny_bert):
     """The recorder itself: a `.item()` in the loss reaches it (so an empty record means no read, not no recording)."""
     from lightning_modules.module import RankingModule

@@ -168,3 +168,37 @@ def test_host_lengths_give_the_same_training_outputs(tiny_bert, name):
             with torch.set_grad_enabled(train):
                 scores.append(m.training_outputs(batch)[0])
         assert torch.equal(scores[0], scores[1]), (name, train)
+
+
+def test_length_buckets_auto_groups_on_the_cpu_only(tiny_bert_nodropout, monkeypatch):
+    """`model.length_buckets=auto` (the default): 4 length groups on the CPU; one padded block on any other device
+    (here PyTorch's shape-only "meta" device stands in for a GPU: the same code path, no values); a number applies on
+    every device."""
+    from datamodules.tokenization import HOST_LENGTHS, host_lengths
+
+    m = module(tiny_bert_nodropout, "repbert")
+    assert m.ranker.cfg.length_buckets == "auto"
+    batch = m.pair_tokenizer.docs(LONG_DOCS)
+    lengths = host_lengths(batch)  # as the collate adds them: a meta tensor has no values to read padding from
+    widths = []
+    real = type(m.ranker).encode
+
+    def counted(self, input_ids, *args, **kwargs):
+        widths.append(input_ids.shape[0])
+        return real(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(m.ranker), "encode", counted)
+
+    def groups(device: str, setting) -> list[int]:
+        widths.clear()
+        m.ranker.cfg.length_buckets = setting
+        m.ranker.to(device)
+        with torch.no_grad():
+            got = m.ranker.encode_docs({**{k: v.to(device) for k, v in batch.items()}, HOST_LENGTHS: lengths})
+        assert got.tokens.device.type == device and got.tokens.shape[0] == len(LONG_DOCS)
+        return list(widths)
+
+    n = len(LONG_DOCS)
+    assert groups("cpu", "auto") == [len(p) for p in np.array_split(np.arange(n), 4)]
+    assert groups("meta", "auto") == [n]
+    assert groups("meta", 3) == [len(p) for p in np.array_split(np.arange(n), 3)]

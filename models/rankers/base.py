@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from core.npy import NpyRowReader
-from core.ranges import COUNT, check_ranges
+from core.ranges import COUNT, Range, check_ranges
 from core.transfers import to_device
 from datamodules.tokenization import HOST_LENGTHS
 from models.rankers.backbone import backbone_mask, check_attention, load_backbone
@@ -40,6 +40,28 @@ from models.rankers.dropout import use_fast_dropout
 # model keys that change how a ranker runs, not what it computes: a resume may set them otherwise, and a job that
 # loads a checkpoint runs it with the run's values of them (models/loading.load_ranker's `runtime`)
 RUNTIME_KEYS = ("attn_implementation", "compile", "fast_dropout", "length_buckets")
+
+
+BUCKETS = Range(1, also=("auto",), integer=True)  # model.length_buckets
+CPU_LENGTH_GROUPS = 4  # model.length_buckets=auto on the CPU
+
+
+def length_groups(setting: int | str, device: torch.device) -> int:
+    """Return how many length groups `model.length_buckets` (`setting`) makes of a batch of passages on `device`.
+
+    `auto`: `CPU_LENGTH_GROUPS` on the CPU, where the padding a group saves is compute paid per token; one on an
+    accelerator, where each group adds a forward and backward pass of kernel launches (a ColBERT step of batch 32
+    launches about twice the operators of one padded block) while the device's work barely shrinks (on an H200 the
+    bare loop's one padded block took 65 ms of GPU work per MiniLM step of 256 triples, our four groups 69;
+    docs/performance.md).
+
+    >>> cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    >>> length_groups("auto", cpu), length_groups("auto", cuda), length_groups(3, cuda)
+    (4, 1, 3)
+    """
+    if setting == "auto":
+        return CPU_LENGTH_GROUPS if device.type == "cpu" else 1
+    return int(setting)
 
 
 @dataclass
@@ -53,10 +75,12 @@ class RankerConfig:
     # dropout masks from 16-bit uniforms and attention dropout outside SDPA's math path on CPU (dropout.py); same p,
     # unbiased, evaluation unchanged. false: PyTorch's nn.Dropout and SDPA as they are.
     fast_dropout: bool = True
-    # bi-encoders: a batch of passages is encoded in this many groups of similar length, each padded only to its own
-    # longest (the batch and the scores stay the same; training batches of 32 SQuAD passages at 180 tokens are ~24 %
-    # padding as one block). 1: one block.
-    length_buckets: int = 4
+    # bi-encoders: a batch of passages is encoded in groups of similar length, each padded only to its own longest
+    # (the batch and the scores stay the same). auto: 4 groups on the CPU, which pays per token (training batches of
+    # 32 SQuAD passages at 180 tokens are ~24 % padding as one block), one block on an accelerator, where each group
+    # is another forward and backward pass of kernel launches that costs the host more than the padding costs the
+    # device (`length_groups`). A number: that many groups on any device; 1: one block.
+    length_buckets: int | str = "auto"
     # the backbone's attention: sdpa (PyTorch's scaled-dot-product attention) | eager (transformers' reference) |
     # flash_attention_2 (needs the flash_attn package, a CUDA GPU and bf16/fp16)
     attn_implementation: str = "sdpa"
@@ -68,7 +92,7 @@ class RankerConfig:
     cross: ClassVar[bool] = False
 
     def __post_init__(self):
-        check_ranges("model", self, query_max_len=COUNT, doc_max_len=COUNT, length_buckets=COUNT)
+        check_ranges("model", self, query_max_len=COUNT, doc_max_len=COUNT, length_buckets=BUCKETS)
         check_attention(self.attn_implementation)
 
     def token_budgets(self) -> dict[str, tuple[str, int]]:
@@ -344,14 +368,14 @@ class BiEncoder(Ranker):
     def encode_bucketed(
         self, input_ids: Tensor, attention_mask: Tensor, side: str | None = None, lengths: np.ndarray | None = None
     ) -> Encoded:
-        """Return `encode` of the batch, run in `cfg.length_buckets` groups of similar length to pad less.
+        """Return `encode` of the batch, run in groups of similar length to pad less (`length_groups`).
 
         Each group is cut to its own longest sequence, then put back in order and padded to the batch's length (zeros
         past a group's length; padding is masked, as everywhere). Right padding only; otherwise, or for one bucket,
         `encode` as it is. `lengths`: the rows' token counts as the host knows them (`HOST_LENGTHS`), so that the
         groups are cut without reading the mask on the host (a sync per group on a GPU); the same groups either way.
         """
-        k = min(getattr(self.cfg, "length_buckets", 1), input_ids.shape[0])
+        k = min(length_groups(getattr(self.cfg, "length_buckets", 1), input_ids.device), input_ids.shape[0])
         if k <= 1 or self.tokenizer.padding_side != "right":
             padded = padded_rows(lengths, input_ids.shape[1])
             return self.encode(input_ids, attention_mask, side=side, padded=padded)

@@ -54,6 +54,7 @@ from torch.utils.checkpoint import checkpoint
 
 from core.errors import InputError
 from core.inputs import input_path
+from core.precision import full_precision
 from core.ranges import (
     COUNT,
     FRACTION,
@@ -245,7 +246,7 @@ class TK(BiEncoder):
         takes more than one chunk under autograd, each chunk is checkpointed (recomputed in backward), so training
         memory stays bounded too and in-batch negatives scale with the batch.
         """
-        with torch.autocast(q.tokens.device.type, enabled=False):
+        with full_precision(q.tokens.device.type):
             qn, dn = cosine_normalize(q.tokens.float()), cosine_normalize(d.tokens.float())
             if not cross and qn.shape[0] != dn.shape[0]:
                 raise ValueError(f"score_pairs needs as many queries as passages, got {qn.shape[0]} and {dn.shape[0]}")
@@ -261,7 +262,7 @@ class TK(BiEncoder):
             return torch.cat(out, dim=1 if cross else 0)
 
     def _score(self, q: Encoded, d: Encoded, cross: bool) -> Tensor:
-        with torch.autocast(q.tokens.device.type, enabled=False):
+        with full_precision(q.tokens.device.type):
             return self.scoring(self.kernel_features(q, d, cross)).squeeze(-1)
 
     def score_pairs(self, q: Encoded, d: Encoded) -> Tensor:
