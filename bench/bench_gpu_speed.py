@@ -100,8 +100,10 @@ subprocess (and PyLate's) is stopped 2 minutes past it, so `budget_s=450` ends i
 tasks go in another command (docs/performance.md: the lent machine's sessions).
 
 `profile=simple|advanced|pytorch` runs ours under Lightning's profiler (`trainer.profiler`; not dense-encode, which
-has no trainer), `profile=cprofile` under `python -m cProfile` (every task; the main thread, whose host work a GPU
-waits for; its overhead slows the run, so its rate is no figure), and appends each run's report, condensed
+has no trainer), `profile=cprofile` under cProfile (the main thread, whose host work a GPU waits for: for training
+the timed steps alone, started and stopped by the probe's optimiser-step hook, `BENCH_SCALE_CPROFILE`; for encoding
+the whole process, `python -m cProfile`; its overhead slows the run, so its rate is no figure), and appends each
+run's report, condensed
 (`profile_report`, `cprofile_report`), to `gpu-speed-profiles.txt` beside the record: where the host's time goes.
 """
 
@@ -521,9 +523,13 @@ def run_ours(
 ) -> dict:
     stats = work / "probe" / f"cprofile-{task}-{shape}-b{batch}.out"
     stats.unlink(missing_ok=True)
-    profiled = ["-m", "cProfile", "-o", str(stats)] if opts.profile == "cprofile" else []
-    cmd = [sys.executable, *profiled, *how["cmd"]]
     env = {"BENCH_SCALE_MARK": how["mark"]} if how["mark"] else {}
+    # training: the timed steps alone (the probe's optimiser-step hook); other tasks: the whole process
+    windowed = opts.profile == "cprofile" and how["read"] == "steps"
+    if windowed:
+        env["BENCH_SCALE_CPROFILE"] = f"{opts.warmup}:{opts.warmup + opts.steps}:{stats}"
+    profiled = ["-m", "cProfile", "-o", str(stats)] if opts.profile == "cprofile" and not windowed else []
+    cmd = [sys.executable, *profiled, *how["cmd"]]
     if opts.cpu_threads:
         env["OMP_NUM_THREADS"] = str(opts.cpu_threads)
     rec = runner.run(task, f"{shape}-b{batch}", passages, cmd, work, env=env)
@@ -535,9 +541,10 @@ def run_ours(
             report = profile_report(Path(next(a for a in how["cmd"] if a.startswith("output_dir=")).split("=", 1)[1]))
         if report:
             extra = f", {opts.ours_overrides}" if opts.ours_overrides else ""
-            what = (
-                "python -m cProfile (main thread)" if opts.profile == "cprofile" else f"trainer.profiler={opts.profile}"
-            )
+            what = f"trainer.profiler={opts.profile}"
+            if opts.profile == "cprofile":
+                steps = f"optimiser steps {opts.warmup + 1}-{opts.warmup + opts.steps}"
+                what = f"cProfile of the main thread, {steps if windowed else 'the whole process'}"
             head = f"== {task} {shape} b{batch}: {what}{extra}"
             print(head + "\n" + "\n".join(report.splitlines()[:14]), flush=True)
             with open(profiles_file(opts, work), "a") as f:

@@ -58,7 +58,8 @@ What is measured:
   The exit record also holds the time of every optimiser step (`step_times`), CUDA's peak allocated bytes where the
   process used CUDA (`cuda_peak_bytes`) and, with `BENCH_SCALE_MARK=module:function` (or `module:Class.method`),
   the time and first argument's shape of every call of that function (`marks`; bench/bench_gpu_speed.py times
-  steady-state batches by them).
+  steady-state batches by them). `BENCH_SCALE_CPROFILE=FROM:TO:PATH` profiles the main thread with cProfile from
+  the end of optimiser step FROM to the end of step TO (the steady-state steps alone) into PATH.
 - growth: each stage line ends with the cost per added passage against the previous size:
   (wall_b - wall_a) / (N_b - N_a) in microseconds and (peak_b - peak_a) / (N_b - N_a) in bytes.
 - others_cores: CPU that other processes used meanwhile (bench_speed.Meter), as in every bench here.
@@ -97,6 +98,8 @@ import atexit, importlib.util, json, os, sys, time
 
 _DIR = os.environ.get("BENCH_SCALE_PROBE")
 _MARK = os.environ.get("BENCH_SCALE_MARK")  # "module:function" or "module:Class.method": every call is timed
+# "FROM:TO:PATH": cProfile of the main thread from the end of optimiser step FROM to the end of step TO, to PATH
+_CPROFILE = os.environ.get("BENCH_SCALE_CPROFILE")
 _KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 
 
@@ -151,11 +154,29 @@ _step_times = []
 _marks = []
 
 
+_profiler = [None]
+
+
+def _window_profile(step):
+    start, stop, path = _CPROFILE.split(":", 2)
+    if step == int(start):
+        import cProfile
+
+        _profiler[0] = cProfile.Profile()
+        _profiler[0].enable()
+    elif step == int(stop) and _profiler[0] is not None:
+        _profiler[0].disable()
+        _profiler[0].dump_stats(path)
+        _profiler[0] = None
+
+
 def _on_step(optimizer, args, kwargs):
     _steps[0] += 1
     _step_times.append(time.time())
     if _steps[0] == 1:
         _write("step1")
+    if _CPROFILE:
+        _window_profile(_steps[0])
 
 
 def _shape(x):

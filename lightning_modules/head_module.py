@@ -118,7 +118,8 @@ class HeadModule(RankingModule):
         step, on the device (`RankingModule.watch_loss`).
         """
         loss = self.head.nll(batch.float()).mean()
-        self.log("train/nll", loss)  # not prog_bar (a host sync per batch): the bar shows it at log steps
+        if self.logs_this_step():  # not prog_bar (a host sync per batch): the bar shows it at log steps
+            self.log("train/nll", loss)
         return self.watch_loss(loss)
 
     def configure_optimizers(self):

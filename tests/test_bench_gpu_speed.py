@@ -69,6 +69,34 @@ def test_probe_records_step_times_marks_and_no_cuda(tmp_path):
     assert "cuda_peak_bytes" not in exit_record
 
 
+def test_probe_profiles_the_steps_of_its_window(tmp_path):
+    """BENCH_SCALE_CPROFILE=FROM:TO:PATH: cProfile from the end of optimiser step FROM to the end of step TO; a
+    function called in each step shows as many calls as the window holds steps, one called before it none."""
+    import pstats
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(bench_scale.PROBE)
+    stats = tmp_path / "steps.prof"
+    code = (
+        "import torch\n"
+        "def in_step(): pass\n"
+        "def before(): pass\n"
+        "p = torch.nn.Parameter(torch.zeros(3)); o = torch.optim.SGD([p], lr=0.1)\n"
+        "before()\n"
+        "for _ in range(6):\n    in_step(); p.sum().backward(); o.step()\n"
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{probe}{os.pathsep}{REPO}",
+        BENCH_SCALE_PROBE=str(tmp_path),
+        BENCH_SCALE_CPROFILE=f"2:5:{stats}",
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True)
+    calls = {f[2]: v[1] for f, v in pstats.Stats(str(stats)).stats.items() if f[0] == "<string>"}
+    assert calls.get("in_step") == 3 and "before" not in calls  # steps 3, 4 and 5
+
+
 def test_summary_rows_and_ratios():
     ok = dict(status="ok", unit="triples")
     measured = [

@@ -57,3 +57,52 @@ def test_wandb_offline_without_login(tmp_path, tiny_bert):
     assert len(runs) == 1, proc.stderr[-2000:]
     assert list(runs[0].glob("run-*.wandb")), "the offline run holds the logged history"
     assert (out / "metrics.json").exists()
+
+
+def _csv_fit(tmp_path, backbone: str, model: str, name: str) -> list[dict]:
+    """The train/ rows of metrics.csv after a 7-step fit logging every 3 steps (validation off), in process."""
+    from conftest import module_and_data, small_run
+
+    from callbacks.loggers import build_logger
+    from pipeline.config import compose
+    from pipeline.stages import build_trainer
+
+    cfg = compose(
+        small_run(
+            f"model={model}",
+            f"model.backbone={backbone}",
+            "data.batch_size=4",
+            "trainer.max_steps=7",
+            "trainer.limit_val_batches=0",
+            "trainer.log_every_n_steps=3",
+            "eval.before_training=false",
+            "eval.ats_passages=0",
+            "logger=csv",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"output_dir={tmp_path / name}",
+        )
+    )
+    module, dm = module_and_data(cfg)
+    trainer = build_trainer(cfg, build_logger(cfg, name="run"), checkpoints=False)
+    trainer.fit(module, datamodule=dm)
+    (metrics_csv,) = (tmp_path / name).glob("csv/version_*/metrics.csv")
+    rows = list(csv.DictReader(metrics_csv.open()))
+    return [{k: v for k, v in r.items() if k == "step" or k.startswith("train/")} for r in rows if r.get("train/loss")]
+
+
+@pytest.mark.parametrize("model", ["dgre"])  # its auxiliary losses and further values: every branch that logs
+def test_training_values_are_logged_only_at_log_steps_with_the_same_values(tmp_path, monkeypatch, tiny_bert, model):
+    """`self.log` in a training step runs only where Lightning hands values to the logger: the logger gets the same
+    rows (steps and values) as when every step logs, as Lightning kept only each step's newest value anyway."""
+    from lightning_modules.module import RankingModule
+
+    real = RankingModule.logs_this_step
+    asked = []
+    monkeypatch.setattr(RankingModule, "logs_this_step", lambda self: asked.append(real(self)) or asked[-1])
+    gated = _csv_fit(tmp_path, tiny_bert, model, "gated")
+    # asked in each training step and before each optimiser step: True at steps 3 and 6 of 7 (1-based)
+    assert asked == [False, False, False, False, True, True] + [False] * 4 + [True, True] + [False] * 2
+    monkeypatch.setattr(RankingModule, "logs_this_step", lambda self: True)  # every step logs, as before
+    every = _csv_fit(tmp_path, tiny_bert, model, "every")
+    assert [r["step"] for r in gated] == ["2", "5"]
+    assert gated == every
