@@ -507,15 +507,29 @@ def profile_report(run_dir: Path, rows: int = 40) -> str | None:
 
 
 def cprofile_report(stats: Path, rows: int = 30) -> str:
-    """The main thread's functions of a `python -m cProfile -o` file: the `rows` with the most own time, then the
-    `rows` with the most time including what they call (pstats' tables)."""
+    """The main thread's functions of a cProfile file: the `rows` with the most own time, then the `rows` with the
+    most time including what they call (pstats' tables), then the project's own functions (the repository's, not
+    bench/'s) by time including what they call, which a whole process's start-up (imports) does not crowd out."""
     import io
     import pstats
 
     out = io.StringIO()
     for key in ("tottime", "cumulative"):
         pstats.Stats(str(stats), stream=out).strip_dirs().sort_stats(key).print_stats(rows)
-    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
+    root, skip = f"{REPO}{os.sep}", f"{REPO / 'bench'}{os.sep}"
+    own = sorted(
+        (
+            (cum, tot, calls, f"{os.path.relpath(file, REPO)}:{line}({func})")
+            for (file, line, func), (_, calls, tot, cum, _) in pstats.Stats(str(stats)).stats.items()
+            if file.startswith(root) and not file.startswith(skip)
+        ),
+        reverse=True,
+    )[:rows]
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    lines += [f"-- the project's functions by time including what they call ({len(own)} of the most)"]
+    lines += [f"{'cum s':>9} {'own s':>9} {'calls':>8}  function"]
+    lines += [f"{cum:9.3f} {tot:9.3f} {calls:8d}  {name}" for cum, tot, calls, name in own]
+    return "\n".join(lines)
 
 
 def run_ours(

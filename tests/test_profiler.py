@@ -91,7 +91,10 @@ def test_cprofile_report_names_the_main_threads_costliest_functions(tmp_path):
     profiler.dump_stats(tmp_path / "run.out")
     report = cprofile_report(tmp_path / "run.out", rows=5)
     assert "Ordered by: internal time" in report and "Ordered by: cumulative time" in report
-    assert report.count("costly_host_work") == 2  # once per table
+    assert report.count("costly_host_work") == 3  # once per table: this file is the project's too
+    own = report.split("-- the project's functions", 1)[1].splitlines()
+    assert any(line.endswith("(costly_host_work)") and "tests/test_profiler.py:" in line for line in own)
+    assert not any("sum" in line.split()[-1] for line in own[2:])  # builtins are not the project's
 
 
 def test_cprofile_is_no_trainer_profiler():
