@@ -12,9 +12,10 @@ PyTorch's nested traceback text.
 A worker's batch crosses to the main process as a `ShippedBatch`: its tensors as NumPy arrays, pickled with it. A
 tensor would cross as a shared-memory file descriptor, fetched from the worker over a socket, one round trip per
 tensor (7 a training batch): on this project's 2-core CPU the main thread spent a median 3.7 ms receiving a
-32-triple batch from one of 2 workers (3.9 ms at 256), 1.4 ms shipped (2.2 ms), where making the batch in the
-process takes 2.3 ms (12 ms). The main process (or, with pinned memory, the DataLoader's pin-memory thread, through
-`ShippedBatch.pin_memory`) turns it back into the same batch.
+32-triple batch from one of 2 workers, 1.0 ms shipped, where making the batch in the process takes 2.3 ms; at 256
+triples (1.6 MB through the pipe) both ways took about 4 ms (`python -m bench.bench_workers`,
+results/2026-11-30-worker-batches.md). The main process (or, with pinned memory, the DataLoader's pin-memory thread,
+through `ShippedBatch.pin_memory`) turns it back into the same batch.
 """
 
 from __future__ import annotations
