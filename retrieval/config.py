@@ -19,6 +19,7 @@ from pathlib import Path
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, Range, check_ranges
 from datamodules.corpus import SPLITS
+from models.batch_fit import BATCH
 from retrieval.colbert_e2e import STORE_DTYPES
 from retrieval.dense import INDEX_TYPES
 from retrieval.encode import PRECISIONS
@@ -54,7 +55,8 @@ class DenseRetrievalConfig(RetrievalConfig):
     ef_search: int = 128  # hnsw: candidate list while searching
     pq_m: int | None = None  # pq, ivfpq: sub-quantizers (must divide dim); null = largest divisor of dim <= dim / 8
     pq_nbits: int | None = None  # pq, ivfpq: bits per code, <= 16; null = 8 (fewer for a tiny collection)
-    batch_size: int = 64  # texts per encoder forward pass
+    # texts per encoder forward pass; auto: as many as the device's memory allows, 64 on the CPU (models/batch_fit.py)
+    batch_size: int | str = "auto"
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16: CUDA only)
     device: str | None = None  # cpu | cuda | cuda:N | mps; null = where the checkpoint loads (CPU)
     devices: int = (
@@ -78,7 +80,7 @@ class DenseRetrievalConfig(RetrievalConfig):
             hnsw_m=COUNT,
             ef_construction=COUNT,
             ef_search=COUNT,
-            batch_size=COUNT,
+            batch_size=BATCH,
             k_tokens=COUNT,
             nlist=COUNT,
             nprobe=COUNT,

@@ -41,7 +41,7 @@ From the command line (retrieval/config.py, retrieval/retrieve.py):
     python evaluate.py retrieval=dense ckpt=outputs/x/checkpoints/last.ckpt data=vaswani output_dir=outputs/x-dense \
         [retrieval.split=test] [retrieval.k=1000] [retrieval.index_type=hnsw] [retrieval.nlist=N] \
         [retrieval.nprobe=N] [retrieval.hnsw_m=M] [retrieval.ef_search=N] [retrieval.pq_m=M] [retrieval.pq_nbits=B] \
-        [retrieval.batch_size=64] [retrieval.precision=bf16] [retrieval.device=cuda] [retrieval.gpu_index=false] \
+        [retrieval.batch_size=auto] [retrieval.precision=bf16] [retrieval.device=cuda] [retrieval.gpu_index=false] \
         [retrieval.index_dir=DIR] [retrieval.k_tokens=256] [retrieval.depth=1000]
 
 writes `run.trec`, `metrics.json` (the split's qrels, `eval.measures`) and the index (`<output_dir>/index` unless
@@ -433,7 +433,7 @@ class DenseIndex(Index):
         docs: Mapping | Iterable,
         *,
         pair_tokenizer=None,
-        batch_size: int = 64,
+        batch_size: int | str = 64,
         device=None,
         precision: str = "fp32",
         sort_window: int | None = None,
@@ -519,7 +519,7 @@ class DenseIndex(Index):
         return self.index.search(x, k)
 
     def encode_queries(
-        self, queries: Mapping | Iterable, batch_size: int = 64, device=None, precision: str | None = None
+        self, queries: Mapping | Iterable, batch_size: int | str = 64, device=None, precision: str | None = None
     ):
         """Yield (qids, prepared query vectors [B, dim]) in batches."""
         ranker = self.ensure_ranker()
@@ -534,7 +534,7 @@ class DenseIndex(Index):
         queries: Mapping[str, str] | Iterable,
         k: int = 100,
         *,
-        batch_size: int = 64,
+        batch_size: int | str = 64,
         device=None,
         precision: str | None = None,
     ) -> dict[str, dict[str, float]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -33,6 +34,7 @@ from core.background import background
 from core.errors import InputError
 from core.precision import warn_emulated_bf16
 from datamodules.tokenization import PairTokenizer
+from models.batch_fit import AUTO, BATCH, ceiling, fit_batch, memory_of
 from models.encoding import batches, encode_batches
 from models.loading import pair_tokenizer_for
 from models.rankers import rankers_with
@@ -44,6 +46,7 @@ __all__ = [
     "iter_items",
     "windows",
     "window_size",
+    "largest_batch",
     "encode_windows",
     "encode_docs",
     "encode_queries",
@@ -137,8 +140,8 @@ def check_encode_args(ranker, side: str, output: str, precision: str, batch_size
         raise ValueError(f"output must be 'auto', 'sequence' or 'tokens', got {output!r}")
     if precision not in PRECISIONS:
         raise InputError("precision", f"unknown precision '{precision}'; expected one of {list(PRECISIONS)}")
-    if batch_size < 1:
-        raise InputError("batch_size", f"is {batch_size}; expected a positive integer")
+    if batch_size not in BATCH:
+        raise InputError("batch_size", f"is {batch_size!r}; expected a positive integer or '{AUTO}'")
 
 
 def encode_texts(
@@ -147,7 +150,7 @@ def encode_texts(
     texts: Mapping | Iterable,
     *,
     side: str = "docs",
-    batch_size: int = 64,
+    batch_size: int | str = 64,
     device: str | torch.device | None = None,
     precision: str = "fp32",
     sort_window: int | None = None,
@@ -156,12 +159,13 @@ def encode_texts(
     """Yield (ids, vectors [B, D] | Encoded) per batch; see the module docstring.
 
     `side`: "docs" or "queries". `output`: "auto" (pooled vectors when the ranker pools, else token vectors),
-    "sequence" or "tokens".
+    "sequence" or "tokens". `batch_size`: texts per batch, or "auto" (models/batch_fit.py: as many as the device's
+    memory allows; 64 on the CPU).
     """
     check_encode_args(ranker, side, output, precision, batch_size)
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
     dev = resolve_device(ranker, device)
-    window = window_size(batch_size, sort_window)
+    window = window_size(batch_size, sort_window, dev)
     for _, ids, out in encode_windows(
         ranker,
         pt,
@@ -170,15 +174,27 @@ def encode_texts(
         batch_size=batch_size,
         device=dev,
         precision=precision,
-        sort=window > batch_size,
+        sort=window > largest_batch(batch_size, dev),
         output=output,
     ):
         yield ids, out
 
 
-def window_size(batch_size: int, sort_window: int | None) -> int:
-    """Texts per length-sorting window: `sort_window`, at least one batch; default 8 batches."""
-    return 8 * batch_size if sort_window is None else max(int(sort_window), batch_size)
+def largest_batch(batch_size: int | str, device: torch.device | None = None) -> int:
+    """Return the most texts a batch of `batch_size` holds on `device`: the number, or auto's ceiling there."""
+    if batch_size == AUTO:
+        return ceiling(memory_of(device if device is not None else torch.device("cpu")))
+    return int(batch_size)
+
+
+def window_size(batch_size: int | str, sort_window: int | None, device: torch.device | None = None) -> int:
+    """Texts per length-sorting window: `sort_window`, at least one batch; default 8 batches.
+
+    With `batch_size="auto"` a batch is auto's ceiling on `device` (set by the device's kind, not its free memory), so
+    every process of a split encoding cuts the same windows.
+    """
+    largest = largest_batch(batch_size, device)
+    return 8 * largest if sort_window is None else max(int(sort_window), largest)
 
 
 def encode_windows(
@@ -187,7 +203,7 @@ def encode_windows(
     numbered: Iterable[tuple[int, list[tuple[Hashable, object]]]],
     *,
     side: str,
-    batch_size: int,
+    batch_size: int | str,
     device: torch.device,
     precision: str,
     sort: bool,
@@ -202,6 +218,7 @@ def encode_windows(
     The windows are read, tokenised and padded on a background thread, one window ahead of the forward; an item's text
     may also be its token ids already (special tokens included; a token cache), which are used as they are. Only the
     wanted output comes to the host (`encode_batches`' `to_host`: on CUDA, overlapped with the next forward).
+    `batch_size="auto"`: chosen here, before the first window is read (models/batch_fit.py).
     """
     ranker_side = "doc" if side == "docs" else "query"
     pin = device.type == "cuda"
@@ -222,6 +239,9 @@ def encode_windows(
         # the pooled vector stays behind: only what the caller takes is copied to the host
         return Encoded(tokens=enc.tokens, mask=enc.mask)
 
+    if batch_size == AUTO:
+        batch_size = _fit(ranker, pt, side, device, forward, lambda: autocast(device, precision))
+
     with (
         contextlib.closing(background(prepared(), 1, name=f"encode-{ranker_side}")) as ready,
         contextlib.closing(
@@ -239,6 +259,31 @@ def encode_windows(
             yield w, ids, out
 
 
+def _fit(ranker, pt: PairTokenizer, side: str, device: torch.device, forward, amp) -> int:
+    """Return auto's batch size for `side` on `device` (models/batch_fit.py), said on stderr when it was measured.
+
+    Each process of a split encoding says its own: the device's free memory sets it.
+    """
+    ranker_side = "doc" if side == "docs" else "query"
+    length = pt.query_max_len if ranker_side == "query" else pt.doc_max_len
+    pin = device.type == "cuda"
+
+    def probe(rows: int) -> None:  # `rows` texts of the side's longest, encoded as the real batches are
+        inp = torch.full((rows, length), pt.tokenizer.pad_token_id or 0, dtype=torch.long, pin_memory=pin)
+        att = torch.ones((rows, length), dtype=torch.long, pin_memory=pin)
+        for _ in encode_batches(ranker, [(None, inp, att)], ranker_side, forward=forward, autocast=amp, to_host=True):
+            pass
+
+    fit = fit_batch(memory_of(device), probe)
+    if fit.row_bytes is not None:
+        print(
+            f"batch_size=auto on {device}: {fit.describe('passages' if side == 'docs' else 'queries')}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return fit.rows
+
+
 def _token_ids(pt: PairTokenizer, texts: list, side: str) -> list:
     """Return the token ids of a window's texts: strings tokenised (in one call), token ids kept as they are."""
     raw = [k for k, t in enumerate(texts) if isinstance(t, str)]
@@ -251,7 +296,7 @@ def _token_ids(pt: PairTokenizer, texts: list, side: str) -> list:
 
 
 def encode_docs(
-    ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw
+    ranker, pair_tokenizer, texts_iterable, batch_size: int | str = 64, device=None, precision: str = "fp32", **kw
 ):
     """Encode passages, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
     return encode_texts(
@@ -267,7 +312,7 @@ def encode_docs(
 
 
 def encode_queries(
-    ranker, pair_tokenizer, texts_iterable, batch_size: int = 64, device=None, precision: str = "fp32", **kw
+    ranker, pair_tokenizer, texts_iterable, batch_size: int | str = 64, device=None, precision: str = "fp32", **kw
 ):
     """Encode queries, streamed: iterator of (ids, vectors [B, D] or Encoded). See `encode_texts`."""
     return encode_texts(

@@ -42,6 +42,7 @@ from retrieval.encode import (
     check_encode_args,
     encode_windows,
     iter_items,
+    largest_batch,
     resolve_device,
     window_size,
     windows,
@@ -219,7 +220,7 @@ def split_encode(
     docs: Mapping | Iterable,
     parts_dir: str | Path,
     *,
-    batch_size: int = 64,
+    batch_size: int | str = 64,
     device=None,
     precision: str = "fp32",
     sort_window: int | None = None,
@@ -234,7 +235,7 @@ def split_encode(
     rank, world = ranks()
     pt = pair_tokenizer or pair_tokenizer_for(ranker)
     dev = resolve_device(ranker, device)
-    window = window_size(batch_size, sort_window)
+    window = window_size(batch_size, sort_window, dev)  # auto: the same on every rank (its ceiling, not its fit)
     parts_dir = Path(parts_dir)
     writer = None
     try:
@@ -248,7 +249,7 @@ def split_encode(
                 batch_size=batch_size,
                 device=dev,
                 precision=precision,
-                sort=window > batch_size,
+                sort=window > largest_batch(batch_size, dev),
                 output=output,
             ):
                 writer.add(w, ids, out)

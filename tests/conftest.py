@@ -394,6 +394,24 @@ def tiny_bert(tmp_path_factory) -> str:
     return str(make_tiny_bert(tmp_path_factory.mktemp("tiny_bert")))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models in a module's tests: one torch thread is fastest; two on a shared 2-core CPU spin-wait (25x slower
+    here). Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoders(tiny_bert_nodropout) -> dict:
+    """`tiny_bi_encoders` on the dropout-free tiny BERT, built once per module."""
+    return tiny_bi_encoders(tiny_bert_nodropout)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_nodropout(tmp_path_factory) -> str:
     """Deterministic forward passes: DDP-vs-single-process comparisons need identical computations."""

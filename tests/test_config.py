@@ -185,6 +185,13 @@ OUT_OF_RANGE = [
     (["head=glow", "head.lr=-1e-4"], "head.lr", "is -0.0001; expected > 0"),
     (["head=glow", "head.batch_size=0"], "head.batch_size", "is 0; expected >= 1"),
     (["retrieval=dense", "retrieval.pq_nbits=17"], "retrieval.pq_nbits", "is 17; expected a number in [1, 16]"),
+    (
+        ["retrieval=dense", "retrieval.batch_size=0"],
+        "retrieval.batch_size",
+        "is 0; expected an integer >= 1, or 'auto'",
+    ),
+    (["retrieval=dense", "retrieval.batch_size=big"], "retrieval.batch_size", "is 'big'; expected an integer >= 1"),
+    (["retrieval=dense", "retrieval.batch_size=2.5"], "retrieval.batch_size", "Value '2.5' of type 'float'"),
 ]
 
 
@@ -195,6 +202,11 @@ def test_out_of_range_values_are_one_line_errors(argv, key, expect):
     msg = str(e.value)
     assert msg.startswith(f"config key '{key}': {expect}"), msg
     assert "\n" not in msg
+
+
+def test_retrieval_batch_size_is_auto_by_default_or_a_count():
+    assert compose(["retrieval=dense"]).retrieval.batch_size == "auto"
+    assert compose(["retrieval=dense", "retrieval.batch_size=256"]).retrieval.batch_size == 256
 
 
 def test_range_bounds_and_special_values_are_accepted():

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import cpu_windows, tiny_bi_encoders
+from conftest import cpu_windows
 
 from bench.bench_encode import loop_pad, serial_windows
 from core.background import background
@@ -33,18 +33,12 @@ def _texts(n: int, seed: int) -> list[str]:
 DOCS = {f"d{i}": t for i, t in enumerate(_texts(61, 3))}  # in windows of 12: the last holds one text
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is fastest; two on a shared 2-core CPU spin-wait (25x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def rankers(tiny_bert_nodropout):
-    return tiny_bi_encoders(tiny_bert_nodropout)
+def rankers(tiny_encoders):
+    return tiny_encoders
 
 
 def _encoder_threads() -> list[threading.Thread]:
