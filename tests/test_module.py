@@ -179,10 +179,13 @@ def test_bf16_autocast_training_step_close_to_fp32(tiny_bert):
     assert all(g is not None and g.dtype == torch.float32 for g in grads) and any(g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.parametrize("checked", [False, True], ids=["clip-alone", "after-the-nonfinite-check"])
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
-def test_gradient_clipping_without_a_scaler_equals_torch_clipping(tiny_bert, algorithm):
+def test_gradient_clipping_without_a_scaler_equals_torch_clipping(tiny_bert, algorithm, checked, monkeypatch):
     """With no GradScaler (fp32, bf16-mixed) the module clips the gradients itself, as torch's clip_grad_norm_ /
-    clip_grad_value_ over the optimizer's parameters do; the optimizer is fused then."""
+    clip_grad_value_ over the optimizer's parameters do; the optimizer is fused then. After the non-finite check
+    (`on_before_optimizer_step`, as in a fit) clipping by norm reuses that check's total norm: the same gradients,
+    exactly, from one norm pass instead of two."""
     m = module(tiny_bert, "colbert")
     groups = m.optimizer_groups()
     assert m.fused_optimizer([p for g in groups for p in g["params"]]) is True  # no trainer, so no GradScaler
@@ -194,9 +197,15 @@ def test_gradient_clipping_without_a_scaler_equals_torch_clipping(tiny_bert, alg
     ref = [p.grad.clone() for p in params]
     clip = torch.nn.utils.clip_grad_norm_ if algorithm == "norm" else torch.nn.utils.clip_grad_value_
     clip(_with_grads(ref), 0.5)
+    passes = []
+    foreach_norm = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm", lambda *a, **k: passes.append(1) or foreach_norm(*a, **k))
+    if checked:
+        m.on_before_optimizer_step(opt)
     m.configure_gradient_clipping(opt, 0.5, algorithm)
     for p, r in zip(params, ref):
-        torch.testing.assert_close(p.grad, r, rtol=0, atol=1e-7)
+        torch.testing.assert_close(p.grad, r, rtol=0, atol=0 if checked else 1e-7)
+    assert len(passes) == (1 if checked or algorithm == "norm" else 0)
     if algorithm == "norm":
         assert float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) == pytest.approx(
             0.5, rel=1e-5
