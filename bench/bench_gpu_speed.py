@@ -445,7 +445,17 @@ def steady_window(times: list[float], units: list[float], skip: int) -> dict | N
         return None
     t0, t1 = times[skip], times[-1]
     done = float(sum(units[skip : len(times) - 1]))
-    return {"t0": t0, "t1": t1, "window_s": round(t1 - t0, 4), "units": done, "rate": done / (t1 - t0)}
+    # the intervals' spread: steps of even length (a steady cost in each) or short ones with stalls (a periodic cost)
+    gaps = 1000 * np.diff(np.asarray(times[skip:], dtype=np.float64))
+    spread = {k: round(float(v), 2) for k, v in zip(("median", "p90", "max"), np.percentile(gaps, [50, 90, 100]))}
+    return {
+        "t0": t0,
+        "t1": t1,
+        "window_s": round(t1 - t0, 4),
+        "units": done,
+        "rate": done / (t1 - t0),
+        "interval_ms": spread,
+    }
 
 
 def ours_figures(probe: Path, how: dict, batch: int, warmup: int) -> dict:
@@ -953,6 +963,7 @@ def measurement(task, shape, batch, side, status, figs=None, flops=None, busy=No
         "gpu_busy_pct": busy,
         "peak_gib": figs.get("peak_gib"),
         "window_s": figs.get("window_s"),
+        "interval_ms": figs.get("interval_ms"),  # ours: each step's (or batch's) time: median, p90, max
         "timed_units": figs.get("units"),
         "unit_gflop": round(flops / 1e9, 3) if flops else None,
         "wall_s": figs.get("wall_s"),
@@ -1067,8 +1078,13 @@ def main(argv: list[str] | None = None) -> dict:
                     bare, status = {}, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
                 busy = sampler.busy(bare.get("t0"), bare.get("t1")) if sampler else None
                 result["measured"].append(measurement(t, s, b, "bare", status, bare, unit_flops_, busy))
+                gaps = figs.get("interval_ms") or {}
+                spread = (
+                    f"  (ours' steps: median {gaps['median']} ms, p90 {gaps['p90']}, max {gaps['max']})" if gaps else ""
+                )
                 print(
-                    f"  {t:15s} {s:9s} b{b:<4d} ours {figs.get('rate', 0):9.1f}/s  bare {bare.get('rate', 0):9.1f}/s",
+                    f"  {t:15s} {s:9s} b{b:<4d} ours {figs.get('rate', 0):9.1f}/s  bare {bare.get('rate', 0):9.1f}/s"
+                    + spread,
                     flush=True,
                 )
                 if t == "colbert-train" and "pylate" in (opts.peers or ""):

@@ -20,6 +20,9 @@ def test_steady_window_drops_the_warmup_intervals():
     times = [0.0, 10.0, 11.0, 12.0, 13.0]
     w = bgs.steady_window(times, [2, 2, 2, 2], skip=1)
     assert w["window_s"] == 3.0 and w["units"] == 6.0 and w["rate"] == pytest.approx(2.0)
+    assert w["interval_ms"] == {"median": 1000.0, "p90": 1000.0, "max": 1000.0}
+    stalls = bgs.steady_window([0.0, 0.01, 0.02, 0.52, 0.53, 0.54], [1] * 5, skip=0)
+    assert stalls["interval_ms"] == {"median": 10.0, "p90": 304.0, "max": 500.0}  # gaps 10,10,10,10,500: 10 + 0.6 x 490
     assert bgs.steady_window(times, [2, 2, 2, 2], skip=3) is None  # one interval left: too few
 
 
