@@ -1080,7 +1080,9 @@ def main(argv: list[str] | None = None) -> dict:
                 result["measured"].append(measurement(t, s, b, "bare", status, bare, unit_flops_, busy))
                 gaps = figs.get("interval_ms") or {}
                 spread = (
-                    f"  (ours' steps: median {gaps['median']} ms, p90 {gaps['p90']}, max {gaps['max']})" if gaps else ""
+                    f"  (ours' step or batch intervals: median {gaps['median']} ms, p90 {gaps['p90']}, max {gaps['max']})"
+                    if gaps
+                    else ""
                 )
                 print(
                     f"  {t:15s} {s:9s} b{b:<4d} ours {figs.get('rate', 0):9.1f}/s  bare {bare.get('rate', 0):9.1f}/s"
