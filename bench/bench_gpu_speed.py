@@ -1080,7 +1080,7 @@ def main(argv: list[str] | None = None) -> dict:
                 result["measured"].append(measurement(t, s, b, "bare", status, bare, unit_flops_, busy))
                 gaps = figs.get("interval_ms") or {}
                 spread = (
-                    f"  (ours' step or batch intervals: median {gaps['median']} ms, p90 {gaps['p90']}, max {gaps['max']})"
+                    f"  (ours' intervals: median {gaps['median']} ms, p90 {gaps['p90']}, max {gaps['max']})"
                     if gaps
                     else ""
                 )
