@@ -1,7 +1,7 @@
 """Operators per training step, ours (train.py's fit) against bench_gpu_speed's bare loop, counted on the CPU.
 
     python -m bench.bench_ops [tasks=colbert-train] [shapes=minilm,bert-base] [batches=32,64] [buckets=4,1]
-                              [record_dir=results] [work_dir=outputs/bench-ops]
+                              [precision=fp32|bf16] [record_dir=results] [work_dir=outputs/bench-ops]
 
 Why: on a GPU every operator that does work is a kernel the host launches (PyTorch's dispatch, the caching allocator
 and the driver: some microseconds each), and where the GPU's own work per step is small (an H200 runs a MiniLM
@@ -19,7 +19,9 @@ heads, FFN 32): the operator graph of a BERT depends on its depth, not its width
 (no loop runs over rows; the groups are at most `length_buckets`), so batches 32 and 64 show it: at 256 ColBERT's
 in-batch MaxSim alone ([256, 512, 32, 180] similarities) takes minutes a step on a CPU. Data: the synthetic MS
 MARCO-shaped files of bench_gpu_speed (its prepare_data), query 32 / passage 180 tokens; ours through `data=tsv`
-with given triples, validation and evaluation off, fp32, no workers.
+with given triples, validation and evaluation off, no workers; fp32, or with `precision=bf16` ours in bf16-mixed and
+the bare loop under bf16 autocast, as on the GPU (autocast's casts are operators too: the CPU's autocast casts the
+same weights for the matrix products that CUDA's does).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Options:
     shapes: str = "minilm,bert-base"
     batches: str = "32,64"
     buckets: str = "4,1"  # model.length_buckets of ours, as numbers (auto: 4 on the CPU, 1 on a GPU)
+    precision: str = "fp32"  # fp32 | bf16 (ours bf16-mixed, the bare loop under bf16 autocast: the GPU runs' setting)
     passages: int = 20_000
     seed: int = 0
     work_dir: str = "outputs/bench-ops"
@@ -117,7 +120,7 @@ class CountStep(Callback):
             self.result, self.prof = counts(self.prof), None
 
 
-def ours(task: str, backbone: Path, batch: int, buckets: int, data: dict, work: Path) -> tuple:
+def ours(task: str, backbone: Path, batch: int, buckets: int, data: dict, work: Path, precision: str = "fp32") -> tuple:
     """Counts of our step: train.py's composition, data module, module and trainer (pipeline.stages)."""
     from bench.bench_host import build
     from pipeline.config import compose
@@ -136,7 +139,7 @@ def ours(task: str, backbone: Path, batch: int, buckets: int, data: dict, work: 
             "data.num_workers=0",
             "data.max_eval_queries=4",
             "trainer.accelerator=cpu",
-            "trainer.precision=32-true",
+            f"trainer.precision={'bf16-mixed' if precision == 'bf16' else '32-true'}",
             f"trainer.max_steps={STEPS}",
             "trainer.limit_val_batches=0",
             "trainer.enable_progress_bar=false",
@@ -144,7 +147,7 @@ def ours(task: str, backbone: Path, batch: int, buckets: int, data: dict, work: 
             "eval.isotropy_paper=false",
             "eval.ats_passages=0",
             "logger=none",
-            f"output_dir={work / 'runs' / f'{task}-b{batch}-k{buckets}'}",
+            f"output_dir={work / 'runs' / f'{task}-b{batch}-k{buckets}-{precision}'}",
         ]
     )
     dm, module = build(cfg)
@@ -155,9 +158,9 @@ def ours(task: str, backbone: Path, batch: int, buckets: int, data: dict, work: 
     return step.result
 
 
-def bare(task: str, backbone: Path, batch: int, lengths: dict, seed: int) -> tuple:
-    """Counts of the bare loop's step (bench_gpu_speed.bare_loop on the CPU, fp32)."""
-    opts = SpeedOptions(device="cpu", precision="fp32", warmup=COUNTED, steps=STEPS - COUNTED, seed=seed)
+def bare(task: str, backbone: Path, batch: int, lengths: dict, seed: int, precision: str = "fp32") -> tuple:
+    """Counts of the bare loop's step (bench_gpu_speed.bare_loop on the CPU, fp32 or under bf16 autocast)."""
+    opts = SpeedOptions(device="cpu", precision=precision, warmup=COUNTED, steps=STEPS - COUNTED, seed=seed)
     step, batches = bare_loop(task, str(backbone), batch, opts, lengths)
     for b in batches[:COUNTED]:
         step(b)
@@ -174,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
     buckets = [int(b) for b in parse_list(opts.buckets, "buckets") if b.isdigit()]
     if not batches or not buckets or min(batches + buckets) < 1:
         options.error("batches and buckets must be whole numbers >= 1, e.g. batches=32,256 buckets=4,1")
+    if opts.precision not in ("fp32", "bf16"):
+        options.error(f"precision is {opts.precision!r}; expected fp32 or bf16")
     started, t_start = record.utc_now(), time.time()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=UserWarning, module="pytorch_lightning")
@@ -198,9 +203,12 @@ def main(argv: list[str] | None = None) -> dict:
         lengths = token_lengths(AutoTokenizer.from_pretrained(str(backbone)), data, 2000, opts.seed)
         for task in tasks:
             for batch in batches:
-                base = bare(task, backbone, batch, lengths, opts.seed)
+                base = bare(task, backbone, batch, lengths, opts.seed, opts.precision)
                 measured = [("bare", base)]
-                measured += [(f"ours, length_buckets={k}", ours(task, backbone, batch, k, data, work)) for k in buckets]
+                measured += [
+                    (f"ours, length_buckets={k}", ours(task, backbone, batch, k, data, work, opts.precision))
+                    for k in buckets
+                ]
                 for side, (events, leaves, work_ops, by_op) in measured:
                     rows.append(
                         dict(
@@ -254,13 +262,18 @@ def main(argv: list[str] | None = None) -> dict:
             f"{info['cpu_model']}, {info['logical_cpus']} logical CPUs, torch threads 1; torch {info['torch']}, "
             f"transformers {info['transformers']}, Python {info['python']}; no GPU used",
         ),
-        ("Settings", f"{data['passages']:,} synthetic passages; backbones of the shapes' depth, {NARROW}"),
+        (
+            "Settings",
+            f"{data['passages']:,} synthetic passages; backbones of the shapes' depth, {NARROW}; "
+            + ("bf16: ours bf16-mixed, the bare loop under bf16 autocast" if opts.precision == "bf16" else "fp32"),
+        ),
         ("Wall time", f"{wall:.0f} s"),
     ]
     md, tsv = record.write_record(
         Path(opts.record_dir) if opts.record_dir else record.RESULTS,
-        "ops-per-step",
-        "Operators per training step: ours against the bare loop (bench_ops)",
+        "ops-per-step" + ("-bf16" if opts.precision == "bf16" else ""),
+        "Operators per training step: ours against the bare loop (bench_ops"
+        + (", bf16 autocast)" if opts.precision == "bf16" else ")"),
         facts,
         "\n".join(body),
         rows,
