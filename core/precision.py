@@ -18,7 +18,15 @@ import torch
 
 from core.errors import InputError
 
-__all__ = ["check_fp16_device", "cpu_bf16_native", "full_precision", "set_matmul_precision", "warn_emulated_bf16"]
+__all__ = [
+    "autocast_cache_keeps_gradients",
+    "cast_once",
+    "check_fp16_device",
+    "cpu_bf16_native",
+    "full_precision",
+    "set_matmul_precision",
+    "warn_emulated_bf16",
+]
 
 _warned: set[tuple[str, str]] = set()  # (key, value) said in this process: e.g. the head stage's cache and trainer
 
@@ -95,3 +103,48 @@ def full_precision(device_type: str) -> contextlib.AbstractContextManager:
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+@functools.cache
+def autocast_cache_keeps_gradients() -> bool:
+    """Return whether this PyTorch's autocast cache is safe for training: a cast made under `no_grad` is not reused.
+
+    Older releases cached a weight's cast made inside `torch.no_grad()` and handed the grad-less copy to a later
+    forward, whose loss then had no gradient for that weight (Lightning issue #20644, why Lightning 2.6 turns the
+    cache off). Tried once, on the CPU, with a 2x2 linear layer.
+    """
+    layer = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True):
+            with torch.no_grad():
+                layer(x)
+            y = layer(x)
+        y.float().sum().backward()
+    except RuntimeError:  # no CPU autocast for bf16 here: no evidence either way
+        return False
+    return layer.weight.grad is not None
+
+
+def cast_once(device_type: str) -> contextlib.AbstractContextManager:
+    """Return a context in which autocast casts each weight once, however many forward passes use it.
+
+    Lightning 2.6's mixed precision runs `training_step` under `torch.autocast(..., cache_enabled=False)`, so every
+    forward pass casts every weight again: a ColBERT step encodes queries and passages in separate passes (and more with
+    length groups), so a MiniLM step of 32 called 161 more copy operators than the bare loop under bf16 autocast, 17
+    more in fp32 (`python -m bench.bench_ops precision=bf16`). Inside this context the caller's autocast keeps its
+    dtype and caches the casts of weights (leaves that require grad) until the outermost autocast context exits (the
+    end of Lightning's step). A no-op without an enabled autocast on `device_type`, or where the cache would keep a
+    `no_grad` cast (`autocast_cache_keeps_gradients`).
+
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), cast_once("cpu"):
+    ...     torch.is_autocast_cache_enabled(), torch.get_autocast_dtype("cpu")
+    (True, torch.bfloat16)
+    """
+    if not (
+        torch.amp.is_autocast_available(device_type)
+        and torch.is_autocast_enabled(device_type)
+        and autocast_cache_keeps_gradients()
+    ):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=True)

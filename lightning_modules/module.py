@@ -32,6 +32,7 @@ from torch import Tensor
 
 from core.errors import TrainingStopped, check_choice
 from core.host_reads import DeferredReads
+from core.precision import cast_once
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from core.transfers import to_device
 from datamodules.tokenization import HOST_RANK_ROWS, PairTokenizer
@@ -231,7 +232,8 @@ class RankingModule(pl.LightningModule):
         A non-finite loss is returned too: `watch_loss` notes it on the device, and `on_before_optimizer_step` has the
         optimiser skip the step there (`optim.nonfinite`), with no host sync.
         """
-        scores, target, out = self.training_outputs(batch)
+        with cast_once(self.device.type):  # each weight cast to the autocast dtype once a step, not once a pass
+            scores, target, out = self.training_outputs(batch)
         pos, neg = out.pos, out.neg
         if self.optim_cfg.loss == "ce":
             loss = F.cross_entropy(scores.float() / self.temperature, target)

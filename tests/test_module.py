@@ -1,6 +1,8 @@
 """RankingModule pieces outside a Trainer: chunked bi-encoder evaluation equals scoring each pair directly, and
 the training losses equal their formulas computed pair by pair."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -177,6 +179,61 @@ def test_bf16_autocast_training_step_close_to_fp32(tiny_bert):
     assert torch.isfinite(loss16) and loss16.item() == pytest.approx(loss32.item(), abs=0.05)
     grads = [p.grad for p in m.ranker.encoder.parameters() if p.requires_grad]
     assert all(g is not None and g.dtype == torch.float32 for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert"])
+def test_a_mixed_precision_step_casts_each_weight_once_with_the_same_loss_and_gradients(tiny_bert, name, monkeypatch):
+    """Under Lightning's uncached autocast (bf16-mixed: cache_enabled=False) the step casts each weight once
+    (`core.precision.cast_once`), not once per forward pass (queries, then passages): fewer casts, the loss
+    bit-identical and every gradient equal to bf16 rounding."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import lightning_modules.module as module_mod
+
+    class CountCasts(TorchDispatchMode):
+        casts = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+                type(self).casts += 1
+            return func(*args, **(kwargs or {}))
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        CountCasts.casts = 0
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), CountCasts():
+            loss = m.training_step(batch, 0)
+        loss.backward()
+        return CountCasts.casts, loss.detach().clone(), [p.grad.clone() for p in m.parameters() if p.grad is not None]
+
+    m = module(tiny_bert, name, loss="ce", in_batch_negatives=True)
+    m.log = lambda *a, **k: None
+    batch = m.pair_tokenizer.triplets(QUERIES[:2], DOCS[:2], DOCS[2:4])
+    once, loss, grads = step(m)
+    monkeypatch.setattr(module_mod, "cast_once", lambda device_type: contextlib.nullcontext())
+    per_pass, loss_pp, grads_pp = step(m)
+    weights = sum(1 for p in m.ranker.encoder.parameters() if p.dim() == 2)  # the matrices autocast casts for linear
+    assert per_pass - once >= weights - 3  # each linear weight cast once, not twice (embeddings are not cast)
+    assert torch.equal(loss, loss_pp) and len(grads) == len(grads_pp)
+    # a weight used by both passes sums its two bf16 gradients before the one cast back to fp32 (as torch.autocast's
+    # default and the bare loop do), not after two: one more bf16 rounding (relative 2^-8), which cancellation between
+    # the passes' contributions can enlarge for a small gradient (1.3 % of a bias's norm here); a pass's contribution
+    # lost would be off by about half
+    for a, b in zip(grads, grads_pp):
+        assert float((a - b).norm()) <= 2**-5 * float(b.norm()) + 1e-12
+
+
+def test_cast_once_is_off_where_the_cache_would_keep_a_no_grad_cast(monkeypatch):
+    import core.precision as precision
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        with precision.cast_once("cpu"):
+            assert torch.is_autocast_cache_enabled()
+        monkeypatch.setattr(precision, "autocast_cache_keeps_gradients", lambda: False)
+        with precision.cast_once("cpu"):
+            assert not torch.is_autocast_cache_enabled()
+    with precision.cast_once("cpu"):  # no autocast: nothing to cache
+        assert not torch.is_autocast_enabled("cpu")
 
 
 @pytest.mark.parametrize("checked", [False, True], ids=["clip-alone", "after-the-nonfinite-check"])
