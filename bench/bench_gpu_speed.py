@@ -105,6 +105,11 @@ the timed steps alone, started and stopped by the probe's optimiser-step hook, `
 the whole process, `python -m cProfile`; its overhead slows the run, so its rate is no figure), and appends each
 run's report, condensed
 (`profile_report`, `cprofile_report`), to `gpu-speed-profiles.txt` beside the record: where the host's time goes.
+`profile=pyspy` samples ours from outside with py-spy (`py-spy record --idle --threads --subprocesses --nonblocking`,
+200 Hz; the binary on PATH or in a `bin/` beside a PYTHONPATH folder, where bench/gpu_session.sh installs the carried
+wheel): every thread and the DataLoader workers, waiting or not, without stopping the process; `pyspy_report`
+condenses it: the main thread's frames while it trains or encodes (samples under `PYSPY_INSIDE`'s frame), then each
+other thread and process of the run.
 """
 
 from __future__ import annotations
@@ -119,6 +124,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,7 +180,7 @@ class Options:
     # cProfile (every task, the main thread): each run's report, condensed, into <record_dir or
     # work_dir>/gpu-speed-profiles.txt as it finishes
     profile: str | None = dataclasses.field(
-        default=None, metadata={"choices": (None, *LIGHTNING_PROFILERS, "cprofile")}
+        default=None, metadata={"choices": (None, *LIGHTNING_PROFILERS, "cprofile", "pyspy")}
     )
     cpu_threads: int | None = None  # torch / OpenMP threads of every process; null: their defaults (tiny: 1)
     budget_s: float = 540.0
@@ -542,6 +548,101 @@ def cprofile_report(stats: Path, rows: int = 30) -> str:
     return "\n".join(lines)
 
 
+# the frame of the main thread's steady work (function, file): the training loop's step, or the encoding loop
+PYSPY_INSIDE = {
+    "steps": ("advance", "loops/training_epoch_loop.py"),
+    "marks": ("encode_batches", "models/encoding.py"),
+}
+PYSPY_RATE = 200  # samples a second
+
+
+def pyspy_binary() -> str | None:
+    """The py-spy executable that runs: in a `bin/` inside a PYTHONPATH folder (where pip --target put the carried
+    wheel's), else on PATH (a pyenv shim there may stand for no installed py-spy: each is tried)."""
+    folders = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    for candidate in [*(str(Path(f) / "bin" / "py-spy") for f in folders), shutil.which("py-spy")]:
+        if candidate and os.access(candidate, os.X_OK):
+            try:
+                ok = subprocess.run([candidate, "--version"], capture_output=True, timeout=30).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            if ok:
+                return candidate
+    return None
+
+
+_PROCESS = re.compile(r"process (\d+):")
+_THREAD = re.compile(r"thread \((\d+)\)(?:: (.*))?")
+
+
+def _pyspy_sample(line: str) -> tuple[int, bool, str, list[str], int] | None:
+    """(depth of processes, main thread?, thread name, Python frames, samples) of a line of py-spy's raw output.
+
+    A line is `process PID:"cmd";[process ...;]thread (TID)[: NAME];frame;...;frame COUNT`; the main thread is the
+    one whose id is its process' (Linux). None for a line that is not such.
+    """
+    stack, _, count = line.rstrip().rpartition(" ")
+    if not stack or not count.isdigit():
+        return None
+    frames = stack.split(";")
+    pids = [m.group(1) for m in map(_PROCESS.match, frames) if m]
+    rest = frames[len(pids) :]
+    main, name = False, "?"
+    if rest and (t := _THREAD.match(rest[0])):
+        main = bool(pids) and t.group(1) == pids[-1]
+        name = t.group(2) or ("MainThread" if main else f"thread {t.group(1)}")
+        rest = rest[1:]
+    return len(pids), main, name, rest, int(count)
+
+
+def pyspy_report(raw: Path, inside: tuple[str, str], rows: int = 25) -> str | None:
+    """Condense py-spy's raw samples: the main thread while under the frame `inside` (function, file): its innermost
+    frames by samples, then every frame on those stacks (a frame's share includes what it calls); then every other
+    thread and process of the run, whole.
+
+    The samples include waiting (`--idle`): a main thread that waits for the loader or a copy shows the waiting frame.
+    """
+    samples = [x for x in map(_pyspy_sample, raw.read_text(errors="replace").splitlines()) if x]
+    if not samples:
+        return None
+    top = min(depth for depth, *_ in samples)  # the run's own process: the shortest chain of process frames
+    func, file = inside
+
+    def is_inside(frame: str) -> bool:  # `Class.func (path/file.py:line)` or `func (path/file.py:line)`
+        name, _, where = frame.partition(" (")
+        return (name == func or name.endswith(f".{func}")) and file in where
+
+    leaf, incl, others, other_leaf = Counter(), Counter(), Counter(), {}
+    total = outside = 0
+    for depth, main, name, frames, n in samples:
+        if depth == top and main:
+            if any(map(is_inside, frames)):
+                total += n
+                leaf[frames[-1] if frames else "?"] += n
+                for f in set(frames):
+                    incl[f] += n
+            else:
+                outside += n
+            continue
+        where = name if depth == top else "child processes (DataLoader workers)"
+        others[where] += n
+        other_leaf.setdefault(where, Counter())[frames[-1] if frames else "(no Python frame)"] += n
+    out = [
+        f"-- main thread under {func} ({file}): {total} samples ({total / PYSPY_RATE:.1f} s; "
+        f"{outside / PYSPY_RATE:.1f} s outside it), innermost frames"
+    ]
+    out += [f"{n:7d} {100 * n / max(total, 1):5.1f} %  {f}" for f, n in leaf.most_common(rows)]
+    out += ["-- the same samples by every frame on their stack but the trunk all share (a frame's share includes what"]
+    out[-1] += " it calls)"
+    branches = Counter({f: n for f, n in incl.items() if n < total})
+    out += [f"{n:7d} {100 * n / max(total, 1):5.1f} %  {f}" for f, n in branches.most_common(rows)]
+    out += ["-- other threads and processes, the whole run (samples; their 5 innermost frames)"]
+    for where, n in others.most_common():
+        frames = ", ".join(f"{f} {k}" for f, k in other_leaf[where].most_common(5))
+        out.append(f"{n:7d}  {where}: {frames}")
+    return "\n".join(out)
+
+
 def run_ours(
     runner: Runner, task: str, shape: str, batch: int, how: dict, work: Path, opts: Options, passages: int
 ) -> dict:
@@ -554,6 +655,12 @@ def run_ours(
         env["BENCH_SCALE_CPROFILE"] = f"{opts.warmup}:{opts.warmup + opts.steps}:{stats}"
     profiled = ["-m", "cProfile", "-o", str(stats)] if opts.profile == "cprofile" and not windowed else []
     cmd = [sys.executable, *profiled, *how["cmd"]]
+    raw = work / "probe" / f"pyspy-{task}-{shape}-b{batch}.txt"
+    raw.unlink(missing_ok=True)
+    spy = pyspy_binary() if opts.profile == "pyspy" else None
+    if spy:
+        cmd = [spy, "record", "--idle", "--threads", "--subprocesses", "--nonblocking", "--rate", str(PYSPY_RATE)]
+        cmd += ["--format", "raw", "-o", str(raw), "--", sys.executable, *how["cmd"]]
     if opts.cpu_threads:
         env["OMP_NUM_THREADS"] = str(opts.cpu_threads)
     rec = runner.run(task, f"{shape}-b{batch}", passages, cmd, work, env=env)
@@ -561,6 +668,14 @@ def run_ours(
     if opts.profile:
         if opts.profile == "cprofile":
             report = cprofile_report(stats) if stats.exists() else None
+        elif opts.profile == "pyspy":
+            report = (
+                pyspy_report(raw, PYSPY_INSIDE[how["read"]])
+                if raw.exists()
+                else (
+                    "py-spy not found (PATH, or bin/ in a PYTHONPATH folder)" if spy is None else "py-spy wrote nothing"
+                )
+            )
         else:
             report = profile_report(Path(next(a for a in how["cmd"] if a.startswith("output_dir=")).split("=", 1)[1]))
         if report:
@@ -569,6 +684,8 @@ def run_ours(
             if opts.profile == "cprofile":
                 steps = f"optimiser steps {opts.warmup + 1}-{opts.warmup + opts.steps}"
                 what = f"cProfile of the main thread, {steps if windowed else 'the whole process'}"
+            elif opts.profile == "pyspy":
+                what = f"py-spy samples at {PYSPY_RATE} Hz, waiting included"
             head = f"== {task} {shape} b{batch}: {what}{extra}"
             print(head + "\n" + "\n".join(report.splitlines()[:14]), flush=True)
             with open(profiles_file(opts, work), "a") as f:

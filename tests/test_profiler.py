@@ -114,3 +114,37 @@ def test_cprofile_is_no_trainer_profiler():
         opts = bgs.parse_args(["tiny=true", f"profile={kind}"])
         cmd = bgs.ours_command("colbert-train", "bb", 4, opts, data, Path("cache"), Path("out"))["cmd"]
         assert [a for a in cmd if a.startswith("trainer.profiler")] == want
+
+
+def test_pyspy_report_splits_the_main_threads_step_from_other_threads_and_workers(tmp_path):
+    """bench_gpu_speed profile=pyspy: py-spy's raw lines (`process;thread;frames count`) condensed. The main thread is
+    the one whose id is its process' (named or not); its samples under the training loop's step are counted apart from
+    the rest of the run, innermost frames and the branches below the shared trunk; other threads by name, the
+    DataLoader workers (child processes) together."""
+    from bench.bench_gpu_speed import PYSPY_INSIDE, pyspy_report
+
+    run, step = (
+        'process 100:"python train.py"',
+        "_TrainingEpochLoop.advance (pytorch_lightning/loops/training_epoch_loop.py:352)",
+    )
+    lines = [
+        f"{run};thread (100): MainThread;main (pipeline/cli.py:62);{step};backward (torch/autograd/graph.py:979) 6",
+        f"{run};thread (100);main (pipeline/cli.py:62);{step};Connection._recv (multiprocessing/connection.py:395) 3",
+        f"{run};thread (100): MainThread;main (pipeline/cli.py:62);{step} 1",
+        f"{run};thread (100): MainThread;main (pipeline/cli.py:62);load (datamodules/docstore.py:10) 40",
+        f"{run};thread (107): Thread-2 (_pin_memory_loop);_pin_memory_loop (pin_memory.py:52) 9",
+        f'{run};process 101:"python train.py";thread (101): MainThread;_worker_loop (worker.py:300) 5',
+        f'{run};process 102:"python train.py";thread (102);Queue.get (queues.py:100) 2',
+        "garbage without a count",
+    ]
+    (tmp_path / "raw.txt").write_text("\n".join(lines) + "\n")
+    report = pyspy_report(tmp_path / "raw.txt", PYSPY_INSIDE["steps"])
+    head, rest = report.split("\n", 1)
+    assert "10 samples (0.1 s; 0.2 s outside it)" in head  # 6 + 3 + 1 under the step at 200 Hz; 40 outside it
+    assert "      6  60.0 %  backward (torch/autograd/graph.py:979)" in rest
+    assert "      3  30.0 %  Connection._recv (multiprocessing/connection.py:395)" in rest
+    branches = rest.split("but the trunk", 1)[1].split("-- other threads", 1)[0]
+    assert "main (pipeline/cli.py:62)" not in branches and "backward" in branches  # the trunk is left out
+    others = rest.split("-- other threads", 1)[1]
+    assert "      9  Thread-2 (_pin_memory_loop): _pin_memory_loop" in others
+    assert "      7  child processes (DataLoader workers): _worker_loop (worker.py:300) 5, Queue.get" in others
