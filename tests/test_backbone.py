@@ -1,6 +1,7 @@
 """models/rankers/backbone.py: the seeded random BERT that tests and benchmarks build, loaded back the way
 every ranker loads its backbone."""
 
+import pytest
 import torch
 
 from models.rankers.backbone import load_backbone, save_random_bert
@@ -43,22 +44,43 @@ def test_attention_implementation_reaches_the_encoder_and_eager_matches_sdpa(tmp
     assert torch.allclose(a[mask.bool()], b[mask.bool()], atol=1e-5)
 
 
-def test_backbone_mask_decided_on_the_host_equals_transformers_own(tmp_path):
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "fast-dropout"])
+def test_backbone_mask_decided_on_the_host_equals_transformers_own(tmp_path, attn):
     """`backbone_mask`: with the padding known on the host, the encoder's output is the same as when transformers
-    reads the mask itself (no mask for an unpadded batch, its own 4-D mask for a padded one), for SDPA and eager."""
+    reads the mask itself (no mask for an unpadded batch, its own 4-D mask for a padded one), for SDPA, eager and the
+    CPU's fast-dropout attention; where transformers builds SDPA's boolean mask, the broadcast view holds its values.
+    Training mode too (dropout drawn from the same seed): outputs and gradients."""
+    from transformers.masking_utils import create_bidirectional_mask
+
     from models.rankers.backbone import backbone_mask
+    from models.rankers.dropout import use_fast_dropout
 
     path = save_random_bert(tmp_path / "bert", seed=2, **SHAPE)
-    for attn in ("sdpa", "eager"):
-        encoder, tok = load_backbone(path, attn)
-        for padded, texts in ((False, ["same words", "same words"]), (True, ["short", "a longer padded text here"])):
-            t = tok(texts, padding=True, return_tensors="pt")
-            ids, mask = t["input_ids"], t["attention_mask"]
-            assert bool((mask == 0).any()) is padded
-            arg = backbone_mask(encoder, mask, padded)
-            assert (arg is None) is (not padded)
-            with torch.no_grad():
-                want = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-                got = encoder(input_ids=ids, attention_mask=arg).last_hidden_state
-            assert torch.equal(want, got), (attn, texts)
-        assert backbone_mask(encoder, mask, None) is mask  # not known: transformers decides
+    encoder, tok = load_backbone(path, "eager" if attn == "eager" else "sdpa")
+    if attn == "fast-dropout":
+        use_fast_dropout(encoder)
+    for padded, texts in ((False, ["same words", "same words"]), (True, ["short", "a longer padded text here", "x"])):
+        t = tok(texts, padding=True, return_tensors="pt")
+        ids, mask = t["input_ids"], t["attention_mask"]
+        assert bool((mask == 0).any()) is padded
+        arg = backbone_mask(encoder, mask, padded)
+        assert (arg is None) is (not padded)
+        if padded:
+            embeds = mask.new_empty((*mask.shape, 0), dtype=encoder.dtype)
+            own = create_bidirectional_mask(
+                config=encoder.config, inputs_embeds=embeds, attention_mask=mask, allow_is_bidirectional_skip=False
+            )
+            assert arg.shape == own.shape and arg.dtype == own.dtype and torch.equal(arg, own)
+        for training in (False, True):
+            encoder.train(training)
+            runs = []
+            for given in (mask, arg):
+                encoder.zero_grad(set_to_none=True)
+                torch.manual_seed(3)
+                out = encoder(input_ids=ids, attention_mask=given).last_hidden_state
+                out.sum().backward()
+                runs.append((out.detach(), [p.grad.clone() for p in encoder.parameters() if p.grad is not None]))
+            (want, want_g), (got, got_g) = runs
+            assert torch.equal(want, got), (attn, texts, training)
+            assert len(want_g) == len(got_g) and all(torch.equal(a, b) for a, b in zip(want_g, got_g))
+    assert backbone_mask(encoder, mask, None) is mask  # not known: transformers decides
