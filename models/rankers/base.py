@@ -484,8 +484,11 @@ class CrossEncoder(Ranker):
         """
         if "token_type_ids" not in batch:
             raise ValueError("passage_token_representations needs token_type_ids to tell the passage from the query")
+        ids, am = batch["input_ids"], batch["attention_mask"]
+        # told whether the pairs are padded where the batch carries its lengths (as scoring is), not read back
+        mask_arg = backbone_mask(self.encoder, am, host_padded(batch, "attention_mask", ids.shape[1]))
         out = self.encoder(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+            input_ids=ids, attention_mask=mask_arg, token_type_ids=batch["token_type_ids"]
         ).last_hidden_state
         special = to_device(np.asarray(self.tokenizer.all_special_ids), batch["input_ids"].device)
         mask = (
