@@ -41,6 +41,8 @@ from pathlib import Path
 from bench import options
 from core.io import write_json
 from models.rankers.backbone import save_random_bert
+from pipeline.config import compose
+from pipeline.jobs import applied, select
 
 REPO = Path(__file__).resolve().parents[1]
 RANKERS = ["colbert", "repbert", "bert_dot", "bert_cat", "tk", "dgre"]
@@ -123,15 +125,14 @@ class Runner:
         out = self.work / name
         shutil.rmtree(out, ignore_errors=True)  # the bench's own folder: a run refuses an output_dir holding one
         accel = "cpu" if device == "cpu" else "gpu"
-        cmd = [
-            sys.executable,
-            script,
+        args = [
             "logger=none",
             "trainer.enable_progress_bar=false",
             f"trainer.accelerator={accel}",
             f"output_dir={out}",
             *overrides,
         ]
+        cmd = [sys.executable, script, *applied(args, select(compose(args), script))]  # what its job reads
         env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         # the CPU jobs share the cores; a GPU job needs a core or two to feed its device
         cpu_threads = max(1, (os.cpu_count() or 2) // self.opts.workers)

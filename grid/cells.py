@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from core.errors import InputError
 from core.io import atomic_open, write_json
 from core.lock import claim
+from pipeline.config import REPORTING_KEYS
 
 __all__ = [
     "CELL_FILE",
@@ -41,7 +42,7 @@ __all__ = [
 
 CELL_FILE = "cell.json"  # the overrides a cell was started with
 # Overrides that change where and how a run reports, not its numbers: a finished cell stays valid across them.
-NEUTRAL = ("logger", "trainer.enable_progress_bar", "trainer.log_every_n_steps", "data.cache_dir", "data.num_workers")
+NEUTRAL = REPORTING_KEYS
 RESULT_FILES = ("metrics.json", "per_query.json")  # a cell is finished when both exist
 OPTIONAL_FILES = ("validation.json",)
 FORMAT = 1

@@ -498,11 +498,13 @@ def check(
         argv = [f"init_ckpt='{a[len('init_ckpt=') :]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
         try:
             script, given = cell_script(cell)  # (whether a row is untrained composes its config too)
-            cfg = compose([*argv, *(f"{k}={PLANNED}" for k in given)])
+            argv = [*argv, *(f"{k}={PLANNED}" for k in given)]
             # the job the cell's script will run, with the checkpoint keys run_cell adds: a key that job does not take
-            # stops the grid here, not when the cell starts
-            job = jobs.select(cfg, script)
-            jobs.check(cfg, job)
+            # stops the grid here, not when the cell starts; of the overrides, the cell gets those its job reads
+            job = jobs.select(compose(argv), script)
+            argv = jobs.applied(argv, job)
+            cfg = compose(argv)
+            jobs.check(cfg, job, argv)
         except InputError as e:
             raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
         composed[key] = (cfg, job)
@@ -782,20 +784,27 @@ def _config_differs(cell: Cell, why: str) -> str | None:
     """Check a cell whose cell.json is unreadable against the config.yaml its run wrote; what differs, else None.
 
     A run writes its whole resolved config at its start, so the plan composed now must equal it but for the keys the
-    grid sets at launch and the NEUTRAL ones. Without a readable config.yaml the cell's settings are unknown: it counts
-    as other settings (a grid never mixes them in one table) and the user is told to delete it or restore the file.
+    grid sets at launch, the NEUTRAL ones and those the cell's job does not read (`pipeline.jobs.unread`: the grid
+    does not pass them). Without a readable config.yaml the cell's settings are unknown: it counts as other settings
+    (a grid never mixes them in one table) and the user is told to delete it or restore the file.
     """
     try:
         saved = OmegaConf.to_container(OmegaConf.load(cell.dir / "config.yaml"))
     except Exception as e:  # noqa: BLE001 - any reason makes the settings unknown; the line names it
         reason = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({type(e).__name__})"
         return f"{why} and its config.yaml is {reason}: its settings are unknown"
-    planned = _leaves(OmegaConf.to_container(compose(list(cell.argv))))
+    script, given = cell_script(cell)
+    planned_cfg = compose(list(cell.argv))
+    job = jobs.select(compose([*cell.argv, *(f"{k}={PLANNED}" for k in given)]), script)
+    planned = _leaves(OmegaConf.to_container(planned_cfg))
     saved = _leaves(saved) if isinstance(saved, dict) else {}
     differ = sorted(
         k
         for k in planned.keys() | saved.keys()
-        if not k.startswith(NEUTRAL) and k not in _LAUNCH_KEYS and planned.get(k, "<unset>") != saved.get(k, "<unset>")
+        if not k.startswith(NEUTRAL)
+        and k not in _LAUNCH_KEYS
+        and jobs.unread(job, k) is None
+        and planned.get(k, "<unset>") != saved.get(k, "<unset>")
     )
     if not differ:
         return None
@@ -913,6 +922,7 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
         if ckpt is None:
             return "blocked", why
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
+    argv = jobs.applied(argv, jobs.select(compose(argv), script))  # the overrides the cell's job reads
     on_start()
     cell.dir.mkdir(parents=True, exist_ok=True)
     write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv), "launcher": spec.launcher})

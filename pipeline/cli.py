@@ -42,7 +42,8 @@ def main(argv: list[str], job: Callable) -> int:
 
     `model_from_cli`: the command line picks the model (`model=` or a `model.` key), so a checkpoint's ranker must
     match it. `job` is an entry script's `pipeline.jobs.Script` (train.py's `TRAIN`, evaluate.py's `EVALUATE`) or any
-    such callable; a Script also checks, under `--dry-run`, that the config fits the job it selects.
+    such callable; a Script also checks, under `--dry-run` too, that the config fits the job it selects and that
+    `argv` sets no key that job does not read.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     quiet_libraries()  # the libraries' messages a user cannot act on (pipeline/quiet.py)
@@ -55,11 +56,11 @@ def main(argv: list[str], job: Callable) -> int:
         cfg = compose(argv)
         if dry:
             # the keys fit the job (pipeline/jobs.py), before any checkpoint header is read
-            name = job.check(cfg) if isinstance(job, Script) else None
+            name = job.check(cfg, argv) if isinstance(job, Script) else None
             check_files(cfg, model_from_cli(argv), name)
             print(to_yaml(cfg), end="")
             return 0
-        job(cfg, model_from_cli(argv))
+        job(cfg, model_from_cli(argv), argv) if isinstance(job, Script) else job(cfg, model_from_cli(argv))
         finish_wandb()  # quietly, now, rather than with wandb's footer at exit (callbacks/loggers.py)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -41,11 +41,13 @@ __all__ = [
     "ACCELERATORS",
     "CONFIG_DIR",
     "DEVICES",
+    "FIT_LOOP_KEYS",
     "GROUPS",
     "MATMUL_PRECISIONS",
     "PIPELINE_TRAINER_KEYS",
     "PRECISIONS",
     "PROFILERS",
+    "REPORTING_KEYS",
     "STRATEGIES",
     "EvalConfig",
     "LoggerConfig",
@@ -88,6 +90,29 @@ DEVICES = Range(1, integer=True, also=(-1, "auto"), note="or a non-empty list of
 
 # trainer keys the pipeline applies itself (pipeline/stages.py), not passed to `pytorch_lightning.Trainer`
 PIPELINE_TRAINER_KEYS = ("float32_matmul_precision", "profiler")
+# keys that change where and how a run reports or caches, never what it computes: any job takes them (pipeline/jobs.py
+# refuses no such key as unread) and a grid's finished cell stays valid across them (grid/cells.py)
+REPORTING_KEYS = (
+    "logger",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.log_every_n_steps",
+    "data.cache_dir",
+    "data.num_workers",
+)
+# trainer keys that only a fine-tuning loop applies: its length, its validation schedule, its gradients, its logging
+# interval (a test, an analysis and retrieval run none of them: pipeline/jobs.py refuses them there)
+FIT_LOOP_KEYS = (
+    "max_steps",
+    "max_epochs",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "limit_val_batches",
+    "num_sanity_val_steps",
+    "accumulate_grad_batches",
+    "gradient_clip_val",
+    "log_every_n_steps",
+)
 MATMUL_PRECISIONS = ("auto", "highest", "high", "medium")
 PROFILERS = ("simple", "advanced", "pytorch")
 

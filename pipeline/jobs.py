@@ -22,11 +22,19 @@ precedence (`retrieval=dense head_ckpt=...` selects `retrieve`, which then refus
 top-level key of `KEYS`, or an optional group of `OPTIONAL_GROUPS` (off at `none`), that the job does not take and
 that is set is one `InputError` naming the key and the job and saying which job, of which script, takes it; then
 the job's needs. Both read the config only (no file, no model), so `--dry-run` checks them too (`Script.check`).
+
+Unread keys (`unread`): of the groups every job composes (`data`, `trainer`, `logger`, `optim`, `eval`), a job reads
+only those in its `groups`, and of those maybe not every key (`Job.unread`: evaluate.py runs no training loop, so
+`trainer.max_steps` and every `optim` key do nothing there; the head stage trains `head.epochs` epochs whatever
+`trainer.max_steps` says). Such a key or group given on the command line is one `InputError` saying why, rather than a
+run that silently did not apply it. The command line only: an experiment YAML serves train.py and evaluate.py alike,
+and a grid's overrides serve all its cells (it passes each cell the ones its job reads, `applied`). `model` keys are
+checked against the checkpoint's ranker instead (`check_files`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,15 +49,28 @@ from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
 from core.precision import check_fp16_device
 from core.registry import Registry
+from datamodules.config import TRAINING_ONLY
+from lightning_modules.module import OptimConfig
 from models.loading import recorded_model
 from models.rankers.backbone import check_backbone_path
 from models.rankers.base import RUNTIME_KEYS
-from pipeline.config import RunConfig, check_validation_schedule, model_defaults
+from pipeline.config import (
+    FIT_LOOP_KEYS,
+    REPORTING_KEYS,
+    EvalConfig,
+    RunConfig,
+    TrainerConfig,
+    check_validation_schedule,
+    model_defaults,
+    parse_args,
+)
 from pipeline.stages import begin_attempt, check_outputs
 from retrieval.config import check_index_place
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
 
 __all__ = [
+    "COMPOSED",
+    "HEAD_SCHEDULE",
     "JOBS",
     "KEYS",
     "OPTIONAL_GROUPS",
@@ -59,12 +80,15 @@ __all__ = [
     "Need",
     "Script",
     "When",
+    "applied",
     "check",
     "check_files",
     "check_machine",
+    "check_overrides",
     "job",
     "jobs_of",
     "select",
+    "unread",
 ]
 
 SCRIPTS = ("train.py", "evaluate.py")
@@ -192,6 +216,10 @@ class Job:
     ignores: dict[str, str] = field(default_factory=dict)
     # the job's own checks of the config, beyond the table's (the analysis job: what the chosen analysis applies)
     checks: Callable[[DictConfig], None] | None = None
+    # keys (`group.key`) of the groups it reads that it does not read, each with why; a group of `COMPOSED` it does not
+    # read at all is left out of `groups` (a reason for it may be given here under the group's name). Set on the
+    # command line, either is refused (`check_overrides`)
+    unread: dict[str, str] = field(default_factory=dict)
 
     def takes(self, item: str) -> bool:
         """Tell whether this job takes the top-level key or config group `item`."""
@@ -199,6 +227,33 @@ class Job:
 
 
 _READS = ("model", "data", "trainer", "logger", "optim", "eval")  # what a job that trains or tests a ranker reads
+_TESTS = ("model", "data", "trainer", "logger", "eval")  # what a job that tests a ranker reads: it trains nothing
+# the groups every config composes that a job may not read: the command line's keys of these are checked against what
+# the job reads (`check_overrides`); `model` is checked against the checkpoint's ranker (`check_files`)
+COMPOSED = ("data", "trainer", "logger", "optim", "eval")
+_NO_TRAINING = "evaluate.py trains nothing: the optimiser, its schedule and the loss are train.py's"
+_NO_FIT_LOOP = "evaluate.py runs no training loop: of the trainer it reads the device, precision and strategy keys"
+_TEST_TRAINER_UNREAD = {f"trainer.{k}": _NO_FIT_LOOP for k in FIT_LOOP_KEYS}
+# the data keys that change only what a run trains on (datamodules/config.py), for the jobs that train nothing
+_TRAINING_DATA = {f"data.{k}": "it changes only what a run trains on, never a test split" for k in TRAINING_ONLY}
+# the eval keys of fine-tuning alone: its test before training and its step-0 validation (pipeline/run.py)
+_FIT_EVAL = {f"eval.{k}": "it is fine-tuning's (train.py)" for k in ("before_training", "start_candidate")}
+# a full-collection ranking reports its measures alone: the isotropy and ATS protocols and the re-ranking depths are
+# the re-ranking test's
+_RANKING_EVAL = {
+    f"eval.{f.name}": "a full ranking reports eval.measures alone; the other eval keys are the re-ranking test's "
+    "(`python evaluate.py ckpt=...`)"
+    for f in fields(EvalConfig)
+    if f.name != "measures"
+}
+_EXPORT = "export writes the checkpoint's weights and settings as they are: it reads no data and runs nothing"
+# the trainer keys the head stage sets itself (pipeline/head_stage.py): head.epochs whole epochs, each validated
+HEAD_SCHEDULE = ("max_steps", "max_epochs", "val_check_interval", "check_val_every_n_epoch")
+_HEAD_EPOCHS = "the head stage trains head.epochs whole epochs and validates after each; set head.epochs"
+_HEAD_OPTIM = (
+    "the head stage keeps the fine-tuned ranker's optim settings (of this run's it applies optim.nonfinite); the "
+    "head's own are head.lr and head.epochs"
+)
 
 # In precedence order: of a script's jobs, the first whose rule holds is selected.
 # Analyses: one job that defers to analyses/registry.py, not one per analysis: every analysis takes the same
@@ -210,7 +265,7 @@ TABLE: dict[str, Job] = {
         "train.py",
         When(stage="export"),
         ExportKeys,
-        ("eval",),
+        (),
         shape="train.py stage=export",
         command="train.py stage=export ckpt=... output_dir=DIR",
         needs=(
@@ -223,6 +278,7 @@ TABLE: dict[str, Job] = {
             "init_ckpt": "it is for fine-tuning; stage=export exports ckpt= (or head_ckpt=) into output_dir",
             "head": "the head comes from head_ckpt=<head checkpoint>, with its own settings",
         },
+        unread={g: _EXPORT for g in COMPOSED},
     ),
     "head": Job(
         "train.py",
@@ -238,6 +294,11 @@ TABLE: dict[str, Job] = {
         refuses={
             "init_ckpt": "it initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker "
             "as ckpt=",
+        },
+        unread={
+            **{f"trainer.{k}": _HEAD_EPOCHS for k in HEAD_SCHEDULE},
+            **{f"optim.{f.name}": _HEAD_OPTIM for f in fields(OptimConfig) if f.name != "nonfinite"},
+            **_FIT_EVAL,
         },
     ),
     "finetune": Job(
@@ -266,7 +327,7 @@ TABLE: dict[str, Job] = {
         "evaluate.py",
         When(retrieval=True),
         CheckpointKeys,
-        ("retrieval", *_READS),
+        ("retrieval", "model", "data", "logger", "eval"),
         shape="evaluate.py retrieval={retrieval}",
         command="evaluate.py retrieval={retrieval} ckpt=...",
         refuses={"head_ckpt": "it indexes a ranker checkpoint (ckpt=), not a head"},
@@ -277,15 +338,32 @@ TABLE: dict[str, Job] = {
             "data.rotate_eval": "the index is built from the collection as it is; rotation-debiased evaluation "
             "re-ranks (`python evaluate.py ckpt=... data.rotate_eval=true`)",
         },
+        unread={
+            "trainer": "retrieval encodes on retrieval.device, with retrieval.devices and retrieval.precision, not "
+            "through the trainer",
+            "optim": _NO_TRAINING,
+            **_TRAINING_DATA,
+            **_RANKING_EVAL,
+        },
     ),
     "analysis": Job(
         "evaluate.py",
         When(analysis=True),
         CheckpointKeys,
-        ("analysis", *_READS),
+        ("analysis", *_TESTS),
         shape="evaluate.py analysis={analysis}",
         command="evaluate.py analysis={analysis} ...",
         checks=check_analysis,
+        unread={
+            "optim": _NO_TRAINING,
+            **{
+                f"trainer.{f.name}": "an analysis reads trainer.accelerator only (for its device); the rest are "
+                "its analysis.* keys"
+                for f in fields(TrainerConfig)
+                if f.name != "accelerator"
+            },
+            **_FIT_EVAL,
+        },
     ),
     "first_stage": Job(
         "evaluate.py",
@@ -295,6 +373,11 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py model={model}",
         command="evaluate.py model={model} data=...",
         refuses={"ckpt": "model '{model}' ranks the collection by itself and takes no checkpoint"},
+        unread={
+            **{g: "model '{model}' ranks the collection by itself: nothing is trained" for g in ("trainer", "optim")},
+            **_TRAINING_DATA,
+            **_RANKING_EVAL,
+        },
         ignores={
             "data.passage_words": "model '{model}' scores whole documents, not passage windows (MaxP / FirstP are "
             "for neural re-ranking)",
@@ -305,21 +388,23 @@ TABLE: dict[str, Job] = {
         When(head_ckpt=True),
         HeadEvaluationKeys,
         # `head` is read from head_ckpt, which replaces it; a grid's head row sets it on its evaluations too
-        ("head", *_READS),
+        ("head", *_TESTS),
         shape="evaluate.py head_ckpt=...",
         command="evaluate.py head_ckpt=<head checkpoint> data=...",
+        unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
     ),
     "evaluate": Job(
         "evaluate.py",
         When(),
         CheckpointKeys,
-        _READS,
+        _TESTS,
         shape="evaluate.py",
         command="evaluate.py ckpt=... data=...",
         refuses={
             "head": "a head is trained by `python train.py stage=head ckpt=... head={value}` and applied with "
             "`python evaluate.py head_ckpt=<its checkpoint>`",
         },
+        unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
     ),
 }
 
@@ -438,7 +523,63 @@ def _foreign(cfg: DictConfig, name: str, item: str) -> InputError:
     return InputError(f"config key '{item}'", f"{_label(name, cfg)} takes no {shown}; {reason}")
 
 
-def check(cfg: DictConfig, name: str) -> None:
+def unread(name: str, key: str) -> str | None:
+    """Return why the job `name` does not read the config key or group `key` (`trainer.max_steps`, `optim`), else None.
+
+    Only the groups of `COMPOSED` are judged: a group the job does not read (not in its `groups`) or a key of one it
+    reads that its `unread` declares. The keys of how a run reports (`pipeline.config.REPORTING_KEYS`: the logger,
+    the progress bar, the cache folder) every job takes.
+
+    >>> unread("evaluate", "optim.lr").startswith("evaluate.py trains nothing")
+    True
+    >>> unread("finetune", "optim.lr") is None, unread("evaluate", "trainer.precision") is None
+    (True, True)
+    """
+    spec = TABLE[name]
+    group, _, rest = key.partition(".")
+    if group not in COMPOSED or key.startswith(REPORTING_KEYS):  # how it reports: taken by every job
+        return None
+    if group not in spec.groups:
+        return spec.unread.get(group, f"it does not read the {group} group")
+    return spec.unread.get(f"{group}.{rest.split('.', 1)[0]}") if rest else None
+
+
+def _override_key(arg: str) -> str:
+    return arg.split("=", 1)[0].strip().lstrip("+~")
+
+
+def applied(argv: Sequence[str], name: str) -> list[str]:
+    """Return the `key=value` arguments of `argv` that the job `name` reads (`unread` drops the others), in order.
+
+    A grid passes its common and row overrides to every cell: each cell gets those its own job reads.
+
+    >>> applied(["model=colbert", "optim.lr=1e-5", "trainer.max_steps=300", "trainer.precision=bf16-mixed"], "evaluate")
+    ['model=colbert', 'trainer.precision=bf16-mixed']
+    """
+    return [a for a in argv if unread(name, _override_key(a)) is None]
+
+
+def check_overrides(cfg: DictConfig, name: str, argv: Sequence[str]) -> None:
+    """Refuse a command-line key or group choice (of `argv`) that the job `name` does not read, naming why.
+
+    Raises
+    ------
+    InputError
+        `config key 'optim.lr': job 'evaluate' (evaluate.py) does not read it (evaluate.py trains nothing: ...);
+        drop it from the command line`.
+    """
+    choices, overrides = parse_args(list(argv))
+    for key in [*choices, *(_override_key(o) for o in overrides)]:
+        why = unread(name, key)
+        if why is not None:
+            names = _names(cfg) | {"model": str(cfg.model.name)}
+            raise InputError(
+                f"config key '{key}'",
+                f"{_label(name, cfg)} does not read it ({why.format(**names)}); drop it from the command line",
+            )
+
+
+def check(cfg: DictConfig, name: str, argv: Sequence[str] = ()) -> None:
     """Check that the config fits the job `name`: nothing set that it does not take, everything it needs there.
 
     Parameters
@@ -447,17 +588,22 @@ def check(cfg: DictConfig, name: str) -> None:
         The composed run config.
     name : str
         The job, a key of `TABLE` (as `select` returns it).
+    argv : sequence of str
+        The command line's `key=value` arguments that `cfg` was composed from: those the job does not read are
+        refused (`check_overrides`); empty for a config from elsewhere.
 
     Raises
     ------
     InputError
         The first key or optional group the job does not take, set (naming it, the job and the jobs that take it);
-        else the first need not met (`Need.where`: `Need.problem`).
+        else the first command-line key the job does not read; else the first need not met (`Need.where`:
+        `Need.problem`).
     """
     spec = TABLE[name]
     for item in _CHECK_ORDER:
         if not spec.takes(item) and _is_set(cfg, item):
             raise _foreign(cfg, name, item)
+    check_overrides(cfg, name, argv)
     names = _names(cfg)
     names["model"] = str(cfg.model.name)
     if "trainer" in cfg:
@@ -665,21 +811,23 @@ class Script:
 
     name: str
 
-    def check(self, cfg: DictConfig) -> str:
+    def check(self, cfg: DictConfig, argv: Sequence[str] = ()) -> str:
         """Select the job this script runs for `cfg`, check that the config fits it and return its name.
 
+        `argv`: the command line `cfg` was composed from (its keys the job does not read are refused).
         `pipeline.cli.main` calls it under `--dry-run` too.
         """
         name = select(cfg, self.name)
-        check(cfg, name)
+        check(cfg, name, argv)
         return name
 
-    def __call__(self, cfg: DictConfig, model_from_cli: bool = False) -> Any:
+    def __call__(self, cfg: DictConfig, model_from_cli: bool = False, argv: Sequence[str] = ()) -> Any:
         """Run the job of `cfg` (`check`) under `output_dir`'s lock and return what it returns.
 
-        `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it.
+        `model_from_cli`: the command line picked the model, so a checkpoint's ranker must match it; `argv`: the
+        command line `cfg` was composed from.
         """
-        name = self.check(cfg)
+        name = self.check(cfg, argv)
         check_files(cfg, model_from_cli, name)  # the checkpoints' headers, before the lock, any data or any cache
         check_machine(cfg, name)
         with output_dir_lock(cfg.output_dir):

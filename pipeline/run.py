@@ -78,16 +78,24 @@ def evaluate_first_stage(cfg: DictConfig, model_from_cli: bool = False) -> dict:
     retriever = first_stage(cfg.model.name)
     after = retriever.build(cfg)  # config.yaml with the results
     print_table({"value": after}, title=f"{cfg.model.get('split', 'test')} metrics")
-    # logged like any evaluation (job type eval), so a grid's BM25 row sits on the dashboard beside the trained rows;
-    # after the files are written: a logging failure cannot lose the results
+    log_evaluation(cfg, after)
+    return after
+
+
+def log_evaluation(cfg: DictConfig, after: dict) -> None:
+    """Log a job's measures (`test/<measure>` at step 0 and the results table) to the configured logger, if any.
+
+    As any evaluation (job type eval), so that a grid's BM25 row or a full-ranking run sits on the dashboard beside
+    the re-ranking tests; called after the files are written: a logging failure cannot lose the results.
+    """
     logger = build_logger(cfg, name=f"eval-{Path(cfg.output_dir).name}")
     if logger:
-        logger.log_metrics({f"test/{k}": float(v) for k, v in after.items()}, step=0)
-        log_results_table(logger, {"test": after})
+        measures = {k: float(v) for k, v in after.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        logger.log_metrics({f"test/{k}": v for k, v in measures.items()}, step=0)
+        log_results_table(logger, {"test": measures})
         logger.save()
         if hasattr(logger, "log_image"):
             logger.experiment.finish()
-    return after
 
 
 @job("export")
@@ -106,9 +114,12 @@ def export_stage(cfg: DictConfig, model_from_cli: bool = False) -> Path:
 def evaluate_retrieval(cfg: DictConfig, model_from_cli: bool) -> dict:
     """Run `retrieval=dense`: full ranking over the collection (retrieval/retrieve.py).
 
-    The resolved config.yaml is written with its results.
+    The resolved config.yaml is written with its results; the measures go to the configured logger too.
     """
-    return retrieve(cfg, model_from_cli)  # None on a rank > 0 of a split encoding: rank 0 writes the results
+    after = retrieve(cfg, model_from_cli)  # None on a rank > 0 of a split encoding: rank 0 writes the results
+    if after is not None:
+        log_evaluation(cfg, after)
+    return after
 
 
 def train(cfg: DictConfig) -> dict | Path | None:

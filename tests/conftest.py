@@ -127,6 +127,17 @@ def small_run(
     ]
 
 
+def job_args(script: str, args: list[str]) -> list[str]:
+    """The arguments of `args` that the job `script` runs for them reads (pipeline/jobs.py `applied`), in order.
+
+    A setup list shared by several jobs (fine-tuning and evaluating the same tiny run) holds keys some of them do not
+    read, which their command lines refuse; a grid passes its overrides the same way."""
+    from pipeline.config import compose
+    from pipeline.jobs import applied, select
+
+    return applied(args, select(compose(args), script))
+
+
 def finetune_steps(steps: int, before_training: bool = False) -> list[str]:
     """How the tiny end-to-end runs fine-tune: batches of 8, `steps` steps, a validation every 2 steps."""
     return [

@@ -36,11 +36,11 @@ TSV = (
     ]
     + [f"data.{split}_run=null" for split in ("train", "val", "test")]
 )
-# before each case's own arguments; experiments.py takes grid keys instead
+# before each case's own arguments, keys that every job takes (how a run reports, where it writes: the jobs refuse a
+# key they do not read, pipeline/jobs.py); experiments.py takes grid keys instead
 COMMON = [
     "logger=none",
     "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
     "output_dir={out}",
     "data.cache_dir={cache}",
 ]

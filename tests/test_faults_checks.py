@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import job_args
 from test_faults_inputs import SMALL, one_line, run_main
 
 
@@ -506,6 +507,7 @@ def test_fp16_on_the_cpu_is_refused_not_swapped_for_bf16(tmp_path, capsys, monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "out"
     argv = [*SMALL, "model=repbert", "trainer.precision=16-mixed", f"trainer.accelerator={accelerator}"]
+    argv = job_args("evaluate.py", argv)
     argv += [f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}", *(["--dry-run"] if dry else [])]
     assert one_line(capsys, main(argv, EVALUATE), 2) == (
         "error: config key 'trainer.precision': is 16-mixed, but fp16 needs a CUDA device and this run is on the CPU "
@@ -558,7 +560,8 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_loads(tmp_path, 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     out = tmp_path / "out"
-    argv = [*SMALL, "model=repbert", *args, f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={out}"]
+    argv = job_args("evaluate.py", [*SMALL, "model=repbert", *args, f"data.cache_dir={tmp_path / 'cache'}"])
+    argv.append(f"output_dir={out}")
     assert one_line(capsys, main(argv, EVALUATE), 2) == f"error: {line}"
     assert not out.exists() and not (tmp_path / "cache").exists()
     assert main([*argv, "--dry-run"], EVALUATE) == 0, capsys.readouterr().err
@@ -737,6 +740,7 @@ def test_a_model_key_a_checkpoint_job_would_not_apply_is_refused(tmp_path, tiny_
     script = TRAIN if job in ("head", "export") else EVALUATE
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = [*SMALL, *(a.format(ckpt=ckpt) for a in MODEL_KEY_JOBS[job]), f"data.cache_dir={cache}", f"output_dir={out}"]
+    argv = job_args("train.py" if script is TRAIN else "evaluate.py", argv)
     for dry in ([], ["--dry-run"]):
         line = one_line(capsys, main([*argv, "model.doc_max_len=24", *dry], script), 2)
         assert line.startswith("error: config key 'model.doc_max_len': is 24, but job ") and line.endswith(
@@ -806,6 +810,7 @@ def test_a_shared_index_dir_in_the_results_place_is_refused(tmp_path, capsys, wh
     out = tmp_path / "o"
     index = {"output_dir": out, "above": tmp_path, "inside": out / "idx"}[where]
     argv = [*SMALL, "model=repbert", "retrieval=dense", f"retrieval.index_dir={index}", f"output_dir={out}"]
+    argv = job_args("evaluate.py", argv)
     for dry in ([], ["--dry-run"]):
         said = {"output_dir": "is output_dir", "above": "holds output_dir", "inside": "lies inside output_dir"}[where]
         assert one_line(capsys, main([*argv, *dry], EVALUATE), 2) == (

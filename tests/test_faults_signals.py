@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, finetune_steps, sighup_default, small_run
+from conftest import REPO, finetune_steps, job_args, sighup_default, small_run
 
 EARLY = {
     "train.py": "nothing was written",
@@ -412,11 +412,16 @@ def test_a_sigterm_during_a_ddp_test_stops_both_ranks_with_one_line(tmp_path, ti
         tmp_path,
         "testterm:0:1",
         "evaluate.py",
-        "model=colbert",
-        f"model.backbone={tiny_bert}",
-        *small_run("data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp"),
-        f"data.cache_dir={tmp_path / 'cache'}",
-        f"output_dir={out}",
+        *job_args(
+            "evaluate.py",
+            [
+                "model=colbert",
+                f"model.backbone={tiny_bert}",
+                *small_run("trainer.devices=2", "trainer.strategy=ddp"),
+                f"data.cache_dir={tmp_path / 'cache'}",
+                f"output_dir={out}",
+            ],
+        ),
         timeout=240,
     )
     lines = [line for line in got["stderr"].splitlines() if line.startswith(("stopped:", "error:"))]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_bert, run_script, sighup_default, small_run
+from conftest import REPO, job_args, make_tiny_bert, run_script, sighup_default, small_run
 
 SMALL = small_run()
 FT = [*SMALL, "data.batch_size=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "eval.before_training=false"]
@@ -106,10 +106,10 @@ class World:
                 "trainer.max_steps=4",
             ]
         if door == "head":
-            return "train.py", [*self.doors["head"], f"output_dir={out}"]
+            return "train.py", job_args("train.py", [*self.doors["head"], f"output_dir={out}"])
         if door == "export":
-            return "train.py", [*SMALL, "stage=export", f"ckpt={self.ckpt}", f"output_dir={out}"]
-        return "evaluate.py", [*self.doors[door], f"output_dir={out}"]
+            return "train.py", job_args("train.py", [*SMALL, "stage=export", f"ckpt={self.ckpt}", f"output_dir={out}"])
+        return "evaluate.py", job_args("evaluate.py", [*self.doors[door], f"output_dir={out}"])
 
 
 @pytest.fixture(scope="module")

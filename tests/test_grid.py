@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import GRID_SYN as SYN
-from conftest import REPO, run_script
+from conftest import REPO, job_args, run_script
 from scipy import stats
 
 from core.errors import InputError
@@ -648,9 +648,8 @@ def test_untrained_row_is_the_backbone_evaluated_as_it_is(tmp_path, tiny_bert):
     cell = tmp_path / "grids" / "backbone" / "colbert_backbone" / "syn" / "seed1"
     assert not (cell / "checkpoints").exists()  # nothing trained
     direct = tmp_path / "direct"
-    run_script(
-        "evaluate.py", *model, *SYN, *FAST, f"data.cache_dir={tmp_path / 'cache'}", "seed=1", f"output_dir={direct}"
-    )
+    args = job_args("evaluate.py", [*model, *SYN, *FAST])  # the overrides the grid passes an untrained row
+    run_script("evaluate.py", *args, f"data.cache_dir={tmp_path / 'cache'}", "seed=1", f"output_dir={direct}")
     assert (
         json.loads((cell / "metrics.json").read_text())["ndcg_cut_10"]
         == json.loads((direct / "metrics.json").read_text())["ndcg_cut_10"]
@@ -961,7 +960,8 @@ def test_a_test_read_from_the_training_cell_equals_evaluate_py_on_its_checkpoint
 
     best = next((train_dir / "checkpoints").glob("best-*.ckpt"))
     out = tmp_path / "eval-original"
-    run_script("evaluate.py", f"ckpt={best}", *FAST, *SYN, f"data.cache_dir={cache}", f"output_dir={out}")
+    args = job_args("evaluate.py", [f"ckpt={best}", *FAST, *SYN])  # the overrides the grid passes its evaluation
+    run_script("evaluate.py", *args, f"data.cache_dir={cache}", f"output_dir={out}")
     ours, theirs = (json.loads((d / "per_query.json").read_text()) for d in (train_dir, out))
     assert ours == theirs
     ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (train_dir, out))
@@ -1037,3 +1037,42 @@ def test_a_bf16_grid_says_once_at_its_start_that_this_cpu_emulates_bf16(tmp_path
         ours = [str(w.message) for w in got if "no bf16 kernels" in str(w.message)]
         assert len(ours) == want, (precision, native, ours)
         assert all(m.startswith("trainer.precision=bf16-mixed on this CPU") for m in ours)
+
+
+def test_each_cell_gets_the_overrides_its_job_reads(tmp_path, monkeypatch):
+    """A grid's common and row overrides serve all its cells: a cell is launched with those its job reads
+    (pipeline/jobs.py `applied`; evaluate.py refuses the others on its command line), and cell.json keeps the planned
+    ones, so cells finished before this stay valid on resume."""
+    from grid import engine
+    from grid.engine import check, run_cell
+    from pipeline.jobs import unread
+
+    rows = {"bb": ["model=colbert", "optim.lr=1e-5", "data.negatives=random"], "ft": ["model=colbert"]}
+    gfile = tiny_grid(tmp_path, "applied", "bb", rows, untrained=["bb"])
+    spec, _ = load_grid([f"grid={gfile}"])
+    cells = plan(spec)
+    _, _, composed = check(spec, cells)  # the planned keys an evaluation does not read do not stop the grid
+    launched = {}
+    monkeypatch.setattr(engine, "_launch", lambda script, argv, *a: launched.setdefault(script, argv) and (0, ""))
+    untrained = next(c for c in cells if c.untrained)
+    run_cell(untrained, spec)
+    argv = launched["evaluate.py"]
+    dropped = [a for a in untrained.argv if a not in argv]
+    # FAST's training keys and the row's optimiser and negatives
+    assert sorted(a.split("=")[0] for a in dropped) == [
+        "data.batch_size",
+        "data.max_train_triples",
+        "data.negatives",
+        "eval.before_training",
+        "optim.lr",
+        "trainer.max_steps",
+        "trainer.val_check_interval",
+    ]
+    assert all(unread("evaluate", a.split("=")[0]) is not None for a in dropped)
+    assert [a for a in untrained.argv if a in argv] == argv  # the rest, in order
+    assert json.loads((untrained.dir / "cell.json").read_text())["argv"] == list(untrained.argv)
+    cfg, job = composed[engine._config_key(untrained)]
+    from pipeline.config import compose
+
+    default = compose([])
+    assert job == "evaluate" and cfg.optim.lr == default.optim.lr and cfg.trainer.max_steps == default.trainer.max_steps

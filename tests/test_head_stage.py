@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import finetune_steps, glow_head, run_script, small_run
+from conftest import finetune_steps, glow_head, job_args, run_script, small_run
 
 SMALL = small_run()
 GLOW = glow_head(batch_size=256)
@@ -59,7 +59,11 @@ def test_whitening_stage_and_evaluate_with_head(tmp_path, finetuned):
         "ranker.token_head.fitted",
     }
     ev = tmp_path / "ev"
-    run_script("evaluate.py", *SMALL, f"head_ckpt={out / 'checkpoints' / 'head.ckpt'}", f"output_dir={ev}")
+    run_script(
+        "evaluate.py",
+        *job_args("evaluate.py", [*SMALL, f"head_ckpt={out / 'checkpoints' / 'head.ckpt'}"]),
+        f"output_dir={ev}",
+    )
     me = metrics(ev)
     for k in ("ndcg_cut_10", "P_20", "mrr_10", "iw", "avgcos"):
         assert me[k] == pytest.approx(m[k], abs=1e-6), k

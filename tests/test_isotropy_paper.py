@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import run_script, small_run, synthetic_data
+from conftest import job_args, run_script, small_run, synthetic_data
 
 from callbacks.isotropy import IsotropyCallback, aggregate_batches, paper_batch_values
 
-SMALL = small_run("eval.ats_passages=0", eval_queries=6, depth=10)
+SMALL = job_args("evaluate.py", small_run("eval.ats_passages=0", eval_queries=6, depth=10))  # its evaluations
 
 
 def iw_reference(W: np.ndarray) -> float:

@@ -5,6 +5,7 @@ Nothing here loads a model or reads data: selection and checks read the composed
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 
 import pipeline.run  # noqa: F401 - registers the job functions
 from core.errors import InputError
-from pipeline.config import RunConfig, compose
-from pipeline.jobs import JOBS, KEYS, TABLE, When, check, jobs_of, select
+from datamodules.config import TRAINING_ONLY
+from pipeline.config import FIT_LOOP_KEYS, REPORTING_KEYS, RunConfig, compose
+from pipeline.jobs import HEAD_SCHEDULE, JOBS, KEYS, TABLE, When, check, jobs_of, select
 from pipeline.run import EVALUATE, TRAIN
 
 # The command shapes of README.md (paths need not exist: selection and checks read no file)
@@ -314,3 +316,125 @@ def test_a_data_key_a_job_does_not_apply_is_refused_not_ignored(capsys, tmp_path
         "error: config key 'data.passage_words': is 50, but job 'first_stage' (evaluate.py model=bm25) does not apply"
     )
     assert err.count("\n") == 1 and not out.exists()
+
+
+# ---- keys a job does not read, set on the command line -------------------------------------------------------------
+# a command that selects each job (paths need not exist: the checks read no file)
+JOB_ARGV = {
+    "export": ["stage=export", "ckpt=a.ckpt"],
+    "head": ["stage=head", "ckpt=a.ckpt", "head=nice"],
+    "finetune": [],
+    "retrieve": ["retrieval=dense", "ckpt=a.ckpt"],
+    "analysis": ["analysis=ats", "ckpt=a.ckpt"],
+    "first_stage": ["model=bm25"],
+    "evaluate_head": ["head_ckpt=h.ckpt"],
+    "evaluate": ["ckpt=a.ckpt"],
+}
+
+
+def _composed_keys(cfg) -> list[str]:
+    from pipeline.jobs import COMPOSED
+
+    return [f"{g}.{k}" for g in COMPOSED for k in cfg[g]]
+
+
+def test_a_command_line_key_a_job_does_not_read_is_refused():
+    """Second fault trial's leftover: `evaluate.py ckpt=... optim.lr=1e-5 trainer.max_steps=50` ran, applying
+    neither. Every key of the composed groups, set on the command line to its own value, is refused by exactly the
+    jobs that declare they do not read it (one line naming the key, the job and why) and taken by the others."""
+    from pipeline.jobs import unread
+
+    refused: dict[str, set[str]] = {}
+    for name, argv in JOB_ARGV.items():
+        base = compose(argv)
+        assert select(base, TABLE[name].script) == name
+        for key in _composed_keys(base):
+            group, sub = key.split(".")
+            node = base[group][sub]
+            value = json.dumps(OmegaConf.to_container(node) if OmegaConf.is_config(node) else node)  # YAML reads it
+            line = [*argv, f"{key}={value}"]
+            if unread(name, key) is None:
+                check(base, name, line)  # (the check reads the keys of the line; the config holds the same values)
+                continue
+            refused.setdefault(name, set()).add(key)
+            check(base, name)  # the same value from an experiment, not the command line, is taken
+            with pytest.raises(InputError) as e:
+                check(base, name, line)
+            msg = str(e.value)
+            assert msg.startswith(f"config key '{key}': job '{name}' (") and "does not read it (" in msg, msg
+            assert msg.endswith("); drop it from the command line") and "\n" not in msg and "{" not in msg, msg
+    # what each job reads, as pipeline/jobs.py's docstring and docs/configuration.md say; how a run reports (the
+    # logger, the progress bar, the cache folder...) every job takes
+    assert "finetune" not in refused
+    reporting = {k for keys in refused.values() for k in keys if k.startswith(REPORTING_KEYS)}
+    assert reporting == set() and "trainer.log_every_n_steps" in {f"trainer.{k}" for k in FIT_LOOP_KEYS}
+    trainer = {f"trainer.{k}" for k in compose([]).trainer}
+    optim = {f"optim.{k}" for k in compose([]).optim}
+    fit_loop = {f"trainer.{k}" for k in FIT_LOOP_KEYS} - {"trainer.log_every_n_steps"}
+    trainer -= {"trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps"}
+    train_data = {f"data.{k}" for k in TRAINING_ONLY}
+    fit_eval = {"eval.before_training", "eval.start_candidate"}
+    for name in ("evaluate", "evaluate_head"):
+        assert refused[name] == optim | fit_loop | train_data | fit_eval
+    ranking_eval = {f"eval.{k}" for k in compose([]).eval if k != "measures"}
+    assert refused["retrieve"] == trainer | optim | train_data | ranking_eval
+    assert refused["analysis"] == optim | (trainer - {"trainer.accelerator"}) | fit_eval
+    assert refused["first_stage"] == trainer | optim | train_data | ranking_eval
+    assert refused["head"] == {f"trainer.{k}" for k in HEAD_SCHEDULE} | (optim - {"optim.nonfinite"}) | fit_eval
+    everything = set(_composed_keys(compose(JOB_ARGV["export"])))
+    assert refused["export"] == {k for k in everything if not k.startswith(REPORTING_KEYS)}
+
+
+def test_a_group_choice_a_job_does_not_read_is_refused():
+    cfg = compose(["retrieval=dense", "trainer=ddp"])
+    with pytest.raises(InputError, match=r"^config key 'trainer': job 'retrieve' .*\(retrieval encodes on retrieval"):
+        check(cfg, "retrieve", ["retrieval=dense", "trainer=ddp"])
+    check(compose(["trainer=ddp"]), "evaluate", ["trainer=ddp"])  # evaluate.py reads the trainer's strategy
+
+
+def test_the_head_stage_sets_the_trainer_keys_it_refuses():
+    """The head's declaration and pipeline/head_stage.py agree: the trainer keys it replaces are those it refuses."""
+    from pipeline.head_stage import _trainer_for_head
+
+    cfg = compose(
+        [
+            *JOB_ARGV["head"],
+            "trainer.max_steps=5",
+            "trainer.max_epochs=7",
+            "trainer.val_check_interval=3",
+            "trainer.check_val_every_n_epoch=2",
+        ]
+    )
+    after = _trainer_for_head(cfg).trainer
+    assert {k for k in cfg.trainer if cfg.trainer[k] != after[k]} == set(HEAD_SCHEDULE)
+
+
+def test_the_scripts_refuse_an_unread_key_at_dry_run(capsys, tmp_path):
+    from pipeline.cli import main
+
+    out = tmp_path / "out"
+    argv = ["ckpt=a.ckpt", "optim.lr=1e-5", "trainer.max_steps=50", f"output_dir={out}", "--dry-run"]
+    assert main(argv, EVALUATE) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: config key 'optim.lr': job 'evaluate' (evaluate.py) does not read it (evaluate.py trains nothing: "
+        "the optimiser, its schedule and the loss are train.py's); drop it from the command line\n"
+    )
+    assert main(["optim.lr=1e-5", "trainer.max_steps=50", f"output_dir={out}", "--dry-run"], TRAIN) == 0
+    assert not out.exists()
+
+
+def test_applied_keeps_the_overrides_a_job_reads_in_order():
+    from pipeline.jobs import applied
+
+    argv = ["model=colbert", "optim.lr=1e-5", "trainer.max_steps=300", "trainer.precision=bf16-mixed", "eval.mats=mean"]
+    assert applied(argv, "finetune") == argv
+    assert applied(argv, "evaluate") == ["model=colbert", "trainer.precision=bf16-mixed", "eval.mats=mean"]
+    assert applied(argv, "retrieve") == ["model=colbert"]  # a full ranking reads eval.measures alone
+    assert applied([*argv, "stage=head", "optim.nonfinite=stop"], "head") == [
+        "model=colbert",
+        "trainer.precision=bf16-mixed",
+        "eval.mats=mean",
+        "stage=head",
+        "optim.nonfinite=stop",
+    ]

@@ -13,7 +13,7 @@ import re
 import warnings
 
 import pytest
-from conftest import SMALL_SYNTHETIC, finetune_steps, run_script, small_run
+from conftest import SMALL_SYNTHETIC, finetune_steps, job_args, run_script, small_run
 
 pytestmark = pytest.mark.slow
 
@@ -205,8 +205,7 @@ def test_default_run_prints_only_its_own_lines(tmp_path, tiny_bert):
 def test_bm25_evaluation_prints_only_its_own_lines(tmp_path):
     proc = run_script(
         "evaluate.py",
-        "model=bm25",
-        *tiny_run(logger=True),
+        *job_args("evaluate.py", ["model=bm25", *tiny_run(logger=True)]),
         f"data.cache_dir={tmp_path / 'cache'}",
         f"output_dir={tmp_path / 'out'}",
         extra_env=offline_wandb(tmp_path),
@@ -218,10 +217,9 @@ def test_colbert_reranking_prints_only_its_own_lines(tmp_path, tiny_bert):
     """Without the isotropy paper's protocol the probe's rank-deficiency note is nothing to act on: not printed."""
     proc = run_script(
         "evaluate.py",
-        "model=colbert",
-        f"model.backbone={tiny_bert}",
-        "eval.isotropy_paper=false",
-        *tiny_run(),
+        *job_args(
+            "evaluate.py", ["model=colbert", f"model.backbone={tiny_bert}", "eval.isotropy_paper=false", *tiny_run()]
+        ),
         f"data.cache_dir={tmp_path / 'cache'}",
         f"output_dir={tmp_path / 'out'}",
     )
@@ -232,10 +230,7 @@ def test_colbert_reranking_prints_only_its_own_lines(tmp_path, tiny_bert):
 def test_dense_evaluation_prints_only_its_own_lines(tmp_path, tiny_bert):
     proc = run_script(
         "evaluate.py",
-        "retrieval=dense",
-        "model=repbert",
-        f"model.backbone={tiny_bert}",
-        *tiny_run(),
+        *job_args("evaluate.py", ["retrieval=dense", "model=repbert", f"model.backbone={tiny_bert}", *tiny_run()]),
         f"data.cache_dir={tmp_path / 'cache'}",
         f"output_dir={tmp_path / 'out'}",
     )

@@ -367,6 +367,32 @@ def test_cli_writes_run_metrics_and_index(tiny_bert, tmp_path, monkeypatch):
     assert rc == 2
 
 
+def test_cli_logs_its_measures_and_refuses_keys_it_does_not_read(tiny_bert, tmp_path, monkeypatch, capsys):
+    """A full ranking's measures reach the configured logger as any evaluation's (`test/<measure>`, the values of
+    metrics.json); a trainer or optim key on its command line is refused before anything is written (it encodes on
+    retrieval.device and trains nothing: pipeline/jobs.py `unread`)."""
+    import csv
+
+    from pipeline.run import EVALUATE
+
+    monkeypatch.chdir(tmp_path)
+    args = [*repbert_dense(tiny_bert), "data.num_train_queries=10", "data.num_val_queries=3", "data.num_test_queries=6"]
+    out = tmp_path / "out"
+    for bad in ("trainer.precision=bf16-mixed", "optim.lr=1e-5", "eval.isotropy_paper=false"):
+        assert main([*args, "logger=csv", bad, f"output_dir={out}"], EVALUATE) == 2
+        key = bad.split("=")[0]
+        assert capsys.readouterr().err.startswith(
+            f"error: config key '{key}': job 'retrieve' (evaluate.py retrieval=dense) does not read it ("
+        )
+        assert not out.exists()
+    assert main([*args, "logger=csv", f"output_dir={out}"], EVALUATE) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    (logged,) = out.glob("csv/version_*/metrics.csv")
+    (row,) = list(csv.DictReader(logged.open()))
+    assert float(row["test/ndcg_cut_10"]) == pytest.approx(metrics["ndcg_cut_10"], abs=1e-12)
+    assert {k for k in row if k.startswith("test/")} == {f"test/{k}" for k, v in metrics.items() if k != "retrieval"}
+
+
 def test_cli_scores_the_rerankers_sample_of_questions(tiny_bert, tmp_path, monkeypatch, capsys):
     """`data.max_eval_queries` samples a full-ranking run's questions as it does a re-ranker's test split (the run seed,
     `np.random.default_rng([seed, 2])` over the sorted judged queries); each sampled query ranks as in the full run;

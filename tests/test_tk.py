@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import run_script
+from conftest import job_args, run_script
 
 from core.errors import InputError
 from datamodules.tokenization import PairTokenizer
@@ -464,7 +464,9 @@ def test_train_then_evaluate_tk_writes_metrics(tmp_path, tiny_bert):
     assert 0 <= m["ndcg_cut_10"] <= 1 and 0 < m["iw"] <= 1 and "before_training" in m
     # the checkpoint (no backbone Transformer in it) loads back into TK (model config from the checkpoint) and
     # evaluates to the same numbers
-    run_script("evaluate.py", *RUN, f"ckpt={out / 'checkpoints' / 'last.ckpt'}", f"output_dir={ev}")
+    run_script(
+        "evaluate.py", *job_args("evaluate.py", [*RUN, f"ckpt={out / 'checkpoints' / 'last.ckpt'}"]), f"output_dir={ev}"
+    )
     me = json.loads((ev / "metrics.json").read_text())
     for k in ("ndcg_cut_10", "mrr_10", "recall_100"):
         assert me[k] == pytest.approx(m[k], abs=1e-9), k

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_script, small_run
+from conftest import job_args, run_script, small_run
 
 # A small synthetic collection; steps chosen so that resume crosses an epoch boundary (5 batches per epoch).
 SMALL = small_run()
@@ -50,7 +50,7 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
     # evaluate.py on the best checkpoint reproduces the test metrics of train.py
     ev = tmp_path / "eval"
     best = next((out / "checkpoints").glob("best-*.ckpt"))
-    run_script("evaluate.py", *SMALL, f"ckpt={best}", f"output_dir={ev}")
+    run_script("evaluate.py", *job_args("evaluate.py", [*SMALL, f"ckpt={best}"]), f"output_dir={ev}")
     me = metrics(ev)
     for k in ("ndcg_cut_10", "P_20", "mrr_10", "recall_100", "iw", "avgcos", "mats"):
         assert me[k] == pytest.approx(m[k], abs=1e-6), k

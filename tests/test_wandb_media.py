@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import GRID_SYN, finetune_steps, glow_head, run_script, small_run
+from conftest import GRID_SYN, finetune_steps, glow_head, job_args, run_script, small_run
 
 SMALL = small_run("trainer.log_every_n_steps=1", logger=True)
 GLOW = glow_head(batch_size=256)
@@ -177,9 +177,8 @@ def test_head_stage_and_evaluation_log_isotropy_figures_and_tables(tmp_path, fin
     ev = tmp_path / "ev"
     run_script(
         "evaluate.py",
-        *SMALL,
+        *job_args("evaluate.py", [*SMALL, f"head_ckpt={next((out / 'checkpoints').glob('best-*.ckpt'))}"]),
         "logger=wandb",
-        f"head_ckpt={next((out / 'checkpoints').glob('best-*.ckpt'))}",
         f"data.cache_dir={tmp_path / 'c'}",
         f"output_dir={ev}",
         env=env,
