@@ -57,6 +57,7 @@ __all__ = [
     "check_index_limits",
     "check_rerank_depths",
     "compose",
+    "head_defaults",
     "load_yaml",
     "merge_structured",
     "parse_args",
@@ -356,6 +357,12 @@ def model_defaults(name: str) -> dict:
     picked = _option("model", name)
     picked.pop("optim", None)  # the ranker's optim defaults (merged into `optim`)
     return OmegaConf.to_container(merge_structured(model_entry(name).schema, picked, prefix="model."))
+
+
+def head_defaults(name: str) -> dict:
+    """Return the keys of `configs/head/<name>.yaml` over its head's schema defaults: a `head` key the user left."""
+    schema = HEADS.get(name, "head.name").schema
+    return OmegaConf.to_container(merge_structured(schema, _option("head", name), prefix="head."))
 
 
 def _config_key(key: str) -> str:

@@ -61,6 +61,7 @@ from pipeline.config import (
     RunConfig,
     TrainerConfig,
     check_validation_schedule,
+    head_defaults,
     model_defaults,
     parse_args,
 )
@@ -649,6 +650,8 @@ def check_files(cfg: DictConfig, model_from_cli: bool = False, name: str | None 
     if "init_ckpt" in headers:
         check_same_ranker(headers["init_ckpt"], cfg, "init_ckpt", cfg.init_ckpt)
     _check_model_keys_apply(cfg, headers, name)
+    if name == "evaluate_head" and "head_ckpt" in headers:
+        _check_head_keys_apply(cfg, headers["head_ckpt"])
     if "ckpt_path" in headers and name == "finetune":
         resumed = headers["ckpt_path"]
         if "base_ckpt" in resumed:
@@ -718,6 +721,38 @@ def _check_model_keys_apply(cfg: DictConfig, headers: dict, name: str | None) ->
             f"is {_yaml(now[k])}{more}, but {_label(name, cfg)} builds the ranker as {key}= records it "
             f"({k}={_yaml(recorded.get(k, schema.get(k)))}) and does not apply it; drop the override, or fine-tune "
             f"with it: `python train.py init_ckpt={cfg[key]} model.{k}={_yaml(now[k])}`",
+        )
+
+
+def _check_head_keys_apply(cfg: DictConfig, header: dict) -> None:
+    """Refuse `head` keys beside `head_ckpt=` that differ from the head its checkpoint records.
+
+    evaluate.py applies the head the checkpoint holds (its config replaces `cfg.head`): `head=nice` beside a whitening
+    head, or `head.granularity=sequence` beside a token-wise one, was not applied. A key counts as set when it
+    differs from its head's YAML (`head_defaults`); one equal to the recorded value (a grid's evaluation of a head row
+    repeats the row's keys) is no fault.
+    """
+    if cfg.head.name == "none":
+        return
+    recorded = dict(header.get("hyper_parameters", {}).get("head") or {})
+    now = OmegaConf.to_container(cfg.head)
+    if now["name"] != recorded.get("name"):
+        raise InputError(
+            "config key 'head'",
+            f"is {now['name']}, but head_ckpt= holds head '{recorded.get('name')}', which evaluate.py applies; "
+            "drop head= (the checkpoint's head is applied)",
+        )
+    defaults = head_defaults(str(now["name"]))
+    differ = [
+        k for k in now if k != "name" and now[k] != defaults.get(k) and now[k] != recorded.get(k, defaults.get(k))
+    ]
+    if differ:
+        k = differ[0]
+        raise InputError(
+            f"config key 'head.{k}'",
+            f"is {_yaml(now[k])}, but evaluate.py applies the head as head_ckpt= records it "
+            f"({k}={_yaml(recorded.get(k, defaults.get(k)))}); drop the override, or train a head with it: "
+            f"`python train.py stage=head head={now['name']} head.{k}={_yaml(now[k])} ckpt=...`",
         )
 
 

@@ -724,6 +724,44 @@ MODEL_KEY_JOBS = {
 }
 
 
+def test_a_head_key_beside_a_head_checkpoint_that_would_not_apply_is_refused(tmp_path, tiny_bert, capsys):
+    """The same class for `head`: evaluate.py head_ckpt= applies the head its checkpoint records, so `head=nice`
+    beside a whitening head, or `head.eps=0.001` beside one fitted with 1e-6, was silently not applied. Refused
+    before anything is written (--dry-run too); the recorded values, or the keys left alone, pass."""
+    from conftest import fake_checkpoint
+
+    from pipeline.cli import main
+    from pipeline.config import compose
+    from pipeline.run import EVALUATE, train
+
+    ckpt = fake_checkpoint(tmp_path / "colbert.ckpt", tiny_bert)
+    white, cache = tmp_path / "white", tmp_path / "cache"
+    train(
+        compose(
+            [*SMALL, "stage=head", "head=whitening", f"ckpt={ckpt}", f"data.cache_dir={cache}", f"output_dir={white}"]
+        )
+    )
+    head_ckpt = white / "checkpoints" / "head.ckpt"
+    capsys.readouterr()
+    out = tmp_path / "out"
+    argv = job_args("evaluate.py", [*SMALL, f"head_ckpt={head_ckpt}", f"data.cache_dir={cache}", f"output_dir={out}"])
+    for dry in ([], ["--dry-run"]):
+        line = one_line(capsys, main([*argv, "head=nice", *dry], EVALUATE), 2)
+        assert line == (
+            "error: config key 'head': is nice, but head_ckpt= holds head 'whitening', which evaluate.py applies; "
+            "drop head= (the checkpoint's head is applied)"
+        )
+        line = one_line(capsys, main([*argv, "head=whitening", "head.eps=0.001", *dry], EVALUATE), 2)
+        assert line == (
+            "error: config key 'head.eps': is 0.001, but evaluate.py applies the head as head_ckpt= records it "
+            "(eps=1.0e-06); drop the override, or train a head with it: `python train.py stage=head head=whitening "
+            "head.eps=0.001 ckpt=...`"
+        )
+        assert not out.exists()
+    for fine in ([], ["head=whitening"], ["head=whitening", "head.eps=1e-6"]):
+        assert main([*argv, *fine, "--dry-run"], EVALUATE) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("job", list(MODEL_KEY_JOBS))
 def test_a_model_key_a_checkpoint_job_would_not_apply_is_refused(tmp_path, tiny_bert, capsys, job):
     """Seventh fault trial C5: `train.py stage=head ckpt=... model.doc_max_len=24` fitted the head on the ranker the
