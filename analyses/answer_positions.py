@@ -83,6 +83,7 @@ class AnswerPositionsConfig(AnalysisConfig):
     """`python evaluate.py analysis=answer_positions data=...` (configs/analysis/answer_positions.yaml)."""
 
     needs_answers: ClassVar[bool] = True
+    reads_training_triples: ClassVar[bool] = True  # the triples' positives, cut as data.rotate_train cuts them
 
     name: str = "answer_positions"
     split: str = "train"

@@ -53,6 +53,10 @@ class AnalysisConfig:
     applies_data: ClassVar[tuple[str, ...]] = ()
     # It reads answer spans: a data source that never has them (`DataConfig.answers` False) is refused from the config.
     needs_answers: ClassVar[bool] = False
+    # It reads the training triples as training builds them, so the training-only data keys
+    # (datamodules.config.TRAINING_ONLY: negatives, rotate_train, ...) apply; for the others pipeline/jobs.py refuses
+    # them on the command line.
+    reads_training_triples: ClassVar[bool] = False
 
 
 # data keys that change what an evaluation scores, and why an analysis that reads whole documents ignores them

@@ -41,7 +41,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from analyses.registry import check_analysis
+from analyses.registry import check_analysis, load_all
 from core.checkpoints import check_same_ranker, read_header
 from core.devices import check_accelerator, check_device
 from core.errors import InputError
@@ -221,6 +221,8 @@ class Job:
     # read at all is left out of `groups` (a reason for it may be given here under the group's name). Set on the
     # command line, either is refused (`check_overrides`)
     unread: dict[str, str] = field(default_factory=dict)
+    # more keys it does not read that depend on the config's choices (the analysis job: by the analysis chosen)
+    unread_by: Callable[[DictConfig], dict[str, str]] | None = None
 
     def takes(self, item: str) -> bool:
         """Tell whether this job takes the top-level key or config group `item`."""
@@ -355,6 +357,7 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py analysis={analysis}",
         command="evaluate.py analysis={analysis} ...",
         checks=check_analysis,
+        unread_by=lambda cfg: _analysis_unread(str(cfg.analysis.name)),
         unread={
             "optim": _NO_TRAINING,
             **{
@@ -524,12 +527,18 @@ def _foreign(cfg: DictConfig, name: str, item: str) -> InputError:
     return InputError(f"config key '{item}'", f"{_label(name, cfg)} takes no {shown}; {reason}")
 
 
-def unread(name: str, key: str) -> str | None:
+def _analysis_unread(analysis: str) -> dict[str, str]:
+    """Return the training-only data keys for an analysis that does not read the training triples (its declaration)."""
+    return {} if load_all().get(analysis, "analysis.name").schema.reads_training_triples else _TRAINING_DATA
+
+
+def unread(name: str, key: str, cfg: DictConfig | None = None) -> str | None:
     """Return why the job `name` does not read the config key or group `key` (`trainer.max_steps`, `optim`), else None.
 
     Only the groups of `COMPOSED` are judged: a group the job does not read (not in its `groups`) or a key of one it
     reads that its `unread` declares. The keys of how a run reports (`pipeline.config.REPORTING_KEYS`: the logger,
-    the progress bar, the cache folder) every job takes.
+    the progress bar, the cache folder) every job takes. With the config `cfg`, also the keys its choices leave
+    unread (`Job.unread_by`: the analysis chosen).
 
     >>> unread("evaluate", "optim.lr").startswith("evaluate.py trains nothing")
     True
@@ -542,14 +551,18 @@ def unread(name: str, key: str) -> str | None:
         return None
     if group not in spec.groups:
         return spec.unread.get(group, f"it does not read the {group} group")
-    return spec.unread.get(f"{group}.{rest.split('.', 1)[0]}") if rest else None
+    if not rest:
+        return None
+    sub = f"{group}.{rest.split('.', 1)[0]}"
+    by_choice = spec.unread_by(cfg) if spec.unread_by is not None and cfg is not None else {}
+    return spec.unread.get(sub, by_choice.get(sub))
 
 
 def _override_key(arg: str) -> str:
     return arg.split("=", 1)[0].strip().lstrip("+~")
 
 
-def applied(argv: Sequence[str], name: str) -> list[str]:
+def applied(argv: Sequence[str], name: str, cfg: DictConfig | None = None) -> list[str]:
     """Return the `key=value` arguments of `argv` that the job `name` reads (`unread` drops the others), in order.
 
     A grid passes its common and row overrides to every cell: each cell gets those its own job reads.
@@ -557,7 +570,7 @@ def applied(argv: Sequence[str], name: str) -> list[str]:
     >>> applied(["model=colbert", "optim.lr=1e-5", "trainer.max_steps=300", "trainer.precision=bf16-mixed"], "evaluate")
     ['model=colbert', 'trainer.precision=bf16-mixed']
     """
-    return [a for a in argv if unread(name, _override_key(a)) is None]
+    return [a for a in argv if unread(name, _override_key(a), cfg) is None]
 
 
 def check_overrides(cfg: DictConfig, name: str, argv: Sequence[str]) -> None:
@@ -571,7 +584,7 @@ def check_overrides(cfg: DictConfig, name: str, argv: Sequence[str]) -> None:
     """
     choices, overrides = parse_args(list(argv))
     for key in [*choices, *(_override_key(o) for o in overrides)]:
-        why = unread(name, key)
+        why = unread(name, key, cfg)
         if why is not None:
             names = _names(cfg) | {"model": str(cfg.model.name)}
             raise InputError(

@@ -135,7 +135,8 @@ def job_args(script: str, args: list[str]) -> list[str]:
     from pipeline.config import compose
     from pipeline.jobs import applied, select
 
-    return applied(args, select(compose(args), script))
+    cfg = compose(args)
+    return applied(args, select(cfg, script), cfg)
 
 
 def finetune_steps(steps: int, before_training: bool = False) -> list[str]:

@@ -309,8 +309,9 @@ def test_an_input_path_a_schema_declares_is_checked_before_anything_loads(tmp_pa
     elif fault == "empty":
         path.write_bytes(b"")
     out, cache = tmp_path / "out", tmp_path / "cache"
-    argv = [*SMALL, *(a.format(path=path) for a in args), f"data.cache_dir={cache}", f"output_dir={out}"]
-    argv = [a for a in argv if not a.startswith("data.max_eval_queries")] + (["--dry-run"] if dry else [])
+    argv = [*SMALL, f"data.cache_dir={cache}", f"output_dir={out}"]
+    argv = job_args("evaluate.py", [a for a in argv if not a.startswith("data.max_eval_queries")])
+    argv += [*(a.format(path=path) for a in args), *(["--dry-run"] if dry else [])]
     line = one_line(capsys, main(argv, EVALUATE), 2)
     where = f"error: config key '{key}': "
     expected = {
@@ -825,8 +826,8 @@ def test_an_analysis_refuses_the_data_switches_it_does_not_apply(tmp_path, capsy
     from pipeline.cli import main
     from pipeline.run import EVALUATE
 
-    argv = [*SMALL, f"analysis={analysis}", switch, f"output_dir={tmp_path / 'o'}", "--dry-run"]
-    argv = [a for a in argv if not a.startswith("data.max_eval_queries")]
+    argv = [*SMALL, f"analysis={analysis}", switch, f"output_dir={tmp_path / 'o'}"]
+    argv = job_args("evaluate.py", [a for a in argv if not a.startswith("data.max_eval_queries")]) + ["--dry-run"]
     rc = main(argv, EVALUATE)
     if applied:
         assert rc == 0, capsys.readouterr().err

@@ -353,7 +353,7 @@ def test_a_command_line_key_a_job_does_not_read_is_refused():
             node = base[group][sub]
             value = json.dumps(OmegaConf.to_container(node) if OmegaConf.is_config(node) else node)  # YAML reads it
             line = [*argv, f"{key}={value}"]
-            if unread(name, key) is None:
+            if unread(name, key, base) is None:
                 check(base, name, line)  # (the check reads the keys of the line; the config holds the same values)
                 continue
             refused.setdefault(name, set()).add(key)
@@ -378,11 +378,29 @@ def test_a_command_line_key_a_job_does_not_read_is_refused():
         assert refused[name] == optim | fit_loop | train_data | fit_eval
     ranking_eval = {f"eval.{k}" for k in compose([]).eval if k != "measures"}
     assert refused["retrieve"] == trainer | optim | train_data | ranking_eval
-    assert refused["analysis"] == optim | (trainer - {"trainer.accelerator"}) | fit_eval
+    assert refused["analysis"] == optim | (trainer - {"trainer.accelerator"}) | fit_eval | train_data  # analysis=ats
     assert refused["first_stage"] == trainer | optim | train_data | ranking_eval
     assert refused["head"] == {f"trainer.{k}" for k in HEAD_SCHEDULE} | (optim - {"optim.nonfinite"}) | fit_eval
     everything = set(_composed_keys(compose(JOB_ARGV["export"])))
     assert refused["export"] == {k for k in everything if not k.startswith(REPORTING_KEYS)}
+
+
+def test_the_training_data_keys_are_refused_for_an_analysis_that_does_not_read_the_triples():
+    """An analysis declares whether it reads the training triples (analyses/registry.py `reads_training_triples`):
+    answer_positions cuts their positives as data.rotate_train does, so the training-only data keys apply there; ATS
+    reads no triple, so `data.negatives=random` beside it is refused."""
+    from analyses.registry import load_all
+
+    readers = [n for n in load_all().names() if load_all().get(n).schema.reads_training_triples]
+    assert readers == ["answer_positions"]
+    for analysis, refused in (("answer_positions", False), ("ats", True), ("whitebox", True)):
+        argv = [f"analysis={analysis}", "data=squad", "data.negatives=random", "data.rotate_train=true"]
+        cfg = compose(argv)
+        if refused:
+            with pytest.raises(InputError, match=r"^config key 'data.negatives': job 'analysis' .*only what a run"):
+                check(cfg, "analysis", argv)
+        else:
+            check(cfg, "analysis", argv)
 
 
 def test_a_group_choice_a_job_does_not_read_is_refused():
