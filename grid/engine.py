@@ -494,16 +494,10 @@ def check(
         if key in seen:
             continue
         seen.add(key)
-        # `@` cannot start a YAML value: an init_ckpt=@row/train reference is composed quoted (run_cell resolves it)
-        argv = [f"init_ckpt='{a[len('init_ckpt=') :]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
         try:
-            script, given = cell_script(cell)  # (whether a row is untrained composes its config too)
-            argv = [*argv, *(f"{k}={PLANNED}" for k in given)]
             # the job the cell's script will run, with the checkpoint keys run_cell adds: a key that job does not take
             # stops the grid here, not when the cell starts; of the overrides, the cell gets those its job reads
-            job = jobs.select(compose(argv), script)
-            argv = jobs.applied(argv, job)
-            cfg = compose(argv)
+            argv, cfg, job = _planned(cell)
             jobs.check(cfg, job, argv)
         except InputError as e:
             raise InputError(f"grid {spec.name}, cell {cell.label}", str(e)) from e
@@ -765,8 +759,24 @@ def _unreadable(cell_dir: Path) -> str:
     return "" if tail.endswith(b"}") else "per_query.json unreadable (cut short)"
 
 
-# Keys a grid sets when it launches a cell, not in its planned overrides: the checkpoint it resumes from or evaluates.
-_LAUNCH_KEYS = ("output_dir", "ckpt", "ckpt_path")
+# Keys a grid sets when it launches a cell, not in its planned overrides: the checkpoint it resumes from, starts from
+# (an init_ckpt=@row/train reference resolved) or evaluates.
+_LAUNCH_KEYS = ("output_dir", "ckpt", "ckpt_path", "head_ckpt", "init_ckpt")
+
+
+def _planned(cell: Cell) -> tuple[list[str], DictConfig, str]:
+    """Return the overrides a cell is launched with as planned, their config and the job its script runs for them.
+
+    The checkpoints run_cell adds stand as `PLANNED`; an init_ckpt=@row/train reference is composed quoted (`@` cannot
+    start a YAML value); of the overrides, those the job reads (`pipeline.jobs.applied`).
+    """
+    argv = [f"init_ckpt='{a[len('init_ckpt=') :]}'" if a.startswith(INIT_REF) else a for a in cell.argv]
+    script, given = cell_script(cell)  # (whether a row is untrained composes its config too)
+    argv = [*argv, *(f"{k}={PLANNED}" for k in given)]
+    cfg = compose(argv)
+    job = jobs.select(cfg, script)
+    kept = jobs.applied(argv, job)
+    return kept, (cfg if kept == argv else compose(kept)), job
 
 
 def _leaves(node: dict, prefix: str = "") -> dict:
@@ -793,9 +803,7 @@ def _config_differs(cell: Cell, why: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - any reason makes the settings unknown; the line names it
         reason = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({type(e).__name__})"
         return f"{why} and its config.yaml is {reason}: its settings are unknown"
-    script, given = cell_script(cell)
-    planned_cfg = compose(list(cell.argv))
-    job = jobs.select(compose([*cell.argv, *(f"{k}={PLANNED}" for k in given)]), script)
+    _, planned_cfg, job = _planned(cell)
     planned = _leaves(OmegaConf.to_container(planned_cfg))
     saved = _leaves(saved) if isinstance(saved, dict) else {}
     differ = sorted(

@@ -101,8 +101,8 @@ REPORTING_KEYS = (
     "data.cache_dir",
     "data.num_workers",
 )
-# trainer keys that only a fine-tuning loop applies: its length, its validation schedule, its gradients, its logging
-# interval (a test, an analysis and retrieval run none of them: pipeline/jobs.py refuses them there)
+# trainer keys that only a fine-tuning loop applies: its length, its validation schedule, its gradients (a test, an
+# analysis and retrieval run none of them: pipeline/jobs.py refuses them there; its logging interval is a reporting key)
 FIT_LOOP_KEYS = (
     "max_steps",
     "max_epochs",
@@ -112,7 +112,6 @@ FIT_LOOP_KEYS = (
     "num_sanity_val_steps",
     "accumulate_grad_batches",
     "gradient_clip_val",
-    "log_every_n_steps",
 )
 MATMUL_PRECISIONS = ("auto", "highest", "high", "medium")
 PROFILERS = ("simple", "advanced", "pytorch")

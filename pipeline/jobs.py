@@ -258,6 +258,13 @@ _HEAD_OPTIM = (
     "head's own are head.lr and head.epochs"
 )
 
+
+def _analysis_unread(cfg: DictConfig) -> dict[str, str]:
+    """Return the training-only data keys if the chosen analysis does not read the training triples (as declared)."""
+    reads = load_all().get(str(cfg.analysis.name), "analysis.name").schema.reads_training_triples
+    return {} if reads else _TRAINING_DATA
+
+
 # In precedence order: of a script's jobs, the first whose rule holds is selected.
 # Analyses: one job that defers to analyses/registry.py, not one per analysis: every analysis takes the same
 # top-level keys (ckpt, or none for the untrained model) and its own keys are the `analysis` group, which that
@@ -357,7 +364,7 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py analysis={analysis}",
         command="evaluate.py analysis={analysis} ...",
         checks=check_analysis,
-        unread_by=lambda cfg: _analysis_unread(str(cfg.analysis.name)),
+        unread_by=_analysis_unread,
         unread={
             "optim": _NO_TRAINING,
             **{
@@ -525,11 +532,6 @@ def _foreign(cfg: DictConfig, name: str, item: str) -> InputError:
         else:
             reason = f"{item} is for " + " or ".join(_label(n, cfg) for n in takers)
     return InputError(f"config key '{item}'", f"{_label(name, cfg)} takes no {shown}; {reason}")
-
-
-def _analysis_unread(analysis: str) -> dict[str, str]:
-    """Return the training-only data keys for an analysis that does not read the training triples (its declaration)."""
-    return {} if load_all().get(analysis, "analysis.name").schema.reads_training_triples else _TRAINING_DATA
 
 
 def unread(name: str, key: str, cfg: DictConfig | None = None) -> str | None:

@@ -1076,3 +1076,38 @@ def test_each_cell_gets_the_overrides_its_job_reads(tmp_path, monkeypatch):
 
     default = compose([])
     assert job == "evaluate" and cfg.optim.lr == default.optim.lr and cfg.trainer.max_steps == default.trainer.max_steps
+
+
+def test_a_cell_without_its_cell_json_is_judged_by_its_config_yaml_whatever_checkpoint_it_was_launched_with(tmp_path):
+    """`_config_differs` (a cell whose cell.json is unreadable, judged by the config.yaml its run wrote): the
+    checkpoint a grid passes at launch (a head row's evaluation's head_ckpt, a transfer row's resolved init_ckpt) is not
+    a planned setting, and a key the cell's job does not read is not passed to it; neither makes the cell's settings
+    differ. Any planned key that differs does."""
+    from omegaconf import OmegaConf
+
+    from grid.engine import _config_differs, _planned
+
+    spec, _ = load_grid([f"grid={transfer_grid(tmp_path, output_root=str(tmp_path / 'grids'))}"])
+    heads = tiny_grid(
+        tmp_path,
+        "heads",
+        "colbert",
+        {"colbert_white": ["model=colbert", "head=whitening"], "colbert": ["model=colbert"]},
+        eval_data={"syn": SYN, "syn4": SYN4},
+    )
+    cells = plan(spec) + plan(load_grid([f"grid={heads}"])[0])
+    launched = {"init_ckpt": "/runs/a/pre/seed1/checkpoints/best-2.ckpt", "head_ckpt": "/runs/h/head.ckpt"}
+    judged = [c for c in cells if c.init_dir is not None or (c.kind == "eval" and c.base_dir is not None)]
+    assert {c.row for c in judged} == {"a_ft", "colbert_white"}
+    for cell in judged:
+        _, cfg, _ = _planned(cell)
+        saved = OmegaConf.to_container(cfg)
+        for key, path in launched.items():
+            if saved.get(key):
+                saved[key] = path  # what the run recorded: the real checkpoint
+        cell.dir.mkdir(parents=True)
+        OmegaConf.save(saved, cell.dir / "config.yaml")
+        assert _config_differs(cell, "x") is None, cell.label
+        saved["seed"] = 99
+        OmegaConf.save(saved, cell.dir / "config.yaml")
+        assert "seed: ran with 99" in _config_differs(cell, "x"), cell.label
