@@ -64,6 +64,10 @@ class Options:
     bins: int = 20
     spans: str = "all"
 
+    def splits_read(self) -> tuple[str, ...]:
+        """Return the splits `analyse` loads: `split`."""
+        return used_splits(self.split)
+
     def check(self, prefix: str = "analysis.") -> None:
         """`prefix`: how the options are named in errors (the config keys `analysis.split`, ...)."""
         if self.split not in SPLITS:
@@ -98,6 +102,10 @@ class AnswerPositionsConfig(AnalysisConfig):
         """Return the config's keys as the `Options` that `analyse` and `run` take."""
         return Options(self.split, self.epochs, self.bins, self.spans)
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the split whose answers it reads (`split`), as `analyse` loads it."""
+        return self.options().splits_read()
+
 
 def _units(dc, ds, split: str, seed: int):
     if split != "train":
@@ -113,7 +121,7 @@ def analyse(cfg, opts: Options) -> dict:
     seed = int(cfg.seed)
     k = dc.answer_bias_keep_first
     plain = dataclasses.replace(dc, answer_bias_keep_first=None, answer_bias_late_keep=0.0)
-    ds = load_dataset(plain, seed, used_splits(opts.split))
+    ds = load_dataset(plain, seed, opts.splits_read())
     if not ds.answers:
         raise InputError(
             "data.source",

@@ -68,6 +68,10 @@ class ATSConfig(AnalysisConfig):
     batch_size: int = 64  # passages per forward pass
     seed: int | None = None  # passage, query and occurrence samples; null = the run seed
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the split whose queries it pairs with the passages (`split`)."""
+        return used_splits(self.split)
+
     def __post_init__(self):
         check_choice("analysis.split", self.split, ("train", "val", "test"))
         if self.passages is not None and self.passages < 2:
@@ -108,9 +112,7 @@ def analyse(cfg, opts: ATSConfig, model_from_cli: bool = False) -> dict:
     """
     seed = int(cfg.seed if opts.seed is None else opts.seed)
     dc = data_config(cfg)
-    ds = load_dataset(
-        dc, int(cfg.seed), used_splits(opts.split)
-    )  # the data before the models: bad data fails before any weights load
+    ds = load_dataset(dc, int(cfg.seed), opts.splits_read())  # the data before the models: bad data fails first
     models = _models(cfg, opts, model_from_cli)
     doc_ids = sorted(ds.docs)
     rng = np.random.default_rng([seed, 8])

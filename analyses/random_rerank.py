@@ -44,6 +44,10 @@ class RandomRerankConfig(AnalysisConfig):
     permutations: int = 200  # random orders per query
     seed: int = 0  # of the permutations
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the split whose qrels judge the run (`split`)."""
+        return used_splits(self.split)
+
     def __post_init__(self):
         if not self.run:
             raise InputError(
@@ -78,7 +82,7 @@ def run(cfg, opts: RandomRerankConfig) -> dict:
     """Check the run against the split's qrels (nothing written before), then the random-order statistics."""
     check_input_file(opts.run, "config key 'analysis.run'", "a TREC run")
     trec = read_trec_run(opts.run)
-    split = load_dataset(data_config(cfg), cfg.seed, used_splits(opts.split)).split(opts.split)
+    split = load_dataset(data_config(cfg), cfg.seed, opts.splits_read()).split(opts.split)
     missing = sorted(set(trec) - set(split.qrels))
     if missing:
         raise InputError(

@@ -58,6 +58,14 @@ class AnalysisConfig:
     # them on the command line.
     reads_training_triples: ClassVar[bool] = False
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the splits it reads (`load_dataset`'s `splits`; None: every split).
+
+        Its run loads them so; the data keys of the others' files (`DataConfig.split_keys`) and, when "train" is not
+        among them, the training-only data keys are refused on the command line (pipeline/jobs.py).
+        """
+        return None
+
 
 # data keys that change what an evaluation scores, and why an analysis that reads whole documents ignores them
 DATA_SWITCHES = {

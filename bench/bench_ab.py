@@ -69,8 +69,6 @@ def bm25_args(f: dict[str, Path], cache: Path, queries: str, depth: int) -> list
         f"data.cache_dir={cache}",
         f"data.test_queries={f[f'queries.{queries}']}",
         f"data.test_qrels={f[f'qrels.{queries}']}",
-        *(f"data.{s}_{k}=null" for s in ("train", "val") for k in ("queries", "qrels")),
-        "data.train_triples=null",
         "logger=none",
     ]
 

@@ -132,7 +132,8 @@ class Runner:
             f"output_dir={out}",
             *overrides,
         ]
-        cmd = [sys.executable, script, *applied(args, select(compose(args), script))]  # what its job reads
+        cfg = compose(args)
+        cmd = [sys.executable, script, *applied(args, select(cfg, script), cfg)]  # what its job reads
         env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         # the CPU jobs share the cores; a GPU job needs a core or two to feed its device
         cpu_threads = max(1, (os.cpu_count() or 2) // self.opts.workers)

@@ -592,7 +592,10 @@ def line_of(rec: dict) -> str:
 
 # ---- the stages --------------------------------------------------------------------------------------------------
 def tsv_args(f: dict[str, Path], cache: Path, train: bool, val: bool, test: str = "test") -> list[str]:
-    """`data=tsv` overrides: the collection, the train / val files (or null), the `test` query set as test split."""
+    """`data=tsv` overrides: the collection, the `test` query set as test split, and the train / val files if asked.
+
+    An evaluation asks for neither: evaluate.py reads the test split alone and refuses the others' keys.
+    """
     a = [
         "data=tsv",
         f"data.collection={f['collection']}",
@@ -608,12 +611,8 @@ def tsv_args(f: dict[str, Path], cache: Path, train: bool, val: bool, test: str 
             "data.triples_format=ids",
             "data.negatives=given",
         ]
-    else:
-        a += ["data.train_queries=null", "data.train_qrels=null", "data.train_triples=null"]
     if val:
         a += [f"data.val_queries={f['queries.dev']}", f"data.val_qrels={f['qrels.dev']}"]
-    else:
-        a += ["data.val_queries=null", "data.val_qrels=null"]
     return a
 
 

@@ -118,6 +118,16 @@ class DataConfig:
     doc_score: str = "max"
     train_passage: str = "random"
 
+    def split_keys(self) -> dict[str, frozenset[str]]:
+        """Return the source's keys that only some splits' reading uses: key -> the splits any of which reads it.
+
+        A job reads some splits only (an evaluation its test split, `load_dataset`'s `splits`); a key of a split it
+        does not read changes nothing there (`split_keys_unread`). None here: a source whose one file holds every
+        split (SQuAD, the classic collections, synthetic) reads all its keys whatever the split. Sources with a file
+        or id per split (tsv, BEIR, ir_datasets) declare theirs.
+        """
+        return {}
+
     def __post_init__(self):
         check_choice("data.negatives", self.negatives, ("bm25", "random", "given"))
         check_choice("data.rotation", self.rotation, ROTATIONS)
@@ -232,3 +242,26 @@ def empty_split(cfg: DataConfig, split: str, problem: str) -> InputError:
     return InputError(
         f"data '{cfg.source}', split '{split}'", f"{problem}; check {split_settings(cfg, split) or 'the data source'}"
     )
+
+
+def split_keys_unread(cfg: DataConfig, splits: tuple[str, ...] | None) -> dict[str, str]:
+    """Return the data keys (`data.<key>`) that a job reading only `splits` (None: every split) never reads, with why.
+
+    The keys `cfg.split_keys()` declares for splits other than those; none with `data.num_folds` set, since folds
+    re-split the queries of every split, so every split is read (`load_dataset`).
+
+    >>> from datamodules.sources.tsv import TsvConfig
+    >>> sorted(split_keys_unread(TsvConfig(), ("test",)))[:3]
+    ['data.train_qrels', 'data.train_queries', 'data.train_run']
+    >>> split_keys_unread(TsvConfig(num_folds=5), ("test",))
+    {}
+    """
+    if splits is None or cfg.num_folds is not None:
+        return {}
+    reads = f"the {' and '.join(splits)} split{'s' if len(splits) > 1 else ''} only"
+    return {
+        f"data.{key}": f"source '{cfg.source}' reads it with the {' or '.join(sorted(by))} split, and this job reads "
+        f"{reads}"
+        for key, by in cfg.split_keys().items()
+        if not by & set(splits)
+    }

@@ -775,7 +775,7 @@ def _planned(cell: Cell) -> tuple[list[str], DictConfig, str]:
     argv = [*argv, *(f"{k}={PLANNED}" for k in given)]
     cfg = compose(argv)
     job = jobs.select(cfg, script)
-    kept = jobs.applied(argv, job)
+    kept = jobs.applied(argv, job, cfg)
     return kept, (cfg if kept == argv else compose(kept)), job
 
 
@@ -811,7 +811,7 @@ def _config_differs(cell: Cell, why: str) -> str | None:
         for k in planned.keys() | saved.keys()
         if not k.startswith(NEUTRAL)
         and k not in _LAUNCH_KEYS
-        and jobs.unread(job, k) is None
+        and jobs.unread(job, k, planned_cfg) is None
         and planned.get(k, "<unset>") != saved.get(k, "<unset>")
     )
     if not differ:
@@ -930,7 +930,8 @@ def run_cell(cell: Cell, spec: GridSpec, on_start=lambda: None) -> tuple[str, st
         if ckpt is None:
             return "blocked", why
         argv.append(f"{'head_ckpt' if cell.base_dir is not None else 'ckpt'}={ckpt}")
-    argv = jobs.applied(argv, jobs.select(compose(argv), script))  # the overrides the cell's job reads
+    cfg = compose(argv)
+    argv = jobs.applied(argv, jobs.select(cfg, script), cfg)  # the overrides the cell's job reads
     on_start()
     cell.dir.mkdir(parents=True, exist_ok=True)
     write_json(cell.dir / CELL_FILE, {"argv": list(cell.argv), "launcher": spec.launcher})

@@ -26,10 +26,11 @@ the job's needs. Both read the config only (no file, no model), so `--dry-run` c
 Unread keys (`unread`): of the groups every job composes (`data`, `trainer`, `logger`, `optim`, `eval`), a job reads
 only those in its `groups`, and of those maybe not every key (`Job.unread`: evaluate.py runs no training loop, so
 `trainer.max_steps` and every `optim` key do nothing there; the head stage trains `head.epochs` epochs whatever
-`trainer.max_steps` says). Such a key or group given on the command line is one `InputError` saying why, rather than a
-run that silently did not apply it. The command line only: an experiment YAML serves train.py and evaluate.py alike,
-and a grid's overrides serve all its cells (it passes each cell the ones its job reads, `applied`). `model` keys are
-checked against the checkpoint's ranker instead (`check_files`).
+`trainer.max_steps` says; the data keys of a split it does not read, `Job.splits` against the source's
+`DataConfig.split_keys`: evaluate.py reads the test split, not tsv's `train_triples`). Such a key or group given on the
+command line is one `InputError` saying why, rather than a run that silently did not apply it. The command line only: an
+experiment YAML serves train.py and evaluate.py alike, and a grid's overrides serve all its cells (it passes each cell
+the ones its job reads, `applied`). `model` keys are checked against the checkpoint's ranker instead (`check_files`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from analyses.registry import check_analysis, load_all
+from analyses.registry import analysis_options, check_analysis
 from core.checkpoints import check_same_ranker, read_header
 from core.devices import check_accelerator, check_device
 from core.errors import InputError
@@ -49,7 +50,8 @@ from core.inputs import check_input_file, declared_inputs
 from core.lock import output_dir_lock
 from core.precision import check_fp16_device
 from core.registry import Registry
-from datamodules.config import TRAINING_ONLY
+from datamodules.config import TRAINING_ONLY, split_keys_unread
+from datamodules.sources import data_config
 from lightning_modules.module import OptimConfig
 from models.loading import recorded_model
 from models.rankers.backbone import check_backbone_path
@@ -65,7 +67,7 @@ from pipeline.config import (
     model_defaults,
     parse_args,
 )
-from pipeline.stages import begin_attempt, check_outputs
+from pipeline.stages import TEST_SPLITS, begin_attempt, check_outputs
 from retrieval.config import check_index_place
 from retrieval.first_stage import FIRST_STAGE, first_stage, model_capabilities
 
@@ -223,6 +225,9 @@ class Job:
     unread: dict[str, str] = field(default_factory=dict)
     # more keys it does not read that depend on the config's choices (the analysis job: by the analysis chosen)
     unread_by: Callable[[DictConfig], dict[str, str]] | None = None
+    # the data splits it reads (`load_dataset`'s `splits`), from the config: the data keys of the others' files
+    # (`DataConfig.split_keys`) it does not read. None: every split
+    splits: Callable[[DictConfig], tuple[str, ...] | None] | None = None
 
     def takes(self, item: str) -> bool:
         """Tell whether this job takes the top-level key or config group `item`."""
@@ -260,9 +265,23 @@ _HEAD_OPTIM = (
 
 
 def _analysis_unread(cfg: DictConfig) -> dict[str, str]:
-    """Return the training-only data keys if the chosen analysis does not read the training triples (as declared)."""
-    reads = load_all().get(str(cfg.analysis.name), "analysis.name").schema.reads_training_triples
+    """Return the training-only data keys unless the chosen analysis reads the training triples (as declared).
+
+    It reads them when it declares so and reads the training split (`answer_positions` of `split=train`).
+    """
+    opts = analysis_options(cfg)
+    splits = opts.splits_read()
+    reads = type(opts).reads_training_triples and (splits is None or "train" in splits)
     return {} if reads else _TRAINING_DATA
+
+
+def _test_split(cfg: DictConfig) -> tuple[str, ...]:
+    return TEST_SPLITS
+
+
+def _options_splits(group: str) -> Callable[[DictConfig], tuple[str, ...] | None]:
+    """Return the splits function of a job whose group's options declare them (`splits_read`: retrieval, model)."""
+    return lambda cfg: OmegaConf.to_object(cfg[group]).splits_read()
 
 
 # In precedence order: of a script's jobs, the first whose rule holds is selected.
@@ -342,6 +361,7 @@ TABLE: dict[str, Job] = {
         command="evaluate.py retrieval={retrieval} ckpt=...",
         refuses={"head_ckpt": "it indexes a ranker checkpoint (ckpt=), not a head"},
         checks=check_index_place,
+        splits=_options_splits("retrieval"),
         ignores={
             "data.passage_words": "the index holds whole documents (cut at model.doc_max_len tokens), not passage "
             "windows; MaxP / FirstP are for re-ranking: `python evaluate.py ckpt=... data.passage_words={value}`",
@@ -365,6 +385,7 @@ TABLE: dict[str, Job] = {
         command="evaluate.py analysis={analysis} ...",
         checks=check_analysis,
         unread_by=_analysis_unread,
+        splits=lambda cfg: analysis_options(cfg).splits_read(),
         unread={
             "optim": _NO_TRAINING,
             **{
@@ -384,6 +405,7 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py model={model}",
         command="evaluate.py model={model} data=...",
         refuses={"ckpt": "model '{model}' ranks the collection by itself and takes no checkpoint"},
+        splits=_options_splits("model"),
         unread={
             **{g: "model '{model}' ranks the collection by itself: nothing is trained" for g in ("trainer", "optim")},
             **_TRAINING_DATA,
@@ -403,6 +425,7 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py head_ckpt=...",
         command="evaluate.py head_ckpt=<head checkpoint> data=...",
         unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
+        splits=_test_split,
     ),
     "evaluate": Job(
         "evaluate.py",
@@ -416,6 +439,7 @@ TABLE: dict[str, Job] = {
             "`python evaluate.py head_ckpt=<its checkpoint>`",
         },
         unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
+        splits=_test_split,
     ),
 }
 
@@ -540,7 +564,8 @@ def unread(name: str, key: str, cfg: DictConfig | None = None) -> str | None:
     Only the groups of `COMPOSED` are judged: a group the job does not read (not in its `groups`) or a key of one it
     reads that its `unread` declares. The keys of how a run reports (`pipeline.config.REPORTING_KEYS`: the logger,
     the progress bar, the cache folder) every job takes. With the config `cfg`, also the keys its choices leave
-    unread (`Job.unread_by`: the analysis chosen).
+    unread (`Job.unread_by`: the analysis chosen) and the data keys of the splits it does not read (`Job.splits`,
+    `DataConfig.split_keys`: `data.train_triples` of the tsv source for evaluate.py, which reads the test split).
 
     >>> unread("evaluate", "optim.lr").startswith("evaluate.py trains nothing")
     True
@@ -556,8 +581,12 @@ def unread(name: str, key: str, cfg: DictConfig | None = None) -> str | None:
     if not rest:
         return None
     sub = f"{group}.{rest.split('.', 1)[0]}"
-    by_choice = spec.unread_by(cfg) if spec.unread_by is not None and cfg is not None else {}
-    return spec.unread.get(sub, by_choice.get(sub))
+    if sub in spec.unread or cfg is None:
+        return spec.unread.get(sub)
+    by_choice = spec.unread_by(cfg) if spec.unread_by is not None else {}
+    if sub not in by_choice and group == "data" and spec.splits is not None:
+        by_choice = split_keys_unread(data_config(cfg), spec.splits(cfg))
+    return by_choice.get(sub)
 
 
 def _override_key(arg: str) -> str:

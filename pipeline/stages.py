@@ -122,6 +122,10 @@ def build_profiler(kind: str | None, folder: Path):
     )
 
 
+# the splits a re-ranking test reads (of the data, besides the documents): its test split alone
+TEST_SPLITS = ("test",)
+
+
 def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False) -> RankingDataModule:
     """Return the data module with its data read and validated, before any weights are loaded or anything written.
 
@@ -131,7 +135,7 @@ def load_data(cfg: DictConfig, cls: type = RankingDataModule, fit: bool = False)
     not be empty either.
     """
     dm = cls(data_config(cfg), None, cfg.seed, cfg.eval.probe_queries, cfg.eval.probe_docs)
-    dm.splits = None if fit else ("test",)  # an evaluation reads only its test split (and the documents)
+    dm.splits = None if fit else TEST_SPLITS
     dm.setup()
     # e.g. a fold or fraction that leaves no judged query, or no BM25 candidate for any of them; without this the run
     # would fail later, inside Lightning, or (test) train and then have no test results to write

@@ -19,6 +19,7 @@ from pathlib import Path
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, Range, check_ranges
 from datamodules.corpus import SPLITS
+from datamodules.sources import used_splits
 from models.batch_fit import BATCH
 from retrieval.colbert_e2e import STORE_DTYPES
 from retrieval.dense import INDEX_TYPES
@@ -67,6 +68,10 @@ class DenseRetrievalConfig(RetrievalConfig):
     k_tokens: int = 256  # colbert: token hits per query token
     depth: int | None = 1000  # colbert: candidates re-scored per query; null = every candidate
     store_dtype: str = "float16"  # colbert: token store for re-scoring, float16 | float32 | residual8 | residual4
+
+    def splits_read(self) -> tuple[str, ...]:
+        """Return the split whose queries it retrieves for (`split`), as `retrieval.retrieve` loads it."""
+        return used_splits(self.split)
 
     def __post_init__(self):
         check_choice("retrieval.split", self.split, SPLITS)

@@ -21,6 +21,7 @@ from core.ranges import COUNT, NON_NEGATIVE, PROBABILITY, check_ranges
 from core.registry import Entry, Registry
 from datamodules.bm25 import METHODS, BM25Params
 from datamodules.corpus import SPLITS
+from datamodules.sources import used_splits
 from models.rankers import RANKERS
 from models.rankers.capabilities import NO_CAPABILITIES, RankerCapabilities
 from retrieval.bm25 import run_bm25
@@ -40,6 +41,10 @@ class BM25Config:
     # whose queries: train | val | test (the split neural rankers are tested on, so rows compare) | all (every judged
     # query of every split, the usual setting for published BM25 figures on the classic collections)
     split: str = "test"
+
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the splits whose queries it runs (`split`; `all`: every split), as `run_bm25` loads them."""
+        return used_splits(self.split)
 
     def __post_init__(self):
         check_choice("model.method", self.method, METHODS)

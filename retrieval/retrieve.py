@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from callbacks.rank_watch import watch_for
 from core.ranks import as_rank_death, stop_watching, watching
 from datamodules.config import empty_split
-from datamodules.sources import data_config, load_dataset, used_splits
+from datamodules.sources import data_config, load_dataset
 from datamodules.tokenized import TokenizedCollection
 from metrics.ir import evaluate_run
 from metrics.results import print_table, write_result_dir
@@ -69,7 +69,7 @@ def retrieve(cfg: DictConfig, model_from_cli: bool = False) -> dict | None:
     out = Path(cfg.output_dir)
     index_dir = Path(opts.index_dir) if opts.index_dir else out / "index"
     dc = data_config(cfg)
-    ds = load_dataset(dc, cfg.seed, used_splits(opts.split))  # before any weights: bad data stops the run at once
+    ds = load_dataset(dc, cfg.seed, opts.splits_read())  # before any weights: bad data stops the run at once
     split = ds.split(opts.split)
     # the re-rankers' sample (data.max_eval_queries); one of a train split is an error here, before any weights
     queries, qrels = sampled_queries(ds, opts.split, split.queries, split.qrels, dc, cfg.seed, "retrieval.split")

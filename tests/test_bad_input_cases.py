@@ -36,6 +36,8 @@ TSV = (
     ]
     + [f"data.{split}_run=null" for split in ("train", "val", "test")]
 )
+# what evaluate.py reads of them: the test split's (it refuses the other splits' keys, pipeline/jobs.py)
+TSV_TEST = [a for a in TSV if not a.startswith(("data.train_", "data.val_"))]
 # before each case's own arguments, keys that every job takes (how a run reports, where it writes: the jobs refuse a
 # key they do not read, pipeline/jobs.py); experiments.py takes grid keys instead
 COMMON = [
@@ -96,7 +98,7 @@ CASES = [
     Case(
         "duplicate-query-id",
         "evaluate.py",
-        ["model=bm25", *TSV],
+        ["model=bm25", *TSV_TEST],
         "queries.tsv:3: duplicate query id 'q1'",
         files({"queries.tsv": "q1\tcat\nq2\tdogs\nq1\tcats\n"}),
     ),
@@ -110,7 +112,7 @@ CASES = [
     Case(
         "invalid-utf8",
         "evaluate.py",
-        ["model=bm25", *TSV],
+        ["model=bm25", *TSV_TEST],
         "queries.tsv:2: is not valid UTF-8",
         files({"queries.tsv": b"q1\tcat\nq2\tdo\xffgs\n"}),
     ),
@@ -124,7 +126,7 @@ CASES = [
     Case(
         "empty-passage-text",
         "evaluate.py",
-        ["model=bm25", *TSV],
+        ["model=bm25", *TSV_TEST],
         "collection.tsv:3: empty passage text for id 'd3'",
         files({"collection.tsv": "d1\tthe cat\nd2\tdogs\nd3\t \n"}),
     ),
@@ -167,7 +169,7 @@ CASES = [
     Case(
         "data-file-is-a-folder",
         "evaluate.py",
-        ["model=bm25", *TSV, "data.collection={tmp}"],
+        ["model=bm25", *TSV_TEST, "data.collection={tmp}"],
         "data.collection: path '{tmp}' is a directory",
         files(),
     ),
@@ -187,7 +189,7 @@ CASES = [
     Case(
         "empty-queries-file",
         "evaluate.py",
-        ["model=bm25", *TSV, "data.test_queries={tmp}/test_queries.tsv"],
+        ["model=bm25", *TSV_TEST, "data.test_queries={tmp}/test_queries.tsv"],
         "test_queries.tsv: is empty; expected lines of 2 tab-separated columns (query id, query text)",
         files({"test_queries.tsv": "\n\n"}),
     ),
@@ -296,14 +298,14 @@ CASES = [
     Case(
         "corrupt-checkpoint",
         "evaluate.py",
-        [*TSV, "ckpt={tmp}/random.ckpt"],
+        [*TSV_TEST, "ckpt={tmp}/random.ckpt"],
         "ckpt: cannot read checkpoint '{tmp}/random.ckpt'",
         files({"random.ckpt": random.Random(0).randbytes(4096)}),
     ),
     Case(
         "zero-byte-checkpoint",  # read before the data: no BM25 candidates cached for a job that cannot run
         "evaluate.py",
-        [*TSV, "ckpt={tmp}/zero.ckpt"],
+        [*TSV_TEST, "ckpt={tmp}/zero.ckpt"],
         "ckpt: cannot read checkpoint '{tmp}/zero.ckpt' (it is empty, 0 bytes); it is truncated or not a torch file",
         files({"zero.ckpt": b""}),
     ),
@@ -324,7 +326,7 @@ CASES = [
     Case(
         "space-in-passage-id",  # eighth fault trial E3: found when run.trec was written, naming the run, not the line
         "evaluate.py",
-        [*TSV, "model=bm25"],
+        [*TSV_TEST, "model=bm25"],
         "collection.tsv:2: passage id 'd 2' holds a space at position 1; expected an id without whitespace (TREC run "
         "and qrels files separate their fields by whitespace)",
         files({"collection.tsv": COLLECTION.replace("d2\t", "d 2\t")}),
@@ -332,14 +334,14 @@ CASES = [
     Case(
         "checkpoint-of-another-ranker",
         "evaluate.py",
-        [*TSV, "model=bert_cat", "ckpt={ckpt}"],
+        [*TSV_TEST, "model=bert_cat", "ckpt={ckpt}"],
         "ckpt: checkpoint '{ckpt}' holds ranker 'colbert' but model.name is 'bert_cat'",
         files(),
     ),
     Case(
         "ranker-checkpoint-as-head",
         "evaluate.py",
-        [*TSV, "head_ckpt={ckpt}"],
+        [*TSV_TEST, "head_ckpt={ckpt}"],
         "head_ckpt: '{ckpt}' is not a head checkpoint",
         files(),
     ),

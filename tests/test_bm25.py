@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_script
+from conftest import job_args, run_script
 from test_negatives import DOCS, QUERIES, brute_force_bm25
 
 from datamodules.bm25 import BM25Params, bm25_run
@@ -49,16 +49,8 @@ def _write_tsv(tmp_path):
 def test_cli_writes_run_metrics_per_query(tmp_path):
     data, qs = _write_tsv(tmp_path)
     out = tmp_path / "bm25"
-    proc = run_script(
-        "evaluate.py",
-        "model=bm25",
-        *data,
-        "logger=none",
-        f"output_dir={out}",
-        "model.depth=5",
-        "model.k1=0.9",
-        "model.b=0.4",
-    )
+    args = ["model=bm25", *data, "logger=none", f"output_dir={out}", "model.depth=5", "model.k1=0.9", "model.b=0.4"]
+    proc = run_script("evaluate.py", *job_args("evaluate.py", args))  # the test split's files: what BM25 reads
     m = json.loads((out / "metrics.json").read_text())
     assert m["bm25"]["k1"] == 0.9 and m["bm25"]["b"] == 0.4 and m["bm25"]["queries"] == 3
     # run.trec re-read and scored independently gives the same numbers (trec_eval semantics)

@@ -317,12 +317,8 @@ def test_test_split_without_scorable_pairs_stops_before_any_output(tmp_path, tin
     otherwise train and then fail with nothing to write: one line naming the split, exit 2, no output folder."""
     from conftest import run_script
 
-    files = {
+    files = {  # evaluate.py reads the test split alone (and refuses the other splits' files)
         "collection": ("collection.tsv", COLLECTION),
-        "train_queries": ("queries.tsv", QUERIES),
-        "train_qrels": ("qrels.txt", QRELS),
-        "val_queries": ("queries.tsv", QUERIES),
-        "val_qrels": ("qrels.txt", QRELS),
         "test_queries": ("test_queries.tsv", QUERIES),
         "test_qrels": ("test_qrels.txt", "q1 0 d1 1\n"),
         "test_run": ("test_run.txt", "q2 Q0 d2 1 3.0 x\n"),
@@ -401,11 +397,7 @@ def test_bom_files_give_the_same_bm25_metrics(tmp_path):
             _w(folder / name, bom + text)
             for name, text in (("c.tsv", COLLECTION), ("q.tsv", QUERIES), ("r.txt", QRELS))
         )
-        files = [
-            f"data.{split}_{kind}={path}"
-            for split in ("train", "val", "test")
-            for kind, path in (("queries", q), ("qrels", r))
-        ]
+        files = [f"data.test_{kind}={path}" for kind, path in (("queries", q), ("qrels", r))]  # what BM25 reads
         out = folder / "out"
         run_script(
             "evaluate.py", "model=bm25", "data=tsv", f"data.collection={c}", *files, "logger=none", f"output_dir={out}"
@@ -526,11 +518,7 @@ def test_empty_inputs_stop_before_anything_is_written(tmp_path, script, args, ex
     empty = _w(tmp_path / "empty.tsv", "")
     for name, text in (("q.tsv", QUERIES), ("r.txt", QRELS)):
         _w(tmp_path / name, text)
-    files = [
-        f"data.{s}_{k}={tmp_path / n}"
-        for s in ("train", "val", "test")
-        for k, n in (("queries", "q.tsv"), ("qrels", "r.txt"))
-    ]
+    files = [f"data.test_{k}={tmp_path / n}" for k, n in (("queries", "q.tsv"), ("qrels", "r.txt"))]
     out = tmp_path / "out"
     argv = (
         [a.format(empty=empty) for a in args]

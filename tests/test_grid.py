@@ -1078,6 +1078,37 @@ def test_each_cell_gets_the_overrides_its_job_reads(tmp_path, monkeypatch):
     assert job == "evaluate" and cfg.optim.lr == default.optim.lr and cfg.trainer.max_steps == default.trainer.max_steps
 
 
+def test_an_evaluation_cell_gets_the_data_keys_of_the_splits_it_reads(tmp_path, monkeypatch):
+    """Training data of the tsv source serves a grid's training and evaluation cells alike: an evaluation cell
+    (evaluate.py reads the test split) is launched without the training and validation files, which its job would
+    refuse on the command line (`DataConfig.split_keys`); a training cell gets them all."""
+    from grid import engine
+    from grid.engine import check, run_cell
+
+    files = {f"{s}_{k}": f"{s}.{k}.tsv" for s in ("train", "val", "test") for k in ("queries", "qrels")}
+    tsv = [
+        "data=tsv",
+        "data.collection=c.tsv",
+        "data.train_triples=t.tsv",
+        *(f"data.{k}={v}" for k, v in files.items()),
+    ]
+    rows = {"bb": ["model=colbert"], "ft": ["model=colbert"]}
+    gfile = tiny_grid(tmp_path, "splits", "bb", rows, untrained=["bb"], train_data={"tsv": tsv})
+    spec, _ = load_grid([f"grid={gfile}"])
+    cells = plan(spec)
+    check(spec, cells)
+    launched = {}
+    monkeypatch.setattr(engine, "_launch", lambda script, argv, *a: launched.setdefault(script, argv) and (0, ""))
+    run_cell(next(c for c in cells if c.untrained), spec)
+    run_cell(next(c for c in cells if c.kind == "train" and not c.untrained), spec)
+    data = {s: {a.split("=")[0] for a in launched[s] if a.startswith("data.")} for s in ("train.py", "evaluate.py")}
+    split_files = {f"data.{k}" for k in files} | {"data.train_triples"}
+    assert split_files <= data["train.py"]
+    assert data["train.py"] - data["evaluate.py"] >= split_files - {"data.test_queries", "data.test_qrels"}
+    assert {"data.collection", "data.test_queries", "data.test_qrels"} <= data["evaluate.py"]
+    assert not {"data.train_triples", "data.train_queries", "data.val_qrels"} & data["evaluate.py"]
+
+
 def test_a_cell_without_its_cell_json_is_judged_by_its_config_yaml_whatever_checkpoint_it_was_launched_with(tmp_path):
     """`_config_differs` (a cell whose cell.json is unreadable, judged by the config.yaml its run wrote): the
     checkpoint a grid passes at launch (a head row's evaluation's head_ckpt, a transfer row's resolved init_ckpt) is not

@@ -388,19 +388,100 @@ def test_a_command_line_key_a_job_does_not_read_is_refused():
 def test_the_training_data_keys_are_refused_for_an_analysis_that_does_not_read_the_triples():
     """An analysis declares whether it reads the training triples (analyses/registry.py `reads_training_triples`):
     answer_positions cuts their positives as data.rotate_train does, so the training-only data keys apply there; ATS
-    reads no triple, so `data.negatives=random` beside it is refused."""
+    reads no triple, so `data.negatives=random` beside it is refused; so is it beside answer_positions of another
+    split than train (its default), whose triples it does not build."""
     from analyses.registry import load_all
 
     readers = [n for n in load_all().names() if load_all().get(n).schema.reads_training_triples]
     assert readers == ["answer_positions"]
-    for analysis, refused in (("answer_positions", False), ("ats", True), ("whitebox", True)):
-        argv = [f"analysis={analysis}", "data=squad", "data.negatives=random", "data.rotate_train=true"]
+    for analysis, refused in (
+        ("answer_positions", False),
+        ("answer_positions analysis.split=test", True),
+        ("ats", True),
+        ("whitebox", True),
+    ):
+        argv = [f"analysis={analysis.split()[0]}", *analysis.split()[1:], "data=squad", "data.negatives=random"]
+        argv.append("data.rotate_train=true")
         cfg = compose(argv)
         if refused:
             with pytest.raises(InputError, match=r"^config key 'data.negatives': job 'analysis' .*only what a run"):
                 check(cfg, "analysis", argv)
         else:
             check(cfg, "analysis", argv)
+
+
+def _source_keys(cfg) -> set[str]:
+    """The data keys of the source's own schema (not DataConfig's, which every source shares)."""
+    from datamodules.config import DataConfig
+
+    shared = {f.name for f in fields(DataConfig)}
+    return {f"data.{k}" for k in cfg.data if k not in shared}
+
+
+# what each split's reading uses of a source's own keys, from its build (datamodules/sources/*.py), by hand
+_TSV_FILES = {s: {f"data.{s}_{k}" for k in ("queries", "qrels", "run")} for s in ("train", "val", "test")}
+_TSV_FILES["train"] |= {"data.train_triples", "data.triples_format"}
+_BEIR_TRAIN_OR_VAL = {"data.train_split", "data.val_split", "data.val_fraction", "data.split_seed"}
+
+
+@pytest.mark.parametrize(
+    "job, argv, source, refused",
+    [
+        # evaluate.py reads the test split only: the training and validation files are not read
+        ("evaluate", ["ckpt=a.ckpt"], "tsv", _TSV_FILES["train"] | _TSV_FILES["val"]),
+        ("evaluate_head", ["head_ckpt=h.ckpt"], "tsv", _TSV_FILES["train"] | _TSV_FILES["val"]),
+        ("evaluate", ["ckpt=a.ckpt"], "beir", _BEIR_TRAIN_OR_VAL),
+        ("evaluate", ["ckpt=a.ckpt"], "ir_datasets", {"data.train_id", "data.val_id"}),
+        # with text triples every job reads them and the training files (they add passages to the collection)
+        ("evaluate", ["ckpt=a.ckpt", "data.train_triples=t.tsv", "data.triples_format=text"], "tsv", _TSV_FILES["val"]),
+        # folds re-split the queries of every split: all are read
+        ("evaluate", ["ckpt=a.ckpt", "data.num_folds=5"], "tsv", set()),
+        ("evaluate", ["ckpt=a.ckpt", "data.pool_ids=[a,b]", "data.num_folds=3"], "ir_datasets", set()),
+        # training reads every split
+        ("finetune", [], "tsv", set()),
+        ("head", ["stage=head", "ckpt=a.ckpt", "head=nice"], "beir", set()),
+        # retrieval, BM25 and the analyses read the split their options name
+        (
+            "retrieve",
+            ["retrieval=dense", "ckpt=a.ckpt", "retrieval.split=val"],
+            "tsv",
+            _TSV_FILES["train"] | _TSV_FILES["test"],
+        ),
+        ("retrieve", ["retrieval=dense", "ckpt=a.ckpt", "retrieval.split=val"], "beir", {"data.test_split"}),
+        ("first_stage", ["model=bm25"], "ir_datasets", {"data.train_id", "data.val_id"}),
+        ("first_stage", ["model=bm25", "model.split=all"], "tsv", set()),
+        ("analysis", ["analysis=ats", "analysis.split=train"], "tsv", _TSV_FILES["val"] | _TSV_FILES["test"]),
+        ("analysis", ["analysis=whitebox", "analysis.split=all"], "beir", set()),
+        ("analysis", ["analysis=lexical_enrichment"], "tsv", _TSV_FILES["train"]),
+        ("analysis", ["analysis=fit_mlm_head"], "ir_datasets", {"data.train_id", "data.val_id"}),
+    ],
+)
+def test_the_data_keys_of_a_split_a_job_does_not_read_are_refused(job, argv, source, refused):
+    """Session 20's leftover: `evaluate.py data=tsv data.train_triples=...` was taken, and evaluate.py never opens it
+    (it reads the test split). A source declares which split reads each of its keys (`DataConfig.split_keys`), each
+    job which splits it reads (`Job.splits`, from its options); a key of a split the job does not read is refused on
+    the command line by exactly those jobs, and the same value from a config is taken."""
+    from pipeline.jobs import unread
+
+    argv = [f"data={source}", *argv]
+    base = compose(argv)
+    assert select(base, TABLE[job].script) == job
+    got = set()
+    for key in _source_keys(base):
+        node = base.data[key.split(".", 1)[1]]
+        value = json.dumps(OmegaConf.to_container(node) if OmegaConf.is_config(node) else node)
+        line = [*argv, f"{key}={value}"]
+        if unread(job, key, base) is None:
+            check(base, job, line)
+            continue
+        got.add(key)
+        check(base, job)
+        with pytest.raises(InputError) as e:
+            check(base, job, line)
+        msg = str(e.value)
+        assert msg.startswith(f"config key '{key}': job '{job}' (") and f"source '{source}' reads it with the " in msg
+        assert msg.endswith("only); drop it from the command line") and "\n" not in msg, msg
+    assert got == refused
 
 
 def test_a_group_choice_a_job_does_not_read_is_refused():

@@ -93,9 +93,9 @@ def test_bm25_evaluation_prints_its_phases(tmp_path):
     (tmp_path / "collection.tsv").write_text("".join(f"{d}\t{t}\n" for d, t in docs.items()))
     (tmp_path / "queries.tsv").write_text("q1\tcats\nq2\tfish birds\n")
     (tmp_path / "qrels.txt").write_text("q1 0 d0 1\nq2 0 d2 1\n")
-    args = [f"data.collection={tmp_path / 'collection.tsv'}", "data.train_triples=null"]
-    for split in ("train", "val", "test"):
-        args += [f"data.{split}_queries={tmp_path / 'queries.tsv'}", f"data.{split}_qrels={tmp_path / 'qrels.txt'}"]
+    # the collection and the test split: what BM25 of model.split=test reads (it refuses the other splits' files)
+    args = [f"data.collection={tmp_path / 'collection.tsv'}"]
+    args += [f"data.test_queries={tmp_path / 'queries.tsv'}", f"data.test_qrels={tmp_path / 'qrels.txt'}"]
     proc = run_script(
         "evaluate.py",
         "model=bm25",

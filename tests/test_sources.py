@@ -525,3 +525,75 @@ def test_ir_datasets_local(tmp_path):
 def test_ir_datasets_unknown_id():
     with pytest.raises(InputError, match="data.train_id"):
         load_dataset(IrDatasetsConfig(train_id="no-such-dataset/xyz", val_id=None, test_id=None), 0)
+
+
+# ------------------------------------------------------------------------------------------------ split keys
+
+
+def _perturbed(key: str, tmp_path: Path):
+    """A value for a source key of one split that a read of that split would refuse or that would change it."""
+    if key.endswith("_id"):
+        return "isorank-test/no-such-dataset"
+    if key.endswith(("_queries", "_qrels", "_run", "_triples")):
+        return str(tmp_path / "missing" / f"{key}.tsv")
+    # triples_format: "text" makes every job read the triples (not refused then), so "ids" is its one refused value
+    return {"triples_format": "ids", "val_fraction": 0.9, "split_seed": 99}.get(key, "nosuch")
+
+
+def _read(cfg, used) -> tuple:
+    ds = load_dataset(cfg, 0, splits=used)
+    return dict(ds.docs), {name: _split_fields(split) for name, split in ds.splits.items()}
+
+
+def _split_key_worlds(tmp_path: Path, tsv_files: dict) -> list:
+    tsv = {
+        **tsv_files,
+        "test_queries": _write(tmp_path / "q.test.tsv", "q4\tdogs at night\n"),
+        "test_qrels": _write(tmp_path / "qrels.test.txt", "q4 0 d2 1\n"),
+    }
+    text = {
+        **tsv,
+        "train_triples": _write(tmp_path / "t.text.tsv", "where did the cat sit\tthe cat sat on the mat\tnew\n"),
+    }
+    _beir(tmp_path / "dev", with_dev=True)
+    _beir(tmp_path / "nodev", with_dev=False)
+    local = _register_local(tmp_path / "ir", with_pairs=True)
+    return [
+        TsvConfig(**tsv),
+        TsvConfig(**text, triples_format="text"),
+        BeirConfig(path=str(tmp_path / "dev")),
+        BeirConfig(path=str(tmp_path / "nodev"), val_fraction=0.25),
+        IrDatasetsConfig(train_id=local, val_id=local, test_id=local),
+    ]
+
+
+def test_a_key_of_a_split_a_job_does_not_read_changes_nothing(tmp_path, tsv_files):
+    """What `DataConfig.split_keys` declares is what the sources do: for every split set a job may read, each key
+    declared unread (`split_keys_unread`, the keys pipeline/jobs.py refuses on the command line) may be set to a value
+    that a read would refuse (a missing file, an unknown id) or that would change the split (another seed, fraction or
+    qrels name), and the dataset read is the same; every such key has a value that a whole read refuses or feels."""
+    from datamodules.config import split_keys_unread
+
+    worlds = _split_key_worlds(tmp_path, tsv_files)
+    tried, felt = set(), set()
+    for cfg in worlds:
+        for used in [("train",), ("val",), ("test",), ("val", "test"), ("train", "val")]:
+            before = _read(cfg, used)
+            for key in split_keys_unread(cfg, used):
+                name = key.removeprefix("data.")
+                changed = dataclasses.replace(cfg, **{name: _perturbed(name, tmp_path)})
+                if key not in split_keys_unread(changed, used):  # the new value makes the job read it: not refused
+                    continue
+                tried.add((cfg.source, name))
+                assert _read(changed, used) == before, (cfg.source, used, name)
+                try:
+                    if _read(changed, None) != _read(cfg, None):
+                        felt.add((cfg.source, name))
+                except InputError:
+                    felt.add((cfg.source, name))
+    declared = {(c.source, k) for c in worlds for k in c.split_keys()}
+    assert tried == declared  # every declared key tried
+    assert felt == declared - {("tsv", "triples_format")}  # each read by a job of every split (ids: the only value)
+    # the sources whose one file holds every split declare nothing
+    for source in ("synthetic", "squad", "cranfield"):
+        assert SOURCES.get(source).schema().split_keys() == {}

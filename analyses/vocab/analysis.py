@@ -77,6 +77,10 @@ class VocabProjectionsConfig(AnalysisConfig):
     batch_size: int = 64
     seed: int | None = None
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the split whose queries and candidates it projects (`split`)."""
+        return used_splits(self.split)
+
     def __post_init__(self):
         check_choice("analysis.split", self.split, ("train", "val", "test", "all"))
         if not self.k_values or any(int(k) < 1 for k in self.k_values):
@@ -288,7 +292,7 @@ def analyse(cfg, opts: VocabProjectionsConfig, model_from_cli: bool = False) -> 
     t0 = time.perf_counter()
     # the data and the head first: bad data or a missing head is a one-line error before any model is loaded
     dc = data_config(cfg)
-    ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
+    ds = load_dataset(dc, int(cfg.seed), opts.splits_read())
     qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed, int(cfg.seed))
     gold = gold_passages(ds, qids, cands)
     if not gold:

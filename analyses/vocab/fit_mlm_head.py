@@ -36,6 +36,9 @@ from core.precision import warn_emulated_bf16
 from datamodules.sources import data_config, load_dataset, used_splits
 from models.rankers.backbone import load_backbone
 
+# the splits it reads: the test split's, for the collection alone (`FitMLMHeadConfig.splits_read`)
+TEST_ONLY = used_splits("test")
+
 
 @dataclass
 class FitOptions:
@@ -81,6 +84,10 @@ class FitMLMHeadConfig(FitOptions, AnalysisConfig):
     """
 
     name: str = "fit_mlm_head"
+
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the test split: only the collection is read (ir_datasets takes it from the test id or docs_id)."""
+        return TEST_ONLY
 
     def options(self, output_dir: str) -> FitOptions:
         """Return the keys as `FitOptions`, `out` defaulting to `<output_dir>/mlm_head.pt`."""
@@ -303,7 +310,7 @@ def run(cfg, opts: FitOptions) -> dict:
     """
     backbone = str(cfg.model.backbone)
     # only the collection is read here; ir_datasets takes it from the test id (or data.docs_id)
-    ds = load_dataset(data_config(cfg), int(cfg.seed), used_splits("test"))
+    ds = load_dataset(data_config(cfg), int(cfg.seed), TEST_ONLY)
     head, report, _ = fit(backbone, ds.docs, opts, log=lambda m: print(f"[fit_mlm_head] {m}", flush=True))
     report["dataset"] = ds.name
     target = opts.out or str(Path(cfg.output_dir) / "mlm_head.pt")

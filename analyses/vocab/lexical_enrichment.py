@@ -88,6 +88,10 @@ class LexicalEnrichmentConfig(AnalysisConfig):
     st_batch_size: int = 1024
     batch_size: int = 64
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the splits it tunes and tests on (`val_split`, `test_split`)."""
+        return used_splits(self.val_split, self.test_split)
+
     def __post_init__(self):
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))
         check_test(self.significance, "analysis.significance", paired=True)
@@ -259,7 +263,7 @@ def analyse(cfg, opts: LexicalEnrichmentConfig, model_from_cli: bool = False) ->
         )
     check_head_source(model_cfg["backbone"], opts.mlm_head)  # from the files, before the data
     dc = data_config(cfg)  # the data before the head and the model: bad data is a one-line error before any loading
-    ds = load_dataset(dc, int(cfg.seed), used_splits(opts.val_split, opts.test_split))
+    ds = load_dataset(dc, int(cfg.seed), opts.splits_read())
     # one entry per split (val_split = test_split: one), named in errors by the key that chose it
     keys = {opts.val_split: "analysis.val_split", opts.test_split: "analysis.test_split"}
     splits = {s: _split_queries(ds, dc, s, opts.candidate_depth, int(cfg.seed), key) for s, key in keys.items()}

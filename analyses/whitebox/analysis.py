@@ -95,6 +95,10 @@ class WhiteboxConfig(AnalysisConfig):
     batch_size: int = 64  # passages per forward pass
     seed: int | None = None  # occurrence and query samples; null = the run seed
 
+    def splits_read(self) -> tuple[str, ...] | None:
+        """Return the split whose queries it reads (`split`; `all`: every split)."""
+        return used_splits(self.split)
+
     def __post_init__(self):
         if not self.statistics or any(s not in STATISTICS for s in self.statistics):
             raise InputError(
@@ -301,7 +305,7 @@ def analyse(cfg, opts: WhiteboxConfig, model_from_cli: bool = False) -> dict:
     _check_eq1(analysed_model_config(cfg)["name"])  # before reading anything (ckpt: its recorded config)
     t0 = time.perf_counter()
     dc = data_config(cfg)
-    ds = load_dataset(dc, int(cfg.seed), used_splits(opts.split))
+    ds = load_dataset(dc, int(cfg.seed), opts.splits_read())
     timings["load_data_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()  # the questions before the models: a bad sample is a one-line error before any loading
     qids, qtexts, cands, depth = queries_and_candidates(ds, dc, opts, seed, int(cfg.seed))

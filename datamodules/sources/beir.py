@@ -67,6 +67,16 @@ class BeirConfig(DataConfig):
         super().__post_init__()
         check_ranges("data", self, val_fraction=NON_NEGATIVE, split_seed=SEED)
 
+    def split_keys(self) -> dict[str, frozenset[str]]:
+        """Return the test qrels key as read with the test split, the others with train or val (`build`).
+
+        Without a dev qrels file the dev split is drawn from the training qrels (`val_fraction`, `split_seed`), and
+        those queries leave the training split: training and validation read all four.
+        """
+        train_or_val = frozenset({"train", "val"})
+        keys = dict.fromkeys(("train_split", "val_split", "val_fraction", "split_seed"), train_or_val)
+        return keys | {"test_split": frozenset({"test"})}
+
 
 def _find(folder: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):

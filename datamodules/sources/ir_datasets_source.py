@@ -84,6 +84,15 @@ class IrDatasetsConfig(DataConfig):
         super().__post_init__()
         check_ranges("data", self, max_docpairs=COUNT, max_queries_per_split=COUNT)
 
+    def split_keys(self) -> dict[str, frozenset[str]]:
+        """Return each split's id key, read with it (`build`; the documents come from `docs_id` or a read split's id).
+
+        None with `fold_ids` or `pool_ids`: those give every split. `max_docpairs` caps the docpairs of any id read.
+        """
+        if self.fold_ids is not None or self.pool_ids is not None:
+            return {}
+        return {f"{split}_id": frozenset({split}) for split in ("train", "val", "test")}
+
 
 def _text(obj) -> str:
     if hasattr(obj, "default_text"):

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from core.errors import InputError, check_choice
 from datamodules.config import DataConfig
-from datamodules.corpus import IRDataset, Split
+from datamodules.corpus import SPLITS, IRDataset, Split
 from datamodules.docstore import fingerprint, open_store
 from datamodules.sources.registry import SOURCES
 from datamodules.text_triples import COLUMNS as TEXT_TRIPLE_COLUMNS
@@ -80,6 +80,18 @@ class TsvConfig(DataConfig):
         super().__post_init__()
         check_choice("data.triples_format", self.triples_format, ("ids", "text"))
 
+    def split_keys(self) -> dict[str, frozenset[str]]:
+        """Return each split's files as read with it; text triples and the training files, by every job.
+
+        Text triples add their passages to the collection (and their queries take train_queries' ids), so every job
+        reads them and the training split's files, to see the same collection (`build`).
+        """
+        keys = {f"{split}_{kind}": frozenset({split}) for split in SPLITS for kind in ("queries", "qrels", "run")}
+        keys |= {"train_triples": frozenset({"train"}), "triples_format": frozenset({"train"})}
+        if self.triples_format == "text" and self.train_triples is not None:
+            keys = {k: by for k, by in keys.items() if "train" not in by}
+        return keys
+
 
 def _opt(cfg, key: str, what: str) -> Path | None:
     value = getattr(cfg, key, None)
@@ -97,8 +109,9 @@ def build(cfg: TsvConfig, seed: int, splits: tuple[str, ...] | None = None) -> I
     if getattr(cfg, "collection", None) is None:
         raise InputError("data.collection", "is not set; expected the path of collection.tsv (docid<TAB>text)")
     collection = resolve_path(cfg.collection, "collection", "collection TSV")
-    tpath = _opt(cfg, "train_triples", "training triples TSV")
     used = ("train", "val", "test") if splits is None else splits
+    # id triples with the training split only (`TsvConfig.split_keys`): a job that reads none does not look for them
+    tpath = _opt(cfg, "train_triples", "training triples TSV") if "train" in used or fmt == "text" else None
     # every file this job reads is found before anything is written (the collection's digest memo, its store)
     wanted = [
         n for n in ("train", "val", "test") if n in used or (n == "train" and fmt == "text" and tpath is not None)
