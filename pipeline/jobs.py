@@ -254,6 +254,12 @@ _RANKING_EVAL = {
     for f in fields(EvalConfig)
     if f.name != "measures"
 }
+# the data keys of re-ranking, which a full-collection ranking does not read
+_FULL_RANKING_DATA = {
+    "data.candidate_depth": "a full ranking retrieves from the whole collection ({depth}); data.candidate_depth is "
+    "the re-ranking depth",
+    "data.eval_batch_size": "it is the re-ranking test's step size{encodes}",
+}
 _EXPORT = "export writes the checkpoint's weights and settings as they are: it reads no data and runs nothing"
 # the trainer keys the head stage sets itself (pipeline/head_stage.py): head.epochs whole epochs, each validated
 HEAD_SCHEDULE = ("max_steps", "max_epochs", "val_check_interval", "check_val_every_n_epoch")
@@ -373,6 +379,10 @@ TABLE: dict[str, Job] = {
             "through the trainer",
             "optim": _NO_TRAINING,
             **_TRAINING_DATA,
+            **{
+                k: why.format(depth="retrieval.k", encodes="; retrieval encodes retrieval.batch_size texts a pass")
+                for k, why in _FULL_RANKING_DATA.items()
+            },
             **_RANKING_EVAL,
         },
     ),
@@ -409,6 +419,8 @@ TABLE: dict[str, Job] = {
         unread={
             **{g: "model '{model}' ranks the collection by itself: nothing is trained" for g in ("trainer", "optim")},
             **_TRAINING_DATA,
+            **{k: why.format(depth="model.depth", encodes="") for k, why in _FULL_RANKING_DATA.items()},
+            "data.pretokenize": "model '{model}' tokenises with its own analyser, not the rankers' tokenizer",
             **_RANKING_EVAL,
         },
         ignores={

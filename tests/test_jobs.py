@@ -377,9 +377,10 @@ def test_a_command_line_key_a_job_does_not_read_is_refused():
     for name in ("evaluate", "evaluate_head"):
         assert refused[name] == optim | fit_loop | train_data | fit_eval
     ranking_eval = {f"eval.{k}" for k in compose([]).eval if k != "measures"}
-    assert refused["retrieve"] == trainer | optim | train_data | ranking_eval
+    full_ranking = {"data.candidate_depth", "data.eval_batch_size"}  # re-ranking's depth and step size
+    assert refused["retrieve"] == trainer | optim | train_data | ranking_eval | full_ranking
     assert refused["analysis"] == optim | (trainer - {"trainer.accelerator"}) | fit_eval | train_data  # analysis=ats
-    assert refused["first_stage"] == trainer | optim | train_data | ranking_eval
+    assert refused["first_stage"] == trainer | optim | train_data | ranking_eval | full_ranking | {"data.pretokenize"}
     assert refused["head"] == {f"trainer.{k}" for k in HEAD_SCHEDULE} | (optim - {"optim.nonfinite"}) | fit_eval
     everything = set(_composed_keys(compose(JOB_ARGV["export"])))
     assert refused["export"] == {k for k in everything if not k.startswith(REPORTING_KEYS)}
