@@ -159,6 +159,17 @@ def check_passages(cfg: DataConfig) -> None:
                 "config key 'data.passage_stride'",
                 f"is {stride} but data.passage_words is null (whole documents); set both or neither",
             )
+        # how a document's passages score or train means nothing without passages: set, it would be silently unused
+        for key, value, default in (
+            ("doc_score", cfg.doc_score, "max"),
+            ("train_passage", cfg.train_passage, "random"),
+        ):
+            if value != default:
+                raise InputError(
+                    f"config key 'data.{key}'",
+                    f"is '{value}' but data.passage_words is null (whole documents: each is its one passage); set "
+                    f"data.passage_words or leave it at '{default}'",
+                )
         return
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise InputError(

@@ -148,8 +148,11 @@ def test_training_passages_are_seeded_per_epoch_and_cover_the_document(tmp_path)
         ({"passage_stride": 5}, "data.passage_stride"),
         ({"passage_words": 10, "doc_score": "sum"}, "data.doc_score"),
         ({"passage_words": 10, "train_passage": "all"}, "data.train_passage"),
+        # without windows they would be silently unused
+        ({"doc_score": "first"}, "data.doc_score.*is 'first' but data.passage_words is null"),
+        ({"train_passage": "first"}, "data.train_passage.*is 'first' but data.passage_words is null"),
     ],
 )
 def test_bad_passage_settings_are_input_errors(kw, key):
-    with pytest.raises(InputError, match=key.replace(".", r"\.")):
+    with pytest.raises(InputError, match=key.replace("data.", r"data\.")):
         DataConfig(**kw)
