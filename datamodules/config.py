@@ -160,10 +160,8 @@ def check_passages(cfg: DataConfig) -> None:
                 f"is {stride} but data.passage_words is null (whole documents); set both or neither",
             )
         # how a document's passages score or train means nothing without passages: set, it would be silently unused
-        for key, value, default in (
-            ("doc_score", cfg.doc_score, "max"),
-            ("train_passage", cfg.train_passage, "random"),
-        ):
+        for key in ("doc_score", "train_passage"):
+            value, default = getattr(cfg, key), DataConfig.__dataclass_fields__[key].default
             if value != default:
                 raise InputError(
                     f"config key 'data.{key}'",

@@ -804,6 +804,7 @@ def _config_differs(cell: Cell, why: str) -> str | None:
         reason = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({type(e).__name__})"
         return f"{why} and its config.yaml is {reason}: its settings are unknown"
     _, planned_cfg, job = _planned(cell)
+    unread = jobs.reader(job, planned_cfg)
     planned = _leaves(OmegaConf.to_container(planned_cfg))
     saved = _leaves(saved) if isinstance(saved, dict) else {}
     differ = sorted(
@@ -811,7 +812,7 @@ def _config_differs(cell: Cell, why: str) -> str | None:
         for k in planned.keys() | saved.keys()
         if not k.startswith(NEUTRAL)
         and k not in _LAUNCH_KEYS
-        and jobs.unread(job, k, planned_cfg) is None
+        and unread(k) is None
         and planned.get(k, "<unset>") != saved.get(k, "<unset>")
     )
     if not differ:

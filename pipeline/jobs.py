@@ -90,6 +90,7 @@ __all__ = [
     "check_overrides",
     "job",
     "jobs_of",
+    "reader",
     "select",
     "unread",
 ]
@@ -584,21 +585,37 @@ def unread(name: str, key: str, cfg: DictConfig | None = None) -> str | None:
     >>> unread("finetune", "optim.lr") is None, unread("evaluate", "trainer.precision") is None
     (True, True)
     """
+    return reader(name, cfg)(key)
+
+
+def reader(name: str, cfg: DictConfig | None = None) -> Callable[[str], str | None]:
+    """Return `unread` of the job `name` and the config `cfg` as a function of the key, for many keys.
+
+    The keys its choices leave unread (from the typed data and analysis configs) are worked out once, at the first key
+    that needs them, not once a key.
+    """
     spec = TABLE[name]
-    group, _, rest = key.partition(".")
-    if group not in COMPOSED or key.startswith(REPORTING_KEYS):  # how it reports: taken by every job
-        return None
-    if group not in spec.groups:
-        return spec.unread.get(group, f"it does not read the {group} group")
-    if not rest:
-        return None
-    sub = f"{group}.{rest.split('.', 1)[0]}"
-    if sub in spec.unread or cfg is None:
-        return spec.unread.get(sub)
-    by_choice = spec.unread_by(cfg) if spec.unread_by is not None else {}
-    if sub not in by_choice and group == "data" and spec.splits is not None:
-        by_choice = split_keys_unread(data_config(cfg), spec.splits(cfg))
-    return by_choice.get(sub)
+    by_choice: dict[str, str] | None = None
+
+    def why(key: str) -> str | None:
+        nonlocal by_choice
+        group, _, rest = key.partition(".")
+        if group not in COMPOSED or key.startswith(REPORTING_KEYS):  # how it reports: taken by every job
+            return None
+        if group not in spec.groups:
+            return spec.unread.get(group, f"it does not read the {group} group")
+        if not rest:
+            return None
+        sub = f"{group}.{rest.split('.', 1)[0]}"
+        if sub in spec.unread or cfg is None:
+            return spec.unread.get(sub)
+        if by_choice is None:
+            by_choice = spec.unread_by(cfg) if spec.unread_by is not None else {}
+            if spec.splits is not None:
+                by_choice = {**split_keys_unread(data_config(cfg), spec.splits(cfg)), **by_choice}
+        return by_choice.get(sub)
+
+    return why
 
 
 def _override_key(arg: str) -> str:
@@ -613,7 +630,8 @@ def applied(argv: Sequence[str], name: str, cfg: DictConfig | None = None) -> li
     >>> applied(["model=colbert", "optim.lr=1e-5", "trainer.max_steps=300", "trainer.precision=bf16-mixed"], "evaluate")
     ['model=colbert', 'trainer.precision=bf16-mixed']
     """
-    return [a for a in argv if unread(name, _override_key(a), cfg) is None]
+    why = reader(name, cfg)
+    return [a for a in argv if why(_override_key(a)) is None]
 
 
 def check_overrides(cfg: DictConfig, name: str, argv: Sequence[str]) -> None:
@@ -625,9 +643,10 @@ def check_overrides(cfg: DictConfig, name: str, argv: Sequence[str]) -> None:
         `config key 'optim.lr': job 'evaluate' (evaluate.py) does not read it (evaluate.py trains nothing: ...);
         drop it from the command line`.
     """
+    unread_key = reader(name, cfg)
     choices, overrides = parse_args(list(argv))
     for key in [*choices, *(_override_key(o) for o in overrides)]:
-        why = unread(name, key, cfg)
+        why = unread_key(key)
         if why is not None:
             names = _names(cfg) | {"model": str(cfg.model.name)}
             raise InputError(
