@@ -57,6 +57,7 @@ class ATSConfig(AnalysisConfig):
     """configs/analysis/ats.yaml."""
 
     applies_data: ClassVar[tuple[str, ...]] = ("rotate_eval",)  # its passages as evaluation sees them
+    reads_eval: ClassVar[tuple[str, ...]] = ("mats",)  # MATS read as the training-time callback reads it
 
     name: str = "ats"
     passages: int | None = 2000  # seeded sample of the collection's passages; null = all

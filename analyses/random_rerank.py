@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -37,6 +38,8 @@ JSON_NAME = "random_rerank.json"
 @dataclass
 class RandomRerankConfig(AnalysisConfig):
     """configs/analysis/random_rerank.yaml."""
+
+    reads_eval: ClassVar[tuple[str, ...]] = ("measures",)  # the measures of the floor, as a test reports them
 
     name: str = "random_rerank"
     run: str | None = input_path("file", "a TREC run")  # whose documents per query are the candidates (required)

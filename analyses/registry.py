@@ -57,6 +57,17 @@ class AnalysisConfig:
     # (datamodules.config.TRAINING_ONLY: negatives, rotate_train, ...) apply; for the others pipeline/jobs.py refuses
     # them on the command line.
     reads_training_triples: ClassVar[bool] = False
+    # The `eval` keys it reads (ATS's MATS reading, the random floor's measures). The others configure the re-ranking
+    # test, which an analysis does not run: set on the command line they are refused (pipeline/jobs.py).
+    reads_eval: ClassVar[tuple[str, ...]] = ()
+
+    def reads_candidate_depth(self) -> bool:
+        """Tell whether it reads `data.candidate_depth`: the depth it cuts the candidate lists it analyses at.
+
+        One that reads no candidate list, or has its own depth set, does not; pipeline/jobs.py refuses the key on
+        the command line then (training triples with BM25 negatives read it too: the job adds that case).
+        """
+        return False
 
     def splits_read(self) -> tuple[str, ...] | None:
         """Return the splits it reads (`load_dataset`'s `splits`; None: every split).

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, check_ranges
-from datamodules.folds import check_fold_config
+from datamodules.folds import FOLD_SEED, check_fold_config
 from datamodules.rotation import ROTATIONS
 
 # Keys that change only what a run trains on, never its validation or test split: a test with data overrides that
@@ -100,7 +100,7 @@ class DataConfig:
     # null = the source's own splits. `fold_seed` fixes the assignment (independent of the run seed).
     num_folds: int | None = None
     fold: int = 0
-    fold_seed: int = 13
+    fold_seed: int = FOLD_SEED
     # Position-biased training split (datamodules/answer_bias.py), for sources with answer spans: keep the training
     # questions whose answers start in the first `answer_bias_keep_first` fraction of the passage's words (null =
     # off); a question answered later is kept with probability `answer_bias_late_keep` (0 = a hard filter), drawn
@@ -146,6 +146,7 @@ class DataConfig:
         check_fold_config(self)
         check_answer_bias(self)
         check_passages(self)
+        check_eval_sample(self)
 
 
 def check_passages(cfg: DataConfig) -> None:
@@ -214,6 +215,30 @@ def check_answer_bias(cfg: DataConfig) -> None:
             "config key 'data.answer_bias_late_keep'",
             f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); "
             "set both or neither",
+        )
+    # the seed draws only the later-answered questions kept with probability late_keep: with none, it draws nothing
+    seed, default = cfg.answer_bias_seed, DataConfig.__dataclass_fields__["answer_bias_seed"].default
+    if seed != default and not (k is not None and cfg.answer_bias_late_keep):
+        raise InputError(
+            "config key 'data.answer_bias_seed'",
+            f"is {seed} but it draws only which later-answered questions data.answer_bias_late_keep keeps, and "
+            + (
+                "data.answer_bias_keep_first is null (no biased split); set data.answer_bias_keep_first and "
+                "data.answer_bias_late_keep > 0"
+                if k is None
+                else "that is 0 (a hard filter: nothing is drawn); set data.answer_bias_late_keep > 0"
+            )
+            + f", or leave it at {default}",
+        )
+
+
+def check_eval_sample(cfg: DataConfig) -> None:
+    """`data.eval_sample_seed` draws the sample of `data.max_eval_queries`: without one it would be silently unused."""
+    if cfg.eval_sample_seed is not None and cfg.max_eval_queries is None:
+        raise InputError(
+            "config key 'data.eval_sample_seed'",
+            f"is {cfg.eval_sample_seed} but data.max_eval_queries is null (every judged query is tested, none "
+            "sampled); set data.max_eval_queries or leave it null",
         )
 
 

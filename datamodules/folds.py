@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping
 from core.errors import InputError
 from datamodules.corpus import SPLITS, IRDataset, Split
 
+FOLD_SEED = 13  # data.fold_seed's default
+
 __all__ = [
     "check_fold_config",
     "fold_key",
@@ -57,6 +59,13 @@ def check_fold_config(cfg) -> int | None:
             raise InputError(
                 "data.fold", f"is {fold} but data.num_folds is null; set data.num_folds=K (e.g. 5) to cross-validate"
             )
+        seed = getattr(cfg, "fold_seed", FOLD_SEED)
+        if seed != FOLD_SEED:  # it assigns queries to folds: without folds it would be silently unused
+            raise InputError(
+                "data.fold_seed",
+                f"is {seed} but data.num_folds is null (the source's own splits); set data.num_folds=K to "
+                f"cross-validate or leave it at {FOLD_SEED}",
+            )
         return None
     if isinstance(k, bool) or not isinstance(k, int) or k < 3:
         raise InputError(
@@ -65,7 +74,7 @@ def check_fold_config(cfg) -> int | None:
         )
     if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < k:
         raise InputError("data.fold", f"is {fold}; expected an integer in 0..{k - 1} (data.num_folds={k})")
-    seed = getattr(cfg, "fold_seed", 13)
+    seed = getattr(cfg, "fold_seed", FOLD_SEED)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError("data.fold_seed", f"is {seed!r}; expected an integer")
     return k

@@ -272,14 +272,34 @@ _HEAD_OPTIM = (
 
 
 def _analysis_unread(cfg: DictConfig) -> dict[str, str]:
-    """Return the training-only data keys unless the chosen analysis reads the training triples (as declared).
+    """Return the data and eval keys the chosen analysis does not read, as its schema declares (analyses/registry.py).
 
-    It reads them when it declares so and reads the training split (`answer_positions` of `split=train`).
+    The training-only data keys unless it reads the training triples (it declares so and reads the training split:
+    `answer_positions` of `split=train`); the training batch always; `data.candidate_depth` unless it cuts candidate
+    lists at it or builds triples with BM25 negatives; the eval keys but those it declares.
     """
     opts = analysis_options(cfg)
+    kind, name = type(opts), opts.name
     splits = opts.splits_read()
-    reads = type(opts).reads_training_triples and (splits is None or "train" in splits)
-    return {} if reads else _TRAINING_DATA
+    triples = kind.reads_training_triples and (splits is None or "train" in splits)
+    unread = {} if triples else dict(_TRAINING_DATA)
+    unread["data.batch_size"] = "it is the training batch; an analysis trains no ranker"
+    if not (opts.reads_candidate_depth() or (triples and cfg.data.negatives == "bm25")):
+        own = "candidate_depth" in {f.name for f in fields(kind)}
+        unread["data.candidate_depth"] = (
+            f"analysis.candidate_depth={opts.candidate_depth} replaces it"
+            if own
+            else f"analysis {name} reads no candidate list"
+            + (" (its triples' negatives are drawn at random: data.negatives)" if triples else "")
+        )
+    takes = ", ".join(f"eval.{k}" for k in kind.reads_eval) or "no eval key"
+    for f in fields(EvalConfig):
+        if f.name not in kind.reads_eval:
+            unread[f"eval.{f.name}"] = (
+                f"analysis {name} reads {takes}; the others configure the re-ranking test (`python evaluate.py "
+                "ckpt=...`), which an analysis does not run"
+            )
+    return unread
 
 
 def _test_split(cfg: DictConfig) -> tuple[str, ...]:
@@ -405,7 +425,9 @@ TABLE: dict[str, Job] = {
                 for f in fields(TrainerConfig)
                 if f.name != "accelerator"
             },
-            **_FIT_EVAL,
+            "data.eval_batch_size": "it is the re-ranking test's step size; an analysis encodes in its own batches "
+            "(analysis.batch_size where it has one)",
+            "data.pretokenize": "an analysis tokenises its texts itself, once, not through the token cache",
         },
     ),
     "first_stage": Job(

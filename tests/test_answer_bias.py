@@ -170,6 +170,9 @@ def test_squad_biased_config_composes():
         (["data.answer_bias_keep_first=early"], "data.answer_bias_keep_first"),
         (["data=squad_biased", "data.answer_bias_late_keep=1.2"], "data.answer_bias_late_keep"),
         (["data.answer_bias_late_keep=0.3"], "data.answer_bias_late_keep"),  # without keep_first
+        # the seed draws which later-answered questions late_keep keeps: none without a split, none at 0
+        (["data.answer_bias_seed=3"], "data.answer_bias_seed"),
+        (["data=squad_biased", "data.answer_bias_seed=3"], "data.answer_bias_seed"),
         (["data.answer_bias_keep_firstt=0.3"], "data.answer_bias_keep_firstt"),
     ],
 )
@@ -177,6 +180,17 @@ def test_bad_values_are_one_line_errors_naming_the_key(argv, key):
     with pytest.raises(InputError) as e:
         compose(argv)
     assert key in e.value.where and "\n" not in str(e.value)
+
+
+def test_the_seed_draws_only_with_a_late_keep_share():
+    """Why `data.answer_bias_seed` is refused beside a hard filter: at late_keep 0 no seed changes the split, at 0.5
+    the seed decides which later-answered questions stay."""
+    ds = _toy()
+    hard = [sorted(apply_answer_bias(ds, 0.25, 0.0, seed).splits["train"].queries) for seed in range(4)]
+    assert hard.count(hard[0]) == 4
+    soft = {tuple(sorted(apply_answer_bias(ds, 0.25, 0.5, seed).splits["train"].queries)) for seed in range(8)}
+    assert len(soft) > 1
+    assert compose(["data=squad_biased", "data.answer_bias_late_keep=0.5", "data.answer_bias_seed=3"])
 
 
 def test_a_dataset_without_answers_cannot_be_biased():

@@ -310,8 +310,9 @@ def test_an_input_path_a_schema_declares_is_checked_before_anything_loads(tmp_pa
         path.write_bytes(b"")
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = [*SMALL, f"data.cache_dir={cache}", f"output_dir={out}"]
+    argv += [a.format(path=path) for a in args]
     argv = job_args("evaluate.py", [a for a in argv if not a.startswith("data.max_eval_queries")])
-    argv += [*(a.format(path=path) for a in args), *(["--dry-run"] if dry else [])]
+    argv += ["--dry-run"] if dry else []
     line = one_line(capsys, main(argv, EVALUATE), 2)
     where = f"error: config key '{key}': "
     expected = {

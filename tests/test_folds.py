@@ -122,6 +122,8 @@ def test_bad_fold_keys():
         load_dataset(SyntheticConfig(**SMALL_SYN, num_folds=5, fold=5), 0)
     with pytest.raises(InputError, match="data.fold.*num_folds is null"):
         load_dataset(SyntheticConfig(**SMALL_SYN, fold=1), 0)
+    with pytest.raises(InputError, match="data.fold_seed.*num_folds is null"):  # it would assign nothing
+        load_dataset(SyntheticConfig(**SMALL_SYN, fold_seed=14), 0)
     with pytest.raises(InputError, match="data.num_folds.*only 50"):
         load_dataset(SyntheticConfig(**SMALL_SYN, num_folds=51), 0)
 

@@ -379,7 +379,10 @@ def test_a_command_line_key_a_job_does_not_read_is_refused():
     ranking_eval = {f"eval.{k}" for k in compose([]).eval if k != "measures"}
     full_ranking = {"data.candidate_depth", "data.eval_batch_size"}  # re-ranking's depth and step size
     assert refused["retrieve"] == trainer | optim | train_data | ranking_eval | full_ranking
-    assert refused["analysis"] == optim | (trainer - {"trainer.accelerator"}) | fit_eval | train_data  # analysis=ats
+    # analysis=ats: it reads eval.mats alone, no candidate list, and encodes and tokenises in its own batches
+    analysis_data = {"data.eval_batch_size", "data.pretokenize", "data.candidate_depth"}
+    ats_eval = {f"eval.{k}" for k in compose([]).eval if k != "mats"}
+    assert refused["analysis"] == optim | (trainer - {"trainer.accelerator"}) | ats_eval | train_data | analysis_data
     assert refused["first_stage"] == trainer | optim | train_data | ranking_eval | full_ranking | {"data.pretokenize"}
     assert refused["head"] == {f"trainer.{k}" for k in HEAD_SCHEDULE} | (optim - {"optim.nonfinite"}) | fit_eval
     everything = set(_composed_keys(compose(JOB_ARGV["export"])))
@@ -409,6 +412,71 @@ def test_the_training_data_keys_are_refused_for_an_analysis_that_does_not_read_t
                 check(cfg, "analysis", argv)
         else:
             check(cfg, "analysis", argv)
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [
+        # the candidate lists' depth: read by the analyses that cut candidate lists, unless their own depth is set
+        (["analysis=whitebox"], set()),
+        (["analysis=whitebox", "analysis.candidate_depth=10"], {"data.candidate_depth"}),
+        (["analysis=vocab_projections"], set()),
+        (["analysis=vocab_projections", "analysis.candidate_depth=10"], {"data.candidate_depth"}),
+        (["analysis=lexical_enrichment"], set()),
+        (["analysis=lexical_enrichment", "analysis.candidate_depth=10"], {"data.candidate_depth"}),
+        # ... and by the training triples' BM25 negatives (answer_positions of the training split)
+        (["analysis=answer_positions", "data=squad"], set()),
+        (["analysis=answer_positions", "data=squad", "data.negatives=random"], {"data.candidate_depth"}),
+        (["analysis=answer_positions", "data=squad", "analysis.split=test"], {"data.candidate_depth"}),
+        (["analysis=fit_mlm_head"], {"data.candidate_depth"}),
+        (["analysis=random_rerank", "analysis.run=r.trec"], {"data.candidate_depth"}),
+    ],
+)
+def test_an_analysis_reads_the_candidate_depth_and_eval_keys_it_declares(argv, refused):
+    """`data.candidate_depth` and the eval keys beside an analysis were taken and unused (`evaluate.py analysis=ats
+    eval.probe_queries=3`). Each analysis declares the eval keys it reads (`reads_eval`: ATS eval.mats, the random
+    floor eval.measures) and whether it cuts candidate lists at data.candidate_depth (`reads_candidate_depth`); the
+    training batch, the re-ranking test's step size and the token cache no analysis reads."""
+    from analyses.registry import analysis_options
+    from pipeline.jobs import unread
+
+    cfg = compose(argv)
+    name = cfg.analysis.name
+    reads_eval = {"ats": {"eval.mats"}, "random_rerank": {"eval.measures"}}.get(name, set())
+    never = {"data.batch_size", "data.eval_batch_size", "data.pretokenize"}
+    assert {f"eval.{k}" for k in type(analysis_options(cfg)).reads_eval} == reads_eval
+    for key in ["data.candidate_depth", *never, *(f"eval.{k}" for k in cfg.eval)]:
+        expected = key in refused or key in never or (key.startswith("eval.") and key not in reads_eval)
+        assert (unread("analysis", key, cfg) is not None) == expected, key
+        line = [*argv, f"{key}={json.dumps(OmegaConf.to_container(cfg)[key.split('.')[0]][key.split('.')[1]])}"]
+        if expected:
+            with pytest.raises(InputError, match=rf"^config key '{key}': job 'analysis' .*drop it from the command"):
+                check(cfg, "analysis", line)
+        elif key == "data.candidate_depth":
+            check(cfg, "analysis", line)
+
+
+def test_each_analysis_reads_only_the_eval_keys_it_declares():
+    """The declaration checked against the code: every `cfg.eval.<key>` an analysis's module reads is one its schema
+    declares in `reads_eval` (a module that registers no analysis reads none)."""
+    import ast
+    import importlib
+    import inspect
+
+    from analyses.registry import MODULES, load_all
+
+    registry = load_all()
+    declared: dict[str, set[str]] = {}
+    for n in registry.names():
+        schema = registry.get(n).schema
+        declared.setdefault(schema.__module__, set()).update(schema.reads_eval)
+    seen: dict[str, set[str]] = {}
+    for module in MODULES:
+        tree = ast.parse(inspect.getsource(importlib.import_module(module)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "eval":
+                seen.setdefault(module, set()).add(node.attr)
+    assert seen == {m: keys for m, keys in declared.items() if keys}, (seen, declared)
 
 
 def _source_keys(cfg) -> set[str]:

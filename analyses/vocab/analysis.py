@@ -81,6 +81,10 @@ class VocabProjectionsConfig(AnalysisConfig):
         """Return the split whose queries and candidates it projects (`split`)."""
         return used_splits(self.split)
 
+    def reads_candidate_depth(self) -> bool:
+        """Its candidate lists (the source's or BM25's) are cut at data.candidate_depth unless its own is set."""
+        return self.candidate_depth is None
+
     def __post_init__(self):
         check_choice("analysis.split", self.split, ("train", "val", "test", "all"))
         if not self.k_values or any(int(k) < 1 for k in self.k_values):

@@ -99,6 +99,10 @@ class WhiteboxConfig(AnalysisConfig):
         """Return the split whose queries it reads (`split`; `all`: every split)."""
         return used_splits(self.split)
 
+    def reads_candidate_depth(self) -> bool:
+        """Its candidate lists (the source's or BM25's) are cut at data.candidate_depth unless its own is set."""
+        return self.candidate_depth is None
+
     def __post_init__(self):
         if not self.statistics or any(s not in STATISTICS for s in self.statistics):
             raise InputError(
