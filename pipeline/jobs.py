@@ -265,6 +265,11 @@ _EXPORT = "export writes the checkpoint's weights and settings as they are: it r
 # the trainer keys the head stage sets itself (pipeline/head_stage.py): head.epochs whole epochs, each validated
 HEAD_SCHEDULE = ("max_steps", "max_epochs", "val_check_interval", "check_val_every_n_epoch")
 _HEAD_EPOCHS = "the head stage trains head.epochs whole epochs and validates after each; set head.epochs"
+# what the head stage encodes of the training data (datamodules/representations.py `training_texts`)
+_HEAD_TEXTS = (
+    "the head stage encodes the training triples' queries and passages as the collection holds them: whole "
+    "documents, not rotated"
+)
 _HEAD_OPTIM = (
     "the head stage keeps the fine-tuned ranker's optim settings (of this run's it applies optim.nonfinite); the "
     "head's own are head.lr and head.epochs"
@@ -300,6 +305,20 @@ def _analysis_unread(cfg: DictConfig) -> dict[str, str]:
                 "ckpt=...`), which an analysis does not run"
             )
     return unread
+
+
+def _finetune_unread(cfg: DictConfig) -> dict[str, str]:
+    """Return `data.rotation` when training passages are not rotated, else nothing.
+
+    It chooses their cut alone: evaluation cuts one per passage whatever it says (datamodules/datamodule.py
+    `rotation_draw`).
+    """
+    if cfg.data.rotate_train:
+        return {}
+    return {
+        "data.rotation": "it chooses how training passages are cut (Eq. 7) and data.rotate_train is false; evaluation "
+        "cuts one per passage either way"
+    }
 
 
 def _test_split(cfg: DictConfig) -> tuple[str, ...]:
@@ -355,6 +374,8 @@ TABLE: dict[str, Job] = {
             **{f"trainer.{k}": _HEAD_EPOCHS for k in HEAD_SCHEDULE},
             **{f"optim.{f.name}": _HEAD_OPTIM for f in fields(OptimConfig) if f.name != "nonfinite"},
             **_FIT_EVAL,
+            "data.batch_size": "the head stage batches its cached vectors by head.batch_size",
+            **{f"data.{k}": _HEAD_TEXTS for k in ("rotate_train", "rotation", "train_passage")},
         },
     ),
     "finetune": Job(
@@ -365,6 +386,7 @@ TABLE: dict[str, Job] = {
         shape="train.py",
         command="train.py [init_ckpt=...]",
         checks=check_validation_schedule,
+        unread_by=_finetune_unread,
         needs=(
             Need(
                 "model",

@@ -238,3 +238,25 @@ def test_head_stage_training_texts_equal_for_stored_and_listed_triples(tmp_path,
     listed = training_texts(dm(read_id_text_tsv(path, "passage"), list(triples)), max_texts, seed=3)
     stored = training_texts(dm(store, triples), max_texts, seed=3)
     assert stored == listed and len(stored[0]) + len(stored[1]) == (max_texts or len(listed[0]) + len(listed[1]))
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_the_head_stage_encodes_the_same_training_texts_whatever_the_training_cut(tmp_path, windows):
+    """Why `train.py stage=head` refuses data.rotate_train, data.rotation and data.train_passage on its command line
+    (pipeline/jobs.py): the texts its representation cache encodes are the training triples' queries and whole,
+    unrotated passages, whichever way fine-tuning cut them."""
+    from conftest import synthetic_data
+
+    from datamodules.representations import training_texts
+
+    base = dict(data_seed=5, num_train_queries=12, passage_words=(8 if windows else None))
+    texts = set()
+    for over in ({}, {"rotate_train": True}, {"rotate_train": True, "rotation": "per_epoch"}):
+        if windows:
+            over = {**over, "train_passage": "first"} if over else over
+        dm = synthetic_data(tmp_path, 3, **base, **over)
+        texts.add(tuple(map(tuple, training_texts(dm, None, 3))))
+    assert len(texts) == 1
+    queries, docs = next(iter(texts))
+    dm = synthetic_data(tmp_path, 3, **base)
+    assert set(docs) <= set(dm.dataset.docs.values()) and len(queries) > 0

@@ -316,3 +316,17 @@ def test_per_epoch_redraws_the_cut_every_epoch(tmp_path):
     )
     with pytest.raises(InputError, match=r"data\.rotation"):
         compose(["data.rotation=per_triple"])
+
+
+def test_the_rotation_mode_cuts_training_passages_alone(tmp_path):
+    """Why train.py refuses data.rotation without data.rotate_train (pipeline/jobs.py): the mode changes no
+    evaluation passage (one cut per passage either way) and, unrotated, no training passage."""
+    for rotate_eval in (False, True):
+        per_passage = _module(tmp_path, False, rotate_eval)
+        per_epoch = _module(tmp_path, False, rotate_eval, rotation="per_epoch")
+        for split in ("val", "test"):
+            assert per_passage.eval_splits[split].dtexts == per_epoch.eval_splits[split].dtexts
+        a, b = _triplets(per_passage), _triplets(per_epoch)
+        assert all(a[(e, i)] == b[(e, i)] for e in (0, 1) for i in range(len(per_passage.triples)))
+    rotated = [_triplets(_module(tmp_path, True, False, rotation=r)) for r in ("per_passage", "per_epoch")]
+    assert any(rotated[0][(1, i)] != rotated[1][(1, i)] for i in range(10))  # rotated, the mode tells
