@@ -29,7 +29,7 @@ from core.errors import InputError, check_choice
 from core.ranges import COUNT, NON_NEGATIVE, SEED, Range, check_range, check_ranges
 from datamodules.sources import SOURCES
 from lightning_modules.loading import check_optim_hparams  # noqa: F401 - registers the checkpoint hyper-parameter checks
-from lightning_modules.module import OptimConfig
+from lightning_modules.module import OptimConfig, check_loss_keys
 from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES, check_measures
 from models.heads import HEADS
@@ -265,7 +265,27 @@ class EvalConfig:
                 "config key 'eval.dump_isotropy'",
                 "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches",
             )
+        # keys of a protocol switched off, set away from their defaults, would be silently unused by every job
+        off = [(k, "eval.isotropy_paper is false", "eval.isotropy_paper=true") for k in PAPER_PROTOCOL_KEYS]
+        off = off if not self.isotropy_paper else []
+        off += (
+            [("ats_max_occurrences", "eval.ats_passages is 0", "eval.ats_passages > 0")]
+            if not self.ats_passages
+            else []
+        )
+        for key, why, enable in off:
+            value, default = getattr(self, key), EvalConfig.__dataclass_fields__[key].default
+            if value != default:
+                shown = "null" if default is None else default
+                raise InputError(
+                    f"config key 'eval.{key}'",
+                    f"is {value} but {why}, which turns its protocol off; leave it at {shown} or set {enable}",
+                )
         check_choice("eval.mats", self.mats, MATS_MODES)
+
+
+# the `paper` isotropy protocol's settings (callbacks/isotropy.py `measure_paper`), read only with eval.isotropy_paper
+PAPER_PROTOCOL_KEYS = ("isotropy_batch_pairs", "isotropy_max_batches", "isotropy_sample_seed")
 
 
 def _group_schemas():
@@ -577,7 +597,7 @@ def compose(argv: list[str]) -> DictConfig:
     )
     base_optim, *later_optim = [n.get("optim", OmegaConf.create()) for n in rest]
     optim = merge_structured(optim_schema, base_optim, model_optim, *later_optim, prefix="optim.")
-    OmegaConf.to_object(optim)
+    check_loss_keys(OmegaConf.to_object(optim))
     OmegaConf.to_object(top)  # RunConfig.__post_init__: stage
     cfg = top  # typed: RunConfig's node, each group the node of its own schema (the keys keep RunConfig's order)
     for group in GROUPS:

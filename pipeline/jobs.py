@@ -307,18 +307,29 @@ def _analysis_unread(cfg: DictConfig) -> dict[str, str]:
     return unread
 
 
-def _finetune_unread(cfg: DictConfig) -> dict[str, str]:
-    """Return `data.rotation` when training passages are not rotated, else nothing.
+def _ats_unread(cfg: DictConfig) -> dict[str, str]:
+    """Return `eval.mats` when the ATS protocol of a ranker's test is off (`eval.ats_passages` 0), else nothing.
 
-    It chooses their cut alone: evaluation cuts one per passage whatever it says (datamodules/datamodule.py
-    `rotation_draw`).
+    Not at composition: `analysis=ats` reads it whatever `eval.ats_passages` says.
     """
-    if cfg.data.rotate_train:
+    if cfg.eval.ats_passages:
         return {}
-    return {
-        "data.rotation": "it chooses how training passages are cut (Eq. 7) and data.rotate_train is false; evaluation "
-        "cuts one per passage either way"
-    }
+    return {"eval.mats": "eval.ats_passages is 0, which turns the ATS / MATS protocol off"}
+
+
+def _finetune_unread(cfg: DictConfig) -> dict[str, str]:
+    """Return `data.rotation` when training passages are not rotated, and `_ats_unread`.
+
+    The rotation mode chooses their cut alone: evaluation cuts one per passage whatever it says
+    (datamodules/datamodule.py `rotation_draw`).
+    """
+    unread = _ats_unread(cfg)
+    if not cfg.data.rotate_train:
+        unread["data.rotation"] = (
+            "it chooses how training passages are cut (Eq. 7) and data.rotate_train is false; evaluation cuts one per "
+            "passage either way"
+        )
+    return unread
 
 
 def _test_split(cfg: DictConfig) -> tuple[str, ...]:
@@ -370,6 +381,7 @@ TABLE: dict[str, Job] = {
             "init_ckpt": "it initialises fine-tuning (stage=finetune); the head stage takes the fine-tuned ranker "
             "as ckpt=",
         },
+        unread_by=_ats_unread,
         unread={
             **{f"trainer.{k}": _HEAD_EPOCHS for k in HEAD_SCHEDULE},
             **{f"optim.{f.name}": _HEAD_OPTIM for f in fields(OptimConfig) if f.name != "nonfinite"},
@@ -482,6 +494,7 @@ TABLE: dict[str, Job] = {
         shape="evaluate.py head_ckpt=...",
         command="evaluate.py head_ckpt=<head checkpoint> data=...",
         unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
+        unread_by=_ats_unread,
         splits=_test_split,
     ),
     "evaluate": Job(
@@ -496,6 +509,7 @@ TABLE: dict[str, Job] = {
             "`python evaluate.py head_ckpt=<its checkpoint>`",
         },
         unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
+        unread_by=_ats_unread,
         splits=_test_split,
     ),
 }

@@ -170,6 +170,15 @@ OUT_OF_RANGE = [
     (["data=beir", "data.val_fraction=-0.5"], "data.val_fraction", "is -0.5; expected >= 0"),
     (["eval.isotropy_batch_pairs=0"], "eval.isotropy_batch_pairs", "is 0; expected >= 1 (the isotropy paper's is 16)"),
     (["eval.probe_queries=0"], "eval.probe_queries", "is 0; expected >= 1"),
+    # a protocol's setting while the protocol is off: silently unused by every job
+    (
+        ["eval.isotropy_paper=false", "eval.isotropy_batch_pairs=8"],
+        "eval.isotropy_batch_pairs",
+        "is 8 but eval.isotropy_paper is false, which turns its protocol off; leave it at 16",
+    ),
+    (["eval.isotropy_paper=false", "eval.isotropy_max_batches=3"], "eval.isotropy_max_batches", "is 3 but eval.iso"),
+    (["eval.isotropy_paper=false", "eval.isotropy_sample_seed=3"], "eval.isotropy_sample_seed", "is 3 but eval.iso"),
+    (["eval.ats_passages=0", "eval.ats_max_occurrences=5"], "eval.ats_max_occurrences", "is 5 but eval.ats_passages"),
     (["model.query_max_len=0"], "model.query_max_len", "is 0; expected >= 1"),
     (["model.compress_dim=0"], "model.compress_dim", "is 0; expected >= 1"),
     (["model=tk", "model.layers=0"], "model.layers", "is 0; expected >= 1"),

@@ -460,6 +460,17 @@ def test_an_analysis_reads_the_candidate_depth_and_eval_keys_it_declares(argv, r
             check(cfg, "analysis", line)
 
 
+def test_mats_is_refused_where_the_ats_protocol_is_off():
+    """`eval.mats` chooses the MATS reading of the ATS protocol a ranker's test runs (`eval.ats_passages` > 0):
+    with it off, train.py and evaluate.py refuse it on the command line; `analysis=ats` reads it either way."""
+    from pipeline.jobs import unread
+
+    for name in ("finetune", "head", "evaluate", "evaluate_head", "analysis"):
+        for passages, refused in ((0, name != "analysis"), (128, False)):
+            cfg = compose([*JOB_ARGV[name], f"eval.ats_passages={passages}"])
+            assert (unread(name, "eval.mats", cfg) is not None) == refused, (name, passages)
+
+
 def test_each_analysis_reads_only_the_eval_keys_it_declares():
     """The declaration checked against the code: every `cfg.eval.<key>` an analysis's module reads is one its schema
     declares in `reads_eval` (a module that registers no analysis reads none)."""

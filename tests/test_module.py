@@ -137,6 +137,36 @@ def test_ce_loss_divides_scores_by_temperature(tiny_bert, name, temperature, wan
     assert m.training_step(m.pair_tokenizer.triplets(q, pos, neg), 0).item() == pytest.approx(want, abs=1e-4)
 
 
+@pytest.mark.parametrize(
+    "loss, key, values",
+    [
+        ("ce", "margin", (1.0, 0.2)),
+        ("hinge", "temperature", (None, 0.5)),
+        ("ce", "in_batch_mask_relevant", (True, False)),
+    ],
+)
+def test_a_key_of_the_loss_not_chosen_changes_nothing_and_is_refused(tiny_bert, loss, key, values):
+    """The margin is the hinge loss's, the temperature the ce loss's, the relevance mask in-batch negatives': where
+    they are not used, no value changes the training loss, so composition refuses them away from their defaults
+    (`check_loss_keys`), rather than take a setting that is silently unused."""
+    from core.errors import InputError
+    from pipeline.config import compose
+
+    in_batch = key != "in_batch_mask_relevant"
+    q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
+    losses = []
+    for value in values:
+        m = module(tiny_bert, "repbert", loss=loss, in_batch_negatives=in_batch, **{key: value})
+        m.log = lambda *a, **k: None
+        torch.manual_seed(0)
+        losses.append(m.training_step(m.pair_tokenizer.triplets(q, pos, neg), 0).item())
+    assert losses[0] == losses[1]
+    argv = [f"optim.loss={loss}", f"optim.in_batch_negatives={str(in_batch).lower()}"]
+    compose([*argv, f"optim.{key}={'null' if values[0] is None else str(values[0]).lower()}"])
+    with pytest.raises(InputError, match=rf"^config key 'optim.{key}': is .* but .*; leave it at "):
+        compose([*argv, f"optim.{key}={str(values[1]).lower()}"])
+
+
 def test_temperature_must_be_positive(tiny_bert):
     from core.errors import InputError
 
