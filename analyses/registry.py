@@ -61,13 +61,13 @@ class AnalysisConfig:
     # test, which an analysis does not run: set on the command line they are refused (pipeline/jobs.py).
     reads_eval: ClassVar[tuple[str, ...]] = ()
 
-    def reads_candidate_depth(self) -> bool:
-        """Tell whether it reads `data.candidate_depth`: the depth it cuts the candidate lists it analyses at.
+    def candidate_depth_unread(self) -> str | None:
+        """Return why it does not read `data.candidate_depth` (the depth it cuts candidate lists at), None if it does.
 
-        One that reads no candidate list, or has its own depth set, does not; pipeline/jobs.py refuses the key on
-        the command line then (training triples with BM25 negatives read it too: the job adds that case).
+        pipeline/jobs.py refuses the key on the command line with this reason (training triples with BM25 negatives
+        read it too: the job adds that case).
         """
-        return False
+        return f"analysis {self.name} reads no candidate list"
 
     def splits_read(self) -> tuple[str, ...] | None:
         """Return the splits it reads (`load_dataset`'s `splits`; None: every split).

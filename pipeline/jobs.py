@@ -289,14 +289,10 @@ def _analysis_unread(cfg: DictConfig) -> dict[str, str]:
     triples = kind.reads_training_triples and (splits is None or "train" in splits)
     unread = {} if triples else dict(_TRAINING_DATA)
     unread["data.batch_size"] = "it is the training batch; an analysis trains no ranker"
-    if not (opts.reads_candidate_depth() or (triples and cfg.data.negatives == "bm25")):
-        own = "candidate_depth" in {f.name for f in fields(kind)}
-        unread["data.candidate_depth"] = (
-            f"analysis.candidate_depth={opts.candidate_depth} replaces it"
-            if own
-            else f"analysis {name} reads no candidate list"
-            + (" (its triples' negatives are drawn at random: data.negatives)" if triples else "")
-        )
+    depth = opts.candidate_depth_unread()
+    if depth is not None and not (triples and cfg.data.negatives == "bm25"):
+        drawn = " (its triples' negatives are drawn at random: data.negatives)" if triples else ""
+        unread["data.candidate_depth"] = depth + drawn
     takes = ", ".join(f"eval.{k}" for k in kind.reads_eval) or "no eval key"
     for f in fields(EvalConfig):
         if f.name not in kind.reads_eval:

@@ -439,7 +439,7 @@ def test_the_training_data_keys_are_refused_for_an_analysis_that_does_not_read_t
 def test_an_analysis_reads_the_candidate_depth_and_eval_keys_it_declares(argv, refused):
     """`data.candidate_depth` and the eval keys beside an analysis were taken and unused (`evaluate.py analysis=ats
     eval.probe_queries=3`). Each analysis declares the eval keys it reads (`reads_eval`: ATS eval.mats, the random
-    floor eval.measures) and whether it cuts candidate lists at data.candidate_depth (`reads_candidate_depth`); the
+    floor eval.measures) and whether it cuts candidate lists at data.candidate_depth (`candidate_depth_unread`); the
     training batch, the re-ranking test's step size and the token cache no analysis reads."""
     from analyses.registry import analysis_options
     from pipeline.jobs import unread

@@ -81,9 +81,9 @@ class VocabProjectionsConfig(AnalysisConfig):
         """Return the split whose queries and candidates it projects (`split`)."""
         return used_splits(self.split)
 
-    def reads_candidate_depth(self) -> bool:
+    def candidate_depth_unread(self) -> str | None:
         """Its candidate lists (the source's or BM25's) are cut at data.candidate_depth unless its own is set."""
-        return self.candidate_depth is None
+        return None if self.candidate_depth is None else f"analysis.candidate_depth={self.candidate_depth} replaces it"
 
     def __post_init__(self):
         check_choice("analysis.split", self.split, ("train", "val", "test", "all"))

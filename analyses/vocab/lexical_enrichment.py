@@ -92,9 +92,9 @@ class LexicalEnrichmentConfig(AnalysisConfig):
         """Return the splits it tunes and tests on (`val_split`, `test_split`)."""
         return used_splits(self.val_split, self.test_split)
 
-    def reads_candidate_depth(self) -> bool:
+    def candidate_depth_unread(self) -> str | None:
         """Its candidate lists (the source's or BM25's) are cut at data.candidate_depth unless its own is set."""
-        return self.candidate_depth is None
+        return None if self.candidate_depth is None else f"analysis.candidate_depth={self.candidate_depth} replaces it"
 
     def __post_init__(self):
         check_choice("analysis.single_token", self.single_token, ("optimised", "static"))

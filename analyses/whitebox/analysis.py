@@ -99,9 +99,9 @@ class WhiteboxConfig(AnalysisConfig):
         """Return the split whose queries it reads (`split`; `all`: every split)."""
         return used_splits(self.split)
 
-    def reads_candidate_depth(self) -> bool:
+    def candidate_depth_unread(self) -> str | None:
         """Its candidate lists (the source's or BM25's) are cut at data.candidate_depth unless its own is set."""
-        return self.candidate_depth is None
+        return None if self.candidate_depth is None else f"analysis.candidate_depth={self.candidate_depth} replaces it"
 
     def __post_init__(self):
         if not self.statistics or any(s not in STATISTICS for s in self.statistics):
