@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from core.errors import InputError, check_choice
+from core.errors import InputError, check_choice, check_unused
 from core.ranges import COUNT, NON_NEGATIVE, SEED, check_ranges
 from datamodules.folds import FOLD_SEED, check_fold_config
 from datamodules.rotation import ROTATIONS
@@ -160,15 +160,9 @@ def check_passages(cfg: DataConfig) -> None:
                 "config key 'data.passage_stride'",
                 f"is {stride} but data.passage_words is null (whole documents); set both or neither",
             )
-        # how a document's passages score or train means nothing without passages: set, it would be silently unused
-        for key in ("doc_score", "train_passage"):
-            value, default = getattr(cfg, key), DataConfig.__dataclass_fields__[key].default
-            if value != default:
-                raise InputError(
-                    f"config key 'data.{key}'",
-                    f"is '{value}' but data.passage_words is null (whole documents: each is its one passage); set "
-                    f"data.passage_words or leave it at '{default}'",
-                )
+        # how a document's passages score or train means nothing without passages
+        why = "data.passage_words is null (whole documents: each is its one passage)"
+        check_unused("data", cfg, ("doc_score", "train_passage"), why, "set data.passage_words")
         return
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise InputError(
@@ -216,30 +210,26 @@ def check_answer_bias(cfg: DataConfig) -> None:
             f"is {cfg.answer_bias_late_keep} but data.answer_bias_keep_first is null (no biased split); "
             "set both or neither",
         )
-    # the seed draws only the later-answered questions kept with probability late_keep: with none, it draws nothing
-    seed, default = cfg.answer_bias_seed, DataConfig.__dataclass_fields__["answer_bias_seed"].default
-    if seed != default and not (k is not None and cfg.answer_bias_late_keep):
-        raise InputError(
-            "config key 'data.answer_bias_seed'",
-            f"is {seed} but it draws only which later-answered questions data.answer_bias_late_keep keeps, and "
-            + (
-                "data.answer_bias_keep_first is null (no biased split); set data.answer_bias_keep_first and "
-                "data.answer_bias_late_keep > 0"
-                if k is None
-                else "that is 0 (a hard filter: nothing is drawn); set data.answer_bias_late_keep > 0"
-            )
-            + f", or leave it at {default}",
+    # the seed draws which later-answered questions late_keep keeps: with no share to draw, it draws nothing
+    if k is None:
+        why = "data.answer_bias_keep_first is null (no biased split), so it draws nothing"
+        check_unused(
+            "data",
+            cfg,
+            ("answer_bias_seed",),
+            why,
+            "set data.answer_bias_keep_first and data.answer_bias_late_keep > 0",
         )
+    elif not cfg.answer_bias_late_keep:
+        why = "data.answer_bias_late_keep is 0 (a hard filter), so it draws nothing"
+        check_unused("data", cfg, ("answer_bias_seed",), why, "set data.answer_bias_late_keep > 0")
 
 
 def check_eval_sample(cfg: DataConfig) -> None:
     """`data.eval_sample_seed` draws the sample of `data.max_eval_queries`: without one it would be silently unused."""
-    if cfg.eval_sample_seed is not None and cfg.max_eval_queries is None:
-        raise InputError(
-            "config key 'data.eval_sample_seed'",
-            f"is {cfg.eval_sample_seed} but data.max_eval_queries is null (every judged query is tested, none "
-            "sampled); set data.max_eval_queries or leave it null",
-        )
+    if cfg.max_eval_queries is None:
+        why = "data.max_eval_queries is null (every judged query is tested, none sampled)"
+        check_unused("data", cfg, ("eval_sample_seed",), why, "set data.max_eval_queries")
 
 
 def split_settings(cfg: DataConfig, split: str) -> str:

@@ -17,7 +17,6 @@ gathered across ranks by a torchmetrics state before pytrec_eval runs once on th
 
 from __future__ import annotations
 
-import json
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from omegaconf import OmegaConf
 from pytorch_lightning.utilities.seed import _collect_rng_states, _set_rng_states
 from torch import Tensor
 
-from core.errors import InputError, TrainingStopped, check_choice
+from core.errors import TrainingStopped, check_choice, check_unused
 from core.host_reads import DeferredReads
 from core.precision import cast_once
 from core.ranges import NON_NEGATIVE, POSITIVE, check_ranges
@@ -96,21 +95,15 @@ def check_loss_keys(optim: OptimConfig) -> None:
     At composition (pipeline/config.py `compose`), not in `OptimConfig`, so that a checkpoint written before this
     check still loads with the settings it records.
     """
-    unused = []
     if optim.loss == "ce":
-        unused.append(("margin", "optim.loss is 'ce' and the margin is the hinge loss's", "optim.loss=hinge"))
+        why = "optim.loss is 'ce' and the margin is the hinge loss's"
+        check_unused("optim", optim, ("margin",), why, "set optim.loss=hinge")
     if optim.loss == "hinge":
-        unused.append(("temperature", "optim.loss is 'hinge' and the temperature is the ce loss's", "optim.loss=ce"))
+        why = "optim.loss is 'hinge' and the temperature is the ce loss's"
+        check_unused("optim", optim, ("temperature",), why, "set optim.loss=ce")
     if not optim.in_batch_negatives:
         why = "optim.in_batch_negatives is false: there are no in-batch negatives to mask"
-        unused.append(("in_batch_mask_relevant", why, "optim.in_batch_negatives=true"))
-    for key, why, enable in unused:
-        value, default = getattr(optim, key), OptimConfig.__dataclass_fields__[key].default
-        if value != default:
-            raise InputError(
-                f"config key 'optim.{key}'",
-                f"is {json.dumps(value)} but {why}; leave it at {json.dumps(default)} or set {enable}",
-            )
+        check_unused("optim", optim, ("in_batch_mask_relevant",), why, "set optim.in_batch_negatives=true")
 
 
 class RankingModule(pl.LightningModule):

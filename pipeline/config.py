@@ -25,14 +25,14 @@ from pytorch_lightning.strategies import StrategyRegistry
 
 from analyses.registry import load_all
 from core.checkpoints import read_header
-from core.errors import InputError, check_choice
+from core.errors import InputError, check_choice, check_unused
 from core.ranges import COUNT, NON_NEGATIVE, SEED, Range, check_range, check_ranges
 from datamodules.sources import SOURCES
 from lightning_modules.loading import check_optim_hparams  # noqa: F401 - registers the checkpoint hyper-parameter checks
 from lightning_modules.module import OptimConfig, check_loss_keys
 from metrics.ats import MATS_MODES
 from metrics.ir import DEFAULT_MEASURES, check_measures
-from models.heads import HEADS
+from models.heads import HEADS, check_fit_keys
 from models.rankers.limits import check_model_limits, output_dim
 from retrieval.config import schema as retrieval_schema
 from retrieval.first_stage import model_entry
@@ -266,21 +266,12 @@ class EvalConfig:
                 "is true but eval.isotropy_paper is false: the dump is the `paper` protocol's test batches",
             )
         # keys of a protocol switched off, set away from their defaults, would be silently unused by every job
-        off = [(k, "eval.isotropy_paper is false", "eval.isotropy_paper=true") for k in PAPER_PROTOCOL_KEYS]
-        off = off if not self.isotropy_paper else []
-        off += (
-            [("ats_max_occurrences", "eval.ats_passages is 0", "eval.ats_passages > 0")]
-            if not self.ats_passages
-            else []
-        )
-        for key, why, enable in off:
-            value, default = getattr(self, key), EvalConfig.__dataclass_fields__[key].default
-            if value != default:
-                shown = "null" if default is None else default
-                raise InputError(
-                    f"config key 'eval.{key}'",
-                    f"is {value} but {why}, which turns its protocol off; leave it at {shown} or set {enable}",
-                )
+        if not self.isotropy_paper:
+            why = "eval.isotropy_paper is false, which turns the `paper` protocol off"
+            check_unused("eval", self, PAPER_PROTOCOL_KEYS, why, "set eval.isotropy_paper=true")
+        if not self.ats_passages:
+            why = "eval.ats_passages is 0, which turns the ATS protocol off"
+            check_unused("eval", self, ("ats_max_occurrences",), why, "set eval.ats_passages > 0")
         check_choice("eval.mats", self.mats, MATS_MODES)
 
 
@@ -590,6 +581,7 @@ def compose(argv: list[str]) -> DictConfig:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
         groups[group] = merge_structured(schema, *stack, prefix=f"{group}.")
         OmegaConf.to_object(groups[group])  # runs the schema's __post_init__ checks (choices)
+    check_fit_keys(OmegaConf.to_object(groups["head"]))
 
     rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
     top = merge_structured(

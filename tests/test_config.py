@@ -174,7 +174,7 @@ OUT_OF_RANGE = [
     (
         ["eval.isotropy_paper=false", "eval.isotropy_batch_pairs=8"],
         "eval.isotropy_batch_pairs",
-        "is 8 but eval.isotropy_paper is false, which turns its protocol off; leave it at 16",
+        "is 8 but eval.isotropy_paper is false, which turns the `paper` protocol off; leave it at 16",
     ),
     (["eval.isotropy_paper=false", "eval.isotropy_max_batches=3"], "eval.isotropy_max_batches", "is 3 but eval.iso"),
     (["eval.isotropy_paper=false", "eval.isotropy_sample_seed=3"], "eval.isotropy_sample_seed", "is 3 but eval.iso"),

@@ -4,6 +4,8 @@ isotropy metrics moving the right way."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -222,3 +224,24 @@ def test_sequence_cache_refused_for_colbert(tiny_bert, tmp_path):
     with pytest.raises(InputError, match="head.granularity"):
         RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, ["q"], ["d"], granularity="sequence")
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_head_fitted_in_closed_form_refuses_the_gradient_fits_keys():
+    """`train.py stage=head head=whitening head.lr=1e-3` ran, the lr unused: a closed-form head
+    (`HeadCapabilities.fit`) is fitted in one pass over the cached vectors (`fit_vectors` takes the vectors alone), so
+    the gradient fit's keys away from their defaults are refused at composition; heads fitted by gradient take them."""
+    from models.heads import GRADIENT_FIT_KEYS, HEADS, head_capabilities
+    from pipeline.config import compose
+
+    assert set(inspect.signature(Whitening.fit_vectors).parameters) == {"self", "vectors", "chunk"}
+    values = {"epochs": 3, "lr": 0.001, "batch_size": 64, "val_memory_gib": 0.5}
+    fits = {n: head_capabilities(n).fit for n in HEADS.names() if HEADS.get(n).capabilities is not None}
+    assert set(fits.values()) == {"closed_form", "gradient"}
+    for name, fit in fits.items():
+        for key in GRADIENT_FIT_KEYS:
+            argv = ["stage=head", "ckpt=a.ckpt", f"head={name}", f"head.{key}={values[key]}"]
+            if fit == "gradient":
+                assert compose(argv).head[key] == values[key]
+                continue
+            with pytest.raises(InputError, match=rf"^config key 'head.{key}': is {values[key]} but head '{name}' is"):
+                compose(argv)

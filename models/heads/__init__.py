@@ -11,7 +11,7 @@ declares how it is fitted (`HeadCapabilities`: closed form or by gradient), whic
 (`head_capabilities`).
 """
 
-from core.errors import InputError
+from core.errors import InputError, check_unused
 from core.registry import Registry
 
 HEADS: Registry = Registry("isotropy head")
@@ -44,13 +44,32 @@ def head_capabilities(name: str, where: str = "head.name") -> HeadCapabilities:
     return caps
 
 
+# the keys of a fit by gradient (head_stage.py: epochs of Adam over batches of cached vectors, validated after each)
+GRADIENT_FIT_KEYS = ("epochs", "lr", "batch_size", "val_memory_gib")
+
+
+def check_fit_keys(head: HeadConfig) -> None:
+    """Refuse the gradient fit's keys, away from their defaults, for a head fitted in closed form (silently unused).
+
+    At composition (pipeline/config.py `compose`), not in `HeadConfig`, so that a head checkpoint that recorded them
+    still loads.
+    """
+    caps = HEADS.get(head.name, "head.name").capabilities
+    if caps is None or caps.fit != "closed_form":  # no head, or one fitted by gradient
+        return
+    why = f"head '{head.name}' is fitted in closed form, in one pass over the cached vectors (no optimiser, no epochs)"
+    check_unused("head", head, GRADIENT_FIT_KEYS, why, "choose a head fitted by gradient (head=nice or head=glow)")
+
+
 __all__ = [
+    "GRADIENT_FIT_KEYS",
     "HEADS",
     "HEAD_SLOTS",
     "HeadCapabilities",
     "HeadConfig",
     "IsotropyHead",
     "attach_head",
+    "check_fit_keys",
     "build_head",
     "head_capabilities",
     "head_config",
