@@ -60,7 +60,7 @@ class OptimConfig:
     schedule: str = "linear"  # linear decay to 0 after warm-up | constant
     loss: str = "ce"  # ce | hinge
     margin: float = 1.0  # hinge only
-    in_batch_negatives: bool = True  # bi-encoders only
+    in_batch_negatives: bool = True  # bi-encoders under ce only: hinge scores each triplet's own negative
     # in-batch negatives judged relevant to the query are left out of its softmax: on SQuAD several questions share a
     # paragraph, so another query's positive is often this query's positive too (18% of batches of 16)
     in_batch_mask_relevant: bool = True
@@ -101,7 +101,10 @@ def check_loss_keys(optim: OptimConfig) -> None:
     if optim.loss == "hinge":
         why = "optim.loss is 'hinge' and the temperature is the ce loss's"
         check_unused("optim", optim, ("temperature",), why, "set optim.loss=ce")
-    if not optim.in_batch_negatives:
+    if optim.loss == "hinge":
+        why = "optim.loss is 'hinge', which scores each triplet's own negative alone: no in-batch negatives to mask"
+        check_unused("optim", optim, ("in_batch_mask_relevant",), why, "set optim.loss=ce")
+    elif not optim.in_batch_negatives:
         why = "optim.in_batch_negatives is false: there are no in-batch negatives to mask"
         check_unused("optim", optim, ("in_batch_mask_relevant",), why, "set optim.in_batch_negatives=true")
 
@@ -220,7 +223,8 @@ class RankingModule(pl.LightningModule):
         q, d = r.encode_queries(batch), r.encode_docs(batch)
         b = q.tokens.shape[0]
         ar = torch.arange(b, device=q.tokens.device)
-        if self.optim_cfg.in_batch_negatives:
+        # the hinge loss reads each triplet's own negative alone: no in-batch score matrix (nor its DDP gather) for it
+        if self.optim_cfg.in_batch_negatives and self.optim_cfg.loss == "ce":
             mask = self.optim_cfg.in_batch_mask_relevant and "relevant_docs" in batch
             keys = torch.cat([batch["pos_doc"], batch["neg_doc"]]) if mask else None
             d_all, keys_all, start, real = self._gather_docs(d, keys, batch.get(HOST_RANK_ROWS))

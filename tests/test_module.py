@@ -143,16 +143,18 @@ def test_ce_loss_divides_scores_by_temperature(tiny_bert, name, temperature, wan
         ("ce", "margin", (1.0, 0.2)),
         ("hinge", "temperature", (None, 0.5)),
         ("ce", "in_batch_mask_relevant", (True, False)),
+        ("hinge", "in_batch_mask_relevant", (True, False)),
     ],
 )
 def test_a_key_of_the_loss_not_chosen_changes_nothing_and_is_refused(tiny_bert, loss, key, values):
     """The margin is the hinge loss's, the temperature the ce loss's, the relevance mask in-batch negatives': where
     they are not used, no value changes the training loss, so composition refuses them away from their defaults
-    (`check_loss_keys`), rather than take a setting that is silently unused."""
+    (`check_loss_keys`), rather than take a setting that is silently unused. Under hinge the mask is unused even with
+    in-batch negatives on: the hinge reads each triplet's own negative."""
     from core.errors import InputError
     from pipeline.config import compose
 
-    in_batch = key != "in_batch_mask_relevant"
+    in_batch = key != "in_batch_mask_relevant" or loss == "hinge"
     q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
     losses = []
     for value in values:
@@ -165,6 +167,28 @@ def test_a_key_of_the_loss_not_chosen_changes_nothing_and_is_refused(tiny_bert, 
     compose([*argv, f"optim.{key}={'null' if values[0] is None else str(values[0]).lower()}"])
     with pytest.raises(InputError, match=rf"^config key 'optim.{key}': is .* but .*; leave it at "):
         compose([*argv, f"optim.{key}={str(values[1]).lower()}"])
+
+
+@pytest.mark.parametrize("name", ["colbert", "repbert"])
+def test_the_hinge_loss_builds_no_in_batch_scores(tiny_bert, name, monkeypatch):
+    """optim.loss=hinge reads s(q, p+) and s(q, own p-) alone, so `optim.in_batch_negatives` (on by default, for ce)
+    neither scores every query against the batch's passages nor changes the loss or any gradient."""
+    q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
+    runs = []
+    for in_batch in (False, True):
+        m = module(tiny_bert, name, loss="hinge", margin=0.5, in_batch_negatives=in_batch)
+        m.log = lambda *a, **k: None
+        calls = []
+        score_all = m.ranker.score_all
+        monkeypatch.setattr(m.ranker, "score_all", lambda *a, _f=score_all, _c=calls, **k: _c.append(1) or _f(*a, **k))
+        loss = m.training_step(m.pair_tokenizer.triplets(q, pos, neg), 0)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        runs.append((loss.item(), grads, calls))
+    (loss_off, grads_off, _), (loss_on, grads_on, calls_on) = runs
+    assert calls_on == [] and loss_on == loss_off and grads_on.keys() == grads_off.keys() and grads_on
+    for n, g in grads_off.items():
+        assert torch.equal(grads_on[n], g), n
 
 
 def test_temperature_must_be_positive(tiny_bert):
