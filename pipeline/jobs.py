@@ -58,6 +58,7 @@ from models.rankers.backbone import check_backbone_path
 from models.rankers.base import RUNTIME_KEYS
 from pipeline.config import (
     FIT_LOOP_KEYS,
+    PAPER_PROTOCOL_KEYS,
     REPORTING_KEYS,
     EvalConfig,
     RunConfig,
@@ -313,13 +314,55 @@ def _ats_unread(cfg: DictConfig) -> dict[str, str]:
     return {"eval.mats": "eval.ats_passages is 0, which turns the ATS / MATS protocol off"}
 
 
+# the eval keys of the isotropy protocols (callbacks/isotropy.py): both measure the vectors of separately encoded texts
+ISOTROPY_EVAL = ("probe_queries", "probe_docs", "isotropy_paper", *PAPER_PROTOCOL_KEYS, "dump_isotropy")
+# the optim keys of in-batch negatives: every other passage of the batch, scored against a query's own encoding
+IN_BATCH_OPTIM = ("in_batch_negatives", "in_batch_mask_relevant")
+
+
+def _tested_ranker(cfg: DictConfig) -> str:
+    """Return the `model.name` of the ranker a test job builds: the one `ckpt=` records, else the command line's."""
+    path = cfg.get("ckpt")
+    if path and Path(str(path)).exists():
+        try:
+            return str(recorded_model(str(path), "ckpt")["name"])
+        except (InputError, KeyError, TypeError):  # a checkpoint the job's own checks refuse, naming the fault
+            pass
+    return str(cfg.model.name)
+
+
+def _vectors_unread(ranker: str, trains: bool) -> dict[str, str]:
+    """Return the keys that read separately encoded query and passage vectors, where `ranker` encodes none.
+
+    By its declared capability (`RankerCapabilities.vectors` "none": a cross-encoder), so that e.g.
+    `train.py model=bert_cat eval.probe_queries=8` is refused rather than measuring nothing; `trains`: the optim keys of
+    in-batch negatives too (fine-tuning).
+    """
+    if model_capabilities(ranker).vectors != "none":
+        return {}
+    why = f"ranker '{ranker}' encodes no query or passage vectors of its own"
+    unread = {f"eval.{k}": f"{why}, which the isotropy protocols measure" for k in ISOTROPY_EVAL}
+    if trains:
+        for k in IN_BATCH_OPTIM:
+            unread[f"optim.{k}"] = (
+                f"{why}: it scores each triplet's own (query, passage) pairs, with no in-batch negatives"
+            )
+    return unread
+
+
+def _test_unread(cfg: DictConfig) -> dict[str, str]:
+    """Return `_ats_unread` and the keys of the vectors the tested ranker does not encode (`_vectors_unread`)."""
+    return {**_ats_unread(cfg), **_vectors_unread(_tested_ranker(cfg), trains=False)}
+
+
 def _finetune_unread(cfg: DictConfig) -> dict[str, str]:
-    """Return `data.rotation` when training passages are not rotated, and `_ats_unread`.
+    """Return `data.rotation` when training passages are not rotated, `_ats_unread` and `_vectors_unread`.
 
     The rotation mode chooses their cut alone: evaluation cuts one per passage whatever it says
-    (datamodules/datamodule.py `rotation_draw`).
+    (datamodules/datamodule.py `rotation_draw`). The ranker is the command line's (`init_ckpt=` and `ckpt_path=` must
+    record the same: `check_files`).
     """
-    unread = _ats_unread(cfg)
+    unread = {**_ats_unread(cfg), **_vectors_unread(str(cfg.model.name), trains=True)}
     if not cfg.data.rotate_train:
         unread["data.rotation"] = (
             "it chooses how training passages are cut (Eq. 7) and data.rotate_train is false; evaluation cuts one per "
@@ -505,7 +548,7 @@ TABLE: dict[str, Job] = {
             "`python evaluate.py head_ckpt=<its checkpoint>`",
         },
         unread={"optim": _NO_TRAINING, **_TEST_TRAINER_UNREAD, **_TRAINING_DATA, **_FIT_EVAL},
-        unread_by=_ats_unread,
+        unread_by=_test_unread,
         splits=_test_split,
     ),
 }

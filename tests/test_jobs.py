@@ -17,7 +17,7 @@ import pipeline.run  # noqa: F401 - registers the job functions
 from core.errors import InputError
 from datamodules.config import TRAINING_ONLY
 from pipeline.config import FIT_LOOP_KEYS, REPORTING_KEYS, RunConfig, compose
-from pipeline.jobs import HEAD_SCHEDULE, JOBS, KEYS, TABLE, When, check, jobs_of, select
+from pipeline.jobs import HEAD_SCHEDULE, JOBS, KEYS, TABLE, When, check, check_overrides, jobs_of, select
 from pipeline.run import EVALUATE, TRAIN
 
 # The command shapes of README.md (paths need not exist: selection and checks read no file)
@@ -469,6 +469,42 @@ def test_mats_is_refused_where_the_ats_protocol_is_off():
         for passages, refused in ((0, name != "analysis"), (128, False)):
             cfg = compose([*JOB_ARGV[name], f"eval.ats_passages={passages}"])
             assert (unread(name, "eval.mats", cfg) is not None) == refused, (name, passages)
+
+
+def test_a_ranker_without_vectors_refuses_the_keys_of_vectors(tmp_path, tiny_bert):
+    """By the ranker's declared capability (`vectors` "none": BERT_CAT, DGRe), train.py refuses on the command line the
+    isotropy protocols' eval keys and the in-batch negatives' optim keys, and evaluate.py the eval keys, the ranker
+    taken from ckpt='s header; a ranker that encodes vectors reads them. Every trainable `model` option is tried."""
+    from conftest import fake_checkpoint
+
+    from pipeline.jobs import IN_BATCH_OPTIM, ISOTROPY_EVAL, unread
+    from retrieval.first_stage import model_capabilities
+
+    keys = [f"eval.{k}" for k in ISOTROPY_EVAL] + [f"optim.{k}" for k in IN_BATCH_OPTIM]
+    seen = set()
+    for option in sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "model").glob("*.yaml")):
+        cfg = compose([f"model={option}"])
+        caps = model_capabilities(str(cfg.model.name))
+        if not caps.trainable:
+            continue
+        none = caps.vectors == "none"
+        seen.add(none)
+        for key in keys:
+            assert (unread("finetune", key, cfg) is not None) == none, (option, key)
+            if key.startswith("eval."):
+                assert (unread("evaluate", key, compose([f"model={option}", "ckpt=a.ckpt"])) is not None) == none
+    assert seen == {True, False}
+    for name, none in (("bert_cat", True), ("colbert", False)):
+        ckpt = fake_checkpoint(tmp_path / f"{name}.ckpt", tiny_bert, name=name)
+        cfg = compose([f"ckpt={ckpt}"])  # no model= : the header's ranker decides
+        for key in keys[: len(ISOTROPY_EVAL)]:  # (evaluate.py reads no optim key at all)
+            assert (unread("evaluate", key, cfg) is not None) == none, (name, key)
+    with pytest.raises(InputError, match=r"'eval.probe_queries': job 'evaluate' .*ranker 'bert_cat' encodes no"):
+        check_overrides(
+            compose([f"ckpt={tmp_path / 'bert_cat.ckpt'}", "eval.probe_queries=8"]),
+            "evaluate",
+            [f"ckpt={tmp_path / 'bert_cat.ckpt'}", "eval.probe_queries=8"],
+        )
 
 
 def test_each_analysis_reads_only_the_eval_keys_it_declares():

@@ -176,6 +176,7 @@ def test_the_hinge_loss_builds_no_in_batch_scores(tiny_bert, name, monkeypatch):
     q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
     runs = []
     for in_batch in (False, True):
+        torch.manual_seed(0)
         m = module(tiny_bert, name, loss="hinge", margin=0.5, in_batch_negatives=in_batch)
         m.log = lambda *a, **k: None
         calls = []
@@ -189,6 +190,30 @@ def test_the_hinge_loss_builds_no_in_batch_scores(tiny_bert, name, monkeypatch):
     assert calls_on == [] and loss_on == loss_off and grads_on.keys() == grads_off.keys() and grads_on
     for n, g in grads_off.items():
         assert torch.equal(grads_on[n], g), n
+
+
+@pytest.mark.parametrize("name", ["bert_cat", "dgre"])
+def test_a_ranker_without_vectors_trains_alike_whatever_the_in_batch_keys(tiny_bert, name):
+    """A ranker that declares no vectors of its own (a cross-encoder) scores each triplet's own pairs: the in-batch keys
+    change neither the loss nor a gradient (so train.py refuses them beside it: pipeline/jobs.py), and the isotropy
+    protocols measure nothing of it (so its jobs refuse their eval keys)."""
+    from callbacks.isotropy import IsotropyCallback
+    from models.rankers.capabilities import capabilities_of
+
+    q, pos, neg = QUERIES[:3], DOCS[:3], [DOCS[3], DOCS[0], DOCS[1]]
+    runs = []
+    for in_batch, mask in ((True, True), (True, False), (False, True)):
+        torch.manual_seed(0)  # the scoring layers' initial weights
+        m = module(tiny_bert, name, in_batch_negatives=in_batch, in_batch_mask_relevant=mask)
+        assert capabilities_of(m.ranker).vectors == "none"
+        m.log = lambda *a, **k: None
+        loss = m.training_step(m.pair_tokenizer.triplets(q, pos, neg), 0)
+        loss.backward()
+        runs.append((loss.item(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+    for loss, grads in runs[1:]:
+        assert loss == runs[0][0] and grads.keys() == runs[0][1].keys()
+        assert all(torch.equal(g, runs[0][1][n]) for n, g in grads.items())
+    assert IsotropyCallback().measure(None, m) == {} and IsotropyCallback().measure_paper(None, m) == {}
 
 
 def test_temperature_must_be_positive(tiny_bert):
