@@ -98,15 +98,14 @@ def check_loss_keys(optim: OptimConfig) -> None:
     if optim.loss == "ce":
         why = "optim.loss is 'ce' and the margin is the hinge loss's"
         check_unused("optim", optim, ("margin",), why, "set optim.loss=hinge")
-    if optim.loss == "hinge":
+        if not optim.in_batch_negatives:
+            why = "optim.in_batch_negatives is false: there are no in-batch negatives to mask"
+            check_unused("optim", optim, ("in_batch_mask_relevant",), why, "set optim.in_batch_negatives=true")
+    else:
         why = "optim.loss is 'hinge' and the temperature is the ce loss's"
         check_unused("optim", optim, ("temperature",), why, "set optim.loss=ce")
-    if optim.loss == "hinge":
         why = "optim.loss is 'hinge', which scores each triplet's own negative alone: no in-batch negatives to mask"
         check_unused("optim", optim, ("in_batch_mask_relevant",), why, "set optim.loss=ce")
-    elif not optim.in_batch_negatives:
-        why = "optim.in_batch_negatives is false: there are no in-batch negatives to mask"
-        check_unused("optim", optim, ("in_batch_mask_relevant",), why, "set optim.in_batch_negatives=true")
 
 
 class RankingModule(pl.LightningModule):
