@@ -111,19 +111,20 @@ def autocast_cache_keeps_gradients() -> bool:
 
     Older releases cached a weight's cast made inside `torch.no_grad()` and handed the grad-less copy to a later
     forward, whose loss then had no gradient for that weight (Lightning issue #20644, why Lightning 2.6 turns the
-    cache off). Tried once, on the CPU, with a 2x2 linear layer.
+    cache off). Tried once, on the CPU, with a 2x2 weight of ones: no random draw, so that the first training step of
+    a process (a resumed one's included) draws the same dropout masks as any other.
     """
-    layer = torch.nn.Linear(2, 2)
+    weight = torch.nn.Parameter(torch.ones(2, 2))
     x = torch.ones(1, 2)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True):
             with torch.no_grad():
-                layer(x)
-            y = layer(x)
+                torch.nn.functional.linear(x, weight)
+            y = torch.nn.functional.linear(x, weight)
         y.float().sum().backward()
     except RuntimeError:  # no CPU autocast for bf16 here: no evidence either way
         return False
-    return layer.weight.grad is not None
+    return weight.grad is not None
 
 
 def cast_once(device_type: str) -> contextlib.AbstractContextManager:

@@ -315,6 +315,35 @@ def test_cast_once_is_off_where_the_cache_would_keep_a_no_grad_cast(monkeypatch)
         assert not torch.is_autocast_enabled("cpu")
 
 
+def test_the_first_mixed_precision_step_of_a_process_draws_what_a_later_one_draws(tiny_bert):
+    """Work done once a process on the first training step (cast_once's probe of the autocast cache) takes nothing of
+    the global random stream: after the same seed the first bf16 step (a resumed run's, say) and a later one draw the
+    same dropout masks, so the same loss and gradients. The probe once built an nn.Linear, whose initialisation drew
+    from the stream, so a resumed bf16 run's first step trained on other masks than the uninterrupted run's."""
+    import core.precision as precision
+
+    m = module(tiny_bert, "colbert").train()
+    m.log = lambda *a, **k: None
+    batch = m.pair_tokenizer.triplets(QUERIES[:2], DOCS[:2], DOCS[2:4])
+    runs = []
+    for first in (True, False):
+        if first:
+            precision.autocast_cache_keeps_gradients.cache_clear()  # as in a fresh process
+        torch.manual_seed(0)
+        state = torch.random.get_rng_state()
+        assert first or torch.equal(state, runs[0][2])
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            loss = m.training_step(batch, 0)
+        loss.backward()
+        runs.append((loss.detach(), [p.grad.clone() for p in m.parameters() if p.grad is not None], state))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1])) and runs[0][1]
+    state = torch.random.get_rng_state()
+    precision.autocast_cache_keeps_gradients.cache_clear()
+    assert precision.autocast_cache_keeps_gradients() and torch.equal(torch.random.get_rng_state(), state)
+
+
 @pytest.mark.parametrize("checked", [False, True], ids=["clip-alone", "after-the-nonfinite-check"])
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
 def test_gradient_clipping_without_a_scaler_equals_torch_clipping(tiny_bert, algorithm, checked, monkeypatch):

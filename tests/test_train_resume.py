@@ -58,12 +58,15 @@ def test_train_then_evaluate(tmp_path, tiny_bert):
 
 
 @pytest.mark.slow
-def test_resume_matches_uninterrupted(tmp_path, tiny_bert):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_resume_matches_uninterrupted(tmp_path, tiny_bert, precision):
     """A run that dies at step 10 (past warm-up, mid-epoch 2) resumes from the last.ckpt of its step-8 validation,
     with the same max_steps (so the same LR schedule), and ends with the same weights and metrics, bit for bit; its
     metrics.json keeps the first run's `before_training` (carried in the checkpoint). All three runs are processes
     of their own started alike: bit for bit needs the same arithmetic (thread count, matmul precision), which a run
-    inside the test process, after other tests changed torch's global settings, need not have (4e-7 apart, seen)."""
+    inside the test process, after other tests changed torch's global settings, need not have (4e-7 apart, seen).
+    Under bf16 autocast too: work a process does once at its first training step must not draw from the random
+    stream restored there (the autocast cache probe did, and the resumed run trained on other dropout masks)."""
     base = [
         *SMALL,
         f"model.backbone={tiny_bert}",
@@ -71,6 +74,7 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_bert):
         "trainer.val_check_interval=4",
         "trainer.max_steps=14",
         "optim.warmup_steps=2",
+        f"trainer.precision={precision}",
     ]
     full = tmp_path / "full"
     run_script("train.py", *base, f"output_dir={full}")
