@@ -183,12 +183,14 @@ def main(argv=None) -> dict:
                 order = np.random.default_rng([a.seed, epoch]).permutation(len(texts))
                 for s in range(0, len(texts), a.encode_batch):
                     idx = order[s : s + a.encode_batch]
-                    for kind, side in (("q", tok.queries), ("d", tok.docs)):
+                    for kind, side, name in (("q", tok.queries, "query"), ("d", tok.docs, "doc")):
                         chunk = [texts[i][0] for i in idx if texts[i][1] == kind]
                         if not chunk:
                             continue
+                        ids, mask = side(chunk).values()  # {q_|d_}input_ids, {q_|d_}attention_mask
                         with torch.inference_mode(), autocast() if autocast else torch.autocast("cpu", enabled=False):
-                            buf.append(_vectors(ranker, side(chunk), "token").float().clone())
+                            rows = _vectors(ranker, ids, mask, name, "token")["rows"]
+                        buf.append(rows.float().clone())
                     pending = torch.cat(buf)
                     while len(pending) >= a.batch_size:
                         train_step(head_r, opt_r, pending[: a.batch_size], autocast)

@@ -172,17 +172,28 @@ def test_registry_and_config_checks():
         build_head(HeadConfig(name="bert-flow"), 8)
 
 
+@pytest.mark.parametrize("window", [1, 8])
 @pytest.mark.parametrize("name,granularity", [("colbert", "token"), ("repbert", "token"), ("repbert", "sequence")])
-def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_path, name, granularity):
+def test_representation_cache_holds_exactly_the_rankers_vectors(
+    tiny_bert, tmp_path, name, granularity, window, monkeypatch
+):
     """The cache's rows are the non-padding token vectors (or pooled vectors) of every text, in order, as the
-    ranker computes them one text at a time; a second build with the same inputs reuses the file."""
+    ranker computes them one text at a time, though it encodes each window of `SORT_WINDOW` batches longest first
+    (texts of mixed lengths, windows of one batch and of all); a second build with the same inputs reuses the file."""
+    import models.heads.cache as cache_mod
     from lightning_modules.module import RankingModule
     from models.heads.cache import RepresentationCache
 
     m = RankingModule({"name": name, "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
     queries, docs = (
-        ["what is heat transfer", "slab conduction"],
-        ["heat transfer in slabs", "a study", "flow of air over wings"],
+        ["slab", "what is heat transfer", "slab conduction"],
+        ["a study", "heat transfer in slabs", "a", "flow of air over wings and the heat it takes", "heat"],
+    )
+    monkeypatch.setattr(cache_mod, "SORT_WINDOW", window)
+    sorted_batches = []
+    encode_stream = cache_mod.encode_stream
+    monkeypatch.setattr(
+        cache_mod, "encode_stream", lambda *a, **k: sorted_batches.append(k["sort"]) or encode_stream(*a, **k)
     )
 
     def build():  # the same inputs both times
@@ -199,6 +210,7 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
         )
 
     cache = build()
+    assert sorted_batches and all(sorted_batches) and len(sorted_batches) == (2 if window == 8 else 5)
     want = []
     for texts, side in ((queries, m.pair_tokenizer.queries), (docs, m.pair_tokenizer.docs)):
         for t in texts:
@@ -214,6 +226,31 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(tiny_bert, tmp_p
     again = build()
     assert (tmp_path / "c" / "vectors.bin").stat().st_mtime_ns == mtime and again.count == cache.count
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_non_finite_representation_names_its_text_and_writes_no_cache(tiny_bert, tmp_path, monkeypatch):
+    """Texts are encoded longest first within a window; the stop still names the text (its side and index in the
+    texts' order) whose vectors are not finite, and leaves no cache behind."""
+    from core.errors import TrainingStopped
+    from lightning_modules.module import RankingModule
+    from models.heads.cache import RepresentationCache
+
+    m = RankingModule({"name": "colbert", "backbone": tiny_bert, "query_max_len": 8, "doc_max_len": 16}, {}).eval()
+    docs = ["a study", "heat transfer in slabs", "a", "flow of air over wings", "heat"]
+    bad = m.pair_tokenizer.ids(["wings"], "doc")[0][1]  # a word of doc 3 alone
+    represent = m.ranker.token_representations
+
+    def poisoned(ids, mask, **kw):
+        enc = represent(ids, mask, **kw)
+        enc.tokens[(ids == bad).any(1)] = float("nan")
+        return enc
+
+    monkeypatch.setattr(m.ranker, "token_representations", poisoned)
+    with pytest.raises(
+        TrainingStopped, match=r"non-finite representations \(doc text 3, or beyond the range of float16"
+    ):
+        RepresentationCache.build(tmp_path / "c", m.ranker, m.pair_tokenizer, ["q"], docs, batch_size=2)
+    assert not list(tmp_path.iterdir())
 
 
 def test_sequence_cache_refused_for_colbert(tiny_bert, tmp_path):
