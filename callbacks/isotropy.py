@@ -12,8 +12,8 @@ for reasons that the cosine score never sees. With an isotropy head attached the
 the same four are logged for the raw representations under `*_raw` (the "Ft" column of the isotropy paper's
 tables next to "Ft -> head"), from the same backbone pass.
 The metric states are torchmetrics states: under DDP each rank encodes its shard and `compute()` syncs.
-A ranker that declares no vectors of its own (`RankerCapabilities.vectors` "none": the cross-encoders) has no separate
-query/passage representations and is skipped; its jobs refuse these protocols' keys (pipeline/jobs.py).
+A ranker that declares no vectors of its own (`RankerCapabilities.encodes_texts` false: the cross-encoders) has no
+separate query/passage representations and is skipped; its jobs refuse these protocols' keys (pipeline/jobs.py).
 
 With a head, every validation and test also draws the isotropy "before/after" figure (`cosine_figure`): histograms
 of the pairwise cosine similarities (the quantity Eq. 4 averages) of the raw ("Ft") and head ("Ft -> head")
@@ -57,11 +57,6 @@ from models.rankers.capabilities import capabilities_of
 
 SIDES = ((1, "query"), (2, "doc"))  # (index in a pair_batches entry, PairTokenizer side)
 RANK_STRIDE = 1009  # rank r seeds its figure keys with seed + r * RANK_STRIDE: rank 0 draws what a single process does
-
-
-def _has_vectors(ranker) -> bool:
-    """Whether the ranker encodes queries and passages into vectors of their own, which the protocols measure."""
-    return capabilities_of(ranker).vectors != "none"
 
 
 class IsotropyCallback(Callback):
@@ -136,7 +131,7 @@ class IsotropyCallback(Callback):
         """
         ranker = module.ranker
         self.sample = {}
-        if not _has_vectors(ranker):
+        if not capabilities_of(ranker).encodes_texts:
             return {}
         has_head = ranker.token_head is not None or ranker.sequence_head is not None
         variants = (WITH_HEAD, RAW) if has_head else (WITH_HEAD,)
@@ -258,7 +253,7 @@ class IsotropyCallback(Callback):
         batches' texts (`_measure_encoding`).
         """
         ranker = module.ranker
-        if not _has_vectors(ranker) or not hasattr(trainer.datamodule, "pair_batches"):
+        if not capabilities_of(ranker).encodes_texts or not hasattr(trainer.datamodule, "pair_batches"):
             return {}
         variants = self._variants(ranker)
         kept = module.kept_vectors(split) if hasattr(module, "kept_vectors") else None
@@ -385,7 +380,7 @@ class IsotropyCallback(Callback):
         # encoding the texts again (under DDP each rank scores only its chunks, so the ranks encode their batches)
         if (
             self.batch_pairs > 0
-            and _has_vectors(module.ranker)
+            and capabilities_of(module.ranker).encodes_texts
             and hasattr(module, "keep_vectors")
             and not (_distributed() and dist.get_world_size() > 1)
         ):

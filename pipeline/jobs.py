@@ -334,11 +334,11 @@ def _tested_ranker(cfg: DictConfig) -> str:
 def _vectors_unread(ranker: str, trains: bool) -> dict[str, str]:
     """Return the keys that read separately encoded query and passage vectors, where `ranker` encodes none.
 
-    By its declared capability (`RankerCapabilities.vectors` "none": a cross-encoder), so that e.g.
+    By its declared capability (`RankerCapabilities.encodes_texts` false: a cross-encoder), so that e.g.
     `train.py model=bert_cat eval.probe_queries=8` is refused rather than measuring nothing; `trains`: the optim keys of
     in-batch negatives too (fine-tuning).
     """
-    if model_capabilities(ranker).vectors != "none":
+    if model_capabilities(ranker).encodes_texts:
         return {}
     why = f"ranker '{ranker}' encodes no query or passage vectors of its own"
     unread = {f"eval.{k}": f"{why}, which the isotropy protocols measure" for k in ISOTROPY_EVAL}

@@ -94,6 +94,7 @@ def check_declaration(ranker) -> None:
     """Encode, attach heads and score as the declared capabilities say a caller may."""
     c = capabilities_of(ranker)
     pt = PairTokenizer(ranker.tokenizer, ranker.kind, 8, 16)
+    assert c.encodes_texts == (c.vectors != "none") == hasattr(ranker, "encode_queries")
     if c.vectors == "none":  # one score per pair, nothing encoded apart
         assert ranker.kind == "cross" and not hasattr(ranker, "encode_queries")
         assert ranker.score(pt.pairs(QUERIES, DOCS[:2])).shape == (2,)

@@ -13,7 +13,9 @@ Who asks what:
 - `index`: full ranking (retrieval/retrieve.py and the indexes' own checks), the white-box analysis (Eq. 1), the
   vocabulary projections (their candidate scores are the index family's score function);
 - `token_vectors` / `sequence_vectors`: isotropy heads by `head.granularity` (HeadModule);
-- `trainable`: train.py and grids (an entry with nothing to train is only evaluated).
+- `trainable`: train.py and grids (an entry with nothing to train is only evaluated);
+- `encodes_texts` (from `vectors`): the isotropy protocols (callbacks/isotropy.py) and which eval and optim keys the
+  jobs read beside it (pipeline/jobs.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ class RankerCapabilities:
     token_vectors: bool = False
     sequence_vectors: bool = False
     trainable: bool = True
+
+    @property
+    def encodes_texts(self) -> bool:
+        """Whether it encodes queries and passages into vectors of their own (a bi-encoder), as ``vectors`` says.
+
+        What in-batch negatives score and the isotropy protocols measure (pipeline/jobs.py, callbacks/isotropy.py).
+        """
+        return self.vectors != "none"
 
     def __post_init__(self):
         # a wrong declaration is the ranker author's mistake, not the user's: ValueError at import, not InputError
