@@ -190,10 +190,10 @@ def test_representation_cache_holds_exactly_the_rankers_vectors(
         ["a study", "heat transfer in slabs", "a", "flow of air over wings and the heat it takes", "heat"],
     )
     monkeypatch.setattr(cache_mod, "SORT_WINDOW", window)
-    sorted_batches = []
-    encode_stream = cache_mod.encode_stream
+    sorted_batches = []  # one entry per window: whether its batches are made longest first
+    batches = cache_mod.batches
     monkeypatch.setattr(
-        cache_mod, "encode_stream", lambda *a, **k: sorted_batches.append(k["sort"]) or encode_stream(*a, **k)
+        cache_mod, "batches", lambda *a, **k: sorted_batches.append(k.get("sort", True)) or batches(*a, **k)
     )
 
     def build():  # the same inputs both times

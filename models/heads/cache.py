@@ -10,7 +10,8 @@ while training.
 - `sequence`: one pooled vector per text (RepBERT's mean-pooled vector).
 Vectors are the ranker's own representations with no head (`token_representations`, then `pool`). They are encoded
 in windows of `SORT_WINDOW` batches, each window's texts longest first (so a batch pads little: SQuAD paragraphs in
-batches of texts' order pad about a quarter of their tokens), and written back in the texts' order.
+batches of texts' order pad about a quarter of their tokens), in one stream of batches, and each window is written
+back in the texts' order while the next window's batches run.
 
 On disk (a folder, written under a temporary name and renamed into place, so a crash never leaves a cache that
 looks finished): `vectors.bin` (raw row-major float16 or float32) and `manifest.json` (count, dim, dtype,
@@ -28,6 +29,7 @@ ever written into a cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,12 +39,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.background import background
 from core.digests import file_record, record_problem
 from core.errors import InputError, TrainingStopped
 from core.io import AtomicDir, write_json
 from core.progress import phase
 from datamodules.token_cache import texts_digest, tokenizer_digest
-from models.encoding import encode_stream
+from models.encoding import batches, encode_batches
 from models.rankers.backbone import backbone_digests
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -155,20 +158,34 @@ def _vectors(ranker, ids: torch.Tensor, mask: torch.Tensor, side: str, granulari
     return {"rows": pooled, "counts": torch.ones(pooled.shape[0], dtype=torch.long)}
 
 
-def _window_rows(stream, size: int, advance) -> tuple[np.ndarray, np.ndarray]:
-    """Return a window's rows in its texts' order and each text's row count.
+def _window_batches(ids: list, batch_size: int, pad_id: int, pin: bool):
+    """Yield ((window start, text indices in the window), input ids, mask) per batch, each window longest first."""
+    window = batch_size * SORT_WINDOW
+    for start in range(0, len(ids), window):
+        for chunk, inp, att in batches(ids[start : start + window], batch_size=batch_size, pad_id=pad_id, pin=pin):
+            yield (start, chunk), inp, att
 
-    From `encode_stream`'s batches of the window's `size` texts, in any order; `advance(n)` after each batch of n.
+
+def _windows(stream, total: int, window: int, advance):
+    """Yield (window start, its rows in its texts' order, each text's row count) per window of `_window_batches`.
+
+    A window is yielded when the first batch of the next one comes: `encode_batches` has then queued the forward of
+    the batch after it, so writing a window overlaps the accelerator's work. `advance(n)` after each batch of n.
     """
-    rows: list[np.ndarray] = [np.empty((0, 0), np.float32)] * size
-    counts = np.zeros(size, dtype=np.int64)
-    for chunk, out in stream:
+    current, rows, counts = None, [], np.zeros(0, dtype=np.int64)
+    for (start, chunk), out in stream:
+        if start != current:
+            if current is not None:
+                yield current, np.concatenate(rows), counts
+            size = min(window, total - start)
+            current, rows, counts = start, [np.empty((0, 0), np.float32)] * size, np.zeros(size, dtype=np.int64)
         n = out["counts"].numpy()
         counts[chunk] = n
         for i, piece in zip(chunk, np.split(out["rows"].numpy(), np.cumsum(n)[:-1])):
             rows[i] = piece
         advance(len(chunk))
-    return np.concatenate(rows), counts
+    if current is not None:
+        yield current, np.concatenate(rows), counts
 
 
 class RepresentationCache:
@@ -303,35 +320,36 @@ class RepresentationCache:
                 for texts, side in ((queries, "query"), (docs, "doc")):
                     ids = pair_tokenizer.ids(texts, side)
                     window = batch_size * SORT_WINDOW
-                    for start in range(0, len(ids), window):
-                        part = ids[start : start + window]
-                        stream = encode_stream(
+                    # padded on a thread, two batches ahead of the forward
+                    ahead = background(
+                        _window_batches(ids, batch_size, pad_id, device.type == "cuda"), 2, name=f"cache-{side}"
+                    )
+                    with contextlib.closing(ahead) as ready:
+                        stream = encode_batches(
                             ranker,
-                            part,
+                            ready,
                             side,
-                            batch_size=batch_size,
-                            pad_id=pad_id,
                             forward=lambda i, m, side=side: _vectors(ranker, i, m, side, granularity),
                             autocast=autocast or (lambda: torch.autocast(device.type, enabled=False)),
-                            sort=True,
                             to_host=True,
                         )
-                        v, counts = _window_rows(stream, len(part), ph.advance)
-                        v = v.astype(DTYPES[dtype])
-                        finite = np.isfinite(v).all(axis=1)
-                        if not finite.all():
-                            first = start + int(np.searchsorted(np.cumsum(counts), np.argmin(finite), side="right"))
-                            hint = (
-                                ""
-                                if dtype == "float32"
-                                else ", or beyond the range of " + dtype + ": try head.cache_dtype=float32"
-                            )
-                            raise TrainingStopped(
-                                f"the frozen ranker gives non-finite representations ({side} text {first}{hint}); "
-                                f"no representation cache written at '{path}'"
-                            )
-                        f.write(np.ascontiguousarray(v).tobytes())
-                        count, dim = count + len(v), v.shape[1]
+                        for start, v, counts in _windows(stream, len(ids), window, ph.advance):
+                            v = v.astype(DTYPES[dtype])
+                            finite = np.isfinite(v).all(axis=1)
+                            if not finite.all():
+                                bad = int(np.argmin(finite))
+                                first = start + int(np.searchsorted(np.cumsum(counts), bad, side="right"))
+                                hint = (
+                                    ""
+                                    if dtype == "float32"
+                                    else ", or beyond the range of " + dtype + ": try head.cache_dtype=float32"
+                                )
+                                raise TrainingStopped(
+                                    f"the frozen ranker gives non-finite representations ({side} text {first}{hint}); "
+                                    f"no representation cache written at '{path}'"
+                                )
+                            f.write(np.ascontiguousarray(v).tobytes())
+                            count, dim = count + len(v), v.shape[1]
                 f.flush()
                 os.fsync(f.fileno())
             write_json(
