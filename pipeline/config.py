@@ -558,6 +558,7 @@ def compose(argv: list[str]) -> DictConfig:
 
     groups: dict[str, DictConfig] = {}
     model_optim = OmegaConf.create()
+    checked: dict[str, object] = {}  # each group's typed object, its schema's checks run
     for group in GROUPS:
         option = defaults.get(group)
         if option is None:
@@ -580,8 +581,8 @@ def compose(argv: list[str]) -> DictConfig:
         else:
             schema = {"trainer": TrainerConfig, "logger": LoggerConfig}[group]
         groups[group] = merge_structured(schema, *stack, prefix=f"{group}.")
-        OmegaConf.to_object(groups[group])  # runs the schema's __post_init__ checks (choices)
-    check_fit_keys(OmegaConf.to_object(groups["head"]))
+        checked[group] = OmegaConf.to_object(groups[group])  # runs the schema's __post_init__ checks (choices)
+    check_fit_keys(checked["head"])
 
     rest = [OmegaConf.masked_copy(n, [k for k in n if k not in GROUPS]) for n in (base, exp, cli)]
     top = merge_structured(
@@ -598,7 +599,7 @@ def compose(argv: list[str]) -> DictConfig:
     cfg.experiment = exp_name
     check_rerank_depths(cfg)
     _check_strings(cfg)
-    check_model_limits(OmegaConf.to_object(groups["model"]))  # before anything is read or written
+    check_model_limits(checked["model"])  # before anything is read or written
     check_index_limits(cfg)
     return cfg
 

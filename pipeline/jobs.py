@@ -350,19 +350,28 @@ def _vectors_unread(ranker: str, trains: bool) -> dict[str, str]:
     return unread
 
 
+def _hinge_unread(cfg: DictConfig) -> dict[str, str]:
+    """Return the in-batch optim keys under `optim.loss=hinge`, which reads each triplet's own negative alone."""
+    if cfg.optim.loss != "hinge":
+        return {}
+    return {
+        f"optim.{k}": "optim.loss is 'hinge', which scores each triplet's own negative alone" for k in IN_BATCH_OPTIM
+    }
+
+
 def _test_unread(cfg: DictConfig) -> dict[str, str]:
     """Return `_ats_unread` and the keys of the vectors the tested ranker does not encode (`_vectors_unread`)."""
     return {**_ats_unread(cfg), **_vectors_unread(_tested_ranker(cfg), trains=False)}
 
 
 def _finetune_unread(cfg: DictConfig) -> dict[str, str]:
-    """Return `data.rotation` when training passages are not rotated, `_ats_unread` and `_vectors_unread`.
+    """Return `data.rotation` when training passages are not rotated, `_ats_unread`, `_hinge_unread`, `_vectors_unread`.
 
     The rotation mode chooses their cut alone: evaluation cuts one per passage whatever it says
     (datamodules/datamodule.py `rotation_draw`). The ranker is the command line's (`init_ckpt=` and `ckpt_path=` must
     record the same: `check_files`).
     """
-    unread = {**_ats_unread(cfg), **_vectors_unread(str(cfg.model.name), trains=True)}
+    unread = {**_ats_unread(cfg), **_hinge_unread(cfg), **_vectors_unread(str(cfg.model.name), trains=True)}
     if not cfg.data.rotate_train:
         unread["data.rotation"] = (
             "it chooses how training passages are cut (Eq. 7) and data.rotate_train is false; evaluation cuts one per "

@@ -507,6 +507,20 @@ def test_a_ranker_without_vectors_refuses_the_keys_of_vectors(tmp_path, tiny_ber
         )
 
 
+def test_the_hinge_loss_refuses_the_in_batch_keys_on_the_command_line():
+    """`optim.loss=hinge` scores each triplet's own negative whatever `optim.in_batch_negatives` says (test_module:
+    the same loss and gradients either way), so train.py refuses the in-batch keys beside it; under ce it reads them."""
+    from pipeline.jobs import IN_BATCH_OPTIM, unread
+
+    for loss, refused in (("hinge", True), ("ce", False)):
+        cfg = compose(["model=colbert", f"optim.loss={loss}"])
+        for k in IN_BATCH_OPTIM:
+            assert (unread("finetune", f"optim.{k}", cfg) is not None) == refused, (loss, k)
+    argv = ["optim.loss=hinge", "optim.in_batch_negatives=true"]
+    with pytest.raises(InputError, match=r"'optim.in_batch_negatives': job 'finetune' .*'hinge', which scores"):
+        check_overrides(compose(argv), "finetune", argv)
+
+
 def test_each_analysis_reads_only_the_eval_keys_it_declares():
     """The declaration checked against the code: every `cfg.eval.<key>` an analysis's module reads is one its schema
     declares in `reads_eval` (a module that registers no analysis reads none)."""

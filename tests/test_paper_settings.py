@@ -320,8 +320,7 @@ SMALL = [
     "eval.isotropy_paper=false",
     "eval.ats_passages=0",
     "eval.rerank_depths=[3,5,10,20]",
-    "optim.loss=hinge",
-    "optim.in_batch_negatives=false",
+    "optim.loss=hinge",  # each triplet's own negative (train.py refuses the in-batch keys beside it)
 ]
 
 
